@@ -1,0 +1,67 @@
+package model
+
+import "math"
+
+// DefaultRoPETheta is the rotary base used when a Config leaves it zero.
+const DefaultRoPETheta = 10000.0
+
+// RoPE applies rotary position embeddings in the "rotate half" layout used by
+// Llama (Hugging Face convention): dimension i is paired with i+HeadDim/2 and
+// rotated by pos*theta^(-2i/HeadDim). Rotations compose, so moving a key
+// computed at position p0 to position p1 (re-RoPE) is a rotation by p1-p0.
+// A RoPE is immutable after NewRoPE and safe for concurrent use.
+type RoPE struct {
+	headDim int
+	invFreq []float64
+}
+
+// NewRoPE returns the rotary embedding for heads of size headDim (even) with
+// base theta (DefaultRoPETheta when theta <= 0).
+func NewRoPE(headDim int, theta float64) *RoPE {
+	if theta <= 0 {
+		theta = DefaultRoPETheta
+	}
+	half := headDim / 2
+	inv := make([]float64, half)
+	for i := range half {
+		inv[i] = math.Pow(theta, -2*float64(i)/float64(headDim))
+	}
+	return &RoPE{headDim: headDim, invFreq: inv}
+}
+
+// HeadDim is the head size this RoPE rotates.
+func (r *RoPE) HeadDim() int { return r.headDim }
+
+// RotateHeads rotates, in place, every head of x (len(x) a multiple of
+// HeadDim) by the angle of position pos. A negative pos rotates backwards.
+func (r *RoPE) RotateHeads(x []float32, pos int) {
+	half := r.headDim / 2
+	var cs, sn [256]float64
+	var cosv, sinv []float64
+	if half <= len(cs) {
+		cosv, sinv = cs[:half], sn[:half]
+	} else {
+		cosv, sinv = make([]float64, half), make([]float64, half)
+	}
+	p := float64(pos)
+	for i := range half {
+		sinv[i], cosv[i] = math.Sincos(p * r.invFreq[i])
+	}
+	for h := 0; h+r.headDim <= len(x); h += r.headDim {
+		v := x[h : h+r.headDim]
+		for i := range half {
+			a, b := float64(v[i]), float64(v[i+half])
+			v[i] = float32(a*cosv[i] - b*sinv[i])
+			v[i+half] = float32(a*sinv[i] + b*cosv[i])
+		}
+	}
+}
+
+// Shift re-RoPEs x, rotating every head from position from to position to
+// (a rotation by to-from).
+func (r *RoPE) Shift(x []float32, from, to int) {
+	if from == to {
+		return
+	}
+	r.RotateHeads(x, to-from)
+}

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs on a fresh Debian machine (idempotent).
+set -euo pipefail
+need=()
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+if ((${#need[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq "${need[@]}"
+fi
+go mod download

@@ -1,0 +1,162 @@
+package telemetry
+
+import (
+	"context"
+	"crypto/sha256"
+	"net/http"
+	"strings"
+
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Header (and gRPC metadata) keys of W3C Trace Context.
+const (
+	TraceparentKey = "traceparent"
+	TracestateKey  = "tracestate"
+)
+
+// Propagator returns the W3C Trace Context propagator of this package. It
+// differs from the SDK's propagation.TraceContext only in being stricter on
+// extraction:
+//   - traceparent is parsed by [ParseTraceparent];
+//   - a carrier that holds more than one traceparent value (it implements
+//     propagation.ValuesGetter, as propagation.HeaderCarrier and
+//     [MetadataCarrier] do) is invalid: nothing is extracted and the receiver
+//     starts a new trace;
+//   - tracestate is kept only when traceparent is valid, and an invalid
+//     tracestate is dropped without affecting traceparent (as the
+//     specification requires); several tracestate values are joined with ','.
+//
+// Inject writes traceparent (version 00) and, when non-empty, tracestate.
+// Extract returns ctx unchanged when there is no valid traceparent. The
+// propagator is stateless and safe for concurrent use.
+func Propagator() propagation.TextMapPropagator { return w3c{} }
+
+type w3c struct{}
+
+var _ propagation.TextMapPropagator = w3c{}
+
+// Inject implements propagation.TextMapPropagator.
+func (w3c) Inject(ctx context.Context, carrier propagation.TextMapCarrier) {
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() {
+		return
+	}
+	carrier.Set(TraceparentKey, FormatTraceparent(sc))
+	if ts := sc.TraceState().String(); ts != "" {
+		carrier.Set(TracestateKey, ts)
+	}
+}
+
+// Extract implements propagation.TextMapPropagator.
+func (w3c) Extract(ctx context.Context, carrier propagation.TextMapCarrier) context.Context {
+	sc, ok := extractSpanContext(carrier)
+	if !ok {
+		return ctx
+	}
+	return trace.ContextWithRemoteSpanContext(ctx, sc)
+}
+
+// Fields implements propagation.TextMapPropagator.
+func (w3c) Fields() []string { return []string{TraceparentKey, TracestateKey} }
+
+func extractSpanContext(carrier propagation.TextMapCarrier) (trace.SpanContext, bool) {
+	var tp, ts string
+	if vg, ok := carrier.(propagation.ValuesGetter); ok {
+		vals := vg.Values(TraceparentKey)
+		if len(vals) != 1 { // absent, or duplicated: start a new trace
+			return trace.SpanContext{}, false
+		}
+		tp = vals[0]
+		if states := vg.Values(TracestateKey); len(states) > 0 {
+			ts = strings.Join(states, ",")
+		}
+	} else {
+		tp = carrier.Get(TraceparentKey)
+		if tp == "" {
+			return trace.SpanContext{}, false
+		}
+		ts = carrier.Get(TracestateKey)
+	}
+	sc, err := ParseTraceparent(tp)
+	if err != nil {
+		return trace.SpanContext{}, false
+	}
+	if ts != "" {
+		if state, err := trace.ParseTraceState(ts); err == nil {
+			sc = sc.WithTraceState(state)
+		}
+	}
+	return sc, true
+}
+
+// InjectHTTP writes the span context of ctx into h (traceparent and
+// tracestate). Nothing is written when ctx holds no valid span context. It
+// is safe for concurrent use with distinct headers.
+func InjectHTTP(ctx context.Context, h http.Header) {
+	w3c{}.Inject(ctx, propagation.HeaderCarrier(h))
+}
+
+// ExtractHTTP returns ctx with the remote span context carried by h, or ctx
+// unchanged when h carries none that is valid (missing, malformed or
+// duplicated traceparent). It is safe for concurrent use.
+func ExtractHTTP(ctx context.Context, h http.Header) context.Context {
+	return w3c{}.Extract(ctx, propagation.HeaderCarrier(h))
+}
+
+// InjectString returns the W3C traceparent of the span context in ctx, for
+// the trace_context field of the CacheBlend RPC payloads, or "" when ctx
+// holds no valid span context. It is safe for concurrent use.
+func InjectString(ctx context.Context) string {
+	return FormatTraceparent(trace.SpanContextFromContext(ctx))
+}
+
+// ExtractString returns ctx with the remote span context named by the
+// traceparent s, or ctx unchanged when s is empty or invalid (the receiver
+// then starts a new trace). It is safe for concurrent use.
+func ExtractString(ctx context.Context, s string) context.Context {
+	if s == "" {
+		return ctx
+	}
+	sc, err := ParseTraceparent(s)
+	if err != nil {
+		return ctx
+	}
+	return trace.ContextWithRemoteSpanContext(ctx, sc)
+}
+
+// TraceIDFromRequestID derives a 128-bit trace id from a request id: the
+// first 16 bytes of SHA-256(requestID). The result is deterministic, so every
+// process that sees the same request id derives the same trace id (the
+// design's option B), and never zero (if the hash prefix were all zeros its
+// last byte is set to 1). It is safe for concurrent use.
+func TraceIDFromRequestID(requestID string) trace.TraceID {
+	sum := sha256.Sum256([]byte(requestID))
+	var id trace.TraceID
+	copy(id[:], sum[:16])
+	if !id.IsValid() {
+		id[15] = 1
+	}
+	return id
+}
+
+type forcedTraceIDKey struct{}
+
+// ContextWithTraceID returns a context in which the next root span (a span
+// without a valid parent in ctx) started by a tracer of a [Provider], or by
+// [Spans] when it generates ids itself, gets trace id id instead of a random
+// one. It is how a server opens its own root span with the trace id of
+// [TraceIDFromRequestID] when a peer sent no trace context. A span with a
+// parent keeps its parent's trace id. An invalid id is ignored.
+func ContextWithTraceID(ctx context.Context, id trace.TraceID) context.Context {
+	if !id.IsValid() {
+		return ctx
+	}
+	return context.WithValue(ctx, forcedTraceIDKey{}, id)
+}
+
+func forcedTraceID(ctx context.Context) (trace.TraceID, bool) {
+	id, ok := ctx.Value(forcedTraceIDKey{}).(trace.TraceID)
+	return id, ok
+}
