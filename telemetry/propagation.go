@@ -17,9 +17,11 @@ const (
 )
 
 // Propagator returns the W3C Trace Context propagator of this package. It
-// differs from the SDK's propagation.TraceContext only in being stricter on
-// extraction:
-//   - traceparent is parsed by [ParseTraceparent];
+// differs from the SDK's propagation.TraceContext on extraction only:
+//   - traceparent is parsed by [ParseTraceparent], which rejects a version 00
+//     value followed by a lone '-' (the SDK accepts it) and masks reserved
+//     flag bits of version 00 instead of rejecting the value (as the SDK
+//     does);
 //   - a carrier that holds more than one traceparent value (it implements
 //     propagation.ValuesGetter, as propagation.HeaderCarrier and
 //     [MetadataCarrier] do) is invalid: nothing is extracted and the receiver
@@ -133,8 +135,14 @@ func ExtractString(ctx context.Context, s string) context.Context {
 // last byte is set to 1). It is safe for concurrent use.
 func TraceIDFromRequestID(requestID string) trace.TraceID {
 	sum := sha256.Sum256([]byte(requestID))
+	return traceIDFromDigest(sum[:])
+}
+
+// traceIDFromDigest takes the first 16 bytes of a digest as a trace id,
+// never zero.
+func traceIDFromDigest(sum []byte) trace.TraceID {
 	var id trace.TraceID
-	copy(id[:], sum[:16])
+	copy(id[:], sum)
 	if !id.IsValid() {
 		id[15] = 1
 	}

@@ -222,29 +222,34 @@ func (p *Provider) ForceFlush(ctx context.Context) error {
 }
 
 // Shutdown flushes the queued spans and stops the exporters and the span
-// profile. When ctx is done first, the exports still running are cancelled
-// (their spans counted as failed) and Shutdown returns ctx's error after the
+// profile. It gives up flushing when ctx is done or after Config.ExportTimeout,
+// whichever comes first: the exports still running are then cancelled (their
+// spans counted as failed) and Shutdown returns the context's error once the
 // export goroutines have stopped. Only the first call has an effect; later
 // calls return its result.
 func (p *Provider) Shutdown(ctx context.Context) error {
 	p.shutdownOnce.Do(func() {
 		var errs []error
 		if p.sdk != nil {
+			// Never wait for a dead or hanging collector longer than one
+			// export timeout.
+			ctx, cancel := context.WithTimeout(ctx, p.cfg.ExportTimeout)
 			if err := p.sdk.Shutdown(ctx); err != nil {
 				errs = append(errs, fmt.Errorf("shut down tracer provider: %w", err))
 			}
-			grace := time.NewTimer(shutdownGrace)
+			cancel()
+			grace, cancelGrace := context.WithTimeout(context.Background(), shutdownGrace)
 			for _, pl := range p.pipes {
 				_ = pl.Shutdown(ctx) // no-op unless the SDK skipped it on a done ctx
 				pl.abort()
 				select {
 				case <-pl.done:
-				case <-grace.C:
+					pl.reconcile()
+				case <-grace.Done():
 					errs = append(errs, errors.New("span export did not stop within the shutdown grace period"))
 				}
-				pl.reconcile()
 			}
-			grace.Stop()
+			cancelGrace()
 		}
 		if err := p.closeProfile(); err != nil {
 			errs = append(errs, err)

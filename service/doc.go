@@ -1,0 +1,6 @@
+// Package service is the process runtime shared by cb-engine, cb-worker,
+// cb-blend and cb-traces: the tracer provider built from OTEL_* / CB_*
+// environment (then flag overrides), the Prometheus registry with the
+// process instruments, the JSON logger that stamps trace ids, and the
+// /metrics + /health HTTP endpoint. cmd/cb wires components onto a Runtime.
+package service

@@ -1,0 +1,72 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestNormalizeEndpoint(t *testing.T) {
+	tests := []struct {
+		name, in, proto, want string
+		wantErr               bool
+	}{
+		{"empty", "", "", "", false},
+		{"host port http", "127.0.0.1:4318", "", "http://127.0.0.1:4318/v1/traces", false},
+		{"url without path", "http://collector:4318", "http/json", "http://collector:4318/v1/traces", false},
+		{"url with path kept", "http://c:4318/custom", "http/protobuf", "http://c:4318/custom", false},
+		{"grpc no path added", "127.0.0.1:4317", "grpc", "http://127.0.0.1:4317", false},
+		{"bad scheme", "ftp://x:1", "", "", true},
+		{"no host", "http://", "", "", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := NormalizeEndpoint(tc.in, tc.proto)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, wantErr %v", err, tc.wantErr)
+			}
+			if got != tc.want {
+				t.Fatalf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestRuntimeServesMetricsAndLogs(t *testing.T) {
+	var logs bytes.Buffer
+	env := map[string]string{}
+	rt, err := New(context.Background(), Options{ServiceName: "cb-blend", Getenv: func(k string) string { return env[k] }, LogOutput: &logs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Shutdown(context.Background())
+	if rt.Telemetry.Enabled() {
+		t.Fatal("tracing on without endpoint or CB_TRACING")
+	}
+	addr, err := rt.ServeMetrics("127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + addr.String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`cb_build_info{service="cb-blend"`, "cb_trace_spans_dropped_total 0", "go_goroutines"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	rt.Logger.Info("hello")
+	if !strings.Contains(logs.String(), `"service":"cb-blend"`) {
+		t.Fatalf("log line lacks service: %s", logs.String())
+	}
+}
