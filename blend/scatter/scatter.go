@@ -1,0 +1,306 @@
+package scatter
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/cacheblend/cacheblend/blend/chunkstore"
+	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/model"
+)
+
+// ErrBadSegment reports a segment that cannot be scattered: no chunk, a
+// range outside the chunk, a negative position, a chunk layout different from
+// the destination's, or a shift without a matching RoPE. Other segments of
+// the same call are still written.
+var ErrBadSegment = errors.New("scatter: bad segment")
+
+// ErrBadGather reports a Gather whose chunk does not fit the source memory or
+// whose positions are not allocated.
+var ErrBadGather = errors.New("scatter: bad gather")
+
+// Segment is one matched token range to write: tokens
+// [ChunkOff, ChunkOff+Len) of Chunk go to prompt positions
+// [CurSt, CurSt+Len). With Shift, K of token i is re-RoPE'd from
+// Chunk.Positions[ChunkOff+i] to CurSt+i (non-prefix matches); without, K is
+// copied as stored (prefix matches, where the positions agree).
+type Segment struct {
+	Chunk    *chunkstore.Chunk
+	ChunkOff int
+	Len      int
+	CurSt    int
+	Shift    bool
+}
+
+// Stats describes one Scatter call (the cb.scatter span attributes).
+type Stats struct {
+	ScatteredTokens int   // tokens written (K and V of every layer)
+	SlotWrites      int   // K and V rows written: ScatteredTokens * 2 * layers
+	PartialBlocks   int   // blocks that got some but not all of their slots written by this call
+	NPrefix         int   // tokens written as stored
+	NShifted        int   // tokens written re-RoPE'd
+	Dropped         int   // tokens whose block is not allocated yet (bound guard)
+	Skipped         int   // tokens below fromToken (written by an earlier pass)
+	Invalid         int   // tokens of bad segments, or whose block id is outside the memory
+	Bytes           int64 // bytes written
+}
+
+// Add accumulates o into s.
+func (s *Stats) Add(o Stats) {
+	s.ScatteredTokens += o.ScatteredTokens
+	s.SlotWrites += o.SlotWrites
+	s.PartialBlocks += o.PartialBlocks
+	s.NPrefix += o.NPrefix
+	s.NShifted += o.NShifted
+	s.Dropped += o.Dropped
+	s.Skipped += o.Skipped
+	s.Invalid += o.Invalid
+	s.Bytes += o.Bytes
+}
+
+// run is a stretch of consecutive tokens of one segment that map to
+// consecutive slots (the part of the segment inside one block).
+type run struct {
+	seg   int // index in segs
+	off   int // token index in the chunk
+	slot  int // first slot
+	n     int // tokens
+	delta int // re-RoPE rotation (to - from); used when the segment shifts
+}
+
+// Scatter copies the segments' K and V into dst, slot by slot
+// (slot = blockTable[pos/bs]*bs + pos%bs): only the matched slots are
+// written, so a partial block keeps its other slots. Positions below
+// fromToken are skipped (a second pass); positions beyond the blocks in
+// blockTable are not written and counted as Dropped. K of Shift segments is
+// rotated with rope.Shift, which must be built for the chunks' head dimension
+// and RoPE base. Bad segments are skipped and reported with an error wrapping
+// ErrBadSegment; the rest is still written. Scatter does not retain its
+// arguments. It is safe for concurrent use as long as concurrent calls write
+// disjoint slots.
+func Scatter(dst *kvcache.Memory, blockTable []int32, fromToken int, rope *model.RoPE, segs []Segment) (Stats, error) {
+	return ScatterParallel(dst, blockTable, fromToken, rope, segs, 1)
+}
+
+// ScatterParallel is Scatter with the layers split among up to workers
+// goroutines (at most one per layer; workers <= 1 runs in the caller), all
+// joined before it returns. The result is identical to Scatter's; it lowers
+// the latency of one large re-RoPE'd retrieve on an otherwise idle machine.
+func ScatterParallel(dst *kvcache.Memory, blockTable []int32, fromToken int, rope *model.RoPE, segs []Segment, workers int) (Stats, error) {
+	var st Stats
+	l := dst.Layout()
+	bs := l.BlockSize
+	var errs []error
+	var runs []run
+	written := make([]int32, len(blockTable))
+	for si, sg := range segs {
+		if err := checkSegment(sg, l, rope); err != nil {
+			st.Invalid += max(sg.Len, 0)
+			if len(errs) < 4 {
+				errs = append(errs, fmt.Errorf("segment %d: %w", si, err))
+			}
+			continue
+		}
+		for i := 0; i < sg.Len; {
+			pos := sg.CurSt + i
+			if pos < fromToken {
+				skip := min(fromToken-pos, sg.Len-i)
+				st.Skipped += skip
+				i += skip
+				continue
+			}
+			b := pos / bs
+			if b >= len(blockTable) {
+				st.Dropped += sg.Len - i
+				break
+			}
+			n := min(bs-pos%bs, sg.Len-i)
+			if id := blockTable[b]; id < 0 || int(id) >= l.NumBlocks {
+				st.Invalid += n
+				if len(errs) < 4 {
+					errs = append(errs, fmt.Errorf("%w: segment %d: block id %d outside the memory's %d blocks", ErrBadSegment, si, id, l.NumBlocks))
+				}
+				i += n
+				continue
+			}
+			r := run{seg: si, off: sg.ChunkOff + i, slot: int(blockTable[b])*bs + pos%bs, n: n}
+			if sg.Shift {
+				r.delta = pos - int(sg.Chunk.Positions[r.off])
+				// Split where the stored positions stop being consecutive.
+				for j := 1; j < r.n; j++ {
+					if pos+j-int(sg.Chunk.Positions[r.off+j]) != r.delta {
+						r.n = j
+						break
+					}
+				}
+				st.NShifted += r.n
+			} else {
+				st.NPrefix += r.n
+			}
+			runs = append(runs, r)
+			written[b] += int32(r.n)
+			st.ScatteredTokens += r.n
+			i += r.n
+		}
+	}
+	tf := l.TokenFloats()
+	// Group the re-RoPE'd runs that continue each other in the chunk with the
+	// same rotation, so K is rotated with one Shift call (one set of sines)
+	// per group and layer, in a cache-resident scratch buffer.
+	groups, maxGroup := groupRuns(runs, segs)
+	copyLayers := func(lo, hi int) {
+		var scratch *[]float32
+		if maxGroup > 0 {
+			scratch = getScratch(maxGroup * tf)
+			defer scratchPool.Put(scratch)
+		}
+		for layer := lo; layer < hi; layer++ {
+			dk, dv := dst.K(layer), dst.V(layer)
+			for _, g := range groups {
+				c := segs[g.seg].Chunk
+				ck, cv := c.K(layer), c.V(layer)
+				if g.shift {
+					buf := (*scratch)[:g.n*tf]
+					copy(buf, ck[g.off*tf:(g.off+g.n)*tf])
+					rope.Shift(buf, 0, g.delta)
+					for _, r := range runs[g.lo:g.hi] {
+						o := r.off - g.off
+						copy(dk[r.slot*tf:(r.slot+r.n)*tf], buf[o*tf:(o+r.n)*tf])
+					}
+				} else {
+					for _, r := range runs[g.lo:g.hi] {
+						copy(dk[r.slot*tf:(r.slot+r.n)*tf], ck[r.off*tf:(r.off+r.n)*tf])
+					}
+				}
+				for _, r := range runs[g.lo:g.hi] {
+					copy(dv[r.slot*tf:(r.slot+r.n)*tf], cv[r.off*tf:(r.off+r.n)*tf])
+				}
+			}
+		}
+	}
+	workers = min(max(workers, 1), l.NumLayers)
+	if len(runs) == 0 {
+		workers = 1
+	}
+	if workers == 1 {
+		copyLayers(0, l.NumLayers)
+	} else {
+		var wg sync.WaitGroup
+		for w := range workers {
+			lo, hi := w*l.NumLayers/workers, (w+1)*l.NumLayers/workers
+			wg.Go(func() { copyLayers(lo, hi) })
+		}
+		wg.Wait()
+	}
+	for _, w := range written {
+		if w > 0 && int(w) < bs {
+			st.PartialBlocks++
+		}
+	}
+	st.SlotWrites = st.ScatteredTokens * 2 * l.NumLayers
+	st.Bytes = int64(st.ScatteredTokens) * l.TokenBytes()
+	return st, errors.Join(errs...)
+}
+
+// group is runs[lo:hi]: runs of one segment covering chunk tokens
+// [off, off+n) contiguously; with shift, all rotated by delta (non-zero).
+type group struct {
+	seg, lo, hi, off, n, delta int
+	shift                      bool
+}
+
+func groupRuns(runs []run, segs []Segment) ([]group, int) {
+	var gs []group
+	maxShift := 0
+	for i, r := range runs {
+		shift := segs[r.seg].Shift && r.delta != 0
+		if n := len(gs); n > 0 {
+			g := &gs[n-1]
+			if g.seg == r.seg && g.shift == shift && g.off+g.n == r.off && (!shift || g.delta == r.delta) {
+				g.hi, g.n = i+1, g.n+r.n
+				if shift {
+					maxShift = max(maxShift, g.n)
+				}
+				continue
+			}
+		}
+		gs = append(gs, group{seg: r.seg, lo: i, hi: i + 1, off: r.off, n: r.n, delta: r.delta, shift: shift})
+		if shift {
+			maxShift = max(maxShift, r.n)
+		}
+	}
+	return gs, maxShift
+}
+
+var scratchPool sync.Pool
+
+// getScratch returns a pooled buffer of at least n floats.
+func getScratch(n int) *[]float32 {
+	if p, ok := scratchPool.Get().(*[]float32); ok && cap(*p) >= n {
+		*p = (*p)[:n]
+		return p
+	}
+	b := make([]float32, n)
+	return &b
+}
+
+func checkSegment(sg Segment, l kvcache.Layout, rope *model.RoPE) error {
+	c := sg.Chunk
+	switch {
+	case c == nil:
+		return fmt.Errorf("%w: no chunk", ErrBadSegment)
+	case sg.Len < 0 || sg.ChunkOff < 0 || sg.ChunkOff+sg.Len > c.Len() || sg.CurSt < 0:
+		return fmt.Errorf("%w: tokens [%d,+%d) of a %d-token chunk at position %d", ErrBadSegment, sg.ChunkOff, sg.Len, c.Len(), sg.CurSt)
+	case !c.Layout.Compatible(l):
+		return fmt.Errorf("%w: chunk layout %+v does not fit memory layout %+v", ErrBadSegment, c.Layout, l)
+	case c.Validate() != nil:
+		return fmt.Errorf("%w: %w", ErrBadSegment, c.Validate())
+	case sg.Shift && (rope == nil || rope.HeadDim() != l.HeadDim || l.HeadDim%2 != 0):
+		return fmt.Errorf("%w: re-RoPE needs a RoPE for head dimension %d", ErrBadSegment, l.HeadDim)
+	}
+	return nil
+}
+
+// Gather is the store direction: it fills c.KV with the K and V of prompt
+// positions c.Positions[0], c.Positions[0]+1, … read from src through
+// blockTable. The chunk's positions must be consecutive, its layout
+// compatible with src and every position allocated; otherwise it returns an
+// error wrapping ErrBadGather and leaves c partly written.
+func Gather(c *chunkstore.Chunk, src *kvcache.Memory, blockTable []int32) error {
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadGather, err)
+	}
+	l := src.Layout()
+	if !c.Layout.Compatible(l) {
+		return fmt.Errorf("%w: chunk layout %+v does not fit memory layout %+v", ErrBadGather, c.Layout, l)
+	}
+	start := int(c.Positions[0])
+	for i, p := range c.Positions {
+		if int(p) != start+i {
+			return fmt.Errorf("%w: positions not consecutive at token %d", ErrBadGather, i)
+		}
+	}
+	bs, tf := l.BlockSize, l.TokenFloats()
+	type span struct{ off, slot, n int }
+	var spans []span
+	for i := 0; i < c.Len(); {
+		pos := start + i
+		b := pos / bs
+		if b >= len(blockTable) || blockTable[b] < 0 || int(blockTable[b]) >= l.NumBlocks {
+			return fmt.Errorf("%w: position %d has no valid block", ErrBadGather, pos)
+		}
+		n := min(bs-pos%bs, c.Len()-i)
+		spans = append(spans, span{i, int(blockTable[b])*bs + pos%bs, n})
+		i += n
+	}
+	for layer := range l.NumLayers {
+		sk, sv := src.K(layer), src.V(layer)
+		ck, cv := c.K(layer), c.V(layer)
+		for _, s := range spans {
+			copy(ck[s.off*tf:(s.off+s.n)*tf], sk[s.slot*tf:(s.slot+s.n)*tf])
+			copy(cv[s.off*tf:(s.off+s.n)*tf], sv[s.slot*tf:(s.slot+s.n)*tf])
+		}
+	}
+	return nil
+}

@@ -1,0 +1,372 @@
+package scatter
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/cacheblend/cacheblend/blend/chunkstore"
+	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/model"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const theta = 10000.0
+
+var kvLayout = kvcache.Layout{NumLayers: 2, NumBlocks: 16, BlockSize: 4, KVHeads: 2, HeadDim: 8}
+
+var sentinel = float32(math.Inf(-1))
+
+// newMem maps a fresh memory filled with a sentinel value.
+func newMem(t testing.TB, l kvcache.Layout) *kvcache.Memory {
+	t.Helper()
+	m, err := kvcache.Create(t.TempDir(), l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	for layer := range l.NumLayers {
+		for _, p := range [][]float32{m.K(layer), m.V(layer)} {
+			for i := range p {
+				p[i] = sentinel
+			}
+		}
+	}
+	return m
+}
+
+// newChunk makes a chunk of n tokens stored at positions start… with random KV.
+func newChunk(t testing.TB, r *rand.Rand, l kvcache.Layout, n, start int) *chunkstore.Chunk {
+	t.Helper()
+	toks := make([]int32, n)
+	for i := range toks {
+		toks[i] = r.Int32N(1000)
+	}
+	c, err := chunkstore.NewChunk(chunkstore.Key{byte(n), byte(start)}, "m", 0, chunkstore.LayoutOf(l, theta), toks, start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range c.KV {
+		c.KV[i] = float32(r.NormFloat64())
+	}
+	return c
+}
+
+// reference writes the segments token by token with kvcache.Slot and a
+// per-token rope.Shift: the obviously-correct version of Scatter.
+func reference(dst *kvcache.Memory, bt []int32, from int, rope *model.RoPE, segs []Segment) {
+	l := dst.Layout()
+	for _, sg := range segs {
+		for i := range sg.Len {
+			pos := sg.CurSt + i
+			if pos < from {
+				continue
+			}
+			slot, err := kvcache.Slot(bt, pos, l.BlockSize)
+			if err != nil {
+				continue
+			}
+			for layer := range l.NumLayers {
+				k := dst.TokenK(layer, slot)
+				copy(k, sg.Chunk.TokenK(layer, sg.ChunkOff+i))
+				if sg.Shift {
+					rope.Shift(k, int(sg.Chunk.Positions[sg.ChunkOff+i]), pos)
+				}
+				copy(dst.TokenV(layer, slot), sg.Chunk.TokenV(layer, sg.ChunkOff+i))
+			}
+		}
+	}
+}
+
+func memEqual(t *testing.T, a, b *kvcache.Memory) {
+	t.Helper()
+	l := a.Layout()
+	for layer := range l.NumLayers {
+		for pi, pair := range [][2][]float32{{a.K(layer), b.K(layer)}, {a.V(layer), b.V(layer)}} {
+			for i := range pair[0] {
+				if math.Float32bits(pair[0][i]) != math.Float32bits(pair[1][i]) {
+					t.Fatalf("layer %d plane %d float %d (slot %d): %v != %v", layer, pi, i, i/l.TokenFloats(), pair[0][i], pair[1][i])
+				}
+			}
+		}
+	}
+}
+
+// writtenSlots lists the slots of layer 0 whose K is not the sentinel.
+func writtenSlots(m *kvcache.Memory) []int {
+	l := m.Layout()
+	var out []int
+	for s := range l.Slots() {
+		if !math.IsInf(float64(m.TokenK(0, s)[0]), -1) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func TestScatterWritesExactSlots(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 1))
+	rope := model.NewRoPE(kvLayout.HeadDim, theta)
+	c := newChunk(t, r, kvLayout, 20, 100)
+	bt := []int32{9, 3, 12, 0, 7, 5}
+	slotsOf := func(from, to int) []int { // slots of positions [from, to)
+		var s []int
+		for p := from; p < to; p++ {
+			x, _ := kvcache.Slot(bt, p, kvLayout.BlockSize)
+			s = append(s, x)
+		}
+		return s
+	}
+	tests := []struct {
+		name      string
+		segs      []Segment
+		from      int
+		want      Stats
+		wantSlots []int
+	}{
+		{"prefix, block aligned",
+			[]Segment{{Chunk: c, ChunkOff: 0, Len: 8, CurSt: 0}}, 0,
+			Stats{ScatteredTokens: 8, NPrefix: 8}, slotsOf(0, 8)},
+		{"mid-block start and end: two partial blocks, neighbours untouched",
+			[]Segment{{Chunk: c, ChunkOff: 3, Len: 9, CurSt: 6, Shift: true}}, 0,
+			Stats{ScatteredTokens: 9, NShifted: 9, PartialBlocks: 2}, slotsOf(6, 15)},
+		{"two segments sharing a block fill it",
+			[]Segment{{Chunk: c, ChunkOff: 0, Len: 2, CurSt: 4}, {Chunk: c, ChunkOff: 10, Len: 2, CurSt: 6, Shift: true}}, 0,
+			Stats{ScatteredTokens: 4, NPrefix: 2, NShifted: 2}, slotsOf(4, 8)},
+		{"beyond the block table is dropped",
+			[]Segment{{Chunk: c, ChunkOff: 0, Len: 10, CurSt: 18, Shift: true}}, 0,
+			Stats{ScatteredTokens: 6, NShifted: 6, Dropped: 4, PartialBlocks: 1}, slotsOf(18, 24)},
+		{"below fromToken is skipped",
+			[]Segment{{Chunk: c, ChunkOff: 0, Len: 10, CurSt: 2}}, 5,
+			Stats{ScatteredTokens: 7, NPrefix: 7, Skipped: 3, PartialBlocks: 1}, slotsOf(5, 12)},
+		{"empty segment", []Segment{{Chunk: c, Len: 0, CurSt: 3}}, 0, Stats{}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, want := newMem(t, kvLayout), newMem(t, kvLayout)
+			st, err := Scatter(got, bt, tc.from, rope, tc.segs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.want.SlotWrites = tc.want.ScatteredTokens * 2 * kvLayout.NumLayers
+			tc.want.Bytes = int64(tc.want.ScatteredTokens) * kvLayout.TokenBytes()
+			if st != tc.want {
+				t.Fatalf("stats %+v, want %+v", st, tc.want)
+			}
+			reference(want, bt, tc.from, rope, tc.segs)
+			memEqual(t, got, want)
+			gotSlots := writtenSlots(got)
+			slices.Sort(tc.wantSlots)
+			if !slices.Equal(gotSlots, tc.wantSlots) {
+				t.Fatalf("wrote slots %v, want %v", gotSlots, tc.wantSlots)
+			}
+		})
+	}
+}
+
+func TestTwoPassEqualsOnePass(t *testing.T) {
+	r := rand.New(rand.NewPCG(2, 2))
+	rope := model.NewRoPE(kvLayout.HeadDim, theta)
+	c1 := newChunk(t, r, kvLayout, 20, 0)
+	c2 := newChunk(t, r, kvLayout, 30, 500)
+	full := []int32{4, 11, 2, 8, 15, 1, 6, 13, 10}
+	segs := []Segment{
+		{Chunk: c1, ChunkOff: 0, Len: 13, CurSt: 0},               // prefix
+		{Chunk: c2, ChunkOff: 5, Len: 17, CurSt: 15, Shift: true}, // non-prefix, re-RoPE'd
+	}
+	one := newMem(t, kvLayout)
+	stOne, err := Scatter(one, full, 0, rope, segs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	two := newMem(t, kvLayout)
+	// First pass: only 5 blocks (20 slots) allocated so far.
+	st1, err := Scatter(two, full[:5], 0, rope, segs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st1.ScatteredTokens != 13+5 || st1.Dropped != 12 {
+		t.Fatalf("first pass %+v", st1)
+	}
+	// Second pass: the full table, from the first unallocated position.
+	st2, err := Scatter(two, full, 20, rope, segs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st2.ScatteredTokens != 12 || st2.Skipped != 18 || st2.Dropped != 0 {
+		t.Fatalf("second pass %+v", st2)
+	}
+	if st1.ScatteredTokens+st2.ScatteredTokens != stOne.ScatteredTokens {
+		t.Fatalf("passes wrote %d+%d tokens, one pass %d", st1.ScatteredTokens, st2.ScatteredTokens, stOne.ScatteredTokens)
+	}
+	memEqual(t, one, two)
+}
+
+func TestReRoPEMatchesDirectRotation(t *testing.T) {
+	l := kvcache.Layout{NumLayers: 3, NumBlocks: 64, BlockSize: 16, KVHeads: 4, HeadDim: 64}
+	rope := model.NewRoPE(l.HeadDim, theta)
+	tests := []struct {
+		name       string
+		pos0, pos1 int
+	}{
+		{"forward", 37, 1500},
+		{"backward", 900, 3},
+		{"same position", 200, 200},
+		{"far", 0, 4000},
+	}
+	for ti, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := rand.New(rand.NewPCG(3, uint64(ti)))
+			const n = 40
+			c := newChunk(t, r, l, n, tc.pos0)
+			raw := slices.Clone(c.KV)
+			// The stored K was computed at pos0+i: rotate the raw K there.
+			for layer := range l.NumLayers {
+				for i := range n {
+					rope.RotateHeads(c.TokenK(layer, i), tc.pos0+i)
+				}
+			}
+			bt := make([]int32, (tc.pos1+n)/l.BlockSize+1)
+			for i := range bt {
+				bt[i] = int32((i*7 + 3) % 64)
+			}
+			m := newMem(t, l)
+			st, err := Scatter(m, bt, 0, rope, []Segment{{Chunk: c, Len: n, CurSt: tc.pos1, Shift: true}})
+			if err != nil || st.NShifted != n {
+				t.Fatalf("stats %+v err %v", st, err)
+			}
+			rawChunk := *c
+			rawChunk.KV = raw
+			var maxErr float64
+			for layer := range l.NumLayers {
+				for i := range n {
+					want := slices.Clone(rawChunk.TokenK(layer, i))
+					rope.RotateHeads(want, tc.pos1+i)
+					slot, err := kvcache.Slot(bt, tc.pos1+i, l.BlockSize)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got := m.TokenK(layer, slot)
+					for j := range want {
+						maxErr = max(maxErr, math.Abs(float64(got[j]-want[j])))
+					}
+					if !slices.Equal(m.TokenV(layer, slot), rawChunk.TokenV(layer, i)) {
+						t.Fatalf("V of token %d changed", i)
+					}
+				}
+			}
+			if maxErr >= 1e-4 {
+				t.Fatalf("max abs error %g", maxErr)
+			}
+			t.Logf("max abs error %g", maxErr)
+		})
+	}
+}
+
+func TestNonConsecutivePositions(t *testing.T) {
+	r := rand.New(rand.NewPCG(4, 4))
+	rope := model.NewRoPE(kvLayout.HeadDim, theta)
+	c := newChunk(t, r, kvLayout, 10, 50)
+	c.Positions[4] = 7 // a stored position out of sequence
+	bt := []int32{1, 2, 3, 4}
+	segs := []Segment{{Chunk: c, Len: 10, CurSt: 2, Shift: true}}
+	got, want := newMem(t, kvLayout), newMem(t, kvLayout)
+	st, err := Scatter(got, bt, 0, rope, segs)
+	if err != nil || st.NShifted != 10 {
+		t.Fatalf("%+v %v", st, err)
+	}
+	reference(want, bt, 0, rope, segs)
+	memEqual(t, got, want)
+}
+
+func TestBadSegments(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 5))
+	rope := model.NewRoPE(kvLayout.HeadDim, theta)
+	good := newChunk(t, r, kvLayout, 8, 0)
+	other := kvLayout
+	other.HeadDim = 4
+	wrongLayout := newChunk(t, r, other, 8, 0)
+	tests := []struct {
+		name string
+		seg  Segment
+		bt   []int32
+		rope *model.RoPE
+	}{
+		{"nil chunk", Segment{Len: 4}, []int32{0, 1}, rope},
+		{"past the chunk", Segment{Chunk: good, ChunkOff: 6, Len: 4}, []int32{0, 1}, rope},
+		{"negative offset", Segment{Chunk: good, ChunkOff: -1, Len: 4}, []int32{0, 1}, rope},
+		{"negative position", Segment{Chunk: good, Len: 4, CurSt: -4}, []int32{0, 1}, rope},
+		{"layout mismatch", Segment{Chunk: wrongLayout, Len: 4}, []int32{0, 1}, rope},
+		{"shift without rope", Segment{Chunk: good, Len: 4, Shift: true}, []int32{0, 1}, nil},
+		{"shift with wrong rope", Segment{Chunk: good, Len: 4, Shift: true}, []int32{0, 1}, model.NewRoPE(4, theta)},
+		{"block id outside memory", Segment{Chunk: good, Len: 4}, []int32{99, 1}, rope},
+		{"negative block id", Segment{Chunk: good, Len: 4}, []int32{-1, 1}, rope},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newMem(t, kvLayout)
+			// A good segment in the same call is still written.
+			ok := Segment{Chunk: good, Len: 4, CurSt: 4}
+			st, err := Scatter(m, tc.bt, 0, tc.rope, []Segment{tc.seg, ok})
+			if !errors.Is(err, ErrBadSegment) {
+				t.Fatalf("err = %v", err)
+			}
+			if st.Invalid != 4 || st.ScatteredTokens != 4 {
+				t.Fatalf("stats %+v", st)
+			}
+			if got := writtenSlots(m); len(got) != 4 {
+				t.Fatalf("wrote slots %v", got)
+			}
+		})
+	}
+}
+
+func TestGatherRoundTrip(t *testing.T) {
+	r := rand.New(rand.NewPCG(6, 6))
+	src := newChunk(t, r, kvLayout, 13, 6)
+	bt := []int32{5, 9, 1, 14, 3}
+	m := newMem(t, kvLayout)
+	if _, err := Scatter(m, bt, 0, nil, []Segment{{Chunk: src, Len: 13, CurSt: 6}}); err != nil {
+		t.Fatal(err)
+	}
+	back, err := chunkstore.NewChunk(src.Key, "m", 0, src.Layout, src.Tokens, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Gather(back, m, bt); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(back.KV, src.KV) {
+		t.Fatal("gathered KV differs")
+	}
+	short, _ := chunkstore.NewChunk(src.Key, "m", 0, src.Layout, src.Tokens, 10)
+	if err := Gather(short, m, bt); !errors.Is(err, ErrBadGather) {
+		t.Fatalf("gather past the table: %v", err)
+	}
+}
+
+func TestScatterParallelEqualsScatter(t *testing.T) {
+	l := kvcache.Layout{NumLayers: 5, NumBlocks: 32, BlockSize: 8, KVHeads: 2, HeadDim: 16}
+	r := rand.New(rand.NewPCG(10, 10))
+	rope := model.NewRoPE(l.HeadDim, theta)
+	c1, c2 := newChunk(t, r, l, 40, 0), newChunk(t, r, l, 50, 300)
+	bt := make([]int32, 20)
+	for i, p := range r.Perm(32)[:20] {
+		bt[i] = int32(p)
+	}
+	segs := []Segment{{Chunk: c1, Len: 37, CurSt: 0}, {Chunk: c2, ChunkOff: 3, Len: 47, CurSt: 41, Shift: true}}
+	for _, workers := range []int{0, 2, 3, 5, 9} {
+		one, par := newMem(t, l), newMem(t, l)
+		st1, err1 := Scatter(one, bt, 4, rope, segs)
+		st2, err2 := ScatterParallel(par, bt, 4, rope, segs, workers)
+		if err1 != nil || err2 != nil || st1 != st2 {
+			t.Fatalf("workers %d: %+v %v vs %+v %v", workers, st1, err1, st2, err2)
+		}
+		memEqual(t, one, par)
+	}
+}
