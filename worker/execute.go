@@ -1,0 +1,390 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/rpc/cbv1"
+	"github.com/cacheblend/cacheblend/telemetry"
+)
+
+type service struct {
+	cbv1.UnimplementedWorkerServiceServer
+	w *Worker
+}
+
+func (s *service) Info(context.Context, *cbv1.InfoRequest) (*cbv1.InfoResponse, error) {
+	w := s.w
+	c := w.model.Config()
+	return &cbv1.InfoResponse{
+		Model: w.cfg.ModelName, Vocab: int32(c.Vocab), MaxPositions: int32(c.MaxPositions),
+		NumBlocks: int32(w.cfg.NumBlocks), BlockSize: int32(w.cfg.BlockSize),
+		Bos: model.BOS, Eos: model.EOS, NumLayers: int32(c.Layers), WorkerId: w.cfg.WorkerID,
+	}, nil
+}
+
+func (s *service) Execute(ctx context.Context, req *cbv1.ExecuteRequest) (*cbv1.ExecuteResponse, error) {
+	return s.w.Execute(ctx, req)
+}
+
+var attrRequestID = attribute.Key("request_id")
+
+// Execute runs one scheduler step: drops finished requests, runs every
+// prefill chunk (with CacheBlend reuse when the step carries a plan), then
+// one batched decode, and samples a token for every sequence that asks.
+// A sequence whose input is bad fails alone (its output carries the error);
+// a malformed request as a whole is InvalidArgument.
+func (w *Worker) Execute(ctx context.Context, req *cbv1.ExecuteRequest) (*cbv1.ExecuteResponse, error) {
+	w.execMu.Lock()
+	defer w.execMu.Unlock()
+	for _, id := range req.GetFinishedRequestIds() {
+		delete(w.seqs, id)
+	}
+	resp := &cbv1.ExecuteResponse{}
+	var decodes []*cbv1.SeqStep
+	for _, sq := range req.GetSeqs() {
+		if sq.GetRequestId() == "" {
+			return nil, status.Error(codes.InvalidArgument, "seq without request_id")
+		}
+		if !sq.GetIsPrefill() {
+			decodes = append(decodes, sq)
+			continue
+		}
+		out := w.prefill(ctx, sq)
+		resp.Outputs = append(resp.Outputs, out)
+	}
+	if len(decodes) > 0 {
+		resp.Outputs = append(resp.Outputs, w.decode(decodes)...)
+	}
+	w.metrics.Step()
+	w.storeMu.Lock()
+	resp.StoredRequestIds, w.storeDone = w.storeDone, nil
+	w.storeMu.Unlock()
+	return resp, nil
+}
+
+func (w *Worker) state(sq *cbv1.SeqStep) (*seqState, error) {
+	st := w.seqs[sq.GetRequestId()]
+	if st == nil {
+		if len(sq.GetPromptTokens()) == 0 {
+			return nil, fmt.Errorf("first step of %s carries no prompt_tokens", sq.GetRequestId())
+		}
+		p := sq.GetSampling()
+		st = &seqState{
+			prompt: slices.Clone(sq.GetPromptTokens()),
+			plan:   sq.GetCbPlan(),
+			rng:    rand.New(rand.NewPCG(p.GetSeed(), p.GetSeed()^0x9e3779b97f4a7c15)),
+		}
+		w.seqs[sq.GetRequestId()] = st
+	}
+	return st, nil
+}
+
+func sampling(p *cbv1.SamplingParams) model.SamplingParams {
+	return model.SamplingParams{Temperature: p.GetTemperature(), TopP: p.GetTopP()}
+}
+
+// prefill computes one prompt chunk of a sequence.
+func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput {
+	id := sq.GetRequestId()
+	out := &cbv1.SeqOutput{RequestId: id}
+	st, err := w.state(sq)
+	if err != nil {
+		out.Error = err.Error()
+		return out
+	}
+	start := int(sq.GetStartPos())
+	end := start + len(sq.GetTokens())
+	if end > len(st.prompt) || start < 0 || len(sq.GetTokens()) == 0 {
+		out.Error = fmt.Sprintf("prefill chunk [%d,%d) outside the %d-token prompt", start, end, len(st.prompt))
+		return out
+	}
+	pctx := telemetry.ExtractString(ctx, sq.GetTraceContext())
+	pctx, exec := w.spans.Start(pctx, "cb.execute", trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attrRequestID.String(id), attribute.Int("start_pos", start), attribute.Int("n_tokens", end-start)))
+	defer exec.End()
+
+	bt := sq.GetBlockTable()
+	if st.plan != nil && len(st.plan.GetMatches()) > 0 && !st.reuseFailed {
+		w.loadKV(pctx, id, st, bt)
+	}
+
+	fctx, fwd := w.spans.Start(pctx, "cb.model_forward", trace.WithAttributes(attrRequestID.String(id)))
+	t0 := time.Now()
+	var logits []float32
+	blended := st.plan != nil && (len(st.loaded) > 0 || st.prefixLoaded > start)
+	if blended {
+		in := model.BlendInput{
+			Tokens:       st.prompt[:end],
+			BlockTable:   bt,
+			PrefixReused: max(start, min(st.prefixLoaded, end)),
+			CheckLayer:   model.UseConfig,
+			RecompRatio:  model.UseConfig,
+		}
+		if r := st.plan.GetRecompRatio(); r > 0 {
+			in.RecompRatio = r
+		}
+		for _, r := range st.loaded {
+			r.Start = max(r.Start, in.PrefixReused)
+			r.End = min(r.End, end)
+			if r.End > r.Start {
+				in.Reused = append(in.Reused, r)
+			}
+		}
+		var stats model.BlendStats
+		logits, stats, err = w.model.BlendForward(w.kv, in)
+		if err == nil {
+			w.phaseSpans(fctx, id, stats)
+			out.ImpCount = int32(stats.ImpCount)
+			out.ReusedTokens = int32(stats.ReusedTokens + stats.PrefixTokens)
+			fwd.SetAttributes(attribute.Int("imp_count", stats.ImpCount), attribute.Int("reused_tokens", stats.ReusedTokens),
+				attribute.Int("prefix_tokens", stats.PrefixTokens), attribute.Int("new_tokens", stats.NewTokens))
+		}
+	} else {
+		logits, err = w.model.Prefill(w.kv, model.PrefillInput{Tokens: sq.GetTokens(), Start: start, BlockTable: bt})
+		if err == nil {
+			_ = w.metrics.ObserveForward(fctx, "prefill", time.Since(t0))
+		}
+	}
+	if err != nil {
+		fwd.SetError("forward_failed", err)
+		fwd.End()
+		exec.SetError("forward_failed", err)
+		out.Error = err.Error()
+		return out
+	}
+	fwd.End()
+	if sq.GetSample() {
+		out.HasToken = true
+		out.Token = model.Sample(logits, sampling(sq.GetSampling()), st.rng)
+	}
+	if sq.GetStore() && end == len(st.prompt) && w.blend != nil {
+		w.storeAsync(pctx, id, st.prompt, slices.Clone(bt), sq.GetDocument())
+	} else if sq.GetStore() && end == len(st.prompt) {
+		w.markStored(id) // nothing to store into: release the blocks at once
+	}
+	return out
+}
+
+// phaseSpans records cb.full_recomp / cb.check / cb.partial with the
+// forward's own timestamps, and the phase histograms.
+func (w *Worker) phaseSpans(ctx context.Context, id string, s model.BlendStats) {
+	if !s.Blended {
+		if !s.FullRecompStart.IsZero() {
+			_ = w.metrics.ObserveForward(ctx, "prefill", s.FullRecompEnd.Sub(s.FullRecompStart))
+		}
+		return
+	}
+	rid := attrRequestID.String(id)
+	if !s.FullRecompStart.IsZero() {
+		_, sp := w.spans.Start(ctx, "cb.full_recomp", trace.WithTimestamp(s.FullRecompStart),
+			trace.WithAttributes(rid, attribute.Int("layers", s.CheckLayer)))
+		sp.End(trace.WithTimestamp(s.FullRecompEnd))
+		_ = w.metrics.ObserveForward(ctx, "full_recomp", s.FullRecompEnd.Sub(s.FullRecompStart))
+	}
+	if !s.CheckStart.IsZero() {
+		_, sp := w.spans.Start(ctx, "cb.check", trace.WithTimestamp(s.CheckStart),
+			trace.WithAttributes(rid, attribute.Int("imp_count", s.ImpCount), attribute.Float64("recomp_ratio", s.RecompRatio),
+				attribute.Int("check_layer", s.CheckLayer), attribute.Int("selected", s.Selected)))
+		sp.End(trace.WithTimestamp(s.CheckEnd))
+		_ = w.metrics.ObserveForward(ctx, "check", s.CheckEnd.Sub(s.CheckStart))
+	}
+	if !s.PartialStart.IsZero() {
+		_, sp := w.spans.Start(ctx, "cb.partial", trace.WithTimestamp(s.PartialStart),
+			trace.WithAttributes(rid, attribute.String("dispatch", s.Dispatch), attribute.Bool("imp_empty", s.ImpEmpty)))
+		sp.End(trace.WithTimestamp(s.PartialEnd))
+		_ = w.metrics.ObserveForward(ctx, "partial", s.PartialEnd.Sub(s.PartialStart))
+	}
+	if s.ReusedTokens > 0 {
+		_ = w.metrics.ObserveRecomputeRatio(s.Selected, s.ReusedTokens)
+	}
+}
+
+// loadKV asks the blend server to scatter the plan's matches into the
+// blocks allocated so far (cb.start_load_kv → cb.retrieve). It runs again
+// when more blocks arrive. On failure the request is computed in full.
+func (w *Worker) loadKV(ctx context.Context, id string, st *seqState, bt []int32) {
+	capTokens := min(kvcache.Capacity(bt, w.cfg.BlockSize), len(st.prompt))
+	if capTokens <= st.retrievedTo {
+		return
+	}
+	// Only call when some match reaches past what was retrieved.
+	need := false
+	for _, m := range st.plan.GetMatches() {
+		if int(m.GetCurEd()) > st.retrievedTo && int(m.GetCurSt()) < capTokens {
+			need = true
+			break
+		}
+	}
+	if !need {
+		return
+	}
+	lctx, sp := w.spans.Start(ctx, "cb.start_load_kv", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attrRequestID.String(id), attribute.Int("from_token", st.retrievedTo), attribute.Int("capacity_tokens", capTokens)))
+	defer sp.End()
+	if !w.Registered() {
+		err := errors.New("blend server unavailable (KV memory not registered)")
+		w.reuseFailed(st, sp, err)
+		return
+	}
+	rctx, cancel := context.WithTimeout(lctx, w.cfg.RPCTimeout)
+	defer cancel()
+	resp, err := w.blend.Retrieve(rctx, &cbv1.RetrieveRequest{
+		RequestId: id, TraceContext: telemetry.InjectString(lctx), WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank),
+		BlockTable: bt, Matches: st.plan.GetMatches(), FromToken: int32(st.retrievedTo), ChunkSize: st.plan.GetChunkSize(),
+	})
+	if err != nil {
+		w.reuseFailed(st, sp, fmt.Errorf("retrieve: %w", err))
+		return
+	}
+	from := st.retrievedTo
+	st.retrievedTo = capTokens
+	// What was written: every match ∩ [from, capTokens) minus the missing ranges.
+	var got []model.Range
+	for _, m := range st.plan.GetMatches() {
+		r := model.Range{Start: max(int(m.GetCurSt()), from), End: min(int(m.GetCurEd()), capTokens)}
+		if r.End <= r.Start {
+			continue
+		}
+		got = append(got, subtract(r, resp.GetMissing())...)
+	}
+	for _, r := range got {
+		if r.Start == st.prefixLoaded && isPrefix(st.plan, r.Start) {
+			st.prefixLoaded = r.End
+			continue
+		}
+		st.loaded = append(st.loaded, r)
+	}
+	_ = w.metrics.AddKVTransfer("load", resp.GetBytes(), int64(resp.GetScatteredTokens()))
+	sp.SetAttributes(attribute.Int("scattered_tokens", int(resp.GetScatteredTokens())), attribute.Int("dropped", int(resp.GetDropped())),
+		attribute.Int("missing_ranges", len(resp.GetMissing())))
+}
+
+func isPrefix(p *cbv1.CBPlan, pos int) bool {
+	for _, m := range p.GetMatches() {
+		if m.GetPrefix() && int(m.GetCurSt()) <= pos && pos < int(m.GetCurEd()) {
+			return true
+		}
+	}
+	return false
+}
+
+// subtract returns r minus the missing ranges.
+func subtract(r model.Range, missing []*cbv1.Range) []model.Range {
+	out := []model.Range{r}
+	for _, m := range missing {
+		ms, me := int(m.GetStart()), int(m.GetEnd())
+		var next []model.Range
+		for _, o := range out {
+			if me <= o.Start || ms >= o.End {
+				next = append(next, o)
+				continue
+			}
+			if ms > o.Start {
+				next = append(next, model.Range{Start: o.Start, End: ms})
+			}
+			if me < o.End {
+				next = append(next, model.Range{Start: me, End: o.End})
+			}
+		}
+		out = next
+	}
+	return out
+}
+
+// reuseFailed records a failed load: the request is computed in full (the
+// KV written so far is ignored and overwritten).
+func (w *Worker) reuseFailed(st *seqState, sp *telemetry.Span, err error) {
+	st.reuseFailed = true
+	st.loaded = nil
+	st.prefixLoaded = 0
+	sp.SetError("retrieve_failed", err)
+	_ = w.metrics.BlendFailure("retrieve")
+	w.logger.Warn("KV load failed; computing in full", "err", err)
+}
+
+// decode runs one batched decode step.
+func (w *Worker) decode(seqs []*cbv1.SeqStep) []*cbv1.SeqOutput {
+	outs := make([]*cbv1.SeqOutput, len(seqs))
+	in := make([]model.DecodeInput, 0, len(seqs))
+	idx := make([]int, 0, len(seqs))
+	for i, sq := range seqs {
+		outs[i] = &cbv1.SeqOutput{RequestId: sq.GetRequestId()}
+		if w.seqs[sq.GetRequestId()] == nil {
+			outs[i].Error = "decode for an unknown request (no prefill seen)"
+			continue
+		}
+		if len(sq.GetTokens()) != 1 {
+			outs[i].Error = fmt.Sprintf("decode step carries %d tokens, want 1", len(sq.GetTokens()))
+			continue
+		}
+		in = append(in, model.DecodeInput{Token: sq.GetTokens()[0], Pos: int(sq.GetStartPos()), BlockTable: sq.GetBlockTable()})
+		idx = append(idx, i)
+	}
+	if len(in) == 0 {
+		return outs
+	}
+	t0 := time.Now()
+	logits, err := w.model.Decode(w.kv, in)
+	if err != nil {
+		for _, i := range idx {
+			outs[i].Error = err.Error()
+		}
+		return outs
+	}
+	_ = w.metrics.ObserveForward(context.Background(), "decode", time.Since(t0))
+	for j, i := range idx {
+		sq := seqs[i]
+		st := w.seqs[sq.GetRequestId()]
+		outs[i].HasToken = true
+		outs[i].Token = model.Sample(logits[j], sampling(sq.GetSampling()), st.rng)
+	}
+	return outs
+}
+
+// storeAsync copies the prompt's KV into the blend server in the
+// background; the engine keeps the blocks until the id is reported back.
+func (w *Worker) storeAsync(ctx context.Context, id string, tokens []int32, bt []int32, document bool) {
+	select {
+	case w.storeSem <- struct{}{}:
+	default:
+		_ = w.metrics.BlendFailure("store")
+		w.logger.Warn("too many stores in flight; skipping", "request_id", id)
+		w.markStored(id)
+		return
+	}
+	tc := telemetry.InjectString(ctx)
+	go func() {
+		defer func() { <-w.storeSem }()
+		defer w.markStored(id)
+		sctx, cancel := context.WithTimeout(context.Background(), w.cfg.RPCTimeout)
+		defer cancel()
+		resp, err := w.blend.Store(sctx, &cbv1.StoreRequest{
+			RequestId: id, TraceContext: tc, WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank),
+			Tokens: tokens, BlockTable: bt, Document: document, Model: w.cfg.ModelName,
+		})
+		if err != nil {
+			_ = w.metrics.BlendFailure("store")
+			w.logger.Warn("store failed", "request_id", id, "err", err)
+			return
+		}
+		_ = w.metrics.AddKVTransfer("store", resp.GetBytes(), int64(len(tokens)))
+	}()
+}
+
+func (w *Worker) markStored(id string) {
+	w.storeMu.Lock()
+	w.storeDone = append(w.storeDone, id)
+	w.storeMu.Unlock()
+}

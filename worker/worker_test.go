@@ -1,0 +1,204 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/rpc/cbv1"
+	"github.com/cacheblend/cacheblend/telemetry"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// smallModel keeps -race runs fast.
+var smallModel = model.Config{Layers: 4, Dim: 64, Heads: 4, KVHeads: 2, FFNDim: 128, MaxPositions: 2048, Threads: 2}
+
+type harness struct {
+	w      *Worker
+	client cbv1.WorkerServiceClient
+	conn   *grpc.ClientConn
+	rec    *tracetest.SpanRecorder
+	tp     *sdktrace.TracerProvider
+}
+
+func start(t *testing.T, cfg Config) *harness {
+	t.Helper()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	cfg.Model = smallModel
+	cfg.ShmDir = t.TempDir()
+	cfg.NumBlocks = 64
+	w, err := New(cfg, tp, nil, prometheus.NewRegistry(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(w.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{w: w, client: cbv1.NewWorkerServiceClient(conn), conn: conn, rec: rec, tp: tp}
+	t.Cleanup(func() {
+		conn.Close()
+		path := w.ShmPath()
+		if err := w.Shutdown(context.Background()); err != nil {
+			t.Error(err)
+		}
+		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("shared memory %s left after shutdown", path)
+		}
+		tp.Shutdown(context.Background())
+	})
+	return h
+}
+
+func prompt(n int) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32((i*7 + 3) % 256)
+	}
+	return p
+}
+
+// generate runs a request through the worker: the prompt in chunks of
+// chunk tokens, then decode steps; it returns the sampled tokens.
+func generate(t *testing.T, h *harness, id string, p []int32, chunk, n int, bt []int32) []int32 {
+	t.Helper()
+	ctx := context.Background()
+	var out []int32
+	for s := 0; s < len(p); s += chunk {
+		e := min(s+chunk, len(p))
+		sq := &cbv1.SeqStep{RequestId: id, BlockTable: bt, Tokens: p[s:e], StartPos: int32(s), IsPrefill: true, Sample: e == len(p)}
+		if s == 0 {
+			sq.PromptTokens = p
+		}
+		resp, err := h.client.Execute(ctx, &cbv1.ExecuteRequest{Seqs: []*cbv1.SeqStep{sq}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := resp.Outputs[0]; o.Error != "" {
+			t.Fatal(o.Error)
+		} else if e == len(p) {
+			out = append(out, o.Token)
+		}
+	}
+	for len(out) < n {
+		pos := len(p) + len(out) - 1
+		resp, err := h.client.Execute(ctx, &cbv1.ExecuteRequest{Seqs: []*cbv1.SeqStep{{
+			RequestId: id, BlockTable: bt, Tokens: []int32{out[len(out)-1]}, StartPos: int32(pos), Sample: true}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Outputs[0].Error != "" {
+			t.Fatal(resp.Outputs[0].Error)
+		}
+		out = append(out, resp.Outputs[0].Token)
+	}
+	if _, err := h.client.Execute(ctx, &cbv1.ExecuteRequest{FinishedRequestIds: []string{id}}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func blocks(from, n int) []int32 {
+	bt := make([]int32, n)
+	for i := range bt {
+		bt[i] = int32(from + i)
+	}
+	return bt
+}
+
+func TestChunkedPrefillAndDecodeDeterministic(t *testing.T) {
+	h := start(t, Config{})
+	p := prompt(100)
+	whole := generate(t, h, "a", p, len(p), 8, blocks(0, 8))
+	chunked := generate(t, h, "b", p, 32, 8, blocks(10, 8))
+	if len(whole) != 8 {
+		t.Fatalf("got %d tokens", len(whole))
+	}
+	for i := range whole {
+		if whole[i] != chunked[i] {
+			t.Fatalf("chunked prefill diverged at token %d: %v vs %v", i, whole, chunked)
+		}
+	}
+}
+
+func TestInfoAndBadInput(t *testing.T) {
+	h := start(t, Config{})
+	info, err := h.client.Info(context.Background(), &cbv1.InfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumBlocks != 64 || info.BlockSize != 16 || info.Model != DefaultModelName || info.Eos != model.EOS {
+		t.Fatalf("info %+v", info)
+	}
+	tests := []struct {
+		name string
+		sq   *cbv1.SeqStep
+	}{
+		{"no prompt on first step", &cbv1.SeqStep{RequestId: "x", IsPrefill: true, Tokens: []int32{1}, BlockTable: blocks(0, 1)}},
+		{"chunk outside prompt", &cbv1.SeqStep{RequestId: "y", IsPrefill: true, PromptTokens: []int32{1, 2}, Tokens: []int32{1, 2, 3}, BlockTable: blocks(0, 1)}},
+		{"block table too short", &cbv1.SeqStep{RequestId: "z", IsPrefill: true, PromptTokens: prompt(40), Tokens: prompt(40), BlockTable: blocks(0, 1)}},
+		{"decode unknown request", &cbv1.SeqStep{RequestId: "u", Tokens: []int32{1}, StartPos: 3, BlockTable: blocks(0, 1)}},
+		{"token out of vocabulary", &cbv1.SeqStep{RequestId: "v", IsPrefill: true, PromptTokens: []int32{9999}, Tokens: []int32{9999}, BlockTable: blocks(0, 1)}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := h.client.Execute(context.Background(), &cbv1.ExecuteRequest{Seqs: []*cbv1.SeqStep{tc.sq}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.Outputs[0].Error == "" {
+				t.Fatal("bad input accepted")
+			}
+		})
+	}
+}
+
+func TestExecuteSpanIsRemoteChild(t *testing.T) {
+	h := start(t, Config{})
+	caller := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	p := prompt(20)
+	_, err := h.client.Execute(context.Background(), &cbv1.ExecuteRequest{Seqs: []*cbv1.SeqStep{{
+		RequestId: "r1", TraceContext: caller, BlockTable: blocks(0, 2), Tokens: p, PromptTokens: p, IsPrefill: true, Sample: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spans := map[string]sdktrace.ReadOnlySpan{}
+	for _, s := range h.rec.Ended() {
+		spans[s.Name()] = s
+	}
+	exec, fwd := spans["cb.execute"], spans["cb.model_forward"]
+	if exec == nil || fwd == nil {
+		t.Fatalf("spans %v", spans)
+	}
+	sc, _ := telemetry.ParseTraceparent(caller)
+	if exec.SpanContext().TraceID() != sc.TraceID() || exec.Parent().SpanID() != sc.SpanID() || !exec.Parent().IsRemote() {
+		t.Fatalf("cb.execute parent %v, want remote %v", exec.Parent(), sc)
+	}
+	if fwd.Parent().SpanID() != exec.SpanContext().SpanID() {
+		t.Fatal("cb.model_forward not under cb.execute")
+	}
+	// A sampled-out caller records nothing.
+	n := len(h.rec.Ended())
+	_, err = h.client.Execute(context.Background(), &cbv1.ExecuteRequest{Seqs: []*cbv1.SeqStep{{
+		RequestId: "r2", TraceContext: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00", BlockTable: blocks(2, 2), Tokens: p, PromptTokens: p, IsPrefill: true, Sample: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.rec.Ended()) != n {
+		t.Fatal("sampled-out request recorded spans")
+	}
+}
