@@ -1,0 +1,64 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/service"
+	"github.com/cacheblend/cacheblend/worker"
+)
+
+func init() { subcommands = append(subcommands, newWorkerCmd) }
+
+func newWorkerCmd() *cobra.Command {
+	var (
+		cfg         worker.Config
+		metricsAddr string
+		otlp        string
+	)
+	cmd := &cobra.Command{
+		Use:   "worker",
+		Short: "Run cb-worker: the model, the paged KV cache in shared memory, the CacheBlend connector (worker side)",
+		RunE: func(c *cobra.Command, _ []string) error {
+			ctx := c.Context()
+			rt, err := service.New(ctx, service.Options{ServiceName: "cb-worker", OTLPEndpoint: otlp})
+			if err != nil {
+				return err
+			}
+			w, err := worker.New(cfg, rt.TracerProvider(), rt.Telemetry.ProfileWriter(), rt.Registry, rt.Logger)
+			if err != nil {
+				return err
+			}
+			if err := w.Start(ctx); err != nil {
+				return err
+			}
+			maddr, err := rt.ServeMetrics(metricsAddr, nil)
+			if err != nil {
+				_ = w.Shutdown(ctx)
+				return err
+			}
+			announce("cb-worker", "grpc", w.Addr(), "metrics", "http://"+maddr.String()+"/metrics", "shm", w.ShmPath())
+			return runUntilSignal(ctx, rt, w)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Addr, "addr", "127.0.0.1:50061", "gRPC listen address (127.0.0.1:0 picks a free port)")
+	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:0", "address of /metrics and /health")
+	f.StringVar(&cfg.BlendAddr, "blend", "", "blend server gRPC address (empty: no KV reuse)")
+	f.StringVar(&cfg.WorkerID, "worker-id", "", "name of this worker at the blend server (default worker-<pid>)")
+	f.StringVar(&cfg.ModelName, "model", worker.DefaultModelName, "served model name")
+	f.IntVar(&cfg.NumBlocks, "num-blocks", worker.DefaultNumBlocks, "KV blocks in the pool")
+	f.IntVar(&cfg.BlockSize, "block-size", worker.DefaultBlockSize, "tokens per KV block")
+	f.StringVar(&cfg.ShmDir, "shm-dir", "", "directory of the KV shared-memory file (default /dev/shm)")
+	d := model.DefaultConfig()
+	f.IntVar(&cfg.Model.Layers, "layers", d.Layers, "transformer layers")
+	f.IntVar(&cfg.Model.Dim, "dim", d.Dim, "model width")
+	f.IntVar(&cfg.Model.Heads, "heads", d.Heads, "query heads")
+	f.IntVar(&cfg.Model.KVHeads, "kv-heads", d.KVHeads, "key/value heads")
+	f.IntVar(&cfg.Model.FFNDim, "ffn-dim", d.FFNDim, "SwiGLU hidden width")
+	f.Uint64Var(&cfg.Model.Seed, "seed", d.Seed, "weight seed")
+	f.IntVar(&cfg.Model.CheckLayer, "check-layer", d.CheckLayer, "CacheBlend check layer")
+	f.Float64Var(&cfg.Model.RecompRatio, "recomp-ratio", d.RecompRatio, "CacheBlend recompute ratio")
+	f.StringVar(&otlp, "otlp-traces-endpoint", "", "OTLP traces endpoint (overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
+	return withEnv(cmd)
+}
