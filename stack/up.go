@@ -1,0 +1,172 @@
+package stack
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+)
+
+// UpConfig configures Up. Zero values take the documented defaults.
+type UpConfig struct {
+	// Exe is the cb binary to run; default the current executable.
+	Exe string
+	// APIAddr is the engine's OpenAI API address; default 127.0.0.1:8000.
+	APIAddr string
+	// OTLPEndpoint, when set, is exported to every process as
+	// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (with OTLPProtocol). When empty
+	// the processes inherit the environment (tracing off unless it says
+	// otherwise).
+	OTLPEndpoint string
+	// OTLPProtocol is the protocol of OTLPEndpoint; default http/protobuf.
+	OTLPProtocol string
+	// EngineArgs, WorkerArgs and BlendArgs are extra flags per process.
+	EngineArgs, WorkerArgs, BlendArgs []string
+	// Env is added to every process's environment.
+	Env []string
+	// Supervisor configures supervision (logs, timeouts, backoff).
+	Supervisor Config
+}
+
+// Endpoint describes one process of a running stack, as written to the
+// endpoints file.
+type Endpoint struct {
+	API     string `json:"api,omitempty"`
+	GRPC    string `json:"grpc,omitempty"`
+	Metrics string `json:"metrics,omitempty"`
+	PID     int    `json:"pid,omitempty"`
+	OTLP    string `json:"otlp,omitempty"`
+	UI      string `json:"ui,omitempty"`
+}
+
+// Endpoints is the endpoints file: one entry per process.
+type Endpoints struct {
+	Engine    Endpoint  `json:"engine"`
+	Worker    Endpoint  `json:"worker"`
+	Blend     Endpoint  `json:"blend"`
+	Collector *Endpoint `json:"collector,omitempty"`
+}
+
+// Stack is a running blend + worker + engine, each its own OS process.
+type Stack struct {
+	sup *Supervisor
+	eps Endpoints
+}
+
+// Up starts cb blend, cb worker and cb engine (in that order, each waiting
+// for the previous to be ready) on loopback ports: the API on APIAddr, every
+// other port chosen free. A process that dies later is restarted with the
+// same ports.
+func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
+	if cfg.Exe == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("stack: find cb binary: %w", err)
+		}
+		cfg.Exe = exe
+	}
+	if cfg.APIAddr == "" {
+		cfg.APIAddr = "127.0.0.1:8000"
+	}
+	if cfg.OTLPProtocol == "" {
+		cfg.OTLPProtocol = "http/protobuf"
+	}
+	ports, err := FreePorts(4)
+	if err != nil {
+		return nil, err
+	}
+	blendGRPC := "127.0.0.1:" + strconv.Itoa(ports[0])
+	blendMetrics := "127.0.0.1:" + strconv.Itoa(ports[1])
+	workerGRPC := "127.0.0.1:" + strconv.Itoa(ports[2])
+	workerMetrics := "127.0.0.1:" + strconv.Itoa(ports[3])
+	env := append([]string(nil), cfg.Env...)
+	if cfg.OTLPEndpoint != "" {
+		env = append(env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="+cfg.OTLPEndpoint, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="+cfg.OTLPProtocol)
+	}
+	s := &Stack{sup: NewSupervisor(cfg.Supervisor)}
+	fail := func(err error) (*Stack, error) {
+		_ = s.sup.Shutdown(context.Background())
+		return nil, err
+	}
+	r, err := s.sup.Start(ctx, Spec{Name: "cb-blend", Path: cfg.Exe, Env: env,
+		Args: append([]string{"blend", "--addr", blendGRPC, "--metrics-addr", blendMetrics}, cfg.BlendArgs...)})
+	if err != nil {
+		return fail(err)
+	}
+	s.eps.Blend = Endpoint{GRPC: r.Values["grpc"], Metrics: r.Values["metrics"], PID: r.PID}
+	r, err = s.sup.Start(ctx, Spec{Name: "cb-worker", Path: cfg.Exe, Env: env,
+		Args: append([]string{"worker", "--addr", workerGRPC, "--metrics-addr", workerMetrics, "--blend", blendGRPC}, cfg.WorkerArgs...)})
+	if err != nil {
+		return fail(err)
+	}
+	s.eps.Worker = Endpoint{GRPC: r.Values["grpc"], Metrics: r.Values["metrics"], PID: r.PID}
+	r, err = s.sup.Start(ctx, Spec{Name: "cb-engine", Path: cfg.Exe, Env: env,
+		Args: append([]string{"engine", "--addr", cfg.APIAddr, "--worker", workerGRPC, "--blend", blendGRPC}, cfg.EngineArgs...)})
+	if err != nil {
+		return fail(err)
+	}
+	s.eps.Engine = Endpoint{API: r.Values["api"], Metrics: r.Values["metrics"], PID: r.PID}
+	return s, nil
+}
+
+// Endpoints returns the stack's endpoints (PIDs as first started).
+func (s *Stack) Endpoints() Endpoints { return s.eps }
+
+// SetCollector records the trace collector's endpoints in the endpoints
+// file.
+func (s *Stack) SetCollector(otlp, ui string) { s.eps.Collector = &Endpoint{OTLP: otlp, UI: ui} }
+
+// Supervisor gives access to the processes (status, signals).
+func (s *Stack) Supervisor() *Supervisor { return s.sup }
+
+// WriteEndpoints writes the endpoints file atomically (JSON, mode 0644).
+func (s *Stack) WriteEndpoints(path string) error {
+	b, err := json.MarshalIndent(s.eps, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".endpoints-*")
+	if err != nil {
+		return fmt.Errorf("stack: endpoints file: %w", err)
+	}
+	_, werr := tmp.Write(append(b, '\n'))
+	cerr := tmp.Close()
+	if err := errors.Join(werr, cerr); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("stack: endpoints file: %w", err)
+	}
+	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+// Shutdown stops engine, worker and blend (in that order).
+func (s *Stack) Shutdown(ctx context.Context) error { return s.sup.Shutdown(ctx) }
+
+// FreePorts returns n distinct free TCP ports on 127.0.0.1. (A port could be
+// taken by someone else between this call and its use; the process then
+// fails to start and says so.)
+func FreePorts(n int) ([]int, error) {
+	var lns []net.Listener
+	defer func() {
+		for _, l := range lns {
+			l.Close()
+		}
+	}()
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("stack: free port: %w", err)
+		}
+		lns = append(lns, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
