@@ -1,0 +1,416 @@
+package contract
+
+import (
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// SpanKind is the OpenTelemetry kind of a span.
+type SpanKind string
+
+// The span kinds used by the contract.
+const (
+	KindServer   SpanKind = "server"
+	KindInternal SpanKind = "internal"
+	KindClient   SpanKind = "client"
+)
+
+// AttrType is the type of a span attribute value.
+type AttrType string
+
+// The attribute types used by the contract.
+const (
+	AttrString AttrType = "string"
+	AttrInt    AttrType = "int"
+	AttrDouble AttrType = "double"
+	AttrBool   AttrType = "bool"
+)
+
+// Traces of the contract.
+const (
+	// TraceRequest is the trace of one inference request (the default).
+	TraceRequest = "request"
+	// TraceIngest is the trace of one document ingest.
+	TraceIngest = "ingest"
+)
+
+// Condition makes an optional span required: the span must be present exactly when the
+// numeric attribute Attribute of span Span (same trace) compares to Value with Op.
+type Condition struct {
+	// Span is the name of the span carrying the attribute.
+	Span string `yaml:"span"`
+	// Attribute is an int or double attribute of that span.
+	Attribute string `yaml:"attribute"`
+	// Op is gt, ge, lt, le, eq or ne.
+	Op string `yaml:"op"`
+	// Value is the right-hand side.
+	Value float64 `yaml:"value"`
+}
+
+// Holds reports whether v satisfies the condition (false for an unknown Op).
+func (c *Condition) Holds(v float64) bool {
+	switch c.Op {
+	case "gt":
+		return v > c.Value
+	case "ge":
+		return v >= c.Value
+	case "lt":
+		return v < c.Value
+	case "le":
+		return v <= c.Value
+	case "eq":
+		return v == c.Value
+	case "ne":
+		return v != c.Value
+	}
+	return false
+}
+
+// Span is one span of the contract.
+type Span struct {
+	// Name is the span name, or a readable template when NamePattern is set.
+	Name string `yaml:"name"`
+	// NamePattern is an RE2 regexp matched against recorded names; empty means the exact Name.
+	NamePattern string `yaml:"name_pattern"`
+	// Trace is the trace the span belongs to; "" in the file means TraceRequest.
+	Trace string `yaml:"trace"`
+	// Service is the owning process (service.name).
+	Service string `yaml:"service"`
+	// Kind is the span kind.
+	Kind SpanKind `yaml:"kind"`
+	// Parent is the parent span's Name; empty for the root of a trace.
+	Parent string `yaml:"parent"`
+	// RemoteParent is true when the parent lives in another process.
+	RemoteParent bool `yaml:"remote_parent"`
+	// Required is true when every successful sampled request has the span.
+	Required bool `yaml:"required"`
+	// When, for an optional span, is the condition under which it is required.
+	When *Condition `yaml:"when"`
+	// AlternativeTo names a sibling span this span replaces.
+	AlternativeTo string `yaml:"alternative_to"`
+	// MayRepeat is true when the span may occur more than once under one parent.
+	MayRepeat bool `yaml:"may_repeat"`
+	// Attributes are the required attributes and their types.
+	Attributes map[string]AttrType `yaml:"attributes"`
+	// OptionalAttributes may be present, with these types.
+	OptionalAttributes map[string]AttrType `yaml:"optional_attributes"`
+	// Events lists the event names the span may carry.
+	Events []string `yaml:"events"`
+	// Note is free documentation.
+	Note string `yaml:"note"`
+
+	re *regexp.Regexp
+}
+
+// Matches reports whether a recorded span name is this span.
+func (s *Span) Matches(recorded string) bool {
+	if s.re != nil {
+		return s.re.MatchString(recorded)
+	}
+	return recorded == s.Name
+}
+
+// AttributeKeys returns the required attribute keys, sorted.
+func (s *Span) AttributeKeys() []string { return sortedKeys(s.Attributes) }
+
+// AttributeType returns the declared type of a required or optional attribute.
+func (s *Span) AttributeType(key string) (AttrType, bool) {
+	if t, ok := s.Attributes[key]; ok {
+		return t, true
+	}
+	t, ok := s.OptionalAttributes[key]
+	return t, ok
+}
+
+func sortedKeys(m map[string]AttrType) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// SpanSet is a validated spans.yaml.
+type SpanSet struct {
+	// Version is the contract format version.
+	Version int `yaml:"version"`
+	// Services are the service names that own spans.
+	Services []string `yaml:"services"`
+	// Spans in file order.
+	Spans []Span `yaml:"spans"`
+
+	index map[string]int
+}
+
+// Lookup returns the span whose Name is name. The result points into the set; read-only.
+func (s *SpanSet) Lookup(name string) (*Span, bool) {
+	i, ok := s.index[name]
+	if !ok {
+		return nil, false
+	}
+	return &s.Spans[i], true
+}
+
+// Match returns the contract span a recorded span name corresponds to: an exact Name first,
+// then the first NamePattern that matches.
+func (s *SpanSet) Match(recorded string) (*Span, bool) {
+	if sp, ok := s.Lookup(recorded); ok && sp.re == nil {
+		return sp, true
+	}
+	for i := range s.Spans {
+		if s.Spans[i].re != nil && s.Spans[i].re.MatchString(recorded) {
+			return &s.Spans[i], true
+		}
+	}
+	return nil, false
+}
+
+// Root returns the root span of the named trace (TraceRequest or TraceIngest).
+func (s *SpanSet) Root(trace string) (*Span, bool) {
+	for i := range s.Spans {
+		if s.Spans[i].Trace == trace && s.Spans[i].Parent == "" {
+			return &s.Spans[i], true
+		}
+	}
+	return nil, false
+}
+
+// Children returns the spans whose parent is the span named name, in file order.
+func (s *SpanSet) Children(name string) []*Span {
+	var out []*Span
+	for i := range s.Spans {
+		if s.Spans[i].Parent == name {
+			out = append(out, &s.Spans[i])
+		}
+	}
+	return out
+}
+
+// Traces returns the trace names of the set, sorted.
+func (s *SpanSet) Traces() []string {
+	var out []string
+	for i := range s.Spans {
+		if !slices.Contains(out, s.Spans[i].Trace) {
+			out = append(out, s.Spans[i].Trace)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Spans parses and validates the embedded spans.yaml. Each call returns a new set.
+func Spans() (*SpanSet, error) { return ParseSpans(spansYAML) }
+
+var (
+	spanNameRE = regexp.MustCompile(`^[a-z][a-z0-9_.]*$`)
+	attrKeyRE  = regexp.MustCompile(`^[a-z][a-z0-9_.]*$`)
+	traceRE    = regexp.MustCompile(`^[a-z][a-z_]*$`)
+	serviceRE  = regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
+	conditOps  = []string{"gt", "ge", "lt", "le", "eq", "ne"}
+)
+
+// ParseSpans parses and validates a spans file. Errors wrap [ErrInvalid] and list every
+// violation: unknown fields, duplicate names, unknown services or kinds, parents that do not
+// exist or belong to another trace, cycles, not exactly one root per trace, remote_parent not
+// matching a change of service, bad attribute keys or types, a cb.* span without request_id,
+// conditions or alternatives that reference nothing, patterns that do not compile.
+func ParseSpans(data []byte) (*SpanSet, error) {
+	var set SpanSet
+	if err := decodeStrict(SpansFile, data, &set); err != nil {
+		return nil, err
+	}
+	p := &problems{file: SpansFile}
+	if set.Version != 1 {
+		p.addf("version %d unsupported (want 1)", set.Version)
+	}
+	if len(set.Services) == 0 {
+		p.addf("no services")
+	}
+	for i, svc := range set.Services {
+		if !serviceRE.MatchString(svc) || slices.Contains(set.Services[:i], svc) {
+			p.addf("service %q invalid or listed twice", svc)
+		}
+	}
+	if len(set.Spans) == 0 {
+		p.addf("no spans")
+	}
+	set.index = make(map[string]int, len(set.Spans))
+	for i := range set.Spans {
+		sp := &set.Spans[i]
+		if sp.Trace == "" {
+			sp.Trace = TraceRequest
+		}
+		validateSpan(p, &set, sp)
+		if sp.Name == "" {
+			continue
+		}
+		if _, dup := set.index[sp.Name]; dup {
+			p.addf("%s: duplicate span name", sp.Name)
+			continue
+		}
+		set.index[sp.Name] = i
+	}
+	validateTree(p, &set)
+	if err := p.err(); err != nil {
+		return nil, err
+	}
+	return &set, nil
+}
+
+func validateSpan(p *problems, set *SpanSet, sp *Span) {
+	name := sp.Name
+	if name == "" {
+		p.addf("span with empty name")
+		name = "<unnamed>"
+	}
+	if sp.NamePattern != "" {
+		re, err := regexp.Compile(sp.NamePattern)
+		if err != nil {
+			p.addf("%s: name_pattern: %v", name, err)
+		} else {
+			sp.re = re
+		}
+	} else if sp.Name != "" && !spanNameRE.MatchString(sp.Name) {
+		p.addf("%s: name must match [a-z][a-z0-9_.]* (or give a name_pattern)", name)
+	}
+	if !traceRE.MatchString(sp.Trace) {
+		p.addf("%s: trace %q invalid", name, sp.Trace)
+	}
+	if !slices.Contains(set.Services, sp.Service) {
+		p.addf("%s: service %q is not one of %v", name, sp.Service, set.Services)
+	}
+	switch sp.Kind {
+	case KindServer, KindInternal, KindClient:
+	default:
+		p.addf("%s: kind %q is not server, internal or client", name, sp.Kind)
+	}
+	for key, t := range sp.Attributes {
+		validateAttr(p, name, key, t)
+		if _, both := sp.OptionalAttributes[key]; both {
+			p.addf("%s: attribute %q is both required and optional", name, key)
+		}
+	}
+	for key, t := range sp.OptionalAttributes {
+		validateAttr(p, name, key, t)
+	}
+	if strings.HasPrefix(sp.Name, "cb.") && sp.Attributes["request_id"] != AttrString {
+		p.addf("%s: every cb.* span requires request_id (string)", name)
+	}
+	if sp.Required && (sp.When != nil || sp.AlternativeTo != "") {
+		p.addf("%s: a required span takes no when or alternative_to", name)
+	}
+	for i, ev := range sp.Events {
+		if ev == "" || slices.Contains(sp.Events[:i], ev) {
+			p.addf("%s: event %q empty or listed twice", name, ev)
+		}
+	}
+}
+
+func validateAttr(p *problems, span, key string, t AttrType) {
+	if !attrKeyRE.MatchString(key) {
+		p.addf("%s: attribute key %q must match [a-z][a-z0-9_.]*", span, key)
+	}
+	switch t {
+	case AttrString, AttrInt, AttrDouble, AttrBool:
+	default:
+		p.addf("%s: attribute %q has type %q, not string, int, double or bool", span, key, t)
+	}
+}
+
+func validateTree(p *problems, set *SpanSet) {
+	roots := map[string][]string{}
+	for i := range set.Spans {
+		sp := &set.Spans[i]
+		if sp.Name == "" {
+			continue
+		}
+		if sp.Parent == "" {
+			roots[sp.Trace] = append(roots[sp.Trace], sp.Name)
+			if sp.RemoteParent {
+				p.addf("%s: a root has no remote parent", sp.Name)
+			}
+		} else if parent, ok := set.Lookup(sp.Parent); !ok {
+			p.addf("%s: parent %q does not exist", sp.Name, sp.Parent)
+		} else {
+			if parent.Trace != sp.Trace {
+				p.addf("%s: parent %q belongs to trace %q, not %q", sp.Name, sp.Parent, parent.Trace, sp.Trace)
+			}
+			if remote := parent.Service != sp.Service; remote != sp.RemoteParent {
+				p.addf("%s: remote_parent is %v but parent %q is in %s and the span in %s",
+					sp.Name, sp.RemoteParent, sp.Parent, parent.Service, sp.Service)
+			}
+		}
+		if c := sp.When; c != nil {
+			validateCondition(p, set, sp, c)
+		}
+		if alt := sp.AlternativeTo; alt != "" {
+			other, ok := set.Lookup(alt)
+			switch {
+			case !ok:
+				p.addf("%s: alternative_to %q does not exist", sp.Name, alt)
+			case other.Parent != sp.Parent || other.Trace != sp.Trace:
+				p.addf("%s: alternative_to %q is not a sibling", sp.Name, alt)
+			case other.AlternativeTo != "" || alt == sp.Name:
+				p.addf("%s: alternative_to %q must name a span that is no alternative itself", sp.Name, alt)
+			}
+		}
+		if sp.re != nil {
+			for j := range set.Spans {
+				o := &set.Spans[j]
+				if o != sp && o.re == nil && sp.re.MatchString(o.Name) {
+					p.addf("%s: name_pattern also matches span %q", sp.Name, o.Name)
+				}
+			}
+		}
+	}
+	for trace, rs := range roots {
+		if len(rs) != 1 {
+			p.addf("trace %q has %d roots %v; want exactly one", trace, len(rs), rs)
+		}
+	}
+	if _, ok := roots[TraceRequest]; !ok {
+		p.addf("no root for trace %q", TraceRequest)
+	}
+	// Every parent chain must end at a root within len(spans) steps; otherwise there is a cycle.
+	for i := range set.Spans {
+		sp := &set.Spans[i]
+		cur := sp
+		for steps := 0; cur != nil && cur.Parent != ""; steps++ {
+			if steps > len(set.Spans) {
+				p.addf("%s: parent chain has a cycle", sp.Name)
+				break
+			}
+			next, ok := set.Lookup(cur.Parent)
+			if !ok {
+				break
+			}
+			cur = next
+		}
+	}
+}
+
+func validateCondition(p *problems, set *SpanSet, sp *Span, c *Condition) {
+	if sp.Required {
+		return // reported by validateSpan
+	}
+	if !slices.Contains(conditOps, c.Op) {
+		p.addf("%s: when.op %q is not one of %v", sp.Name, c.Op, conditOps)
+	}
+	other, ok := set.Lookup(c.Span)
+	if !ok {
+		p.addf("%s: when.span %q does not exist", sp.Name, c.Span)
+		return
+	}
+	if other.Trace != sp.Trace {
+		p.addf("%s: when.span %q is in another trace", sp.Name, c.Span)
+	}
+	t, ok := other.AttributeType(c.Attribute)
+	if !ok {
+		p.addf("%s: when.attribute %q is not an attribute of %s", sp.Name, c.Attribute, c.Span)
+	} else if t != AttrInt && t != AttrDouble {
+		p.addf("%s: when.attribute %q of %s is %s, not numeric", sp.Name, c.Attribute, c.Span, t)
+	}
+}

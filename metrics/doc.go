@@ -1,0 +1,30 @@
+// Package metrics exposes cacheblend's instruments on Prometheus client_golang, built only
+// from the instrument contract (package contract, instruments.yaml).
+//
+// Two layers:
+//
+//   - [Registry] turns contract instruments into client_golang collectors on a caller-supplied
+//     prometheus.Registerer and enforces the label policy: values of labels with an allowed
+//     list must be listed (else a *[LabelError]); capped labels keep at most 64 distinct values
+//     per label key and registry (configurable) and record the rest as "_other"; a wrong number
+//     of label values is refused. Counters refuse negative, NaN and infinite increments, and
+//     [Counter.SetTotal] mirrors an external running total, refusing a lower one. Histograms
+//     refuse negative and non-finite observations. Nothing panics on bad input.
+//   - Typed facades, one per process role: [EngineMetrics] (GenAI request latencies, HTTP,
+//     scheduler gauges, KV transfer), [WorkerMetrics], [BlendMetrics] (every lmcache_blend_*
+//     instrument) and [ProcessMetrics] (build info, trace exporter totals). Each registers
+//     exactly the contract instruments it owns.
+//
+// [Handler] serves a gatherer through promhttp with OpenMetrics negotiation (exemplars are only
+// visible in OpenMetrics) and a hook that refreshes gauges before each scrape.
+//
+// Hot path: resolved series are cached per raw label values in a copy-on-write trie read with
+// one atomic load, so observing into an existing series by label values performs no
+// allocation and no lock; [Histogram.Series] (and Counter/Gauge Series) return handles that
+// skip the lookup entirely. EngineMetrics caches the five series of an (operation, model)
+// pair so RecordRequest does a single lookup. Latency histograms marked `exemplars: true` in
+// the contract attach {trace_id, span_id} when the context carries a sampled span context.
+//
+// There are no package-level metrics: everything is registered on the Registerer passed in.
+// All exported types are safe for concurrent use.
+package metrics

@@ -1,0 +1,281 @@
+package metrics
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// RequestRecord describes one finished generation request for EngineMetrics.RecordRequest.
+type RequestRecord struct {
+	// Operation is the GenAI operation: "chat" or "text_completion".
+	Operation string
+	// Model is the requested model name (a capped label).
+	Model string
+	// TTFT is the time from receipt to the first output token; meaningful when HasTTFT.
+	TTFT time.Duration
+	// HasTTFT is true when a first token was produced.
+	HasTTFT bool
+	// E2E is the time from receipt to the end of the request (success or failure).
+	E2E time.Duration
+	// PromptTokens is the number of prompt tokens.
+	PromptTokens int
+	// OutputTokens is the number of generated tokens n.
+	OutputTokens int
+	// ErrorType is "" on success, else one of the contract's error_type values
+	// (invalid_request, unauthorized, not_found, payload_too_large, queue_full,
+	// worker_unavailable, timeout, canceled, internal).
+	ErrorType string
+}
+
+// EngineStats is the scheduler's snapshot feeding EngineMetrics.SetEngine.
+type EngineStats struct {
+	// Waiting is the queue depth; Running the sequences in the running batch.
+	Waiting, Running int
+	// KVFree, KVUsed and KVCached are KV blocks by state; they must sum to KVTotal, the pool.
+	KVFree, KVUsed, KVCached, KVTotal int
+	// Evictions and Preemptions are running totals since the engine started.
+	Evictions, Preemptions uint64
+	// BatchTokens is the number of tokens in the last step batch.
+	BatchTokens int
+	// PrefixHitRatio is the lifetime fraction of prompt tokens served from cache, in [0, 1].
+	PrefixHitRatio float64
+}
+
+// EngineMetrics records every instrument the contract assigns to cb-engine: GenAI request
+// latencies (TTFT, TPOT, request duration, with trace exemplars), token counters, the HTTP
+// server histogram, scheduler gauges, lookup fallbacks and KV transfer. Safe for concurrent use.
+type EngineMetrics struct {
+	reg *Registry
+
+	ttft, tpot, duration, http *Histogram
+	promptTokens, genTokens    *Counter
+
+	// Fixed series of the scheduler gauges and counters, resolved once.
+	waiting, running, kvPool, batchTokens, prefixHit *series
+	kvFree, kvUsed, kvCached                         *series
+	evictions, preemptions                           *series
+	fallbacks                                        *Counter
+	kv                                               kvTransfer
+
+	statsMu sync.Mutex // serialises SetEngine so its check-then-set is atomic
+
+	// reqCache maps (operation, model) to the series a successful request records into, so
+	// RecordRequest does one lock-free lookup instead of five.
+	reqCache  trie[*requestSeries]
+	reqMu     sync.Mutex // serialises reqCache inserts and reqCached
+	reqCached int
+}
+
+// requestSeries are the series of one (operation, model) pair.
+type requestSeries struct {
+	ttft, tpot, durationOK, prompt, gen *series
+}
+
+// NewEngineMetrics registers the engine's contract instruments on reg. Options: WithContract
+// (default: the embedded contract), WithLabelCap (default 64).
+func NewEngineMetrics(reg prometheus.Registerer, opts ...Option) (*EngineMetrics, error) {
+	r, err := newFacadeRegistry("engine", reg, opts)
+	if err != nil {
+		return nil, err
+	}
+	b := &builder{r: r}
+	m := &EngineMetrics{
+		reg:          r,
+		ttft:         b.histogram(NameTTFT),
+		tpot:         b.histogram(NameTPOT),
+		duration:     b.histogram(NameRequestDuration),
+		http:         b.histogram(NameHTTPDuration),
+		promptTokens: b.counter("cb_engine_prompt_tokens_total"),
+		genTokens:    b.counter("cb_engine_generation_tokens_total"),
+		fallbacks:    b.counter("cb_engine_lookup_fallbacks_total"),
+		kv:           newKVTransfer(b),
+	}
+	m.waiting = b.gaugeSeries("cb_engine_requests_waiting")
+	m.running = b.gaugeSeries("cb_engine_requests_running")
+	m.kvPool = b.gaugeSeries("cb_engine_kv_pool_blocks")
+	m.batchTokens = b.gaugeSeries("cb_engine_batch_tokens")
+	m.prefixHit = b.gaugeSeries("cb_engine_prefix_cache_hit_ratio")
+	m.kvFree = b.gaugeSeries("cb_engine_kv_blocks", "free")
+	m.kvUsed = b.gaugeSeries("cb_engine_kv_blocks", "used")
+	m.kvCached = b.gaugeSeries("cb_engine_kv_blocks", "cached")
+	m.evictions = b.counterSeries("cb_engine_kv_evictions_total")
+	m.preemptions = b.counterSeries("cb_engine_preemptions_total")
+	if b.err != nil {
+		return nil, fmt.Errorf("metrics: engine: %w", b.err)
+	}
+	return m, nil
+}
+
+// Registry returns the registry the facade registers through.
+func (m *EngineMetrics) Registry() *Registry { return m.reg }
+
+// RecordRequest records one finished request: the request duration always (error_type =
+// r.ErrorType); for a successful request with a first token, TTFT; and, when it produced
+// n ≥ 2 tokens, TPOT = (E2E − TTFT)/(n − 1). Prompt and output tokens are counted. When ctx
+// carries a sampled span context the latency observations carry a {trace_id, span_id}
+// exemplar. The record is validated first and nothing is recorded when it is refused (bad
+// operation or error type: *LabelError; negative durations or counts, TTFT after E2E:
+// ErrInvalidRecord / ErrNegative). Into existing series, without a sampled span, it allocates
+// nothing.
+func (m *EngineMetrics) RecordRequest(ctx context.Context, r RequestRecord) error {
+	if r.E2E < 0 || r.TTFT < 0 || r.PromptTokens < 0 || r.OutputTokens < 0 {
+		return fmt.Errorf("metrics: request record: %w", ErrNegative)
+	}
+	if r.HasTTFT && r.TTFT > r.E2E {
+		return fmt.Errorf("metrics: request record: ttft %v after e2e %v: %w", r.TTFT, r.E2E, ErrInvalidRecord)
+	}
+	var dur *series
+	if r.ErrorType != "" { // validates the error type before anything is created
+		var err error
+		if dur, err = m.duration.in.lookup([]string{r.Operation, r.Model, r.ErrorType}); err != nil {
+			return err
+		}
+	}
+	rs, err := m.requestSeries(r.Operation, r.Model)
+	if err != nil {
+		return err
+	}
+	if dur == nil {
+		dur = rs.durationOK
+	}
+	sc := spanOf(ctx)
+	dur.observeSpan(sc, m.duration.in.exemplars, r.E2E.Seconds())
+	if r.ErrorType == "" && r.HasTTFT {
+		rs.ttft.observeSpan(sc, m.ttft.in.exemplars, r.TTFT.Seconds())
+		if r.OutputTokens >= 2 {
+			perToken := (r.E2E - r.TTFT) / time.Duration(r.OutputTokens-1)
+			rs.tpot.observeSpan(sc, m.tpot.in.exemplars, perToken.Seconds())
+		}
+	}
+	if r.PromptTokens > 0 {
+		rs.prompt.counter.Add(float64(r.PromptTokens))
+	}
+	if r.OutputTokens > 0 {
+		rs.gen.counter.Add(float64(r.OutputTokens))
+	}
+	return nil
+}
+
+// requestSeries returns the series bundle of (op, model), resolving and caching it on first
+// use. Models beyond the label cap resolve to the OtherValue series and are not cached.
+func (m *EngineMetrics) requestSeries(op, model string) (*requestSeries, error) {
+	if rs, ok := m.reqCache.get([]string{op, model}); ok {
+		return rs, nil
+	}
+	return m.resolveRequestSeries(op, model)
+}
+
+// resolveRequestSeries is the slow path of requestSeries.
+func (m *EngineMetrics) resolveRequestSeries(op, model string) (*requestSeries, error) {
+	key := []string{op, model}
+	var rs requestSeries
+	stable := true
+	for _, x := range []struct {
+		dst *(*series)
+		in  *instrument
+		lvs []string
+	}{
+		{&rs.durationOK, m.duration.in, []string{op, model, ""}},
+		{&rs.ttft, m.ttft.in, key},
+		{&rs.tpot, m.tpot.in, key},
+		{&rs.prompt, m.promptTokens.in, []string{model}},
+		{&rs.gen, m.genTokens.in, []string{model}},
+	} {
+		s, ok, err := x.in.lookupStable(x.lvs)
+		if err != nil {
+			return nil, err
+		}
+		*x.dst, stable = s, stable && ok
+	}
+	if stable {
+		m.reqMu.Lock()
+		if _, ok := m.reqCache.get(key); !ok && m.reqCached < maxCachedSeries {
+			m.reqCache.insert(key, &rs)
+			m.reqCached++
+		}
+		m.reqMu.Unlock()
+	}
+	return &rs, nil
+}
+
+// httpMethods are the methods HTTP semantic conventions keep; any other becomes "_OTHER".
+var httpMethods = map[string]string{
+	"GET": "GET", "POST": "POST", "PUT": "PUT", "DELETE": "DELETE", "PATCH": "PATCH",
+	"HEAD": "HEAD", "OPTIONS": "OPTIONS",
+}
+
+// statusCodes holds the label value of every valid status code, so recording allocates nothing.
+var statusCodes = func() (t [600]string) {
+	for i := 100; i < len(t); i++ {
+		t[i] = strconv.Itoa(i)
+	}
+	return t
+}()
+
+// RecordHTTP records one HTTP server request: method (anything but the standard methods is
+// recorded as "_OTHER", per HTTP semantic conventions), route (the matched route template, a
+// capped label), status (100–599, else ErrInvalidRecord) and its duration in seconds.
+func (m *EngineMetrics) RecordHTTP(method, route string, status int, seconds float64) error {
+	if status < 100 || status >= len(statusCodes) {
+		return fmt.Errorf("metrics: http status %d: %w", status, ErrInvalidRecord)
+	}
+	meth, ok := httpMethods[method]
+	if !ok {
+		meth = "_OTHER"
+	}
+	return m.http.Observe(seconds, meth, route, statusCodes[status])
+}
+
+// SetEngine sets the scheduler gauges from one snapshot and advances the eviction and
+// preemption counters to the snapshot's running totals. Refused, with nothing recorded, when
+// a count is negative, free + used + cached != total, the ratio is outside [0, 1], or a
+// running total is lower than the previous one (ErrCounterDecrease).
+func (m *EngineMetrics) SetEngine(s EngineStats) error {
+	if s.Waiting < 0 || s.Running < 0 || s.KVFree < 0 || s.KVUsed < 0 || s.KVCached < 0 || s.KVTotal < 0 || s.BatchTokens < 0 {
+		return fmt.Errorf("metrics: engine stats %+v: %w", s, ErrNegative)
+	}
+	if s.KVFree+s.KVUsed+s.KVCached != s.KVTotal {
+		return fmt.Errorf("metrics: engine stats: kv blocks free %d + used %d + cached %d != pool %d: %w",
+			s.KVFree, s.KVUsed, s.KVCached, s.KVTotal, ErrInvalidRecord)
+	}
+	if math.IsNaN(s.PrefixHitRatio) || s.PrefixHitRatio < 0 || s.PrefixHitRatio > 1 {
+		return fmt.Errorf("metrics: engine stats: prefix hit ratio %v outside [0, 1]: %w", s.PrefixHitRatio, ErrInvalidRecord)
+	}
+	m.statsMu.Lock()
+	defer m.statsMu.Unlock()
+	if err := m.evictions.checkTotal("cb_engine_kv_evictions_total", float64(s.Evictions)); err != nil {
+		return err
+	}
+	if err := m.preemptions.checkTotal("cb_engine_preemptions_total", float64(s.Preemptions)); err != nil {
+		return err
+	}
+	m.waiting.gauge.Set(float64(s.Waiting))
+	m.running.gauge.Set(float64(s.Running))
+	m.kvFree.gauge.Set(float64(s.KVFree))
+	m.kvUsed.gauge.Set(float64(s.KVUsed))
+	m.kvCached.gauge.Set(float64(s.KVCached))
+	m.kvPool.gauge.Set(float64(s.KVTotal))
+	m.batchTokens.gauge.Set(float64(s.BatchTokens))
+	m.prefixHit.gauge.Set(s.PrefixHitRatio)
+	if err := m.evictions.setTotal("cb_engine_kv_evictions_total", float64(s.Evictions)); err != nil {
+		return err
+	}
+	return m.preemptions.setTotal("cb_engine_preemptions_total", float64(s.Preemptions))
+}
+
+// AddKVTransfer counts KV moved by the engine's connector; direction is "load" or "store".
+func (m *EngineMetrics) AddKVTransfer(direction string, bytes, tokens int64) error {
+	return m.kv.add(direction, bytes, tokens)
+}
+
+// LookupFallback counts a request scheduled without a lookup result; reason is "error",
+// "timeout" or "unavailable".
+func (m *EngineMetrics) LookupFallback(reason string) error {
+	return m.fallbacks.Inc(reason)
+}

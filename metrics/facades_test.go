@@ -1,0 +1,795 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cacheblend/cacheblend/contract"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// exercise drives every method of the four facades once, so that every instrument (also the
+// ones with capped labels, which have no series before an event) appears in the exposition.
+func exercise(t testing.TB, e *EngineMetrics, w *WorkerMetrics, b *BlendMetrics, p *ProcessMetrics) {
+	t.Helper()
+	ctx := context.Background()
+	check := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	check(e.RecordRequest(ctx, RequestRecord{Operation: "chat", Model: "m1", HasTTFT: true, TTFT: 2e8, E2E: 1e9, PromptTokens: 100, OutputTokens: 5}))
+	check(e.RecordRequest(ctx, RequestRecord{Operation: "text_completion", Model: "m1", E2E: 3e7, ErrorType: "queue_full"}))
+	check(e.RecordHTTP("POST", "/v1/chat/completions", 200, 1.0))
+	check(e.SetEngine(EngineStats{Waiting: 2, Running: 3, KVFree: 10, KVUsed: 5, KVCached: 1, KVTotal: 16, Evictions: 4, Preemptions: 1, BatchTokens: 64, PrefixHitRatio: 0.25}))
+	check(e.AddKVTransfer("load", 4096, 16))
+	check(e.LookupFallback("timeout"))
+	check(w.ObserveForward(ctx, "prefill", 30*time.Millisecond))
+	check(w.ObserveRecomputeRatio(15, 100))
+	w.Step()
+	check(w.BlendFailure("store"))
+	check(w.AddKVTransfer("store", 8192, 32))
+	check(b.RecordLookup(ctx, LookupRecord{Duration: 2 * time.Millisecond, PrefixHitTokens: 256, NonPrefixHitTokens: 300, RequestedTokens: 1000, FingerprintHits: 3, StorageHits: 2, StaleChunks: 1}))
+	check(b.ObserveFingerprintMatch(ctx, time.Millisecond))
+	check(b.ObserveSparsePrefetch(ctx, time.Millisecond))
+	check(b.RecordL2Load(1<<20, time.Millisecond))
+	check(b.AddL2CorruptChunks(1))
+	check(b.RecordRetrieve(ctx, 3*time.Millisecond, false))
+	check(b.RecordScatter(ctx, time.Millisecond, 300))
+	check(b.RecordStore(2))
+	check(b.AddFingerprintsUnregistered(1))
+	check(b.AddChunksEvicted("l1", 2))
+	check(b.SetEventBusTotals(10, 1))
+	check(b.SetStorage(StorageStats{L1Bytes: 1 << 20, L1Chunks: 4, Fingerprints: 40}))
+	check(p.Refresh())
+}
+
+// allFacades builds the four facades, each on its own registry as in four processes, and
+// exercises every method.
+func allFacades(t testing.TB) map[string]*prometheus.Registry {
+	t.Helper()
+	regs := map[string]*prometheus.Registry{}
+	for _, o := range []string{contract.OwnerEngine, contract.OwnerWorker, contract.OwnerBlend, contract.OwnerProcess} {
+		regs[o] = prometheus.NewRegistry()
+	}
+	e, err := NewEngineMetrics(regs[contract.OwnerEngine])
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWorkerMetrics(regs[contract.OwnerWorker])
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewBlendMetrics(regs[contract.OwnerBlend])
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewProcessMetrics(regs[contract.OwnerProcess], BuildInfo{Service: "cb-engine", Version: "v0.1.0"},
+		func() TraceTotals { return TraceTotals{SpansDropped: 3, ExportErrors: 1} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	exercise(t, e, w, b, p)
+	return regs
+}
+
+var dtoKind = map[dto.MetricType]contract.Kind{
+	dto.MetricType_COUNTER:   contract.Counter,
+	dto.MetricType_GAUGE:     contract.Gauge,
+	dto.MetricType_HISTOGRAM: contract.Histogram,
+}
+
+// TestNamesAndBucketsMatchTheContract: the union of the four facades' expositions (parsed back
+// with expfmt) is exactly instruments.yaml: names, TYPE, HELP, label keys and bucket bounds,
+// character for character, and each facade registers exactly the instruments it owns.
+func TestNamesAndBucketsMatchTheContract(t *testing.T) {
+	set, err := contract.Instruments()
+	if err != nil {
+		t.Fatal(err)
+	}
+	union := map[string]*dto.MetricFamily{}
+	for owner, reg := range allFacades(t) {
+		// OpenMetrics: UNIT is the contract's unit word (TestOpenMetricsParses parses it all).
+		omBody, _ := scrape(t, reg, acceptOpenMetrics)
+		for _, in := range set.Owned(owner) {
+			family := strings.TrimSuffix(in.Name, "_total")
+			line := "# UNIT " + family + " " + in.PromUnit() + "\n"
+			if has := strings.Contains(omBody, "# UNIT "+family+" "); has != (in.PromUnit() != "") ||
+				in.PromUnit() != "" && !strings.Contains(omBody, line) {
+				t.Errorf("%s: OpenMetrics UNIT line wrong, want %q", in.Name, line)
+			}
+		}
+		body, _ := scrape(t, reg, acceptText)
+		fams := parseText(t, body)
+		var got []string
+		for name, mf := range fams {
+			got = append(got, name)
+			if prev, ok := union[name]; ok && (prev.GetHelp() != mf.GetHelp() || prev.GetType() != mf.GetType()) {
+				t.Errorf("%s: two facades expose it differently", name)
+			}
+			union[name] = mf
+		}
+		var want []string
+		for _, in := range set.Owned(owner) {
+			want = append(want, in.Name)
+		}
+		sort.Strings(got)
+		sort.Strings(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s facade exposes %v\nwant %v", owner, got, want)
+		}
+	}
+	for name := range union {
+		if _, ok := set.Lookup(name); !ok {
+			t.Errorf("%s: exposed but not in the contract", name)
+		}
+	}
+	for _, in := range set.Instruments {
+		mf, ok := union[in.Name]
+		if !ok {
+			t.Errorf("%s: in the contract but not exposed", in.Name)
+			continue
+		}
+		if dtoKind[mf.GetType()] != in.Type {
+			t.Errorf("%s: TYPE %v, contract %s", in.Name, mf.GetType(), in.Type)
+		}
+		if mf.GetHelp() != in.Help {
+			t.Errorf("%s: HELP %q, contract %q", in.Name, mf.GetHelp(), in.Help)
+		}
+		wantKeys := in.LabelKeys()
+		sort.Strings(wantKeys)
+		if len(mf.GetMetric()) == 0 {
+			t.Errorf("%s: no series", in.Name)
+		}
+		for _, m := range mf.GetMetric() {
+			if got := labelKeys(m); !slices.Equal(got, wantKeys) && len(got)+len(wantKeys) > 0 {
+				t.Errorf("%s: label keys %v, contract %v", in.Name, got, wantKeys)
+			}
+			if in.Type != contract.Histogram {
+				continue
+			}
+			bounds, _, _, hasInf := finiteBounds(m.GetHistogram())
+			if !slices.Equal(bounds, in.Buckets) || !hasInf {
+				t.Errorf("%s: buckets %v (+Inf %v), contract %v", in.Name, bounds, hasInf, in.Buckets)
+			}
+		}
+	}
+	// The bucket lines themselves, character for character (le as the exposition formats it).
+	body, _ := scrape(t, mustEngineRegistry(t), acceptText)
+	ttft, _ := set.Lookup(NameTTFT)
+	var les []string
+	for _, line := range strings.Split(body, "\n") {
+		if strings.HasPrefix(line, NameTTFT+"_bucket{") {
+			i := strings.Index(line, `le="`)
+			les = append(les, line[i+4:i+4+strings.Index(line[i+4:], `"`)])
+		}
+	}
+	var want []string
+	for _, b := range ttft.Buckets {
+		want = append(want, strconvFormat(b))
+	}
+	want = append(want, "+Inf")
+	if !slices.Equal(les, want) {
+		t.Errorf("TTFT le values %q, want %q", les, want)
+	}
+}
+
+func mustEngineRegistry(t testing.TB) *prometheus.Registry {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	e, err := NewEngineMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.RecordRequest(context.Background(), RequestRecord{Operation: "chat", Model: "m", HasTTFT: true, TTFT: 1e8, E2E: 2e8, OutputTokens: 2}); err != nil {
+		t.Fatal(err)
+	}
+	return reg
+}
+
+func newEngine(t testing.TB) (*EngineMetrics, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	e, err := NewEngineMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, reg
+}
+
+// TestTPOTHandExample: TTFT 0.2 s, E2E 1.0 s, 5 tokens gives TPOT 0.8/4 = 0.2 s in le="0.2" and
+// not in le="0.15"; one token gives no TPOT; failures carry error_type and give no TTFT/TPOT.
+func TestTPOTHandExample(t *testing.T) {
+	e, reg := newEngine(t)
+	ctx := t.Context()
+	if err := e.RecordRequest(ctx, RequestRecord{Operation: "chat", Model: "m", HasTTFT: true, TTFT: 200 * time.Millisecond, E2E: time.Second, OutputTokens: 5, PromptTokens: 7}); err != nil {
+		t.Fatal(err)
+	}
+	lbl := map[string]string{"gen_ai_operation_name": "chat", "gen_ai_request_model": "m"}
+	fams := gather(t, reg)
+	tpot := find(fams, NameTPOT, lbl)
+	if tpot == nil || tpot.Histogram.GetSampleCount() != 1 {
+		t.Fatalf("TPOT series %v", tpot)
+	}
+	if got := cumulative(t, tpot, 0.2); got != 1 {
+		t.Errorf("le=0.2: %d, want 1", got)
+	}
+	if got := cumulative(t, tpot, 0.15); got != 0 {
+		t.Errorf("le=0.15: %d, want 0", got)
+	}
+	if got := tpot.Histogram.GetSampleSum(); got != 0.2 {
+		t.Errorf("TPOT sum %v, want 0.2", got)
+	}
+	if got := find(fams, NameTTFT, lbl).Histogram.GetSampleSum(); got != 0.2 {
+		t.Errorf("TTFT sum %v, want 0.2", got)
+	}
+	if got := value(fams, "cb_engine_generation_tokens_total", map[string]string{"gen_ai_request_model": "m"}); got != 5 {
+		t.Errorf("generation tokens %v", got)
+	}
+
+	// One token: TTFT, no TPOT.
+	if err := e.RecordRequest(ctx, RequestRecord{Operation: "chat", Model: "m", HasTTFT: true, TTFT: 100 * time.Millisecond, E2E: 100 * time.Millisecond, OutputTokens: 1}); err != nil {
+		t.Fatal(err)
+	}
+	fams = gather(t, reg)
+	if got := histCount(fams, NameTPOT, lbl); got != 1 {
+		t.Errorf("one-token request changed TPOT count to %d", got)
+	}
+	if got := histCount(fams, NameTTFT, lbl); got != 2 {
+		t.Errorf("TTFT count %d, want 2", got)
+	}
+
+	// Failure after a first token: error_type on the duration, no TTFT or TPOT.
+	if err := e.RecordRequest(ctx, RequestRecord{Operation: "chat", Model: "m", HasTTFT: true, TTFT: 50 * time.Millisecond, E2E: 2 * time.Second, OutputTokens: 9, ErrorType: "timeout"}); err != nil {
+		t.Fatal(err)
+	}
+	fams = gather(t, reg)
+	if histCount(fams, NameTTFT, lbl) != 2 || histCount(fams, NameTPOT, lbl) != 1 {
+		t.Error("a failed request recorded TTFT or TPOT")
+	}
+	failed := map[string]string{"gen_ai_operation_name": "chat", "gen_ai_request_model": "m", "error_type": "timeout"}
+	if got := histCount(fams, NameRequestDuration, failed); got != 1 {
+		t.Errorf("failed duration count %d, want 1", got)
+	}
+	ok := map[string]string{"gen_ai_operation_name": "chat", "gen_ai_request_model": "m", "error_type": ""}
+	if got := histCount(fams, NameRequestDuration, ok); got != 2 {
+		t.Errorf("successful duration count %d, want 2", got)
+	}
+}
+
+func TestRecordRequestRefusals(t *testing.T) {
+	e, reg := newEngine(t)
+	tests := []struct {
+		name string
+		rec  RequestRecord
+		want error
+	}{
+		{"ttft after e2e", RequestRecord{Operation: "chat", Model: "m", HasTTFT: true, TTFT: 2e9, E2E: 1e9}, ErrInvalidRecord},
+		{"negative e2e", RequestRecord{Operation: "chat", Model: "m", E2E: -1}, ErrNegative},
+		{"negative tokens", RequestRecord{Operation: "chat", Model: "m", E2E: 1, OutputTokens: -1}, ErrNegative},
+	}
+	for _, tc := range tests {
+		if err := e.RecordRequest(t.Context(), tc.rec); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	var le *LabelError
+	if err := e.RecordRequest(t.Context(), RequestRecord{Operation: "embeddings", Model: "m", E2E: 1e9}); !errors.As(err, &le) || le.Label != "gen_ai_operation_name" {
+		t.Errorf("unknown operation: %v", err)
+	}
+	if err := e.RecordRequest(t.Context(), RequestRecord{Operation: "chat", Model: "m", E2E: 1e9, ErrorType: "oops"}); !errors.As(err, &le) || le.Label != "error_type" {
+		t.Errorf("unknown error type: %v", err)
+	}
+	if err := e.LookupFallback("bored"); !errors.As(err, &le) {
+		t.Errorf("unknown fallback reason: %v", err)
+	}
+	if err := e.AddKVTransfer("sideways", 1, 1); !errors.As(err, &le) {
+		t.Errorf("unknown direction: %v", err)
+	}
+	if err := e.AddKVTransfer("load", -1, 1); !errors.Is(err, ErrNegative) {
+		t.Errorf("negative bytes: %v", err)
+	}
+	if err := e.RecordHTTP("GET", "/", 99, 0.1); !errors.Is(err, ErrInvalidRecord) {
+		t.Errorf("status 99: %v", err)
+	}
+	if err := e.RecordHTTP("BREW", "/pot", 418, 0.1); err != nil {
+		t.Errorf("unknown method: %v", err)
+	}
+	fams := gather(t, reg)
+	for _, name := range []string{NameTTFT, NameRequestDuration} {
+		if n := len(fams[name].GetMetric()); n != 0 {
+			t.Errorf("%s: refused records created %d series", name, n)
+		}
+	}
+	if find(fams, NameHTTPDuration, map[string]string{"http_request_method": "_OTHER", "http_route": "/pot", "http_response_status_code": "418"}) == nil {
+		t.Error("unknown method not recorded as _OTHER")
+	}
+}
+
+// TestHistogramCountEqualsRequests: 500 seeded requests; count, sum, +Inf == count, buckets
+// non-decreasing, for every latency histogram.
+func TestHistogramCountEqualsRequests(t *testing.T) {
+	e, reg := newEngine(t)
+	rng := rand.New(rand.NewPCG(7, 11))
+	type acc struct {
+		n   uint64
+		sum float64
+	}
+	want := map[string]*acc{NameTTFT: {}, NameTPOT: {}, NameRequestDuration: {}}
+	for range 500 {
+		ttft := time.Duration(rng.Int64N(int64(3 * time.Second)))
+		e2e := ttft + time.Duration(rng.Int64N(int64(20*time.Second)))
+		n := rng.IntN(300)
+		errType := ""
+		if rng.IntN(10) == 0 {
+			errType = "internal"
+		}
+		rec := RequestRecord{Operation: "chat", Model: "m", TTFT: ttft, HasTTFT: n > 0, E2E: e2e, OutputTokens: n, ErrorType: errType}
+		if err := e.RecordRequest(t.Context(), rec); err != nil {
+			t.Fatal(err)
+		}
+		want[NameRequestDuration].n++
+		want[NameRequestDuration].sum += e2e.Seconds()
+		if errType == "" && n > 0 {
+			want[NameTTFT].n++
+			want[NameTTFT].sum += ttft.Seconds()
+			if n >= 2 {
+				want[NameTPOT].n++
+				want[NameTPOT].sum += ((e2e - ttft) / time.Duration(n-1)).Seconds()
+			}
+		}
+	}
+	body, _ := scrape(t, reg, acceptText)
+	fams := parseText(t, body)
+	for name, w := range want {
+		var n uint64
+		var sum float64
+		for _, m := range fams[name].GetMetric() {
+			h := m.GetHistogram()
+			_, counts, inf, hasInf := finiteBounds(h)
+			if !hasInf || inf != h.GetSampleCount() {
+				t.Errorf("%s %v: +Inf %d (present %v) != count %d", name, labelsOf(m), inf, hasInf, h.GetSampleCount())
+			}
+			for i := 1; i < len(counts); i++ {
+				if counts[i] < counts[i-1] {
+					t.Errorf("%s: cumulative buckets decrease: %v", name, counts)
+				}
+			}
+			if len(counts) > 0 && counts[len(counts)-1] > inf {
+				t.Errorf("%s: last bucket above +Inf", name)
+			}
+			n += h.GetSampleCount()
+			sum += h.GetSampleSum()
+		}
+		if n != w.n || math.Abs(sum-w.sum) > 1e-9*math.Max(1, w.sum) {
+			t.Errorf("%s: count %d sum %v, want %d %v", name, n, sum, w.n, w.sum)
+		}
+	}
+}
+
+// TestEngineGauges: gauges start at zero, come from the engine stats, and the KV blocks by
+// state sum to the pool; inconsistent or decreasing stats are refused with nothing changed.
+func TestEngineGauges(t *testing.T) {
+	e, reg := newEngine(t)
+	fams := gather(t, reg)
+	for _, name := range []string{"cb_engine_requests_waiting", "cb_engine_requests_running", "cb_engine_kv_pool_blocks",
+		"cb_engine_batch_tokens", "cb_engine_prefix_cache_hit_ratio", "cb_engine_kv_evictions_total", "cb_engine_preemptions_total"} {
+		if v := value(fams, name, nil); v != 0 {
+			t.Errorf("%s starts at %v, want 0", name, v)
+		}
+	}
+	for _, st := range []string{"free", "used", "cached"} {
+		if v := value(fams, "cb_engine_kv_blocks", map[string]string{"state": st}); v != 0 {
+			t.Errorf("kv_blocks{%s} starts at %v", st, v)
+		}
+	}
+	stats := EngineStats{Waiting: 7, Running: 3, KVFree: 100, KVUsed: 20, KVCached: 8, KVTotal: 128, Evictions: 5, Preemptions: 2, BatchTokens: 512, PrefixHitRatio: 0.4}
+	if err := e.SetEngine(stats); err != nil {
+		t.Fatal(err)
+	}
+	check := func(stage string) {
+		t.Helper()
+		fams := gather(t, reg)
+		if v := value(fams, "cb_engine_requests_waiting", nil); v != 7 {
+			t.Errorf("%s: waiting %v, want the queue depth 7", stage, v)
+		}
+		if v := value(fams, "cb_engine_requests_running", nil); v != 3 {
+			t.Errorf("%s: running %v, want 3", stage, v)
+		}
+		var sum float64
+		for _, m := range fams["cb_engine_kv_blocks"].GetMetric() {
+			sum += m.GetGauge().GetValue()
+		}
+		if pool := value(fams, "cb_engine_kv_pool_blocks", nil); sum != pool || pool != 128 {
+			t.Errorf("%s: kv blocks sum %v, pool %v", stage, sum, pool)
+		}
+		if v := value(fams, "cb_engine_kv_evictions_total", nil); v != 5 {
+			t.Errorf("%s: evictions %v", stage, v)
+		}
+		if v := value(fams, "cb_engine_prefix_cache_hit_ratio", nil); v != 0.4 {
+			t.Errorf("%s: prefix hit ratio %v", stage, v)
+		}
+	}
+	check("after SetEngine")
+	bad := []struct {
+		name string
+		s    EngineStats
+		want error
+	}{
+		{"blocks do not sum", EngineStats{KVFree: 1, KVUsed: 1, KVCached: 1, KVTotal: 4, Evictions: 5, Preemptions: 2}, ErrInvalidRecord},
+		{"evictions go down", EngineStats{Waiting: 1, KVTotal: 0, Evictions: 4, Preemptions: 2}, ErrCounterDecrease},
+		{"preemptions go down", EngineStats{Waiting: 1, Evictions: 6, Preemptions: 1}, ErrCounterDecrease},
+		{"negative", EngineStats{Waiting: -1, Evictions: 5, Preemptions: 2}, ErrNegative},
+		{"ratio above one", EngineStats{Evictions: 5, Preemptions: 2, PrefixHitRatio: 1.5}, ErrInvalidRecord},
+		{"ratio NaN", EngineStats{Evictions: 5, Preemptions: 2, PrefixHitRatio: math.NaN()}, ErrInvalidRecord},
+	}
+	for _, tc := range bad {
+		if err := e.SetEngine(tc.s); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	check("after refused stats")
+}
+
+// TestExemplars: a sampled span context in ctx puts its trace id on the latency histograms in
+// OpenMetrics; an unsampled one does not; text 0.0.4 never shows exemplars.
+func TestExemplars(t *testing.T) {
+	e, reg := newEngine(t)
+	tid, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	sampled := trace.ContextWithSpanContext(t.Context(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled,
+	}))
+	if err := e.RecordRequest(sampled, RequestRecord{Operation: "chat", Model: "m", HasTTFT: true, TTFT: 3e8, E2E: 1e9, OutputTokens: 3}); err != nil {
+		t.Fatal(err)
+	}
+	unsampledTID, _ := trace.TraceIDFromHex("0af7651916cd43dd8448eb211c80319c")
+	unsampled := trace.ContextWithSpanContext(t.Context(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: unsampledTID, SpanID: sid,
+	}))
+	if err := e.RecordRequest(unsampled, RequestRecord{Operation: "text_completion", Model: "m", HasTTFT: true, TTFT: 3e8, E2E: 1e9, OutputTokens: 3}); err != nil {
+		t.Fatal(err)
+	}
+	body, ctype := scrape(t, reg, acceptOpenMetrics)
+	if !strings.HasPrefix(ctype, "application/openmetrics-text") {
+		t.Fatalf("content type %q", ctype)
+	}
+	if strings.Contains(body, unsampledTID.String()) {
+		t.Error("an unsampled span context produced an exemplar")
+	}
+	for _, name := range []string{NameTTFT, NameTPOT, NameRequestDuration} {
+		fams := parseOpenMetrics(t, omFamily(body, name))
+		found := false
+		for _, m := range fams[name].GetMetric() {
+			for _, b := range m.GetHistogram().GetBucket() {
+				if ex := b.GetExemplar(); ex != nil {
+					l := map[string]string{}
+					for _, p := range ex.GetLabel() {
+						l[p.GetName()] = p.GetValue()
+					}
+					if l["trace_id"] == tid.String() && l["span_id"] == sid.String() {
+						found = true
+					}
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s: no exemplar with trace_id %s in OpenMetrics:\n%s", name, tid, body)
+		}
+	}
+	if !strings.Contains(body, "# UNIT "+NameTTFT+" seconds") {
+		t.Error("OpenMetrics UNIT line missing")
+	}
+	text, _ := scrape(t, reg, acceptText)
+	if strings.Contains(text, "trace_id") {
+		t.Error("text format 0.0.4 must not carry exemplars")
+	}
+	// Worker and blend duration histograms take exemplars the same way.
+	wreg := prometheus.NewRegistry()
+	w, err := NewWorkerMetrics(wreg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.ObserveForward(sampled, "check", 4*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if wbody, _ := scrape(t, wreg, acceptOpenMetrics); !strings.Contains(wbody, `trace_id="`+tid.String()+`"`) {
+		t.Error("worker forward histogram has no exemplar")
+	}
+}
+
+func TestHandler(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e, err := NewEngineMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	h := Handler(reg, func() {
+		calls++
+		if err := e.SetEngine(EngineStats{Waiting: calls, KVTotal: 0}); err != nil {
+			t.Error(err)
+		}
+	})
+	for i, accept := range []string{"", acceptText, acceptOpenMetrics} {
+		rec := httptestRecorder(h, accept)
+		want := "text/plain; version=0.0.4"
+		if accept == acceptOpenMetrics {
+			want = "application/openmetrics-text; version=1.0.0"
+		}
+		if !strings.HasPrefix(rec.Header().Get("Content-Type"), want) {
+			t.Errorf("Accept %q: content type %q", accept, rec.Header().Get("Content-Type"))
+		}
+		if !strings.Contains(rec.Body.String(), "cb_engine_requests_waiting "+strconvItoa(i+1)) {
+			t.Errorf("before hook did not refresh the gauge before scrape %d", i+1)
+		}
+	}
+	if calls != 3 {
+		t.Errorf("before called %d times, want 3", calls)
+	}
+}
+
+// TestFacadesShareOneRegistry: all four facades on one Registerer (e.g. `cb up` in one
+// process) work; the KV transfer counters engine and worker both own are shared.
+func TestFacadesShareOneRegistry(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e, err := NewEngineMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWorkerMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewBlendMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewProcessMetrics(reg, BuildInfo{Service: "cb-worker", Version: "dev"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exercise(t, e, w, b, p)
+	fams := gather(t, reg)
+	if v := value(fams, "cb_kv_transfer_bytes_total", map[string]string{"direction": "load"}); v != 4096 {
+		t.Errorf("load bytes %v", v)
+	}
+	if v := value(fams, "cb_kv_transfer_bytes_total", map[string]string{"direction": "store"}); v != 8192 {
+		t.Errorf("store bytes %v", v)
+	}
+	set, _ := contract.Instruments()
+	if len(fams) != len(set.Instruments) {
+		t.Errorf("%d families, contract has %d", len(fams), len(set.Instruments))
+	}
+	if v := value(fams, "cb_build_info", map[string]string{"service": "cb-worker", "version": "dev"}); v != 1 {
+		t.Errorf("build info %v", v)
+	}
+}
+
+func TestWorkerBlendProcess(t *testing.T) {
+	regs := allFacades(t)
+	w := gather(t, regs[contract.OwnerWorker])
+	if v := value(w, "cb_worker_steps_total", nil); v != 1 {
+		t.Errorf("steps %v", v)
+	}
+	rr := find(w, "cb_worker_recompute_ratio", nil)
+	if rr == nil || rr.Histogram.GetSampleSum() != 0.15 || cumulative(t, rr, 0.15) != 1 || cumulative(t, rr, 0.1) != 0 {
+		t.Errorf("recompute ratio %v", rr)
+	}
+	b := gather(t, regs[contract.OwnerBlend])
+	for name, want := range map[string]float64{
+		"lmcache_blend_lookup_requests_total":         1,
+		"lmcache_blend_lookup_requested_tokens_total": 1000,
+		"lmcache_blend_l2_read_bytes_total":           1 << 20,
+		"lmcache_blend_event_bus_published_total":     10,
+		"lmcache_blend_event_bus_dropped_total":       1,
+		"lmcache_blend_l1_chunks":                     4,
+		"lmcache_blend_scattered_tokens_total":        300,
+	} {
+		if v := value(b, name, nil); v != want {
+			t.Errorf("%s = %v, want %v", name, v, want)
+		}
+	}
+	if v := value(b, "lmcache_blend_lookup_hit_tokens_total", map[string]string{"leg": "non_prefix"}); v != 300 {
+		t.Errorf("non-prefix hit tokens %v", v)
+	}
+	thr := find(b, "lmcache_blend_l2_load_throughput_gbps", nil)
+	if got := thr.GetHistogram().GetSampleSum(); math.Abs(got-1.048576) > 1e-9 {
+		t.Errorf("l2 throughput %v GB/s, want 1.048576", got)
+	}
+	p := gather(t, regs[contract.OwnerProcess])
+	if v := value(p, "cb_trace_spans_dropped_total", nil); v != 3 {
+		t.Errorf("dropped spans %v", v)
+	}
+
+	// Lower running totals are refused and move nothing.
+	bm, err := NewBlendMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bm.SetEventBusTotals(10, 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := bm.SetEventBusTotals(11, 4); !errors.Is(err, ErrCounterDecrease) {
+		t.Errorf("dropped going down: %v", err)
+	}
+	if err := bm.SetEventBusTotals(12, 5); err != nil {
+		t.Errorf("after a refusal: %v", err)
+	}
+	preg := prometheus.NewRegistry()
+	pm, err := NewProcessMetrics(preg, BuildInfo{Service: "cb-blend"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pm.SetTraceTotals(TraceTotals{SpansDropped: 4, ExportErrors: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pm.SetTraceTotals(TraceTotals{SpansDropped: 9, ExportErrors: 1}); !errors.Is(err, ErrCounterDecrease) {
+		t.Errorf("export errors going down: %v", err)
+	}
+	if v := value(gather(t, preg), "cb_trace_spans_dropped_total", nil); v != 4 {
+		t.Errorf("a refused pair moved spans_dropped to %v", v)
+	}
+	var le *LabelError
+	if _, err := NewProcessMetrics(prometheus.NewRegistry(), BuildInfo{Service: "cb-gateway"}, nil); !errors.As(err, &le) {
+		t.Errorf("unknown service: %v", err)
+	}
+	wm, _ := NewWorkerMetrics(prometheus.NewRegistry())
+	if err := wm.ObserveRecomputeRatio(1, 0); !errors.Is(err, ErrInvalidRecord) {
+		t.Errorf("zero reused tokens: %v", err)
+	}
+	if err := wm.ObserveForward(t.Context(), "warmup", time.Millisecond); !errors.As(err, &le) {
+		t.Errorf("unknown phase: %v", err)
+	}
+	if err := bm.AddChunksEvicted("l3", 1); !errors.As(err, &le) {
+		t.Errorf("unknown tier: %v", err)
+	}
+}
+
+// TestFreshFacadesStartAtZero: before any event, every instrument without a capped label is
+// served, at zero; cb_build_info is 1.
+func TestFreshFacadesStartAtZero(t *testing.T) {
+	set, err := contract.Instruments()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	if _, err := NewEngineMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewWorkerMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewBlendMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewProcessMetrics(reg, BuildInfo{Service: "cb-blend", Version: "v1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	fams := parseText(t, func() string { b, _ := scrape(t, reg, acceptText); return b }())
+	for _, in := range set.Instruments {
+		capped := false
+		for _, l := range in.Labels {
+			capped = capped || l.Capped
+		}
+		mf := fams[in.Name]
+		if in.Name == "cb_build_info" {
+			if v := value(fams, in.Name, map[string]string{"service": "cb-blend", "version": "v1"}); v != 1 {
+				t.Errorf("cb_build_info = %v", v)
+			}
+			continue
+		}
+		if capped {
+			if mf != nil {
+				t.Errorf("%s: series before any event: %v", in.Name, mf)
+			}
+			continue
+		}
+		want := 1
+		for _, l := range in.Labels {
+			want *= len(l.Allowed)
+		}
+		if mf == nil || len(mf.GetMetric()) != want {
+			t.Errorf("%s: %d series before any event, want %d", in.Name, len(mf.GetMetric()), want)
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetCounter().GetValue() != 0 || m.GetGauge().GetValue() != 0 || m.GetHistogram().GetSampleCount() != 0 {
+				t.Errorf("%s %v: not zero", in.Name, labelsOf(m))
+			}
+		}
+	}
+}
+
+// FuzzModelLabel: any model name is either recorded (its own series or "_other") and survives
+// both expositions, or refused with a *LabelError; the scrape never breaks.
+func FuzzModelLabel(f *testing.F) {
+	for _, s := range []string{"llama-3-8b", "", "a\"b", "x\\y\nz", "\xff\xfe", "_other", "日本語", "{}=,\t"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, model string) {
+		reg := prometheus.NewRegistry()
+		e, err := NewEngineMetrics(reg, WithLabelCap(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range []string{"m1"} { // fill the cap so model may overflow
+			if err := e.RecordRequest(context.Background(), RequestRecord{Operation: "chat", Model: m, E2E: 1}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		err = e.RecordRequest(context.Background(), RequestRecord{Operation: "chat", Model: model, HasTTFT: true, TTFT: 1e6, E2E: 2e6, OutputTokens: 2})
+		var le *LabelError
+		if err != nil {
+			if !errors.As(err, &le) {
+				t.Fatalf("error %v is not a *LabelError", err)
+			}
+			return
+		}
+		want := model
+		if model != "m1" {
+			want = OtherValue
+		}
+		lbl := map[string]string{"gen_ai_operation_name": "chat", "gen_ai_request_model": want}
+		text, _ := scrape(t, reg, acceptText)
+		if got := histCount(parseText(t, text), NameTTFT, lbl); got != 1 {
+			t.Fatalf("text: TTFT count %d for %q (recorded as %q)", got, model, want)
+		}
+		om, _ := scrape(t, reg, acceptOpenMetrics)
+		if got := histCount(parseOpenMetrics(t, omFamily(om, NameTTFT)), NameTTFT, lbl); got != 1 {
+			t.Fatalf("OpenMetrics: TTFT count %d for %q", got, model)
+		}
+	})
+}
+
+// omFamily cuts one family's block out of an OpenMetrics exposition (the expfmt OpenMetrics
+// parser validates a full grammar and is slow on large bodies).
+func omFamily(body, name string) string {
+	var out []string
+	in := false
+	for _, l := range strings.Split(body, "\n") {
+		if strings.HasPrefix(l, "# HELP ") {
+			in = strings.HasPrefix(l, "# HELP "+name+" ")
+		}
+		if in && l != "" && l != "# EOF" {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n") + "\n# EOF\n"
+}
+
+// TestOpenMetricsParses: every facade's OpenMetrics exposition parses with expfmt and carries
+// every contract family with its unit.
+func TestOpenMetricsParses(t *testing.T) {
+	set, err := contract.Instruments()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for owner, reg := range allFacades(t) {
+		body, _ := scrape(t, reg, acceptOpenMetrics)
+		fams := parseOpenMetrics(t, body)
+		for _, in := range set.Owned(owner) {
+			mf, ok := fams[strings.TrimSuffix(in.Name, "_total")]
+			if !ok {
+				mf, ok = fams[in.Name]
+			}
+			if !ok {
+				t.Errorf("%s: %s missing from OpenMetrics", owner, in.Name)
+				continue
+			}
+			if mf.GetUnit() != in.PromUnit() {
+				t.Errorf("%s: UNIT %q, contract %q", in.Name, mf.GetUnit(), in.PromUnit())
+			}
+		}
+	}
+}
