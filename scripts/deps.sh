@@ -3,6 +3,7 @@
 set -euo pipefail
 need=()
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+[ -x /usr/bin/chromium ] || need+=(chromium)
 if ((${#need[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

@@ -47,6 +47,9 @@ func withEnv(cmd *cobra.Command) *cobra.Command {
 		}
 		return nil
 	}
+	if cmd.Long == "" {
+		cmd.Long = cmd.Short + "."
+	}
 	cmd.Long = strings.TrimSpace(cmd.Long) + "\n\nEvery flag can also be set by the environment variable CB_" +
 		strings.ToUpper(cmd.Name()) + "_<FLAG> (upper case, dashes as underscores); a flag given on the command line wins."
 	return cmd

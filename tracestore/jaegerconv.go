@@ -1,0 +1,162 @@
+package tracestore
+
+import (
+	"encoding/base64"
+	"slices"
+	"strconv"
+	"strings"
+
+	"go.opentelemetry.io/collector/pdata/ptrace"
+
+	"github.com/cacheblend/cacheblend/tracestore/jaeger"
+)
+
+// toJaeger renders one trace's spans in the Jaeger v1 JSON model, the way Jaeger's own OTLP
+// ingestion does: the span kind, status and instrumentation scope become tags (span.kind,
+// otel.status_code, otel.status_description, error, otel.scope.name, otel.scope.version),
+// events become logs with an "event" field, links become FOLLOWS_FROM references, and the
+// resource becomes the process (service.name as serviceName, the other attributes as tags).
+func toJaeger(spans []*span) jaeger.Trace {
+	spans = slices.Clone(spans)
+	slices.SortStableFunc(spans, func(a, b *span) int {
+		if a.start != b.start {
+			if a.start < b.start {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.spanID.String(), b.spanID.String())
+	})
+	t := jaeger.Trace{Processes: map[string]jaeger.Process{}, Spans: make([]jaeger.Span, 0, len(spans))}
+	procKey := map[*resource]string{}
+	procByContent := map[string]string{}
+	for _, sp := range spans {
+		if t.TraceID == "" {
+			t.TraceID = sp.traceID.String()
+		}
+		pid, ok := procKey[sp.res]
+		if !ok {
+			content := resourceKey(sp.res)
+			if pid, ok = procByContent[content]; !ok {
+				pid = "p" + strconv.Itoa(len(procByContent)+1)
+				procByContent[content] = pid
+				t.Processes[pid] = jaeger.Process{ServiceName: sp.res.service, Tags: toTags(sp.res.attrs, nil)}
+			}
+			procKey[sp.res] = pid
+		}
+		t.Spans = append(t.Spans, toJaegerSpan(sp, pid))
+	}
+	return t
+}
+
+func toJaegerSpan(sp *span, pid string) jaeger.Span {
+	js := jaeger.Span{
+		TraceID:       sp.traceID.String(),
+		SpanID:        sp.spanID.String(),
+		Flags:         sp.flags & 0xff,
+		OperationName: sp.name,
+		References:    []jaeger.Reference{},
+		StartTime:     uint64(max(0, sp.start) / 1000),
+		Duration:      uint64(sp.duration() / 1000),
+		ProcessID:     pid,
+		Logs:          []jaeger.Log{},
+	}
+	if !sp.parentID.IsEmpty() {
+		js.References = append(js.References, jaeger.Reference{RefType: jaeger.ChildOf, TraceID: js.TraceID, SpanID: sp.parentID.String()})
+	}
+	for _, l := range sp.links {
+		js.References = append(js.References, jaeger.Reference{RefType: jaeger.FollowsFrom, TraceID: l.traceID.String(), SpanID: l.spanID.String()})
+	}
+	var extra []jaeger.KeyValue
+	if k := kindTag(sp.kind); k != "" {
+		extra = append(extra, jaeger.KeyValue{Key: "span.kind", Type: jaeger.TypeString, Value: k})
+	}
+	if sp.scopeName != "" {
+		extra = append(extra, jaeger.KeyValue{Key: "otel.scope.name", Type: jaeger.TypeString, Value: sp.scopeName})
+	}
+	if sp.scopeVersion != "" {
+		extra = append(extra, jaeger.KeyValue{Key: "otel.scope.version", Type: jaeger.TypeString, Value: sp.scopeVersion})
+	}
+	switch sp.status {
+	case ptrace.StatusCodeOk:
+		extra = append(extra, jaeger.KeyValue{Key: "otel.status_code", Type: jaeger.TypeString, Value: "OK"})
+	case ptrace.StatusCodeError:
+		extra = append(extra,
+			jaeger.KeyValue{Key: "otel.status_code", Type: jaeger.TypeString, Value: "ERROR"},
+			jaeger.KeyValue{Key: "error", Type: jaeger.TypeBool, Value: true})
+	}
+	if sp.statusMsg != "" {
+		extra = append(extra, jaeger.KeyValue{Key: "otel.status_description", Type: jaeger.TypeString, Value: sp.statusMsg})
+	}
+	if sp.traceState != "" {
+		extra = append(extra, jaeger.KeyValue{Key: "w3c.tracestate", Type: jaeger.TypeString, Value: sp.traceState})
+	}
+	js.Tags = toTags(sp.attrs, extra)
+	for _, ev := range sp.events {
+		fields := toTags(ev.attrs, nil)
+		fields = append([]jaeger.KeyValue{{Key: "event", Type: jaeger.TypeString, Value: ev.name}}, fields...)
+		js.Logs = append(js.Logs, jaeger.Log{Timestamp: uint64(max(0, ev.time) / 1000), Fields: fields})
+	}
+	return js
+}
+
+// statusTag renders a status code as Jaeger's otel.status_code tag ("" for unset).
+func statusTag(c ptrace.StatusCode) string {
+	switch c {
+	case ptrace.StatusCodeOk:
+		return "OK"
+	case ptrace.StatusCodeError:
+		return "ERROR"
+	}
+	return ""
+}
+
+func kindTag(k ptrace.SpanKind) string {
+	switch k {
+	case ptrace.SpanKindServer:
+		return "server"
+	case ptrace.SpanKindClient:
+		return "client"
+	case ptrace.SpanKindProducer:
+		return "producer"
+	case ptrace.SpanKindConsumer:
+		return "consumer"
+	case ptrace.SpanKindInternal:
+		return "internal"
+	}
+	return ""
+}
+
+func toTags(a attrs, extra []jaeger.KeyValue) []jaeger.KeyValue {
+	out := make([]jaeger.KeyValue, 0, len(a)+len(extra))
+	for _, kv := range a {
+		out = append(out, toTag(kv))
+	}
+	return append(out, extra...)
+}
+
+func toTag(kv attr) jaeger.KeyValue {
+	switch kv.val.t {
+	case valBool:
+		return jaeger.KeyValue{Key: kv.key, Type: jaeger.TypeBool, Value: kv.val.b}
+	case valInt:
+		return jaeger.KeyValue{Key: kv.key, Type: jaeger.TypeInt64, Value: kv.val.i}
+	case valDouble:
+		return jaeger.KeyValue{Key: kv.key, Type: jaeger.TypeFloat64, Value: kv.val.f}
+	case valBytes:
+		return jaeger.KeyValue{Key: kv.key, Type: jaeger.TypeBinary, Value: base64.StdEncoding.EncodeToString([]byte(kv.val.s))}
+	}
+	return jaeger.KeyValue{Key: kv.key, Type: jaeger.TypeString, Value: kv.val.s}
+}
+
+func resourceKey(r *resource) string {
+	var b strings.Builder
+	b.WriteString(r.service)
+	for _, kv := range r.attrs {
+		b.WriteByte(0)
+		b.WriteString(kv.key)
+		b.WriteByte(1)
+		b.WriteString(kv.val.String())
+	}
+	return b.String()
+}

@@ -1,0 +1,254 @@
+package tracestore
+
+import (
+	"cmp"
+	"encoding/hex"
+	"slices"
+	"strings"
+
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/ptrace"
+
+	"github.com/cacheblend/cacheblend/tracestore/jaeger"
+)
+
+// Services returns the names of the services with stored spans, sorted.
+func (s *Store) Services() []string {
+	s.mu.RLock()
+	out := make([]string, 0, len(s.services))
+	for name := range s.services {
+		out = append(out, name)
+	}
+	s.mu.RUnlock()
+	slices.Sort(out)
+	return out
+}
+
+// Operations returns the span names (with their kinds) stored for a service, sorted by
+// name then kind.
+func (s *Store) Operations(service string) []jaeger.Operation {
+	s.mu.RLock()
+	var out []jaeger.Operation
+	if svc := s.services[service]; svc != nil {
+		for k := range svc.ops {
+			out = append(out, jaeger.Operation{Name: k.name, SpanKind: kindTag(k.kind)})
+		}
+	}
+	s.mu.RUnlock()
+	slices.SortFunc(out, func(a, b jaeger.Operation) int {
+		return cmp.Or(strings.Compare(a.Name, b.Name), strings.Compare(a.SpanKind, b.SpanKind))
+	})
+	return out
+}
+
+// parseTraceID accepts 1 to 32 hex digits (Jaeger drops leading zeros of 64-bit ids).
+func parseTraceID(id string) (pcommon.TraceID, bool) {
+	if !jaeger.IsTraceID(id) {
+		return pcommon.TraceID{}, false
+	}
+	var tid pcommon.TraceID
+	if _, err := hex.Decode(tid[:], []byte(jaeger.NormalizeTraceID(id))); err != nil {
+		return pcommon.TraceID{}, false
+	}
+	return tid, true
+}
+
+// snapshot returns a copy of a trace's span list (the spans themselves are immutable).
+func (s *Store) snapshot(id string) ([]*span, bool) {
+	tid, ok := parseTraceID(id)
+	if !ok {
+		return nil, false
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	rec := s.traces[tid]
+	if rec == nil {
+		return nil, false
+	}
+	return slices.Clone(rec.spans), true
+}
+
+// Trace returns one trace in the Jaeger model; false when the id is malformed or unknown.
+func (s *Store) Trace(traceID string) (jaeger.Trace, bool) {
+	spans, ok := s.snapshot(traceID)
+	if !ok {
+		return jaeger.Trace{}, false
+	}
+	return toJaeger(spans), true
+}
+
+// Breakdown computes where one trace's time went (see [Breakdown]); false when the id is
+// malformed or unknown.
+func (s *Store) Breakdown(traceID string) (Breakdown, bool) {
+	spans, ok := s.snapshot(traceID)
+	if !ok {
+		return Breakdown{}, false
+	}
+	return computeBreakdown(spans), true
+}
+
+// PTraces returns one trace as OTLP data (a fresh copy owned by the caller); false when the
+// id is malformed or unknown.
+func (s *Store) PTraces(traceID string) (ptrace.Traces, bool) {
+	spans, ok := s.snapshot(traceID)
+	if !ok {
+		return ptrace.Traces{}, false
+	}
+	return toPdata(spans), true
+}
+
+type candidate struct {
+	start int64
+	spans []*span
+}
+
+// FindTraces searches the store with Jaeger's semantics (see [jaeger.Query]): newest
+// traces first (by earliest span start), at most q.Limit (default jaeger.DefaultLimit).
+func (s *Store) FindTraces(q jaeger.Query) []jaeger.Trace {
+	cands := s.find(q)
+	out := make([]jaeger.Trace, 0, len(cands))
+	for _, c := range cands {
+		out = append(out, toJaeger(c.spans))
+	}
+	return out
+}
+
+// FindPTraces is [Store.FindTraces] returning each trace as OTLP data (fresh copies owned
+// by the caller), with full nanosecond precision and typed attributes.
+func (s *Store) FindPTraces(q jaeger.Query) []ptrace.Traces {
+	cands := s.find(q)
+	out := make([]ptrace.Traces, 0, len(cands))
+	for _, c := range cands {
+		out = append(out, toPdata(c.spans))
+	}
+	return out
+}
+
+func (s *Store) find(q jaeger.Query) []candidate {
+	limit := q.Limit
+	if limit <= 0 {
+		limit = jaeger.DefaultLimit
+	}
+	var cands []candidate
+	s.mu.RLock()
+	if len(q.TraceIDs) > 0 {
+		for _, id := range q.TraceIDs {
+			if tid, ok := parseTraceID(id); ok {
+				if rec := s.traces[tid]; rec != nil {
+					cands = append(cands, candidate{rec.start, rec.spans})
+				}
+			}
+		}
+	} else {
+		for _, rec := range s.traces {
+			if matchTrace(rec, &q) {
+				cands = append(cands, candidate{rec.start, rec.spans})
+			}
+		}
+	}
+	slices.SortFunc(cands, func(a, b candidate) int { return cmp.Compare(b.start, a.start) })
+	if len(cands) > limit {
+		cands = cands[:limit]
+	}
+	for i := range cands {
+		cands[i].spans = slices.Clone(cands[i].spans)
+	}
+	s.mu.RUnlock()
+	return cands
+}
+
+func matchTrace(rec *traceRec, q *jaeger.Query) bool {
+	for _, sp := range rec.spans {
+		if matchSpan(sp, q) {
+			return true
+		}
+	}
+	return false
+}
+
+func matchSpan(sp *span, q *jaeger.Query) bool {
+	if q.Service != "" && sp.res.service != q.Service {
+		return false
+	}
+	if q.Operation != "" && sp.name != q.Operation {
+		return false
+	}
+	if !q.Start.IsZero() && sp.start < q.Start.UnixNano() {
+		return false
+	}
+	if !q.End.IsZero() && sp.start > q.End.UnixNano() {
+		return false
+	}
+	d := sp.duration()
+	if q.MinDuration > 0 && d < int64(q.MinDuration) {
+		return false
+	}
+	if q.MaxDuration > 0 && d > int64(q.MaxDuration) {
+		return false
+	}
+	for k, want := range q.Tags {
+		if !spanHasTag(sp, k, want) {
+			return false
+		}
+	}
+	return true
+}
+
+func spanHasTag(sp *span, key, want string) bool {
+	if v, ok := sp.attrs.get(key); ok {
+		return v.String() == want
+	}
+	if v, ok := sp.res.attrs.get(key); ok {
+		return v.String() == want
+	}
+	switch key {
+	case "span.kind":
+		return kindTag(sp.kind) == want
+	case "error":
+		return (sp.status == ptrace.StatusCodeError) == (want == "true")
+	case "otel.status_code":
+		return statusTag(sp.status) == want
+	}
+	for _, ev := range sp.events {
+		if v, ok := ev.attrs.get(key); ok && v.String() == want {
+			return true
+		}
+	}
+	return false
+}
+
+// Requests returns a page of the request index, newest first (by root start), and the
+// number of traces in the store.
+func (s *Store) Requests(limit, offset int) ([]RequestSummary, int) {
+	s.mu.RLock()
+	cands := make([]candidate, 0, len(s.traces))
+	for _, rec := range s.traces {
+		cands = append(cands, candidate{start: rec.start, spans: rec.spans})
+	}
+	total := len(cands)
+	slices.SortFunc(cands, func(a, b candidate) int { return cmp.Compare(b.start, a.start) })
+	offset = min(max(offset, 0), len(cands))
+	cands = cands[offset:]
+	if limit > 0 && len(cands) > limit {
+		cands = cands[:limit]
+	}
+	for i := range cands {
+		cands[i].spans = slices.Clone(cands[i].spans)
+	}
+	s.mu.RUnlock()
+	out := make([]RequestSummary, 0, len(cands))
+	for _, c := range cands {
+		out = append(out, summarize(c.spans))
+	}
+	return out, total
+}
+
+// Request returns the request-index row of one trace; false when the id is malformed or
+// unknown.
+func (s *Store) Request(traceID string) (RequestSummary, bool) {
+	spans, ok := s.snapshot(traceID)
+	if !ok {
+		return RequestSummary{}, false
+	}
+	return summarize(spans), true
+}

@@ -1,0 +1,140 @@
+package tracestore
+
+import (
+	"slices"
+
+	"go.opentelemetry.io/collector/pdata/ptrace"
+)
+
+// Attribute and event names the request index reads.
+const (
+	// AttrRequestID is the request id attribute carried by every cb.* span.
+	AttrRequestID = "request_id"
+	// AttrTTFT is an optional attribute of the engine's SERVER span: the time to first token
+	// in seconds (int or double).
+	AttrTTFT = "gen_ai.server.time_to_first_token"
+	// EventFirstToken is an optional event on the engine's SERVER span marking the first
+	// token.
+	EventFirstToken = "first_token"
+)
+
+// RequestSummary is one row of the request index (/api/requests).
+type RequestSummary struct {
+	// RequestID is the request_id of cb.request, else of the root, else of any span; "" if
+	// none carries one.
+	RequestID string `json:"request_id"`
+	TraceID   string `json:"trace_id"`
+	// Root is the root span's name and RootService its service.
+	Root        string `json:"root"`
+	RootService string `json:"root_service"`
+	// StartUnixMicro is the root's start.
+	StartUnixMicro int64 `json:"start_us"`
+	// DurationMs is the root's duration in milliseconds.
+	DurationMs float64 `json:"duration_ms"`
+	// TTFTMs is the time to first token in milliseconds, nil when the trace does not say:
+	// from the root's gen_ai.server.time_to_first_token attribute (seconds), else its
+	// first_token event, else the end of engine.prefill (the prefill runs through the first
+	// sampled token). TTFTSource names which.
+	TTFTMs     *float64 `json:"ttft_ms"`
+	TTFTSource string   `json:"ttft_source,omitempty"`
+	// HitRate and the token counts come from cb.request; nil when absent.
+	HitRate            *float64 `json:"hit_rate"`
+	PrefixHitTokens    *int64   `json:"prefix_hit_tokens,omitempty"`
+	NonPrefixHitTokens *int64   `json:"non_prefix_hit_tokens,omitempty"`
+	RequestedTokens    *int64   `json:"requested_tokens,omitempty"`
+	// Services that recorded spans, sorted.
+	Services []string `json:"services"`
+	NSpans   int      `json:"n_spans"`
+	// Error is true when any span has status ERROR or the root has error.type.
+	Error bool `json:"error"`
+}
+
+func summarize(spans []*span) RequestSummary {
+	t := buildTree(spans)
+	root := spans[t.root]
+	s := RequestSummary{
+		TraceID:        root.traceID.String(),
+		Root:           root.name,
+		RootService:    root.res.service,
+		StartUnixMicro: root.start / 1000,
+		DurationMs:     float64(root.duration()) / 1e6,
+		NSpans:         len(spans),
+	}
+	s.RequestID, _ = requestID(spans)
+	if _, ok := root.attrs.get("error.type"); ok {
+		s.Error = true
+	}
+	for _, sp := range spans {
+		if !slices.Contains(s.Services, sp.res.service) {
+			s.Services = append(s.Services, sp.res.service)
+		}
+		if sp.status == ptrace.StatusCodeError {
+			s.Error = true
+		}
+	}
+	slices.Sort(s.Services)
+
+	ms := func(ns int64) *float64 { f := float64(ns) / 1e6; return &f }
+	if v, ok := root.attrs.get(AttrTTFT); ok {
+		if f, ok := v.number(); ok {
+			f *= 1e3
+			s.TTFTMs, s.TTFTSource = &f, "attribute"
+		}
+	}
+	if s.TTFTMs == nil {
+		for _, ev := range root.events {
+			if ev.name == EventFirstToken || ev.name == "gen_ai.first_token" {
+				s.TTFTMs, s.TTFTSource = ms(ev.time-root.start), "event"
+				break
+			}
+		}
+	}
+	if s.TTFTMs == nil {
+		for _, c := range t.children[t.root] {
+			if sp := spans[c]; sp.name == "engine.prefill" && sp.res.service == root.res.service {
+				s.TTFTMs, s.TTFTSource = ms(sp.end-root.start), "engine.prefill"
+				break
+			}
+		}
+	}
+	for _, sp := range spans {
+		if sp.name != "cb.request" {
+			continue
+		}
+		if v, ok := sp.attrs.get("hit_rate"); ok {
+			if f, ok := v.number(); ok {
+				s.HitRate = &f
+			}
+		}
+		intAttr := func(key string) *int64 {
+			if v, ok := sp.attrs.get(key); ok && v.t == valInt {
+				i := v.i
+				return &i
+			}
+			return nil
+		}
+		s.PrefixHitTokens = intAttr("prefix_hit_tokens")
+		s.NonPrefixHitTokens = intAttr("non_prefix_hit_tokens")
+		s.RequestedTokens = intAttr("requested_tokens")
+		break
+	}
+	return s
+}
+
+// requestID finds the request id of a trace: cb.request's, else the root-most span's.
+func requestID(spans []*span) (string, bool) {
+	fallback, found := "", false
+	for _, sp := range spans {
+		v, ok := sp.attrs.get(AttrRequestID)
+		if !ok || v.t != valString || v.s == "" {
+			continue
+		}
+		if sp.name == "cb.request" {
+			return v.s, true
+		}
+		if !found || sp.parentID.IsEmpty() {
+			fallback, found = v.s, true
+		}
+	}
+	return fallback, found
+}

@@ -1,0 +1,213 @@
+package tracetest
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/ptrace"
+)
+
+// Services of the stack.
+const (
+	Engine = "cb-engine"
+	Worker = "cb-worker"
+	Blend  = "cb-blend"
+)
+
+// Request describes one synthetic request. The zero value is usable: request "req-1",
+// model "m1", started at 2025-01-01 00:00:00 UTC, 1024 prompt tokens of which 256 hit the
+// prefix and 512 hit off the prefix, 16 output tokens, some L2 misses.
+type Request struct {
+	RequestID    string
+	Model        string
+	Start        time.Time
+	PromptTokens int64
+	PrefixHit    int64
+	NonPrefixHit int64
+	OutputTokens int64
+	L2Misses     int64
+	// Scale multiplies every offset and duration (default 1: a 180 ms request).
+	Scale float64
+}
+
+func (r Request) withDefaults() Request {
+	if r.RequestID == "" {
+		r.RequestID = "req-1"
+	}
+	if r.Model == "" {
+		r.Model = "m1"
+	}
+	if r.Start.IsZero() {
+		r.Start = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	}
+	if r.PromptTokens == 0 {
+		r.PromptTokens, r.PrefixHit, r.NonPrefixHit = 1024, 256, 512
+	}
+	if r.OutputTokens == 0 {
+		r.OutputTokens = 16
+	}
+	if r.L2Misses == 0 {
+		r.L2Misses = 2
+	}
+	if r.Scale == 0 {
+		r.Scale = 1
+	}
+	return r
+}
+
+// SpanDef is one span of a synthetic trace, in milliseconds from the request's start.
+type SpanDef struct {
+	Name    string
+	Service string
+	Kind    ptrace.SpanKind
+	Parent  string // name of the parent span; "" for the root
+	StartMs float64
+	EndMs   float64
+	Attrs   map[string]any // string, int64, float64 or bool
+}
+
+// Defs returns the span definitions of one request, in contract order: the root
+// "chat {model}" (180 ms), engine.queue, engine.prefill (overlapping cb.request, as the
+// engine runs the prefill while the CacheBlend work happens), engine.decode, and the
+// cb.* subtree across the three services.
+func (r Request) Defs() []SpanDef {
+	r = r.withDefaults()
+	rid := r.RequestID
+	hit := float64(r.PrefixHit+r.NonPrefixHit) / float64(r.PromptTokens)
+	with := func(m map[string]any) map[string]any {
+		m["request_id"] = rid
+		return m
+	}
+	root := "chat " + r.Model
+	return []SpanDef{
+		{root, Engine, ptrace.SpanKindServer, "", 0, 180, map[string]any{
+			"gen_ai.operation.name": "chat", "gen_ai.request.model": r.Model, "request_id": rid,
+			"gen_ai.usage.input_tokens": r.PromptTokens, "gen_ai.usage.output_tokens": r.OutputTokens}},
+		{"engine.queue", Engine, ptrace.SpanKindInternal, root, 0.2, 3, nil},
+		{"cb.request", Engine, ptrace.SpanKindInternal, root, 2, 122, with(map[string]any{
+			"model": r.Model, "world_size": int64(1), "n_prompt_tokens": r.PromptTokens,
+			"hit_rate": hit, "prefix_hit_tokens": r.PrefixHit, "non_prefix_hit_tokens": r.NonPrefixHit,
+			"requested_tokens": r.PromptTokens})},
+		{"cb.schedule", Engine, ptrace.SpanKindInternal, "cb.request", 3, 41, with(map[string]any{})},
+		{"cb.lookup.rpc", Engine, ptrace.SpanKindClient, "cb.schedule", 4, 37, with(map[string]any{"n_polls": int64(3)})},
+		{"cb.lookup", Blend, ptrace.SpanKindServer, "cb.lookup.rpc", 5.5, 33, with(map[string]any{"prefix_chunks": int64(1)})},
+		{"mp.lookup_prefetch", Blend, ptrace.SpanKindInternal, "cb.lookup", 6, 8.5, with(map[string]any{"prefix_chunks": int64(1)})},
+		{"cb.fingerprint_match", Blend, ptrace.SpanKindInternal, "cb.lookup", 8.5, 15, with(map[string]any{
+			"n_probes": r.PromptTokens - 256, "table_hits": int64(3), "matches": int64(2)})},
+		{"cb.sparse_prefetch", Blend, ptrace.SpanKindInternal, "cb.lookup", 15, 30, with(map[string]any{
+			"n_keys": int64(3), "l1_hits": int64(1), "l2_misses": r.L2Misses})},
+		{"cb.l2_load", Blend, ptrace.SpanKindInternal, "cb.sparse_prefetch", 15.5, 29.5, with(map[string]any{
+			"chunks": r.L2Misses, "bytes": r.L2Misses * 4 << 20, "ms": 14.0})},
+		{"cb.classify", Blend, ptrace.SpanKindInternal, "cb.lookup", 30, 32, with(map[string]any{
+			"found": int64(3), "stale": int64(0), "per_rank_ok": int64(1)})},
+		{"cb.build_meta", Engine, ptrace.SpanKindInternal, "cb.schedule", 38, 40, with(map[string]any{})},
+		{"cb.execute", Worker, ptrace.SpanKindServer, "cb.request", 42, 120, with(map[string]any{})},
+		{"cb.start_load_kv", Worker, ptrace.SpanKindClient, "cb.execute", 43, 61, with(map[string]any{})},
+		{"cb.retrieve", Blend, ptrace.SpanKindServer, "cb.start_load_kv", 44, 60, with(map[string]any{})},
+		{"cb.scatter", Blend, ptrace.SpanKindInternal, "cb.retrieve", 45, 59, with(map[string]any{
+			"scattered_tokens": r.PrefixHit + r.NonPrefixHit, "slot_writes": r.PrefixHit + r.NonPrefixHit,
+			"partial_blocks": int64(1), "n_prefix": r.PrefixHit, "n_shifted": r.NonPrefixHit, "dropped": int64(0)})},
+		{"cb.model_forward", Worker, ptrace.SpanKindInternal, "cb.execute", 62, 119, with(map[string]any{})},
+		{"cb.full_recomp", Worker, ptrace.SpanKindInternal, "cb.model_forward", 62.5, 80, with(map[string]any{})},
+		{"cb.check", Worker, ptrace.SpanKindInternal, "cb.model_forward", 80, 84, with(map[string]any{
+			"imp_count": int64(77), "recomp_ratio": 0.15})},
+		{"cb.partial", Worker, ptrace.SpanKindInternal, "cb.model_forward", 84, 118, with(map[string]any{
+			"dispatch": "flex", "imp_empty": false})},
+		{"engine.prefill", Engine, ptrace.SpanKindInternal, root, 41, 124, nil},
+		{"engine.decode", Engine, ptrace.SpanKindInternal, root, 124, 179.5, nil},
+	}
+}
+
+// TraceID returns the deterministic trace id of a request id.
+func TraceID(requestID string) pcommon.TraceID {
+	sum := sha256.Sum256([]byte("trace/" + requestID))
+	var id pcommon.TraceID
+	copy(id[:], sum[:16])
+	return id
+}
+
+// SpanID returns the deterministic span id of a span name within a request.
+func SpanID(requestID, name string) pcommon.SpanID {
+	sum := sha256.Sum256([]byte("span/" + requestID + "/" + name))
+	var id pcommon.SpanID
+	copy(id[:], sum[:8])
+	if binary.BigEndian.Uint64(id[:]) == 0 {
+		id[7] = 1
+	}
+	return id
+}
+
+// Traces builds the OTLP data of a request: one ResourceSpans per service, as three
+// processes would export them.
+func (r Request) Traces() ptrace.Traces { return Build(r, r.Defs()) }
+
+// Build turns span definitions into OTLP data with the ids of [TraceID] and [SpanID] (the
+// n-th span of a repeated name gets SpanID(requestID, name+"#n"); parents name a span's
+// first occurrence); the decode span gets a "token" event every 32 tokens (at least one).
+func Build(r Request, defs []SpanDef) ptrace.Traces {
+	r = r.withDefaults()
+	td := ptrace.NewTraces()
+	bySvc := map[string]ptrace.SpanSlice{}
+	tid := TraceID(r.RequestID)
+	seen := map[string]int{}
+	at := func(ms float64) pcommon.Timestamp {
+		return pcommon.NewTimestampFromTime(r.Start.Add(time.Duration(ms * r.Scale * float64(time.Millisecond))))
+	}
+	for _, d := range defs {
+		ss, ok := bySvc[d.Service]
+		if !ok {
+			rs := td.ResourceSpans().AppendEmpty()
+			rs.Resource().Attributes().PutStr("service.name", d.Service)
+			rs.Resource().Attributes().PutStr("service.instance.id", d.Service+"-0")
+			sc := rs.ScopeSpans().AppendEmpty()
+			sc.Scope().SetName("github.com/cacheblend/cacheblend/" + d.Service)
+			ss = sc.Spans()
+			bySvc[d.Service] = ss
+		}
+		sp := ss.AppendEmpty()
+		sp.SetTraceID(tid)
+		// A repeated name gets a distinct id; parents refer to a name's first span.
+		if seen[d.Name]++; seen[d.Name] == 1 {
+			sp.SetSpanID(SpanID(r.RequestID, d.Name))
+		} else {
+			sp.SetSpanID(SpanID(r.RequestID, fmt.Sprintf("%s#%d", d.Name, seen[d.Name])))
+		}
+		if d.Parent != "" {
+			sp.SetParentSpanID(SpanID(r.RequestID, d.Parent))
+		}
+		sp.SetName(d.Name)
+		sp.SetKind(d.Kind)
+		sp.SetStartTimestamp(at(d.StartMs))
+		sp.SetEndTimestamp(at(d.EndMs))
+		sp.Status().SetCode(ptrace.StatusCodeUnset)
+		for _, k := range slices.Sorted(maps.Keys(d.Attrs)) {
+			switch v := d.Attrs[k].(type) {
+			case string:
+				sp.Attributes().PutStr(k, v)
+			case int64:
+				sp.Attributes().PutInt(k, v)
+			case int:
+				sp.Attributes().PutInt(k, int64(v))
+			case float64:
+				sp.Attributes().PutDouble(k, v)
+			case bool:
+				sp.Attributes().PutBool(k, v)
+			}
+		}
+		if d.Name == "engine.decode" {
+			n := max(1, r.OutputTokens/32)
+			for i := range n {
+				ev := sp.Events().AppendEmpty()
+				ev.SetName("token")
+				ev.SetTimestamp(at(d.StartMs + (d.EndMs-d.StartMs)*float64(i+1)/float64(n+1)))
+				ev.Attributes().PutInt("n", (i+1)*32)
+			}
+		}
+	}
+	return td
+}
