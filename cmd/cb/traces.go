@@ -1,0 +1,49 @@
+package main
+
+import (
+	"context"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cacheblend/cacheblend/service"
+	"github.com/cacheblend/cacheblend/tracestore"
+)
+
+func init() { subcommands = append(subcommands, newTracesCmd) }
+
+func newTracesCmd() *cobra.Command {
+	var cfg tracestore.Config
+	cmd := &cobra.Command{
+		Use:   "traces",
+		Short: "Run the embedded trace collector: OTLP/HTTP receiver, Jaeger-compatible query API and the trace page",
+		RunE: func(c *cobra.Command, _ []string) error {
+			ctx := c.Context()
+			rt, err := service.New(ctx, service.Options{ServiceName: "cb-traces"})
+			if err != nil {
+				return err
+			}
+			col, err := startCollector(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			rt.Logger.Info("trace collector started", "otlp", "http://"+col.OTLPAddr()+"/v1/traces", "ui", "http://"+col.QueryAddr()+"/")
+			announce("cb-traces", "otlp", "http://"+col.OTLPAddr()+"/v1/traces", "ui", "http://"+col.QueryAddr()+"/")
+			return runUntilSignal(ctx, rt, col)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.OTLPAddr, "otlp-addr", tracestore.DefaultOTLPAddr, "OTLP/HTTP receiver address (POST /v1/traces)")
+	f.StringVar(&cfg.QueryAddr, "ui-addr", tracestore.DefaultQueryAddr, "query API and web page address")
+	f.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", tracestore.DefaultMaxBodyBytes, "largest OTLP request body, before and after decompression")
+	f.IntVar(&cfg.MaxTraces, "max-traces", tracestore.DefaultMaxTraces, "traces kept (oldest evicted)")
+	f.IntVar(&cfg.MaxSpans, "max-spans", tracestore.DefaultMaxSpans, "spans kept (oldest traces evicted)")
+	return withEnv(cmd)
+}
+
+func startCollector(ctx context.Context, cfg tracestore.Config) (*tracestore.Collector, error) {
+	col := tracestore.New(cfg)
+	if err := col.Start(ctx); err != nil {
+		return nil, err
+	}
+	return col, nil
+}
