@@ -65,3 +65,47 @@ func (r *RoPE) Shift(x []float32, from, to int) {
 	}
 	r.RotateHeads(x, to-from)
 }
+
+// ropeTable caches, for every position below maxPos, the cos/sin values
+// RotateHeads would compute, so the forward pass rotates with exactly the
+// same numbers (bit for bit) without calling Sincos per token.
+type ropeTable struct {
+	half     int
+	maxPos   int
+	cos, sin []float64 // [maxPos × half]
+}
+
+func newRopeTable(r *RoPE, maxPos int) ropeTable {
+	half := r.headDim / 2
+	t := ropeTable{half: half, maxPos: maxPos, cos: make([]float64, maxPos*half), sin: make([]float64, maxPos*half)}
+	for p := range maxPos {
+		fp := float64(p)
+		for i := range half {
+			t.sin[p*half+i], t.cos[p*half+i] = math.Sincos(fp * r.invFreq[i])
+		}
+	}
+	return t
+}
+
+// rotate is RotateHeads(x, pos) for 0 <= pos < maxPos, using the cached
+// values; other positions fall back to computing them.
+func (t ropeTable) rotate(r *RoPE, x []float32, pos int) {
+	if pos < 0 || pos >= t.maxPos {
+		r.RotateHeads(x, pos)
+		return
+	}
+	half := t.half
+	cosv := t.cos[pos*half : pos*half+half]
+	sinv := t.sin[pos*half : pos*half+half]
+	hd := 2 * half
+	for h := 0; h+hd <= len(x); h += hd {
+		lo := x[h : h+half : h+half]
+		hi := x[h+half : h+hd : h+hd]
+		for i, c := range cosv {
+			s := sinv[i]
+			a, b := float64(lo[i]), float64(hi[i])
+			lo[i] = float32(a*c - b*s)
+			hi[i] = float32(a*s + b*c)
+		}
+	}
+}

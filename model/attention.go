@@ -1,0 +1,233 @@
+package model
+
+import (
+	"math"
+
+	"github.com/cacheblend/cacheblend/kvcache"
+)
+
+// Attention tiling: a task covers at most maxTile consecutive query rows of
+// one sequence spanning at most maxSpan positions (sparse important sets
+// then waste little on masked scores); sequences with at most directRows
+// query rows (decode) read K/V straight from the cache instead of gathering
+// them.
+const (
+	maxTile    = 64
+	maxSpan    = 128
+	directRows = 4
+)
+
+// maxGroupHeads bounds the query heads one direct-attention task serves
+// (Heads); larger models fall back to the gathered path.
+const maxGroupHeads = 64
+
+// attention computes softmax(QKᵀ/√d)·V for every row and query head,
+// causally: a row at position p attends over positions [0, p] of its
+// sequence, read from the cache slots (its own K/V included).
+func (m *Model) attention(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat, b *batch) {
+	for len(ws.scratch) < m.cfg.Threads {
+		ws.scratch = append(ws.scratch, nil)
+	}
+	var direct, gathered []int
+	for si, s := range b.seqs {
+		if s.r1-s.r0 <= directRows && m.cfg.Heads <= maxGroupHeads {
+			direct = append(direct, si)
+		} else {
+			gathered = append(gathered, si)
+		}
+	}
+	if len(gathered) > 0 {
+		m.attnGathered(ws, kv, l, att, qkv, b, gathered)
+	}
+	if len(direct) > 0 {
+		m.attnDirect(ws, kv, l, att, qkv, b, direct)
+	}
+}
+
+// attnDirect is the attention of sequences with few query rows (decode):
+// it reads every context token's K and V once, straight from the cache
+// slots, and serves all query heads with gonum's dot and axpy kernels. With
+// at least as many sequences as threads a task is one sequence over all KV
+// heads, so each token's K/V row is read contiguously (the loop is bound by
+// memory latency, and whole rows let the prefetcher stream blocks); with
+// fewer sequences a task is one sequence and one KV head, to use every core.
+func (m *Model) attnDirect(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat, b *batch, seqs []int) {
+	hd, kvd, grp, kvh := m.headDim, m.kvDim, m.group, m.cfg.KVHeads
+	kPlane, vPlane := kv.K(l), kv.V(l)
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	split := 1 // tasks per sequence
+	if len(seqs) < m.cfg.Threads {
+		split = kvh
+	}
+	gPer := kvh / split
+	parallel(m.cfg.Threads, len(seqs)*split, func(w, ti int) {
+		s := b.seqs[seqs[ti/split]]
+		g0 := (ti % split) * gPer
+		g1 := g0 + gPer
+		h0 := g0 * grp
+		nh := gPer * grp
+		nr := s.r1 - s.r0
+		ctx := s.ctx
+		pos := b.pos[s.r0:s.r1]
+		sc := ws.worker(w, nr*nh*ctx)
+		for t := range ctx {
+			base := s.slots[t] * kvd
+			for g := g0; g < g1; g++ {
+				k := kPlane[base+g*hd : base+(g+1)*hd]
+				for r, p := range pos {
+					if t > p {
+						continue
+					}
+					row := qkv.row(s.r0 + r)
+					for h := g * grp; h < (g+1)*grp; h++ {
+						sc[(r*nh+h-h0)*ctx+t] = blasImpl.Sdot(hd, row[h*hd:(h+1)*hd], 1, k, 1)
+					}
+				}
+			}
+		}
+		var invs [directRows * maxGroupHeads]float32
+		for r, p := range pos {
+			orow := att.row(s.r0 + r)
+			for h := h0; h < h0+nh; h++ {
+				invs[r*nh+h-h0] = softmaxPrefix(sc[(r*nh+h-h0)*ctx:(r*nh+h-h0+1)*ctx], p+1, scale)
+				clear(orow[h*hd : (h+1)*hd])
+			}
+		}
+		for t := range ctx {
+			base := s.slots[t] * kvd
+			for g := g0; g < g1; g++ {
+				v := vPlane[base+g*hd : base+(g+1)*hd]
+				for r, p := range pos {
+					if t > p {
+						continue
+					}
+					orow := att.row(s.r0 + r)
+					for h := g * grp; h < (g+1)*grp; h++ {
+						if pt := sc[(r*nh+h-h0)*ctx+t]; pt != 0 {
+							blasImpl.Saxpy(hd, pt, v, 1, orow[h*hd:(h+1)*hd], 1)
+						}
+					}
+				}
+			}
+		}
+		for r := range pos {
+			orow := att.row(s.r0 + r)
+			for h := h0; h < h0+nh; h++ {
+				o := orow[h*hd : (h+1)*hd]
+				inv := invs[r*nh+h-h0]
+				for j := range o {
+					o[j] *= inv
+				}
+			}
+		}
+	})
+}
+
+// attnGathered is the attention of sequences with many query rows (prefill,
+// blend): their K and V are gathered once per layer so that scores and
+// weighted values become matrix multiplies.
+func (m *Model) attnGathered(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat, b *batch, seqs []int) {
+	hd, kvh, kvd := m.headDim, m.cfg.KVHeads, m.kvDim
+	kPlane, vPlane := kv.K(l), kv.V(l)
+
+	// Gather every sequence's K and V, transposed to [kvh][hd][ctx], into
+	// contiguous buffers: scores are then axpys and the weighted sum of
+	// values dot products, both along the context.
+	total := 0
+	for _, si := range seqs {
+		total += b.seqs[si].ctx * kvd
+	}
+	ktAll := ws.f32(bufKT, total)
+	vAll := ws.f32(bufV, total)
+	offs := ws.int(intRows, len(seqs)+1) // offs[j]: start of seqs[j]
+	offs[0] = 0
+	for j, si := range seqs {
+		offs[j+1] = offs[j] + b.seqs[si].ctx*kvd
+	}
+	const gatherChunk = 256
+	type gtask struct{ seq, t0 int }
+	nt := 0
+	for _, si := range seqs {
+		nt += (b.seqs[si].ctx + gatherChunk - 1) / gatherChunk
+	}
+	gts := make([]gtask, 0, nt)
+	for j, si := range seqs {
+		for t0 := 0; t0 < b.seqs[si].ctx; t0 += gatherChunk {
+			gts = append(gts, gtask{j, t0})
+		}
+	}
+	parallel(m.cfg.Threads, len(gts), func(_, ti int) {
+		g := gts[ti]
+		s := b.seqs[seqs[g.seq]]
+		ctx := s.ctx
+		kt := ktAll[offs[g.seq]:offs[g.seq+1]]
+		vv := vAll[offs[g.seq]:offs[g.seq+1]]
+		t1 := min(ctx, g.t0+gatherChunk)
+		for t := g.t0; t < t1; t++ {
+			slot := s.slots[t]
+			src := kPlane[slot*kvd : (slot+1)*kvd]
+			for h := range kvh {
+				base := h*hd*ctx + t
+				for dd, v := range src[h*hd : (h+1)*hd] {
+					kt[base+dd*ctx] = v
+				}
+			}
+			vsrc := vPlane[slot*kvd : (slot+1)*kvd]
+			for h := range kvh {
+				base := h*hd*ctx + t
+				for dd, v := range vsrc[h*hd : (h+1)*hd] {
+					vv[base+dd*ctx] = v
+				}
+			}
+		}
+	})
+
+	// Row tiles: consecutive rows of one sequence, at most maxTile rows
+	// spanning at most maxSpan positions (sparse important sets waste
+	// little on masked scores).
+	type atask struct{ seq, r0, r1 int }
+	var tiles []atask
+	for j, si := range seqs {
+		s := b.seqs[si]
+		for r := s.r0; r < s.r1; {
+			r1 := r + 1
+			for r1 < s.r1 && r1-r < maxTile && b.pos[r1]-b.pos[r] < maxSpan {
+				r1++
+			}
+			tiles = append(tiles, atask{seq: j, r0: r, r1: r1})
+			r = r1
+		}
+	}
+	heads := m.cfg.Heads
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	parallel(m.cfg.Threads, len(tiles)*heads, func(w, ti int) {
+		// Latest (most expensive) tiles first, so the cheap ones balance
+		// the threads at the end.
+		tk := tiles[len(tiles)-1-ti/heads]
+		qh := ti % heads
+		g := qh / m.group
+		ctx := b.seqs[seqs[tk.seq]].ctx
+		nr := tk.r1 - tk.r0
+		ctxT := b.pos[tk.r1-1] + 1
+		kt := mat{data: ktAll[offs[tk.seq]+g*hd*ctx : offs[tk.seq]+(g+1)*hd*ctx], rows: hd, cols: ctx, stride: ctx}
+		vt := mat{data: vAll[offs[tk.seq]+g*hd*ctx : offs[tk.seq]+(g+1)*hd*ctx], rows: hd, cols: ctx, stride: ctx}
+		q := qkv.view(tk.r0, qh*hd, nr, hd)
+		sc := dense(ws.worker(w, nr*ctxT), nr, ctxT)
+		for c0 := 0; c0 < ctxT; c0 += tileCols {
+			nc := min(tileCols, ctxT-c0)
+			gemmTile(sc.view(0, c0, nr, nc), q, kt.view(0, c0, hd, nc), false, false)
+		}
+		var inv [maxTile]float32
+		for i := range nr {
+			inv[i] = softmaxPrefix(sc.row(i), b.pos[tk.r0+i]+1, scale)
+		}
+		o := att.view(tk.r0, qh*hd, nr, hd)
+		gemmTile(o, sc, vt.view(0, 0, hd, ctxT), true, false)
+		for i := range nr {
+			r := o.row(i)
+			for j := range r {
+				r[j] *= inv[i]
+			}
+		}
+	})
+}

@@ -1,0 +1,282 @@
+package model
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/cacheblend/cacheblend/kvcache"
+)
+
+// Range is a half-open range of prompt positions [Start, End) (a plain
+// value).
+type Range struct {
+	Start, End int
+}
+
+// Len is End-Start.
+func (r Range) Len() int { return r.End - r.Start }
+
+// UseConfig, in BlendInput.CheckLayer or BlendInput.RecompRatio, selects the
+// model's configured value.
+const UseConfig = -1
+
+// BlendInput is a prompt whose KV cache is partly reused (a plain value; the
+// model only reads it). Its zero CheckLayer and RecompRatio are real
+// overrides (0): set them to UseConfig for the configured values.
+type BlendInput struct {
+	// Tokens is the whole prompt; the logits returned are those of its last
+	// token.
+	Tokens []int32
+	// BlockTable covers positions [0, len(Tokens)).
+	BlockTable []int32
+	// PrefixReused: positions [0, PrefixReused) are an exact prefix reuse;
+	// their K/V are in the cache and they are skipped entirely. When it
+	// covers the whole prompt the last token is still recomputed (its
+	// logits are needed).
+	PrefixReused int
+	// Reused are non-prefix ranges (inside [PrefixReused, len(Tokens)),
+	// non-overlapping, any order) whose K/V the blend server has loaded
+	// into the cache, already re-RoPE'd to their positions in this prompt.
+	// Every other non-prefix token is new.
+	Reused []Range
+	// CheckLayer is the check layer cl; a negative value (UseConfig) means
+	// Config.CheckLayer. Note that 0 is a valid override.
+	CheckLayer int
+	// RecompRatio is the fraction of reused tokens recomputed, in [0, 1]; a
+	// negative value (UseConfig) means Config.RecompRatio. Note that 0 is a
+	// valid override.
+	RecompRatio float64
+}
+
+// BlendStats (a plain value) describes one BlendForward: the three phases' wall-clock
+// bounds (for spans cb.full_recomp, cb.check and cb.partial) and the token
+// counts. Phases that did not run have zero times.
+type BlendStats struct {
+	FullRecompStart, FullRecompEnd time.Time // layers 0..cl-1, every non-prefix token
+	CheckStart, CheckEnd           time.Time // layer cl: K deviation, selection, important tokens
+	PartialStart, PartialEnd       time.Time // layers cl+1..L-1, important tokens only
+
+	CheckLayer   int     // cl used
+	RecompRatio  float64 // ratio used
+	PrefixTokens int     // tokens skipped as exact prefix reuse
+	ReusedTokens int     // non-prefix tokens with loaded K/V
+	NewTokens    int     // non-prefix tokens without loaded K/V
+	// ImpCount is the important set: new tokens, the selected reused
+	// tokens and always the last prompt token. Without reuse it is every
+	// non-prefix token.
+	ImpCount int
+	// Selected is how many reused tokens were selected for recompute
+	// (ceil(RecompRatio·ReusedTokens), plus the last token when reused).
+	Selected int
+	// ImpEmpty is true when no reused token was selected for recompute.
+	ImpEmpty bool
+	// Dispatch names how the important set ran through the partial layers:
+	// "unified" (one batch) or "full" (nothing reused: a plain prefill).
+	Dispatch string
+	// Blended is false when nothing was reused and the forward was a plain
+	// prefill of the non-prefix part (only FullRecomp times are set; they
+	// span every layer).
+	Blended bool
+}
+
+// BlendForward runs the CacheBlend selective-recompute forward (DESIGN §2)
+// and returns the logits of the last prompt token:
+//
+//   - prefix positions [0, PrefixReused) are skipped;
+//   - layers 0..cl-1 recompute every other token, overwriting its K/V;
+//   - at layer cl the fresh K of every reused token is compared with the
+//     loaded K (squared L2 over all KV heads); the ceil(ratio·reused) most
+//     deviating reused tokens, every new token and the last prompt token
+//     form the important set, whose K/V alone are rewritten at layer cl;
+//   - layers cl+1..L-1 compute only the important set, attending over the
+//     whole cache and writing K/V for the important tokens only.
+//
+// With nothing reused it is a plain prefill of [PrefixReused, len(Tokens)).
+func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, BlendStats, error) {
+	var st BlendStats
+	if err := m.checkKV(kv); err != nil {
+		return nil, st, err
+	}
+	total := len(in.Tokens)
+	if total == 0 {
+		return nil, st, fmt.Errorf("%w: blend of an empty prompt", ErrInput)
+	}
+	if total > m.cfg.MaxPositions {
+		return nil, st, fmt.Errorf("%w: prompt of %d tokens, model accepts %d positions", ErrPosition, total, m.cfg.MaxPositions)
+	}
+	if err := m.checkTokens(in.Tokens); err != nil {
+		return nil, st, err
+	}
+	cl, ratio := in.CheckLayer, in.RecompRatio
+	if cl < 0 {
+		cl = m.cfg.CheckLayer
+	}
+	if ratio < 0 {
+		ratio = m.cfg.RecompRatio
+	}
+	if cl >= m.cfg.Layers {
+		return nil, st, fmt.Errorf("%w: check layer %d, model has %d layers", ErrInput, cl, m.cfg.Layers)
+	}
+	if math.IsNaN(ratio) || ratio > 1 {
+		return nil, st, fmt.Errorf("%w: recompute ratio %v outside [0, 1]", ErrInput, ratio)
+	}
+	prefix := in.PrefixReused
+	if prefix < 0 || prefix > total {
+		return nil, st, fmt.Errorf("%w: prefix of %d tokens in a prompt of %d", ErrInput, prefix, total)
+	}
+	if prefix == total {
+		prefix = total - 1
+	}
+	ranges := slices.Clone(in.Reused)
+	slices.SortFunc(ranges, func(a, b Range) int { return cmp.Compare(a.Start, b.Start) })
+	for i, r := range ranges {
+		if r.Start < in.PrefixReused || r.End > total || r.Start >= r.End {
+			return nil, st, fmt.Errorf("%w: reused range [%d, %d) outside [%d, %d) or empty", ErrInput, r.Start, r.End, in.PrefixReused, total)
+		}
+		if i > 0 && r.Start < ranges[i-1].End {
+			return nil, st, fmt.Errorf("%w: reused ranges [%d, %d) and [%d, %d) overlap", ErrInput, ranges[i-1].Start, ranges[i-1].End, r.Start, r.End)
+		}
+	}
+
+	ws := m.getWS()
+	defer m.putWS(ws)
+	slots := ws.int(intCtx, total)
+	if err := mapSlots(slots, in.BlockTable, kv.Layout()); err != nil {
+		return nil, st, err
+	}
+
+	n := total - prefix // rows: positions [prefix, total)
+	pos := ws.int(intPos, n)
+	for i := range pos {
+		pos[i] = prefix + i
+	}
+	reused := make([]bool, n)
+	nReused := 0
+	for _, r := range ranges {
+		for p := max(r.Start, prefix); p < r.End; p++ {
+			reused[p-prefix] = true
+			nReused++
+		}
+	}
+	st.CheckLayer, st.RecompRatio = cl, ratio
+	st.PrefixTokens = prefix
+	st.ReusedTokens = nReused
+	st.NewTokens = n - nReused
+	all := &batch{pos: pos, slot: slots[prefix:total], seqs: []seqInfo{{r0: 0, r1: n, ctx: total, slots: slots}}}
+	d := m.cfg.Dim
+	x := dense(ws.f32(bufXAll, n*d), n, d)
+	m.embedRows(x, in.Tokens[prefix:])
+
+	out := make([]float32, m.cfg.Vocab)
+	if nReused == 0 {
+		st.Dispatch = "full"
+		st.ImpCount = n
+		st.ImpEmpty = true
+		st.FullRecompStart = time.Now()
+		for l := range m.cfg.Layers {
+			m.layer(ws, kv, l, x, all)
+		}
+		m.logits(ws, dense(out, 1, m.cfg.Vocab), x.view(n-1, 0, 1, d))
+		st.FullRecompEnd = time.Now()
+		return out, st, nil
+	}
+	st.Blended = true
+	st.Dispatch = "unified"
+
+	// Phase 1: full recompute of layers 0..cl-1.
+	st.FullRecompStart = time.Now()
+	for l := range cl {
+		m.layer(ws, kv, l, x, all)
+	}
+	st.FullRecompEnd = time.Now()
+
+	// Phase 2: the check layer.
+	st.CheckStart = st.FullRecompEnd
+	lw := &m.layers[cl]
+	h := dense(ws.f32(bufH, n*d), n, d)
+	m.normRows(h, x, lw.attnNorm)
+	kvd := m.kvDim
+	kf := dense(ws.f32(bufQKV, n*kvd), n, kvd)
+	gemm(m.cfg.Threads, kf, h, dense(lw.wqkv, d, m.qkvDim).view(0, m.qDim, d, kvd), false, false)
+	dev := ws.f32(bufDev, n)
+	kPlane := kv.K(cl)
+	m.rowChunks(n, func(r0, r1 int) {
+		for i := r0; i < r1; i++ {
+			if !reused[i] {
+				dev[i] = 0
+				continue
+			}
+			k := kf.row(i)
+			m.table.rotate(m.rope, k, pos[i])
+			s := all.slot[i]
+			old := kPlane[s*kvd : (s+1)*kvd]
+			var acc float32
+			for j, v := range k {
+				e := v - old[j]
+				acc += e * e
+			}
+			dev[i] = acc
+		}
+	})
+	order := ws.int(intOrder, 0)
+	for i := range n {
+		if reused[i] {
+			order = append(order, i)
+		}
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(dev[b], dev[a]) })
+	keep := int(math.Ceil(ratio * float64(nReused)))
+	keep = min(keep, nReused)
+	important := make([]bool, n)
+	for i := range n {
+		important[i] = !reused[i]
+	}
+	for _, i := range order[:keep] {
+		important[i] = true
+	}
+	st.Selected = keep
+	if reused[n-1] && !important[n-1] {
+		st.Selected++
+	}
+	important[n-1] = true
+	st.ImpEmpty = st.Selected == 0
+	ws.ints[intOrder] = order[:0]
+
+	imp := ws.int(intImp, 0)
+	for i := range n {
+		if important[i] {
+			imp = append(imp, i)
+		}
+	}
+	ws.ints[intImp] = imp[:0]
+	ni := len(imp)
+	st.ImpCount = ni
+	posImp := ws.int(intPosImp, ni)
+	slotImp := ws.int(intSlotImp, ni)
+	xi := dense(ws.f32(bufX, ni*d), ni, d)
+	hi := dense(ws.f32(bufOut, ni*d), ni, d)
+	for r, i := range imp {
+		posImp[r] = pos[i]
+		slotImp[r] = all.slot[i]
+		copy(xi.row(r), x.row(i))
+		copy(hi.row(r), h.row(i))
+	}
+	ib := &batch{pos: posImp, slot: slotImp, seqs: []seqInfo{{r0: 0, r1: ni, ctx: total, slots: slots}}}
+	qkv := dense(ws.f32(bufQKV, ni*m.qkvDim), ni, m.qkvDim)
+	gemm(m.cfg.Threads, qkv, hi, dense(lw.wqkv, d, m.qkvDim), false, false)
+	m.ropeAndStore(kv, cl, qkv, ib, true)
+	m.attendAndMLP(ws, kv, cl, xi, qkv, ib)
+	st.CheckEnd = time.Now()
+
+	// Phase 3: partial layers cl+1..L-1 on the important set.
+	st.PartialStart = st.CheckEnd
+	for l := cl + 1; l < m.cfg.Layers; l++ {
+		m.layer(ws, kv, l, xi, ib)
+	}
+	m.logits(ws, dense(out, 1, m.cfg.Vocab), xi.view(ni-1, 0, 1, d))
+	st.PartialEnd = time.Now()
+	return out, st, nil
+}

@@ -1,0 +1,353 @@
+package model
+
+import (
+	"fmt"
+
+	"github.com/cacheblend/cacheblend/kvcache"
+)
+
+// PrefillInput is one chunk of a sequence's prompt (a plain value; the
+// model only reads it).
+type PrefillInput struct {
+	// Tokens are computed at positions [Start, Start+len(Tokens)).
+	Tokens []int32
+	// Start is the first position computed; positions [0, Start) must
+	// already be in the cache (an earlier chunk or a reused prefix).
+	Start int
+	// BlockTable maps the sequence's positions to cache blocks; it must
+	// cover positions [0, Start+len(Tokens)).
+	BlockTable []int32
+}
+
+// DecodeInput is one sequence's next token in a decode batch (a plain
+// value; the model only reads it).
+type DecodeInput struct {
+	Token      int32   // token id fed at Pos
+	Pos        int     // its position; positions [0, Pos) are in the cache
+	BlockTable []int32 // must cover positions [0, Pos]
+}
+
+// batch describes the rows of one forward: every row is a token at a
+// position with a cache slot; rows of one sequence are contiguous and sorted
+// by position.
+type batch struct {
+	pos  []int
+	slot []int
+	seqs []seqInfo
+}
+
+type seqInfo struct {
+	r0, r1 int   // rows [r0, r1) of the batch
+	ctx    int   // the rows attend over positions [0, ctx)
+	slots  []int // slot of every position in [0, ctx)
+}
+
+// workspace holds the scratch buffers of one forward call; workspaces are
+// pooled by the Model, so concurrent calls use different ones.
+type workspace struct {
+	bufs    [numBufs][]float32
+	ints    [numInts][]int
+	scratch [][]float32 // per worker
+}
+
+const (
+	bufX = iota
+	bufH
+	bufQKV
+	bufAtt
+	bufGU
+	bufAct
+	bufKT
+	bufV
+	bufOut
+	bufXAll
+	bufDev
+	numBufs
+)
+
+const (
+	intPos = iota
+	intSlot
+	intCtx
+	intRows
+	intPosImp
+	intSlotImp
+	intOrder
+	intImp
+	numInts
+)
+
+func (ws *workspace) f32(id, n int) []float32 {
+	if cap(ws.bufs[id]) < n {
+		ws.bufs[id] = make([]float32, n, n+n/4)
+	}
+	return ws.bufs[id][:n]
+}
+
+func (ws *workspace) int(id, n int) []int {
+	if cap(ws.ints[id]) < n {
+		ws.ints[id] = make([]int, n, n+n/4)
+	}
+	return ws.ints[id][:n]
+}
+
+// worker returns worker w's scratch; ws.scratch must already have an entry
+// for every worker (so concurrent workers never grow the slice).
+func (ws *workspace) worker(w, n int) []float32 {
+	if cap(ws.scratch[w]) < n {
+		ws.scratch[w] = make([]float32, n, n+n/4)
+	}
+	return ws.scratch[w][:n]
+}
+
+func (m *Model) getWS() *workspace {
+	if ws, ok := m.pool.Get().(*workspace); ok {
+		return ws
+	}
+	return &workspace{}
+}
+
+func (m *Model) putWS(ws *workspace) { m.pool.Put(ws) }
+
+// checkKV verifies the KV memory matches the model.
+func (m *Model) checkKV(kv *kvcache.Memory) error {
+	if kv == nil {
+		return fmt.Errorf("%w: nil KV memory", ErrLayout)
+	}
+	l := kv.Layout()
+	if l.NumLayers != m.cfg.Layers || l.KVHeads != m.cfg.KVHeads || l.HeadDim != m.headDim {
+		return fmt.Errorf("%w: memory has %d layers × %d KV heads × %d, model needs %d × %d × %d",
+			ErrLayout, l.NumLayers, l.KVHeads, l.HeadDim, m.cfg.Layers, m.cfg.KVHeads, m.headDim)
+	}
+	return nil
+}
+
+// checkTokens verifies every id is in the vocabulary.
+func (m *Model) checkTokens(tokens []int32) error {
+	for i, t := range tokens {
+		if t < 0 || int(t) >= m.cfg.Vocab {
+			return fmt.Errorf("%w: token %d at index %d, vocabulary has %d", ErrToken, t, i, m.cfg.Vocab)
+		}
+	}
+	return nil
+}
+
+// mapSlots fills dst with the slots of positions [0, len(dst)) after checking
+// the block table covers them with blocks inside the pool.
+func mapSlots(dst []int, bt []int32, layout kvcache.Layout) error {
+	end := len(dst)
+	need := (end + layout.BlockSize - 1) / layout.BlockSize
+	if len(bt) < need {
+		return fmt.Errorf("%w: positions [0, %d) need %d blocks, table has %d", ErrBlockTable, end, need, len(bt))
+	}
+	for i := range need {
+		if bt[i] < 0 || int(bt[i]) >= layout.NumBlocks {
+			return fmt.Errorf("%w: block table entry %d is block %d, pool has %d", ErrBlockTable, i, bt[i], layout.NumBlocks)
+		}
+	}
+	if n := kvcache.SlotMapping(dst, bt, 0, end, layout.BlockSize); n != end {
+		return fmt.Errorf("%w: mapped %d of %d positions", ErrBlockTable, n, end)
+	}
+	return nil
+}
+
+// Prefill computes in.Tokens at positions [in.Start, in.Start+len(in.Tokens))
+// — positions [0, in.Start) must already be in kv — writes their K/V into
+// kv's slots, and returns the logits (len Vocab) of the last token. Calling
+// it chunk after chunk is a chunked prefill.
+func (m *Model) Prefill(kv *kvcache.Memory, in PrefillInput) ([]float32, error) {
+	if err := m.checkKV(kv); err != nil {
+		return nil, err
+	}
+	n := len(in.Tokens)
+	if n == 0 {
+		return nil, fmt.Errorf("%w: prefill of no tokens", ErrInput)
+	}
+	if in.Start < 0 || in.Start+n > m.cfg.MaxPositions {
+		return nil, fmt.Errorf("%w: positions [%d, %d), model accepts [0, %d)", ErrPosition, in.Start, in.Start+n, m.cfg.MaxPositions)
+	}
+	if err := m.checkTokens(in.Tokens); err != nil {
+		return nil, err
+	}
+	ws := m.getWS()
+	defer m.putWS(ws)
+	ctx := in.Start + n
+	slots := ws.int(intCtx, ctx)
+	if err := mapSlots(slots, in.BlockTable, kv.Layout()); err != nil {
+		return nil, err
+	}
+	pos := ws.int(intPos, n)
+	for i := range pos {
+		pos[i] = in.Start + i
+	}
+	b := &batch{pos: pos, slot: slots[in.Start:ctx], seqs: []seqInfo{{r0: 0, r1: n, ctx: ctx, slots: slots}}}
+	x := dense(ws.f32(bufX, n*m.cfg.Dim), n, m.cfg.Dim)
+	m.embedRows(x, in.Tokens)
+	for l := range m.cfg.Layers {
+		m.layer(ws, kv, l, x, b)
+	}
+	out := make([]float32, m.cfg.Vocab)
+	m.logits(ws, dense(out, 1, m.cfg.Vocab), x.view(n-1, 0, 1, m.cfg.Dim))
+	return out, nil
+}
+
+// Decode runs one decode step for a batch of sequences: each input's token
+// is computed at its Pos (writing its K/V), attending over positions
+// [0, Pos] of its own block table. It returns one logits slice per input.
+// The projections of the whole batch run as one matrix multiply and the
+// attention of the sequences runs in parallel.
+func (m *Model) Decode(kv *kvcache.Memory, in []DecodeInput) ([][]float32, error) {
+	if err := m.checkKV(kv); err != nil {
+		return nil, err
+	}
+	n := len(in)
+	if n == 0 {
+		return nil, nil
+	}
+	layout := kv.Layout()
+	toks := make([]int32, n)
+	b := &batch{pos: make([]int, n), slot: make([]int, n), seqs: make([]seqInfo, n)}
+	seen := make(map[int]int, n)
+	ws := m.getWS()
+	defer m.putWS(ws)
+	total := 0
+	for _, d := range in {
+		if d.Pos >= 0 && d.Pos < m.cfg.MaxPositions {
+			total += d.Pos + 1
+		}
+	}
+	allSlots := ws.int(intCtx, total)
+	for i, d := range in {
+		if d.Pos < 0 || d.Pos >= m.cfg.MaxPositions {
+			return nil, fmt.Errorf("%w: decode input %d at position %d, model accepts [0, %d)", ErrPosition, i, d.Pos, m.cfg.MaxPositions)
+		}
+		if d.Token < 0 || int(d.Token) >= m.cfg.Vocab {
+			return nil, fmt.Errorf("%w: decode input %d has token %d, vocabulary has %d", ErrToken, i, d.Token, m.cfg.Vocab)
+		}
+		slots := allSlots[: d.Pos+1 : d.Pos+1]
+		allSlots = allSlots[d.Pos+1:]
+		if err := mapSlots(slots, d.BlockTable, layout); err != nil {
+			return nil, fmt.Errorf("decode input %d: %w", i, err)
+		}
+		s := slots[d.Pos]
+		if j, dup := seen[s]; dup {
+			return nil, fmt.Errorf("%w: decode inputs %d and %d write the same slot %d", ErrInput, j, i, s)
+		}
+		seen[s] = i
+		toks[i] = d.Token
+		b.pos[i] = d.Pos
+		b.slot[i] = s
+		b.seqs[i] = seqInfo{r0: i, r1: i + 1, ctx: d.Pos + 1, slots: slots}
+	}
+	x := dense(ws.f32(bufX, n*m.cfg.Dim), n, m.cfg.Dim)
+	m.embedRows(x, toks)
+	for l := range m.cfg.Layers {
+		m.layer(ws, kv, l, x, b)
+	}
+	flat := make([]float32, n*m.cfg.Vocab)
+	m.logits(ws, dense(flat, n, m.cfg.Vocab), x)
+	out := make([][]float32, n)
+	for i := range out {
+		out[i] = flat[i*m.cfg.Vocab : (i+1)*m.cfg.Vocab : (i+1)*m.cfg.Vocab]
+	}
+	return out, nil
+}
+
+func (m *Model) embedRows(x mat, tokens []int32) {
+	d := m.cfg.Dim
+	for i, t := range tokens {
+		row := x.row(i)
+		for j, v := range m.embed[int(t)*d : int(t+1)*d] {
+			row[j] = v * m.embedScale
+		}
+	}
+}
+
+// logits writes finalNorm(x)·Eᵀ for every row of x into out.
+func (m *Model) logits(ws *workspace, out, x mat) {
+	h := dense(ws.f32(bufH, x.rows*m.cfg.Dim), x.rows, m.cfg.Dim)
+	for i := range x.rows {
+		rmsNorm(h.row(i), x.row(i), m.finalNorm)
+	}
+	gemm(m.cfg.Threads, out, h, dense(m.embed, m.cfg.Vocab, m.cfg.Dim), true, false)
+}
+
+// rowChunks runs fn over [0, n) in chunks of rows on the model's threads.
+func (m *Model) rowChunks(n int, fn func(r0, r1 int)) {
+	const chunk = 64
+	parallel(m.cfg.Threads, (n+chunk-1)/chunk, func(_, t int) {
+		fn(t*chunk, min(n, (t+1)*chunk))
+	})
+}
+
+// normRows writes RMSNorm(x)·gain into h row by row.
+func (m *Model) normRows(h, x mat, gain []float32) {
+	m.rowChunks(x.rows, func(r0, r1 int) {
+		for i := r0; i < r1; i++ {
+			rmsNorm(h.row(i), x.row(i), gain)
+		}
+	})
+}
+
+// layer runs transformer layer l on the rows of x in place (x is the
+// residual stream), writing every row's K/V into its slot.
+func (m *Model) layer(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch) {
+	n, d := x.rows, m.cfg.Dim
+	lw := &m.layers[l]
+	h := dense(ws.f32(bufH, n*d), n, d)
+	m.normRows(h, x, lw.attnNorm)
+	qkv := dense(ws.f32(bufQKV, n*m.qkvDim), n, m.qkvDim)
+	gemm(m.cfg.Threads, qkv, h, dense(lw.wqkv, d, m.qkvDim), false, false)
+	m.ropeAndStore(kv, l, qkv, b, true)
+	m.attendAndMLP(ws, kv, l, x, qkv, b)
+}
+
+// ropeAndStore rotates the Q (when withQ) and K columns of every row of qkv
+// to the row's position and writes K and V into the row's cache slot.
+func (m *Model) ropeAndStore(kv *kvcache.Memory, l int, qkv mat, b *batch, withQ bool) {
+	kPlane, vPlane := kv.K(l), kv.V(l)
+	kvd := m.kvDim
+	m.rowChunks(qkv.rows, func(r0, r1 int) {
+		for i := r0; i < r1; i++ {
+			row := qkv.row(i)
+			p := b.pos[i]
+			if withQ {
+				m.table.rotate(m.rope, row[:m.qDim], p)
+			}
+			k := row[m.qDim : m.qDim+kvd]
+			m.table.rotate(m.rope, k, p)
+			s := b.slot[i]
+			copy(kPlane[s*kvd:(s+1)*kvd], k)
+			copy(vPlane[s*kvd:(s+1)*kvd], row[m.qDim+kvd:m.qDim+2*kvd])
+		}
+	})
+}
+
+// attendAndMLP finishes layer l for the rows of x: attention of the (already
+// rotated) queries in qkv over the cache, the output projection, and the
+// SwiGLU MLP, both added to the residual x.
+func (m *Model) attendAndMLP(ws *workspace, kv *kvcache.Memory, l int, x, qkv mat, b *batch) {
+	n, d, f := x.rows, m.cfg.Dim, m.cfg.FFNDim
+	lw := &m.layers[l]
+	att := dense(ws.f32(bufAtt, n*m.qDim), n, m.qDim)
+	m.attention(ws, kv, l, att, qkv, b)
+	gemm(m.cfg.Threads, x, att, dense(lw.wo, m.qDim, d), false, true)
+
+	h := dense(ws.f32(bufH, n*d), n, d)
+	m.normRows(h, x, lw.mlpNorm)
+	gu := dense(ws.f32(bufGU, n*2*f), n, 2*f)
+	gemm(m.cfg.Threads, gu, h, dense(lw.wgu, d, 2*f), false, false)
+	act := dense(ws.f32(bufAct, n*f), n, f)
+	m.rowChunks(n, func(r0, r1 int) {
+		for i := r0; i < r1; i++ {
+			g := gu.row(i)
+			up := g[f : 2*f]
+			g = g[:f]
+			a := act.row(i)[:f]
+			for j, gv := range g {
+				a[j] = silu(gv) * up[j]
+			}
+		}
+	})
+	gemm(m.cfg.Threads, x, act, dense(lw.wdown, f, d), false, true)
+}

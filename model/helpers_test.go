@@ -1,0 +1,106 @@
+package model
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/cacheblend/cacheblend/kvcache"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// smallConfig is the configuration unit tests use: small enough for -race.
+func smallConfig() Config {
+	return Config{Layers: 4, Dim: 64, Heads: 4, KVHeads: 2, FFNDim: 128, Seed: 7}
+}
+
+func newModel(tb testing.TB, cfg Config) *Model {
+	tb.Helper()
+	m, err := New(cfg)
+	if err != nil {
+		tb.Fatalf("New: %v", err)
+	}
+	return m
+}
+
+const testBlock = 16
+
+// newKV maps a KV memory of numBlocks blocks for m (removed at cleanup).
+func newKV(tb testing.TB, m *Model, numBlocks int) *kvcache.Memory {
+	tb.Helper()
+	kv, err := kvcache.Create("", m.Config().KVLayout(numBlocks, testBlock)) // /dev/shm, like the worker
+	if err != nil {
+		tb.Fatalf("kvcache.Create: %v", err)
+	}
+	tb.Cleanup(func() { kv.Close() })
+	return kv
+}
+
+// table returns a block table of blocks [first, first+n).
+func table(first, n int) []int32 {
+	bt := make([]int32, n)
+	for i := range bt {
+		bt[i] = int32(first + i)
+	}
+	return bt
+}
+
+// blocksFor is the number of blocks covering n positions.
+func blocksFor(n int) int { return (n + testBlock - 1) / testBlock }
+
+// randTokens returns n byte tokens drawn from a seeded RNG.
+func randTokens(seed uint64, n int) []int32 {
+	r := rand.New(rand.NewPCG(seed, 1))
+	t := make([]int32, n)
+	for i := range t {
+		t[i] = int32(r.IntN(256))
+	}
+	return t
+}
+
+func maxAbsDiff(a, b []float32) float64 {
+	var d float64
+	for i := range a {
+		d = max(d, math.Abs(float64(a[i])-float64(b[i])))
+	}
+	return d
+}
+
+func rmsDiff(a, b []float32) float64 {
+	var s float64
+	for i := range a {
+		d := float64(a[i]) - float64(b[i])
+		s += d * d
+	}
+	return math.Sqrt(s / float64(len(a)))
+}
+
+func allFinite(x []float32) bool {
+	for _, v := range x {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// copyKV copies the K/V of positions [from, from+n) under table src to
+// positions [to, to+n) under table dst for every layer, re-RoPE-ing K from
+// its old to its new position (the blend server's scatter).
+func copyKV(m *Model, kv *kvcache.Memory, src []int32, from int, dst []int32, to, n int) {
+	bs := kv.Layout().BlockSize
+	for l := range m.Config().Layers {
+		for i := range n {
+			s, _ := kvcache.Slot(src, from+i, bs)
+			d, _ := kvcache.Slot(dst, to+i, bs)
+			k := kv.TokenK(l, d)
+			copy(k, kv.TokenK(l, s))
+			m.RoPE().Shift(k, from+i, to+i)
+			copy(kv.TokenV(l, d), kv.TokenV(l, s))
+		}
+	}
+}

@@ -1,0 +1,169 @@
+package model
+
+import (
+	"fmt"
+	"math"
+	"sync/atomic"
+	"testing"
+)
+
+// naive computes c = a·b (b [k×n]) in float64.
+func naive(a []float32, b []float32, m, k, n int) []float64 {
+	c := make([]float64, m*n)
+	for i := range m {
+		for j := range n {
+			var s float64
+			for p := range k {
+				s += float64(a[i*k+p]) * float64(b[p*n+j])
+			}
+			c[i*n+j] = s
+		}
+	}
+	return c
+}
+
+func TestMatMulKernels(t *testing.T) {
+	shapes := [][3]int{{1, 1, 1}, {1, 64, 200}, {3, 5, 7}, {65, 33, 130}, {130, 64, 197}, {7, 0, 5}}
+	for _, s := range shapes {
+		m, k, n := s[0], s[1], s[2]
+		t.Run(fmt.Sprintf("%dx%dx%d", m, k, n), func(t *testing.T) {
+			a, b := randMat(1, m*k), randMat(2, k*n)
+			bt := make([]float32, n*k)
+			for i := range k {
+				for j := range n {
+					bt[j*k+i] = b[i*n+j]
+				}
+			}
+			want := naive(a, b, m, k, n)
+			check := func(name string, c []float32, extra float64) {
+				t.Helper()
+				for i := range c {
+					if d := math.Abs(float64(c[i]) - want[i] - extra); d > 1e-3*(1+math.Abs(want[i])) {
+						t.Fatalf("%s: element %d = %g, want %g", name, i, c[i], want[i]+extra)
+					}
+				}
+			}
+			for _, threads := range []int{1, 2, 3} {
+				c := make([]float32, m*n)
+				gemm(threads, dense(c, m, n), dense(a, m, k), dense(b, k, n), false, false)
+				check("gemm", c, 0)
+				gemm(threads, dense(c, m, n), dense(a, m, k), dense(b, k, n), false, true)
+				for i := range want {
+					want[i] *= 2
+				}
+				check("gemm acc", c, 0)
+				for i := range want {
+					want[i] /= 2
+				}
+				clear(c)
+				gemm(threads, dense(c, m, n), dense(a, m, k), dense(bt, n, k), true, false)
+				check("gemm transB", c, 0)
+				for i := range c {
+					c[i] = 1
+				}
+				matMulGo(threads, dense(c, m, n), dense(a, m, k), dense(bt, n, k), false)
+				check("ours", c, 0)
+				for i := range c {
+					c[i] = 1
+				}
+				matMulGo(threads, dense(c, m, n), dense(a, m, k), dense(bt, n, k), true)
+				check("ours acc", c, 1)
+			}
+		})
+	}
+}
+
+func TestParallelRunsEveryTaskOnce(t *testing.T) {
+	for _, threads := range []int{1, 2, 8} {
+		for _, n := range []int{0, 1, 5, 100} {
+			hits := make([]atomic.Int32, n)
+			var maxWorker atomic.Int32
+			parallel(threads, n, func(w, i int) {
+				hits[i].Add(1)
+				if int32(w) > maxWorker.Load() {
+					maxWorker.Store(int32(w))
+				}
+			})
+			for i := range hits {
+				if hits[i].Load() != 1 {
+					t.Fatalf("threads %d n %d: task %d ran %d times", threads, n, i, hits[i].Load())
+				}
+			}
+			if int(maxWorker.Load()) >= max(1, threads) {
+				t.Fatalf("worker index %d with %d threads", maxWorker.Load(), threads)
+			}
+		}
+	}
+}
+
+func TestExpf(t *testing.T) {
+	var worst float64
+	for x := float32(-87); x <= 88; x += 0.01 {
+		want := math.Exp(float64(x))
+		if rel := math.Abs(float64(expf(x))-want) / want; rel > worst {
+			worst = rel
+		}
+	}
+	if worst > 1e-5 {
+		t.Fatalf("expf worst relative error %g", worst)
+	}
+	if expf(-200) != 0 || !math.IsInf(float64(expf(200)), 1) {
+		t.Fatal("expf saturation")
+	}
+	// The inlined softmax uses the same approximation.
+	row := []float32{0, -1, -3, 2, 99}
+	inv := softmaxPrefix(row, 4, 1)
+	sum := 0.0
+	for i := range 4 {
+		want := math.Exp(float64([]float32{0, -1, -3, 2}[i]) - 2)
+		if math.Abs(float64(row[i])-want) > 1e-5*want {
+			t.Fatalf("softmax numerator %d = %g, want %g", i, row[i], want)
+		}
+		sum += float64(row[i])
+	}
+	if row[4] != 0 || math.Abs(float64(inv)*sum-1) > 1e-5 {
+		t.Fatalf("softmax tail %g, inv·sum %g", row[4], float64(inv)*sum)
+	}
+}
+
+func TestRMSNorm(t *testing.T) {
+	x := []float32{3, 4, 0, 0, 1, 2, 3}
+	g := []float32{1, 2, 1, 1, 1, 1, 0.5}
+	dst := make([]float32, len(x))
+	rmsNorm(dst, x, g)
+	var ss float64
+	for _, v := range x {
+		ss += float64(v * v)
+	}
+	inv := 1 / math.Sqrt(ss/float64(len(x))+rmsEps)
+	for i := range x {
+		if want := float64(x[i]) * inv * float64(g[i]); math.Abs(float64(dst[i])-want) > 1e-5 {
+			t.Fatalf("rmsNorm[%d] = %g, want %g", i, dst[i], want)
+		}
+	}
+}
+
+// The model's RoPE table rotates exactly like RoPE.RotateHeads, and a
+// Shift composes with the rotation (re-RoPE).
+func TestRopeTableMatchesRotateHeads(t *testing.T) {
+	r := NewRoPE(32, 0)
+	tab := newRopeTable(r, 300)
+	for _, pos := range []int{0, 1, 17, 299, 300, -3} {
+		a := randMat(uint64(pos+10), 64)
+		b := append([]float32(nil), a...)
+		r.RotateHeads(a, pos)
+		tab.rotate(r, b, pos)
+		if d := maxAbsDiff(a, b); d != 0 {
+			t.Fatalf("pos %d: table differs by %g", pos, d)
+		}
+	}
+	x := randMat(3, 32)
+	direct := append([]float32(nil), x...)
+	r.RotateHeads(direct, 250)
+	shifted := append([]float32(nil), x...)
+	r.RotateHeads(shifted, 10)
+	r.Shift(shifted, 10, 250)
+	if d := maxAbsDiff(direct, shifted); d > 1e-5 {
+		t.Fatalf("Shift does not compose: %g", d)
+	}
+}
