@@ -1,0 +1,61 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/cacheblend/cacheblend/blend"
+	"github.com/cacheblend/cacheblend/service"
+)
+
+func init() { subcommands = append(subcommands, newBlendCmd) }
+
+func newBlendCmd() *cobra.Command {
+	var (
+		cfg               blend.Config
+		addr, metricsAddr string
+		otlp              string
+	)
+	cmd := &cobra.Command{
+		Use:   "blend",
+		Short: "Run cb-blend: the blend server (chunk store, fingerprint lookup, retrieve with scatter and re-RoPE)",
+		RunE: func(c *cobra.Command, _ []string) error {
+			ctx := c.Context()
+			rt, err := service.New(ctx, service.Options{ServiceName: "cb-blend", OTLPEndpoint: otlp})
+			if err != nil {
+				return err
+			}
+			srv, err := blend.New(cfg, rt.TracerProvider(), rt.Registry, rt.Logger)
+			if err != nil {
+				return err
+			}
+			if err := srv.Start(ctx); err != nil {
+				return err
+			}
+			gaddr, err := srv.Serve(addr)
+			if err != nil {
+				_ = srv.Shutdown(ctx)
+				return err
+			}
+			maddr, err := rt.ServeMetrics(metricsAddr, srv.MetricsBefore)
+			if err != nil {
+				_ = srv.Shutdown(ctx)
+				return err
+			}
+			rt.Logger.Info("blend server started", "grpc", gaddr.String(), "epoch", srv.Epoch(), "chunk_size", cfg.ChunkSize, "l2_dir", cfg.L2Dir)
+			announce("cb-blend", "grpc", gaddr.String(), "metrics", "http://"+maddr.String()+"/metrics")
+			return runUntilSignal(ctx, rt, srv)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&addr, "addr", "127.0.0.1:50051", "gRPC listen address (127.0.0.1:0 picks a free port)")
+	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:0", "address of /metrics and /health")
+	f.IntVar(&cfg.ChunkSize, "chunk-size", blend.DefaultChunkSize, "tokens per stored chunk")
+	f.Int64Var(&cfg.L1Bytes, "l1-bytes", blend.DefaultL1Bytes, "L1 (memory) budget in bytes; a hard bound, LRU eviction")
+	f.StringVar(&cfg.L2Dir, "l2-dir", "", "L2 directory of chunk files (empty: no L2)")
+	f.Int64Var(&cfg.L2Bytes, "l2-bytes", 0, "L2 budget in bytes (0: unbounded)")
+	f.IntVar(&cfg.LookupWorkers, "lookup-workers", blend.DefaultLookupWorkers, "concurrent lookups")
+	f.IntVar(&cfg.CopyWorkers, "copy-workers", blend.DefaultCopyWorkers, "scatter copy goroutines (the copy stream)")
+	f.IntVar(&cfg.EventQueue, "event-queue", blend.DefaultEventQueue, "event bus capacity (full: events dropped and counted)")
+	f.StringVar(&otlp, "otlp-traces-endpoint", "", "OTLP traces endpoint (overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
+	return withEnv(cmd)
+}
