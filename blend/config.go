@@ -1,0 +1,113 @@
+package blend
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/cacheblend/cacheblend/blend/chunkstore"
+	"github.com/cacheblend/cacheblend/blend/events"
+	"github.com/cacheblend/cacheblend/blend/fingerprint"
+)
+
+// Defaults of a zero Config.
+const (
+	DefaultChunkSize       = chunkstore.DefaultChunkSize // 256 tokens
+	DefaultL1Bytes         = chunkstore.DefaultL1Bytes   // 1 GiB
+	DefaultLookupWorkers   = 2
+	DefaultLookupQueue     = 256
+	DefaultLookupTTL       = 60 * time.Second
+	DefaultCopyWorkers     = 2
+	DefaultEventQueue      = events.DefaultQueueSize // 4096
+	DefaultRegisterQueue   = 1024
+	DefaultRegistrationTTL = 60 * time.Second
+	DefaultAddr            = "127.0.0.1:0"
+)
+
+// Limits on what a request may ask for.
+const (
+	// MaxTokens bounds the tokens of one lookup or store.
+	MaxTokens = 1 << 20
+	// MaxWorldSize bounds a lookup's world_size.
+	MaxWorldSize = 1 << 10
+)
+
+// Config holds the optional settings of a Server; the zero value is a 1 GiB
+// L1-only store of 256-token chunks, two lookup workers, two copy workers
+// and a 4096-event bus. A Config is a plain value, read once by New.
+type Config struct {
+	// ChunkSize is the number of tokens per stored chunk (DefaultChunkSize
+	// when <= 0, at most chunkstore.MaxChunkTokens).
+	ChunkSize int
+	// L1Bytes is the byte budget of the memory tier (DefaultL1Bytes when <= 0).
+	L1Bytes int64
+	// L2Dir is the directory of chunk files; "" means no L2.
+	L2Dir string
+	// L2Bytes bounds the chunk files' total size; <= 0 is unbounded.
+	L2Bytes int64
+	// FingerprintWindow is the fingerprint window W in tokens
+	// (fingerprint.DefaultWindow, 16, when <= 0).
+	FingerprintWindow int
+	// LookupWorkers is the number of goroutines running lookups
+	// (DefaultLookupWorkers when <= 0).
+	LookupWorkers int
+	// LookupQueue bounds the lookups waiting for a worker; a SubmitLookup
+	// beyond it is answered ResourceExhausted (DefaultLookupQueue when <= 0).
+	LookupQueue int
+	// LookupTTL is how long a ready result waits to be polled before it is
+	// dropped (DefaultLookupTTL when <= 0).
+	LookupTTL time.Duration
+	// CopyWorkers is the number of scatter goroutines, the copy "stream"
+	// (DefaultCopyWorkers when <= 0).
+	CopyWorkers int
+	// EventQueue bounds the event bus; events beyond it are dropped and
+	// counted (DefaultEventQueue when <= 0).
+	EventQueue int
+	// RegisterQueue bounds the fingerprint registrations waiting for the
+	// registration goroutine; beyond it a registration is dropped and counted
+	// (DefaultRegisterQueue when <= 0).
+	RegisterQueue int
+	// RegistrationTTL is how long a worker's KV registration lives without
+	// being renewed by RegisterKV (workers renew every second); after it the
+	// mapping is released (DefaultRegistrationTTL when <= 0).
+	RegistrationTTL time.Duration
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.ChunkSize <= 0 {
+		c.ChunkSize = DefaultChunkSize
+	}
+	if c.ChunkSize > chunkstore.MaxChunkTokens {
+		return c, fmt.Errorf("blend: chunk size %d exceeds %d", c.ChunkSize, chunkstore.MaxChunkTokens)
+	}
+	if c.L1Bytes <= 0 {
+		c.L1Bytes = DefaultL1Bytes
+	}
+	if c.L2Bytes < 0 {
+		c.L2Bytes = 0
+	}
+	if c.FingerprintWindow <= 0 {
+		c.FingerprintWindow = fingerprint.DefaultWindow
+	}
+	if c.LookupWorkers <= 0 {
+		c.LookupWorkers = DefaultLookupWorkers
+	}
+	if c.LookupQueue <= 0 {
+		c.LookupQueue = DefaultLookupQueue
+	}
+	if c.LookupTTL <= 0 {
+		c.LookupTTL = DefaultLookupTTL
+	}
+	if c.CopyWorkers <= 0 {
+		c.CopyWorkers = DefaultCopyWorkers
+	}
+	if c.EventQueue <= 0 {
+		c.EventQueue = DefaultEventQueue
+	}
+	if c.RegisterQueue <= 0 {
+		c.RegisterQueue = DefaultRegisterQueue
+	}
+	if c.RegistrationTTL <= 0 {
+		c.RegistrationTTL = DefaultRegistrationTTL
+	}
+	return c, nil
+}

@@ -1,0 +1,490 @@
+package blend
+
+import (
+	"context"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/cacheblend/cacheblend/blend/chunkstore"
+	"github.com/cacheblend/cacheblend/rpc/cbv1"
+)
+
+func TestCorruptL2File(t *testing.T) {
+	dir := t.TempDir()
+	e, _, doc := docEnv(t, Config{L1Bytes: 1024, L2Dir: dir})
+	keys := chunkstore.ChainKeys(testModel, 0, doc, 256)
+	path := filepath.Join(dir, keys[0].String()+".chunk")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/2] ^= 0xff
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res := e.lookup(&cbv1.LookupRequest{RequestId: "corrupt", Tokens: promptWith(promptN, 700, doc, 1), WorldSize: 1, Model: testModel})
+	// Chunk 0 is a miss (never wrong KV); chunk 1 still serves its tokens.
+	if res.GetStaleChunks() != 1 || res.GetFound() != 1 || res.GetNonPrefixHitTokens() != docLen-256 {
+		t.Fatalf("lookup %+v", res)
+	}
+	m := res.GetMatches()
+	if len(m) != 1 || m[0].GetStoredSt() != 256 || m[0].GetCurSt() != 956 || m[0].GetCurEd() != 1000 || m[0].GetFirstChunkStart() != 256 {
+		t.Fatalf("matches %v", m)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("corrupt file still there: %v", err)
+	}
+	e.shutdown()
+	e.s.MetricsBefore()
+	if got := e.value("lmcache_blend_l2_corrupt_chunks_total", nil); got != 1 {
+		t.Errorf("l2_corrupt_chunks %v, want 1", got)
+	}
+	if got := e.value("lmcache_blend_lookup_stale_chunks_total", nil); got != 1 {
+		t.Errorf("lookup_stale_chunks %v, want 1", got)
+	}
+	if got := e.value("lmcache_blend_l2_read_bytes_total", nil); got <= 0 {
+		t.Errorf("l2_read_bytes %v", got)
+	}
+}
+
+func TestL1EvictionStaleTwoStrikes(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	full, err := chunkstore.NewChunk(chunkstore.Key{}, testModel, 0, chunkstore.LayoutOf(testLayout, theta), make([]int32, 256), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tail, _ := chunkstore.NewChunk(chunkstore.Key{}, testModel, 0, chunkstore.LayoutOf(testLayout, theta), make([]int32, 44), 0)
+	// Room for one document (a full and a tail chunk), not two.
+	e, mem, docA := docEnv(t, Config{L1Bytes: full.Size() + tail.Size() + 512})
+	docB := tokens(r, docLen, 5000, 1000)
+	bt := blocks(20, 19)
+	e.prefill(mem, bt, 2, docLen)
+	if _, err := e.c.Store(ctxT(t), &cbv1.StoreRequest{RequestId: "b", WorkerId: "w0", Tokens: docB, BlockTable: bt}); err != nil {
+		t.Fatal(err)
+	}
+	e.s.waitRegistrations(t)
+	st := e.s.Stats()
+	if st.Store.L1Evictions != 2 || st.Store.L1Chunks != 2 {
+		t.Fatalf("store %+v", st.Store)
+	}
+	// The eviction was the first strike; the lookup's storage miss the second.
+	prompt := promptWith(promptN, 700, docA, 2)
+	res := e.lookup(&cbv1.LookupRequest{RequestId: "stale", Tokens: prompt, WorldSize: 1, Model: testModel})
+	if res.GetStaleChunks() != 2 || res.GetFingerprintHits() != 2 || res.GetStorageHits() != 0 || len(res.GetMatches()) != 0 ||
+		res.GetHitRate() != 0 || res.GetNonPrefixHitTokens() != 0 {
+		t.Fatalf("lookup %+v", res)
+	}
+	keysA := chunkstore.ChainKeys(testModel, 0, docA, 256)
+	if tb := e.s.table(testModel, false); tb.Contains(keysA[0]) || tb.Contains(keysA[1]) {
+		t.Fatal("stale chunks still registered after two strikes")
+	}
+	res = e.lookup(&cbv1.LookupRequest{RequestId: "stale2", Tokens: prompt, WorldSize: 1, Model: testModel})
+	if res.GetTableHits() != 0 || res.GetStaleChunks() != 0 || res.GetFingerprintHits() != 0 {
+		t.Fatalf("second lookup %+v", res)
+	}
+	// Document B is still served.
+	res = e.lookup(&cbv1.LookupRequest{RequestId: "b-hit", Tokens: promptWith(promptN, 100, docB, 3), WorldSize: 1, Model: testModel})
+	if res.GetNonPrefixHitTokens() != docLen {
+		t.Fatalf("doc B lookup %+v", res)
+	}
+	e.shutdown()
+	e.s.MetricsBefore()
+	if got := e.value("lmcache_blend_fingerprints_unregistered_total", nil); got != 2 {
+		t.Errorf("fingerprints_unregistered %v, want 2", got)
+	}
+	if got := e.value("lmcache_blend_chunks_evicted_total", map[string]string{"tier": "l1"}); got != 2 {
+		t.Errorf("chunks_evicted{l1} %v, want 2", got)
+	}
+	if got := e.value("lmcache_blend_fingerprints", nil); got != 2 {
+		t.Errorf("fingerprints gauge %v, want 2 (document B)", got)
+	}
+}
+
+func TestGRPCErrors(t *testing.T) {
+	e := newEnv(t, Config{})
+	mem := e.newWorker("w0", 0)
+	ctx := ctxT(t)
+	okLayout := registerReq("w0", 0, mem).GetLayout()
+	badLayout := func(f func(*cbv1.KVLayout)) *cbv1.RegisterKVRequest {
+		r := registerReq("w9", 0, mem)
+		f(r.Layout)
+		return r
+	}
+	other := filepath.Join(t.TempDir(), "not-a-kv-file.bin")
+	if err := os.WriteFile(other, make([]byte, testLayout.Bytes()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bt := blocks(0, 10)
+	for _, tc := range []struct {
+		name string
+		call func() error
+		want codes.Code
+	}{
+		{"register/no layers", func() error {
+			_, err := e.c.RegisterKV(ctx, badLayout(func(l *cbv1.KVLayout) { l.NumLayers = 0 }))
+			return err
+		}, codes.InvalidArgument},
+		{"register/size mismatch", func() error {
+			_, err := e.c.RegisterKV(ctx, badLayout(func(l *cbv1.KVLayout) { l.NumBlocks = 100 }))
+			return err
+		}, codes.InvalidArgument},
+		{"register/odd head dim", func() error {
+			_, err := e.c.RegisterKV(ctx, badLayout(func(l *cbv1.KVLayout) { l.HeadDim, l.KvHeads = 1, 16 }))
+			return err
+		}, codes.InvalidArgument},
+		{"register/nil layout", func() error {
+			_, err := e.c.RegisterKV(ctx, &cbv1.RegisterKVRequest{WorkerId: "w9", ShmPath: mem.Path()})
+			return err
+		}, codes.InvalidArgument},
+		{"register/no worker id", func() error {
+			_, err := e.c.RegisterKV(ctx, &cbv1.RegisterKVRequest{ShmPath: mem.Path(), Layout: okLayout})
+			return err
+		}, codes.InvalidArgument},
+		{"register/not a kv file", func() error {
+			_, err := e.c.RegisterKV(ctx, &cbv1.RegisterKVRequest{WorkerId: "w9", ShmPath: other, Layout: okLayout})
+			return err
+		}, codes.InvalidArgument},
+		{"register/missing file", func() error {
+			_, err := e.c.RegisterKV(ctx, &cbv1.RegisterKVRequest{WorkerId: "w9", ShmPath: filepath.Join(t.TempDir(), "cb-kv-1-x.shm"), Layout: okLayout})
+			return err
+		}, codes.InvalidArgument},
+		{"poll/unknown", func() error {
+			_, err := e.c.PollLookup(ctx, &cbv1.PollLookupRequest{RequestId: "nope"})
+			return err
+		}, codes.NotFound},
+		{"poll/no id", func() error {
+			_, err := e.c.PollLookup(ctx, &cbv1.PollLookupRequest{})
+			return err
+		}, codes.InvalidArgument},
+		{"submit/no id", func() error {
+			_, err := e.c.SubmitLookup(ctx, &cbv1.LookupRequest{Tokens: []int32{1}})
+			return err
+		}, codes.InvalidArgument},
+		{"submit/no tokens", func() error {
+			_, err := e.c.SubmitLookup(ctx, &cbv1.LookupRequest{RequestId: "x"})
+			return err
+		}, codes.InvalidArgument},
+		{"submit/bad world size", func() error {
+			_, err := e.c.SubmitLookup(ctx, &cbv1.LookupRequest{RequestId: "x", Tokens: []int32{1}, WorldSize: -1})
+			return err
+		}, codes.InvalidArgument},
+		{"retrieve/unknown worker", func() error {
+			_, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "ghost", BlockTable: bt})
+			return err
+		}, codes.FailedPrecondition},
+		{"retrieve/unknown rank", func() error {
+			_, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "w0", Rank: 3, BlockTable: bt})
+			return err
+		}, codes.FailedPrecondition},
+		{"retrieve/block outside memory", func() error {
+			_, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "w0", BlockTable: []int32{0, 160}})
+			return err
+		}, codes.InvalidArgument},
+		{"retrieve/bad match", func() error {
+			_, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "w0", BlockTable: bt,
+				Matches: []*cbv1.Match{{StoredSt: 0, StoredEd: 10, CurSt: 5, CurEd: 20, ChunkKeys: [][]byte{make([]byte, 32)}}}})
+			return err
+		}, codes.InvalidArgument},
+		{"retrieve/too few keys", func() error {
+			_, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "w0", BlockTable: bt,
+				Matches: []*cbv1.Match{{StoredSt: 0, StoredEd: 300, CurSt: 5, CurEd: 305, ChunkKeys: [][]byte{make([]byte, 32)}}}})
+			return err
+		}, codes.InvalidArgument},
+		{"retrieve/short key", func() error {
+			_, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "w0", BlockTable: bt,
+				Matches: []*cbv1.Match{{StoredSt: 0, StoredEd: 10, CurSt: 5, CurEd: 15, ChunkKeys: [][]byte{{1, 2}}}}})
+			return err
+		}, codes.InvalidArgument},
+		{"retrieve/chunk size", func() error {
+			_, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "w0", BlockTable: bt, ChunkSize: 128})
+			return err
+		}, codes.InvalidArgument},
+		{"store/unknown worker", func() error {
+			_, err := e.c.Store(ctx, &cbv1.StoreRequest{RequestId: "s", WorkerId: "ghost", Tokens: []int32{1}, BlockTable: bt})
+			return err
+		}, codes.FailedPrecondition},
+		{"store/short block table", func() error {
+			_, err := e.c.Store(ctx, &cbv1.StoreRequest{RequestId: "s", WorkerId: "w0", Tokens: make([]int32, 200), BlockTable: bt})
+			return err
+		}, codes.InvalidArgument},
+		{"store/other model", func() error {
+			_, err := e.c.Store(ctx, &cbv1.StoreRequest{RequestId: "s", WorkerId: "w0", Tokens: []int32{1}, BlockTable: bt, Model: "other"})
+			return err
+		}, codes.InvalidArgument},
+		{"store/no tokens", func() error {
+			_, err := e.c.Store(ctx, &cbv1.StoreRequest{RequestId: "s", WorkerId: "w0", BlockTable: bt})
+			return err
+		}, codes.InvalidArgument},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := status.Code(tc.call()); got != tc.want {
+				t.Fatalf("code %v, want %v", got, tc.want)
+			}
+		})
+	}
+	if n := e.s.Stats().Workers; n != 1 {
+		t.Fatalf("%d workers registered after bad registrations, want 1", n)
+	}
+}
+
+func TestRegisterIdempotentAndReplace(t *testing.T) {
+	e, _, doc := docEnv(t, Config{})
+	mem := newMem(t)
+	ctx := ctxT(t)
+	old := e.s.acquire("w0", 0)
+	e.s.release(old)
+	// The same file again: idempotent, the same mapping.
+	first, err := e.c.RegisterKV(ctx, registerReq("w0", 0, old.mem))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.GetServerEpoch() != e.s.Epoch() || len(e.s.Epoch()) != 16 {
+		t.Fatalf("epoch %q, server %q", first.GetServerEpoch(), e.s.Epoch())
+	}
+	if w := e.s.acquire("w0", 0); w != old {
+		t.Fatal("re-registering the same file replaced the mapping")
+	} else {
+		e.s.release(w)
+	}
+	// A restarted worker: a new file replaces the mapping.
+	if _, err := e.c.RegisterKV(ctx, registerReq("w0", 0, mem)); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.s.Stats().Workers; n != 1 {
+		t.Fatalf("%d registrations, want 1", n)
+	}
+	res := e.lookup(&cbv1.LookupRequest{RequestId: "re", Tokens: promptWith(promptN, 64, doc, 5), WorldSize: 1, Model: testModel})
+	bt := targetTable(promptN / bs)
+	if _, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "re", WorkerId: "w0", BlockTable: bt, Matches: res.GetMatches()}); err != nil {
+		t.Fatal(err)
+	}
+	e.checkSlots(mem, bt, 64, docLen, 0) // written into the new memory
+}
+
+func TestRegistrationExpires(t *testing.T) {
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixNano())
+	e := newEnv(t, Config{RegistrationTTL: time.Minute}, func(s *Server) {
+		s.now = func() time.Time { return time.Unix(0, clock.Load()) }
+	})
+	e.newWorker("w0", 0)
+	clock.Add(int64(2 * time.Minute))
+	e.s.expire()
+	if n := e.s.Stats(); n.Workers != 0 || n.RegistrationsExpired != 1 {
+		t.Fatalf("stats %+v", n)
+	}
+	_, err := e.c.Retrieve(ctxT(t), &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "w0", BlockTable: blocks(0, 1)})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("retrieve after expiry: %v", err)
+	}
+}
+
+func TestLookupDeliveredOnceAndExpires(t *testing.T) {
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixNano())
+	e := newEnv(t, Config{LookupTTL: time.Minute}, func(s *Server) {
+		s.now = func() time.Time { return time.Unix(0, clock.Load()) }
+	})
+	ctx := ctxT(t)
+	req := &cbv1.LookupRequest{RequestId: "once", Tokens: make([]int32, 100), WorldSize: 1}
+	res := e.lookup(req)
+	if res.GetRequestedTokens() != 100 || res.GetHitRate() != 0 || len(res.GetMatches()) != 0 {
+		t.Fatalf("empty-store lookup %+v", res)
+	}
+	if _, err := e.c.PollLookup(ctx, &cbv1.PollLookupRequest{RequestId: "once"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("second poll: %v, want NotFound", err)
+	}
+	// A result nobody polls expires after LookupTTL.
+	if _, err := e.c.SubmitLookup(ctx, &cbv1.LookupRequest{RequestId: "late", Tokens: []int32{1, 2}}); err != nil {
+		t.Fatal(err)
+	}
+	for e.s.Stats().LookupsDone < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	// While it waits, the same id is refused.
+	if sub, err := e.c.SubmitLookup(ctx, &cbv1.LookupRequest{RequestId: "late", Tokens: []int32{1, 2}}); err != nil || sub.GetAccepted() {
+		t.Fatalf("duplicate submit: %v %v", sub, err)
+	}
+	clock.Add(int64(2 * time.Minute))
+	e.s.expire()
+	if _, err := e.c.PollLookup(ctx, &cbv1.PollLookupRequest{RequestId: "late"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("poll after TTL: %v, want NotFound", err)
+	}
+	if st := e.s.Stats(); st.LookupsExpired != 1 || st.PendingLookups != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestLookupQueueFull(t *testing.T) {
+	entered := make(chan struct{}, 8)
+	release := make(chan struct{})
+	e := newEnv(t, Config{LookupWorkers: 1, LookupQueue: 1}, func(s *Server) {
+		s.testHookLookup = func() {
+			entered <- struct{}{}
+			<-release
+		}
+	})
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	ctx := ctxT(t)
+	submit := func(id string) error {
+		_, err := e.c.SubmitLookup(ctx, &cbv1.LookupRequest{RequestId: id, Tokens: []int32{1, 2, 3}})
+		return err
+	}
+	if err := submit("a"); err != nil {
+		t.Fatal(err)
+	}
+	<-entered // the worker holds "a"
+	if err := submit("b"); err != nil {
+		t.Fatal(err) // queued
+	}
+	if err := submit("c"); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("third submit: %v, want ResourceExhausted", err)
+	}
+	if p, err := e.c.PollLookup(ctx, &cbv1.PollLookupRequest{RequestId: "b"}); err != nil || p.GetReady() {
+		t.Fatalf("poll of a queued lookup: %v %v", p, err)
+	}
+	if _, err := e.c.PollLookup(ctx, &cbv1.PollLookupRequest{RequestId: "c"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("poll of the refused lookup: %v", err)
+	}
+	close(release)
+	<-entered
+	if st := e.s.Stats(); st.LookupsRejected != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestNotRunning(t *testing.T) {
+	s, err := New(Config{}, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := s.Service().SubmitLookup(ctx, &cbv1.LookupRequest{RequestId: "x", Tokens: []int32{1}}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("before Start: %v", err)
+	}
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(ctx); err == nil {
+		t.Fatal("second Start succeeded")
+	}
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Service().Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "x"}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("after Shutdown: %v", err)
+	}
+	if _, err := s.Serve(""); err == nil {
+		t.Fatal("Serve after Shutdown succeeded")
+	}
+	// Shutdown without Start.
+	s2, err := New(Config{}, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Config{ChunkSize: chunkstore.MaxChunkTokens + 1}, nil, nil, nil); err == nil {
+		t.Fatal("oversized chunk size accepted")
+	}
+}
+
+func TestMetricsExposed(t *testing.T) {
+	e, _, doc := docEnv(t, Config{})
+	res := e.lookup(&cbv1.LookupRequest{RequestId: "m", Tokens: promptWith(promptN, 700, doc, 8), WorldSize: 1, Model: testModel})
+	if _, err := e.c.Retrieve(ctxT(t), &cbv1.RetrieveRequest{RequestId: "m", WorkerId: "w0", BlockTable: targetTable(promptN / bs), Matches: res.GetMatches()}); err != nil {
+		t.Fatal(err)
+	}
+	e.shutdown()
+	e.s.MetricsBefore()
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"lmcache_blend_lookup_requests_total", nil, 1},
+		{"lmcache_blend_lookup_hit_tokens_total", map[string]string{"leg": "non_prefix"}, docLen},
+		{"lmcache_blend_lookup_hit_tokens_total", map[string]string{"leg": "prefix"}, 0},
+		{"lmcache_blend_lookup_requested_tokens_total", nil, promptN},
+		{"lmcache_blend_lookup_fingerprint_hits_total", nil, 2},
+		{"lmcache_blend_lookup_storage_hits_total", nil, 2},
+		{"lmcache_blend_retrieve_requests_total", nil, 1},
+		{"lmcache_blend_retrieve_failures_total", nil, 0},
+		{"lmcache_blend_scattered_tokens_total", nil, docLen},
+		{"lmcache_blend_store_requests_total", nil, 1},
+		{"lmcache_blend_stored_chunks_total", nil, 2},
+		{"lmcache_blend_l1_chunks", nil, 2},
+		{"lmcache_blend_fingerprints", nil, 2},
+		{"lmcache_blend_lookup_duration_seconds", nil, 1},
+		{"lmcache_blend_fingerprint_match_duration_seconds", nil, 1},
+		{"lmcache_blend_sparse_prefetch_duration_seconds", nil, 1},
+		{"lmcache_blend_retrieve_duration_seconds", nil, 1},
+		{"lmcache_blend_scatter_duration_seconds", nil, 1},
+		{"lmcache_blend_event_bus_dropped_total", nil, 0},
+	} {
+		if got := e.value(c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	if got, st := e.value("lmcache_blend_event_bus_published_total", nil), e.s.Stats(); got != float64(st.EventsPublished) || got != 16 {
+		t.Errorf("event_bus_published %v, bus says %d, want 16 (store 2, lookup 10, retrieve 4)", got, st.EventsPublished)
+	}
+	if got := e.value("lmcache_blend_l1_bytes", nil); got <= 0 {
+		t.Errorf("l1_bytes %v", got)
+	}
+}
+
+func TestRegistrationQueueFullDrops(t *testing.T) {
+	entered := make(chan struct{}, 8)
+	release := make(chan struct{})
+	e := newEnv(t, Config{RegisterQueue: 1}, func(s *Server) {
+		s.testHookRegister = func() {
+			entered <- struct{}{}
+			<-release
+		}
+	})
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	mem := e.newWorker("w0", 0)
+	bt := blocks(0, 2)
+	e.prefill(mem, bt, 3, 20)
+	r := rand.New(rand.NewPCG(9, 9))
+	store := func() {
+		t.Helper()
+		resp, err := e.c.Store(ctxT(t), &cbv1.StoreRequest{RequestId: "q", WorkerId: "w0", Tokens: tokens(r, 20, 0, 50000), BlockTable: bt})
+		if err != nil || resp.GetStoredChunks() != 1 {
+			t.Fatalf("store: %v %v", resp, err)
+		}
+	}
+	store()
+	<-entered // the registration goroutine holds the first
+	store()   // queued
+	store()   // dropped: the queue holds one
+	close(release)
+	e.s.waitRegistrations(t)
+	if st := e.s.Stats(); st.Registrations != 2 || st.RegistrationsDropped != 1 || st.Fingerprints != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+}

@@ -1,0 +1,184 @@
+package blend
+
+import (
+	"slices"
+	"testing"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/cacheblend/cacheblend/blend/events"
+	"github.com/cacheblend/cacheblend/rpc/cbv1"
+	"github.com/cacheblend/cacheblend/telemetry"
+)
+
+func spansNamed(spans tracetest.SpanStubs, name string) []tracetest.SpanStub {
+	var out []tracetest.SpanStub
+	for _, s := range spans {
+		if s.Name == name {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func one(t *testing.T, spans tracetest.SpanStubs, name string, trace trace.TraceID) tracetest.SpanStub {
+	t.Helper()
+	var found []tracetest.SpanStub
+	for _, s := range spansNamed(spans, name) {
+		if s.SpanContext.TraceID() == trace {
+			found = append(found, s)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%d %s spans in trace %s, want 1", len(found), name, trace)
+	}
+	return found[0]
+}
+
+func children(spans tracetest.SpanStubs, parent tracetest.SpanStub) []string {
+	var names []string
+	for _, s := range spans {
+		if s.Parent.SpanID() == parent.SpanContext.SpanID() && s.Parent.TraceID() == parent.SpanContext.TraceID() {
+			names = append(names, s.Name)
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+func attr(s tracetest.SpanStub, k attribute.Key) (attribute.Value, bool) {
+	for _, kv := range s.Attributes {
+		if kv.Key == k {
+			return kv.Value, true
+		}
+	}
+	return attribute.Value{}, false
+}
+
+func intAttr(t *testing.T, s tracetest.SpanStub, k attribute.Key) int64 {
+	t.Helper()
+	v, ok := attr(s, k)
+	if !ok {
+		t.Fatalf("%s has no %s", s.Name, k)
+	}
+	return v.AsInt64()
+}
+
+func remote(tid trace.TraceID, sid byte) (string, trace.SpanContext) {
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: trace.SpanID{sid, 2, 3, 4, 5, 6, 7, 8}, TraceFlags: trace.FlagsSampled, Remote: true})
+	return telemetry.FormatTraceparent(sc), sc
+}
+
+func TestSpanTree(t *testing.T) {
+	// L1 smaller than a chunk: the chunks live in L2 only, so the sparse
+	// prefetch has L2 misses and a coalesced cb.l2_load.
+	e, _, doc := docEnv(t, Config{L1Bytes: 1024, L2Dir: t.TempDir()})
+	prompt := promptWith(promptN, 700, doc, 11)
+	bt := targetTable(promptN / bs)
+
+	tid := trace.TraceID{0xa, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
+	lookupTC, lookupParent := remote(tid, 1)
+	loadTC, loadParent := remote(tid, 2)
+	res := e.lookup(&cbv1.LookupRequest{RequestId: "traced", TraceContext: lookupTC, Tokens: prompt, WorldSize: 1, Model: testModel})
+	if res.GetL2Misses() != 2 || res.GetNonPrefixHitTokens() != docLen {
+		t.Fatalf("lookup %+v", res)
+	}
+	if _, err := e.c.Retrieve(ctxT(t), &cbv1.RetrieveRequest{RequestId: "traced", TraceContext: loadTC, WorkerId: "w0", BlockTable: bt, Matches: res.GetMatches()}); err != nil {
+		t.Fatal(err)
+	}
+	// Option B: no trace context anywhere.
+	resB := e.lookup(&cbv1.LookupRequest{RequestId: "untraced", Tokens: prompt, WorldSize: 1, Model: testModel})
+	if _, err := e.c.Retrieve(ctxT(t), &cbv1.RetrieveRequest{RequestId: "untraced", WorkerId: "w0", BlockTable: bt, Matches: resB.GetMatches()}); err != nil {
+		t.Fatal(err)
+	}
+	e.shutdown() // drains the bus
+	spans := e.exp.GetSpans()
+
+	lk := one(t, spans, "cb.lookup", tid)
+	if lk.Parent.SpanID() != lookupParent.SpanID() || !lk.Parent.IsRemote() || lk.SpanKind != trace.SpanKindServer {
+		t.Errorf("cb.lookup parent %v remote %v kind %v", lk.Parent.SpanID(), lk.Parent.IsRemote(), lk.SpanKind)
+	}
+	want := []string{"cb.classify", "cb.fingerprint_match", "cb.sparse_prefetch", "mp.lookup_prefetch"}
+	if got := children(spans, lk); !slices.Equal(got, want) {
+		t.Errorf("cb.lookup children %v, want %v", got, want)
+	}
+	if v, _ := attr(lk, events.AttrHitRate); v.AsFloat64() != 0.15 {
+		t.Errorf("cb.lookup hit_rate %v", v)
+	}
+	if intAttr(t, lk, events.AttrPrefixChunks) != 0 || intAttr(t, lk, events.AttrNonPrefixHitTokens) != docLen {
+		t.Errorf("cb.lookup attributes %v", lk.Attributes)
+	}
+	if v, _ := attr(lk, events.AttrRequestID); v.AsString() != "traced" {
+		t.Errorf("cb.lookup request_id %v", v)
+	}
+	fm := one(t, spans, "cb.fingerprint_match", tid)
+	if intAttr(t, fm, events.AttrMatches) != 1 || intAttr(t, fm, events.AttrNProbes) == 0 || intAttr(t, fm, events.AttrTableHits) == 0 {
+		t.Errorf("cb.fingerprint_match %v", fm.Attributes)
+	}
+	sp := one(t, spans, "cb.sparse_prefetch", tid)
+	if intAttr(t, sp, events.AttrNKeys) != 2 || intAttr(t, sp, events.AttrL2Misses) != 2 || intAttr(t, sp, events.AttrL1Hits) != 0 {
+		t.Errorf("cb.sparse_prefetch %v", sp.Attributes)
+	}
+	if got := children(spans, sp); !slices.Equal(got, []string{"cb.l2_load"}) {
+		t.Errorf("cb.sparse_prefetch children %v", got)
+	}
+	l2 := one(t, spans, "cb.l2_load", tid)
+	if intAttr(t, l2, events.AttrChunks) != 2 || intAttr(t, l2, events.AttrBytes) <= 0 {
+		t.Errorf("cb.l2_load %v", l2.Attributes)
+	}
+	if _, ok := attr(l2, events.AttrMs); !ok {
+		t.Errorf("cb.l2_load has no ms")
+	}
+	cl := one(t, spans, "cb.classify", tid)
+	if intAttr(t, cl, events.AttrFound) != 2 || intAttr(t, cl, events.AttrStale) != 0 || intAttr(t, cl, events.AttrPerRankOK) != 2 {
+		t.Errorf("cb.classify %v", cl.Attributes)
+	}
+	pl := one(t, spans, "mp.lookup_prefetch", tid)
+	if intAttr(t, pl, events.AttrPrefixChunks) != 0 {
+		t.Errorf("mp.lookup_prefetch %v", pl.Attributes)
+	}
+
+	rt := one(t, spans, "cb.retrieve", tid)
+	if rt.Parent.SpanID() != loadParent.SpanID() || rt.SpanKind != trace.SpanKindServer {
+		t.Errorf("cb.retrieve parent %v", rt.Parent.SpanID())
+	}
+	if got := children(spans, rt); !slices.Equal(got, []string{"cb.scatter"}) {
+		t.Errorf("cb.retrieve children %v", got)
+	}
+	sc := one(t, spans, "cb.scatter", tid)
+	for k, want := range map[attribute.Key]int64{
+		events.AttrScatteredTokens: docLen, events.AttrSlotWrites: docLen * 4, events.AttrPartialBlocks: 2,
+		events.AttrNPrefix: 0, events.AttrNShifted: docLen, events.AttrDropped: 0,
+	} {
+		if got := intAttr(t, sc, k); got != want {
+			t.Errorf("cb.scatter %s = %d, want %d", k, got, want)
+		}
+	}
+	if sc.EndTime.Before(sc.StartTime) || sc.EndTime.After(rt.EndTime) {
+		t.Errorf("cb.scatter [%v, %v] not inside cb.retrieve ending %v", sc.StartTime, sc.EndTime, rt.EndTime)
+	}
+
+	// Option B: a cb.request root with the trace id derived from the request id.
+	bid := telemetry.TraceIDFromRequestID("untraced")
+	root := one(t, spans, events.RootSpanName, bid)
+	if root.Parent.IsValid() {
+		t.Errorf("cb.request has a parent")
+	}
+	if got := children(spans, root); !slices.Equal(got, []string{"cb.lookup", "cb.retrieve"}) {
+		t.Errorf("cb.request children %v", got)
+	}
+	if v, _ := attr(root, events.AttrHitRate); v.AsFloat64() != 0.15 {
+		t.Errorf("cb.request hit_rate %v", v)
+	}
+	lkB := one(t, spans, "cb.lookup", bid)
+	if got := children(spans, lkB); !slices.Equal(got, want) {
+		t.Errorf("option-B cb.lookup children %v", got)
+	}
+	one(t, spans, "cb.scatter", bid)
+	// The store has a span of its own.
+	if len(spansNamed(spans, "cb.store")) != 1 {
+		t.Errorf("cb.store spans: %d", len(spansNamed(spans, "cb.store")))
+	}
+}

@@ -1,0 +1,186 @@
+package blend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"go.opentelemetry.io/otel/attribute"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/cacheblend/cacheblend/blend/chunkstore"
+	"github.com/cacheblend/cacheblend/blend/events"
+	"github.com/cacheblend/cacheblend/blend/fingerprint"
+	"github.com/cacheblend/cacheblend/blend/scatter"
+	"github.com/cacheblend/cacheblend/rpc/cbv1"
+)
+
+// regJob is one fingerprint registration (or, with barrier set, a marker
+// that is closed when the registration goroutine reaches it).
+type regJob struct {
+	model   string
+	seq     fingerprint.Sequence
+	barrier chan struct{}
+}
+
+func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.StoreResponse, error) {
+	if err := checkRequestID(r.GetRequestId()); err != nil {
+		return nil, err
+	}
+	if r.GetWorkerId() == "" || r.GetRank() < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "store: bad worker_id %q / rank %d", r.GetWorkerId(), r.GetRank())
+	}
+	toks := r.GetTokens()
+	if len(toks) == 0 || len(toks) > MaxTokens {
+		return nil, status.Errorf(codes.InvalidArgument, "store: %d tokens (want 1..%d)", len(toks), MaxTokens)
+	}
+	rank := int(r.GetRank())
+	w := s.acquire(r.GetWorkerId(), rank)
+	if w == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "store: worker %q rank %d has no KV memory registered (RegisterKV first)", r.GetWorkerId(), rank)
+	}
+	defer s.release(w)
+	mdl := w.model
+	switch {
+	case mdl == "":
+		mdl = r.GetModel()
+	case r.GetModel() != "" && r.GetModel() != mdl:
+		return nil, status.Errorf(codes.InvalidArgument, "store: model %q, the worker registered %q", r.GetModel(), mdl)
+	}
+	if len(mdl) > chunkstore.MaxModelLen {
+		return nil, status.Errorf(codes.InvalidArgument, "store: model name of %d bytes", len(mdl))
+	}
+	l := w.layout
+	bt := r.GetBlockTable()
+	if capTok := len(bt) * l.BlockSize; capTok < len(toks) {
+		return nil, status.Errorf(codes.InvalidArgument, "store: block table of %d blocks holds %d tokens, want %d", len(bt), capTok, len(toks))
+	}
+	for i, b := range bt {
+		if b < 0 || int(b) >= l.NumBlocks {
+			return nil, status.Errorf(codes.InvalidArgument, "store: block_table[%d] = %d outside the %d blocks", i, b, l.NumBlocks)
+		}
+	}
+	id := r.GetRequestId()
+	cs := s.cfg.ChunkSize
+	s.publish(events.Event{Type: events.StoreStart, RequestID: id, TraceContext: traceContext(ctx, r.GetTraceContext()),
+		Attrs: []attribute.KeyValue{events.AttrTokens.Int(len(toks)), attribute.Bool("document", r.GetDocument()), attribute.Int("rank", rank)}})
+
+	// Copy the KV out now: the engine frees the blocks once the worker
+	// reports the store done.
+	keys := chunkstore.ChainKeys(mdl, rank, toks, cs)
+	layout := chunkstore.LayoutOf(l, w.theta)
+	var resp cbv1.StoreResponse
+	var errs []error
+	var base []chunkstore.Key
+	if rank != 0 {
+		base = chunkstore.ChainKeys(mdl, 0, toks, cs)
+	}
+	var aliasBase, aliasKeys []chunkstore.Key
+	for i, k := range keys {
+		lo, hi := i*cs, min((i+1)*cs, len(toks))
+		present := s.store.Contains(k) != chunkstore.TierNone
+		if present {
+			resp.SkippedChunks++
+		} else if err := s.storeChunk(k, mdl, rank, layout, toks[lo:hi], lo, w, bt); err != nil {
+			errs = append(errs, fmt.Errorf("chunk %d: %w", i, err))
+			if s.store.Contains(k) == chunkstore.TierNone {
+				continue
+			}
+		} else {
+			resp.StoredChunks++
+			resp.Bytes += int64(hi-lo) * l.TokenBytes()
+		}
+		if rank != 0 {
+			aliasBase, aliasKeys = append(aliasBase, base[i]), append(aliasKeys, k)
+		}
+	}
+	s.syncStoreCounters()
+	if rank != 0 {
+		s.setAliases(aliasBase, aliasKeys, rank)
+	} else {
+		s.enqueueRegistration(mdl, keys, toks)
+	}
+	var endErr error
+	if len(errs) > 0 {
+		endErr = errors.Join(errs...)
+		s.logger.Warn("store: chunks not stored", "request_id", id, "failed", len(errs), "err", endErr)
+	}
+	s.publish(events.Event{Type: events.StoreEnd, RequestID: id, Err: endErr, Attrs: []attribute.KeyValue{
+		events.AttrStoredChunks.Int(int(resp.StoredChunks)), attribute.Int("skipped_chunks", int(resp.SkippedChunks)),
+		events.AttrBytes.Int64(resp.Bytes),
+	}})
+	if endErr != nil && resp.StoredChunks == 0 && resp.SkippedChunks == 0 {
+		code := codes.Internal
+		if errors.Is(endErr, chunkstore.ErrTooLarge) {
+			code = codes.ResourceExhausted
+		}
+		return nil, status.Errorf(code, "store: %v", endErr)
+	}
+	return &resp, nil
+}
+
+// storeChunk gathers one chunk's KV from the worker's memory and puts it in
+// the store. Its positions are its offsets in the stored sequence.
+func (s *Server) storeChunk(k chunkstore.Key, mdl string, rank int, layout chunkstore.Layout, toks []int32, start int, w *workerMem, bt []int32) error {
+	c, err := chunkstore.NewChunk(k, mdl, rank, layout, toks, start)
+	if err != nil {
+		return err
+	}
+	if err := scatter.Gather(c, w.mem, bt); err != nil {
+		return err
+	}
+	return s.store.Put(c)
+}
+
+// enqueueRegistration queues the fingerprint registration of a rank-0
+// stored sequence, unless every chunk is registered already; a full queue
+// drops it (counted).
+func (s *Server) enqueueRegistration(mdl string, keys []chunkstore.Key, toks []int32) {
+	if t := s.table(mdl, false); t != nil {
+		all := true
+		for _, k := range keys {
+			if !t.Contains(k) {
+				all = false
+				break
+			}
+		}
+		if all {
+			return
+		}
+	}
+	job := regJob{model: mdl, seq: fingerprint.Sequence{Keys: keys, Tokens: slices.Clone(toks), ChunkSize: s.cfg.ChunkSize}}
+	queued := false
+	s.gateMu.RLock()
+	if s.state == stateRunning {
+		select {
+		case s.regQ <- job:
+			queued = true
+		default:
+		}
+	}
+	s.gateMu.RUnlock()
+	if !queued {
+		s.regDropped.Add(1)
+	}
+}
+
+// registrationWorker registers queued sequences until the queue is closed
+// and drained.
+func (s *Server) registrationWorker() {
+	for job := range s.regQ {
+		if job.barrier != nil {
+			close(job.barrier)
+			continue
+		}
+		if s.testHookRegister != nil {
+			s.testHookRegister()
+		}
+		if _, err := s.table(job.model, true).Register(job.seq); err != nil {
+			s.logger.Warn("fingerprint registration failed", "model", job.model, "err", err)
+			continue
+		}
+		s.regDone.Add(1)
+	}
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/cacheblend/cacheblend/engine"
+	"github.com/cacheblend/cacheblend/engine/scheduler"
+	"github.com/cacheblend/cacheblend/rpc/cbv1"
+	"github.com/cacheblend/cacheblend/service"
+	"github.com/cacheblend/cacheblend/telemetry"
+)
+
+func init() { subcommands = append(subcommands, newEngineCmd) }
+
+func newEngineCmd() *cobra.Command {
+	var (
+		cfg                   engine.Config
+		workerAddr, blendAddr string
+		otlp                  string
+	)
+	cmd := &cobra.Command{
+		Use:   "engine",
+		Short: "Run cb-engine: the OpenAI-compatible API, the continuous-batching scheduler and the CacheBlend connector (scheduler side)",
+		RunE: func(c *cobra.Command, _ []string) error {
+			ctx := c.Context()
+			rt, err := service.New(ctx, service.Options{ServiceName: "cb-engine", OTLPEndpoint: otlp})
+			if err != nil {
+				return err
+			}
+			dial := func(addr string) (*grpc.ClientConn, error) {
+				conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+					grpc.WithChainUnaryInterceptor(telemetry.UnaryClientInterceptor()),
+					grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
+				if err != nil {
+					return nil, fmt.Errorf("dial %s: %w", addr, err)
+				}
+				return conn, nil
+			}
+			wconn, err := dial(workerAddr)
+			if err != nil {
+				return err
+			}
+			defer wconn.Close()
+			deps := engine.Deps{
+				Worker:         cbv1.NewWorkerServiceClient(wconn),
+				TracerProvider: rt.TracerProvider(),
+				Registerer:     rt.Registry,
+				Gatherer:       rt.Registry,
+				Logger:         rt.Logger,
+			}
+			if p := rt.Telemetry.ProfileWriter(); p != nil {
+				deps.Profile = p
+			}
+			if blendAddr != "" {
+				bconn, err := dial(blendAddr)
+				if err != nil {
+					return err
+				}
+				defer bconn.Close()
+				deps.Blend = cbv1.NewBlendServiceClient(bconn)
+			}
+			eng, err := engine.New(cfg, deps)
+			if err != nil {
+				return err
+			}
+			if err := eng.Start(ctx); err != nil {
+				return err
+			}
+			api := "http://" + eng.Addr()
+			rt.Logger.Info("engine started", "api", api, "worker", workerAddr, "blend", blendAddr, "model", cfg.ModelName)
+			announce("cb-engine", "api", api, "metrics", api+"/metrics")
+			return runUntilSignal(ctx, rt, eng)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Addr, "addr", engine.DefaultAddr, "OpenAI API listen address (also /metrics and /health)")
+	f.StringVar(&workerAddr, "worker", "127.0.0.1:50061", "cb-worker gRPC address")
+	f.StringVar(&blendAddr, "blend", "", "cb-blend gRPC address (empty: no CacheBlend reuse)")
+	f.StringVar(&cfg.ModelName, "model", engine.DefaultModelName, "served model name")
+	f.StringVar(&cfg.APIKey, "api-key", "", "require this bearer key on /v1/* (empty: no auth)")
+	f.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", engine.DefaultMaxBodyBytes, "largest request body (413 beyond)")
+	f.IntVar(&cfg.MaxQueue, "max-queue", scheduler.DefaultMaxQueue, "waiting requests before 429")
+	f.IntVar(&cfg.MaxRunning, "max-running", scheduler.DefaultMaxRunning, "running sequences per step")
+	f.IntVar(&cfg.StepTokenBudget, "step-tokens", scheduler.DefaultStepTokenBudget, "tokens per scheduler step (chunked prefill)")
+	f.DurationVar(&cfg.LookupTimeout, "lookup-timeout", scheduler.DefaultLookupTimeout, "give up on a CacheBlend lookup after this; the request is prefilled in full")
+	f.Float64Var(&cfg.RecompRatio, "recomp-ratio", 0.15, "CacheBlend recompute ratio sent to the worker")
+	f.BoolVar(&cfg.DisableStore, "no-store", false, "do not store prompts' KV in the blend server (documents still are)")
+	f.IntVar(&cfg.DefaultMaxTokens, "default-max-tokens", engine.DefaultMaxTokens, "max_tokens when a request gives none")
+	f.StringVar(&otlp, "otlp-traces-endpoint", "", "OTLP traces endpoint (overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
+	return withEnv(cmd)
+}

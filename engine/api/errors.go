@@ -1,0 +1,158 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+)
+
+// Error types of the request metrics' error_type label (contract:
+// gen_ai_server_request_duration_seconds). ErrorTypeNone marks success.
+const (
+	ErrorTypeNone              = ""
+	ErrorTypeInvalidRequest    = "invalid_request"
+	ErrorTypeUnauthorized      = "unauthorized"
+	ErrorTypeNotFound          = "not_found"
+	ErrorTypePayloadTooLarge   = "payload_too_large"
+	ErrorTypeQueueFull         = "queue_full"
+	ErrorTypeWorkerUnavailable = "worker_unavailable"
+	ErrorTypeTimeout           = "timeout"
+	ErrorTypeCanceled          = "canceled"
+	ErrorTypeInternal          = "internal"
+)
+
+// StatusClientClosedRequest is the status recorded (never sent: the client is
+// gone) when the client disconnects before the response is complete.
+const StatusClientClosedRequest = 499
+
+// Error is an API error: the OpenAI error object plus the HTTP status and
+// the metrics error type. It implements error. Errors are immutable values,
+// safe to share.
+type Error struct {
+	// Status is the HTTP status code.
+	Status int
+	// Type is the OpenAI error type: invalid_request_error,
+	// authentication_error, rate_limit_error or server_error.
+	Type string
+	// Code is the machine-readable code (OpenAI's "code"), or "".
+	Code string
+	// Param names the offending request parameter, or "".
+	Param string
+	// Message is the human-readable description.
+	Message string
+	// ErrorType is the error_type label of the request metrics.
+	ErrorType string
+}
+
+// Error implements error.
+func (e *Error) Error() string {
+	if e.Param != "" {
+		return fmt.Sprintf("%d %s (param %s): %s", e.Status, e.Type, e.Param, e.Message)
+	}
+	return fmt.Sprintf("%d %s: %s", e.Status, e.Type, e.Message)
+}
+
+// ErrorBody is the JSON body of an error response:
+// {"error": {"message", "type", "param", "code"}}.
+type ErrorBody struct {
+	Error ErrorObject `json:"error"`
+}
+
+// ErrorObject is the OpenAI error object; param and code are null when empty.
+type ErrorObject struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+// Body returns the error's JSON body value.
+func (e *Error) Body() ErrorBody {
+	b := ErrorBody{Error: ErrorObject{Message: e.Message, Type: e.Type}}
+	if e.Param != "" {
+		p := e.Param
+		b.Error.Param = &p
+	}
+	if e.Code != "" {
+		c := e.Code
+		b.Error.Code = &c
+	}
+	return b
+}
+
+// Write sends e as a JSON error response with its status.
+func (e *Error) Write(w http.ResponseWriter) {
+	body, _ := json.Marshal(e.Body())
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Del("Content-Length")
+	w.WriteHeader(e.Status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// BadRequest returns a 400 invalid_request_error about param.
+func BadRequest(param, format string, args ...any) *Error {
+	return &Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param,
+		Message: fmt.Sprintf(format, args...), ErrorType: ErrorTypeInvalidRequest}
+}
+
+// Unauthorized returns the 401 of a missing or wrong API key.
+func Unauthorized(msg string) *Error {
+	return &Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
+		Message: msg, ErrorType: ErrorTypeUnauthorized}
+}
+
+// ModelNotFound returns the 404 of an unknown model.
+func ModelNotFound(model string) *Error {
+	return &Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
+		Message: fmt.Sprintf("The model %q does not exist.", model), ErrorType: ErrorTypeNotFound}
+}
+
+// RouteNotFound returns the 404 of an unknown path.
+func RouteNotFound(method, path string) *Error {
+	return &Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found",
+		Message: fmt.Sprintf("Unknown request URL: %s %s.", method, path), ErrorType: ErrorTypeNotFound}
+}
+
+// MethodNotAllowed returns the 405 of a known path with the wrong method.
+func MethodNotAllowed(method, path string) *Error {
+	return &Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_allowed",
+		Message: fmt.Sprintf("Method %s is not allowed on %s.", method, path), ErrorType: ErrorTypeInvalidRequest}
+}
+
+// PayloadTooLarge returns the 413 of a body over limit bytes.
+func PayloadTooLarge(limit int64) *Error {
+	return &Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
+		Message: fmt.Sprintf("The request body exceeds the limit of %d bytes.", limit), ErrorType: ErrorTypePayloadTooLarge}
+}
+
+// QueueFull returns the 429 of a full scheduler queue.
+func QueueFull(capacity int) *Error {
+	return &Error{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "queue_full",
+		Message: fmt.Sprintf("The server queue is full (%d requests waiting); retry later.", capacity), ErrorType: ErrorTypeQueueFull}
+}
+
+// WorkerUnavailable returns the 503 of an engine whose worker cannot serve.
+func WorkerUnavailable(detail string) *Error {
+	return &Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "worker_unavailable",
+		Message: "The model worker is unavailable: " + detail, ErrorType: ErrorTypeWorkerUnavailable}
+}
+
+// Timeout returns the 504 of a request that ran past its deadline.
+func Timeout(detail string) *Error {
+	return &Error{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "timeout",
+		Message: "The request timed out: " + detail, ErrorType: ErrorTypeTimeout}
+}
+
+// Canceled returns the error recorded for a request whose client went away
+// (status 499, never sent).
+func Canceled() *Error {
+	return &Error{Status: StatusClientClosedRequest, Type: "invalid_request_error", Code: "canceled",
+		Message: "The client closed the request.", ErrorType: ErrorTypeCanceled}
+}
+
+// Internal returns a 500 server_error.
+func Internal(detail string) *Error {
+	return &Error{Status: http.StatusInternalServerError, Type: "server_error", Code: "internal_error",
+		Message: "Internal error: " + detail, ErrorType: ErrorTypeInternal}
+}

@@ -1,0 +1,125 @@
+package api
+
+// GenAI operation names (gen_ai.operation.name).
+const (
+	OperationChat           = "chat"
+	OperationTextCompletion = "text_completion"
+)
+
+// Finish reasons.
+const (
+	FinishStop   = "stop"   // EOS sampled or a stop sequence matched
+	FinishLength = "length" // max_tokens or the context length reached
+)
+
+// Usage is the token accounting of a response.
+type Usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+// ChatMessageOut is the assistant message of a chat completion choice.
+type ChatMessageOut struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+	// Refusal is always null: the engine never refuses.
+	Refusal *string `json:"refusal"`
+}
+
+// ChatChoice is one choice of a chat completion.
+type ChatChoice struct {
+	Index        int            `json:"index"`
+	Message      ChatMessageOut `json:"message"`
+	Logprobs     *struct{}      `json:"logprobs"`
+	FinishReason string         `json:"finish_reason"`
+}
+
+// ChatCompletion is the body of a non-streamed chat completion.
+type ChatCompletion struct {
+	ID      string       `json:"id"`
+	Object  string       `json:"object"` // "chat.completion"
+	Created int64        `json:"created"`
+	Model   string       `json:"model"`
+	Choices []ChatChoice `json:"choices"`
+	Usage   Usage        `json:"usage"`
+}
+
+// ChatDelta is the incremental message of a chat chunk.
+type ChatDelta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+// ChatChunkChoice is one choice of a chat chunk; FinishReason is null until
+// the last content chunk.
+type ChatChunkChoice struct {
+	Index        int       `json:"index"`
+	Delta        ChatDelta `json:"delta"`
+	Logprobs     *struct{} `json:"logprobs"`
+	FinishReason *string   `json:"finish_reason"`
+}
+
+// ChatChunk is one server-sent event of a streamed chat completion. The
+// usage-only chunk (stream_options.include_usage) has no choices.
+type ChatChunk struct {
+	ID      string            `json:"id"`
+	Object  string            `json:"object"` // "chat.completion.chunk"
+	Created int64             `json:"created"`
+	Model   string            `json:"model"`
+	Choices []ChatChunkChoice `json:"choices"`
+	Usage   *Usage            `json:"usage,omitempty"`
+}
+
+// CompletionChoice is one choice of a text completion (or of a chunk; then
+// FinishReason is null until the last).
+type CompletionChoice struct {
+	Index        int       `json:"index"`
+	Text         string    `json:"text"`
+	Logprobs     *struct{} `json:"logprobs"`
+	FinishReason *string   `json:"finish_reason"`
+}
+
+// Completion is the body of a text completion and of each of its streamed
+// chunks (object "text_completion" in both).
+type Completion struct {
+	ID      string             `json:"id"`
+	Object  string             `json:"object"`
+	Created int64              `json:"created"`
+	Model   string             `json:"model"`
+	Choices []CompletionChoice `json:"choices"`
+	Usage   *Usage             `json:"usage,omitempty"`
+}
+
+// Model is one entry of GET /v1/models.
+type Model struct {
+	ID          string `json:"id"`
+	Object      string `json:"object"` // "model"
+	Created     int64  `json:"created"`
+	OwnedBy     string `json:"owned_by"`
+	MaxModelLen int    `json:"max_model_len,omitempty"`
+}
+
+// ModelList is the body of GET /v1/models.
+type ModelList struct {
+	Object string  `json:"object"` // "list"
+	Data   []Model `json:"data"`
+}
+
+// DocumentResult is one ingested document of POST /v1/documents.
+type DocumentResult struct {
+	Object string `json:"object"` // "document"
+	ID     string `json:"id"`
+	Index  int    `json:"index"`
+	Tokens int    `json:"tokens"`
+	// Status is "stored" once the worker reported the store done.
+	Status string `json:"status"`
+}
+
+// DocumentList is the body of a POST /v1/documents response.
+type DocumentList struct {
+	Object string           `json:"object"` // "list"
+	Model  string           `json:"model"`
+	Data   []DocumentResult `json:"data"`
+	Usage  Usage            `json:"usage"`
+}

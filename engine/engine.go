@@ -1,0 +1,231 @@
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cacheblend/cacheblend/engine/scheduler"
+	"github.com/cacheblend/cacheblend/metrics"
+	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/telemetry"
+)
+
+// Scope is the instrumentation scope of the engine's spans.
+const Scope = "github.com/cacheblend/cacheblend/engine"
+
+// Engine is cb-engine. Create it with [New], then Start; stop it with
+// Shutdown. All methods are safe for concurrent use.
+type Engine struct {
+	cfg      Config
+	sched    *scheduler.Scheduler
+	metrics  *metrics.EngineMetrics
+	gatherer prometheus.Gatherer
+	spans    *telemetry.Spans
+	log      *slog.Logger
+	tok      Tokenizer
+	handler  http.Handler
+	created  int64
+
+	mu        sync.Mutex
+	srv       *http.Server
+	lis       net.Listener
+	started   bool
+	shutdown  bool
+	serveDone chan struct{}
+}
+
+// New builds an engine from cfg and deps; it does nothing until Start.
+func New(cfg Config, deps Deps) (*Engine, error) {
+	if deps.Worker == nil {
+		return nil, errors.New("engine: a worker client is required")
+	}
+	cfg = cfg.withDefaults()
+	e := &Engine{cfg: cfg, tok: deps.Tokenizer, log: deps.Logger, created: time.Now().Unix()}
+	if e.tok == nil {
+		e.tok = model.Tokenizer{}
+	}
+	if e.log == nil {
+		e.log = slog.New(telemetry.NewLogHandler(os.Stderr, nil))
+	}
+	reg, gath := deps.Registerer, deps.Gatherer
+	if reg == nil {
+		r := prometheus.NewRegistry()
+		reg = r
+		if gath == nil {
+			gath = r
+		}
+	}
+	if gath == nil {
+		g, ok := reg.(prometheus.Gatherer)
+		if !ok {
+			return nil, errors.New("engine: Deps.Gatherer is required when Deps.Registerer is not a Gatherer")
+		}
+		gath = g
+	}
+	m, err := metrics.NewEngineMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("engine: register metrics: %w", err)
+	}
+	e.metrics, e.gatherer = m, gath
+	var profile = deps.Profile
+	if ps, ok := profile.(*telemetry.ProfileSink); ok && ps == nil {
+		profile = nil
+	}
+	e.spans = telemetry.NewSpans(deps.TracerProvider, Scope, profile)
+	e.sched, err = scheduler.New(scheduler.Config{
+		Model:           cfg.ModelName,
+		MaxQueue:        cfg.MaxQueue,
+		MaxRunning:      cfg.MaxRunning,
+		StepTokenBudget: cfg.StepTokenBudget,
+		LookupTimeout:   cfg.LookupTimeout,
+		PollInterval:    cfg.PollInterval,
+		RecompRatio:     cfg.RecompRatio,
+		DisableStore:    cfg.DisableStore,
+	}, scheduler.Deps{
+		Worker: deps.Worker,
+		Blend:  deps.Blend,
+		Spans:  e.spans,
+		Logger: e.log,
+		OnFallback: func(reason string) {
+			if err := m.LookupFallback(reason); err != nil {
+				e.log.Warn("record lookup fallback", "error", err.Error())
+			}
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	e.handler = e.routes()
+	return e, nil
+}
+
+// Handler returns the engine's HTTP routes. Generation requests get 503
+// until Start has started the scheduler and the worker answered.
+func (e *Engine) Handler() http.Handler { return e.handler }
+
+// Metrics returns the engine's metrics facade.
+func (e *Engine) Metrics() *metrics.EngineMetrics { return e.metrics }
+
+// Stats returns the scheduler's statistics in the metrics facade's shape.
+func (e *Engine) Stats() metrics.EngineStats {
+	s := e.sched.Stats()
+	return metrics.EngineStats{
+		Waiting: s.Waiting, Running: s.Running,
+		KVFree: s.KVFree, KVUsed: s.KVUsed, KVCached: s.KVCached, KVTotal: s.KVTotal,
+		Evictions: s.Evictions, Preemptions: s.Preemptions,
+		BatchTokens: s.BatchTokens, PrefixHitRatio: s.PrefixHitRatio,
+	}
+}
+
+// SchedulerStats returns the scheduler's full statistics.
+func (e *Engine) SchedulerStats() scheduler.Stats { return e.sched.Stats() }
+
+// refreshMetrics feeds the engine gauges before a /metrics render.
+func (e *Engine) refreshMetrics() {
+	if err := e.metrics.SetEngine(e.Stats()); err != nil {
+		e.log.Warn("set engine gauges", "error", err.Error())
+	}
+}
+
+// Start starts the scheduler and listens on Config.Addr, serving in the
+// background until Shutdown.
+func (e *Engine) Start(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.started || e.shutdown {
+		return errors.New("engine: Start called twice or after Shutdown")
+	}
+	lis, err := (&net.ListenConfig{}).Listen(ctx, "tcp", e.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("engine: listen on %s: %w", e.cfg.Addr, err)
+	}
+	if err := e.sched.Start(ctx); err != nil {
+		_ = lis.Close()
+		return fmt.Errorf("engine: %w", err)
+	}
+	e.started = true
+	e.lis = lis
+	e.srv = &http.Server{
+		Handler:           e.handler,
+		ReadHeaderTimeout: e.cfg.ReadHeaderTimeout,
+		ErrorLog:          slog.NewLogLogger(e.log.Handler(), slog.LevelWarn),
+	}
+	e.serveDone = make(chan struct{})
+	srv, done := e.srv, e.serveDone
+	go func() {
+		defer close(done)
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			e.log.Error("http server stopped", "error", err.Error())
+		}
+	}()
+	e.log.Info("cb-engine listening", "addr", lis.Addr().String(), "model", e.cfg.ModelName)
+	return nil
+}
+
+// Addr returns the bound listen address once started ("" before).
+func (e *Engine) Addr() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.lis == nil {
+		return ""
+	}
+	return e.lis.Addr().String()
+}
+
+// Shutdown stops accepting connections and requests, lets the requests in
+// flight finish until ctx ends, then fails the rest (503) and closes the
+// connections, and stops the step loop. It returns ctx's error when it had
+// to cut requests short. Later calls return nil.
+func (e *Engine) Shutdown(ctx context.Context) error {
+	e.mu.Lock()
+	if e.shutdown {
+		e.mu.Unlock()
+		return nil
+	}
+	e.shutdown = true
+	srv, done := e.srv, e.serveDone
+	e.mu.Unlock()
+
+	var wg sync.WaitGroup
+	var srvErr error
+	if srv != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			srvErr = srv.Shutdown(ctx)
+		}()
+	}
+	schedErr := e.sched.Shutdown(ctx) // refuses new requests at once; aborts at ctx's end
+	wg.Wait()
+	if srv != nil {
+		if srvErr != nil {
+			_ = srv.Close()
+		}
+		<-done
+	}
+	if srvErr != nil {
+		return fmt.Errorf("engine: shutdown: %w", srvErr)
+	}
+	if schedErr != nil {
+		return fmt.Errorf("engine: shutdown: %w", schedErr)
+	}
+	return nil
+}
+
+// newID returns prefix followed by 24 random hex digits.
+func newID(prefix string) string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}

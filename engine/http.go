@@ -1,0 +1,194 @@
+package engine
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/cacheblend/cacheblend/engine/api"
+	"github.com/cacheblend/cacheblend/metrics"
+)
+
+// Route templates (the http_route label).
+const (
+	RouteChat        = "/v1/chat/completions"
+	RouteCompletions = "/v1/completions"
+	RouteModels      = "/v1/models"
+	RouteModel       = "/v1/models/{model}"
+	RouteDocuments   = "/v1/documents"
+	RouteHealth      = "/health"
+	RouteMetrics     = "/metrics"
+	// RouteUnmatched labels requests to unknown paths.
+	RouteUnmatched = "unmatched"
+)
+
+// statusWriter records the status a handler sent.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush implements http.Flusher (server-sent events).
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// handlerFunc serves one route; it may set w.status to a status it could not
+// send (499: the client went away).
+type handlerFunc func(w *statusWriter, r *http.Request, route string, t0 time.Time)
+
+// routes builds the engine's handler: routing, the HTTP duration metric, and
+// OpenAI-shaped 404/405 errors.
+func (e *Engine) routes() http.Handler {
+	metricsHandler := metrics.Handler(e.gatherer, e.refreshMetrics)
+	type entry struct {
+		method string
+		h      handlerFunc
+	}
+	table := map[string]entry{
+		RouteChat: {http.MethodPost, func(w *statusWriter, r *http.Request, route string, t0 time.Time) {
+			e.serveGenerate(w, r, api.OperationChat, route, t0)
+		}},
+		RouteCompletions: {http.MethodPost, func(w *statusWriter, r *http.Request, route string, t0 time.Time) {
+			e.serveGenerate(w, r, api.OperationTextCompletion, route, t0)
+		}},
+		RouteModels:    {http.MethodGet, e.serveModels},
+		RouteModel:     {http.MethodGet, e.serveModels},
+		RouteDocuments: {http.MethodPost, e.serveDocuments},
+		RouteHealth:    {http.MethodGet, e.serveHealth},
+		RouteMetrics: {http.MethodGet, func(w *statusWriter, r *http.Request, _ string, _ time.Time) {
+			metricsHandler.ServeHTTP(w, r)
+		}},
+	}
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		t0 := time.Now()
+		w := &statusWriter{ResponseWriter: rw}
+		route := r.URL.Path
+		if strings.HasPrefix(route, RouteModels+"/") {
+			route = RouteModel
+		}
+		ent, ok := table[route]
+		switch {
+		case !ok:
+			route = RouteUnmatched
+			api.RouteNotFound(r.Method, r.URL.Path).Write(w)
+		case r.Method != ent.method && !(ent.method == http.MethodGet && r.Method == http.MethodHead):
+			w.Header().Set("Allow", ent.method)
+			api.MethodNotAllowed(r.Method, r.URL.Path).Write(w)
+		default:
+			ent.h(w, r, route, t0)
+		}
+		status := w.status
+		if status == 0 {
+			status = http.StatusOK
+		}
+		if err := e.metrics.RecordHTTP(r.Method, route, status, time.Since(t0).Seconds()); err != nil {
+			e.log.Warn("record http metric", "error", err.Error())
+		}
+	})
+}
+
+// authorize checks the API key of a /v1/ request.
+func (e *Engine) authorize(r *http.Request) *api.Error {
+	if e.cfg.APIKey == "" {
+		return nil
+	}
+	h := r.Header.Get("Authorization")
+	if h == "" {
+		return api.Unauthorized("You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.")
+	}
+	scheme, key, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return api.Unauthorized("Malformed Authorization header; expected 'Bearer <key>'.")
+	}
+	if subtle.ConstantTimeCompare([]byte(strings.TrimSpace(key)), []byte(e.cfg.APIKey)) != 1 {
+		return api.Unauthorized("Incorrect API key provided.")
+	}
+	return nil
+}
+
+// readBody reads a request body of at most MaxBodyBytes.
+func (e *Engine) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *api.Error) {
+	if r.ContentLength > e.cfg.MaxBodyBytes {
+		return nil, api.PayloadTooLarge(e.cfg.MaxBodyBytes)
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, e.cfg.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, api.PayloadTooLarge(e.cfg.MaxBodyBytes)
+		}
+		return nil, api.BadRequest("", "Could not read the request body: %v.", err)
+	}
+	return body, nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		api.Internal(fmt.Sprintf("encode response: %v", err)).Write(w)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+func (e *Engine) serveModels(w *statusWriter, r *http.Request, route string, _ time.Time) {
+	if apiErr := e.authorize(r); apiErr != nil {
+		apiErr.Write(w)
+		return
+	}
+	m := api.Model{ID: e.cfg.ModelName, Object: "model", Created: e.created, OwnedBy: "cacheblend"}
+	if info, ok := e.sched.WorkerInfo(); ok {
+		m.MaxModelLen = int(info.GetMaxPositions())
+	}
+	if route == RouteModel {
+		if id := strings.TrimPrefix(r.URL.Path, RouteModels+"/"); id != e.cfg.ModelName {
+			api.ModelNotFound(id).Write(w)
+			return
+		}
+		writeJSON(w, http.StatusOK, m)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.ModelList{Object: "list", Data: []api.Model{m}})
+}
+
+func (e *Engine) serveHealth(w *statusWriter, _ *http.Request, _ string, _ time.Time) {
+	_, ready := e.sched.WorkerInfo()
+	e.mu.Lock()
+	down := e.shutdown
+	e.mu.Unlock()
+	switch {
+	case down:
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "shutting down"})
+	case !ready:
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "worker unavailable"})
+	default:
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	}
+}

@@ -1,0 +1,393 @@
+package enginetest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/cacheblend/cacheblend/rpc/cbv1"
+)
+
+// EOS is the end-of-sequence id the worker double reports in Info.
+const EOS = 257
+
+// Next is the double's deterministic "model": the next token of a sequence.
+func Next(seq []int32) int32 {
+	h := uint32(2166136261)
+	for _, t := range seq {
+		h ^= uint32(t)
+		h *= 16777619
+	}
+	return int32(h % 256)
+}
+
+// Reference generates n tokens after prompt, the uninterrupted way.
+func Reference(prompt []int32, n int) []int32 {
+	seq := slices.Clone(prompt)
+	for range n {
+		seq = append(seq, Next(seq))
+	}
+	return seq[len(prompt):]
+}
+
+// Worker is the cb-worker double. Configure its exported fields before
+// serving; read its records through the methods. Safe for concurrent use.
+type Worker struct {
+	cbv1.UnimplementedWorkerServiceServer
+
+	// Info fields.
+	NumBlocks, BlockSize, MaxPositions int32
+	// EOSAtLen, when > 0, makes the token sampled at sequence length
+	// EOSAtLen be EOS.
+	EOSAtLen int
+	// StoreDelaySteps delays the report of a store by that many further
+	// steps (0: reported in the step's own response).
+	StoreDelaySteps int
+
+	mu        sync.Mutex
+	slots     map[int]int32
+	state     map[string][]int32 // request -> prompt tokens
+	steps     []*cbv1.ExecuteRequest
+	pending   map[string]int // request -> steps left before its store report
+	stored    []string
+	failNext  error
+	infoErr   error
+	gate      chan struct{} // when set, Execute waits for a value
+	infoCalls int
+}
+
+// NewWorker returns a worker double with a pool of numBlocks blocks of
+// blockSize tokens and maxPositions positions.
+func NewWorker(numBlocks, blockSize, maxPositions int32) *Worker {
+	return &Worker{NumBlocks: numBlocks, BlockSize: blockSize, MaxPositions: maxPositions,
+		slots: map[int]int32{}, state: map[string][]int32{}, pending: map[string]int{}}
+}
+
+// Info implements cbv1.WorkerServiceServer.
+func (w *Worker) Info(context.Context, *cbv1.InfoRequest) (*cbv1.InfoResponse, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.infoCalls++
+	if w.infoErr != nil {
+		return nil, w.infoErr
+	}
+	return &cbv1.InfoResponse{Model: "double", Vocab: 258, MaxPositions: w.MaxPositions, NumBlocks: w.NumBlocks,
+		BlockSize: w.BlockSize, Bos: 256, Eos: EOS, NumLayers: 2, WorkerId: "w0"}, nil
+}
+
+// SetInfoError makes Info fail with err (nil: succeed).
+func (w *Worker) SetInfoError(err error) {
+	w.mu.Lock()
+	w.infoErr = err
+	w.mu.Unlock()
+}
+
+// FailNextExecute makes the next Execute fail with err.
+func (w *Worker) FailNextExecute(err error) {
+	w.mu.Lock()
+	w.failNext = err
+	w.mu.Unlock()
+}
+
+// Gate makes every Execute wait for a value on the returned channel (or its
+// context's end). Call before serving steps.
+func (w *Worker) Gate() chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.gate = make(chan struct{})
+	return w.gate
+}
+
+// Steps returns copies of the Execute requests received so far.
+func (w *Worker) Steps() []*cbv1.ExecuteRequest {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]*cbv1.ExecuteRequest, len(w.steps))
+	for i, s := range w.steps {
+		out[i] = proto.Clone(s).(*cbv1.ExecuteRequest)
+	}
+	return out
+}
+
+// SeqSteps returns the steps of one request, in order.
+func (w *Worker) SeqSteps(id string) []*cbv1.SeqStep {
+	var out []*cbv1.SeqStep
+	for _, st := range w.Steps() {
+		for _, s := range st.GetSeqs() {
+			if s.GetRequestId() == id {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}
+
+// Stored returns the ids whose store was reported done.
+func (w *Worker) Stored() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.stored)
+}
+
+// Execute implements cbv1.WorkerServiceServer.
+func (w *Worker) Execute(ctx context.Context, req *cbv1.ExecuteRequest) (*cbv1.ExecuteResponse, error) {
+	w.mu.Lock()
+	gate := w.gate
+	w.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.steps = append(w.steps, proto.Clone(req).(*cbv1.ExecuteRequest))
+	if err := w.failNext; err != nil {
+		w.failNext = nil
+		return nil, err
+	}
+	resp := &cbv1.ExecuteResponse{}
+	for id, left := range w.pending {
+		if left <= 0 {
+			resp.StoredRequestIds = append(resp.StoredRequestIds, id)
+			w.stored = append(w.stored, id)
+			delete(w.pending, id)
+		} else {
+			w.pending[id] = left - 1
+		}
+	}
+	for _, id := range req.GetFinishedRequestIds() {
+		delete(w.state, id)
+	}
+	for _, s := range req.GetSeqs() {
+		out := w.step(s)
+		resp.Outputs = append(resp.Outputs, out)
+		if s.GetStore() && out.GetError() == "" {
+			if w.StoreDelaySteps == 0 {
+				resp.StoredRequestIds = append(resp.StoredRequestIds, s.GetRequestId())
+				w.stored = append(w.stored, s.GetRequestId())
+			} else {
+				w.pending[s.GetRequestId()] = w.StoreDelaySteps - 1
+			}
+		}
+	}
+	return resp, nil
+}
+
+func (w *Worker) slot(bt []int32, pos int) (int, bool) {
+	b := pos / int(w.BlockSize)
+	if b >= len(bt) || bt[b] < 0 || bt[b] >= w.NumBlocks {
+		return 0, false
+	}
+	return int(bt[b])*int(w.BlockSize) + pos%int(w.BlockSize), true
+}
+
+func (w *Worker) step(s *cbv1.SeqStep) *cbv1.SeqOutput {
+	id := s.GetRequestId()
+	out := &cbv1.SeqOutput{RequestId: id}
+	fail := func(format string, args ...any) *cbv1.SeqOutput {
+		out.Error = fmt.Sprintf(format, args...)
+		return out
+	}
+	if len(s.GetPromptTokens()) > 0 {
+		w.state[id] = slices.Clone(s.GetPromptTokens())
+	}
+	prompt, ok := w.state[id]
+	if !ok {
+		return fail("no state for request %s (prompt_tokens never sent)", id)
+	}
+	bt := s.GetBlockTable()
+	start := int(s.GetStartPos())
+	// Retrieve: matched tokens are those of the current prompt (the stored
+	// sequence had the same tokens there).
+	for _, m := range s.GetCbPlan().GetMatches() {
+		for pos := int(m.GetCurSt()); pos < int(m.GetCurEd()) && pos < len(prompt); pos++ {
+			if sl, ok := w.slot(bt, pos); ok {
+				w.slots[sl] = prompt[pos]
+			}
+		}
+	}
+	for i, t := range s.GetTokens() {
+		sl, ok := w.slot(bt, start+i)
+		if !ok {
+			return fail("position %d has no block", start+i)
+		}
+		w.slots[sl] = t
+	}
+	end := start + len(s.GetTokens())
+	if !s.GetSample() {
+		return out
+	}
+	seq := make([]int32, end)
+	for pos := range end {
+		sl, ok := w.slot(bt, pos)
+		if !ok {
+			return fail("position %d has no block", pos)
+		}
+		t, ok := w.slots[sl]
+		if !ok {
+			return fail("position %d was never computed", pos)
+		}
+		seq[pos] = t
+	}
+	out.HasToken = true
+	out.Token = Next(seq)
+	if w.EOSAtLen > 0 && end+1 == w.EOSAtLen {
+		out.Token = EOS
+	}
+	return out
+}
+
+// Blend is the cb-blend double: SubmitLookup/PollLookup only. A lookup is
+// ready after ReadyAfter polls (per request id, ReadyAfterFor overrides) and
+// its result is computed by Result. Safe for concurrent use.
+type Blend struct {
+	cbv1.UnimplementedBlendServiceServer
+
+	// ReadyAfter is the number of polls before a lookup is ready (>= 1).
+	ReadyAfter int
+	// Result computes a lookup's result from its tokens; nil: no hit.
+	Result func(tokens []int32) *cbv1.LookupResult
+	// ReadyAfterFor overrides ReadyAfter per request id (-1: never ready).
+	ReadyAfterFor map[string]int
+
+	mu      sync.Mutex
+	lookups map[string]*lookupState
+	submits []*cbv1.LookupRequest
+	polls   []*cbv1.PollLookupRequest
+}
+
+type lookupState struct {
+	tokens []int32
+	polls  int
+}
+
+// SubmitLookup implements cbv1.BlendServiceServer.
+func (b *Blend) SubmitLookup(_ context.Context, r *cbv1.LookupRequest) (*cbv1.SubmitLookupResponse, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.lookups == nil {
+		b.lookups = map[string]*lookupState{}
+	}
+	b.submits = append(b.submits, proto.Clone(r).(*cbv1.LookupRequest))
+	if _, dup := b.lookups[r.GetRequestId()]; dup {
+		return &cbv1.SubmitLookupResponse{Accepted: false}, nil
+	}
+	b.lookups[r.GetRequestId()] = &lookupState{tokens: slices.Clone(r.GetTokens())}
+	return &cbv1.SubmitLookupResponse{Accepted: true}, nil
+}
+
+// PollLookup implements cbv1.BlendServiceServer.
+func (b *Blend) PollLookup(_ context.Context, r *cbv1.PollLookupRequest) (*cbv1.PollLookupResponse, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.polls = append(b.polls, proto.Clone(r).(*cbv1.PollLookupRequest))
+	st, ok := b.lookups[r.GetRequestId()]
+	if !ok {
+		return &cbv1.PollLookupResponse{Ready: true, Result: &cbv1.LookupResult{Error: "unknown request"}}, nil
+	}
+	st.polls++
+	need := max(b.ReadyAfter, 1)
+	if n, ok := b.ReadyAfterFor[r.GetRequestId()]; ok {
+		need = n
+	}
+	if need < 0 || st.polls < need {
+		return &cbv1.PollLookupResponse{Ready: false}, nil
+	}
+	res := &cbv1.LookupResult{RequestedTokens: int32(len(st.tokens)), ChunkSize: 256}
+	if b.Result != nil {
+		res = b.Result(st.tokens)
+	}
+	return &cbv1.PollLookupResponse{Ready: true, Result: res}, nil
+}
+
+// Submits returns the lookups submitted so far.
+func (b *Blend) Submits() []*cbv1.LookupRequest {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.submits)
+}
+
+// Polls returns the polls received so far.
+func (b *Blend) Polls() []*cbv1.PollLookupRequest {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.polls)
+}
+
+// PollsFor counts the polls of one request.
+func (b *Blend) PollsFor(id string) int {
+	n := 0
+	for _, p := range b.Polls() {
+		if p.GetRequestId() == id {
+			n++
+		}
+	}
+	return n
+}
+
+// Serve registers the services on a gRPC server listening on 127.0.0.1:0
+// and returns a client connection to it; both are closed at test cleanup.
+func Serve(t testing.TB, register func(*grpc.Server)) *grpc.ClientConn {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	register(srv)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(lis)
+	}()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = conn.Close()
+		srv.Stop()
+		<-done
+	})
+	return conn
+}
+
+// WorkerClient serves w and returns a client of it.
+func WorkerClient(t testing.TB, w *Worker) cbv1.WorkerServiceClient {
+	conn := Serve(t, func(s *grpc.Server) { cbv1.RegisterWorkerServiceServer(s, w) })
+	return cbv1.NewWorkerServiceClient(conn)
+}
+
+// BlendClient serves b and returns a client of it.
+func BlendClient(t testing.TB, b *Blend) cbv1.BlendServiceClient {
+	conn := Serve(t, func(s *grpc.Server) { cbv1.RegisterBlendServiceServer(s, b) })
+	return cbv1.NewBlendServiceClient(conn)
+}
+
+// DeadBlendClient returns a blend client whose server is not running (a
+// port that was listened on, then closed): every call fails Unavailable.
+func DeadBlendClient(t testing.TB) cbv1.BlendServiceClient {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	_ = lis.Close()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return cbv1.NewBlendServiceClient(conn)
+}

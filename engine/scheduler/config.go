@@ -1,0 +1,159 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/cacheblend/cacheblend/rpc/cbv1"
+	"github.com/cacheblend/cacheblend/telemetry"
+)
+
+// Defaults applied to zero fields of [Config].
+const (
+	DefaultMaxQueue            = 256
+	DefaultMaxRunning          = 16
+	DefaultStepTokenBudget     = 512
+	DefaultLookupTimeout       = 2 * time.Second
+	DefaultPollInterval        = 2 * time.Millisecond
+	DefaultMaxLookupRPCs       = 8
+	DefaultLookupRPCTimeout    = time.Second
+	DefaultStepTimeout         = 60 * time.Second
+	DefaultWorkerRetryInterval = time.Second
+	DefaultInfoTimeout         = 2 * time.Second
+	DefaultStoreTimeout        = 60 * time.Second
+	DefaultStorePollInterval   = 20 * time.Millisecond
+	DefaultRecompRatio         = 0.15
+	DefaultModel               = "cb-llama"
+)
+
+// Config holds the scheduler's limits. The zero value is valid: every zero
+// field takes the default named after it.
+type Config struct {
+	// Model names the served model in lookups and on cb.request. Default
+	// "cb-llama".
+	Model string
+	// MaxQueue bounds the waiting requests; Submit refuses more with
+	// ErrQueueFull. Default 256.
+	MaxQueue int
+	// MaxRunning bounds the sequences in the running batch. Default 16.
+	MaxRunning int
+	// StepTokenBudget bounds the tokens computed in one step; a longer
+	// prompt is prefilled in chunks across steps. Default 512.
+	StepTokenBudget int
+	// LookupTimeout bounds a CacheBlend lookup from its submission to its
+	// result; past it the request falls back to a full prefill. Default 2 s.
+	LookupTimeout time.Duration
+	// PollInterval is the least time between two polls of one lookup.
+	// Default 2 ms.
+	PollInterval time.Duration
+	// MaxLookupRPCs bounds the lookup RPCs in flight. Default 8.
+	MaxLookupRPCs int
+	// LookupRPCTimeout bounds one SubmitLookup or PollLookup call. Default 1 s.
+	LookupRPCTimeout time.Duration
+	// StepTimeout bounds one Execute call. Default 60 s.
+	StepTimeout time.Duration
+	// WorkerRetryInterval is the period of Info probes while the worker is
+	// unavailable. Default 1 s.
+	WorkerRetryInterval time.Duration
+	// InfoTimeout bounds one Info call. Default 2 s.
+	InfoTimeout time.Duration
+	// StoreTimeout bounds the wait for the worker's report that a store is
+	// done; past it the blocks are released anyway (and a document ingest
+	// fails). Default 60 s.
+	StoreTimeout time.Duration
+	// StorePollInterval is the period of empty steps sent, while the engine
+	// is otherwise idle, to collect store reports. Default 20 ms.
+	StorePollInterval time.Duration
+	// RecompRatio is the CacheBlend recompute ratio put in CB plans.
+	// Default 0.15.
+	RecompRatio float64
+	// DisableStore stops asking the worker to store prompts in the blend
+	// server after their prefill (documents are always stored). Prompts are
+	// stored by default when a blend client is configured.
+	DisableStore bool
+}
+
+func (c Config) withDefaults() Config {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defDur := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	if c.Model == "" {
+		c.Model = DefaultModel
+	}
+	def(&c.MaxQueue, DefaultMaxQueue)
+	def(&c.MaxRunning, DefaultMaxRunning)
+	def(&c.StepTokenBudget, DefaultStepTokenBudget)
+	def(&c.MaxLookupRPCs, DefaultMaxLookupRPCs)
+	defDur(&c.LookupTimeout, DefaultLookupTimeout)
+	defDur(&c.PollInterval, DefaultPollInterval)
+	defDur(&c.LookupRPCTimeout, DefaultLookupRPCTimeout)
+	defDur(&c.StepTimeout, DefaultStepTimeout)
+	defDur(&c.WorkerRetryInterval, DefaultWorkerRetryInterval)
+	defDur(&c.InfoTimeout, DefaultInfoTimeout)
+	defDur(&c.StoreTimeout, DefaultStoreTimeout)
+	defDur(&c.StorePollInterval, DefaultStorePollInterval)
+	if c.RecompRatio <= 0 || c.RecompRatio > 1 {
+		c.RecompRatio = DefaultRecompRatio
+	}
+	return c
+}
+
+// Deps are the scheduler's collaborators.
+type Deps struct {
+	// Worker executes the steps. Required.
+	Worker cbv1.WorkerServiceClient
+	// Blend is the blend server for CacheBlend lookups; nil disables reuse
+	// lookups (and the storing of prompts).
+	Blend cbv1.BlendServiceClient
+	// Spans records the cb.* spans; nil records none.
+	Spans *telemetry.Spans
+	// Logger receives warnings (never while a lock is held); nil discards.
+	Logger *slog.Logger
+	// OnFallback is called (outside any lock) with the reason — "error",
+	// "timeout" or "unavailable" — each time a request is scheduled without
+	// its lookup result. Optional.
+	OnFallback func(reason string)
+}
+
+// Errors returned by [Scheduler.Submit] and through [Result.Err].
+var (
+	// ErrQueueFull: MaxQueue requests are already waiting.
+	ErrQueueFull = errors.New("scheduler: queue full")
+	// ErrWorkerUnavailable: the worker has not answered Info yet, or an
+	// Execute call failed (every request in flight fails with it).
+	ErrWorkerUnavailable = errors.New("scheduler: worker unavailable")
+	// ErrShutdown: the scheduler is shutting down.
+	ErrShutdown = errors.New("scheduler: shutting down")
+	// ErrCanceled: the request's context ended before it finished.
+	ErrCanceled = errors.New("scheduler: request canceled")
+	// ErrTooLong: the request can never fit the KV pool or the model's
+	// positions.
+	ErrTooLong = errors.New("scheduler: request exceeds the model's capacity")
+	// ErrBadRequest: the request itself is invalid (empty prompt, token out
+	// of the vocabulary, no token budget).
+	ErrBadRequest = errors.New("scheduler: invalid request")
+	// ErrStoreTimeout: a document's store was not reported done within
+	// StoreTimeout.
+	ErrStoreTimeout = errors.New("scheduler: store not confirmed in time")
+)
+
+// WorkerError is a failure the worker reported for one sequence
+// (SeqOutput.error), or a protocol violation in its answer.
+type WorkerError struct {
+	RequestID string
+	Msg       string
+}
+
+// Error implements error.
+func (e *WorkerError) Error() string {
+	return fmt.Sprintf("scheduler: worker failed request %s: %s", e.RequestID, e.Msg)
+}

@@ -1,0 +1,33 @@
+// Package scheduler is cb-engine's continuous-batching scheduler: a step
+// loop that drives one cb-worker through the step protocol of
+// rpc/worker.proto, with the scheduler side of the CacheBlend connector.
+//
+// Every step it builds one batch under a token budget (chunked prefill):
+// running sequences first (one token each when decoding, the next chunk of
+// their prompt when prefilling), then waiting requests in arrival order while
+// the budget, the limit on running sequences and the KV blocks allow. KV
+// blocks come from a [kvcache.Allocator] sized by the worker's Info: full
+// blocks are registered in a prefix cache by hash chain, so a prompt sharing
+// a prefix with earlier work skips it; when blocks run out the newest running
+// sequence is preempted and later recomputed (its prompt plus the tokens
+// generated so far), which yields the same tokens as an uninterrupted run.
+//
+// CacheBlend connector (seed 000 §2, cb.schedule): on first sight of a
+// request the scheduler submits a Lookup to the blend server and defers the
+// request; later steps poll it (n_polls) until the result is ready, without
+// ever blocking the step loop (the RPCs run on a bounded set of goroutines).
+// The result becomes the request's CB plan (cb.build_meta): the reused prefix
+// is not computed, and the matches travel to the worker in the first prefill
+// steps. A lookup that fails or times out falls back to a full prefill: the
+// request is served, cb.lookup.rpc records the error, and the fallback is
+// counted through [Deps.OnFallback].
+//
+// A finished request whose prompt KV the worker is storing in the blend
+// server keeps its blocks until the worker reports the store done
+// (ExecuteResponse.stored_request_ids), like vLLM's delay_free_blocks.
+//
+// Spans (DESIGN §3, engine side): cb.request (a child of the context given
+// with the request) ⊃ cb.schedule ⊃ {cb.lookup.rpc, cb.build_meta}; the
+// worker's cb.execute is a remote child of cb.request through
+// SeqStep.trace_context.
+package scheduler

@@ -1,0 +1,157 @@
+package scheduler
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cacheblend/cacheblend/rpc/cbv1"
+)
+
+// Finish reasons of a successful [Result].
+const (
+	FinishStop   = "stop"   // EOS sampled or OnToken asked to stop
+	FinishLength = "length" // MaxTokens or the model's positions reached
+	FinishStored = "stored" // a document's prefill and store are done
+)
+
+// Request is one generation (or document ingest) handed to [Scheduler.Submit].
+// The scheduler never modifies it.
+type Request struct {
+	// ID is unique among the requests in flight; it is the request_id of
+	// every RPC and span.
+	ID string
+	// Prompt is the prompt's token ids, special tokens included. Non-empty.
+	Prompt []int32
+	// MaxTokens bounds the generated tokens (>= 1). Ignored for documents.
+	MaxTokens int
+	// Sampling is passed to the worker as-is; nil means the worker's
+	// defaults.
+	Sampling *cbv1.SamplingParams
+	// IgnoreEOS keeps generating after the end-of-sequence token.
+	IgnoreEOS bool
+	// Document marks a document ingest: the prompt is prefilled on its own,
+	// nothing is sampled, the worker stores its KV in the blend server, and
+	// the request finishes (reason "stored") when the worker reports the
+	// store done. No lookup is made for it.
+	Document bool
+	// OnToken, when set, is called on the step loop with every sampled token
+	// except an end-of-sequence one; returning true finishes the request with
+	// reason "stop". It must be fast and must not call the scheduler.
+	OnToken func(tok int32) (stop bool)
+	// Ctx carries the parent span of cb.request (for documents, the span
+	// whose context the worker gets) and the request's cancellation: when it
+	// ends the request is dropped and fails with ErrCanceled.
+	Ctx context.Context
+}
+
+// Result is the state of a request, as seen through [Handle.Snapshot].
+type Result struct {
+	// Tokens are the generated tokens so far (EOS included when sampled).
+	Tokens []int32
+	// TokenTimes[i] is when Tokens[i] came back from the worker.
+	TokenTimes []time.Time
+	// Done is set once the request finished; then exactly one of
+	// FinishReason and Err is set.
+	Done         bool
+	FinishReason string
+	Err          error
+	// Admitted is when the scheduler first took the request into a batch
+	// (the end of engine.queue); zero if it never was.
+	Admitted time.Time
+	// Finished is when the request finished.
+	Finished time.Time
+	// PromptTokens is the prompt length.
+	PromptTokens int
+	// CachedTokens counts the prompt tokens of the first admission served
+	// from the engine's prefix cache; ReusedTokens those loaded through the
+	// CacheBlend plan (prefix and non-prefix legs).
+	CachedTokens, ReusedTokens int
+	// Preemptions counts how often the request was preempted.
+	Preemptions int
+	// Lookup is the blend server's lookup result, when one came back.
+	Lookup *cbv1.LookupResult
+	// Fallback is the reason the request was scheduled without a lookup
+	// result ("error", "timeout", "unavailable"), or "".
+	Fallback string
+}
+
+// Handle follows one submitted request. Its methods are safe for
+// concurrent use.
+type Handle struct {
+	mu     sync.Mutex
+	res    Result
+	notify chan struct{} // cap 1: "something changed"
+	done   chan struct{} // closed when finished
+}
+
+func newHandle(promptLen int) *Handle {
+	return &Handle{
+		res:    Result{PromptTokens: promptLen},
+		notify: make(chan struct{}, 1),
+		done:   make(chan struct{}),
+	}
+}
+
+// Changed returns a channel that receives a value after the result changed
+// (new tokens, or the end). Several changes may be coalesced into one value.
+func (h *Handle) Changed() <-chan struct{} { return h.notify }
+
+// Done returns a channel closed when the request finished.
+func (h *Handle) Done() <-chan struct{} { return h.done }
+
+// Snapshot returns a copy of the current result. The slices are safe to
+// read: the scheduler only appends.
+func (h *Handle) Snapshot() Result {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r := h.res
+	r.Tokens = slices.Clip(r.Tokens)
+	r.TokenTimes = slices.Clip(r.TokenTimes)
+	return r
+}
+
+// Wait blocks until the request finished or ctx ended, and returns the
+// snapshot.
+func (h *Handle) Wait(ctx context.Context) (Result, error) {
+	select {
+	case <-h.done:
+		return h.Snapshot(), nil
+	case <-ctx.Done():
+		return h.Snapshot(), ctx.Err()
+	}
+}
+
+func (h *Handle) update(f func(r *Result)) {
+	h.mu.Lock()
+	f(&h.res)
+	h.mu.Unlock()
+	h.poke()
+}
+
+func (h *Handle) poke() {
+	select {
+	case h.notify <- struct{}{}:
+	default:
+	}
+}
+
+// finish ends the request once; later calls do nothing.
+func (h *Handle) finish(reason string, err error, now time.Time) {
+	h.mu.Lock()
+	if h.res.Done {
+		h.mu.Unlock()
+		return
+	}
+	h.res.Done = true
+	h.res.Finished = now
+	if err != nil {
+		h.res.Err = err
+	} else {
+		h.res.FinishReason = reason
+	}
+	h.mu.Unlock()
+	close(h.done)
+	h.poke()
+}

@@ -1,0 +1,944 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/rpc/cbv1"
+	"github.com/cacheblend/cacheblend/telemetry"
+)
+
+// WorldSize is the number of worker ranks a request runs on (one worker).
+const WorldSize = 1
+
+// idleWake bounds how long the loop sleeps when nothing is due.
+const idleWake = time.Minute
+
+type seqState int
+
+const (
+	stWaiting seqState = iota
+	stRunning
+	stStoring // a document whose prefill is done, waiting for its store report
+	stDone
+)
+
+// seq is the scheduler's state of one request. It is guarded by Scheduler.mu.
+type seq struct {
+	req *Request
+	id  string
+	h   *Handle
+
+	tokens     []int32 // prompt, then generated tokens
+	nPrompt    int
+	prefillEnd int // tokens to prefill in the current pass (grows after a preemption)
+	computed   int // leading tokens whose KV is in blocks
+	blocks     []int32
+	hashes     []kvcache.BlockHash // chain hashes of the full blocks of tokens
+	committed  int                 // leading blocks registered in the prefix cache
+	started    bool                // the worker holds the request's state
+	admitted   bool                // taken into a batch at least once
+	resumed    bool                // re-admitted after a preemption
+	storeSent  bool
+	seen       bool
+	cancelled  bool
+	state      seqState
+	stopWatch  func() bool
+
+	reqCtx    context.Context // holds cb.request (the request's ctx for documents)
+	reqSpan   *telemetry.Span
+	schedCtx  context.Context
+	schedSpan *telemetry.Span
+	traceCtx  string // traceparent for SeqStep.trace_context
+
+	lk   *lookup
+	plan *cbv1.CBPlan
+}
+
+// storeHold keeps the blocks of a request whose store the worker has not
+// reported done.
+type storeHold struct {
+	blocks   [][]int32
+	deadline time.Time
+	doc      *seq // a document waiting for this report
+}
+
+// item is one sequence's share of a step.
+type item struct {
+	sq     *seq
+	n      int
+	sample bool
+	doc    bool
+}
+
+// Stats is a snapshot of the scheduler, for the engine gauges. KVFree +
+// KVUsed + KVCached == KVTotal (all zero before the worker answered Info).
+type Stats struct {
+	Waiting, Running                  int
+	KVFree, KVUsed, KVCached, KVTotal int
+	// Evictions and Preemptions are running totals.
+	Evictions, Preemptions uint64
+	// BatchTokens is the number of tokens computed in the last step.
+	BatchTokens int
+	// PrefixHitRatio is the lifetime fraction of admitted prompt tokens
+	// served from cached KV (the engine's prefix cache or CacheBlend reuse).
+	PrefixHitRatio float64
+	// Steps counts Execute calls.
+	Steps uint64
+	// WorkerReady reports whether the worker answered Info and its last step
+	// succeeded.
+	WorkerReady bool
+	// StoresPending counts requests whose store report is awaited.
+	StoresPending int
+}
+
+// Scheduler is the step loop. Create it with [New], then Start; Submit
+// requests; Shutdown. All methods are safe for concurrent use.
+type Scheduler struct {
+	cfg   Config
+	deps  Deps
+	spans *telemetry.Spans
+	log   *slog.Logger
+
+	mu              sync.Mutex
+	waiting         []*seq
+	running         []*seq
+	byID            map[string]*seq
+	storeWait       map[string]*storeHold
+	pendingFinished []string
+	alloc           *kvcache.Allocator
+	info            *cbv1.InfoResponse
+	ready           bool
+	everReady       bool
+	closing         bool
+	rpcInFlight     int
+	nextProbe       time.Time
+	nextStorePoll   time.Time
+	stepID          uint64
+	preemptions     uint64
+	evictionBase    uint64
+	batchTokens     int
+	hitNum, hitDen  uint64
+	after           []func() // run after mu is released
+
+	wake       chan struct{}
+	loopCtx    context.Context
+	cancelLoop context.CancelFunc
+	loopDone   chan struct{}
+	rpcs       sync.WaitGroup
+	started    bool
+	stopped    bool
+}
+
+// New returns a scheduler; it does nothing until Start.
+func New(cfg Config, deps Deps) (*Scheduler, error) {
+	if deps.Worker == nil {
+		return nil, errors.New("scheduler: a worker client is required")
+	}
+	cfg = cfg.withDefaults()
+	s := &Scheduler{
+		cfg:       cfg,
+		deps:      deps,
+		spans:     deps.Spans,
+		log:       deps.Logger,
+		byID:      make(map[string]*seq),
+		storeWait: make(map[string]*storeHold),
+		wake:      make(chan struct{}, 1),
+		loopDone:  make(chan struct{}),
+	}
+	if s.spans == nil {
+		s.spans = telemetry.NewSpans(nil, "github.com/cacheblend/cacheblend/engine/scheduler", nil)
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	s.loopCtx, s.cancelLoop = context.WithCancel(context.Background())
+	return s, nil
+}
+
+// Start starts the step loop. The loop first asks the worker for its Info
+// (retrying every WorkerRetryInterval); Submit refuses requests with
+// ErrWorkerUnavailable until it answered. ctx is not retained.
+func (s *Scheduler) Start(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started {
+		return errors.New("scheduler: already started")
+	}
+	if s.stopped {
+		return ErrShutdown
+	}
+	s.started = true
+	go s.run()
+	return nil
+}
+
+// Shutdown stops accepting requests, waits for those in flight to finish
+// (documents included) until ctx ends, then fails the rest with ErrShutdown
+// and stops the loop and its RPC goroutines. It returns ctx's error when it
+// had to fail requests. Later calls return nil at once.
+func (s *Scheduler) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return nil
+	}
+	s.stopped = true
+	s.closing = true
+	started := s.started
+	s.mu.Unlock()
+	s.poke()
+
+	var err error
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for started && s.active() > 0 && err == nil {
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-tick.C:
+		}
+	}
+	if err != nil {
+		s.Abort(ErrShutdown)
+	}
+	s.cancelLoop()
+	if started {
+		<-s.loopDone
+	}
+	s.rpcs.Wait()
+	return err
+}
+
+// active counts the requests not yet finished.
+func (s *Scheduler) active() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.byID)
+}
+
+// Abort fails every request in flight with err (ErrShutdown when nil); the
+// loop keeps running.
+func (s *Scheduler) Abort(err error) {
+	if err == nil {
+		err = ErrShutdown
+	}
+	s.mu.Lock()
+	now := time.Now()
+	for _, sq := range s.liveSeqs() {
+		s.finish(sq, "", err, now)
+	}
+	s.unlock()
+}
+
+// liveSeqs lists every unfinished request in a deterministic order.
+func (s *Scheduler) liveSeqs() []*seq {
+	out := slices.Concat(s.running, s.waiting)
+	for _, sq := range s.byID {
+		if sq.state == stStoring {
+			out = append(out, sq)
+		}
+	}
+	return out
+}
+
+// WorkerInfo returns the worker's Info once it answered, and whether it is
+// ready.
+func (s *Scheduler) WorkerInfo() (*cbv1.InfoResponse, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.info, s.ready
+}
+
+// Stats returns a snapshot of the queues, the KV pool and the counters.
+func (s *Scheduler) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := Stats{
+		Waiting:       len(s.waiting),
+		Running:       len(s.running),
+		Preemptions:   s.preemptions,
+		Evictions:     s.evictionBase,
+		BatchTokens:   s.batchTokens,
+		Steps:         s.stepID,
+		WorkerReady:   s.ready,
+		StoresPending: len(s.storeWait),
+	}
+	if s.hitDen > 0 {
+		st.PrefixHitRatio = min(1, float64(s.hitNum)/float64(s.hitDen))
+	}
+	if s.alloc != nil {
+		a := s.alloc.Stats()
+		st.KVFree, st.KVUsed, st.KVCached, st.KVTotal = a.Free, a.Used, a.Cached, a.NumBlocks
+		st.Evictions += a.Evictions
+	}
+	return st
+}
+
+// Submit queues a request and returns its handle. It fails fast with
+// ErrShutdown, ErrWorkerUnavailable, ErrQueueFull, ErrTooLong or
+// ErrBadRequest (all wrapped with detail).
+func (s *Scheduler) Submit(r *Request) (*Handle, error) {
+	if r == nil || r.ID == "" || len(r.Prompt) == 0 {
+		return nil, fmt.Errorf("%w: a request needs an id and a non-empty prompt", ErrBadRequest)
+	}
+	if !r.Document && r.MaxTokens < 1 {
+		return nil, fmt.Errorf("%w: max tokens %d < 1", ErrBadRequest, r.MaxTokens)
+	}
+	ctx := r.Ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	s.mu.Lock()
+	defer s.unlock()
+	switch {
+	case s.closing:
+		return nil, ErrShutdown
+	case !s.ready:
+		return nil, fmt.Errorf("%w: it has not answered yet", ErrWorkerUnavailable)
+	}
+	if _, dup := s.byID[r.ID]; dup {
+		return nil, fmt.Errorf("%w: request id %q already in flight", ErrBadRequest, r.ID)
+	}
+	if _, dup := s.storeWait[r.ID]; dup {
+		return nil, fmt.Errorf("%w: request id %q still storing", ErrBadRequest, r.ID)
+	}
+	total := len(r.Prompt)
+	if !r.Document {
+		total += r.MaxTokens
+	}
+	if mp := int(s.info.GetMaxPositions()); mp > 0 && total > mp {
+		return nil, fmt.Errorf("%w: %d tokens exceed the model's %d positions", ErrTooLong, total, mp)
+	}
+	if need := s.alloc.BlocksFor(total); need > s.alloc.NumBlocks() {
+		return nil, fmt.Errorf("%w: %d tokens need %d KV blocks, the pool has %d", ErrTooLong, total, need, s.alloc.NumBlocks())
+	}
+	if v := s.info.GetVocab(); v > 0 {
+		for i, t := range r.Prompt {
+			if t < 0 || t >= v {
+				return nil, fmt.Errorf("%w: token %d at position %d is outside the vocabulary [0, %d)", ErrBadRequest, t, i, v)
+			}
+		}
+	}
+
+	if len(s.waiting) >= s.cfg.MaxQueue {
+		return nil, fmt.Errorf("%w: %d waiting", ErrQueueFull, len(s.waiting))
+	}
+
+	sq := &seq{
+		req:        r,
+		id:         r.ID,
+		h:          newHandle(len(r.Prompt)),
+		tokens:     slices.Clone(r.Prompt),
+		nPrompt:    len(r.Prompt),
+		prefillEnd: len(r.Prompt),
+		reqCtx:     ctx,
+	}
+	if r.Document {
+		sq.traceCtx = telemetry.InjectString(ctx)
+	} else {
+		sq.reqCtx, sq.reqSpan = s.spans.Start(ctx, "cb.request", traceAttrs(
+			attribute.String("request_id", r.ID),
+			attribute.String("model", s.cfg.Model),
+			attribute.Int("world_size", WorldSize),
+			attribute.Int("n_prompt_tokens", len(r.Prompt)),
+		))
+		sq.traceCtx = telemetry.InjectString(sq.reqCtx)
+	}
+	s.waiting = append(s.waiting, sq)
+	s.byID[r.ID] = sq
+	sq.stopWatch = context.AfterFunc(ctx, func() { s.cancel(sq) })
+	s.poke()
+	return sq.h, nil
+}
+
+func (s *Scheduler) cancel(sq *seq) {
+	s.mu.Lock()
+	if sq.state != stDone {
+		sq.cancelled = true
+	}
+	s.mu.Unlock()
+	s.poke()
+}
+
+func (s *Scheduler) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// unlock releases mu and runs the actions deferred while it was held.
+func (s *Scheduler) unlock() {
+	fns := s.after
+	s.after = nil
+	s.mu.Unlock()
+	for _, f := range fns {
+		f()
+	}
+}
+
+func (s *Scheduler) defer_(f func()) { s.after = append(s.after, f) }
+
+// run is the step loop.
+func (s *Scheduler) run() {
+	defer close(s.loopDone)
+	for s.loopCtx.Err() == nil {
+		s.mu.Lock()
+		now := time.Now()
+		if !s.ready {
+			due := !now.Before(s.nextProbe)
+			wakeAt := s.nextProbe
+			s.unlock()
+			if due {
+				s.probe()
+			} else {
+				s.sleep(wakeAt)
+			}
+			continue
+		}
+		s.processCancels(now)
+		s.expireStores(now)
+		s.firstSights(now)
+		s.driveLookups(now)
+		batch := s.schedule(now)
+		req := s.buildExecute(batch, now)
+		wakeAt := s.nextWake(now)
+		s.unlock()
+		if req == nil {
+			s.sleep(wakeAt)
+			continue
+		}
+		ctx, cancel := context.WithTimeout(s.loopCtx, s.cfg.StepTimeout)
+		resp, err := s.deps.Worker.Execute(ctx, req)
+		cancel()
+		s.mu.Lock()
+		s.applyStep(batch, resp, err, time.Now())
+		s.unlock()
+	}
+}
+
+func (s *Scheduler) sleep(until time.Time) {
+	d := time.Until(until)
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-s.wake:
+	case <-t.C:
+	case <-s.loopCtx.Done():
+	}
+}
+
+// probe asks the worker for its Info and sizes the allocator.
+func (s *Scheduler) probe() {
+	ctx, cancel := context.WithTimeout(s.loopCtx, s.cfg.InfoTimeout)
+	info, err := s.deps.Worker.Info(ctx, &cbv1.InfoRequest{})
+	cancel()
+	if err == nil && (info.GetNumBlocks() <= 0 || info.GetBlockSize() <= 0) {
+		err = fmt.Errorf("worker reported an empty KV pool (%d blocks of %d tokens)", info.GetNumBlocks(), info.GetBlockSize())
+	}
+	var alloc *kvcache.Allocator
+	if err == nil {
+		alloc, err = kvcache.NewAllocator(int(info.GetNumBlocks()), int(info.GetBlockSize()))
+	}
+	s.mu.Lock()
+	if err != nil {
+		s.nextProbe = time.Now().Add(s.cfg.WorkerRetryInterval)
+		first := !s.everReady && s.stepID == 0
+		s.unlock()
+		if s.loopCtx.Err() == nil {
+			s.log.Warn("worker unavailable", "error", err.Error(), "retry_in", s.cfg.WorkerRetryInterval.String(), "first_probe", first)
+		}
+		return
+	}
+	s.alloc, s.info, s.ready, s.everReady = alloc, info, true, true
+	s.unlock()
+	s.log.Info("worker ready", "worker_id", info.GetWorkerId(), "model", info.GetModel(),
+		"kv_blocks", info.GetNumBlocks(), "block_size", info.GetBlockSize(), "max_positions", info.GetMaxPositions())
+}
+
+// processCancels finishes requests whose context ended.
+func (s *Scheduler) processCancels(now time.Time) {
+	for _, sq := range s.liveSeqs() {
+		if sq.cancelled {
+			s.finish(sq, "", ErrCanceled, now)
+		}
+	}
+}
+
+// expireStores releases the blocks of stores not reported in time.
+func (s *Scheduler) expireStores(now time.Time) {
+	for id, hold := range s.storeWait {
+		if now.Before(hold.deadline) {
+			continue
+		}
+		delete(s.storeWait, id)
+		s.freeBlocks(hold.blocks...)
+		if hold.doc != nil {
+			s.finish(hold.doc, "", ErrStoreTimeout, now)
+		}
+		s.defer_(func() {
+			s.log.Warn("store not reported done in time; blocks released", "request_id", id, "timeout", s.cfg.StoreTimeout.String())
+		})
+	}
+}
+
+func (s *Scheduler) freeBlocks(lists ...[]int32) {
+	for _, bl := range lists {
+		if len(bl) == 0 {
+			continue
+		}
+		if err := s.alloc.Free(bl); err != nil {
+			s.defer_(func() { s.log.Error("kv block accounting error", "error", err.Error()) })
+		}
+	}
+}
+
+// releaseBlocks gives up sq's blocks: held for a pending store, else freed.
+func (s *Scheduler) releaseBlocks(sq *seq) {
+	if len(sq.blocks) == 0 {
+		return
+	}
+	if hold, ok := s.storeWait[sq.id]; ok {
+		hold.blocks = append(hold.blocks, sq.blocks)
+	} else {
+		s.freeBlocks(sq.blocks)
+	}
+	sq.blocks = nil
+}
+
+// finish ends sq with reason (success) or err.
+func (s *Scheduler) finish(sq *seq, reason string, err error, now time.Time) {
+	if sq.state == stDone {
+		return
+	}
+	switch sq.state {
+	case stWaiting:
+		s.waiting = slices.DeleteFunc(s.waiting, func(x *seq) bool { return x == sq })
+	case stRunning:
+		s.running = slices.DeleteFunc(s.running, func(x *seq) bool { return x == sq })
+	}
+	if sq.state == stStoring {
+		if hold, ok := s.storeWait[sq.id]; ok && hold.doc == sq {
+			hold.doc = nil // the blocks stay held until the report
+		}
+	}
+	s.releaseBlocks(sq)
+	if sq.started {
+		s.pendingFinished = append(s.pendingFinished, sq.id)
+		sq.started = false
+	}
+	sq.state = stDone
+	delete(s.byID, sq.id)
+	if sq.stopWatch != nil {
+		sq.stopWatch()
+	}
+	var lkSpan *telemetry.Span // a lookup abandoned with its request
+	var nPolls int
+	if lk := sq.lk; lk != nil && !lk.final() {
+		lk.state, lk.reason = lkFailed, "abandoned"
+		lkSpan, nPolls = lk.span, lk.nPolls
+	}
+	s.defer_(func() {
+		if lkSpan != nil {
+			lkSpan.SetAttributes(attribute.Int("n_polls", nPolls))
+			lkSpan.SetError(errorType(err), err)
+			lkSpan.End()
+		}
+		if sq.schedSpan != nil && !sq.admitted {
+			sq.schedSpan.SetError(errorType(err), err)
+			sq.schedSpan.End()
+		}
+		if sq.reqSpan != nil {
+			if err != nil {
+				sq.reqSpan.SetError(errorType(err), err)
+			} else {
+				sq.reqSpan.SetAttributes(attribute.String("finish_reason", reason))
+			}
+			sq.reqSpan.End()
+		}
+		sq.h.finish(reason, err, now)
+	})
+}
+
+// ErrorType names a request error for span error.type attributes:
+// canceled, worker_unavailable, shutdown, timeout, worker_error or internal
+// ("" for nil).
+func ErrorType(err error) string { return errorType(err) }
+
+func errorType(err error) string {
+	var we *WorkerError
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, ErrCanceled):
+		return "canceled"
+	case errors.Is(err, ErrWorkerUnavailable):
+		return "worker_unavailable"
+	case errors.Is(err, ErrShutdown):
+		return "shutdown"
+	case errors.Is(err, ErrStoreTimeout):
+		return "timeout"
+	case errors.As(err, &we):
+		return "worker_error"
+	default:
+		return "internal"
+	}
+}
+
+// preempt returns a running sequence to the front of the waiting queue,
+// releasing its blocks; it is recomputed (prompt plus generated tokens) when
+// readmitted.
+func (s *Scheduler) preempt(sq *seq) {
+	s.running = slices.DeleteFunc(s.running, func(x *seq) bool { return x == sq })
+	s.releaseBlocks(sq)
+	if sq.started {
+		s.pendingFinished = append(s.pendingFinished, sq.id)
+		sq.started = false
+	}
+	computed := sq.computed
+	sq.computed, sq.committed = 0, 0
+	sq.resumed = true
+	sq.plan = nil
+	sq.state = stWaiting
+	s.waiting = slices.Insert(s.waiting, 0, sq)
+	s.preemptions++
+	nOut := len(sq.tokens) - sq.nPrompt
+	s.defer_(func() {
+		sq.h.update(func(r *Result) { r.Preemptions++ })
+		sq.reqSpan.AddEvent("preempted", traceEventAttrs(
+			attribute.Int("computed_tokens", computed), attribute.Int("output_tokens", nOut)))
+	})
+}
+
+// schedule builds the next batch: running sequences first, then waiting
+// ones, within the token budget.
+func (s *Scheduler) schedule(now time.Time) []item {
+	budget := s.cfg.StepTokenBudget
+	var batch []item
+	preempted := false
+	for i := 0; i < len(s.running) && budget > 0; i++ {
+		sq := s.running[i]
+		n := min(len(sq.tokens)-sq.computed, budget)
+		if n <= 0 {
+			continue
+		}
+		for {
+			need := s.alloc.BlocksFor(sq.computed+n) - len(sq.blocks)
+			if need <= 0 {
+				break
+			}
+			got, err := s.alloc.Allocate(need)
+			if err == nil {
+				sq.blocks = append(sq.blocks, got...)
+				break
+			}
+			victim := s.running[len(s.running)-1]
+			s.preempt(victim)
+			preempted = true
+			if victim == sq {
+				sq = nil
+				break
+			}
+		}
+		if sq == nil {
+			break
+		}
+		batch = append(batch, s.stepItem(sq, n))
+		budget -= n
+	}
+	if preempted {
+		return batch
+	}
+	for i := 0; i < len(s.waiting) && budget > 0 && len(s.running) < s.cfg.MaxRunning; {
+		sq := s.waiting[i]
+		if sq.lk != nil && !sq.lk.final() {
+			i++ // deferred until its lookup is ready
+			continue
+		}
+		n, ok := s.admit(sq, budget, now)
+		if !ok {
+			break // first come, first served: no skipping ahead for blocks
+		}
+		s.waiting = slices.Delete(s.waiting, i, i+1)
+		sq.state = stRunning
+		s.running = append(s.running, sq)
+		batch = append(batch, s.stepItem(sq, n))
+		budget -= n
+	}
+	return batch
+}
+
+func (s *Scheduler) stepItem(sq *seq, n int) item {
+	return item{sq: sq, n: n, doc: sq.req.Document,
+		sample: !sq.req.Document && sq.computed+n == len(sq.tokens)}
+}
+
+// admit allocates blocks for a waiting sequence's first chunk, reusing the
+// prefix cache and the CacheBlend plan, and reports the tokens to compute.
+func (s *Scheduler) admit(sq *seq, budget int, now time.Time) (int, bool) {
+	planStart := time.Now()
+	bs := s.alloc.BlockSize()
+	sq.hashes = kvcache.ChainHashes(sq.hashes, sq.tokens, bs)
+	maxHit := (len(sq.tokens) - 1) / bs // always compute at least the last token
+	acquired := s.alloc.Acquire(sq.hashes[:min(maxHit, len(sq.hashes))])
+	local := len(acquired) * bs
+	start, reused := local, 0
+	var plan *cbv1.CBPlan
+	if sq.lk != nil && sq.lk.result != nil && !sq.resumed {
+		plan, start, reused = buildPlan(sq.lk.result, local, len(sq.tokens), s.cfg.RecompRatio)
+	}
+	n := min(len(sq.tokens)-start, budget)
+	fresh, err := s.alloc.Allocate(s.alloc.BlocksFor(start+n) - len(acquired))
+	if err != nil {
+		s.freeBlocks(acquired)
+		return 0, false
+	}
+	sq.blocks = append(acquired, fresh...)
+	sq.computed, sq.committed = start, len(acquired)
+	sq.prefillEnd = len(sq.tokens)
+	sq.plan = plan
+	s.hitNum += uint64(min(local+reused, len(sq.tokens))) // the prefix leg is among the reused tokens
+	s.hitDen += uint64(len(sq.tokens))
+	if sq.admitted {
+		return n, true
+	}
+	sq.admitted = true
+	s.defer_(func() {
+		sq.h.update(func(r *Result) {
+			r.Admitted = now
+			r.CachedTokens = local
+			r.ReusedTokens = reused
+		})
+		if sq.schedSpan == nil {
+			return
+		}
+		_, bm := s.spans.Start(sq.schedCtx, "cb.build_meta", trace.WithTimestamp(planStart), traceAttrs(
+			attribute.String("request_id", sq.id),
+			attribute.Int("local_prefix_hit_tokens", local),
+			attribute.Int("start_pos", start),
+			attribute.Int("n_matches", len(plan.GetMatches())),
+			attribute.Int("reused_tokens", reused),
+			attribute.Int("n_blocks", len(acquired)+len(fresh)),
+		))
+		bm.End(traceEnd(now))
+		sq.schedSpan.End(traceEnd(now))
+	})
+	return n, true
+}
+
+// buildExecute turns the batch into the step request; nil when there is
+// nothing to send (no batch, no finished ids, no store report due).
+func (s *Scheduler) buildExecute(batch []item, now time.Time) *cbv1.ExecuteRequest {
+	storePoll := len(s.storeWait) > 0 && !now.Before(s.nextStorePoll)
+	if len(batch) == 0 && len(s.pendingFinished) == 0 && !storePoll {
+		return nil
+	}
+	if len(s.storeWait) > 0 {
+		s.nextStorePoll = now.Add(s.cfg.StorePollInterval)
+	}
+	s.stepID++
+	req := &cbv1.ExecuteRequest{StepId: s.stepID, FinishedRequestIds: s.pendingFinished}
+	s.pendingFinished = nil
+	for _, it := range batch {
+		sq := it.sq
+		st := &cbv1.SeqStep{
+			RequestId:    sq.id,
+			TraceContext: sq.traceCtx,
+			BlockTable:   slices.Clone(sq.blocks),
+			Tokens:       slices.Clone(sq.tokens[sq.computed : sq.computed+it.n]),
+			StartPos:     int32(sq.computed),
+			IsPrefill:    sq.computed < sq.prefillEnd,
+			Sample:       it.sample,
+			Sampling:     sq.req.Sampling,
+			Document:     sq.req.Document,
+		}
+		if !sq.started {
+			st.PromptTokens = slices.Clone(sq.tokens[:sq.prefillEnd])
+			sq.started = true
+		}
+		if st.IsPrefill && sq.plan != nil {
+			st.CbPlan = sq.plan
+		}
+		wantStore := sq.req.Document || (s.deps.Blend != nil && !s.cfg.DisableStore)
+		if wantStore && !sq.storeSent && sq.computed+it.n == sq.prefillEnd {
+			st.Store = true
+			sq.storeSent = true
+			s.storeWait[sq.id] = &storeHold{deadline: now.Add(s.cfg.StoreTimeout)}
+			s.nextStorePoll = now.Add(s.cfg.StorePollInterval)
+		}
+		req.Seqs = append(req.Seqs, st)
+	}
+	return req
+}
+
+// applyStep folds the worker's answer into the sequences.
+func (s *Scheduler) applyStep(batch []item, resp *cbv1.ExecuteResponse, err error, now time.Time) {
+	if err != nil && s.loopCtx.Err() != nil { // shutting down: not the worker's fault
+		for _, sq := range s.liveSeqs() {
+			s.finish(sq, "", ErrShutdown, now)
+		}
+		return
+	}
+	if err != nil {
+		s.workerFailed(err, now)
+		return
+	}
+	outs := make(map[string]*cbv1.SeqOutput, len(resp.GetOutputs()))
+	for _, o := range resp.GetOutputs() {
+		outs[o.GetRequestId()] = o
+	}
+	tokens := 0
+	for _, it := range batch {
+		tokens += it.n
+		sq := it.sq
+		if sq.state != stRunning {
+			continue // aborted during the step
+		}
+		out := outs[sq.id]
+		if msg := out.GetError(); msg != "" {
+			s.finish(sq, "", &WorkerError{RequestID: sq.id, Msg: msg}, now)
+			continue
+		}
+		sq.computed += it.n
+		s.commitBlocks(sq)
+		if it.doc && sq.computed >= sq.prefillEnd {
+			s.docPrefilled(sq)
+			continue
+		}
+		if !it.sample {
+			continue
+		}
+		if !out.GetHasToken() {
+			s.finish(sq, "", &WorkerError{RequestID: sq.id, Msg: "no token sampled for a step that asked for one"}, now)
+			continue
+		}
+		s.appendToken(sq, out.GetToken(), now)
+	}
+	s.batchTokens = tokens
+	for _, id := range resp.GetStoredRequestIds() {
+		s.storeDone(id, now)
+	}
+}
+
+// commitBlocks registers sq's newly computed full blocks in the prefix cache.
+func (s *Scheduler) commitBlocks(sq *seq) {
+	bs := s.alloc.BlockSize()
+	full := min(sq.computed/bs, len(sq.blocks))
+	if full <= sq.committed {
+		return
+	}
+	sq.hashes = kvcache.ChainHashes(sq.hashes, sq.tokens, bs)
+	for i := sq.committed; i < full && i < len(sq.hashes); i++ {
+		if _, err := s.alloc.Commit(sq.blocks[i], sq.hashes[i]); err != nil {
+			s.defer_(func() { s.log.Error("kv block accounting error", "error", err.Error()) })
+		}
+	}
+	sq.committed = full
+}
+
+func (s *Scheduler) appendToken(sq *seq, tok int32, now time.Time) {
+	sq.tokens = append(sq.tokens, tok)
+	nOut := len(sq.tokens) - sq.nPrompt
+	sq.h.update(func(r *Result) {
+		r.Tokens = append(r.Tokens, tok)
+		r.TokenTimes = append(r.TokenTimes, now)
+	})
+	eos := !sq.req.IgnoreEOS && s.info != nil && tok == s.info.GetEos()
+	switch {
+	case eos:
+		s.finish(sq, FinishStop, nil, now)
+	case sq.req.OnToken != nil && sq.req.OnToken(tok):
+		s.finish(sq, FinishStop, nil, now)
+	case nOut >= sq.req.MaxTokens:
+		s.finish(sq, FinishLength, nil, now)
+	}
+}
+
+// docPrefilled parks a document whose prefill is done until its store is
+// reported.
+func (s *Scheduler) docPrefilled(sq *seq) {
+	s.running = slices.DeleteFunc(s.running, func(x *seq) bool { return x == sq })
+	sq.state = stStoring
+	hold, ok := s.storeWait[sq.id]
+	if !ok { // cannot happen: the store was sent with the last chunk
+		hold = &storeHold{deadline: time.Now().Add(s.cfg.StoreTimeout)}
+		s.storeWait[sq.id] = hold
+	}
+	hold.blocks = append(hold.blocks, sq.blocks)
+	hold.doc = sq
+	sq.blocks = nil
+	if sq.started {
+		s.pendingFinished = append(s.pendingFinished, sq.id)
+		sq.started = false
+	}
+}
+
+// storeDone releases what a finished store held.
+func (s *Scheduler) storeDone(id string, now time.Time) {
+	hold, ok := s.storeWait[id]
+	if !ok {
+		return
+	}
+	delete(s.storeWait, id)
+	s.freeBlocks(hold.blocks...)
+	if hold.doc != nil {
+		s.finish(hold.doc, FinishStored, nil, now)
+	}
+}
+
+// workerFailed fails every request: the worker's state is gone or unknown.
+func (s *Scheduler) workerFailed(cause error, now time.Time) {
+	err := fmt.Errorf("%w: step failed: %w", ErrWorkerUnavailable, cause)
+	for _, sq := range s.liveSeqs() {
+		s.finish(sq, "", err, now)
+	}
+	if s.alloc != nil {
+		s.evictionBase += s.alloc.Stats().Evictions
+	}
+	clear(s.storeWait)
+	s.pendingFinished = nil
+	s.alloc, s.ready = nil, false
+	s.nextProbe = now
+	s.defer_(func() { s.log.Error("worker step failed; requests in flight failed", "error", cause.Error()) })
+}
+
+// nextWake is the next time the loop has something due.
+func (s *Scheduler) nextWake(now time.Time) time.Time {
+	at := now.Add(idleWake)
+	earlier := func(t time.Time) {
+		if t.Before(at) {
+			at = t
+		}
+	}
+	for _, sq := range s.waiting {
+		if lk := sq.lk; lk != nil && !lk.final() {
+			earlier(lk.deadline)
+			if lk.state == lkWaitPoll {
+				earlier(lk.lastPoll.Add(s.cfg.PollInterval))
+			}
+		}
+	}
+	for _, hold := range s.storeWait {
+		earlier(hold.deadline)
+	}
+	if len(s.storeWait) > 0 {
+		earlier(s.nextStorePoll)
+	}
+	return at
+}

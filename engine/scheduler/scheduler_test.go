@@ -1,0 +1,790 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/cacheblend/cacheblend/engine/internal/enginetest"
+	"github.com/cacheblend/cacheblend/rpc/cbv1"
+	"github.com/cacheblend/cacheblend/telemetry"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type harness struct {
+	s      *Scheduler
+	worker *enginetest.Worker
+	blend  *enginetest.Blend
+	rec    *tracetest.SpanRecorder
+	fbMu   sync.Mutex
+	fbs    []string
+}
+
+type opts struct {
+	cfg       Config
+	worker    *enginetest.Worker
+	blend     *enginetest.Blend
+	deadBlend bool
+}
+
+func newHarness(t *testing.T, o opts) *harness {
+	t.Helper()
+	if o.worker == nil {
+		o.worker = enginetest.NewWorker(256, 16, 4096)
+	}
+	h := &harness{worker: o.worker, blend: o.blend, rec: tracetest.NewSpanRecorder()}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(h.rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	deps := Deps{
+		Worker: enginetest.WorkerClient(t, o.worker),
+		Spans:  telemetry.NewSpans(tp, "test", nil),
+		OnFallback: func(r string) {
+			h.fbMu.Lock()
+			h.fbs = append(h.fbs, r)
+			h.fbMu.Unlock()
+		},
+	}
+	switch {
+	case o.deadBlend:
+		deps.Blend = enginetest.DeadBlendClient(t)
+	case o.blend != nil:
+		deps.Blend = enginetest.BlendClient(t, o.blend)
+	}
+	s, err := New(o.cfg, deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	})
+	h.s = s
+	waitFor(t, "worker ready", func() bool { _, ok := s.WorkerInfo(); return ok })
+	return h
+}
+
+func (h *harness) fallbacks() []string {
+	h.fbMu.Lock()
+	defer h.fbMu.Unlock()
+	return slices.Clone(h.fbs)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func prompt(n int, seed int32) []int32 {
+	p := make([]int32, n)
+	p[0] = 256 // BOS
+	for i := 1; i < n; i++ {
+		p[i] = (seed*7 + int32(i)*13) % 251
+	}
+	return p
+}
+
+func run(t *testing.T, s *Scheduler, r *Request) Result {
+	t.Helper()
+	h, err := s.Submit(r)
+	if err != nil {
+		t.Fatalf("submit %s: %v", r.ID, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res, err := h.Wait(ctx)
+	if err != nil {
+		t.Fatalf("wait %s: %v", r.ID, err)
+	}
+	return res
+}
+
+func checkKV(t *testing.T, s *Scheduler) Stats {
+	t.Helper()
+	st := s.Stats()
+	if st.KVFree+st.KVUsed+st.KVCached != st.KVTotal {
+		t.Fatalf("kv blocks free %d + used %d + cached %d != %d", st.KVFree, st.KVUsed, st.KVCached, st.KVTotal)
+	}
+	return st
+}
+
+func TestGenerateMatchesReference(t *testing.T) {
+	h := newHarness(t, opts{})
+	p := prompt(40, 1)
+	res := run(t, h.s, &Request{ID: "r1", Prompt: p, MaxTokens: 20})
+	if res.Err != nil || res.FinishReason != FinishLength {
+		t.Fatalf("result %+v", res)
+	}
+	if want := enginetest.Reference(p, 20); !slices.Equal(res.Tokens, want) {
+		t.Fatalf("tokens %v, want %v", res.Tokens, want)
+	}
+	if len(res.TokenTimes) != 20 || res.Admitted.IsZero() || res.Finished.Before(res.TokenTimes[19]) {
+		t.Fatalf("timing %+v", res)
+	}
+	steps := h.worker.SeqSteps("r1")
+	if len(steps) != 20 { // one prefill step, 19 decode steps
+		t.Fatalf("%d steps, want 20", len(steps))
+	}
+	if !steps[0].GetIsPrefill() || len(steps[0].GetPromptTokens()) != 40 || steps[1].GetIsPrefill() ||
+		len(steps[1].GetPromptTokens()) != 0 || len(steps[1].GetTokens()) != 1 || steps[1].GetStartPos() != 40 {
+		t.Fatalf("steps %v / %v", steps[0], steps[1])
+	}
+	waitFor(t, "finished id sent", func() bool {
+		for _, st := range h.worker.Steps() {
+			if slices.Contains(st.GetFinishedRequestIds(), "r1") {
+				return true
+			}
+		}
+		return false
+	})
+	if st := checkKV(t, h.s); st.KVUsed != 0 {
+		t.Fatalf("blocks still used after the end: %+v", st)
+	}
+}
+
+func TestStopConditions(t *testing.T) {
+	w := enginetest.NewWorker(64, 16, 4096)
+	w.EOSAtLen = 15 // the token sampled for sequence length 15 is EOS
+	h := newHarness(t, opts{worker: w})
+	p := prompt(10, 3)
+	for _, tc := range []struct {
+		name      string
+		req       Request
+		wantN     int
+		wantFinal string
+	}{
+		{"eos", Request{MaxTokens: 50}, 5, FinishStop},
+		{"ignore eos", Request{MaxTokens: 8, IgnoreEOS: true}, 8, FinishLength},
+		{"max tokens", Request{MaxTokens: 3}, 3, FinishLength},
+		{"on token", Request{MaxTokens: 50, OnToken: func() func(int32) bool {
+			n := 0
+			return func(int32) bool { n++; return n == 2 }
+		}()}, 2, FinishStop},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := tc.req
+			r.ID, r.Prompt = tc.name, p
+			res := run(t, h.s, &r)
+			if res.Err != nil || res.FinishReason != tc.wantFinal || len(res.Tokens) != tc.wantN {
+				t.Fatalf("result: %d tokens %q %v, want %d %q", len(res.Tokens), res.FinishReason, res.Err, tc.wantN, tc.wantFinal)
+			}
+		})
+	}
+}
+
+func TestChunkedPrefill(t *testing.T) {
+	h := newHarness(t, opts{cfg: Config{StepTokenBudget: 512}, worker: enginetest.NewWorker(256, 16, 4096)})
+	p := prompt(1200, 2)
+	res := run(t, h.s, &Request{ID: "long", Prompt: p, MaxTokens: 3})
+	if want := enginetest.Reference(p, 3); !slices.Equal(res.Tokens, want) {
+		t.Fatalf("tokens %v, want %v", res.Tokens, want)
+	}
+	steps := h.worker.SeqSteps("long")
+	type shape struct {
+		start, n       int
+		prompt, sample bool
+		blocks         int
+	}
+	var got []shape
+	for _, s := range steps[:3] {
+		got = append(got, shape{int(s.GetStartPos()), len(s.GetTokens()), len(s.GetPromptTokens()) > 0, s.GetSample(), len(s.GetBlockTable())})
+	}
+	want := []shape{{0, 512, true, false, 32}, {512, 512, false, false, 64}, {1024, 176, false, true, 75}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("prefill chunks %+v, want %+v", got, want)
+	}
+	// Another request sharing the budget: its steps never exceed it together.
+	for _, st := range h.worker.Steps() {
+		n := 0
+		for _, s := range st.GetSeqs() {
+			n += len(s.GetTokens())
+		}
+		if n > 512 {
+			t.Fatalf("step %d computes %d tokens > budget", st.GetStepId(), n)
+		}
+	}
+}
+
+func TestChunkedPrefillSharesBudgetWithDecode(t *testing.T) {
+	h := newHarness(t, opts{cfg: Config{StepTokenBudget: 64}})
+	short := prompt(8, 5)
+	hs, err := h.s.Submit(&Request{ID: "short", Prompt: short, MaxTokens: 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := prompt(300, 6)
+	res := run(t, h.s, &Request{ID: "long", Prompt: long, MaxTokens: 2})
+	rs, _ := hs.Wait(context.Background())
+	if !slices.Equal(rs.Tokens, enginetest.Reference(short, 30)) || !slices.Equal(res.Tokens, enginetest.Reference(long, 2)) {
+		t.Fatal("tokens differ from the reference")
+	}
+	mixed := false
+	for _, st := range h.worker.Steps() {
+		n, prefill, decode := 0, false, false
+		for _, s := range st.GetSeqs() {
+			n += len(s.GetTokens())
+			prefill = prefill || s.GetIsPrefill()
+			decode = decode || !s.GetIsPrefill()
+		}
+		if n > 64 {
+			t.Fatalf("step over budget: %d", n)
+		}
+		mixed = mixed || (prefill && decode)
+	}
+	if !mixed {
+		t.Fatal("no step mixed a prefill chunk with a decode")
+	}
+}
+
+func TestPreemptionResumeSameTokens(t *testing.T) {
+	// 12 blocks of 4 tokens: four requests of 10 prompt + 20 output tokens
+	// (8 blocks each at the end) cannot all run.
+	w := enginetest.NewWorker(12, 4, 4096)
+	h := newHarness(t, opts{worker: w, cfg: Config{StepTokenBudget: 64}})
+	var hs []*Handle
+	var prompts [][]int32
+	for i := range 4 {
+		p := prompt(10, int32(10+i))
+		prompts = append(prompts, p)
+		hd, err := h.s.Submit(&Request{ID: fmt.Sprintf("p%d", i), Prompt: p, MaxTokens: 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs = append(hs, hd)
+	}
+	preempted := 0
+	for i, hd := range hs {
+		res, err := hd.Wait(context.Background())
+		if err != nil || res.Err != nil {
+			t.Fatalf("p%d: %v %v", i, err, res.Err)
+		}
+		if want := enginetest.Reference(prompts[i], 20); !slices.Equal(res.Tokens, want) {
+			t.Fatalf("p%d tokens %v, want %v (preempted %d times)", i, res.Tokens, want, res.Preemptions)
+		}
+		preempted += res.Preemptions
+	}
+	st := checkKV(t, h.s)
+	if preempted == 0 || st.Preemptions == 0 {
+		t.Fatalf("no preemption happened (stats %+v)", st)
+	}
+	if uint64(preempted) != st.Preemptions {
+		t.Fatalf("handles count %d preemptions, stats %d", preempted, st.Preemptions)
+	}
+	if st.KVUsed != 0 {
+		t.Fatalf("blocks leaked: %+v", st)
+	}
+	// A resumed request's first step re-sends the whole sequence as its prompt.
+	resumed := false
+	for i := range 4 {
+		steps := w.SeqSteps(fmt.Sprintf("p%d", i))
+		for _, s := range steps[1:] {
+			if n := len(s.GetPromptTokens()); n > 10 {
+				resumed = true
+			}
+		}
+	}
+	if !resumed {
+		t.Fatal("no resumed first step carries prompt plus generated tokens")
+	}
+}
+
+func TestPrefixCacheReuse(t *testing.T) {
+	h := newHarness(t, opts{worker: enginetest.NewWorker(64, 16, 4096)})
+	base := prompt(64, 9)
+	run(t, h.s, &Request{ID: "a", Prompt: base, MaxTokens: 2})
+	b := slices.Concat(base[:48], prompt(20, 4)[1:])
+	res := run(t, h.s, &Request{ID: "b", Prompt: b, MaxTokens: 4})
+	if want := enginetest.Reference(b, 4); !slices.Equal(res.Tokens, want) {
+		t.Fatalf("tokens %v, want %v", res.Tokens, want)
+	}
+	if res.CachedTokens != 48 {
+		t.Fatalf("cached tokens %d, want 48", res.CachedTokens)
+	}
+	first := h.worker.SeqSteps("b")[0]
+	if first.GetStartPos() != 48 || len(first.GetTokens()) != len(b)-48 || len(first.GetPromptTokens()) != len(b) {
+		t.Fatalf("first step start %d, %d tokens", first.GetStartPos(), len(first.GetTokens()))
+	}
+	// The same prompt again: everything but the last token comes from cache.
+	res = run(t, h.s, &Request{ID: "c", Prompt: base, MaxTokens: 2})
+	if res.CachedTokens != 48 || !slices.Equal(res.Tokens, enginetest.Reference(base, 2)) {
+		t.Fatalf("repeat: cached %d tokens %v", res.CachedTokens, res.Tokens)
+	}
+	st := checkKV(t, h.s)
+	if st.PrefixHitRatio <= 0 || st.KVCached == 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestEvictionsCounted(t *testing.T) {
+	h := newHarness(t, opts{worker: enginetest.NewWorker(8, 4, 4096)})
+	for i := range 6 {
+		p := prompt(17, int32(30+i))
+		res := run(t, h.s, &Request{ID: fmt.Sprintf("e%d", i), Prompt: p, MaxTokens: 2})
+		if !slices.Equal(res.Tokens, enginetest.Reference(p, 2)) {
+			t.Fatalf("e%d tokens differ", i)
+		}
+	}
+	if st := checkKV(t, h.s); st.Evictions == 0 {
+		t.Fatalf("no eviction counted: %+v", st)
+	}
+}
+
+// prefixResult makes the blend double report the first n tokens as a
+// prefix hit and [from, to) as a non-prefix match.
+func prefixResult(n, from, to int) func([]int32) *cbv1.LookupResult {
+	return func(tokens []int32) *cbv1.LookupResult {
+		r := &cbv1.LookupResult{RequestedTokens: int32(len(tokens)), ChunkSize: 256}
+		if n > 0 {
+			r.PrefixHitTokens = int32(n)
+			r.Matches = append(r.Matches, &cbv1.Match{StoredSt: 0, StoredEd: int32(n), CurSt: 0, CurEd: int32(n), Prefix: true,
+				ChunkKeys: [][]byte{[]byte("k0")}})
+		}
+		if to > from {
+			r.NonPrefixHitTokens = int32(to - from)
+			r.Matches = append(r.Matches, &cbv1.Match{StoredSt: 0, StoredEd: int32(to - from), CurSt: int32(from), CurEd: int32(to),
+				ChunkKeys: [][]byte{[]byte("k1")}})
+		}
+		r.HitRate = float64(n+to-from) / float64(len(tokens))
+		return r
+	}
+}
+
+func TestLookupDeferralAndPlan(t *testing.T) {
+	blend := &enginetest.Blend{ReadyAfter: 3, Result: prefixResult(100, 200, 300)}
+	h := newHarness(t, opts{blend: blend, cfg: Config{PollInterval: time.Millisecond}})
+	p := prompt(400, 11)
+	res := run(t, h.s, &Request{ID: "cb1", Prompt: p, MaxTokens: 3})
+	if res.Err != nil || res.Fallback != "" || res.Lookup == nil {
+		t.Fatalf("result %+v", res)
+	}
+	if !slices.Equal(res.Tokens, enginetest.Reference(p, 3)) {
+		t.Fatal("tokens differ from the reference")
+	}
+	if n := blend.PollsFor("cb1"); n != 3 {
+		t.Fatalf("%d polls, want 3", n)
+	}
+	first := h.worker.SeqSteps("cb1")[0]
+	plan := first.GetCbPlan()
+	if first.GetStartPos() != 100 || plan == nil || plan.GetPrefixHitTokens() != 100 || len(plan.GetMatches()) != 2 ||
+		plan.GetRecompRatio() != DefaultRecompRatio {
+		t.Fatalf("first step start %d plan %v", first.GetStartPos(), plan)
+	}
+	if res.ReusedTokens != 200 {
+		t.Fatalf("reused %d, want 200", res.ReusedTokens)
+	}
+	// The lookup carried the prompt and the cb.lookup.rpc context.
+	sub := blend.Submits()[0]
+	if !slices.Equal(sub.GetTokens(), p) || sub.GetWorldSize() != 1 || sub.GetModel() != DefaultModel {
+		t.Fatalf("submit %v", sub)
+	}
+	spans := h.rec.Ended()
+	byName := map[string]sdktrace.ReadOnlySpan{}
+	for _, s := range spans {
+		byName[s.Name()] = s
+	}
+	req, sched, rpc, meta := byName["cb.request"], byName["cb.schedule"], byName["cb.lookup.rpc"], byName["cb.build_meta"]
+	if req == nil || sched == nil || rpc == nil || meta == nil {
+		t.Fatalf("spans %v", names(spans))
+	}
+	if sched.Parent().SpanID() != req.SpanContext().SpanID() || rpc.Parent().SpanID() != sched.SpanContext().SpanID() ||
+		meta.Parent().SpanID() != sched.SpanContext().SpanID() {
+		t.Fatal("cb.request ⊃ cb.schedule ⊃ {cb.lookup.rpc, cb.build_meta} violated")
+	}
+	if got := telemetry.FormatTraceparent(rpc.SpanContext()); sub.GetTraceContext() != got {
+		t.Fatalf("lookup trace_context %q, want cb.lookup.rpc's %q", sub.GetTraceContext(), got)
+	}
+	if got := telemetry.FormatTraceparent(req.SpanContext()); first.GetTraceContext() != got {
+		t.Fatalf("step trace_context %q, want cb.request's %q", first.GetTraceContext(), got)
+	}
+	attrs := attrMap(req.Attributes())
+	for k, want := range map[string]any{"request_id": "cb1", "model": DefaultModel, "world_size": int64(1),
+		"n_prompt_tokens": int64(400), "prefix_hit_tokens": int64(100), "non_prefix_hit_tokens": int64(100),
+		"requested_tokens": int64(400), "hit_rate": 0.5} {
+		if attrs[k] != want {
+			t.Errorf("cb.request %s = %v, want %v", k, attrs[k], want)
+		}
+	}
+	if attrMap(rpc.Attributes())["n_polls"] != int64(3) {
+		t.Errorf("n_polls = %v", attrMap(rpc.Attributes())["n_polls"])
+	}
+	for _, s := range []sdktrace.ReadOnlySpan{sched, rpc, meta} {
+		if attrMap(s.Attributes())["request_id"] != "cb1" {
+			t.Errorf("%s lacks request_id", s.Name())
+		}
+	}
+}
+
+func TestDeferredRequestDoesNotBlockOthers(t *testing.T) {
+	blend := &enginetest.Blend{ReadyAfter: 1, ReadyAfterFor: map[string]int{"slow": -1}}
+	h := newHarness(t, opts{blend: blend, cfg: Config{LookupTimeout: 30 * time.Second, PollInterval: time.Millisecond}})
+	slowCtx, cancelSlow := context.WithCancel(context.Background())
+	defer cancelSlow()
+	hs, err := h.s.Submit(&Request{ID: "slow", Prompt: prompt(20, 1), MaxTokens: 2, Ctx: slowCtx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "slow polled", func() bool { return blend.PollsFor("slow") > 0 })
+	res := run(t, h.s, &Request{ID: "fast", Prompt: prompt(20, 2), MaxTokens: 2})
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if len(h.worker.SeqSteps("slow")) != 0 {
+		t.Fatal("slow ran before its lookup was ready")
+	}
+	select {
+	case <-hs.Done():
+		t.Fatal("slow finished without its lookup")
+	default:
+	}
+	if st := h.s.Stats(); st.Waiting != 1 {
+		t.Fatalf("waiting %d, want the deferred request", st.Waiting)
+	}
+	cancelSlow()
+	if res, _ := hs.Wait(context.Background()); !errors.Is(res.Err, ErrCanceled) {
+		t.Fatalf("slow: %v", res.Err)
+	}
+}
+
+func TestLookupFallbacks(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		o      opts
+		reason string
+	}{
+		{"blend down", opts{deadBlend: true}, FallbackUnavailable},
+		{"timeout", opts{blend: &enginetest.Blend{ReadyAfter: -1, ReadyAfterFor: map[string]int{"r": -1}},
+			cfg: Config{LookupTimeout: 80 * time.Millisecond}}, FallbackTimeout},
+		{"server error", opts{blend: &enginetest.Blend{ReadyAfter: 1, Result: func([]int32) *cbv1.LookupResult {
+			return &cbv1.LookupResult{Error: "chunk store on fire"}
+		}}}, FallbackError},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, tc.o)
+			p := prompt(50, 3)
+			res := run(t, h.s, &Request{ID: "r", Prompt: p, MaxTokens: 4})
+			if res.Err != nil || res.Fallback != tc.reason || !slices.Equal(res.Tokens, enginetest.Reference(p, 4)) {
+				t.Fatalf("result err %v fallback %q", res.Err, res.Fallback)
+			}
+			if fb := h.fallbacks(); !slices.Equal(fb, []string{tc.reason}) {
+				t.Fatalf("fallbacks counted %v", fb)
+			}
+			if first := h.worker.SeqSteps("r")[0]; first.GetStartPos() != 0 || first.GetCbPlan() != nil {
+				t.Fatalf("fallback is not a full prefill: %v", first)
+			}
+			var rpc, req sdktrace.ReadOnlySpan
+			for _, s := range h.rec.Ended() {
+				switch s.Name() {
+				case "cb.lookup.rpc":
+					rpc = s
+				case "cb.request":
+					req = s
+				}
+			}
+			if rpc == nil || rpc.Status().Code != codes.Error || attrMap(rpc.Attributes())["error.type"] != tc.reason {
+				t.Fatalf("cb.lookup.rpc should record the error: %+v", rpc)
+			}
+			if req == nil || req.Status().Code == codes.Error || attrMap(req.Attributes())["cb.fallback"] != tc.reason {
+				t.Fatalf("cb.request: %+v", req)
+			}
+		})
+	}
+}
+
+func TestStoreKeepsBlocksUntilReported(t *testing.T) {
+	w := enginetest.NewWorker(32, 16, 4096)
+	w.StoreDelaySteps = 3
+	blend := &enginetest.Blend{ReadyAfter: 1}
+	h := newHarness(t, opts{worker: w, blend: blend, cfg: Config{StorePollInterval: 50 * time.Millisecond}})
+	p := prompt(40, 4)
+	res := run(t, h.s, &Request{ID: "s", Prompt: p, MaxTokens: 1})
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	first := w.SeqSteps("s")[0]
+	if !first.GetStore() || first.GetDocument() {
+		t.Fatalf("the prompt's last prefill step should ask for a store: %v", first)
+	}
+	if st := checkKV(t, h.s); st.KVUsed == 0 || st.StoresPending != 1 {
+		t.Fatalf("blocks freed before the store report: %+v", st)
+	}
+	waitFor(t, "store reported", func() bool { return slices.Contains(w.Stored(), "s") })
+	waitFor(t, "blocks freed", func() bool { st := checkKV(t, h.s); return st.KVUsed == 0 && st.StoresPending == 0 })
+}
+
+func TestDocumentIngest(t *testing.T) {
+	w := enginetest.NewWorker(32, 16, 4096)
+	w.StoreDelaySteps = 2
+	h := newHarness(t, opts{worker: w, cfg: Config{StepTokenBudget: 32, StorePollInterval: time.Millisecond}})
+	doc := prompt(70, 8)[1:]
+	res := run(t, h.s, &Request{ID: "doc", Prompt: doc, Document: true})
+	if res.Err != nil || res.FinishReason != FinishStored || len(res.Tokens) != 0 {
+		t.Fatalf("result %+v", res)
+	}
+	steps := w.SeqSteps("doc")
+	last := steps[len(steps)-1]
+	if len(steps) != 3 || !last.GetStore() || !last.GetDocument() || last.GetSample() || steps[0].GetStore() {
+		t.Fatalf("document steps %v", steps)
+	}
+	if st := checkKV(t, h.s); st.KVUsed != 0 {
+		t.Fatalf("document blocks not freed: %+v", st)
+	}
+}
+
+func TestQueueFullAndTooLong(t *testing.T) {
+	w := enginetest.NewWorker(16, 16, 300)
+	gate := w.Gate()
+	h := newHarness(t, opts{worker: w, cfg: Config{MaxQueue: 1, MaxRunning: 1}})
+	h1, err := h.s.Submit(&Request{ID: "1", Prompt: prompt(10, 1), MaxTokens: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "first admitted", func() bool { return h.s.Stats().Running == 1 })
+	h2, err := h.s.Submit(&Request{ID: "2", Prompt: prompt(10, 2), MaxTokens: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.s.Submit(&Request{ID: "3", Prompt: prompt(10, 3), MaxTokens: 2}); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("third submit: %v, want ErrQueueFull", err)
+	}
+	for _, tc := range []struct {
+		name string
+		r    Request
+		want error
+	}{
+		{"positions", Request{ID: "x", Prompt: prompt(290, 1), MaxTokens: 20}, ErrTooLong},
+		{"pool", Request{ID: "x", Prompt: prompt(200, 1), MaxTokens: 90}, ErrTooLong}, // 290 tokens > 16 blocks of 16
+		{"vocab", Request{ID: "x", Prompt: []int32{1, 999}, MaxTokens: 1}, ErrBadRequest},
+		{"empty", Request{ID: "x", MaxTokens: 1}, ErrBadRequest},
+		{"no tokens", Request{ID: "x", Prompt: []int32{1}}, ErrBadRequest},
+		{"duplicate", Request{ID: "1", Prompt: []int32{1}, MaxTokens: 1}, ErrBadRequest},
+	} {
+		if _, err := h.s.Submit(&tc.r); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	close(gate)
+	for _, hd := range []*Handle{h1, h2} {
+		if res, _ := hd.Wait(context.Background()); res.Err != nil {
+			t.Fatal(res.Err)
+		}
+	}
+}
+
+func TestCancel(t *testing.T) {
+	w := enginetest.NewWorker(64, 16, 4096)
+	h := newHarness(t, opts{worker: w})
+	ctx, cancel := context.WithCancel(context.Background())
+	var n atomic.Int32
+	hd, err := h.s.Submit(&Request{ID: "c", Prompt: prompt(10, 1), MaxTokens: 1000, Ctx: ctx,
+		OnToken: func(int32) bool { n.Add(1); return false }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "tokens", func() bool { return n.Load() > 3 })
+	cancel()
+	res, _ := hd.Wait(context.Background())
+	if !errors.Is(res.Err, ErrCanceled) {
+		t.Fatalf("err %v", res.Err)
+	}
+	waitFor(t, "finished id", func() bool {
+		for _, st := range w.Steps() {
+			if slices.Contains(st.GetFinishedRequestIds(), "c") {
+				return true
+			}
+		}
+		return false
+	})
+	if st := checkKV(t, h.s); st.KVUsed != 0 || st.Running != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestWorkerFailureAndRecovery(t *testing.T) {
+	w := enginetest.NewWorker(64, 16, 4096)
+	w.SetInfoError(errors.New("booting"))
+	o := opts{worker: w, cfg: Config{WorkerRetryInterval: 5 * time.Millisecond}}
+	// newHarness waits for readiness: build by hand.
+	s, err := New(o.cfg, Deps{Worker: enginetest.WorkerClient(t, w)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Shutdown(context.Background()) }()
+	if _, err := s.Submit(&Request{ID: "a", Prompt: prompt(5, 1), MaxTokens: 1}); !errors.Is(err, ErrWorkerUnavailable) {
+		t.Fatalf("before Info: %v", err)
+	}
+	w.SetInfoError(nil)
+	waitFor(t, "ready", func() bool { _, ok := s.WorkerInfo(); return ok })
+	w.FailNextExecute(errors.New("worker crashed"))
+	hd, err := s.Submit(&Request{ID: "b", Prompt: prompt(5, 1), MaxTokens: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, _ := hd.Wait(context.Background())
+	if !errors.Is(res.Err, ErrWorkerUnavailable) {
+		t.Fatalf("err %v", res.Err)
+	}
+	waitFor(t, "ready again", func() bool { _, ok := s.WorkerInfo(); return ok })
+	hd, err = s.Submit(&Request{ID: "c", Prompt: prompt(5, 2), MaxTokens: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, _ := hd.Wait(context.Background()); res.Err != nil || len(res.Tokens) != 3 {
+		t.Fatalf("after recovery: %+v", res)
+	}
+}
+
+func TestShutdownFailsInFlight(t *testing.T) {
+	w := enginetest.NewWorker(64, 16, 4096)
+	gate := w.Gate()
+	s, err := New(Config{}, Deps{Worker: enginetest.WorkerClient(t, w)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Start(context.Background())
+	waitFor(t, "ready", func() bool { _, ok := s.WorkerInfo(); return ok })
+	hd, err := s.Submit(&Request{ID: "x", Prompt: prompt(5, 1), MaxTokens: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := s.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("shutdown: %v", err)
+	}
+	close(gate)
+	res, _ := hd.Wait(context.Background())
+	if !errors.Is(res.Err, ErrShutdown) {
+		t.Fatalf("err %v", res.Err)
+	}
+	if _, err := s.Submit(&Request{ID: "y", Prompt: prompt(5, 1), MaxTokens: 1}); !errors.Is(err, ErrShutdown) {
+		t.Fatalf("submit after shutdown: %v", err)
+	}
+}
+
+func TestBuildPlan(t *testing.T) {
+	m := func(ss, se, cs, ce int, prefix bool) *cbv1.Match {
+		return &cbv1.Match{StoredSt: int32(ss), StoredEd: int32(se), CurSt: int32(cs), CurEd: int32(ce), Prefix: prefix,
+			ChunkKeys: [][]byte{{1}, {2}, {3}}, FirstChunkStart: 0}
+	}
+	for _, tc := range []struct {
+		name          string
+		matches       []*cbv1.Match
+		local, total  int
+		wantStart     int
+		wantReused    int
+		wantMatches   [][4]int32
+		wantNil       bool
+		wantFirstKeys int
+	}{
+		{"no matches", nil, 0, 100, 0, 0, nil, true, 0},
+		{"prefix and shifted", []*cbv1.Match{m(0, 40, 0, 40, true), m(10, 30, 60, 80, false)}, 0, 100, 40, 60,
+			[][4]int32{{0, 40, 0, 40}, {10, 30, 60, 80}}, false, 3},
+		{"clipped at local cache", []*cbv1.Match{m(0, 600, 0, 600, true)}, 512, 1000, 600, 88,
+			[][4]int32{{512, 600, 512, 600}}, false, 1},
+		{"inside local cache", []*cbv1.Match{m(0, 32, 0, 32, true)}, 48, 100, 48, 0, nil, true, 0},
+		{"full prompt", []*cbv1.Match{m(0, 100, 0, 100, true)}, 0, 100, 99, 100, [][4]int32{{0, 100, 0, 100}}, false, 3},
+		{"invalid dropped", []*cbv1.Match{m(0, 10, 0, 20, false), m(5, 5, 5, 5, false), m(0, 300, 0, 300, true)}, 0, 100, 0, 0, nil, true, 0},
+		{"overlap dropped", []*cbv1.Match{m(0, 20, 30, 50, false), m(0, 20, 40, 60, false)}, 0, 100, 0, 20,
+			[][4]int32{{0, 20, 30, 50}}, false, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := &cbv1.LookupResult{Matches: tc.matches, ChunkSize: 256}
+			orig := proto.Clone(res)
+			plan, start, reused := buildPlan(res, tc.local, tc.total, 0.2)
+			if !proto.Equal(res, orig) {
+				t.Fatal("buildPlan modified the lookup result")
+			}
+			if (plan == nil) != tc.wantNil || start != tc.wantStart || reused != tc.wantReused {
+				t.Fatalf("plan %v start %d reused %d", plan, start, reused)
+			}
+			if plan == nil {
+				return
+			}
+			var got [][4]int32
+			for _, m := range plan.GetMatches() {
+				got = append(got, [4]int32{m.StoredSt, m.StoredEd, m.CurSt, m.CurEd})
+			}
+			if !slices.Equal(got, tc.wantMatches) || plan.GetPrefixHitTokens() != int32(start) || plan.GetRecompRatio() != 0.2 {
+				t.Fatalf("matches %v plan %v", got, plan)
+			}
+			if len(plan.GetMatches()[0].GetChunkKeys()) != tc.wantFirstKeys {
+				t.Fatalf("chunk keys %d, want %d", len(plan.GetMatches()[0].GetChunkKeys()), tc.wantFirstKeys)
+			}
+		})
+	}
+}
+
+func names(spans []sdktrace.ReadOnlySpan) []string {
+	var out []string
+	for _, s := range spans {
+		out = append(out, s.Name())
+	}
+	return out
+}
+
+func attrMap(kvs []attribute.KeyValue) map[string]any {
+	m := map[string]any{}
+	for _, kv := range kvs {
+		m[string(kv.Key)] = kv.Value.AsInterface()
+	}
+	return m
+}
+
+func BenchmarkScheduleStep(b *testing.B) {
+	w := enginetest.NewWorker(1<<16, 16, 1<<20)
+	s, err := New(Config{MaxRunning: 32}, Deps{Worker: enginetest.WorkerClient(b, w)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Drive the scheduling functions directly (no loop), with a ready pool.
+	s.probe()
+	for i := range 32 {
+		if _, err := s.Submit(&Request{ID: fmt.Sprint(i), Prompt: prompt(200, int32(i)), MaxTokens: 1 << 14}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		s.mu.Lock()
+		now := time.Now()
+		s.firstSights(now)
+		batch := s.schedule(now)
+		req := s.buildExecute(batch, now)
+		resp := &cbv1.ExecuteResponse{}
+		for _, st := range req.GetSeqs() {
+			resp.Outputs = append(resp.Outputs, &cbv1.SeqOutput{RequestId: st.GetRequestId(), HasToken: st.GetSample(), Token: 7})
+		}
+		s.applyStep(batch, resp, nil, now)
+		s.unlock()
+	}
+	b.StopTimer()
+	s.Abort(nil)
+	s.cancelLoop()
+}
