@@ -124,7 +124,7 @@ func (e *Engine) serveGenerate(w *statusWriter, r *http.Request, op, route strin
 	}
 	h, err := e.sched.Submit(&scheduler.Request{
 		ID: rec.id, Prompt: prompt, MaxTokens: rec.maxTokens, Sampling: sampling,
-		IgnoreEOS: g.IgnoreEOS, OnToken: ts.push, Ctx: reqCtx,
+		IgnoreEOS: g.IgnoreEOS, NoReuse: g.NoReuse, OnToken: ts.push, Ctx: reqCtx,
 	})
 	if err != nil {
 		rec.fail(w, e.submitError(err, promptParam(op)), err)

@@ -52,6 +52,14 @@ type Generation struct {
 	IgnoreEOS bool
 	// Echo prepends the prompt to the completion text (completions only).
 	Echo bool
+	// NoReuse asks for a full prefill without any KV reuse (extension:
+	// "cacheblend": {"reuse": false}); the baseline of a reuse measurement.
+	NoReuse bool
+}
+
+// rawCacheBlend is the "cacheblend" extension object of a request.
+type rawCacheBlend struct {
+	Reuse *bool `json:"reuse"`
 }
 
 // Message is one chat message with its content flattened to text.
@@ -84,6 +92,7 @@ type rawChat struct {
 	LogitBias           map[string]int64 `json:"logit_bias"`
 	IgnoreEOS           *bool            `json:"ignore_eos"`
 	User                *string          `json:"user"`
+	CacheBlend          *rawCacheBlend   `json:"cacheblend"`
 }
 
 type rawStreamOpts struct {
@@ -193,6 +202,7 @@ type rawCompletion struct {
 	LogitBias        map[string]int64 `json:"logit_bias"`
 	IgnoreEOS        *bool            `json:"ignore_eos"`
 	User             *string          `json:"user"`
+	CacheBlend       *rawCacheBlend   `json:"cacheblend"`
 }
 
 // ModelOf extracts the "model" string of a JSON request body without
@@ -393,6 +403,7 @@ func DecodeChat(body []byte) (*Generation, *Error) {
 		return nil, BadRequest("response_format", "response_format %q is not supported (only text).", r.ResponseFormat.Type)
 	}
 	g.IgnoreEOS = r.IgnoreEOS != nil && *r.IgnoreEOS
+	g.NoReuse = r.CacheBlend != nil && r.CacheBlend.Reuse != nil && !*r.CacheBlend.Reuse
 	return g, nil
 }
 
@@ -448,6 +459,7 @@ func DecodeCompletion(body []byte) (*Generation, *Error) {
 	}
 	g.Echo = r.Echo != nil && *r.Echo
 	g.IgnoreEOS = r.IgnoreEOS != nil && *r.IgnoreEOS
+	g.NoReuse = r.CacheBlend != nil && r.CacheBlend.Reuse != nil && !*r.CacheBlend.Reuse
 	return g, nil
 }
 

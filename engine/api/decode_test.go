@@ -260,3 +260,34 @@ func FuzzDecode(f *testing.F) {
 		_ = ModelOf(body)
 	})
 }
+
+func TestDecodeCacheBlendExtension(t *testing.T) {
+	tests := []struct {
+		name    string
+		body    string
+		noReuse bool
+	}{
+		{"absent", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, false},
+		{"reuse true", `{"model":"m","messages":[{"role":"user","content":"hi"}],"cacheblend":{"reuse":true}}`, false},
+		{"reuse false", `{"model":"m","messages":[{"role":"user","content":"hi"}],"cacheblend":{"reuse":false}}`, true},
+		{"empty object", `{"model":"m","messages":[{"role":"user","content":"hi"}],"cacheblend":{}}`, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			g, e := DecodeChat([]byte(tc.body))
+			if e != nil {
+				t.Fatal(e)
+			}
+			if g.NoReuse != tc.noReuse {
+				t.Fatalf("NoReuse = %v, want %v", g.NoReuse, tc.noReuse)
+			}
+			c, e := DecodeCompletion([]byte(`{"model":"m","prompt":"hi","cacheblend":{"reuse":false}}`))
+			if e != nil || !c.NoReuse {
+				t.Fatalf("completion: %v %v", c, e)
+			}
+		})
+	}
+	if _, e := DecodeChat([]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"cacheblend":{"reuse":"no"}}`)); e == nil {
+		t.Fatal("a non-boolean reuse was accepted")
+	}
+}

@@ -65,7 +65,7 @@ func (s *Scheduler) firstSights(now time.Time) {
 		}
 		sq.schedCtx, sq.schedSpan = s.spans.Start(sq.reqCtx, "cb.schedule",
 			traceAttrs(attribute.String("request_id", sq.id)))
-		if s.deps.Blend == nil {
+		if s.deps.Blend == nil || sq.req.NoReuse {
 			continue
 		}
 		ctx, span := s.spans.Start(sq.schedCtx, "cb.lookup.rpc", trace.WithSpanKind(trace.SpanKindClient),

@@ -31,6 +31,10 @@ type Request struct {
 	Sampling *cbv1.SamplingParams
 	// IgnoreEOS keeps generating after the end-of-sequence token.
 	IgnoreEOS bool
+	// NoReuse computes the prompt in full: no CacheBlend lookup, no hit in
+	// the engine's prefix cache, and the prompt is not stored (the baseline
+	// of a reuse measurement; the API's "cacheblend": {"reuse": false}).
+	NoReuse bool
 	// Document marks a document ingest: the prompt is prefilled on its own,
 	// nothing is sampled, the worker stores its KV in the blend server, and
 	// the request finishes (reason "stored") when the worker reports the

@@ -696,6 +696,9 @@ func (s *Scheduler) admit(sq *seq, budget int, now time.Time) (int, bool) {
 	bs := s.alloc.BlockSize()
 	sq.hashes = kvcache.ChainHashes(sq.hashes, sq.tokens, bs)
 	maxHit := (len(sq.tokens) - 1) / bs // always compute at least the last token
+	if sq.req.NoReuse {
+		maxHit = 0
+	}
 	acquired := s.alloc.Acquire(sq.hashes[:min(maxHit, len(sq.hashes))])
 	local := len(acquired) * bs
 	start, reused := local, 0
@@ -775,7 +778,7 @@ func (s *Scheduler) buildExecute(batch []item, now time.Time) *cbv1.ExecuteReque
 		if st.IsPrefill && sq.plan != nil {
 			st.CbPlan = sq.plan
 		}
-		wantStore := sq.req.Document || (s.deps.Blend != nil && !s.cfg.DisableStore)
+		wantStore := sq.req.Document || (s.deps.Blend != nil && !s.cfg.DisableStore && !sq.req.NoReuse)
 		if wantStore && !sq.storeSent && sq.computed+it.n == sq.prefillEnd {
 			st.Store = true
 			sq.storeSent = true
