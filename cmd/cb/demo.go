@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cacheblend/cacheblend/demo"
+)
+
+func init() { subcommands = append(subcommands, newDemoCmd) }
+
+func newDemoCmd() *cobra.Command {
+	var (
+		u        upFlags
+		cfg      demo.Config
+		exit     bool
+		jsonPath string
+		checkURL string
+	)
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Start the stack, ingest the sample documents, run RAG requests with and without reuse, and show where the time went",
+		Long: `Start the stack (as cb up), ingest the sample documents shipped in demo/docs, run RAG-style
+requests (documents in varying order and positions, then a question) once with CacheBlend reuse and
+once as a full prefill, and print a table per request (TTFT with and without reuse, speedup, hit rate,
+prefix / non-prefix hit tokens, imp_count, spans, services), the text waterfall of the slowest request,
+the contract check of every trace, and the URL of the trace page. It keeps running until Ctrl-C, or
+exits with --exit (status 1 when a check fails).`,
+		RunE: func(c *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(c.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			r, err := startStack(ctx, &u)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+				defer cancel()
+				_ = r.Shutdown(sctx)
+			}()
+			eps := r.stack.Endpoints()
+			cfg.API = eps.Engine.API
+			cfg.QueryURL = r.queryURL
+			if checkURL != "" {
+				cfg.QueryURL = checkURL
+			}
+			cfg.Progress = os.Stderr
+			rep, err := demo.Run(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			rep.Endpoints = eps
+			if r.queryURL != "" {
+				rep.UI = r.queryURL + "/"
+			}
+			rep.Print(os.Stdout)
+			if jsonPath != "" {
+				if err := rep.WriteJSON(jsonPath); err != nil {
+					return err
+				}
+			}
+			if exit {
+				if cfg.QueryURL != "" && !rep.ChecksPassed() {
+					return errors.New("demo: some traces failed the contract check")
+				}
+				return nil
+			}
+			fmt.Println("\nThe stack keeps running; press Ctrl-C to stop.")
+			<-ctx.Done()
+			return nil
+		},
+	}
+	u.register(cmd, "127.0.0.1:8000")
+	f := cmd.Flags()
+	f.IntVar(&cfg.Requests, "requests", demo.DefaultRequests, "RAG requests (each sent with reuse and as a full prefill)")
+	f.IntVar(&cfg.DocsPerRequest, "docs", demo.DefaultDocsPerRequest, "sample documents per prompt")
+	f.IntVar(&cfg.MaxTokens, "max-tokens", demo.DefaultMaxTokens, "tokens generated per request")
+	f.Uint64Var(&cfg.Seed, "seed", 1, "seed of the documents' order")
+	f.BoolVar(&exit, "exit", false, "exit after the report instead of serving until Ctrl-C")
+	f.StringVar(&jsonPath, "json", "", "also write the report as JSON to this file")
+	f.StringVar(&checkURL, "check-url", "", "Jaeger-compatible query API to read traces from (default: the embedded collector; with OTEL_EXPORTER_OTLP_ENDPOINT set and no --check-url the checks are not run)")
+	return withEnv(cmd)
+}

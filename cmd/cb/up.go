@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cacheblend/cacheblend/stack"
+	"github.com/cacheblend/cacheblend/tracestore"
+)
+
+func init() { subcommands = append(subcommands, newUpCmd) }
+
+// upFlags are the flags cb up and cb demo share.
+type upFlags struct {
+	api           string
+	endpointsFile string
+	otlpAddr      string
+	uiAddr        string
+	engineArgs    []string
+	workerArgs    []string
+	blendArgs     []string
+}
+
+func (u *upFlags) register(cmd *cobra.Command, defaultAPI string) {
+	f := cmd.Flags()
+	f.StringVar(&u.api, "api", defaultAPI, "address of the engine's OpenAI API")
+	f.StringVar(&u.endpointsFile, "endpoints-file", "", "write the processes' endpoints as JSON to this file once all are healthy")
+	f.StringVar(&u.otlpAddr, "otlp-addr", "127.0.0.1:0", "embedded collector's OTLP/HTTP address (when OTEL_EXPORTER_OTLP_ENDPOINT is unset)")
+	f.StringVar(&u.uiAddr, "ui-addr", "127.0.0.1:16686", "embedded collector's query API and trace page address")
+	f.StringArrayVar(&u.engineArgs, "engine-arg", nil, "extra flag for cb engine (repeatable), e.g. --engine-arg=--api-key=secret")
+	f.StringArrayVar(&u.workerArgs, "worker-arg", nil, "extra flag for cb worker (repeatable)")
+	f.StringArrayVar(&u.blendArgs, "blend-arg", nil, "extra flag for cb blend (repeatable)")
+}
+
+// running is a started stack and, unless spans go to an external OTLP
+// endpoint, the embedded collector.
+type running struct {
+	stack     *stack.Stack
+	collector *tracestore.Collector
+	queryURL  string // Jaeger-compatible query API ("" when exporting elsewhere)
+}
+
+func (r *running) Shutdown(ctx context.Context) error {
+	err := r.stack.Shutdown(ctx)
+	if r.collector != nil {
+		if cerr := r.collector.Shutdown(ctx); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}
+
+// externalOTLP reports whether the environment points spans somewhere else.
+func externalOTLP() bool {
+	return os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
+}
+
+// startStack starts the collector (unless OTEL_EXPORTER_OTLP_ENDPOINT is
+// set) and the three processes.
+func startStack(ctx context.Context, u *upFlags) (*running, error) {
+	r := &running{}
+	cfg := stack.UpConfig{
+		APIAddr:    u.api,
+		EngineArgs: u.engineArgs, WorkerArgs: u.workerArgs, BlendArgs: u.blendArgs,
+		// Export batches often so a request's trace is complete quickly.
+		Env: []string{"OTEL_BSP_SCHEDULE_DELAY=200"},
+	}
+	if !externalOTLP() {
+		col, err := startCollector(ctx, tracestore.Config{OTLPAddr: u.otlpAddr, QueryAddr: u.uiAddr})
+		if err != nil {
+			return nil, fmt.Errorf("start the trace collector: %w", err)
+		}
+		r.collector = col
+		r.queryURL = "http://" + col.QueryAddr()
+		cfg.OTLPEndpoint = "http://" + col.OTLPAddr() + "/v1/traces"
+		cfg.OTLPProtocol = "http/protobuf"
+	}
+	st, err := stack.Up(ctx, cfg)
+	if err != nil {
+		if r.collector != nil {
+			_ = r.collector.Shutdown(context.Background())
+		}
+		return nil, err
+	}
+	r.stack = st
+	if r.collector != nil {
+		st.SetCollector("http://"+r.collector.OTLPAddr()+"/v1/traces", r.queryURL+"/")
+	}
+	if u.endpointsFile != "" {
+		if err := st.WriteEndpoints(u.endpointsFile); err != nil {
+			_ = r.Shutdown(context.Background())
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+func newUpCmd() *cobra.Command {
+	var u upFlags
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Start cb blend, cb worker and cb engine as separate processes (plus the embedded trace collector) and supervise them",
+		Long: `Start cb blend, cb worker and cb engine as separate OS processes, wait until each is healthy,
+stream their logs with a prefix, restart one that dies (with backoff) while the others keep serving,
+and stop all of them on Ctrl-C. Spans go to OTEL_EXPORTER_OTLP_ENDPOINT when it is set; otherwise the
+embedded collector is started and all three export to it (its trace page is printed).`,
+		RunE: func(c *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(c.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			r, err := startStack(ctx, &u)
+			if err != nil {
+				return err
+			}
+			eps := r.stack.Endpoints()
+			fmt.Printf("cacheblend is up: OpenAI API %s (metrics %s)\n", eps.Engine.API, eps.Engine.Metrics)
+			if r.queryURL != "" {
+				fmt.Printf("trace page: %s/\n", r.queryURL)
+			}
+			<-ctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+			defer cancel()
+			return r.Shutdown(sctx)
+		},
+	}
+	u.register(cmd, "127.0.0.1:8000")
+	return withEnv(cmd)
+}

@@ -1,0 +1,453 @@
+package demo
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/cacheblend/cacheblend/contract"
+	"github.com/cacheblend/cacheblend/tracecheck"
+	"github.com/cacheblend/cacheblend/tracestore/jaeger"
+)
+
+// Defaults of Config.
+const (
+	DefaultRequests       = 4
+	DefaultDocsPerRequest = 3
+	DefaultMaxTokens      = 8
+	DefaultTraceWait      = 30 * time.Second
+)
+
+// Config configures Run. API is required; zero values of the rest take the
+// defaults above.
+type Config struct {
+	// API is the engine's base URL, e.g. http://127.0.0.1:8000.
+	API string
+	// APIKey is sent as a bearer token when set.
+	APIKey string
+	// Model is the served model name; default "cb-llama".
+	Model string
+	// QueryURL is a Jaeger-compatible query API holding the stack's traces
+	// (the embedded collector or Jaeger). Empty: traces are not read and
+	// the checks are reported as not run.
+	QueryURL string
+	// Requests is the number of RAG requests, each sent twice (with reuse
+	// and as a full prefill).
+	Requests int
+	// DocsPerRequest is how many sample documents each prompt holds.
+	DocsPerRequest int
+	// MaxTokens is the number of tokens generated per request.
+	MaxTokens int
+	// Seed orders the documents of the prompts.
+	Seed uint64
+	// TraceWait bounds the wait for a request's trace to be complete in
+	// the backend (export is batched).
+	TraceWait time.Duration
+	// Progress receives a progress bar; nil for none.
+	Progress io.Writer
+}
+
+// Result is one request of the demo, as written to --json.
+type Result struct {
+	RequestID          string   `json:"request_id"`
+	TraceID            string   `json:"trace_id"`
+	FullTraceID        string   `json:"full_trace_id"`
+	Documents          []string `json:"documents"`
+	PromptTokens       int      `json:"prompt_tokens"`
+	TTFTReuse          float64  `json:"ttft_reuse_s"`
+	TTFTFull           float64  `json:"ttft_full_s"`
+	Speedup            float64  `json:"speedup"`
+	HitRate            *float64 `json:"hit_rate"`
+	PrefixHitTokens    *int64   `json:"prefix_hit_tokens"`
+	NonPrefixHitTokens *int64   `json:"non_prefix_hit_tokens"`
+	ImpCount           *int64   `json:"imp_count"`
+	Spans              int      `json:"spans"`
+	Services           []string `json:"services"`
+	// Check is "pass", "fail: …" or "not run: …".
+	Check string `json:"check"`
+
+	trace *tracecheck.Trace
+}
+
+// Report is the demo's outcome.
+type Report struct {
+	Requests []Result `json:"requests"`
+	// Endpoints is filled by the caller (the stack's endpoints file).
+	Endpoints any `json:"endpoints,omitempty"`
+	// UI is the trace page URL, when known.
+	UI string `json:"ui,omitempty"`
+}
+
+// ChecksPassed reports whether every request's trace passed the contract
+// check (false when the checks did not run).
+func (r *Report) ChecksPassed() bool {
+	if len(r.Requests) == 0 {
+		return false
+	}
+	for _, q := range r.Requests {
+		if q.Check != "pass" {
+			return false
+		}
+	}
+	return true
+}
+
+// questions end the RAG prompts.
+var questions = []string{
+	"Question: which technique in these documents shortens the time to the first token, and why?",
+	"Question: how do the documents above keep memory use bounded?",
+	"Question: what does each document say about measuring latency?",
+	"Question: summarise the documents above in one sentence each.",
+}
+
+// Prompt builds the user message of a RAG request: the documents, then
+// the question.
+func Prompt(docs []Document, question string) string {
+	var sb strings.Builder
+	sb.WriteString("Answer using only these documents.\n\n")
+	for _, d := range docs {
+		sb.WriteString(d.Text)
+		sb.WriteString("\n\n")
+	}
+	sb.WriteString(question)
+	return sb.String()
+}
+
+// Run ingests the sample documents and runs the requests, each with reuse
+// and as a full prefill, then reads every reuse request's trace and checks
+// it against contract/spans.yaml.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if cfg.API == "" {
+		return nil, errors.New("demo: no engine API URL")
+	}
+	if cfg.Model == "" {
+		cfg.Model = "cb-llama"
+	}
+	if cfg.Requests <= 0 {
+		cfg.Requests = DefaultRequests
+	}
+	if cfg.DocsPerRequest <= 0 {
+		cfg.DocsPerRequest = DefaultDocsPerRequest
+	}
+	if cfg.MaxTokens <= 0 {
+		cfg.MaxTokens = DefaultMaxTokens
+	}
+	if cfg.TraceWait <= 0 {
+		cfg.TraceWait = DefaultTraceWait
+	}
+	c := &client{base: strings.TrimRight(cfg.API, "/"), apiKey: cfg.APIKey, http: &http.Client{Timeout: 5 * time.Minute}}
+	if err := c.waitHealthy(ctx, 60*time.Second); err != nil {
+		return nil, err
+	}
+	docs := Documents()
+	cfg.DocsPerRequest = min(cfg.DocsPerRequest, len(docs))
+	bar := newProgress(cfg.Progress, 1+2*cfg.Requests)
+	bar.step("ingesting documents")
+	if err := c.ingest(ctx, docs); err != nil {
+		return nil, err
+	}
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0xcb))
+	rep := &Report{}
+	for i := range cfg.Requests {
+		// Documents in varying order and positions: a random subset,
+		// shuffled, so each appears at offsets it was not stored at.
+		perm := rng.Perm(len(docs))[:cfg.DocsPerRequest]
+		picked := make([]Document, len(perm))
+		ids := make([]string, len(perm))
+		for j, k := range perm {
+			picked[j], ids[j] = docs[k], docs[k].ID
+		}
+		content := Prompt(picked, questions[i%len(questions)])
+		bar.step(fmt.Sprintf("request %d/%d with reuse", i+1, cfg.Requests))
+		reuse, err := c.chat(ctx, cfg.Model, content, cfg.MaxTokens, true)
+		if err != nil {
+			return nil, err
+		}
+		bar.step(fmt.Sprintf("request %d/%d full prefill", i+1, cfg.Requests))
+		full, err := c.chat(ctx, cfg.Model, content, cfg.MaxTokens, false)
+		if err != nil {
+			return nil, err
+		}
+		rep.Requests = append(rep.Requests, Result{
+			RequestID: reuse.ID, TraceID: reuse.TraceID, FullTraceID: full.TraceID, Documents: ids,
+			PromptTokens: reuse.PromptTokens,
+			TTFTReuse:    reuse.TTFT.Seconds(), TTFTFull: full.TTFT.Seconds(),
+			Speedup: full.TTFT.Seconds() / reuse.TTFT.Seconds(),
+		})
+	}
+	bar.done()
+	if cfg.QueryURL == "" {
+		for i := range rep.Requests {
+			rep.Requests[i].Check = "not run: no trace query URL"
+		}
+		return rep, nil
+	}
+	if err := readTraces(ctx, cfg, rep); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+// expectedSpans are what a complete reuse trace holds, once every
+// process's batch has been exported.
+var expectedSpans = []string{"cb.request", "cb.lookup", "cb.execute", "cb.scatter", "cb.partial"}
+
+// readTraces waits for each reuse request's trace to be complete in the
+// backend, then fills in its statistics and its contract check.
+func readTraces(ctx context.Context, cfg Config, rep *Report) error {
+	jc, err := jaeger.NewClient(cfg.QueryURL, jaeger.ClientConfig{HTTPClient: &http.Client{Timeout: 10 * time.Second}})
+	if err != nil {
+		return err
+	}
+	spec, err := contract.Spans()
+	if err != nil {
+		return err
+	}
+	for i := range rep.Requests {
+		r := &rep.Requests[i]
+		tr, err := waitTrace(ctx, jc, r.TraceID, cfg.TraceWait)
+		if err != nil {
+			r.Check = "not run: " + err.Error()
+			continue
+		}
+		r.trace = tr
+		fill(r, tr)
+		res := tracecheck.Check([]tracecheck.Trace{*tr}, spec)
+		if res.OK() {
+			r.Check = "pass"
+		} else {
+			var msgs []string
+			for _, t := range res.Traces {
+				for _, v := range t.Violations {
+					msgs = append(msgs, v.String())
+				}
+			}
+			r.Check = "fail: " + strings.Join(msgs, "; ")
+		}
+	}
+	return nil
+}
+
+func waitTrace(ctx context.Context, jc *jaeger.Client, traceID string, wait time.Duration) (*tracecheck.Trace, error) {
+	deadline := time.Now().Add(wait)
+	var last error
+	for {
+		jt, err := jc.Trace(ctx, traceID)
+		if err == nil {
+			trs, cerr := tracecheck.FromJaeger(jt)
+			if cerr == nil && len(trs) == 1 && complete(&trs[0]) {
+				return &trs[0], nil
+			}
+			last = fmt.Errorf("trace %s incomplete", traceID)
+		} else {
+			last = err
+		}
+		if time.Now().After(deadline) {
+			return nil, last
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func complete(t *tracecheck.Trace) bool {
+	have := map[string]bool{}
+	for _, s := range t.Spans {
+		have[s.Name] = true
+	}
+	for _, n := range expectedSpans {
+		if !have[n] {
+			return false
+		}
+	}
+	return true
+}
+
+func intAttr(s *tracecheck.Span, key string) *int64 {
+	if v, ok := s.Attributes[key]; ok {
+		if f, ok := v.Number(); ok {
+			n := int64(f)
+			return &n
+		}
+	}
+	return nil
+}
+
+func fill(r *Result, t *tracecheck.Trace) {
+	services := map[string]bool{}
+	r.Spans = len(t.Spans)
+	for i := range t.Spans {
+		s := &t.Spans[i]
+		services[s.Service] = true
+		switch s.Name {
+		case "cb.request":
+			if v, ok := s.Attributes["hit_rate"]; ok {
+				if f, ok := v.Number(); ok {
+					r.HitRate = &f
+				}
+			}
+			r.PrefixHitTokens = intAttr(s, "prefix_hit_tokens")
+			r.NonPrefixHitTokens = intAttr(s, "non_prefix_hit_tokens")
+			if v, ok := s.Attributes["request_id"]; ok && v.Str != "" {
+				r.RequestID = v.Str
+			}
+		case "cb.check":
+			r.ImpCount = intAttr(s, "imp_count")
+		}
+	}
+	for s := range services {
+		r.Services = append(r.Services, s)
+	}
+	sort.Strings(r.Services)
+}
+
+// Print writes the human report: the table, the text waterfall of the
+// slowest request, and the check verdicts.
+func (r *Report) Print(w io.Writer) {
+	fmt.Fprintf(w, "\n%-4s %-26s %10s %10s %8s %8s %8s %10s %5s %6s %-8s\n",
+		"#", "request", "ttft reuse", "ttft full", "speedup", "hit", "prefix", "non-prefix", "imp", "spans", "services")
+	for i, q := range r.Requests {
+		fmt.Fprintf(w, "%-4d %-26s %9.0fms %9.0fms %7.2fx %8s %8s %10s %5s %6d %-8d\n",
+			i+1, short(q.RequestID, 26), q.TTFTReuse*1000, q.TTFTFull*1000, q.Speedup,
+			pct(q.HitRate), num(q.PrefixHitTokens), num(q.NonPrefixHitTokens), num(q.ImpCount), q.Spans, len(q.Services))
+	}
+	var slow *Result
+	for i := range r.Requests {
+		if q := &r.Requests[i]; q.trace != nil && (slow == nil || q.TTFTReuse > slow.TTFTReuse) {
+			slow = q
+		}
+	}
+	if slow != nil {
+		fmt.Fprintf(w, "\nWhere the time went — the slowest request with reuse (%s, trace %s):\n", slow.RequestID, slow.TraceID)
+		Waterfall(w, slow.trace, 48)
+	}
+	fmt.Fprintln(w, "\nTrace checks against contract/spans.yaml:")
+	for i, q := range r.Requests {
+		fmt.Fprintf(w, "  %d. %s  %s\n", i+1, q.TraceID, q.Check)
+	}
+	if r.UI != "" {
+		fmt.Fprintf(w, "\nTrace page: %s\n", r.UI)
+	}
+}
+
+// WriteJSON writes the report as JSON to path.
+func (r *Report) WriteJSON(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+func short(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-1] + "…"
+}
+
+func pct(f *float64) string {
+	if f == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f%%", *f*100)
+}
+
+func num(n *int64) string {
+	if n == nil {
+		return "-"
+	}
+	return fmt.Sprint(*n)
+}
+
+// Waterfall writes a text waterfall of t: one line per span in tree order,
+// with its service, start offset, duration and a bar of width columns.
+func Waterfall(w io.Writer, t *tracecheck.Trace, width int) {
+	if t == nil || len(t.Spans) == 0 {
+		return
+	}
+	byID := map[string]*tracecheck.Span{}
+	kids := map[string][]*tracecheck.Span{}
+	for i := range t.Spans {
+		byID[t.Spans[i].SpanID] = &t.Spans[i]
+	}
+	var roots []*tracecheck.Span
+	for i := range t.Spans {
+		s := &t.Spans[i]
+		if byID[s.ParentSpanID] == nil {
+			roots = append(roots, s)
+		} else {
+			kids[s.ParentSpanID] = append(kids[s.ParentSpanID], s)
+		}
+	}
+	byStart := func(a, b *tracecheck.Span) int { return a.Start.Compare(b.Start) }
+	slices.SortFunc(roots, byStart)
+	t0, t1 := roots[0].Start, roots[0].End
+	for _, s := range t.Spans {
+		if s.Start.Before(t0) {
+			t0 = s.Start
+		}
+		if s.End.After(t1) {
+			t1 = s.End
+		}
+	}
+	total := t1.Sub(t0)
+	if total <= 0 {
+		total = time.Nanosecond
+	}
+	var walk func(s *tracecheck.Span, depth int)
+	walk = func(s *tracecheck.Span, depth int) {
+		a := int(float64(s.Start.Sub(t0)) / float64(total) * float64(width))
+		b := int(float64(s.End.Sub(t0)) / float64(total) * float64(width))
+		b = max(b, a+1)
+		bar := strings.Repeat(" ", min(a, width)) + strings.Repeat("█", max(0, min(b, width)-min(a, width)))
+		name := strings.Repeat("  ", depth) + s.Name
+		fmt.Fprintf(w, "  %-34s %-10s %8.1fms %8.1fms |%-*s|\n", short(name, 34), s.Service,
+			float64(s.Start.Sub(t0).Microseconds())/1000, float64(s.Duration().Microseconds())/1000, width, bar)
+		ks := kids[s.SpanID]
+		slices.SortFunc(ks, byStart)
+		for _, k := range ks {
+			walk(k, depth+1)
+		}
+	}
+	for _, r := range roots {
+		walk(r, 0)
+	}
+}
+
+// progress draws a one-line progress bar.
+type progress struct {
+	w     io.Writer
+	n, i  int
+	start time.Time
+}
+
+func newProgress(w io.Writer, n int) *progress { return &progress{w: w, n: n, start: time.Now()} }
+
+func (p *progress) step(what string) {
+	if p.w == nil {
+		return
+	}
+	p.i++
+	const width = 30
+	fill := p.i * width / p.n
+	fmt.Fprintf(p.w, "\r[%s%s] %d/%d %-36s %5.1fs", strings.Repeat("#", fill), strings.Repeat(".", width-fill), p.i, p.n, what, time.Since(p.start).Seconds())
+}
+
+func (p *progress) done() {
+	if p.w != nil {
+		fmt.Fprintf(p.w, "\r[%s] %d/%d %-36s %5.1fs\n", strings.Repeat("#", 30), p.n, p.n, "done", time.Since(p.start).Seconds())
+	}
+}
