@@ -1,0 +1,251 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/cacheblend/cacheblend/demo"
+	"github.com/cacheblend/cacheblend/stack"
+	"github.com/cacheblend/cacheblend/tracecheck"
+	"github.com/cacheblend/cacheblend/tracestore"
+	"github.com/cacheblend/cacheblend/tracestore/jaeger"
+)
+
+// cbBin is the cb binary built once for the package.
+var cbBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "cb-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	cbBin = filepath.Join(dir, "cb")
+	build := exec.Command("go", "build", "-o", cbBin, "github.com/cacheblend/cacheblend/cmd/cb")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build cb:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// syncWriter serializes the children's log lines into the test log buffer.
+type syncWriter struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+// env is a running stack for one test.
+type env struct {
+	t        *testing.T
+	stack    *stack.Stack
+	col      *tracestore.Collector
+	api      string
+	queryURL string
+	logs     *syncWriter
+}
+
+// options of startEnv.
+type options struct {
+	// otlpEndpoint/protocol: export to this backend instead of the
+	// embedded collector (queryURL must then be given).
+	otlpEndpoint, otlpProtocol, queryURL string
+	engineArgs, workerArgs, blendArgs    []string
+	extraEnv                             []string
+}
+
+// startEnv starts the collector (unless o.otlpEndpoint is set) and the
+// three processes; everything is stopped when the test ends.
+func startEnv(t *testing.T, o options) *env {
+	t.Helper()
+	e := &env{t: t, logs: &syncWriter{}}
+	cfg := stack.UpConfig{
+		Exe:        cbBin,
+		APIAddr:    "127.0.0.1:0",
+		EngineArgs: o.engineArgs, WorkerArgs: o.workerArgs, BlendArgs: o.blendArgs,
+		Env:        append([]string{"OTEL_BSP_SCHEDULE_DELAY=100"}, o.extraEnv...),
+		Supervisor: stack.Config{Logs: e.logs, ReadyTimeout: 90 * time.Second},
+	}
+	if o.otlpEndpoint == "" {
+		e.col = tracestore.New(tracestore.Config{OTLPAddr: "127.0.0.1:0", QueryAddr: "127.0.0.1:0"})
+		if err := e.col.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		cfg.OTLPEndpoint = "http://" + e.col.OTLPAddr() + "/v1/traces"
+		cfg.OTLPProtocol = "http/protobuf"
+		e.queryURL = "http://" + e.col.QueryAddr()
+	} else {
+		cfg.OTLPEndpoint, cfg.OTLPProtocol, e.queryURL = o.otlpEndpoint, o.otlpProtocol, o.queryURL
+	}
+	st, err := stack.Up(context.Background(), cfg)
+	if err != nil {
+		if e.col != nil {
+			e.col.Shutdown(context.Background())
+		}
+		t.Fatalf("stack up: %v\nlogs:\n%s", err, e.logs.String())
+	}
+	e.stack = st
+	e.api = st.Endpoints().Engine.API
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := st.Shutdown(ctx); err != nil {
+			t.Errorf("stack shutdown: %v", err)
+		}
+		if e.col != nil {
+			e.col.Shutdown(ctx)
+		}
+		if t.Failed() {
+			t.Logf("process logs:\n%s", tail(e.logs.String(), 80))
+		}
+	})
+	return e
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// post sends a JSON request to the engine and decodes the JSON answer.
+func (e *env) post(path string, hdr map[string]string, body, out any) int {
+	e.t.Helper()
+	b, _ := json.Marshal(body)
+	req, _ := http.NewRequest(http.MethodPost, e.api+path, bytes.NewReader(b))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	if out != nil && resp.StatusCode == http.StatusOK {
+		if err := json.Unmarshal(data, out); err != nil {
+			e.t.Fatalf("%s: %v: %s", path, err, data)
+		}
+	}
+	if resp.StatusCode != http.StatusOK {
+		e.t.Logf("%s: %d %s", path, resp.StatusCode, data)
+	}
+	return resp.StatusCode
+}
+
+// ingest stores the sample documents.
+func (e *env) ingest() {
+	e.t.Helper()
+	var docs []map[string]string
+	for _, d := range demo.Documents() {
+		docs = append(docs, map[string]string{"id": d.ID, "text": d.Text})
+	}
+	if code := e.post("/v1/documents", nil, map[string]any{"documents": docs}, nil); code != http.StatusOK {
+		e.t.Fatalf("ingest: %d", code)
+	}
+}
+
+// chat sends a non-streamed chat completion with a traceparent header.
+func (e *env) chat(traceparent, content string, maxTokens int) map[string]any {
+	e.t.Helper()
+	var out map[string]any
+	hdr := map[string]string{}
+	if traceparent != "" {
+		hdr["traceparent"] = traceparent
+	}
+	code := e.post("/v1/chat/completions", hdr, map[string]any{
+		"model": "cb-llama", "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true,
+		"messages": []map[string]string{{"role": "user", "content": content}},
+	}, &out)
+	if code != http.StatusOK {
+		e.t.Fatalf("chat: status %d", code)
+	}
+	return out
+}
+
+// trace waits until the trace has every span named in want (from the
+// backend's query API) and returns it.
+func (e *env) trace(traceID string, want ...string) *tracecheck.Trace {
+	e.t.Helper()
+	jc, err := jaeger.NewClient(e.queryURL, jaeger.ClientConfig{HTTPClient: &http.Client{Timeout: 10 * time.Second}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	var last string
+	for time.Now().Before(deadline) {
+		jt, err := jc.Trace(context.Background(), traceID)
+		if err == nil {
+			trs, err := tracecheck.FromJaeger(jt)
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			have := map[string]bool{}
+			for _, s := range trs[0].Spans {
+				have[s.Name] = true
+			}
+			missing := []string{}
+			for _, w := range want {
+				if !have[w] {
+					missing = append(missing, w)
+				}
+			}
+			if len(missing) == 0 {
+				return &trs[0]
+			}
+			last = fmt.Sprintf("missing %v", missing)
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	e.t.Fatalf("trace %s not complete: %s", traceID, last)
+	return nil
+}
+
+// ragPrompt builds a RAG prompt of the sample documents in the given order.
+func ragPrompt(order ...int) string {
+	docs := demo.Documents()
+	var picked []demo.Document
+	for _, i := range order {
+		picked = append(picked, docs[i])
+	}
+	return demo.Prompt(picked, "Question: what do these documents have in common?")
+}
