@@ -59,11 +59,41 @@ func (r *RoPE) RotateHeads(x []float32, pos int) {
 
 // Shift re-RoPEs x, rotating every head from position from to position to
 // (a rotation by to-from).
+//
+// Shift is the blend server's re-RoPE hot path: the angles are computed in
+// float64 once per call and the rotation itself runs in float32 over every
+// head of x (which may hold many tokens), so its result may differ from
+// RotateHeads in the last bits (well under 1e-6 relative).
 func (r *RoPE) Shift(x []float32, from, to int) {
 	if from == to {
 		return
 	}
-	r.RotateHeads(x, to-from)
+	half := r.headDim / 2
+	var cs, sn [256]float32
+	var cosv, sinv []float32
+	if half <= len(cs) {
+		cosv, sinv = cs[:half], sn[:half]
+	} else {
+		cosv, sinv = make([]float32, half), make([]float32, half)
+	}
+	p := float64(to - from)
+	for i := range half {
+		s, c := math.Sincos(p * r.invFreq[i])
+		sinv[i], cosv[i] = float32(s), float32(c)
+	}
+	hd := r.headDim
+	for h := 0; h+hd <= len(x); h += hd {
+		lo := x[h : h+half : h+half]
+		hi := x[h+half : h+hd : h+hd]
+		hi = hi[:len(lo)]
+		cv, sv := cosv[:len(lo)], sinv[:len(lo)]
+		for i, a := range lo {
+			b := hi[i]
+			c, s := cv[i], sv[i]
+			lo[i] = a*c - b*s
+			hi[i] = a*s + b*c
+		}
+	}
 }
 
 // ropeTable caches, for every position below maxPos, the cos/sin values
