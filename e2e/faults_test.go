@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"syscall"
 	"testing"
@@ -61,5 +63,69 @@ func TestBlendKilledRequestsStillServedThenReuseResumes(t *testing.T) {
 	}
 	if hit <= 0 {
 		t.Fatal("reuse did not resume after the blend server restarted")
+	}
+}
+
+// TestWorkerKilledFailsFastThenRecovers kills cb worker under a request in
+// flight: it fails fast with 503 and its error type, new requests get 503
+// until cb up has restarted the worker, then requests succeed again.
+func TestWorkerKilledFailsFastThenRecovers(t *testing.T) {
+	e := startEnv(t, options{})
+	type answer struct {
+		code int
+		body string
+		took time.Duration
+	}
+	done := make(chan answer, 1)
+	go func() {
+		start := time.Now()
+		code, body := e.rawChat(`{"model":"cb-llama","max_tokens":4000,"ignore_eos":true,"messages":[{"role":"user","content":"count"}]}`)
+		done <- answer{code, body, time.Since(start)}
+	}()
+	time.Sleep(1500 * time.Millisecond) // decoding by now
+	killed := time.Now()
+	if err := e.stack.Supervisor().Signal("cb-worker", syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var a answer
+	select {
+	case a = <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the in-flight request hangs after the worker died")
+	}
+	if a.code != 503 || !strings.Contains(a.body, `"type"`) {
+		t.Fatalf("in-flight request: %d %s", a.code, a.body)
+	}
+	t.Logf("in-flight request failed %v after the kill", time.Since(killed).Round(time.Millisecond))
+	// New requests fail with 503 until the worker is back, then succeed.
+	saw503, ok := false, false
+	deadline := time.Now().Add(90 * time.Second)
+	for time.Now().Before(deadline) && !ok {
+		code, body := e.rawChat(`{"model":"cb-llama","max_tokens":2,"messages":[{"role":"user","content":"hello"}]}`)
+		switch code {
+		case 503:
+			saw503 = true
+			time.Sleep(100 * time.Millisecond)
+		case 200:
+			ok = true
+		default:
+			t.Fatalf("unexpected %d %s", code, body)
+		}
+	}
+	if !ok {
+		t.Fatal("requests did not succeed again after the worker restarted")
+	}
+	if !saw503 {
+		t.Log("the worker came back before the first new request (no 503 observed)")
+	}
+	// The engine's metrics recorded the failure with its error_type.
+	resp, err := http.Get(e.api + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), `error_type="worker_unavailable"`) {
+		t.Fatalf("no worker_unavailable request recorded in /metrics")
 	}
 }

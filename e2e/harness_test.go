@@ -249,3 +249,14 @@ func ragPrompt(order ...int) string {
 	}
 	return demo.Prompt(picked, "Question: what do these documents have in common?")
 }
+
+// rawChat posts a raw chat completion body and returns status and body.
+func (e *env) rawChat(body string) (int, string) {
+	resp, err := http.Post(e.api+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
