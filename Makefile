@@ -15,6 +15,16 @@ lint:
 unit:
 	$(GO) test -race -count=1 -timeout 20m ./...
 
+# Fuzz the parsers of outside input, FUZZTIME each (CI: 30s).
+FUZZTIME ?= 30s
+FUZZ_TARGETS = ./telemetry:FuzzParseTraceparent ./engine/api:FuzzDecode ./tracestore:FuzzOTLPReceiver ./blend/chunkstore:FuzzDecodeChunk
+
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; fn=$${t##*:}; echo "fuzz $$pkg $$fn for $(FUZZTIME)"; \
+	  $(GO) test $$pkg -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s; \
+	done
+
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
