@@ -95,6 +95,19 @@ func TestOneTraceAcrossThreeProcesses(t *testing.T) {
 	if hit <= 0.5 || np <= 0 {
 		t.Errorf("cb.request hit_rate %v non_prefix_hit_tokens %v", hit, np)
 	}
+	// No prompt or completion text in spans or logs (no content capture
+	// unless opted in).
+	secret := "what do these documents have in common"
+	for _, s := range tr.Spans {
+		for k, v := range s.Attributes {
+			if strings.Contains(v.String(), secret) || strings.Contains(v.String(), "Paged attention stores") {
+				t.Errorf("span %s attribute %s carries prompt text", s.Name, k)
+			}
+		}
+	}
+	if strings.Contains(e.logs.String(), secret) {
+		t.Error("a log line carries prompt text")
+	}
 	// The KV load ran more than once; the first retrieve scattered fewer
 	// tokens than the request's total.
 	retrieves := spans["cb.retrieve"]
