@@ -1,13 +1,20 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cacheblend/cacheblend/stack"
+	"github.com/cacheblend/cacheblend/tracestore"
 )
 
 // TestBlendKilledRequestsStillServedThenReuseResumes kills cb blend: the
@@ -128,4 +135,129 @@ func TestWorkerKilledFailsFastThenRecovers(t *testing.T) {
 	if !strings.Contains(string(b), `error_type="worker_unavailable"`) {
 		t.Fatalf("no worker_unavailable request recorded in /metrics")
 	}
+}
+
+// hangingServer accepts connections and never answers.
+func hangingServer(t *testing.T, addr string) (stop func()) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	return func() {
+		ln.Close()
+		<-done
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	}
+}
+
+func p99(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(float64(len(s))*0.99))]
+}
+
+// TestCollectorHangingDoesNotSlowRequests points every process at a
+// collector that accepts connections and never answers: requests are not
+// slower (p99 compared with a run against a working collector in the same
+// test), failed exports are counted on /metrics, and export resumes when a
+// working collector comes back on the same address.
+func TestCollectorHangingDoesNotSlowRequests(t *testing.T) {
+	ports, err := stack.FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otlpAddr := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	queryAddr := fmt.Sprintf("127.0.0.1:%d", ports[1])
+	stopHang := hangingServer(t, otlpAddr)
+	e := startEnv(t, options{
+		otlpEndpoint: "http://" + otlpAddr + "/v1/traces", otlpProtocol: "http/protobuf", queryURL: "http://" + queryAddr,
+		extraEnv: []string{"OTEL_EXPORTER_OTLP_TIMEOUT=500"},
+	})
+	const n = 30
+	run := func(prefix string) []time.Duration {
+		var ds []time.Duration
+		for i := range n {
+			start := time.Now()
+			e.chat(fmt.Sprintf("00-%s%04x-00f067aa0ba902b7-01", prefix, i), "short prompt", 2)
+			ds = append(ds, time.Since(start))
+		}
+		return ds
+	}
+	run("5bf92f3577b34da6a3ce929d0e00") // warm up
+	hanging := run("6bf92f3577b34da6a3ce929d0e00")
+	// Exports fail (time out) and are counted.
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(e.metricsText(), "cb_trace_export_errors_total") || metricValue(e.metricsText(), "cb_trace_export_errors_total") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no export error counted:\n%s", grepLines(e.metricsText(), "cb_trace_"))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// The collector comes back on the same address: export resumes.
+	stopHang()
+	col := tracestore.New(tracestore.Config{OTLPAddr: otlpAddr, QueryAddr: queryAddr})
+	if err := col.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer col.Shutdown(context.Background())
+	up := run("7bf92f3577b34da6a3ce929d0e00")
+	e.trace("7bf92f3577b34da6a3ce929d0e00"+fmt.Sprintf("%04x", n-1), "chat cb-llama", "cb.request", "cb.execute")
+	ph, pu := p99(hanging), p99(up)
+	t.Logf("p99 with the collector hanging %v, with it up %v (n=%d each)", ph, pu, n)
+	// A few milliseconds of noise on a loaded 2-core machine; a blocked
+	// export would add the 500 ms export timeout.
+	if ph > pu+100*time.Millisecond {
+		t.Fatalf("requests slower with the collector hanging: p99 %v vs %v", ph, pu)
+	}
+}
+
+func (e *env) metricsText() string {
+	resp, err := http.Get(e.api + "/metrics")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// metricValue returns the value of an unlabelled sample (0 when absent).
+func metricValue(text, name string) float64 {
+	for _, l := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(l, name+" "); ok {
+			var f float64
+			fmt.Sscan(v, &f)
+			return f
+		}
+	}
+	return 0
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -49,8 +51,15 @@ func newEngineCmd() *cobra.Command {
 				Worker:         cbv1.NewWorkerServiceClient(wconn),
 				TracerProvider: rt.TracerProvider(),
 				Registerer:     rt.Registry,
-				Gatherer:       rt.Registry,
-				Logger:         rt.Logger,
+				// Refresh the process instruments (dropped spans, export
+				// errors) before every scrape, then gather.
+				Gatherer: prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+					if err := rt.Process.Refresh(); err != nil {
+						rt.Logger.Warn("refresh process metrics", "err", err)
+					}
+					return rt.Registry.Gather()
+				}),
+				Logger: rt.Logger,
 			}
 			if p := rt.Telemetry.ProfileWriter(); p != nil {
 				deps.Profile = p
