@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -260,4 +262,112 @@ func metricValue(text, name string) float64 {
 		}
 	}
 	return 0
+}
+
+func pidOf(t *testing.T, e *env, name string) (pid, restarts int) {
+	for _, s := range e.stack.Supervisor().Status() {
+		if s.Name == name {
+			return s.PID, s.Restarts
+		}
+	}
+	t.Fatalf("no process %s", name)
+	return 0, 0
+}
+
+// waitRestart waits until name runs again under a new pid.
+func waitRestart(t *testing.T, e *env, name string, oldPID int) {
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, s := range e.stack.Supervisor().Status() {
+			if s.Name == name && s.PID != oldPID && s.Ready {
+				return
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s not restarted", name)
+}
+
+// TestSIGTERMUnderLoad sends SIGTERM to the worker and to the engine while
+// requests are in flight: every request finishes or fails cleanly (an
+// OpenAI-shaped error, never a broken connection or a hang), the worker
+// removes its shared-memory file, and the engine flushes its spans.
+func TestSIGTERMUnderLoad(t *testing.T) {
+	e := startEnv(t, options{})
+	inflight := func(n int) chan string {
+		out := make(chan string, n)
+		for i := range n {
+			go func() {
+				code, body := e.rawChat(fmt.Sprintf(`{"model":"cb-llama","max_tokens":60,"ignore_eos":true,"messages":[{"role":"user","content":"request %d"}]}`, i))
+				switch {
+				case code == 200:
+					out <- "ok"
+				case code >= 400 && strings.Contains(body, `"error"`):
+					out <- fmt.Sprintf("failed cleanly: %d", code)
+				default:
+					out <- fmt.Sprintf("BROKEN: %d %s", code, body)
+				}
+			}()
+		}
+		return out
+	}
+	collect := func(ch chan string, n int) []string {
+		var got []string
+		for range n {
+			select {
+			case r := <-ch:
+				got = append(got, r)
+			case <-time.After(90 * time.Second):
+				t.Fatal("a request hangs")
+			}
+		}
+		for _, r := range got {
+			if strings.HasPrefix(r, "BROKEN") {
+				t.Errorf("request did not end cleanly: %s", r)
+			}
+		}
+		return got
+	}
+
+	// The worker.
+	wpid, _ := pidOf(t, e, "cb-worker")
+	shm, _ := filepath.Glob(fmt.Sprintf("/dev/shm/cb-kv-%d-*.shm", wpid))
+	if len(shm) != 1 {
+		t.Fatalf("worker %d shared memory files: %v", wpid, shm)
+	}
+	ch := inflight(4)
+	time.Sleep(700 * time.Millisecond)
+	if err := e.stack.Supervisor().Signal("cb-worker", syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("worker SIGTERM: %v", collect(ch, 4))
+	waitRestart(t, e, "cb-worker", wpid)
+	if _, err := os.Stat(shm[0]); !os.IsNotExist(err) {
+		t.Fatalf("the worker left its shared memory %s (%v)", shm[0], err)
+	}
+
+	// The engine: its spans of the requests it finished are flushed on
+	// the way out.
+	epid, _ := pidOf(t, e, "cb-engine")
+	traced := "00-8bf92f3577b34da6a3ce929d0e000001-00f067aa0ba902b7-01"
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, _ := http.NewRequest(http.MethodPost, e.api+"/v1/chat/completions",
+			strings.NewReader(`{"model":"cb-llama","max_tokens":30,"ignore_eos":true,"messages":[{"role":"user","content":"traced"}]}`))
+		req.Header.Set("traceparent", traced)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	ch = inflight(3)
+	time.Sleep(500 * time.Millisecond)
+	if err := e.stack.Supervisor().Signal("cb-engine", syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("engine SIGTERM: %v", collect(ch, 3))
+	<-done
+	waitRestart(t, e, "cb-engine", epid)
+	e.trace("8bf92f3577b34da6a3ce929d0e000001", "chat cb-llama")
 }
