@@ -1,0 +1,76 @@
+package loadgen
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestReadStream(t *testing.T) {
+	const c1 = `data: {"id":"r1","choices":[{"delta":{"role":"assistant","content":""}}]}` + "\n\n"
+	const c2 = `data: {"id":"r1","choices":[{"delta":{"content":"hi"}}]}` + "\n\n"
+	const usage = `data: {"id":"r1","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":5}}` + "\n\n"
+	const done = "data: [DONE]\n\n"
+	for _, tc := range []struct {
+		name     string
+		in       string
+		kind     string // "" = success
+		content  bool
+		chunks   int
+		usage    bool
+		prompt   int
+		complete int
+	}{
+		{"full stream", c1 + c2 + c2 + usage + done, "", true, 2, true, 12, 5},
+		{"no space after data and comments", ": ping\nevent: message\ndata:" + c2[5:] + done, "", true, 1, false, 0, 0},
+		{"role chunk only", c1 + done, "", false, 0, false, 0, 0},
+		{"error event", c2 + `data: {"error":{"message":"boom","type":"internal"}}` + "\n\n" + done, KindStream, true, 1, false, 0, 0},
+		{"bad JSON", c2 + "data: {nope\n\n", KindBadStream, true, 1, false, 0, 0},
+		{"negative usage", `data: {"usage":{"prompt_tokens":-1,"completion_tokens":2}}` + "\n\n", KindBadStream, false, 0, false, 0, 0},
+		{"no DONE", c1 + c2, KindTruncated, true, 1, false, 0, 0},
+		{"empty body", "", KindTruncated, false, 0, false, 0, 0},
+		{"oversized line", "data: " + strings.Repeat("x", maxLine+10) + "\n", KindBadStream, false, 0, false, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			calls := 0
+			res, err := readStream(strings.NewReader(tc.in), func() { calls++ })
+			var se *streamError
+			switch {
+			case tc.kind == "" && err != nil:
+				t.Fatalf("error %v", err)
+			case tc.kind != "" && (!errors.As(err, &se) || se.kind != tc.kind):
+				t.Fatalf("error %v, want kind %s", err, tc.kind)
+			}
+			if (calls == 1) != tc.content || calls > 1 {
+				t.Errorf("onContent called %d times", calls)
+			}
+			if res.contentChunks != tc.chunks || res.usage != tc.usage || res.promptTokens != tc.prompt || res.completionTokens != tc.complete {
+				t.Errorf("result %+v", res)
+			}
+			if tc.chunks > 0 && res.id != "r1" {
+				t.Errorf("id %q", res.id)
+			}
+		})
+	}
+}
+
+func FuzzReadStream(f *testing.F) {
+	f.Add("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n")
+	f.Add("data: {\"error\":{\"message\":\"x\"}}\n")
+	f.Add("data: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\ndata: [DONE]\n")
+	f.Add(": c\n\ndata:\n")
+	f.Fuzz(func(t *testing.T, in string) {
+		calls := 0
+		res, err := readStream(strings.NewReader(in), func() { calls++ })
+		if calls > 1 || (calls == 1) != (res.contentChunks > 0) {
+			t.Fatalf("onContent called %d times for %d content chunks", calls, res.contentChunks)
+		}
+		var se *streamError
+		if err != nil && !errors.As(err, &se) {
+			t.Fatalf("unexpected error type %T: %v", err, err)
+		}
+		if res.promptTokens < 0 || res.completionTokens < 0 {
+			t.Fatalf("negative usage %+v", res)
+		}
+	})
+}
