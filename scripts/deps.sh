@@ -4,6 +4,7 @@ set -euo pipefail
 need=()
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 [ -x /usr/bin/chromium ] || need+=(chromium)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)   # prometheus + promtool (package slo tests)
 if ((${#need[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

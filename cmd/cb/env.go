@@ -50,7 +50,7 @@ func withEnv(cmd *cobra.Command) *cobra.Command {
 	if cmd.Long == "" {
 		cmd.Long = cmd.Short + "."
 	}
-	cmd.Long = strings.TrimSpace(cmd.Long) + "\n\nEvery flag can also be set by the environment variable CB_" +
-		strings.ToUpper(cmd.Name()) + "_<FLAG> (upper case, dashes as underscores); a flag given on the command line wins."
+	cmd.Long = strings.TrimSpace(cmd.Long) + "\n\nEvery flag can also be set by the environment variable " +
+		envName(cmd.Name(), "<FLAG>") + " (upper case, dashes as underscores); a flag given on the command line wins."
 	return cmd
 }
