@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 )
 
 // UpConfig configures Up. Zero values take the documented defaults.
@@ -110,7 +113,44 @@ func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
 		return fail(err)
 	}
 	s.eps.Engine = Endpoint{API: r.Values["api"], Metrics: r.Values["metrics"], PID: r.PID}
+	// Ready means serving: the engine's /health answers 200 once its worker
+	// has answered.
+	if err := WaitHealthy(ctx, s.eps.Engine.API+"/health", s.sup.cfg.ReadyTimeout); err != nil {
+		return fail(err)
+	}
 	return s, nil
+}
+
+// WaitHealthy polls url until it answers 200, ctx ends or timeout passes.
+func WaitHealthy(ctx context.Context, url string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	client := &http.Client{Timeout: 2 * time.Second}
+	last := "no answer"
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return fmt.Errorf("stack: health check: %w", err)
+		}
+		resp, err := client.Do(req)
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			last = resp.Status
+		} else {
+			last = err.Error()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: %s not healthy after %s (%s)", ErrNotReady, url, timeout, last)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // Endpoints returns the stack's endpoints (PIDs as first started).
