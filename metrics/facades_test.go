@@ -3,8 +3,11 @@ package metrics
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"sort"
 	"strings"
@@ -14,6 +17,8 @@ import (
 	"github.com/cacheblend/cacheblend/contract"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -791,5 +796,61 @@ func TestOpenMetricsParses(t *testing.T) {
 				t.Errorf("%s: UNIT %q, contract %q", in.Name, mf.GetUnit(), in.PromUnit())
 			}
 		}
+	}
+}
+
+// TestTenThousandModelsStayCapped records requests for 10,000 distinct
+// model names, some with quotes, backslashes and newlines: every engine
+// instrument keeps at most 64 + 1 (_other) model series, and the text
+// exposition still parses.
+func TestTenThousandModelsStayCapped(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewEngineMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10000 {
+		model := fmt.Sprintf("model-%d", i)
+		switch i % 1000 {
+		case 1:
+			model = fmt.Sprintf("quote\"d-%d", i)
+		case 2:
+			model = fmt.Sprintf("back\\slash-%d", i)
+		case 3:
+			model = fmt.Sprintf("new\nline-%d", i)
+		}
+		if err := m.RecordRequest(context.Background(), RequestRecord{Operation: "chat", Model: model,
+			TTFT: 10 * time.Millisecond, HasTTFT: true, E2E: 50 * time.Millisecond, OutputTokens: 3, PromptTokens: 5}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fams := gather(t, reg)
+	checked := 0
+	for name, f := range fams {
+		models := map[string]bool{}
+		for _, mt := range f.GetMetric() {
+			for _, lp := range mt.GetLabel() {
+				if lp.GetName() == "gen_ai_request_model" {
+					models[lp.GetValue()] = true
+				}
+			}
+		}
+		if len(models) == 0 {
+			continue
+		}
+		checked++
+		if len(models) > 65 || !models["_other"] {
+			t.Errorf("%s: %d model series (want at most 64 + _other)", name, len(models))
+		}
+	}
+	if checked < 3 {
+		t.Fatalf("only %d instruments carry the model label", checked)
+	}
+	// The text exposition parses back.
+	rec := httptest.NewRecorder()
+	Handler(reg, nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	if _, err := p.TextToMetricFamilies(strings.NewReader(rec.Body.String())); err != nil {
+		t.Fatalf("exposition does not parse: %v", err)
 	}
 }
