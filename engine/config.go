@@ -64,6 +64,12 @@ type Config struct {
 	RequestTimeout time.Duration
 	// ReadHeaderTimeout bounds reading a request's headers. Default 10 s.
 	ReadHeaderTimeout time.Duration
+	// CaptureContent records prompts and completions as events of the
+	// SERVER span (GenAI content capture). Off by default: no prompt or
+	// completion text reaches spans, logs or metrics unless opted in
+	// (cb engine --capture-content, or
+	// OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true).
+	CaptureContent bool
 }
 
 func (c Config) withDefaults() Config {

@@ -47,6 +47,12 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 	return s.b.Write(p)
 }
 
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 // lines returns the JSON log lines with msg.
 func (s *syncBuffer) lines(t *testing.T, msg string) []map[string]any {
 	t.Helper()
@@ -895,3 +901,48 @@ func TestPrefixCacheHitRatio(t *testing.T) {
 }
 
 func slogJSON(w io.Writer) *slog.Logger { return slog.New(telemetry.NewLogHandler(w, nil)) }
+
+func TestContentCaptureIsOptIn(t *testing.T) {
+	tests := []struct {
+		name    string
+		capture bool
+	}{
+		{"off by default", false},
+		{"opted in", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ev := newEnv(t, envOpts{cfg: Config{CaptureContent: tc.capture}})
+			resp, err := ev.client().Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "cb-llama",
+				Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("a secret prompt")}, MaxTokens: openai.Int(5)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "spans", func() bool { return len(spansByName(ev.rec)["chat cb-llama"]) == 1 })
+			var found, completion bool
+			for _, s := range ev.rec.Ended() {
+				for _, a := range s.Attributes() {
+					if strings.Contains(a.Value.Emit(), "a secret prompt") {
+						t.Errorf("span %s attribute %s carries the prompt", s.Name(), a.Key)
+					}
+				}
+				for _, e := range s.Events() {
+					for _, a := range e.Attributes {
+						if strings.Contains(a.Value.Emit(), "a secret prompt") {
+							found = true
+						}
+						if a.Key == "gen_ai.completion" && a.Value.AsString() == resp.Choices[0].Message.Content {
+							completion = true
+						}
+					}
+				}
+			}
+			if found != tc.capture || completion != tc.capture {
+				t.Fatalf("prompt in events %v, completion in events %v; capture %v", found, completion, tc.capture)
+			}
+			if strings.Contains(ev.logs.String(), "a secret prompt") {
+				t.Error("the log carries the prompt")
+			}
+		})
+	}
+}

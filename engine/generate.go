@@ -34,6 +34,7 @@ type genRecord struct {
 	h             *scheduler.Handle
 	promptTokens  int
 	maxTokens     int
+	ts            *textStream // the completion text, for content capture
 }
 
 // fail records apiErr and sends it, unless the client is gone (499).
@@ -110,6 +111,9 @@ func (e *Engine) serveGenerate(w *statusWriter, r *http.Request, op, route strin
 		return
 	}
 	rec.promptTokens = len(prompt)
+	if e.cfg.CaptureContent {
+		captureInput(span, g, promptText)
+	}
 	if rec.maxTokens, apiErr = e.maxTokens(g, len(prompt), info); apiErr != nil {
 		rec.fail(w, apiErr, nil)
 		return
@@ -118,6 +122,7 @@ func (e *Engine) serveGenerate(w *statusWriter, r *http.Request, op, route strin
 	reqCtx, cancel := context.WithTimeout(ctx, e.cfg.RequestTimeout)
 	defer cancel()
 	ts := newTextStream(e.tok, g.Stop)
+	rec.ts = ts
 	sampling := &cbv1.SamplingParams{Temperature: g.Temperature, TopP: g.TopP}
 	if g.Seed != nil {
 		sampling.Seed = uint64(*g.Seed)
@@ -436,6 +441,11 @@ func (e *Engine) endGenerate(ctx context.Context, span *telemetry.Span, rec *gen
 		attrs = append(attrs, attribute.StringSlice("gen_ai.response.finish_reasons", []string{res.FinishReason}))
 	}
 	span.SetAttributes(attrs...)
+	if e.cfg.CaptureContent && rec.ts != nil {
+		span.AddEvent("gen_ai.choice", trace.WithAttributes(
+			attribute.String("gen_ai.response.finish_reason", res.FinishReason),
+			attribute.String("gen_ai.completion", rec.ts.all())))
+	}
 	switch {
 	case status >= 500:
 		cause := rec.cause
@@ -534,4 +544,19 @@ func (e *Engine) engineSpans(ctx context.Context, rec *genRecord, res scheduler.
 	}
 	d.SetAttributes(attribute.Int("n_tokens", len(res.TokenTimes)), attribute.Int("preemptions", res.Preemptions))
 	d.End(trace.WithTimestamp(stopAt))
+}
+
+// captureInput records the request's messages (or prompt) as span events,
+// per the GenAI semantic conventions' content capture. Only called when the
+// operator opted in (Config.CaptureContent): by default no prompt or
+// completion text reaches spans, logs or metrics.
+func captureInput(span *telemetry.Span, g *api.Generation, promptText string) {
+	if len(g.Messages) == 0 {
+		span.AddEvent("gen_ai.prompt", trace.WithAttributes(attribute.String("gen_ai.prompt", promptText)))
+		return
+	}
+	for _, m := range g.Messages {
+		span.AddEvent("gen_ai."+m.Role+".message", trace.WithAttributes(
+			attribute.String("gen_ai.message.role", m.Role), attribute.String("gen_ai.message.content", m.Content)))
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"os"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -99,6 +100,8 @@ func newEngineCmd() *cobra.Command {
 	f.Float64Var(&cfg.RecompRatio, "recomp-ratio", 0.15, "CacheBlend recompute ratio sent to the worker")
 	f.BoolVar(&cfg.DisableStore, "no-store", false, "do not store prompts' KV in the blend server (documents still are)")
 	f.IntVar(&cfg.DefaultMaxTokens, "default-max-tokens", engine.DefaultMaxTokens, "max_tokens when a request gives none")
+	f.BoolVar(&cfg.CaptureContent, "capture-content", os.Getenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT") == "true",
+		"record prompts and completions as span events (off by default; also OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true)")
 	f.StringVar(&otlp, "otlp-traces-endpoint", "", "OTLP traces endpoint (overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
 	return withEnv(cmd)
 }
