@@ -158,6 +158,16 @@ func TestLoadThousandRequestsScrapedByPrometheus(t *testing.T) {
 		t.Fatalf("client and server TTFT p95 disagree:\n%s", so.String())
 	}
 
+	// Peak resident memory of each process over the run.
+	for _, st := range e.stack.Supervisor().Status() {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", st.PID)); err == nil {
+			for _, l := range strings.Split(string(b), "\n") {
+				if strings.HasPrefix(l, "VmHWM:") {
+					t.Logf("peak RSS %s (pid %d): %s", st.Name, st.PID, strings.TrimSpace(strings.TrimPrefix(l, "VmHWM:")))
+				}
+			}
+		}
+	}
 	// Prometheus, after a scrape that follows the run.
 	time.Sleep(2500 * time.Millisecond)
 	count, ok := promQuery(t, prom, `sum(gen_ai_server_request_duration_seconds_count)`)
