@@ -6,18 +6,17 @@ import (
 	"path"
 	"sort"
 	"strings"
+
+	"github.com/cacheblend/cacheblend/apiclient"
 )
 
 //go:embed docs/*.txt
 var docFS embed.FS
 
-// Document is one sample document shipped with the repo.
-type Document struct {
-	// ID is the file name without extension (e.g. "03-cacheblend").
-	ID string
-	// Text is the document's text.
-	Text string
-}
+// Document is one sample document shipped with the repo: ID is the file name without
+// extension (e.g. "03-cacheblend"), Text the document's text. It is package apiclient's
+// Document, so the documents are ingested as they are.
+type Document = apiclient.Document
 
 // Documents returns the sample documents, sorted by ID. They are short
 // technical paragraphs (~600 bytes, so ~600 byte-level tokens each) written

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cacheblend/cacheblend/apiclient"
 	"github.com/cacheblend/cacheblend/contract"
 	"github.com/cacheblend/cacheblend/tracecheck"
 	"github.com/cacheblend/cacheblend/tracestore/jaeger"
@@ -144,16 +145,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.TraceWait <= 0 {
 		cfg.TraceWait = DefaultTraceWait
 	}
-	c := &client{base: strings.TrimRight(cfg.API, "/"), apiKey: cfg.APIKey, http: &http.Client{Timeout: 5 * time.Minute}}
-	if err := c.waitHealthy(ctx, 60*time.Second); err != nil {
-		return nil, err
+	c := apiclient.New(cfg.API, apiclient.Config{APIKey: cfg.APIKey, HTTPClient: &http.Client{Timeout: 5 * time.Minute}})
+	if err := c.WaitHealthy(ctx, 60*time.Second); err != nil {
+		return nil, fmt.Errorf("demo: %w", err)
 	}
 	docs := Documents()
 	cfg.DocsPerRequest = min(cfg.DocsPerRequest, len(docs))
 	bar := newProgress(cfg.Progress, 1+2*cfg.Requests)
 	bar.step("ingesting documents")
-	if err := c.ingest(ctx, docs); err != nil {
-		return nil, err
+	if err := c.Ingest(ctx, docs); err != nil {
+		return nil, fmt.Errorf("demo: %w", err)
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0xcb))
 	rep := &Report{}
@@ -166,19 +167,20 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		for j, k := range perm {
 			picked[j], ids[j] = docs[k], docs[k].ID
 		}
-		content := Prompt(picked, questions[i%len(questions)])
+		q := apiclient.ChatRequest{Model: cfg.Model, Content: Prompt(picked, questions[i%len(questions)]), MaxTokens: cfg.MaxTokens, IgnoreEOS: true}
 		bar.step(fmt.Sprintf("request %d/%d with reuse", i+1, cfg.Requests))
-		reuse, err := c.chat(ctx, cfg.Model, content, cfg.MaxTokens, true)
+		reuse, err := c.ChatStream(ctx, q)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("demo: chat: %w", err)
 		}
 		bar.step(fmt.Sprintf("request %d/%d full prefill", i+1, cfg.Requests))
-		full, err := c.chat(ctx, cfg.Model, content, cfg.MaxTokens, false)
+		q.NoReuse = true
+		full, err := c.ChatStream(ctx, q)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("demo: chat: %w", err)
 		}
 		rep.Requests = append(rep.Requests, Result{
-			RequestID: reuse.ID, TraceID: reuse.TraceID, FullTraceID: full.TraceID, Documents: ids,
+			RequestID: reuse.RequestID, TraceID: reuse.TraceID, FullTraceID: full.TraceID, Documents: ids,
 			PromptTokens: reuse.PromptTokens,
 			TTFTReuse:    reuse.TTFT.Seconds(), TTFTFull: full.TTFT.Seconds(),
 			Speedup: full.TTFT.Seconds() / reuse.TTFT.Seconds(),

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cacheblend/cacheblend/apiclient"
 )
 
 // Why a run stopped issuing requests (Report.StoppedBy).
@@ -20,6 +22,21 @@ const (
 	StoppedByDuration = "duration" // Config.Duration elapsed first
 	StoppedByCanceled = "canceled" // the caller's context was cancelled
 )
+
+// Error kinds of a failed request (Result.ErrorKind, the keys of Report.Errors), as package
+// apiclient classifies them. An HTTP error status is "http_<code>", e.g. "http_503".
+const (
+	KindConnection = apiclient.KindConnection // the request could not be sent or the response read
+	KindTimeout    = apiclient.KindTimeout    // Config.RequestTimeout elapsed
+	KindCanceled   = apiclient.KindCanceled   // the run was cancelled or its grace period ended
+	KindStream     = apiclient.KindStream     // the stream carried an error event
+	KindBadStream  = apiclient.KindBadStream  // an event that is not valid JSON, or an oversized line
+	KindTruncated  = apiclient.KindTruncated  // the stream ended before data: [DONE]
+	KindNoTokens   = apiclient.KindNoTokens   // the stream completed without any content
+)
+
+// errGraceOver is the cancel cause of requests still running when the grace period ended.
+var errGraceOver = errors.New("the run's grace period ended")
 
 // Result is one request of a run.
 type Result struct {
@@ -62,7 +79,7 @@ func (r *Result) OK() bool { return r.ErrorKind == "" }
 // counters (atomics) and results (mu).
 type runner struct {
 	cfg     Config
-	c       *client
+	c       *apiclient.Client
 	prompts promptGen
 	start   time.Time
 
@@ -98,24 +115,23 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		defer tr.CloseIdleConnections()
 		hc = &http.Client{Transport: tr}
 	}
-	c := &client{base: cfg.API, apiKey: cfg.APIKey, http: hc}
-	authMetrics := cfg.MetricsURL == cfg.API+"/metrics"
+	c := apiclient.New(cfg.API, apiclient.Config{APIKey: cfg.APIKey, HTTPClient: hc})
 
-	if err := c.waitHealthy(ctx, cfg.HealthWait); err != nil {
-		return nil, err
+	if err := c.WaitHealthy(ctx, cfg.HealthWait); err != nil {
+		return nil, fmt.Errorf("loadgen: %w", err)
 	}
 	if cfg.Ingest {
 		ictx, cancel := context.WithTimeout(ctx, cfg.RequestTimeout)
-		err := c.ingest(ictx, cfg.Documents)
+		err := c.Ingest(ictx, cfg.Documents)
 		cancel()
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("loadgen: %w", err)
 		}
 	}
 	var before scrape
 	var beforeErr error
 	if !cfg.SkipServerCheck {
-		before, beforeErr = c.scrape(ctx, cfg.MetricsURL, authMetrics)
+		before, beforeErr = scrapeMetrics(ctx, c, cfg.MetricsURL)
 	}
 
 	r := &runner{
@@ -135,7 +151,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if beforeErr != nil {
 			rep.Server = &ServerCheck{MetricsURL: cfg.MetricsURL, RequestsSent: rep.Sent, Error: beforeErr.Error()}
 		} else {
-			rep.Server = crossCheck(ctx, c, cfg.MetricsURL, authMetrics, before, rep.Sent, rep.TTFT, cfg.SettleTimeout)
+			rep.Server = crossCheck(ctx, c, cfg.MetricsURL, before, rep.Sent, rep.TTFT, cfg.SettleTimeout)
 		}
 	}
 	return rep, nil
@@ -241,8 +257,6 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 // one sends request i and records its result.
 func (r *runner) one(ctx context.Context, i int, scheduled time.Duration) {
 	p := r.prompts.build(i)
-	ctx, cancel := context.WithTimeoutCause(ctx, r.cfg.RequestTimeout, errRequestTimeout)
-	defer cancel()
 	r.sent.Add(1)
 	r.inflight.Add(1)
 	nan := Seconds(math.NaN())
@@ -251,24 +265,27 @@ func (r *runner) one(ctx context.Context, i int, scheduled time.Duration) {
 		Scheduled: Seconds(scheduled.Seconds()), Start: Seconds(time.Since(r.start).Seconds()),
 		TTFT: nan, TPOT: nan, E2E: nan,
 	}
-	g, err := r.c.chat(ctx, chatRequest{model: r.cfg.Model, content: p.content, maxTokens: r.cfg.MaxTokens, noReuse: r.cfg.NoReuse})
+	g, err := r.c.ChatStream(ctx, apiclient.ChatRequest{
+		Model: r.cfg.Model, Content: p.content, MaxTokens: r.cfg.MaxTokens,
+		IgnoreEOS: true, NoReuse: r.cfg.NoReuse, Timeout: r.cfg.RequestTimeout,
+	})
 	r.inflight.Add(-1)
-	res.TraceID, res.RequestID, res.Status = g.traceID, g.requestID, g.status
-	res.PromptTokens, res.OutputTokens, res.Usage = g.promptTokens, g.outputTokens, g.usage
-	if g.e2e > 0 {
-		res.E2E = Seconds(g.e2e.Seconds())
+	res.TraceID, res.RequestID, res.Status = g.TraceID, g.RequestID, g.Status
+	res.PromptTokens, res.OutputTokens, res.Usage = g.PromptTokens, g.OutputTokens, g.Usage
+	if g.E2E > 0 {
+		res.E2E = Seconds(g.E2E.Seconds())
 	}
 	if err != nil {
-		var re *requestError
+		var re *apiclient.Error
 		res.ErrorKind, res.Error = KindConnection, err.Error()
 		if errors.As(err, &re) {
-			res.ErrorKind = re.kind
+			res.ErrorKind = re.Kind
 		}
 		r.failed.Add(1)
 	} else {
-		res.TTFT = Seconds(g.ttft.Seconds())
-		if n := g.outputTokens; n >= 2 {
-			res.TPOT = Seconds((g.e2e - g.ttft).Seconds() / float64(n-1))
+		res.TTFT = Seconds(g.TTFT.Seconds())
+		if n := g.OutputTokens; n >= 2 {
+			res.TPOT = Seconds((g.E2E - g.TTFT).Seconds() / float64(n-1))
 		}
 	}
 	r.done.Add(1)

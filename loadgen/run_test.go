@@ -187,6 +187,21 @@ func TestRunGraceCancelsStragglers(t *testing.T) {
 	}
 }
 
+func TestRunRequestTimeout(t *testing.T) {
+	e := newTestEngine(t, func(e *testEngine) { e.ttft = func(int) time.Duration { return time.Minute } })
+	cfg := quick(e)
+	cfg.Requests, cfg.Concurrency, cfg.RequestTimeout = 2, 2, 200*time.Millisecond
+	rep := run(t, cfg)
+	if rep.Sent != 2 || rep.Failed != 2 || rep.Errors[KindTimeout] != 2 {
+		t.Fatalf("sent %d failed %d errors %v", rep.Sent, rep.Failed, rep.Errors)
+	}
+	for _, r := range rep.Requests {
+		if r.Status != 200 || !strings.HasPrefix(r.Error, "timeout: ") || !math.IsNaN(float64(r.TTFT)) {
+			t.Errorf("timed-out request %+v", r)
+		}
+	}
+}
+
 func TestRunCountsErrors(t *testing.T) {
 	e := newTestEngine(t, func(e *testEngine) { e.fail = func(i int) bool { return i%4 == 3 } })
 	cfg := quick(e)

@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net/http"
 	"slices"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/cacheblend/cacheblend/apiclient"
 )
 
 // Server instruments read by the cross-check (contract/instruments.yaml).
@@ -82,18 +83,15 @@ type ServerCheck struct {
 // scrape is one parsed /metrics exposition.
 type scrape map[string]*dto.MetricFamily
 
-// scrape reads and parses url in the Prometheus text format.
-func (c *client) scrape(ctx context.Context, url string, auth bool) (scrape, error) {
-	hdr := http.Header{"Accept": {"text/plain;version=0.0.4"}}
-	resp, err := c.do(ctx, http.MethodGet, url, nil, hdr, auth)
+// scrapeMetrics reads url with c (the API key goes only to the engine's own /metrics) and
+// parses it in the Prometheus text format.
+func scrapeMetrics(ctx context.Context, c *apiclient.Client, url string) (scrape, error) {
+	body, err := c.Metrics(ctx, url)
 	if err != nil {
 		return nil, fmt.Errorf("loadgen: scrape %s: %w", url, err)
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("loadgen: scrape %s: %w", url, httpError(resp))
-	}
-	return parseMetrics(io.LimitReader(resp.Body, 64<<20))
+	defer body.Close()
+	return parseMetrics(io.LimitReader(body, 64<<20))
 }
 
 // parseMetrics parses a Prometheus text exposition.
@@ -235,13 +233,13 @@ func requestCount(before, after scrape, keep labelFilter) (int, error) {
 
 // crossCheck scrapes url after the run, repeating every 100 ms for up to settle until the
 // server has counted sent requests, and compares the deltas to the client's numbers.
-func crossCheck(ctx context.Context, c *client, url string, auth bool, before scrape, sent int, clientTTFT Summary, settle time.Duration) *ServerCheck {
+func crossCheck(ctx context.Context, c *apiclient.Client, url string, before scrape, sent int, clientTTFT Summary, settle time.Duration) *ServerCheck {
 	sc := &ServerCheck{MetricsURL: url, RequestsSent: sent}
 	t0 := time.Now()
 	var after scrape
 	for {
 		var err error
-		after, err = c.scrape(ctx, url, auth)
+		after, err = scrapeMetrics(ctx, c, url)
 		if err != nil {
 			sc.Error = err.Error()
 			return sc

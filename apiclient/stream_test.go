@@ -1,4 +1,4 @@
-package loadgen
+package apiclient
 
 import (
 	"errors"
@@ -33,25 +33,53 @@ func TestReadStream(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			calls := 0
-			res, err := readStream(strings.NewReader(tc.in), func() { calls++ })
-			var se *streamError
+			res, err := ReadStream(strings.NewReader(tc.in), func() { calls++ })
+			var se *Error
 			switch {
 			case tc.kind == "" && err != nil:
 				t.Fatalf("error %v", err)
-			case tc.kind != "" && (!errors.As(err, &se) || se.kind != tc.kind):
+			case tc.kind != "" && (!errors.As(err, &se) || se.Kind != tc.kind || se.Status != 0):
 				t.Fatalf("error %v, want kind %s", err, tc.kind)
 			}
 			if (calls == 1) != tc.content || calls > 1 {
 				t.Errorf("onContent called %d times", calls)
 			}
-			if res.contentChunks != tc.chunks || res.usage != tc.usage || res.promptTokens != tc.prompt || res.completionTokens != tc.complete {
+			if res.ContentChunks != tc.chunks || res.Usage != tc.usage || res.PromptTokens != tc.prompt || res.CompletionTokens != tc.complete {
 				t.Errorf("result %+v", res)
 			}
-			if tc.chunks > 0 && res.id != "r1" {
-				t.Errorf("id %q", res.id)
+			if tc.chunks > 0 && res.ID != "r1" {
+				t.Errorf("id %q", res.ID)
 			}
 		})
 	}
+}
+
+func TestReadStreamNilCallbackAndReadError(t *testing.T) {
+	res, err := ReadStream(strings.NewReader(`data: {"choices":[{"delta":{"content":"a"}}]}`+"\ndata: [DONE]\n"), nil)
+	if err != nil || res.ContentChunks != 1 {
+		t.Fatalf("nil onContent: %+v, %v", res, err)
+	}
+	boom := errors.New("boom")
+	_, err = ReadStream(&failingReader{data: "data: {}\n", err: boom}, nil)
+	var se *Error
+	if !errors.Is(err, boom) || errors.As(err, &se) {
+		t.Fatalf("read error: %v", err)
+	}
+}
+
+// failingReader returns data, then err.
+type failingReader struct {
+	data string
+	err  error
+}
+
+func (r *failingReader) Read(p []byte) (int, error) {
+	if r.data == "" {
+		return 0, r.err
+	}
+	n := copy(p, r.data)
+	r.data = r.data[n:]
+	return n, nil
 }
 
 func FuzzReadStream(f *testing.F) {
@@ -61,16 +89,33 @@ func FuzzReadStream(f *testing.F) {
 	f.Add(": c\n\ndata:\n")
 	f.Fuzz(func(t *testing.T, in string) {
 		calls := 0
-		res, err := readStream(strings.NewReader(in), func() { calls++ })
-		if calls > 1 || (calls == 1) != (res.contentChunks > 0) {
-			t.Fatalf("onContent called %d times for %d content chunks", calls, res.contentChunks)
+		res, err := ReadStream(strings.NewReader(in), func() { calls++ })
+		if calls > 1 || (calls == 1) != (res.ContentChunks > 0) {
+			t.Fatalf("onContent called %d times for %d content chunks", calls, res.ContentChunks)
 		}
-		var se *streamError
+		var se *Error
 		if err != nil && !errors.As(err, &se) {
 			t.Fatalf("unexpected error type %T: %v", err, err)
 		}
-		if res.promptTokens < 0 || res.completionTokens < 0 {
+		if res.PromptTokens < 0 || res.CompletionTokens < 0 {
 			t.Fatalf("negative usage %+v", res)
 		}
 	})
+}
+
+func BenchmarkReadStream(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString(`data: {"id":"chatcmpl-1","choices":[{"delta":{"role":"assistant","content":""}}]}` + "\n\n")
+	for range 64 {
+		sb.WriteString(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok "},"finish_reason":null}]}` + "\n\n")
+	}
+	sb.WriteString(`data: {"id":"chatcmpl-1","choices":[],"usage":{"prompt_tokens":1800,"completion_tokens":64}}` + "\n\ndata: [DONE]\n\n")
+	in := sb.String()
+	b.SetBytes(int64(len(in)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ReadStream(strings.NewReader(in), nil); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

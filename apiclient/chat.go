@@ -1,0 +1,132 @@
+package apiclient
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// errRequestTimeout is the cancel cause of a chat completion that ran past
+// ChatRequest.Timeout.
+var errRequestTimeout = errors.New("request timeout")
+
+// ChatRequest is one streamed chat completion to send: a single user message, generated
+// greedily (temperature 0), with usage requested in the final chunk.
+type ChatRequest struct {
+	// Model is the model named in the request ("model"). Required by the engine.
+	Model string
+	// Content is the user message.
+	Content string
+	// MaxTokens is "max_tokens"; 0 sends 0, which the engine refuses.
+	MaxTokens int
+	// IgnoreEOS sends "ignore_eos": true, so a successful request generates exactly
+	// MaxTokens tokens. Default false: the field is not sent.
+	IgnoreEOS bool
+	// NoReuse sends the cacheblend extension {"reuse": false}: a full prefill with no
+	// KV-cache reuse. Default false: the extension is not sent and the engine reuses.
+	NoReuse bool
+	// Timeout bounds the request, streaming included; when it elapses the request fails
+	// with KindTimeout. Default 0: only ctx (and the HTTP client) bound it.
+	Timeout time.Duration
+}
+
+// ChatResult is one streamed chat completion as the client saw it. On failure it holds
+// what was known when the request failed.
+type ChatResult struct {
+	// TraceID is the trace id of the traceparent the request carried.
+	TraceID string
+	// RequestID is the engine's X-Request-Id, else the first chunk's id; "" when neither
+	// was received.
+	RequestID string
+	// Status is the HTTP status; 0 when no response was received.
+	Status int
+	// TTFT is the time from just before the request was sent to the first non-empty
+	// content delta; valid when HasTTFT.
+	TTFT    time.Duration
+	HasTTFT bool
+	// E2E is the time from just before the request was sent to the end of the stream (or
+	// the failure); 0 when the request was not sent.
+	E2E time.Duration
+	// PromptTokens and OutputTokens come from the usage chunk when Usage; without one,
+	// OutputTokens is the number of content deltas and PromptTokens is 0.
+	PromptTokens int
+	OutputTokens int
+	Usage        bool
+}
+
+// ChatStream sends q as a streamed chat completion (POST /v1/chat/completions) with its own
+// traceparent from NewTraceparent, and reads the stream to data: [DONE]. A failure is an
+// *Error: KindConnection (not sent, or the response could not be read), KindHTTP(status),
+// KindStream, KindBadStream, KindTruncated, KindNoTokens (the stream carried no content),
+// KindTimeout (q.Timeout elapsed) or KindCanceled (ctx ended first). Safe for concurrent use.
+func (c *Client) ChatStream(ctx context.Context, q ChatRequest) (ChatResult, error) {
+	if q.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, q.Timeout, errRequestTimeout)
+		defer cancel()
+	}
+	tp, tid := NewTraceparent()
+	body := map[string]any{
+		"model":          q.Model,
+		"messages":       []map[string]string{{"role": "user", "content": q.Content}},
+		"max_tokens":     q.MaxTokens,
+		"temperature":    0,
+		"stream":         true,
+		"stream_options": map[string]any{"include_usage": true},
+	}
+	if q.IgnoreEOS {
+		body["ignore_eos"] = true
+	}
+	if q.NoReuse {
+		body["cacheblend"] = map[string]any{"reuse": false}
+	}
+	res := ChatResult{TraceID: tid}
+	var start time.Time
+	fail := func(kind string, err error) (ChatResult, error) {
+		if ctx.Err() != nil && (kind == KindConnection || kind == KindTruncated || kind == KindBadStream) {
+			kind = KindCanceled
+			if errors.Is(context.Cause(ctx), errRequestTimeout) {
+				kind = KindTimeout
+			}
+		}
+		if !start.IsZero() {
+			res.E2E = time.Since(start)
+		}
+		return res, &Error{Kind: kind, Status: res.Status, Err: err}
+	}
+	hdr := http.Header{"Traceparent": {tp}, "Accept": {"text/event-stream"}}
+	start = time.Now()
+	resp, err := c.do(ctx, http.MethodPost, c.base+"/v1/chat/completions", body, hdr, true)
+	if err != nil {
+		return fail(KindConnection, err)
+	}
+	defer resp.Body.Close()
+	res.Status = resp.StatusCode
+	res.RequestID = resp.Header.Get("X-Request-Id")
+	if resp.StatusCode != http.StatusOK {
+		return fail(KindHTTP(resp.StatusCode), httpError(resp))
+	}
+	sr, err := ReadStream(resp.Body, func() {
+		res.TTFT, res.HasTTFT = time.Since(start), true
+	})
+	res.E2E = time.Since(start)
+	if res.RequestID == "" {
+		res.RequestID = sr.ID
+	}
+	res.PromptTokens, res.OutputTokens, res.Usage = sr.PromptTokens, sr.CompletionTokens, sr.Usage
+	if !sr.Usage {
+		res.OutputTokens = sr.ContentChunks
+	}
+	if err != nil {
+		var se *Error
+		if errors.As(err, &se) {
+			return fail(se.Kind, se.Err)
+		}
+		return fail(KindConnection, err)
+	}
+	if !res.HasTTFT {
+		return fail(KindNoTokens, errors.New("the stream carried no content"))
+	}
+	return res, nil
+}
