@@ -1,6 +1,9 @@
 package main
 
 import (
+	"os"
+	"runtime/debug"
+
 	"github.com/spf13/cobra"
 
 	"github.com/cacheblend/cacheblend/blend"
@@ -20,6 +23,11 @@ func newBlendCmd() *cobra.Command {
 		Short: "Run cb-blend: the blend server (chunk store, fingerprint lookup, retrieve with scatter and re-RoPE)",
 		RunE: func(c *cobra.Command, _ []string) error {
 			ctx := c.Context()
+			// The L1 budget bounds the live chunks; bound the heap's
+			// garbage too, unless the operator set GOMEMLIMIT.
+			if os.Getenv("GOMEMLIMIT") == "" && cfg.L1Bytes > 0 {
+				debug.SetMemoryLimit(cfg.L1Bytes + cfg.L1Bytes/4 + 256<<20)
+			}
 			rt, err := service.New(ctx, service.Options{ServiceName: "cb-blend", OTLPEndpoint: otlp})
 			if err != nil {
 				return err
@@ -50,7 +58,7 @@ func newBlendCmd() *cobra.Command {
 	f.StringVar(&addr, "addr", "127.0.0.1:50051", "gRPC listen address (127.0.0.1:0 picks a free port)")
 	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:0", "address of /metrics and /health")
 	f.IntVar(&cfg.ChunkSize, "chunk-size", blend.DefaultChunkSize, "tokens per stored chunk")
-	f.Int64Var(&cfg.L1Bytes, "l1-bytes", blend.DefaultL1Bytes, "L1 (memory) budget in bytes; a hard bound, LRU eviction")
+	f.Int64Var(&cfg.L1Bytes, "l1-bytes", blend.DefaultL1Bytes, "L1 (memory) budget in bytes; a hard bound, LRU eviction (the Go memory limit is set to 1.25× it + 256 MiB unless GOMEMLIMIT is set)")
 	f.StringVar(&cfg.L2Dir, "l2-dir", "", "L2 directory of chunk files (empty: no L2)")
 	f.Int64Var(&cfg.L2Bytes, "l2-bytes", 0, "L2 budget in bytes (0: unbounded)")
 	f.IntVar(&cfg.LookupWorkers, "lookup-workers", blend.DefaultLookupWorkers, "concurrent lookups")
