@@ -371,3 +371,47 @@ func TestSIGTERMUnderLoad(t *testing.T) {
 	waitRestart(t, e, "cb-engine", epid)
 	e.trace("8bf92f3577b34da6a3ce929d0e000001", "chat cb-llama")
 }
+
+// TestCollectorDownRequestsServed exports to a port nobody listens on:
+// every request is served and the failed exports are counted.
+func TestCollectorDownRequestsServed(t *testing.T) {
+	ports, err := stack.FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := startEnv(t, options{
+		otlpEndpoint: fmt.Sprintf("http://127.0.0.1:%d/v1/traces", ports[0]), otlpProtocol: "http/protobuf",
+		queryURL: "http://127.0.0.1:1", extraEnv: []string{"OTEL_EXPORTER_OTLP_TIMEOUT=500"},
+	})
+	for i := range 10 {
+		e.chat(fmt.Sprintf("00-9bf92f3577b34da6a3ce929d0e00%04x-00f067aa0ba902b7-01", i), "short prompt", 2)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for metricValue(e.metricsText(), "cb_trace_export_errors_total") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no export error counted:\n%s", grepLines(e.metricsText(), "cb_trace_"))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestFullEventBusDropsWithoutBlocking runs the blend server with a
+// one-slot event bus: lookups and retrieves never wait for it (every
+// request is served), and the dropped events are counted.
+func TestFullEventBusDropsWithoutBlocking(t *testing.T) {
+	e := startEnv(t, options{blendArgs: []string{"--event-queue=1"}})
+	e.ingest()
+	for i := range 4 {
+		e.chat("", ragPrompt(i, i+1), 2)
+	}
+	body, err := httpGet(e.stack.Endpoints().Blend.Metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dropped := metricValue(body, "lmcache_blend_event_bus_dropped_total")
+	published := metricValue(body, "lmcache_blend_event_bus_published_total")
+	t.Logf("event bus: %v published, %v dropped", published, dropped)
+	if dropped == 0 {
+		t.Fatalf("a one-slot bus dropped nothing:\n%s", grepLines(body, "event_bus"))
+	}
+}
