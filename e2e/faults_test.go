@@ -288,8 +288,8 @@ func waitRestart(t *testing.T, e *env, name string, oldPID int) {
 	t.Fatalf("%s not restarted", name)
 }
 
-// TestSIGTERMUnderLoad sends SIGTERM to the worker and to the engine while
-// requests are in flight: every request finishes or fails cleanly (an
+// TestSIGTERMUnderLoad sends SIGTERM to the worker, the blend server and
+// the engine while requests are in flight: every request finishes or fails cleanly (an
 // OpenAI-shaped error, never a broken connection or a hang), the worker
 // removes its shared-memory file, and the engine flushes its spans.
 func TestSIGTERMUnderLoad(t *testing.T) {
@@ -345,6 +345,28 @@ func TestSIGTERMUnderLoad(t *testing.T) {
 	if _, err := os.Stat(shm[0]); !os.IsNotExist(err) {
 		t.Fatalf("the worker left its shared memory %s (%v)", shm[0], err)
 	}
+
+	// The blend server: requests in flight lose their reuse at worst and
+	// are computed in full; every one succeeds.
+	e.ingest()
+	bpid, _ := pidOf(t, e, "cb-blend")
+	ch = make(chan string, 3)
+	for i := range 3 {
+		go func() {
+			code, body := e.rawChat(fmt.Sprintf(`{"model":"cb-llama","max_tokens":20,"ignore_eos":true,"messages":[{"role":"user","content":%q}]}`, ragPrompt(i, i+2)))
+			if code == 200 {
+				ch <- "ok"
+			} else {
+				ch <- fmt.Sprintf("BROKEN: %d %s", code, body)
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := e.stack.Supervisor().Signal("cb-blend", syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("blend SIGTERM: %v", collect(ch, 3))
+	waitRestart(t, e, "cb-blend", bpid)
 
 	// The engine: its spans of the requests it finished are flushed on
 	// the way out.
