@@ -35,6 +35,9 @@ exits with --exit (status 1 when a check fails).`,
 		RunE: func(c *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(c.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			if cfg.APIKey != "" {
+				u.engineArgs = append(u.engineArgs, "--api-key="+cfg.APIKey)
+			}
 			r, err := startStack(ctx, &u)
 			if err != nil {
 				return err
@@ -82,6 +85,7 @@ exits with --exit (status 1 when a check fails).`,
 	f.IntVar(&cfg.DocsPerRequest, "docs", demo.DefaultDocsPerRequest, "sample documents per prompt")
 	f.IntVar(&cfg.MaxTokens, "max-tokens", demo.DefaultMaxTokens, "tokens generated per request")
 	f.Uint64Var(&cfg.Seed, "seed", 1, "seed of the documents' order")
+	f.StringVar(&cfg.APIKey, "api-key", "", "protect the engine's API with this key (the demo sends it)")
 	f.BoolVar(&exit, "exit", false, "exit after the report instead of serving until Ctrl-C")
 	f.StringVar(&jsonPath, "json", "", "also write the report as JSON to this file")
 	f.StringVar(&checkURL, "check-url", "", "Jaeger-compatible query API to read traces from (default: the embedded collector; with OTEL_EXPORTER_OTLP_ENDPOINT set and no --check-url the checks are not run)")
