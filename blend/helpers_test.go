@@ -1,6 +1,8 @@
 package blend
 
 import (
+	"github.com/cacheblend/cacheblend/telemetry"
+
 	"context"
 	"math"
 	"math/rand/v2"
@@ -15,7 +17,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/cacheblend/cacheblend/blend/events"
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
@@ -49,7 +50,7 @@ type env struct {
 func newEnv(t testing.TB, cfg Config, hooks ...func(*Server)) *env {
 	t.Helper()
 	e := &env{t: t, reg: prometheus.NewRegistry(), exp: tracetest.NewInMemoryExporter(), rope: model.NewRoPE(testLayout.HeadDim, theta)}
-	e.tp = sdktrace.NewTracerProvider(sdktrace.WithSyncer(e.exp), sdktrace.WithIDGenerator(events.NewIDGenerator()))
+	e.tp = sdktrace.NewTracerProvider(sdktrace.WithSyncer(e.exp), sdktrace.WithIDGenerator(telemetry.NewIDGenerator(nil)))
 	s, err := New(cfg, e.tp, e.reg, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -452,8 +452,16 @@ func newResource(cfg Config) *resource.Resource {
 	return resource.NewSchemaless(attrs...)
 }
 
-// idGenerator honours ContextWithTraceID for root spans and otherwise
-// delegates to inner (random ids when nil).
+// NewIDGenerator returns the id generator every [Provider] uses: a root
+// span started with a context from [ContextWithTraceID] gets that trace id;
+// otherwise ids come from inner (random ids when inner is nil). A
+// TracerProvider built directly with the SDK (tests) passes it to
+// sdktrace.WithIDGenerator to get the same behaviour. Safe for concurrent
+// use.
+func NewIDGenerator(inner sdktrace.IDGenerator) sdktrace.IDGenerator {
+	return idGenerator{inner: inner}
+}
+
 type idGenerator struct{ inner sdktrace.IDGenerator }
 
 func (g idGenerator) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {

@@ -762,3 +762,19 @@ func TestSeededIDs(t *testing.T) {
 		t.Fatalf("child span id %s", got)
 	}
 }
+
+func TestNewIDGeneratorHonoursForcedTraceID(t *testing.T) {
+	g := NewIDGenerator(nil)
+	want := TraceIDFromRequestID("abc")
+	tid, sid := g.NewIDs(ContextWithTraceID(context.Background(), want))
+	if tid != want || !sid.IsValid() {
+		t.Errorf("NewIDs with forced id = %s %s", tid, sid)
+	}
+	tid2, _ := g.NewIDs(context.Background())
+	if !tid2.IsValid() || tid2 == want {
+		t.Errorf("NewIDs without forced id = %s", tid2)
+	}
+	if ctx := ContextWithTraceID(context.Background(), trace.TraceID{}); ctx != context.Background() {
+		t.Error("zero trace id was stored")
+	}
+}

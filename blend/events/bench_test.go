@@ -1,6 +1,8 @@
 package events
 
 import (
+	"github.com/cacheblend/cacheblend/telemetry"
+
 	"context"
 	"strconv"
 	"testing"
@@ -108,7 +110,7 @@ func BenchmarkTracingSubscriberRequest(b *testing.B) {
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewNoopExporter()),
-				sdktrace.WithIDGenerator(NewIDGenerator()))
+				sdktrace.WithIDGenerator(telemetry.NewIDGenerator(nil)))
 			defer func() { _ = tp.Shutdown(context.Background()) }()
 			sub, err := NewTracingSubscriber(tp)
 			if err != nil {

@@ -37,7 +37,7 @@
 //
 // For option-B roots to carry the derived trace id, the TracerProvider is a
 // telemetry.Provider's, or an SDK provider built with
-// sdktrace.WithIDGenerator(events.NewIDGenerator()).
+// sdktrace.WithIDGenerator(telemetry.NewIDGenerator(nil)).
 //
 // Subscribers are called only from the drain goroutine, one event at a time,
 // so they keep their own state without locks. Spans whose END never arrives

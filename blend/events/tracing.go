@@ -235,7 +235,7 @@ type reqState struct {
 // NewTracingSubscriber returns a tracing subscriber that creates spans with
 // a tracer of tp (scope [ScopeName]). For option-B roots to carry the trace
 // id derived from the request id, tp must use an id generator that honours
-// [ContextWithTraceID], such as [NewIDGenerator]. A malformed span table is
+// telemetry.ContextWithTraceID, such as telemetry.NewIDGenerator. A malformed span table is
 // an error wrapping [ErrInvalidSpanDefs].
 func NewTracingSubscriber(tp trace.TracerProvider, opts ...TracingOption) (*TracingSubscriber, error) {
 	if tp == nil {
@@ -419,7 +419,7 @@ func (s *TracingSubscriber) rootContext(r *reqState, ev *Event) context.Context 
 	if r.rootSC.IsValid() {
 		return trace.ContextWithSpanContext(context.Background(), r.rootSC)
 	}
-	ctx := ContextWithTraceID(context.Background(), telemetry.TraceIDFromRequestID(ev.RequestID))
+	ctx := telemetry.ContextWithTraceID(context.Background(), telemetry.TraceIDFromRequestID(ev.RequestID))
 	_, root := s.tracer.Start(ctx, RootSpanName, trace.WithTimestamp(ev.Time),
 		trace.WithAttributes(AttrRequestID.String(ev.RequestID)))
 	r.root = root

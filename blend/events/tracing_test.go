@@ -85,7 +85,7 @@ type tracingFixture struct {
 func newFixture(t testing.TB, opts ...TracingOption) *tracingFixture {
 	t.Helper()
 	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithIDGenerator(NewIDGenerator()))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithIDGenerator(telemetry.NewIDGenerator(nil)))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	sub, err := NewTracingSubscriber(tp, opts...)
 	if err != nil {
@@ -657,25 +657,9 @@ func TestSpanDefValidation(t *testing.T) {
 	}
 }
 
-func TestIDGenerator(t *testing.T) {
-	g := NewIDGenerator()
-	want := telemetry.TraceIDFromRequestID("abc")
-	tid, sid := g.NewIDs(ContextWithTraceID(context.Background(), want))
-	if tid != want || !sid.IsValid() {
-		t.Errorf("NewIDs with forced id = %s %s", tid, sid)
-	}
-	tid2, _ := g.NewIDs(context.Background())
-	if !tid2.IsValid() || tid2 == want {
-		t.Errorf("NewIDs without forced id = %s", tid2)
-	}
-	if ctx := ContextWithTraceID(context.Background(), trace.TraceID{}); ctx != context.Background() {
-		t.Error("zero trace id was stored")
-	}
-}
-
 // TestOptionBWithTelemetryProvider checks that a telemetry.Provider, whose
 // own id generator honours ContextWithTraceID, gives option-B roots the
-// derived trace id without NewIDGenerator.
+// derived trace id with no extra wiring.
 func TestOptionBWithTelemetryProvider(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	p, err := telemetry.New(context.Background(), telemetry.Config{Enabled: true, ServiceName: "cb-blend"},
