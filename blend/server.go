@@ -26,6 +26,7 @@ import (
 	"github.com/cacheblend/cacheblend/blend/fingerprint"
 	"github.com/cacheblend/cacheblend/blend/scatter"
 	"github.com/cacheblend/cacheblend/metrics"
+	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
 )
@@ -348,7 +349,7 @@ func (s *Server) Serve(addr string) (net.Addr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("blend: listen %s: %w", addr, err)
 	}
-	srv := grpc.NewServer(grpc.MaxRecvMsgSize(64<<20), grpc.ChainUnaryInterceptor(telemetry.UnaryServerInterceptor()))
+	srv := rpc.NewServer()
 	cbv1.RegisterBlendServiceServer(srv, s.Service())
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)

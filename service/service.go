@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	dto "github.com/prometheus/client_model/go"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
@@ -114,17 +115,22 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 // is off).
 func (r *Runtime) TracerProvider() trace.TracerProvider { return r.Telemetry.TracerProvider() }
 
-// MetricsHandler serves the registry; before runs before each gather (after
-// the process instruments are refreshed).
-func (r *Runtime) MetricsHandler(before func()) http.Handler {
-	return metrics.Handler(r.Registry, func() {
+// Gatherer gathers the registry after refreshing the process instruments
+// (dropped spans, export errors), so any /metrics handler built on it, the
+// engine's included, serves current totals.
+func (r *Runtime) Gatherer() prometheus.Gatherer {
+	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
 		if err := r.Process.Refresh(); err != nil {
 			r.Logger.Warn("refresh process metrics", "err", err)
 		}
-		if before != nil {
-			before()
-		}
+		return r.Registry.Gather()
 	})
+}
+
+// MetricsHandler serves the registry; before runs before each gather (after
+// the process instruments are refreshed).
+func (r *Runtime) MetricsHandler(before func()) http.Handler {
+	return metrics.Handler(r.Gatherer(), before)
 }
 
 // Serve starts an HTTP server for h on addr (127.0.0.1:0 picks a port) and

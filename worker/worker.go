@@ -15,13 +15,13 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
 )
@@ -198,15 +198,12 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: listen %s: %w", w.cfg.Addr, err)
 	}
 	w.ln = ln
-	w.grpcSrv = grpc.NewServer(grpc.MaxRecvMsgSize(64<<20), grpc.ChainUnaryInterceptor(telemetry.UnaryServerInterceptor()))
+	w.grpcSrv = rpc.NewServer()
 	cbv1.RegisterWorkerServiceServer(w.grpcSrv, &service{w: w})
 	w.health = health.NewServer()
 	healthpb.RegisterHealthServer(w.grpcSrv, w.health)
 	if w.cfg.BlendAddr != "" {
-		conn, err := grpc.NewClient(w.cfg.BlendAddr,
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithChainUnaryInterceptor(telemetry.UnaryClientInterceptor()),
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+		conn, err := rpc.Dial(w.cfg.BlendAddr)
 		if err != nil {
 			w.closeResources()
 			ln.Close()

@@ -1,20 +1,15 @@
 package main
 
 import (
-	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"os"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/cacheblend/cacheblend/engine"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
+	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/service"
-	"github.com/cacheblend/cacheblend/telemetry"
 )
 
 func init() { subcommands = append(subcommands, newEngineCmd) }
@@ -34,16 +29,7 @@ func newEngineCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			dial := func(addr string) (*grpc.ClientConn, error) {
-				conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-					grpc.WithChainUnaryInterceptor(telemetry.UnaryClientInterceptor()),
-					grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
-				if err != nil {
-					return nil, fmt.Errorf("dial %s: %w", addr, err)
-				}
-				return conn, nil
-			}
-			wconn, err := dial(workerAddr)
+			wconn, err := rpc.Dial(workerAddr)
 			if err != nil {
 				return err
 			}
@@ -52,21 +38,14 @@ func newEngineCmd() *cobra.Command {
 				Worker:         cbv1.NewWorkerServiceClient(wconn),
 				TracerProvider: rt.TracerProvider(),
 				Registerer:     rt.Registry,
-				// Refresh the process instruments (dropped spans, export
-				// errors) before every scrape, then gather.
-				Gatherer: prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
-					if err := rt.Process.Refresh(); err != nil {
-						rt.Logger.Warn("refresh process metrics", "err", err)
-					}
-					return rt.Registry.Gather()
-				}),
-				Logger: rt.Logger,
+				Gatherer:       rt.Gatherer(),
+				Logger:         rt.Logger,
 			}
 			if p := rt.Telemetry.ProfileWriter(); p != nil {
 				deps.Profile = p
 			}
 			if blendAddr != "" {
-				bconn, err := dial(blendAddr)
+				bconn, err := rpc.Dial(blendAddr)
 				if err != nil {
 					return err
 				}

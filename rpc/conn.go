@@ -1,0 +1,42 @@
+package rpc
+
+import (
+	"fmt"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/cacheblend/cacheblend/telemetry"
+)
+
+// MaxMessageBytes bounds one CacheBlend RPC message (a step batch, a
+// lookup's token list), both ways.
+const MaxMessageBytes = 64 << 20
+
+// Dial returns a client connection to a cacheblend process at addr
+// (host:port, plaintext: the processes talk over loopback or a trusted
+// network) that carries the caller's trace context in gRPC metadata and
+// allows MaxMessageBytes messages. The connection is lazy: it connects on
+// first use and reconnects after the peer restarts.
+func Dial(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	base := []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithChainUnaryInterceptor(telemetry.UnaryClientInterceptor()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)),
+	}
+	conn, err := grpc.NewClient(addr, append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("rpc: dial %s: %w", addr, err)
+	}
+	return conn, nil
+}
+
+// NewServer returns a gRPC server that extracts the caller's trace context
+// from gRPC metadata and accepts MaxMessageBytes messages.
+func NewServer(opts ...grpc.ServerOption) *grpc.Server {
+	base := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes),
+		grpc.ChainUnaryInterceptor(telemetry.UnaryServerInterceptor()),
+	}
+	return grpc.NewServer(append(base, opts...)...)
+}
