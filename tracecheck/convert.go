@@ -29,8 +29,7 @@ var ErrFormat = errors.New("tracecheck: unrecognized trace data")
 // FromPtrace converts OTLP data to traces, grouped by trace id. Traces are ordered by
 // their earliest span, spans by start time (then span id).
 func FromPtrace(tds ...ptrace.Traces) []Trace {
-	byID := map[string]*Trace{}
-	var order []string
+	var all []Span
 	for _, td := range tds {
 		rss := td.ResourceSpans()
 		for i := 0; i < rss.Len(); i++ {
@@ -43,21 +42,27 @@ func FromPtrace(tds ...ptrace.Traces) []Trace {
 			for j := 0; j < sss.Len(); j++ {
 				spans := sss.At(j).Spans()
 				for k := 0; k < spans.Len(); k++ {
-					sp := fromPSpan(spans.At(k), service)
-					t := byID[sp.TraceID]
-					if t == nil {
-						t = &Trace{TraceID: sp.TraceID}
-						byID[sp.TraceID] = t
-						order = append(order, sp.TraceID)
-					}
-					t.Spans = append(t.Spans, sp)
+					all = append(all, fromPSpan(spans.At(k), service))
 				}
 			}
 		}
 	}
-	out := make([]Trace, 0, len(order))
-	for _, id := range order {
-		out = append(out, *byID[id])
+	return groupByTrace(all)
+}
+
+// groupByTrace groups spans into traces (in the order their trace ids first
+// appear) and sorts each trace's spans.
+func groupByTrace(spans []Span) []Trace {
+	byID := map[string]int{}
+	var out []Trace
+	for _, sp := range spans {
+		i, ok := byID[sp.TraceID]
+		if !ok {
+			i = len(out)
+			byID[sp.TraceID] = i
+			out = append(out, Trace{TraceID: sp.TraceID})
+		}
+		out[i].Spans = append(out[i].Spans, sp)
 	}
 	sortTraces(out)
 	return out
@@ -342,8 +347,7 @@ var jaegerSyntheticTags = map[string]bool{
 // w3c.tracestate, internal.span.format and a boolean error tag become span fields, not
 // attributes; logs become events (the "event" field naming them).
 func FromJaeger(jts ...jaeger.Trace) ([]Trace, error) {
-	byID := map[string]*Trace{}
-	var order []string
+	var all []Span
 	for ti := range jts {
 		jt := &jts[ti]
 		for si := range jt.Spans {
@@ -352,21 +356,10 @@ func FromJaeger(jts ...jaeger.Trace) ([]Trace, error) {
 			if err != nil {
 				return nil, fmt.Errorf("tracecheck: trace %s span %s: %w", jt.TraceID, js.SpanID, err)
 			}
-			t := byID[sp.TraceID]
-			if t == nil {
-				t = &Trace{TraceID: sp.TraceID}
-				byID[sp.TraceID] = t
-				order = append(order, sp.TraceID)
-			}
-			t.Spans = append(t.Spans, sp)
+			all = append(all, sp)
 		}
 	}
-	out := make([]Trace, 0, len(order))
-	for _, id := range order {
-		out = append(out, *byID[id])
-	}
-	sortTraces(out)
-	return out, nil
+	return groupByTrace(all), nil
 }
 
 func fromJaegerSpan(jt *jaeger.Trace, js *jaeger.Span) (Span, error) {
