@@ -57,6 +57,32 @@ type Generation struct {
 	NoReuse bool
 }
 
+// rawCommon holds the wire fields the chat and completion APIs share.
+// Pointer fields distinguish absent (or null) from zero.
+type rawCommon struct {
+	Model            *string          `json:"model"`
+	MaxTokens        *int             `json:"max_tokens"`
+	Temperature      *float64         `json:"temperature"`
+	TopP             *float64         `json:"top_p"`
+	N                *int             `json:"n"`
+	Stream           *bool            `json:"stream"`
+	StreamOptions    *rawStreamOpts   `json:"stream_options"`
+	Stop             stopList         `json:"stop"`
+	Seed             *int64           `json:"seed"`
+	PresencePenalty  *float64         `json:"presence_penalty"`
+	FrequencyPenalty *float64         `json:"frequency_penalty"`
+	LogitBias        map[string]int64 `json:"logit_bias"`
+	IgnoreEOS        *bool            `json:"ignore_eos"`
+	User             *string          `json:"user"`
+	CacheBlend       *rawCacheBlend   `json:"cacheblend"`
+}
+
+// flags sets the boolean options of g (the vLLM and cacheblend extensions).
+func (r *rawCommon) flags(g *Generation) {
+	g.IgnoreEOS = r.IgnoreEOS != nil && *r.IgnoreEOS
+	g.NoReuse = r.CacheBlend != nil && r.CacheBlend.Reuse != nil && !*r.CacheBlend.Reuse
+}
+
 // rawCacheBlend is the "cacheblend" extension object of a request.
 type rawCacheBlend struct {
 	Reuse *bool `json:"reuse"`
@@ -71,28 +97,14 @@ type Message struct {
 // rawChat is the wire form of a chat completion request. Pointer fields
 // distinguish absent (or null) from zero.
 type rawChat struct {
-	Model               *string          `json:"model"`
-	Messages            []rawMessage     `json:"messages"`
-	MaxTokens           *int             `json:"max_tokens"`
-	MaxCompletionTokens *int             `json:"max_completion_tokens"`
-	Temperature         *float64         `json:"temperature"`
-	TopP                *float64         `json:"top_p"`
-	N                   *int             `json:"n"`
-	Stream              *bool            `json:"stream"`
-	StreamOptions       *rawStreamOpts   `json:"stream_options"`
-	Stop                stopList         `json:"stop"`
-	Seed                *int64           `json:"seed"`
-	PresencePenalty     *float64         `json:"presence_penalty"`
-	FrequencyPenalty    *float64         `json:"frequency_penalty"`
-	Logprobs            *bool            `json:"logprobs"`
-	TopLogprobs         *int             `json:"top_logprobs"`
-	Tools               json.RawMessage  `json:"tools"`
-	Functions           json.RawMessage  `json:"functions"`
-	ResponseFormat      *rawRespFormat   `json:"response_format"`
-	LogitBias           map[string]int64 `json:"logit_bias"`
-	IgnoreEOS           *bool            `json:"ignore_eos"`
-	User                *string          `json:"user"`
-	CacheBlend          *rawCacheBlend   `json:"cacheblend"`
+	rawCommon
+	Messages            []rawMessage    `json:"messages"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Logprobs            *bool           `json:"logprobs"`
+	TopLogprobs         *int            `json:"top_logprobs"`
+	Tools               json.RawMessage `json:"tools"`
+	Functions           json.RawMessage `json:"functions"`
+	ResponseFormat      *rawRespFormat  `json:"response_format"`
 }
 
 type rawStreamOpts struct {
@@ -183,26 +195,12 @@ func (s *stopList) UnmarshalJSON(b []byte) error {
 
 // rawCompletion is the wire form of a text completion request.
 type rawCompletion struct {
-	Model            *string          `json:"model"`
-	Prompt           json.RawMessage  `json:"prompt"`
-	MaxTokens        *int             `json:"max_tokens"`
-	Temperature      *float64         `json:"temperature"`
-	TopP             *float64         `json:"top_p"`
-	N                *int             `json:"n"`
-	BestOf           *int             `json:"best_of"`
-	Stream           *bool            `json:"stream"`
-	StreamOptions    *rawStreamOpts   `json:"stream_options"`
-	Stop             stopList         `json:"stop"`
-	Seed             *int64           `json:"seed"`
-	PresencePenalty  *float64         `json:"presence_penalty"`
-	FrequencyPenalty *float64         `json:"frequency_penalty"`
-	Logprobs         *int             `json:"logprobs"`
-	Echo             *bool            `json:"echo"`
-	Suffix           *string          `json:"suffix"`
-	LogitBias        map[string]int64 `json:"logit_bias"`
-	IgnoreEOS        *bool            `json:"ignore_eos"`
-	User             *string          `json:"user"`
-	CacheBlend       *rawCacheBlend   `json:"cacheblend"`
+	rawCommon
+	Prompt   json.RawMessage `json:"prompt"`
+	BestOf   *int            `json:"best_of"`
+	Logprobs *int            `json:"logprobs"`
+	Echo     *bool           `json:"echo"`
+	Suffix   *string         `json:"suffix"`
 }
 
 // ModelOf extracts the "model" string of a JSON request body without
@@ -245,7 +243,9 @@ func unmarshal(body []byte, v any) *Error {
 	case errors.As(err, &syn):
 		return BadRequest("", "Malformed JSON at byte %d: %v.", syn.Offset, syn)
 	case errors.As(err, &typ):
-		field := typ.Field
+		// encoding/json names a field of the embedded rawCommon with the
+		// Go type as a path element; the parameter is the JSON name alone.
+		field := strings.TrimPrefix(typ.Field, "rawCommon.")
 		if field == "" {
 			return BadRequest("", "Invalid type in the request body: %v.", err)
 		}
@@ -263,8 +263,8 @@ func checkModel(m *string) *Error {
 }
 
 // sampling validates the shared sampling parameters into g.
-func sampling(g *Generation, temp, topP *float64, n *int, stop stopList, seed *int64,
-	presence, frequency *float64, logitBias map[string]int64) *Error {
+func sampling(g *Generation, r *rawCommon) *Error {
+	temp, topP, n, stop := r.Temperature, r.TopP, r.N, r.Stop
 	g.Temperature, g.TopP = 1, 1
 	if temp != nil {
 		if math.IsNaN(*temp) || *temp < 0 || *temp > 2 {
@@ -293,11 +293,11 @@ func sampling(g *Generation, temp, topP *float64, n *int, stop stopList, seed *i
 		}
 	}
 	g.Stop = stop.vals
-	g.Seed = seed
+	g.Seed = r.Seed
 	for _, p := range []struct {
 		name string
 		v    *float64
-	}{{"presence_penalty", presence}, {"frequency_penalty", frequency}} {
+	}{{"presence_penalty", r.PresencePenalty}, {"frequency_penalty", r.FrequencyPenalty}} {
 		if p.v == nil {
 			continue
 		}
@@ -308,7 +308,7 @@ func sampling(g *Generation, temp, topP *float64, n *int, stop stopList, seed *i
 			return BadRequest(p.name, "%s is not supported by this server; omit it or set it to 0.", p.name)
 		}
 	}
-	if len(logitBias) > 0 {
+	if len(r.LogitBias) > 0 {
 		return BadRequest("logit_bias", "logit_bias is not supported by this server.")
 	}
 	return nil
@@ -381,7 +381,7 @@ func DecodeChat(body []byte) (*Generation, *Error) {
 			return nil, e
 		}
 	}
-	if e := sampling(g, r.Temperature, r.TopP, r.N, r.Stop, r.Seed, r.PresencePenalty, r.FrequencyPenalty, r.LogitBias); e != nil {
+	if e := sampling(g, &r.rawCommon); e != nil {
 		return nil, e
 	}
 	if e := streaming(g, r.Stream, r.StreamOptions); e != nil {
@@ -402,8 +402,7 @@ func DecodeChat(body []byte) (*Generation, *Error) {
 	if r.ResponseFormat != nil && r.ResponseFormat.Type != "text" {
 		return nil, BadRequest("response_format", "response_format %q is not supported (only text).", r.ResponseFormat.Type)
 	}
-	g.IgnoreEOS = r.IgnoreEOS != nil && *r.IgnoreEOS
-	g.NoReuse = r.CacheBlend != nil && r.CacheBlend.Reuse != nil && !*r.CacheBlend.Reuse
+	r.flags(g)
 	return g, nil
 }
 
@@ -442,7 +441,7 @@ func DecodeCompletion(body []byte) (*Generation, *Error) {
 	if g.MaxTokens == 0 {
 		g.MaxTokens = 16 // the OpenAI default of the completions API
 	}
-	if e := sampling(g, r.Temperature, r.TopP, r.N, r.Stop, r.Seed, r.PresencePenalty, r.FrequencyPenalty, r.LogitBias); e != nil {
+	if e := sampling(g, &r.rawCommon); e != nil {
 		return nil, e
 	}
 	if r.BestOf != nil && *r.BestOf != 1 {
@@ -458,8 +457,7 @@ func DecodeCompletion(body []byte) (*Generation, *Error) {
 		return nil, BadRequest("suffix", "suffix is not supported by this server.")
 	}
 	g.Echo = r.Echo != nil && *r.Echo
-	g.IgnoreEOS = r.IgnoreEOS != nil && *r.IgnoreEOS
-	g.NoReuse = r.CacheBlend != nil && r.CacheBlend.Reuse != nil && !*r.CacheBlend.Reuse
+	r.flags(g)
 	return g, nil
 }
 
