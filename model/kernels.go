@@ -131,6 +131,17 @@ func tiles(m, n int) (rt, ct, tc int) {
 	return rt, ct, tc
 }
 
+// forTiles runs tile(r0, c0, nr, nc) for every tile of an m×n product (see
+// tiles) on up to threads goroutines.
+func forTiles(threads, m, n int, tile func(r0, c0, nr, nc int)) {
+	rt, ct, tc := tiles(m, n)
+	parallel(threads, rt*ct, func(_, t int) {
+		r0 := (t / ct) * tileRows
+		c0 := (t % ct) * tc
+		tile(r0, c0, min(tileRows, m-r0), min(tc, n-c0))
+	})
+}
+
 // gemm computes c = a·b (or c += a·b when acc) on up to threads goroutines.
 // a is [m×k]; b is [k×n], or [n×k] when transB; c is [m×n].
 func gemm(threads int, c, a, b mat, transB, acc bool) {
@@ -138,12 +149,7 @@ func gemm(threads int, c, a, b mat, transB, acc bool) {
 	if m == 0 || n == 0 {
 		return
 	}
-	rt, ct, tc := tiles(m, n)
-	parallel(threads, rt*ct, func(_, t int) {
-		r0 := (t / ct) * tileRows
-		c0 := (t % ct) * tc
-		nr := min(tileRows, m-r0)
-		nc := min(tc, n-c0)
+	forTiles(threads, m, n, func(r0, c0, nr, nc int) {
 		av := a.view(r0, 0, nr, a.cols)
 		var bv mat
 		if transB {
@@ -165,12 +171,7 @@ func matMulGo(threads int, c, a, bt mat, acc bool) {
 	if m == 0 || n == 0 {
 		return
 	}
-	rt, ct, tc := tiles(m, n)
-	parallel(threads, rt*ct, func(_, t int) {
-		r0 := (t / ct) * tileRows
-		c0 := (t % ct) * tc
-		nr := min(tileRows, m-r0)
-		nc := min(tc, n-c0)
+	forTiles(threads, m, n, func(r0, c0, nr, nc int) {
 		matMulGoTile(c.view(r0, c0, nr, nc), a.view(r0, 0, nr, a.cols), bt.view(c0, 0, nc, bt.cols), acc)
 	})
 }
