@@ -73,17 +73,7 @@ func (s *Server) submitLookup(ctx context.Context, r *cbv1.LookupRequest) (*cbv1
 	s.lookups[id] = &lookupEntry{job: job}
 	s.lmu.Unlock()
 
-	queued := false
-	s.gateMu.RLock()
-	if s.state == stateRunning {
-		select {
-		case s.lookupQ <- job:
-			queued = true
-		default:
-		}
-	}
-	s.gateMu.RUnlock()
-	if !queued {
+	if !enqueue(s, s.lookupQ, job) {
 		s.lmu.Lock()
 		if e := s.lookups[id]; e != nil && e.job == job {
 			delete(s.lookups, id)

@@ -151,17 +151,7 @@ func (s *Server) enqueueRegistration(mdl string, keys []chunkstore.Key, toks []i
 		}
 	}
 	job := regJob{model: mdl, seq: fingerprint.Sequence{Keys: keys, Tokens: slices.Clone(toks), ChunkSize: s.cfg.ChunkSize}}
-	queued := false
-	s.gateMu.RLock()
-	if s.state == stateRunning {
-		select {
-		case s.regQ <- job:
-			queued = true
-		default:
-		}
-	}
-	s.gateMu.RUnlock()
-	if !queued {
+	if !enqueue(s, s.regQ, job) {
 		s.regDropped.Add(1)
 	}
 }

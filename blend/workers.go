@@ -240,3 +240,20 @@ func (s *Server) releaseAllWorkers() {
 		w.mem.Close()
 	}
 }
+
+// enqueue puts v on the bounded queue q without waiting: false when the
+// server is not running or q is full (the caller drops and counts). The
+// gate's read lock keeps Shutdown from closing q meanwhile.
+func enqueue[T any](s *Server, q chan T, v T) bool {
+	s.gateMu.RLock()
+	defer s.gateMu.RUnlock()
+	if s.state != stateRunning {
+		return false
+	}
+	select {
+	case q <- v:
+		return true
+	default:
+		return false
+	}
+}
