@@ -19,7 +19,10 @@ func TestPromtoolCheckMetricsOnEveryProcess(t *testing.T) {
 	eps := e.stack.Endpoints()
 	for name, url := range map[string]string{"cb-engine": eps.Engine.Metrics, "cb-worker": eps.Worker.Metrics, "cb-blend": eps.Blend.Metrics} {
 		t.Run(name, func(t *testing.T) {
-			body := fetch(t, url)
+			body, err := httpGet(url)
+			if err != nil {
+				t.Fatal(err)
+			}
 			if !strings.Contains(body, "cb_build_info") {
 				t.Fatalf("%s: no cb_build_info in /metrics", url)
 			}
@@ -31,13 +34,4 @@ func TestPromtoolCheckMetricsOnEveryProcess(t *testing.T) {
 			}
 		})
 	}
-}
-
-func fetch(t *testing.T, url string) string {
-	t.Helper()
-	resp, err := httpGet(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp
 }
