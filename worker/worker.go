@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"io"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -159,12 +160,11 @@ func New(cfg Config, tp trace.TracerProvider, profile *telemetry.ProfileSink, re
 	if err != nil {
 		return nil, fmt.Errorf("worker: metrics: %w", err)
 	}
-	var spans *telemetry.Spans
+	var pw io.Writer // stays a nil interface when profile is nil
 	if profile != nil {
-		spans = telemetry.NewSpans(tp, "github.com/cacheblend/cacheblend/worker", profile)
-	} else {
-		spans = telemetry.NewSpans(tp, "github.com/cacheblend/cacheblend/worker", nil)
+		pw = profile
 	}
+	spans := telemetry.NewSpans(tp, "github.com/cacheblend/cacheblend/worker", pw)
 	return &Worker{
 		cfg:      cfg,
 		logger:   logger,
