@@ -15,7 +15,6 @@ const (
 	DefaultL1Bytes         = chunkstore.DefaultL1Bytes   // 1 GiB
 	DefaultLookupWorkers   = 2
 	DefaultLookupQueue     = 256
-	DefaultLookupTTL       = 60 * time.Second
 	DefaultCopyWorkers     = 2
 	DefaultEventQueue      = events.DefaultQueueSize // 4096
 	DefaultRegisterQueue   = 1024
@@ -50,12 +49,9 @@ type Config struct {
 	// LookupWorkers is the number of goroutines running lookups
 	// (DefaultLookupWorkers when <= 0).
 	LookupWorkers int
-	// LookupQueue bounds the lookups waiting for a worker; a SubmitLookup
-	// beyond it is answered ResourceExhausted (DefaultLookupQueue when <= 0).
+	// LookupQueue bounds the lookups waiting for a worker; a Lookup beyond
+	// it is answered ResourceExhausted (DefaultLookupQueue when <= 0).
 	LookupQueue int
-	// LookupTTL is how long a ready result waits to be polled before it is
-	// dropped (DefaultLookupTTL when <= 0).
-	LookupTTL time.Duration
 	// CopyWorkers is the number of scatter goroutines, the copy "stream"
 	// (DefaultCopyWorkers when <= 0).
 	CopyWorkers int
@@ -93,9 +89,6 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.LookupQueue <= 0 {
 		c.LookupQueue = DefaultLookupQueue
-	}
-	if c.LookupTTL <= 0 {
-		c.LookupTTL = DefaultLookupTTL
 	}
 	if c.CopyWorkers <= 0 {
 		c.CopyWorkers = DefaultCopyWorkers

@@ -1,5 +1,5 @@
-// Package blend is cb-blend, the blend server (the LMCache analogue of
-// DESIGN §2–§3): it owns the chunk store (L1 memory, optional L2 directory),
+// Package blend is cb-blend, the blend server (the LMCache analogue;
+// docs/design.md): it owns the chunk store (L1 memory, optional L2 directory),
 // the fingerprint table, the unified lookup, the retrieve with its
 // token-granular scatter and re-RoPE into workers' KV memory, and the event
 // bus whose subscribers turn the server's paired events into spans, metrics
@@ -13,9 +13,11 @@
 //     idempotent, a new file replaces the old mapping. Registrations that are
 //     not renewed within Config.RegistrationTTL are dropped. The response
 //     carries the server epoch, random per process start.
-//   - SubmitLookup queues the unified lookup of a prompt on a bounded pool
-//     (ResourceExhausted when the queue is full); PollLookup returns the
-//     result once, then forgets it. The lookup runs the prefix leg
+//   - Lookup queues the unified lookup of a prompt on a bounded pool
+//     (ResourceExhausted when the queue is full) and answers when it is
+//     done, or DeadlineExceeded when the caller's deadline passes first (a
+//     queued lookup whose caller is gone is skipped); the server keeps
+//     nothing of it afterwards. The lookup runs the prefix leg
 //     (mp.lookup_prefetch: prefix-chain keys over the prompt's full chunks),
 //     the non-prefix leg (cb.fingerprint_match from the prefix coverage on),
 //     the sparse prefetch of every matched chunk into L1 (cb.sparse_prefetch
@@ -25,7 +27,8 @@
 //     tokens are cut out of the matches.
 //   - Retrieve scatters the matched token ranges into the worker's KV memory
 //     slot by slot on the copy pool (package scatter), re-RoPE'ing K of
-//     non-prefix matches; slots beyond the given block table are dropped,
+//     non-prefix matches (every match is validated and cut into per-chunk
+//     segments by package reuseplan); slots beyond the given block table are dropped,
 //     positions below from_token skipped; chunks gone since the lookup come
 //     back as missing ranges.
 //   - Store copies a prefilled sequence's KV out of the worker's memory

@@ -3,11 +3,12 @@ package blend
 import (
 	"testing"
 
+	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 )
 
 // FuzzCheckMatch feeds arbitrary Retrieve matches (outside input) to the
-// validation that cuts them into per-chunk segments: it never panics, and
+// conversion and validation that cut them into per-chunk segments: it never panics, and
 // an accepted match yields contiguous segments inside their chunks that
 // cover exactly the current range.
 func FuzzCheckMatch(f *testing.F) {
@@ -24,18 +25,18 @@ func FuzzCheckMatch(f *testing.F) {
 			keys[i] = make([]byte, 32)
 		}
 		m := &cbv1.Match{StoredSt: ss, StoredEd: se, CurSt: cs, CurEd: ce, FirstChunkStart: fcs, ChunkKeys: keys, Prefix: prefix}
-		segs, err := checkMatch(0, m, int(chunk))
-		if err != nil {
+		pm, err := rpc.MatchFromProto(m)
+		if err != nil || pm.Validate(int(chunk), MaxTokens) != nil {
 			return
 		}
 		next := int(cs)
 		total := 0
-		for _, sg := range segs {
-			if sg.curSt != next || sg.n <= 0 || sg.chunkOff < 0 || sg.chunkOff+sg.n > int(chunk) || sg.shift == prefix {
+		for _, sg := range pm.Segments(int(chunk)) {
+			if sg.Cur.Start != next || sg.Cur.Len() <= 0 || sg.ChunkOff < 0 || sg.ChunkOff+sg.Cur.Len() > int(chunk) || sg.Shift == prefix {
 				t.Fatalf("bad segment %+v of %v", sg, m)
 			}
-			next += sg.n
-			total += sg.n
+			next = sg.Cur.End
+			total += sg.Cur.Len()
 		}
 		if total != int(ce-cs) {
 			t.Fatalf("segments cover %d tokens, match %d", total, ce-cs)
@@ -43,26 +44,3 @@ func FuzzCheckMatch(f *testing.F) {
 	})
 }
 
-func TestMergeRanges(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		in, want []rng
-	}{
-		{"empty", nil, nil},
-		{"drops empty", []rng{{5, 5}, {7, 3}}, nil},
-		{"sorts and merges touching", []rng{{10, 20}, {0, 5}, {5, 8}}, []rng{{0, 8}, {10, 20}}},
-		{"merges overlapping", []rng{{0, 10}, {3, 12}, {12, 13}}, []rng{{0, 13}}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got := mergeRanges(tc.in)
-			if len(got) != len(tc.want) {
-				t.Fatalf("got %v, want %v", got, tc.want)
-			}
-			for i := range got {
-				if got[i] != tc.want[i] {
-					t.Fatalf("got %v, want %v", got, tc.want)
-				}
-			}
-		})
-	}
-}

@@ -194,7 +194,7 @@ func tokens(r *rand.Rand, n int, lo, span int32) []int32 {
 func (s *Server) waitRegistrations(t testing.TB) {
 	t.Helper()
 	b := make(chan struct{})
-	s.regQ <- regJob{barrier: b}
+	s.regQ <- func() { close(b) }
 	select {
 	case <-b:
 	case <-time.After(20 * time.Second):
@@ -202,27 +202,14 @@ func (s *Server) waitRegistrations(t testing.TB) {
 	}
 }
 
-// lookup submits and polls until the result is ready.
+// lookup runs a lookup and returns its result.
 func (e *env) lookup(req *cbv1.LookupRequest) *cbv1.LookupResult {
 	e.t.Helper()
-	ctx := ctxT(e.t)
-	sub, err := e.c.SubmitLookup(ctx, req)
+	res, err := e.c.Lookup(ctxT(e.t), req)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	if !sub.GetAccepted() {
-		e.t.Fatalf("lookup %s not accepted", req.GetRequestId())
-	}
-	for {
-		p, err := e.c.PollLookup(ctx, &cbv1.PollLookupRequest{RequestId: req.GetRequestId()})
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		if p.GetReady() {
-			return p.GetResult()
-		}
-		time.Sleep(time.Millisecond)
-	}
+	return res
 }
 
 // gather returns the registry's metric families by name.

@@ -11,6 +11,8 @@ import (
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/blend/events"
 	"github.com/cacheblend/cacheblend/blend/fingerprint"
+	"github.com/cacheblend/cacheblend/reuseplan"
+	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 )
 
@@ -20,16 +22,7 @@ const maxRequestID = 1024
 type lookupJob struct {
 	req       *cbv1.LookupRequest
 	tc        string    // trace context of the caller
-	submitted time.Time // wall clock of SubmitLookup (the cb.lookup start)
-}
-
-// lookupEntry is a submitted lookup until PollLookup delivers it. Guarded
-// by Server.lmu.
-type lookupEntry struct {
-	job     *lookupJob
-	ready   bool
-	result  *cbv1.LookupResult
-	readyAt time.Time
+	submitted time.Time // wall clock of the Lookup call (the cb.lookup start)
 }
 
 func checkRequestID(id string) error {
@@ -42,7 +35,10 @@ func checkRequestID(id string) error {
 	return nil
 }
 
-func (s *Server) submitLookup(ctx context.Context, r *cbv1.LookupRequest) (*cbv1.SubmitLookupResponse, error) {
+// lookupRPC queues the lookup on the bounded lookup pool and answers when
+// it is done, or when the caller's context ends first (the queued lookup is
+// then skipped, counted as abandoned, when a worker reaches it).
+func (s *Server) lookupRPC(ctx context.Context, r *cbv1.LookupRequest) (*cbv1.LookupResult, error) {
 	if err := checkRequestID(r.GetRequestId()); err != nil {
 		return nil, err
 	}
@@ -58,70 +54,32 @@ func (s *Server) submitLookup(ctx context.Context, r *cbv1.LookupRequest) (*cbv1
 	if len(r.GetModel()) > chunkstore.MaxModelLen {
 		return nil, status.Errorf(codes.InvalidArgument, "lookup: model name of %d bytes", len(r.GetModel()))
 	}
-	id := r.GetRequestId()
 	job := &lookupJob{req: r, tc: traceContext(ctx, r.GetTraceContext()), submitted: time.Now()}
-	now := s.now()
-	s.lmu.Lock()
-	if e, ok := s.lookups[id]; ok {
-		if !e.ready || now.Sub(e.readyAt) < s.cfg.LookupTTL {
-			s.lmu.Unlock()
-			return &cbv1.SubmitLookupResponse{Accepted: false}, nil
+	done := make(chan *cbv1.LookupResult, 1) // never blocks the pool
+	run := func() {
+		if ctx.Err() != nil {
+			s.lookupsAbandoned.Add(1)
+			return
 		}
-		delete(s.lookups, id)
-		s.lookupsExpired.Add(1)
+		done <- s.lookup(job)
+		s.lookupsDone.Add(1)
 	}
-	s.lookups[id] = &lookupEntry{job: job}
-	s.lmu.Unlock()
-
-	if !enqueue(s, s.lookupQ, job) {
-		s.lmu.Lock()
-		if e := s.lookups[id]; e != nil && e.job == job {
-			delete(s.lookups, id)
-		}
-		s.lmu.Unlock()
+	if !enqueue(s, s.lookupQ, run) {
 		s.lookupsRejected.Add(1)
 		return nil, status.Errorf(codes.ResourceExhausted, "lookup queue full (%d waiting)", cap(s.lookupQ))
 	}
-	return &cbv1.SubmitLookupResponse{Accepted: true}, nil
+	select {
+	case res := <-done:
+		return res, nil
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 }
 
-func (s *Server) pollLookup(_ context.Context, r *cbv1.PollLookupRequest) (*cbv1.PollLookupResponse, error) {
-	if err := checkRequestID(r.GetRequestId()); err != nil {
-		return nil, err
-	}
-	id := r.GetRequestId()
-	now := s.now()
-	s.lmu.Lock()
-	defer s.lmu.Unlock()
-	e := s.lookups[id]
-	switch {
-	case e == nil:
-		return nil, status.Errorf(codes.NotFound, "no lookup for request %q (never submitted, already delivered or expired)", id)
-	case !e.ready:
-		return &cbv1.PollLookupResponse{Ready: false}, nil
-	case now.Sub(e.readyAt) >= s.cfg.LookupTTL:
-		delete(s.lookups, id)
-		s.lookupsExpired.Add(1)
-		return nil, status.Errorf(codes.NotFound, "lookup result for request %q expired unpolled", id)
-	}
-	delete(s.lookups, id)
-	return &cbv1.PollLookupResponse{Ready: true, Result: e.result}, nil
-}
-
-// lookupWorker runs queued lookups until the queue is closed and drained.
-func (s *Server) lookupWorker() {
-	for job := range s.lookupQ {
-		if s.testHookLookup != nil {
-			s.testHookLookup()
-		}
-		res := s.lookup(job)
-		s.lookupsDone.Add(1)
-		now := s.now()
-		s.lmu.Lock()
-		if e := s.lookups[job.req.GetRequestId()]; e != nil && e.job == job {
-			e.ready, e.result, e.readyAt = true, res, now
-		}
-		s.lmu.Unlock()
+// runQueue runs the jobs of q until it is closed and drained.
+func runQueue(q <-chan func()) {
+	for run := range q {
+		run()
 	}
 }
 
@@ -214,18 +172,18 @@ func (s *Server) lookup(job *lookupJob) *cbv1.LookupResult {
 	for pc < prefixChunks && usable[pkeys[pc]] {
 		pc++
 	}
-	var matches []*cbv1.Match
+	var matches []reuseplan.Match
 	if pc > 0 {
-		matches = append(matches, &cbv1.Match{
-			StoredSt: 0, StoredEd: int32(pc * cs), CurSt: 0, CurEd: int32(pc * cs),
-			Prefix: true, ChunkKeys: keyBytes(pkeys[:pc]), FirstChunkStart: 0,
+		matches = append(matches, reuseplan.Match{
+			Cur: reuseplan.Range{End: pc * cs}, Prefix: true, Keys: pkeys[:pc],
 		})
 	}
 	nonPrefix := 0
+	isUsable := func(k chunkstore.Key) bool { return usable[k] }
 	for _, m := range fm.Matches {
-		for _, p := range usablePieces(m, usable) {
+		for _, p := range m.Plan().Runs(m.ChunkSize, isUsable) {
 			matches = append(matches, p)
-			nonPrefix += int(p.CurEd - p.CurSt)
+			nonPrefix += p.Cur.Len()
 		}
 	}
 	prefixHit := pc * cs
@@ -234,7 +192,7 @@ func (s *Server) lookup(job *lookupJob) *cbv1.LookupResult {
 		PrefixHitTokens:    int32(prefixHit),
 		NonPrefixHitTokens: int32(nonPrefix),
 		HitRate:            float64(prefixHit+nonPrefix) / float64(len(toks)),
-		Matches:            matches,
+		Matches:            rpc.MatchesToProto(matches),
 		PrefixChunks:       int32(pc),
 		FingerprintHits:    int32(fpKeys),
 		StorageHits:        int32(found),
@@ -271,46 +229,4 @@ func (s *Server) onAllRanks(k chunkstore.Key, ws int) bool {
 		}
 	}
 	return true
-}
-
-// usablePieces cuts a fingerprint match into the maximal runs of its chunks
-// that are usable, as cbv1 matches.
-func usablePieces(m fingerprint.Match, usable map[chunkstore.Key]bool) []*cbv1.Match {
-	cs := m.ChunkSize
-	var out []*cbv1.Match
-	run := -1 // first chunk index of the current run
-	flush := func(last int) {
-		if run < 0 {
-			return
-		}
-		st := max(m.StoredSt, m.FirstChunkStart+run*cs)
-		ed := min(m.StoredEd, m.FirstChunkStart+(last+1)*cs)
-		if ed > st {
-			cur := m.CurSt + (st - m.StoredSt)
-			out = append(out, &cbv1.Match{
-				StoredSt: int32(st), StoredEd: int32(ed), CurSt: int32(cur), CurEd: int32(cur + ed - st),
-				ChunkKeys: keyBytes(m.Keys[run : last+1]), FirstChunkStart: int32(m.FirstChunkStart + run*cs),
-			})
-		}
-		run = -1
-	}
-	for j, k := range m.Keys {
-		if usable[k] {
-			if run < 0 {
-				run = j
-			}
-			continue
-		}
-		flush(j - 1)
-	}
-	flush(len(m.Keys) - 1)
-	return out
-}
-
-func keyBytes(keys []chunkstore.Key) [][]byte {
-	out := make([][]byte, len(keys))
-	for i := range keys {
-		out[i] = append([]byte(nil), keys[i][:]...)
-	}
-	return out
 }

@@ -3,8 +3,6 @@ package blend
 import (
 	"context"
 	"errors"
-	"fmt"
-	"slices"
 	"sync/atomic"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -14,6 +12,8 @@ import (
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/blend/events"
 	"github.com/cacheblend/cacheblend/blend/scatter"
+	"github.com/cacheblend/cacheblend/reuseplan"
+	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 )
 
@@ -21,59 +21,14 @@ import (
 // its cb.retrieve span) when nothing could be written.
 var ErrRetrieveFailed = errors.New("blend: retrieve failed: no matched chunk could be served")
 
-// segment is the part of one match that lies in one stored chunk.
-type segment struct {
-	match    int
-	key      chunkstore.Key // the rank-0 key from the lookup
-	chunkOff int            // first token in the chunk
-	n        int
-	curSt    int
-	shift    bool
-}
-
-// checkMatch validates a match of a Retrieve and cuts it into per-chunk
-// segments.
-func checkMatch(mi int, m *cbv1.Match, cs int) ([]segment, error) {
-	ss, se := int(m.GetStoredSt()), int(m.GetStoredEd())
-	cst, ced := int(m.GetCurSt()), int(m.GetCurEd())
-	fcs := int(m.GetFirstChunkStart())
-	switch {
-	case cst < 0 || ced <= cst || ced > MaxTokens:
-		return nil, fmt.Errorf("match %d: current range [%d,%d)", mi, cst, ced)
-	case ss < 0 || se-ss != ced-cst:
-		return nil, fmt.Errorf("match %d: stored range [%d,%d) does not match current range [%d,%d)", mi, ss, se, cst, ced)
-	case fcs < 0 || fcs > ss:
-		return nil, fmt.Errorf("match %d: first_chunk_start %d after stored_st %d", mi, fcs, ss)
-	case m.GetPrefix() && ss != cst:
-		return nil, fmt.Errorf("match %d: prefix match with stored_st %d != cur_st %d", mi, ss, cst)
-	}
-	first, last := (ss-fcs)/cs, (se-1-fcs)/cs
-	if last >= len(m.GetChunkKeys()) {
-		return nil, fmt.Errorf("match %d: %d chunk keys for stored range [%d,%d) from %d", mi, len(m.GetChunkKeys()), ss, se, fcs)
-	}
-	segs := make([]segment, 0, last-first+1)
-	for j := first; j <= last; j++ {
-		k, err := chunkstore.KeyFromBytes(m.GetChunkKeys()[j])
-		if err != nil {
-			return nil, fmt.Errorf("match %d: %w", mi, err)
-		}
-		c0 := fcs + j*cs
-		a, b := max(ss, c0), min(se, c0+cs)
-		segs = append(segs, segment{match: mi, key: k, chunkOff: a - c0, n: b - a, curSt: cst + (a - ss), shift: !m.GetPrefix()})
-	}
-	return segs, nil
-}
-
 // copyJob is one copy of a retrieve: the segments of one match.
 type copyJob struct {
 	id      uint64
 	segs    []scatter.Segment
-	ranges  []rng // the writable current ranges, missing if the copy fails
+	ranges  []reuseplan.Range // the writable current ranges, missing if the copy fails
 	ch      <-chan scatter.Result
 	endSent atomic.Bool
 }
-
-type rng struct{ st, ed int }
 
 func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.RetrieveResponse, error) {
 	if err := checkRequestID(r.GetRequestId()); err != nil {
@@ -103,13 +58,22 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 			return nil, status.Errorf(codes.InvalidArgument, "retrieve: block_table[%d] = %d outside the %d blocks", i, b, l.NumBlocks)
 		}
 	}
+	matches, err := rpc.MatchesFromProto(r.GetMatches())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "retrieve: %v", err)
+	}
+	type segment struct {
+		reuseplan.Segment
+		match int
+	}
 	var segs []segment
-	for mi, m := range r.GetMatches() {
-		ms, err := checkMatch(mi, m, cs)
-		if err != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "retrieve: %v", err)
+	for mi, m := range matches {
+		if err := m.Validate(cs, MaxTokens); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "retrieve: match %d: %v", mi, err)
 		}
-		segs = append(segs, ms...)
+		for _, sg := range m.Segments(cs) {
+			segs = append(segs, segment{sg, mi})
+		}
 	}
 	capacity := len(bt) * l.BlockSize
 	id := r.GetRequestId()
@@ -121,31 +85,28 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 
 	// The segments with positions to write in this pass, and their chunks.
 	var resp cbv1.RetrieveResponse
-	var missing []rng
+	var missing []reuseplan.Range
 	type todo struct {
-		seg    segment
-		rk     chunkstore.Key
-		lo, hi int // writable current positions [lo, hi)
+		seg   segment
+		rk    chunkstore.Key
+		write reuseplan.Range // the positions written in this pass
 	}
 	var work []todo
 	var need []chunkstore.Key
 	writable := 0
 	for _, sg := range segs {
-		lo, hi := max(sg.curSt, from), sg.curSt+sg.n
-		if hi <= lo {
-			continue // written by an earlier pass
-		}
-		if lo >= capacity {
-			resp.Dropped += int32(hi - lo) // no block yet: a later pass writes it
+		write, dropped := sg.Window(from, capacity)
+		resp.Dropped += int32(dropped) // no block yet: a later pass writes them
+		if write.Empty() {
 			continue
 		}
-		writable += min(hi, capacity) - lo
-		rk, ok := s.rankKey(sg.key, rank)
+		writable += write.Len()
+		rk, ok := s.rankKey(sg.Key, rank)
 		if !ok {
-			missing = append(missing, rng{lo, min(hi, capacity)})
+			missing = append(missing, write)
 			continue
 		}
-		work = append(work, todo{sg, rk, lo, hi})
+		work = append(work, todo{sg, rk, write})
 		need = append(need, rk)
 	}
 	got, _ := s.store.GetMany(need)
@@ -156,22 +117,22 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 	byMatch := map[int]*copyJob{}
 	for _, t := range work {
 		c := got[t.rk]
-		sg := t.seg
+		sg := t.seg.Trim(t.write)
 		ok := c != nil && c.Rank == rank && (w.model == "" || c.Model == w.model) &&
-			c.Layout.Compatible(l) && sg.chunkOff+sg.n <= c.Len() &&
-			(!sg.shift || c.Layout.RoPETheta == w.theta)
+			c.Layout.Compatible(l) && sg.ChunkOff+sg.Cur.Len() <= c.Len() &&
+			(!sg.Shift || c.Layout.RoPETheta == w.theta)
 		if !ok {
-			missing = append(missing, rng{t.lo, min(t.hi, capacity)})
+			missing = append(missing, t.write)
 			continue
 		}
-		cj := byMatch[sg.match]
+		cj := byMatch[t.seg.match]
 		if cj == nil {
 			cj = &copyJob{}
-			byMatch[sg.match] = cj
+			byMatch[t.seg.match] = cj
 			copies = append(copies, cj)
 		}
-		cj.segs = append(cj.segs, scatter.Segment{Chunk: c, ChunkOff: sg.chunkOff, Len: sg.n, CurSt: sg.curSt, Shift: sg.shift})
-		cj.ranges = append(cj.ranges, rng{t.lo, min(t.hi, capacity)})
+		cj.segs = append(cj.segs, scatter.Segment{Chunk: c, ChunkOff: sg.ChunkOff, Len: sg.Cur.Len(), CurSt: sg.Cur.Start, Shift: sg.Shift})
+		cj.ranges = append(cj.ranges, t.write)
 	}
 	for _, cj := range copies {
 		cj.id = s.copyIDs.Add(1)
@@ -198,7 +159,7 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 		}
 		st.Add(res.Stats)
 	}
-	missing = mergeRanges(missing)
+	missing = reuseplan.Merge(missing)
 	resp.ScatteredTokens += int32(st.ScatteredTokens)
 	resp.SlotWrites = int32(st.SlotWrites)
 	resp.PartialBlocks = int32(st.PartialBlocks)
@@ -206,10 +167,10 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 	resp.NShifted = int32(st.NShifted)
 	resp.Dropped += int32(st.Dropped)
 	resp.Bytes = st.Bytes
+	resp.Missing = rpc.RangesToProto(missing)
 	missingTokens := 0
 	for _, m := range missing {
-		resp.Missing = append(resp.Missing, &cbv1.Range{Start: int32(m.st), End: int32(m.ed)})
-		missingTokens += m.ed - m.st
+		missingTokens += m.Len()
 	}
 	var endErr error
 	if writable > 0 && st.ScatteredTokens == 0 && missingTokens > 0 {
@@ -237,20 +198,4 @@ func (s *Server) publishScatterEnd(id string, cj *copyJob, res scatter.Result) {
 			events.AttrNShifted.Int(res.Stats.NShifted),
 			events.AttrDropped.Int(res.Stats.Dropped),
 		}})
-}
-
-// mergeRanges sorts ranges and merges those that overlap or touch,
-// dropping empty ones.
-func mergeRanges(rs []rng) []rng {
-	rs = slices.DeleteFunc(rs, func(r rng) bool { return r.ed <= r.st })
-	slices.SortFunc(rs, func(a, b rng) int { return a.st - b.st })
-	var out []rng
-	for _, r := range rs {
-		if n := len(out); n > 0 && r.st <= out[n-1].ed {
-			out[n-1].ed = max(out[n-1].ed, r.ed)
-			continue
-		}
-		out = append(out, r)
-	}
-	return out
 }

@@ -58,13 +58,10 @@ type Server struct {
 	state    int
 	inflight sync.WaitGroup // RPC handlers in progress
 
-	lookupQ chan *lookupJob
-	regQ    chan regJob
-	stop    chan struct{} // closed by Shutdown: the janitor exits
+	lookupQ chan func()   // lookups waiting for a lookup worker
+	regQ    chan func()   // fingerprint registrations waiting for their goroutine
+	stop    chan struct{} // closed by Shutdown: the registration reaper exits
 	bg      sync.WaitGroup
-
-	lmu     sync.Mutex
-	lookups map[string]*lookupEntry
 
 	wmu     sync.Mutex
 	workers map[workerKey]*workerMem
@@ -81,18 +78,12 @@ type Server struct {
 	syncMu                             sync.Mutex // serializes syncStoreCounters
 	lastL1Evict, lastL2Evict, lastCorr int64
 
-	lookupsRejected, lookupsExpired, lookupsDone atomic.Uint64
-	regDone, regDropped, regsExpired             atomic.Uint64
+	lookupsRejected, lookupsAbandoned, lookupsDone atomic.Uint64
+	regDone, regDropped, regsExpired               atomic.Uint64
 
 	grpcMu  sync.Mutex
 	grpcSrv *grpc.Server
 	health  *health.Server
-
-	// testHookLookup, when set, runs on a lookup worker before each lookup.
-	testHookLookup func()
-	// testHookRegister, when set, runs on the registration goroutine before
-	// each registration.
-	testHookRegister func()
 }
 
 type aliasKey struct {
@@ -104,11 +95,10 @@ type aliasKey struct {
 type Stats struct {
 	// Workers is the number of registered (worker, rank) KV memories.
 	Workers int
-	// PendingLookups are submitted lookups not yet delivered by PollLookup.
-	PendingLookups int
-	// LookupsDone counts lookups run; LookupsRejected the submissions refused
-	// because the queue was full; LookupsExpired the results dropped unpolled.
-	LookupsDone, LookupsRejected, LookupsExpired uint64
+	// LookupsDone counts lookups run; LookupsRejected the calls refused
+	// because the queue was full; LookupsAbandoned the queued lookups skipped
+	// because their caller's deadline had passed.
+	LookupsDone, LookupsRejected, LookupsAbandoned uint64
 	// Registrations counts sequences registered in a fingerprint table;
 	// RegistrationsDropped those dropped because the queue was full.
 	Registrations, RegistrationsDropped uint64
@@ -163,10 +153,9 @@ func New(cfg Config, tp trace.TracerProvider, reg prometheus.Registerer, logger 
 		bus:     events.NewBus(events.Config{QueueSize: cfg.EventQueue}),
 		pool:    scatter.NewPool(scatter.PoolConfig{Workers: cfg.CopyWorkers}),
 		metrics: bm,
-		lookupQ: make(chan *lookupJob, cfg.LookupQueue),
-		regQ:    make(chan regJob, cfg.RegisterQueue),
+		lookupQ: make(chan func(), cfg.LookupQueue),
+		regQ:    make(chan func(), cfg.RegisterQueue),
 		stop:    make(chan struct{}),
-		lookups: make(map[string]*lookupEntry),
 		workers: make(map[workerKey]*workerMem),
 		tables:  make(map[string]*fingerprint.Table),
 		aliases: make(map[aliasKey]chunkstore.Key),
@@ -206,7 +195,7 @@ func New(cfg Config, tp trace.TracerProvider, reg prometheus.Registerer, logger 
 }
 
 // Start starts the event bus, the copy pool, the lookup workers, the
-// fingerprint-registration goroutine and the expiry janitor; RPCs are
+// fingerprint-registration goroutine and the registration reaper; RPCs are
 // answered Unavailable before it. The context is not retained. Starting
 // twice or after Shutdown is an error.
 func (s *Server) Start(ctx context.Context) error {
@@ -223,10 +212,10 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	s.bus.Start()
 	for range s.cfg.LookupWorkers {
-		s.bg.Go(s.lookupWorker)
+		s.bg.Go(func() { runQueue(s.lookupQ) })
 	}
-	s.bg.Go(s.registrationWorker)
-	s.bg.Go(s.janitor)
+	s.bg.Go(func() { runQueue(s.regQ) })
+	s.bg.Go(s.reapRegistrations)
 	s.state = stateRunning
 	return nil
 }
@@ -403,7 +392,7 @@ func (s *Server) syncStoreCounters() {
 // Stats returns a snapshot of the server's state and counters.
 func (s *Server) Stats() Stats {
 	st := Stats{
-		LookupsDone: s.lookupsDone.Load(), LookupsRejected: s.lookupsRejected.Load(), LookupsExpired: s.lookupsExpired.Load(),
+		LookupsDone: s.lookupsDone.Load(), LookupsRejected: s.lookupsRejected.Load(), LookupsAbandoned: s.lookupsAbandoned.Load(),
 		Registrations: s.regDone.Load(), RegistrationsDropped: s.regDropped.Load(), RegistrationsExpired: s.regsExpired.Load(),
 		Store: s.store.Stats(), Pool: s.pool.Stats(),
 		EventsPublished: s.bus.Published(), EventsDropped: s.bus.Dropped(),
@@ -411,9 +400,6 @@ func (s *Server) Stats() Stats {
 	s.wmu.Lock()
 	st.Workers = len(s.workers)
 	s.wmu.Unlock()
-	s.lmu.Lock()
-	st.PendingLookups = len(s.lookups)
-	s.lmu.Unlock()
 	for _, t := range s.tableList() {
 		ts := t.Stats()
 		st.Fingerprints += ts.Fingerprints
@@ -422,33 +408,19 @@ func (s *Server) Stats() Stats {
 	return st
 }
 
-// janitor drops unpolled lookup results older than LookupTTL and worker
-// registrations not renewed within RegistrationTTL.
-func (s *Server) janitor() {
-	every := min(s.cfg.LookupTTL, s.cfg.RegistrationTTL, time.Second)
-	t := time.NewTicker(every)
+// reapRegistrations drops worker KV registrations not renewed within
+// RegistrationTTL, until Shutdown.
+func (s *Server) reapRegistrations() {
+	t := time.NewTicker(min(s.cfg.RegistrationTTL, time.Second))
 	defer t.Stop()
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
-			s.expire()
+			s.expireWorkers(s.now())
 		}
 	}
-}
-
-func (s *Server) expire() {
-	now := s.now()
-	s.lmu.Lock()
-	for id, e := range s.lookups {
-		if e.ready && now.Sub(e.readyAt) >= s.cfg.LookupTTL {
-			delete(s.lookups, id)
-			s.lookupsExpired.Add(1)
-		}
-	}
-	s.lmu.Unlock()
-	s.expireWorkers(now)
 }
 
 // publish puts ev on the bus (dropped and counted when full).
@@ -547,20 +519,12 @@ func (v *service) RegisterKV(ctx context.Context, r *cbv1.RegisterKVRequest) (*c
 	return v.s.registerKV(ctx, r)
 }
 
-func (v *service) SubmitLookup(ctx context.Context, r *cbv1.LookupRequest) (*cbv1.SubmitLookupResponse, error) {
+func (v *service) Lookup(ctx context.Context, r *cbv1.LookupRequest) (*cbv1.LookupResult, error) {
 	if err := v.s.enter(); err != nil {
 		return nil, err
 	}
 	defer v.s.leave()
-	return v.s.submitLookup(ctx, r)
-}
-
-func (v *service) PollLookup(ctx context.Context, r *cbv1.PollLookupRequest) (*cbv1.PollLookupResponse, error) {
-	if err := v.s.enter(); err != nil {
-		return nil, err
-	}
-	defer v.s.leave()
-	return v.s.pollLookup(ctx, r)
+	return v.s.lookupRPC(ctx, r)
 }
 
 func (v *service) Retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.RetrieveResponse, error) {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
 
@@ -155,24 +156,16 @@ func TestGRPCErrors(t *testing.T) {
 			_, err := e.c.RegisterKV(ctx, &cbv1.RegisterKVRequest{WorkerId: "w9", ShmPath: filepath.Join(t.TempDir(), "cb-kv-1-x.shm"), Layout: okLayout})
 			return err
 		}, codes.InvalidArgument},
-		{"poll/unknown", func() error {
-			_, err := e.c.PollLookup(ctx, &cbv1.PollLookupRequest{RequestId: "nope"})
-			return err
-		}, codes.NotFound},
-		{"poll/no id", func() error {
-			_, err := e.c.PollLookup(ctx, &cbv1.PollLookupRequest{})
+		{"lookup/no id", func() error {
+			_, err := e.c.Lookup(ctx, &cbv1.LookupRequest{Tokens: []int32{1}})
 			return err
 		}, codes.InvalidArgument},
-		{"submit/no id", func() error {
-			_, err := e.c.SubmitLookup(ctx, &cbv1.LookupRequest{Tokens: []int32{1}})
+		{"lookup/no tokens", func() error {
+			_, err := e.c.Lookup(ctx, &cbv1.LookupRequest{RequestId: "x"})
 			return err
 		}, codes.InvalidArgument},
-		{"submit/no tokens", func() error {
-			_, err := e.c.SubmitLookup(ctx, &cbv1.LookupRequest{RequestId: "x"})
-			return err
-		}, codes.InvalidArgument},
-		{"submit/bad world size", func() error {
-			_, err := e.c.SubmitLookup(ctx, &cbv1.LookupRequest{RequestId: "x", Tokens: []int32{1}, WorldSize: -1})
+		{"lookup/bad world size", func() error {
+			_, err := e.c.Lookup(ctx, &cbv1.LookupRequest{RequestId: "x", Tokens: []int32{1}, WorldSize: -1})
 			return err
 		}, codes.InvalidArgument},
 		{"retrieve/unknown worker", func() error {
@@ -276,7 +269,7 @@ func TestRegistrationExpires(t *testing.T) {
 	})
 	e.newWorker("w0", 0)
 	clock.Add(int64(2 * time.Minute))
-	e.s.expire()
+	e.s.expireWorkers(e.s.now())
 	if n := e.s.Stats(); n.Workers != 0 || n.RegistrationsExpired != 1 {
 		t.Fatalf("stats %+v", n)
 	}
@@ -286,82 +279,66 @@ func TestRegistrationExpires(t *testing.T) {
 	}
 }
 
-func TestLookupDeliveredOnceAndExpires(t *testing.T) {
-	var clock atomic.Int64
-	clock.Store(time.Now().UnixNano())
-	e := newEnv(t, Config{LookupTTL: time.Minute}, func(s *Server) {
-		s.now = func() time.Time { return time.Unix(0, clock.Load()) }
-	})
-	ctx := ctxT(t)
-	req := &cbv1.LookupRequest{RequestId: "once", Tokens: make([]int32, 100), WorldSize: 1}
-	res := e.lookup(req)
+func TestLookupEmptyStore(t *testing.T) {
+	e := newEnv(t, Config{})
+	res := e.lookup(&cbv1.LookupRequest{RequestId: "once", Tokens: make([]int32, 100), WorldSize: 1})
 	if res.GetRequestedTokens() != 100 || res.GetHitRate() != 0 || len(res.GetMatches()) != 0 {
 		t.Fatalf("empty-store lookup %+v", res)
 	}
-	if _, err := e.c.PollLookup(ctx, &cbv1.PollLookupRequest{RequestId: "once"}); status.Code(err) != codes.NotFound {
-		t.Fatalf("second poll: %v, want NotFound", err)
+	// The same request id again is simply another lookup: nothing is kept.
+	if res := e.lookup(&cbv1.LookupRequest{RequestId: "once", Tokens: make([]int32, 50), WorldSize: 1}); res.GetRequestedTokens() != 50 {
+		t.Fatalf("second lookup %+v", res)
 	}
-	// A result nobody polls expires after LookupTTL.
-	if _, err := e.c.SubmitLookup(ctx, &cbv1.LookupRequest{RequestId: "late", Tokens: []int32{1, 2}}); err != nil {
-		t.Fatal(err)
-	}
-	for e.s.Stats().LookupsDone < 2 {
-		time.Sleep(time.Millisecond)
-	}
-	// While it waits, the same id is refused.
-	if sub, err := e.c.SubmitLookup(ctx, &cbv1.LookupRequest{RequestId: "late", Tokens: []int32{1, 2}}); err != nil || sub.GetAccepted() {
-		t.Fatalf("duplicate submit: %v %v", sub, err)
-	}
-	clock.Add(int64(2 * time.Minute))
-	e.s.expire()
-	if _, err := e.c.PollLookup(ctx, &cbv1.PollLookupRequest{RequestId: "late"}); status.Code(err) != codes.NotFound {
-		t.Fatalf("poll after TTL: %v, want NotFound", err)
-	}
-	if st := e.s.Stats(); st.LookupsExpired != 1 || st.PendingLookups != 0 {
+	if st := e.s.Stats(); st.LookupsDone != 2 {
 		t.Fatalf("stats %+v", st)
 	}
 }
 
-func TestLookupQueueFull(t *testing.T) {
-	entered := make(chan struct{}, 8)
+// blockQueue occupies the goroutine(s) of q with a job that waits for
+// release; it returns once the job runs.
+func blockQueue(t *testing.T, q chan func(), release <-chan struct{}) {
+	t.Helper()
+	entered := make(chan struct{})
+	q <- func() { close(entered); <-release }
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("queue not served")
+	}
+}
+
+func TestLookupQueueFullAndDeadline(t *testing.T) {
+	e := newEnv(t, Config{LookupWorkers: 1, LookupQueue: 1})
 	release := make(chan struct{})
-	e := newEnv(t, Config{LookupWorkers: 1, LookupQueue: 1}, func(s *Server) {
-		s.testHookLookup = func() {
-			entered <- struct{}{}
-			<-release
-		}
-	})
-	defer func() {
-		select {
-		case <-release:
-		default:
-			close(release)
-		}
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	defer free()
+	blockQueue(t, e.s.lookupQ, release)
+
+	// "b" waits in the queue; its caller's deadline passes first. (Called
+	// in process so that the server sees the caller's own context.)
+	bctx, cancel := context.WithTimeout(ctxT(t), 200*time.Millisecond)
+	defer cancel()
+	berr := make(chan error, 1)
+	go func() {
+		_, err := e.s.Service().Lookup(bctx, &cbv1.LookupRequest{RequestId: "b", Tokens: []int32{1, 2, 3}})
+		berr <- err
 	}()
-	ctx := ctxT(t)
-	submit := func(id string) error {
-		_, err := e.c.SubmitLookup(ctx, &cbv1.LookupRequest{RequestId: id, Tokens: []int32{1, 2, 3}})
-		return err
+	for len(e.s.lookupQ) == 0 {
+		time.Sleep(time.Millisecond)
 	}
-	if err := submit("a"); err != nil {
-		t.Fatal(err)
+	if _, err := e.c.Lookup(ctxT(t), &cbv1.LookupRequest{RequestId: "c", Tokens: []int32{1, 2, 3}}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("lookup with a full queue: %v, want ResourceExhausted", err)
 	}
-	<-entered // the worker holds "a"
-	if err := submit("b"); err != nil {
-		t.Fatal(err) // queued
+	if err := <-berr; status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("queued lookup past its deadline: %v, want DeadlineExceeded", err)
 	}
-	if err := submit("c"); status.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("third submit: %v, want ResourceExhausted", err)
+	free()
+	// The worker skips "b" (its caller is gone) and serves the next one.
+	if res := e.lookup(&cbv1.LookupRequest{RequestId: "d", Tokens: []int32{1, 2, 3}}); res.GetRequestedTokens() != 3 {
+		t.Fatalf("lookup after release: %+v", res)
 	}
-	if p, err := e.c.PollLookup(ctx, &cbv1.PollLookupRequest{RequestId: "b"}); err != nil || p.GetReady() {
-		t.Fatalf("poll of a queued lookup: %v %v", p, err)
-	}
-	if _, err := e.c.PollLookup(ctx, &cbv1.PollLookupRequest{RequestId: "c"}); status.Code(err) != codes.NotFound {
-		t.Fatalf("poll of the refused lookup: %v", err)
-	}
-	close(release)
-	<-entered
-	if st := e.s.Stats(); st.LookupsRejected != 1 {
+	if st := e.s.Stats(); st.LookupsRejected != 1 || st.LookupsAbandoned != 1 || st.LookupsDone != 1 {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -372,7 +349,7 @@ func TestNotRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if _, err := s.Service().SubmitLookup(ctx, &cbv1.LookupRequest{RequestId: "x", Tokens: []int32{1}}); status.Code(err) != codes.Unavailable {
+	if _, err := s.Service().Lookup(ctx, &cbv1.LookupRequest{RequestId: "x", Tokens: []int32{1}}); status.Code(err) != codes.Unavailable {
 		t.Fatalf("before Start: %v", err)
 	}
 	if err := s.Start(ctx); err != nil {
@@ -452,21 +429,12 @@ func TestMetricsExposed(t *testing.T) {
 }
 
 func TestRegistrationQueueFullDrops(t *testing.T) {
-	entered := make(chan struct{}, 8)
+	e := newEnv(t, Config{RegisterQueue: 1})
 	release := make(chan struct{})
-	e := newEnv(t, Config{RegisterQueue: 1}, func(s *Server) {
-		s.testHookRegister = func() {
-			entered <- struct{}{}
-			<-release
-		}
-	})
-	defer func() {
-		select {
-		case <-release:
-		default:
-			close(release)
-		}
-	}()
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	defer free()
+	blockQueue(t, e.s.regQ, release) // the registration goroutine is busy
 	mem := e.newWorker("w0", 0)
 	bt := blocks(0, 2)
 	e.prefill(mem, bt, 3, 20)
@@ -478,13 +446,11 @@ func TestRegistrationQueueFullDrops(t *testing.T) {
 			t.Fatalf("store: %v %v", resp, err)
 		}
 	}
-	store()
-	<-entered // the registration goroutine holds the first
-	store()   // queued
-	store()   // dropped: the queue holds one
-	close(release)
+	store() // queued
+	store() // dropped: the queue holds one
+	free()
 	e.s.waitRegistrations(t)
-	if st := e.s.Stats(); st.Registrations != 2 || st.RegistrationsDropped != 1 || st.Fingerprints != 2 {
+	if st := e.s.Stats(); st.Registrations != 1 || st.RegistrationsDropped != 1 || st.Fingerprints != 1 {
 		t.Fatalf("stats %+v", st)
 	}
 }

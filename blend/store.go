@@ -17,14 +17,6 @@ import (
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 )
 
-// regJob is one fingerprint registration (or, with barrier set, a marker
-// that is closed when the registration goroutine reaches it).
-type regJob struct {
-	model   string
-	seq     fingerprint.Sequence
-	barrier chan struct{}
-}
-
 func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.StoreResponse, error) {
 	if err := checkRequestID(r.GetRequestId()); err != nil {
 		return nil, err
@@ -150,27 +142,17 @@ func (s *Server) enqueueRegistration(mdl string, keys []chunkstore.Key, toks []i
 			return
 		}
 	}
-	job := regJob{model: mdl, seq: fingerprint.Sequence{Keys: keys, Tokens: slices.Clone(toks), ChunkSize: s.cfg.ChunkSize}}
-	if !enqueue(s, s.regQ, job) {
+	seq := fingerprint.Sequence{Keys: keys, Tokens: slices.Clone(toks), ChunkSize: s.cfg.ChunkSize}
+	if !enqueue(s, s.regQ, func() { s.register(mdl, seq) }) {
 		s.regDropped.Add(1)
 	}
 }
 
-// registrationWorker registers queued sequences until the queue is closed
-// and drained.
-func (s *Server) registrationWorker() {
-	for job := range s.regQ {
-		if job.barrier != nil {
-			close(job.barrier)
-			continue
-		}
-		if s.testHookRegister != nil {
-			s.testHookRegister()
-		}
-		if _, err := s.table(job.model, true).Register(job.seq); err != nil {
-			s.logger.Warn("fingerprint registration failed", "model", job.model, "err", err)
-			continue
-		}
-		s.regDone.Add(1)
+// register registers a stored sequence in its model's fingerprint table.
+func (s *Server) register(mdl string, seq fingerprint.Sequence) {
+	if _, err := s.table(mdl, true).Register(seq); err != nil {
+		s.logger.Warn("fingerprint registration failed", "model", mdl, "err", err)
+		return
 	}
+	s.regDone.Add(1)
 }

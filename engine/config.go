@@ -46,9 +46,6 @@ type Config struct {
 	// LookupTimeout bounds a CacheBlend lookup before the request falls back
 	// to a full prefill. Default 2 s.
 	LookupTimeout time.Duration
-	// PollInterval is the least time between two polls of one lookup.
-	// Default 2 ms.
-	PollInterval time.Duration
 	// RecompRatio is the CacheBlend recompute ratio sent to the worker.
 	// Default 0.15.
 	RecompRatio float64

@@ -89,7 +89,6 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 		MaxRunning:      cfg.MaxRunning,
 		StepTokenBudget: cfg.StepTokenBudget,
 		LookupTimeout:   cfg.LookupTimeout,
-		PollInterval:    cfg.PollInterval,
 		RecompRatio:     cfg.RecompRatio,
 		DisableStore:    cfg.DisableStore,
 	}, scheduler.Deps{

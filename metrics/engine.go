@@ -275,7 +275,7 @@ func (m *EngineMetrics) AddKVTransfer(direction string, bytes, tokens int64) err
 }
 
 // LookupFallback counts a request scheduled without a lookup result; reason is "error",
-// "timeout" or "unavailable".
+// "timeout", "unavailable" or "queue_full".
 func (m *EngineMetrics) LookupFallback(reason string) error {
 	return m.fallbacks.Inc(reason)
 }

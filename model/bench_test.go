@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"github.com/cacheblend/cacheblend/reuseplan"
 	"math/rand/v2"
 	"syscall"
 	"testing"
@@ -137,7 +138,7 @@ func BenchmarkBlendRAG(b *testing.B) {
 	kv := newKV(b, m, promptBlocks+nDocs*docBlocks)
 	bt := table(0, promptBlocks)
 	var toks []int32
-	var ranges []Range
+	var ranges []reuseplan.Range
 	for d := range nDocs {
 		doc := randTokens(uint64(100+d), docLen)
 		// Store: the document prefilled alone at positions 0...
@@ -145,7 +146,7 @@ func BenchmarkBlendRAG(b *testing.B) {
 		if _, err := m.Prefill(kv, PrefillInput{Tokens: doc, BlockTable: store}); err != nil {
 			b.Fatal(err)
 		}
-		ranges = append(ranges, Range{len(toks), len(toks) + docLen})
+		ranges = append(ranges, reuseplan.Range{Start: len(toks), End: len(toks) + docLen})
 		toks = append(toks, doc...)
 	}
 	toks = append(toks, randTokens(999, qLen)...)

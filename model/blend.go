@@ -3,21 +3,13 @@ package model
 import (
 	"cmp"
 	"fmt"
+	"github.com/cacheblend/cacheblend/reuseplan"
 	"math"
 	"slices"
 	"time"
 
 	"github.com/cacheblend/cacheblend/kvcache"
 )
-
-// Range is a half-open range of prompt positions [Start, End) (a plain
-// value).
-type Range struct {
-	Start, End int
-}
-
-// Len is End-Start.
-func (r Range) Len() int { return r.End - r.Start }
 
 // UseConfig, in BlendInput.CheckLayer or BlendInput.RecompRatio, selects the
 // model's configured value.
@@ -41,7 +33,7 @@ type BlendInput struct {
 	// non-overlapping, any order) whose K/V the blend server has loaded
 	// into the cache, already re-RoPE'd to their positions in this prompt.
 	// Every other non-prefix token is new.
-	Reused []Range
+	Reused []reuseplan.Range
 	// CheckLayer is the check layer cl; a negative value (UseConfig) means
 	// Config.CheckLayer. Note that 0 is a valid override.
 	CheckLayer int
@@ -131,7 +123,7 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 		prefix = total - 1
 	}
 	ranges := slices.Clone(in.Reused)
-	slices.SortFunc(ranges, func(a, b Range) int { return cmp.Compare(a.Start, b.Start) })
+	slices.SortFunc(ranges, func(a, b reuseplan.Range) int { return cmp.Compare(a.Start, b.Start) })
 	for i, r := range ranges {
 		if r.Start < in.PrefixReused || r.End > total || r.Start >= r.End {
 			return nil, st, fmt.Errorf("%w: reused range [%d, %d) outside [%d, %d) or empty", ErrInput, r.Start, r.End, in.PrefixReused, total)

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"github.com/cacheblend/cacheblend/reuseplan"
 	"math"
 	"testing"
 
@@ -14,8 +15,8 @@ type blendFixture struct {
 	m      *Model
 	kv     *kvcache.Memory
 	toks   []int32
-	docs   []Range // document ranges in the prompt
-	a, b   []int32 // two prompt-sized block tables
+	docs   []reuseplan.Range // document ranges in the prompt
+	a, b   []int32           // two prompt-sized block tables
 	stores [][]int32
 	full   []float32 // logits of a full prefill of the prompt (region A)
 }
@@ -37,7 +38,7 @@ func newBlendFixtureSeed(t *testing.T, seed uint64) *blendFixture {
 	for d := range 3 {
 		doc := randTokens(uint64(60+d), docLen)
 		docToks = append(docToks, doc)
-		f.docs = append(f.docs, Range{len(f.toks), len(f.toks) + docLen})
+		f.docs = append(f.docs, reuseplan.Range{Start: len(f.toks), End: len(f.toks) + docLen})
 		f.toks = append(f.toks, doc...)
 	}
 	f.toks = append(f.toks, randTokens(70, q)...)
@@ -61,7 +62,7 @@ func newBlendFixtureSeed(t *testing.T, seed uint64) *blendFixture {
 
 // loadExact copies region A's K/V of the reused ranges into region B
 // (exact reuse: same context, same positions).
-func (f *blendFixture) loadExact(ranges []Range) {
+func (f *blendFixture) loadExact(ranges []reuseplan.Range) {
 	for _, r := range ranges {
 		copyKV(f.m, f.kv, f.a, r.Start, f.b, r.Start, r.Len())
 	}
@@ -75,7 +76,7 @@ func (f *blendFixture) loadShifted() {
 	}
 }
 
-func (f *blendFixture) blend(t *testing.T, prefix int, reused []Range, ratio float64) ([]float32, BlendStats) {
+func (f *blendFixture) blend(t *testing.T, prefix int, reused []reuseplan.Range, ratio float64) ([]float32, BlendStats) {
 	t.Helper()
 	logits, st, err := f.m.BlendForward(f.kv, BlendInput{
 		Tokens: f.toks, BlockTable: f.b, PrefixReused: prefix, Reused: reused,
@@ -150,7 +151,7 @@ func TestBlendShiftedDocumentsRecomputeHelps(t *testing.T) {
 func TestBlendPrefixSkip(t *testing.T) {
 	f := newBlendFixture(t)
 	n := f.docs[1].Start
-	f.loadExact([]Range{{0, n}})
+	f.loadExact([]reuseplan.Range{{Start: 0, End: n}})
 	got, st := f.blend(t, n, nil, UseConfig)
 	if d := maxAbsDiff(got, f.full); d >= 1e-3 {
 		t.Fatalf("prefix skip differs from full prefill by %g", d)
@@ -158,8 +159,8 @@ func TestBlendPrefixSkip(t *testing.T) {
 	if st.PrefixTokens != n || st.Blended || st.ImpCount != len(f.toks)-n || st.ReusedTokens != 0 {
 		t.Fatalf("stats %+v", st)
 	}
-	f.loadExact([]Range{{0, n}, f.docs[2]})
-	got, st = f.blend(t, n, []Range{f.docs[2]}, 0.15)
+	f.loadExact([]reuseplan.Range{{Start: 0, End: n}, f.docs[2]})
+	got, st = f.blend(t, n, []reuseplan.Range{f.docs[2]}, 0.15)
 	if d := maxAbsDiff(got, f.full); d >= 1e-3 {
 		t.Fatalf("prefix + exact reuse differs from full prefill by %g", d)
 	}
@@ -167,7 +168,7 @@ func TestBlendPrefixSkip(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	// The whole prompt cached: only the last token is recomputed.
-	f.loadExact([]Range{{0, len(f.toks)}})
+	f.loadExact([]reuseplan.Range{{Start: 0, End: len(f.toks)}})
 	got, st = f.blend(t, len(f.toks), nil, UseConfig)
 	if d := maxAbsDiff(got, f.full); d >= 1e-3 {
 		t.Fatalf("fully cached prompt differs from full prefill by %g", d)
@@ -181,7 +182,7 @@ func TestBlendPrefixSkip(t *testing.T) {
 // at ratio 0.
 func TestBlendLastTokenAlwaysImportant(t *testing.T) {
 	f := newBlendFixture(t)
-	all := []Range{{0, len(f.toks)}}
+	all := []reuseplan.Range{{Start: 0, End: len(f.toks)}}
 	f.loadExact(all)
 	got, st := f.blend(t, 0, all, 0)
 	if st.ImpCount != 1 || st.Selected != 1 || st.NewTokens != 0 || st.ImpEmpty {

@@ -2,6 +2,7 @@ package model
 
 import (
 	"errors"
+	"github.com/cacheblend/cacheblend/reuseplan"
 	"math"
 	"testing"
 
@@ -283,27 +284,27 @@ func TestInputErrors(t *testing.T) {
 		}, ErrInput},
 		{"blend overlapping ranges", func() error {
 			_, _, err := m.BlendForward(kv, BlendInput{Tokens: randTokens(1, 20), BlockTable: table(0, 2),
-				Reused: []Range{{2, 8}, {6, 10}}, CheckLayer: UseConfig, RecompRatio: UseConfig})
+				Reused: []reuseplan.Range{{Start: 2, End: 8}, {Start: 6, End: 10}}, CheckLayer: UseConfig, RecompRatio: UseConfig})
 			return err
 		}, ErrInput},
 		{"blend range inside prefix", func() error {
 			_, _, err := m.BlendForward(kv, BlendInput{Tokens: randTokens(1, 20), BlockTable: table(0, 2),
-				PrefixReused: 5, Reused: []Range{{2, 8}}, CheckLayer: UseConfig, RecompRatio: UseConfig})
+				PrefixReused: 5, Reused: []reuseplan.Range{{Start: 2, End: 8}}, CheckLayer: UseConfig, RecompRatio: UseConfig})
 			return err
 		}, ErrInput},
 		{"blend range beyond prompt", func() error {
 			_, _, err := m.BlendForward(kv, BlendInput{Tokens: randTokens(1, 20), BlockTable: table(0, 2),
-				Reused: []Range{{12, 21}}, CheckLayer: UseConfig, RecompRatio: UseConfig})
+				Reused: []reuseplan.Range{{Start: 12, End: 21}}, CheckLayer: UseConfig, RecompRatio: UseConfig})
 			return err
 		}, ErrInput},
 		{"blend ratio above one", func() error {
 			_, _, err := m.BlendForward(kv, BlendInput{Tokens: randTokens(1, 20), BlockTable: table(0, 2),
-				Reused: []Range{{2, 8}}, CheckLayer: UseConfig, RecompRatio: 1.5})
+				Reused: []reuseplan.Range{{Start: 2, End: 8}}, CheckLayer: UseConfig, RecompRatio: 1.5})
 			return err
 		}, ErrInput},
 		{"blend check layer beyond layers", func() error {
 			_, _, err := m.BlendForward(kv, BlendInput{Tokens: randTokens(1, 20), BlockTable: table(0, 2),
-				Reused: []Range{{2, 8}}, CheckLayer: 4, RecompRatio: UseConfig})
+				Reused: []reuseplan.Range{{Start: 2, End: 8}}, CheckLayer: 4, RecompRatio: UseConfig})
 			return err
 		}, ErrInput},
 		{"blend too long", func() error {

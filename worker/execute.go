@@ -15,6 +15,8 @@ import (
 
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/reuseplan"
+	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
 )
@@ -83,8 +85,14 @@ func (w *Worker) state(sq *cbv1.SeqStep) (*seqState, error) {
 		p := sq.GetSampling()
 		st = &seqState{
 			prompt: slices.Clone(sq.GetPromptTokens()),
-			plan:   sq.GetCbPlan(),
 			rng:    rand.New(rand.NewPCG(p.GetSeed(), p.GetSeed()^0x9e3779b97f4a7c15)),
+		}
+		if sq.GetCbPlan() != nil {
+			plan, err := rpc.PlanFromProto(sq.GetCbPlan())
+			if err != nil {
+				return nil, fmt.Errorf("step of %s: bad CacheBlend plan: %w", sq.GetRequestId(), err)
+			}
+			st.plan = &plan
 		}
 		w.seqs[sq.GetRequestId()] = st
 	}
@@ -116,31 +124,24 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 	defer exec.End()
 
 	bt := sq.GetBlockTable()
-	if st.plan != nil && len(st.plan.GetMatches()) > 0 && !st.reuseFailed {
+	if st.plan != nil && !st.reuseFailed {
 		w.loadKV(pctx, id, st, bt)
 	}
 
 	fctx, fwd := w.spans.Start(pctx, "cb.model_forward", trace.WithAttributes(attrRequestID.String(id)))
 	t0 := time.Now()
 	var logits []float32
-	blended := st.plan != nil && (len(st.loaded) > 0 || st.prefixLoaded > start)
+	blended := st.plan != nil && (len(st.loaded.Reused) > 0 || st.loaded.Prefix > start)
 	if blended {
 		in := model.BlendInput{
-			Tokens:       st.prompt[:end],
-			BlockTable:   bt,
-			PrefixReused: max(start, min(st.prefixLoaded, end)),
-			CheckLayer:   model.UseConfig,
-			RecompRatio:  model.UseConfig,
+			Tokens:      st.prompt[:end],
+			BlockTable:  bt,
+			CheckLayer:  model.UseConfig,
+			RecompRatio: model.UseConfig,
 		}
-		if r := st.plan.GetRecompRatio(); r > 0 {
+		in.PrefixReused, in.Reused = st.loaded.Forward(start, end)
+		if r := st.plan.RecompRatio; r > 0 {
 			in.RecompRatio = r
-		}
-		for _, r := range st.loaded {
-			r.Start = max(r.Start, in.PrefixReused)
-			r.End = min(r.End, end)
-			if r.End > r.Start {
-				in.Reused = append(in.Reused, r)
-			}
 		}
 		var stats model.BlendStats
 		logits, stats, err = w.model.BlendForward(w.kv, in)
@@ -216,22 +217,11 @@ func (w *Worker) phaseSpans(ctx context.Context, id string, s model.BlendStats) 
 // when more blocks arrive. On failure the request is computed in full.
 func (w *Worker) loadKV(ctx context.Context, id string, st *seqState, bt []int32) {
 	capTokens := min(kvcache.Capacity(bt, w.cfg.BlockSize), len(st.prompt))
-	if capTokens <= st.retrievedTo {
-		return
-	}
-	// Only call when some match reaches past what was retrieved.
-	need := false
-	for _, m := range st.plan.GetMatches() {
-		if int(m.GetCurEd()) > st.retrievedTo && int(m.GetCurSt()) < capTokens {
-			need = true
-			break
-		}
-	}
-	if !need {
+	if !st.loaded.Pending(*st.plan, capTokens) {
 		return
 	}
 	lctx, sp := w.spans.Start(ctx, "cb.start_load_kv", trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attrRequestID.String(id), attribute.Int("from_token", st.retrievedTo), attribute.Int("capacity_tokens", capTokens)))
+		trace.WithAttributes(attrRequestID.String(id), attribute.Int("from_token", st.loaded.To), attribute.Int("capacity_tokens", capTokens)))
 	defer sp.End()
 	if !w.Registered() {
 		err := errors.New("blend server unavailable (KV memory not registered)")
@@ -242,73 +232,23 @@ func (w *Worker) loadKV(ctx context.Context, id string, st *seqState, bt []int32
 	defer cancel()
 	resp, err := w.blend.Retrieve(rctx, &cbv1.RetrieveRequest{
 		RequestId: id, TraceContext: telemetry.InjectString(lctx), WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank),
-		BlockTable: bt, Matches: st.plan.GetMatches(), FromToken: int32(st.retrievedTo), ChunkSize: st.plan.GetChunkSize(),
+		BlockTable: bt, Matches: rpc.MatchesToProto(st.plan.Matches), FromToken: int32(st.loaded.To), ChunkSize: int32(st.plan.ChunkSize),
 	})
 	if err != nil {
 		w.reuseFailed(st, sp, fmt.Errorf("retrieve: %w", err))
 		return
 	}
-	from := st.retrievedTo
-	st.retrievedTo = capTokens
-	// What was written: every match ∩ [from, capTokens) minus the missing ranges.
-	var got []model.Range
-	for _, m := range st.plan.GetMatches() {
-		r := model.Range{Start: max(int(m.GetCurSt()), from), End: min(int(m.GetCurEd()), capTokens)}
-		if r.End <= r.Start {
-			continue
-		}
-		got = append(got, subtract(r, resp.GetMissing())...)
-	}
-	for _, r := range got {
-		if r.Start == st.prefixLoaded && isPrefix(st.plan, r.Start) {
-			st.prefixLoaded = r.End
-			continue
-		}
-		st.loaded = append(st.loaded, r)
-	}
+	st.loaded.Add(*st.plan, capTokens, rpc.RangesFromProto(resp.GetMissing()))
 	_ = w.metrics.AddKVTransfer("load", resp.GetBytes(), int64(resp.GetScatteredTokens()))
 	sp.SetAttributes(attribute.Int("scattered_tokens", int(resp.GetScatteredTokens())), attribute.Int("dropped", int(resp.GetDropped())),
 		attribute.Int("missing_ranges", len(resp.GetMissing())))
-}
-
-func isPrefix(p *cbv1.CBPlan, pos int) bool {
-	for _, m := range p.GetMatches() {
-		if m.GetPrefix() && int(m.GetCurSt()) <= pos && pos < int(m.GetCurEd()) {
-			return true
-		}
-	}
-	return false
-}
-
-// subtract returns r minus the missing ranges.
-func subtract(r model.Range, missing []*cbv1.Range) []model.Range {
-	out := []model.Range{r}
-	for _, m := range missing {
-		ms, me := int(m.GetStart()), int(m.GetEnd())
-		var next []model.Range
-		for _, o := range out {
-			if me <= o.Start || ms >= o.End {
-				next = append(next, o)
-				continue
-			}
-			if ms > o.Start {
-				next = append(next, model.Range{Start: o.Start, End: ms})
-			}
-			if me < o.End {
-				next = append(next, model.Range{Start: me, End: o.End})
-			}
-		}
-		out = next
-	}
-	return out
 }
 
 // reuseFailed records a failed load: the request is computed in full (the
 // KV written so far is ignored and overwritten).
 func (w *Worker) reuseFailed(st *seqState, sp *telemetry.Span, err error) {
 	st.reuseFailed = true
-	st.loaded = nil
-	st.prefixLoaded = 0
+	st.loaded = reuseplan.Loaded{}
 	sp.SetError("retrieve_failed", err)
 	_ = w.metrics.BlendFailure("retrieve")
 	w.logger.Warn("KV load failed; computing in full", "err", err)

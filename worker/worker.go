@@ -23,6 +23,7 @@ import (
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/rpc"
+	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
 )
@@ -133,16 +134,11 @@ type Worker struct {
 // seqState is what the worker remembers of a request between steps.
 type seqState struct {
 	prompt []int32
-	plan   *cbv1.CBPlan
+	plan   *reuseplan.Plan // nil: computed in full
 	rng    *rand.Rand
-	// retrievedTo is the capacity (token positions) covered by the block
-	// table at the last Retrieve: later passes write only positions >= it.
-	retrievedTo int
-	// loaded are the ranges whose KV the blend server wrote.
-	loaded []model.Range
-	// prefixLoaded is the exact-prefix length whose KV is in the cache.
-	prefixLoaded int
-	reuseFailed  bool
+	// loaded is what the blend server wrote of the plan so far.
+	loaded      reuseplan.Loaded
+	reuseFailed bool
 }
 
 // New builds a Worker. tp may be nil (no tracing); profile, when non-nil,

@@ -9,6 +9,7 @@ import (
 	"math"
 
 	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/reuseplan"
 )
 
 // DefaultChunkSize is the number of tokens per chunk when a Config or a
@@ -30,23 +31,12 @@ const (
 var ErrBadChunk = errors.New("chunkstore: bad chunk")
 
 // Key identifies a chunk: a SHA-256 of the chunk's prefix chain (see
-// ChainKeys). The zero Key is valid but never produced by ChainKeys in
-// practice. A Key is a plain value, safe to copy and compare.
-type Key [32]byte
-
-// String is the lowercase hex form of the key (also the chunk file's name).
-func (k Key) String() string { return hex.EncodeToString(k[:]) }
+// ChainKeys). It is the reuse plan's key type.
+type Key = reuseplan.Key
 
 // KeyFromBytes converts the raw 32 bytes of a key (as carried in RPCs) to a
 // Key; any other length is an error.
-func KeyFromBytes(b []byte) (Key, error) {
-	var k Key
-	if len(b) != len(k) {
-		return k, fmt.Errorf("chunkstore: key has %d bytes, want %d", len(b), len(k))
-	}
-	copy(k[:], b)
-	return k, nil
-}
+func KeyFromBytes(b []byte) (Key, error) { return reuseplan.KeyFromBytes(b) }
 
 // ParseKey parses the hex form produced by Key.String.
 func ParseKey(s string) (Key, error) {

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
+	"github.com/cacheblend/cacheblend/reuseplan"
 )
 
 // Defaults of a zero Config.
@@ -69,6 +70,14 @@ type Match struct {
 
 // Len is the number of tokens matched.
 func (m Match) Len() int { return m.CurEd - m.CurSt }
+
+// Plan is m as a reuse-plan match (non-prefix).
+func (m Match) Plan() reuseplan.Match {
+	return reuseplan.Match{
+		Cur: reuseplan.Range{Start: m.CurSt, End: m.CurEd}, StoredStart: m.StoredSt,
+		Keys: m.Keys, FirstChunkStart: m.FirstChunkStart,
+	}
+}
 
 // MatchStats describes one Match call.
 type MatchStats struct {

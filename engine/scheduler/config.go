@@ -16,9 +16,7 @@ const (
 	DefaultMaxRunning          = 16
 	DefaultStepTokenBudget     = 512
 	DefaultLookupTimeout       = 2 * time.Second
-	DefaultPollInterval        = 2 * time.Millisecond
 	DefaultMaxLookupRPCs       = 8
-	DefaultLookupRPCTimeout    = time.Second
 	DefaultStepTimeout         = 60 * time.Second
 	DefaultWorkerRetryInterval = time.Second
 	DefaultInfoTimeout         = 2 * time.Second
@@ -42,16 +40,14 @@ type Config struct {
 	// StepTokenBudget bounds the tokens computed in one step; a longer
 	// prompt is prefilled in chunks across steps. Default 512.
 	StepTokenBudget int
-	// LookupTimeout bounds a CacheBlend lookup from its submission to its
-	// result; past it the request falls back to a full prefill. Default 2 s.
+	// LookupTimeout bounds a CacheBlend lookup from the moment the step loop
+	// first sees the request to its result, waiting for a free call slot
+	// included; it is the Lookup call's deadline. Past it the request falls
+	// back to a full prefill (reason "timeout"). Default 2 s.
 	LookupTimeout time.Duration
-	// PollInterval is the least time between two polls of one lookup.
-	// Default 2 ms.
-	PollInterval time.Duration
-	// MaxLookupRPCs bounds the lookup RPCs in flight. Default 8.
+	// MaxLookupRPCs bounds the Lookup calls in flight; further requests wait
+	// for a slot (within their LookupTimeout). Default 8.
 	MaxLookupRPCs int
-	// LookupRPCTimeout bounds one SubmitLookup or PollLookup call. Default 1 s.
-	LookupRPCTimeout time.Duration
 	// StepTimeout bounds one Execute call. Default 60 s.
 	StepTimeout time.Duration
 	// WorkerRetryInterval is the period of Info probes while the worker is
@@ -94,8 +90,6 @@ func (c Config) withDefaults() Config {
 	def(&c.StepTokenBudget, DefaultStepTokenBudget)
 	def(&c.MaxLookupRPCs, DefaultMaxLookupRPCs)
 	defDur(&c.LookupTimeout, DefaultLookupTimeout)
-	defDur(&c.PollInterval, DefaultPollInterval)
-	defDur(&c.LookupRPCTimeout, DefaultLookupRPCTimeout)
 	defDur(&c.StepTimeout, DefaultStepTimeout)
 	defDur(&c.WorkerRetryInterval, DefaultWorkerRetryInterval)
 	defDur(&c.InfoTimeout, DefaultInfoTimeout)
@@ -119,7 +113,7 @@ type Deps struct {
 	// Logger receives warnings (never while a lock is held); nil discards.
 	Logger *slog.Logger
 	// OnFallback is called (outside any lock) with the reason — "error",
-	// "timeout" or "unavailable" — each time a request is scheduled without
+	// "timeout", "unavailable" or "queue_full" — each time a request is scheduled without
 	// its lookup result. Optional.
 	OnFallback func(reason string)
 }

@@ -12,13 +12,14 @@
 // sequence is preempted and later recomputed (its prompt plus the tokens
 // generated so far), which yields the same tokens as an uninterrupted run.
 //
-// CacheBlend connector (seed 000 §2, cb.schedule): on first sight of a
-// request the scheduler submits a Lookup to the blend server and defers the
-// request; later steps poll it (n_polls) until the result is ready, without
-// ever blocking the step loop (the RPCs run on a bounded set of goroutines).
-// The result becomes the request's CB plan (cb.build_meta): the reused prefix
-// is not computed, and the matches travel to the worker in the first prefill
-// steps. A lookup that fails or times out falls back to a full prefill: the
+// CacheBlend connector (cb.schedule): on first sight of a request the
+// scheduler defers it and calls the blend server's Lookup on a goroutine of
+// its own (at most Config.MaxLookupRPCs at a time; the call's deadline is
+// the request's LookupTimeout); the outcome comes back to the step loop,
+// which never blocks on it. cb.lookup.rpc's n_polls counts the steps the
+// request waited. The result becomes the request's reuse plan (package
+// reuseplan; cb.build_meta): the reused prefix is not computed, and the
+// matches travel to the worker in the first prefill steps. A lookup that fails or times out falls back to a full prefill: the
 // request is served, cb.lookup.rpc records the error, and the fallback is
 // counted through [Deps.OnFallback].
 //
@@ -26,7 +27,7 @@
 // server keeps its blocks until the worker reports the store done
 // (ExecuteResponse.stored_request_ids), like vLLM's delay_free_blocks.
 //
-// Spans (DESIGN §3, engine side): cb.request (a child of the context given
+// Spans (docs/design.md, engine side): cb.request (a child of the context given
 // with the request) ⊃ cb.schedule ⊃ {cb.lookup.rpc, cb.build_meta}; the
 // worker's cb.execute is a remote child of cb.request through
 // SeqStep.trace_context.

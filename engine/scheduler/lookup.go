@@ -3,16 +3,16 @@ package scheduler
 import (
 	"context"
 	"errors"
-	"fmt"
-	"slices"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
+	"github.com/cacheblend/cacheblend/reuseplan"
+	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
 )
@@ -22,38 +22,50 @@ const (
 	FallbackError       = "error"
 	FallbackTimeout     = "timeout"
 	FallbackUnavailable = "unavailable"
+	FallbackQueueFull   = "queue_full"
 )
 
-type lkState int
+// errLookupTimeout is recorded on cb.lookup.rpc when LookupTimeout passed
+// before a Lookup call could even start (every call slot busy).
+var errLookupTimeout = errors.New("lookup not started within the lookup timeout")
 
-const (
-	lkNeedSubmit lkState = iota
-	lkSubmitting
-	lkWaitPoll
-	lkPolling
-	lkReady
-	lkFailed
-)
-
-// lookup is the CacheBlend lookup of one request. Guarded by Scheduler.mu.
+// lookup is the CacheBlend lookup of one request: one Lookup call, bounded
+// by the request's deadline. Guarded by Scheduler.mu.
 type lookup struct {
-	state    lkState
-	deadline time.Time
-	lastPoll time.Time
-	nPolls   int
-	ctx      context.Context // holds the cb.lookup.rpc span
+	deadline time.Time          // first sight + LookupTimeout
+	cancel   context.CancelFunc // of the call, once launched
+	waited   int                // steps the request waited for it (n_polls)
+	ctx      context.Context    // holds the cb.lookup.rpc span
 	span     *telemetry.Span
 	result   *cbv1.LookupResult
-	reason   string
+	done     bool // result or fallback decided
 }
 
-func (lk *lookup) final() bool { return lk.state == lkReady || lk.state == lkFailed }
+// lookupOutcome is a finished Lookup call, handed back to the step loop.
+type lookupOutcome struct {
+	sq  *seq
+	lk  *lookup
+	res *cbv1.LookupResult
+	err error
+}
 
-// errLookupTimeout is recorded on cb.lookup.rpc when LookupTimeout passed.
-var errLookupTimeout = errors.New("lookup not ready within the lookup timeout")
+// lookupDriver runs the Lookup calls: at most max in flight, each on a
+// goroutine of its own whose outcome comes back on a channel the step loop
+// drains. Its fields other than the channel are guarded by Scheduler.mu.
+type lookupDriver struct {
+	blend    cbv1.BlendServiceClient
+	max      int
+	inFlight int
+	outcomes chan lookupOutcome // capacity max: a call never blocks on it
+	calls    sync.WaitGroup
+}
+
+func newLookupDriver(blend cbv1.BlendServiceClient, max int) *lookupDriver {
+	return &lookupDriver{blend: blend, max: max, outcomes: make(chan lookupOutcome, max)}
+}
 
 // firstSights opens cb.schedule for requests the loop sees for the first
-// time and submits their lookups.
+// time, and cb.lookup.rpc for those that look up their reuse.
 func (s *Scheduler) firstSights(now time.Time) {
 	for _, sq := range s.waiting {
 		if sq.seen {
@@ -64,108 +76,85 @@ func (s *Scheduler) firstSights(now time.Time) {
 			continue
 		}
 		sq.schedCtx, sq.schedSpan = s.spans.Start(sq.reqCtx, "cb.schedule",
-			traceAttrs(attribute.String("request_id", sq.id)))
-		if s.deps.Blend == nil || sq.req.NoReuse {
+			trace.WithAttributes(attribute.String("request_id", sq.id)))
+		if s.lookups.blend == nil || sq.req.NoReuse {
 			continue
 		}
 		ctx, span := s.spans.Start(sq.schedCtx, "cb.lookup.rpc", trace.WithSpanKind(trace.SpanKindClient),
-			traceAttrs(attribute.String("request_id", sq.id)))
-		sq.lk = &lookup{state: lkNeedSubmit, deadline: now.Add(s.cfg.LookupTimeout), ctx: ctx, span: span}
+			trace.WithAttributes(attribute.String("request_id", sq.id)))
+		sq.lk = &lookup{deadline: now.Add(s.cfg.LookupTimeout), ctx: ctx, span: span}
 	}
 }
 
-// driveLookups times lookups out and launches their submit and poll RPCs,
-// at most MaxLookupRPCs at a time, a poll at most every PollInterval.
+// driveLookups folds finished calls into their requests, times out the
+// lookups that could not start in time, and launches calls while slots are
+// free, in queue order.
 func (s *Scheduler) driveLookups(now time.Time) {
+	d := s.lookups
+	for {
+		select {
+		case o := <-d.outcomes:
+			d.inFlight--
+			s.lookupDone(o)
+			continue
+		default:
+		}
+		break
+	}
 	for _, sq := range s.waiting {
 		lk := sq.lk
-		if lk == nil || lk.final() {
+		if lk == nil || lk.done || lk.cancel != nil {
 			continue
 		}
 		if !now.Before(lk.deadline) {
 			s.lookupFailed(sq, FallbackTimeout, errLookupTimeout)
 			continue
 		}
-		if s.rpcInFlight >= s.cfg.MaxLookupRPCs {
-			continue
-		}
-		switch {
-		case lk.state == lkNeedSubmit:
-			lk.state = lkSubmitting
-			s.launch(sq, lk, true, now)
-		case lk.state == lkWaitPoll && !now.Before(lk.lastPoll.Add(s.cfg.PollInterval)):
-			lk.state = lkPolling
-			lk.nPolls++
-			s.launch(sq, lk, false, now)
+		if d.inFlight < d.max {
+			s.launch(sq, lk)
 		}
 	}
 }
 
-// launch runs one lookup RPC on its own goroutine.
-func (s *Scheduler) launch(sq *seq, lk *lookup, submit bool, now time.Time) {
-	s.rpcInFlight++
-	deadline := now.Add(s.cfg.LookupRPCTimeout)
-	if lk.deadline.Before(deadline) {
-		deadline = lk.deadline
+// countLookupWaits adds one step to every lookup still pending.
+func (s *Scheduler) countLookupWaits() {
+	for _, sq := range s.waiting {
+		if sq.lk != nil && !sq.lk.done {
+			sq.lk.waited++
+		}
 	}
-	ctx, cancel := context.WithDeadline(s.loopCtx, deadline)
+}
+
+// launch runs the request's Lookup call on its own goroutine.
+func (s *Scheduler) launch(sq *seq, lk *lookup) {
+	d := s.lookups
+	d.inFlight++
+	ctx, cancel := context.WithDeadline(s.loopCtx, lk.deadline)
+	lk.cancel = cancel
 	ctx = telemetry.InjectGRPC(trace.ContextWithSpanContext(ctx, trace.SpanContextFromContext(lk.ctx)))
-	tc := telemetry.InjectString(lk.ctx)
-	id, model, prompt := sq.id, s.cfg.Model, sq.req.Prompt
-	blend := s.deps.Blend
-	s.rpcs.Add(1)
-	go func() {
-		defer s.rpcs.Done()
+	req := &cbv1.LookupRequest{
+		RequestId: sq.id, TraceContext: telemetry.InjectString(lk.ctx),
+		Tokens: sq.req.Prompt, WorldSize: WorldSize, Model: s.cfg.Model,
+	}
+	d.calls.Go(func() {
 		defer cancel()
-		var (
-			res *cbv1.LookupResult
-			err error
-		)
-		if submit {
-			var r *cbv1.SubmitLookupResponse
-			r, err = blend.SubmitLookup(ctx, &cbv1.LookupRequest{
-				RequestId: id, TraceContext: tc, Tokens: prompt, WorldSize: WorldSize, Model: model,
-			})
-			if err == nil && !r.GetAccepted() {
-				err = errors.New("blend server refused the lookup: one with this request id is already in flight")
-			}
-		} else {
-			var r *cbv1.PollLookupResponse
-			r, err = blend.PollLookup(ctx, &cbv1.PollLookupRequest{RequestId: id, TraceContext: tc})
-			if err == nil && r.GetReady() {
-				res = r.GetResult()
-				if res == nil {
-					err = errors.New("blend server reported a ready lookup without a result")
-				}
-			}
-		}
-		s.lookupDone(sq, lk, submit, res, err)
-	}()
+		res, err := d.blend.Lookup(ctx, req)
+		d.outcomes <- lookupOutcome{sq: sq, lk: lk, res: res, err: err}
+		s.poke()
+	})
 }
 
-// lookupDone folds one RPC's outcome into the lookup's state.
-func (s *Scheduler) lookupDone(sq *seq, lk *lookup, submit bool, res *cbv1.LookupResult, err error) {
-	s.mu.Lock()
-	defer func() {
-		s.unlock()
-		s.poke()
-	}()
-	s.rpcInFlight--
-	if sq.lk != lk || lk.final() || sq.state == stDone {
+// lookupDone folds one call's outcome into its request.
+func (s *Scheduler) lookupDone(o lookupOutcome) {
+	sq, lk := o.sq, o.lk
+	if sq.lk != lk || lk.done || sq.state == stDone {
+		return // abandoned with its request
+	}
+	if o.err != nil {
+		s.lookupFailed(sq, fallbackReason(o.err), o.err)
 		return
 	}
-	switch {
-	case err != nil:
-		s.lookupFailed(sq, fallbackReason(err), err)
-	case submit:
-		lk.state, lk.lastPoll = lkWaitPoll, time.Now()
-	case res == nil:
-		lk.state, lk.lastPoll = lkWaitPoll, time.Now()
-	case res.GetError() != "":
-		s.lookupFailed(sq, FallbackError, fmt.Errorf("blend server lookup failed: %s", res.GetError()))
-	default:
-		s.lookupReady(sq, res)
-	}
+	s.lookupReady(sq, o.res)
 }
 
 func fallbackReason(err error) string {
@@ -174,6 +163,8 @@ func fallbackReason(err error) string {
 		return FallbackUnavailable
 	case codes.DeadlineExceeded:
 		return FallbackTimeout
+	case codes.ResourceExhausted:
+		return FallbackQueueFull
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return FallbackTimeout
@@ -184,12 +175,15 @@ func fallbackReason(err error) string {
 // lookupFailed falls back to a full prefill.
 func (s *Scheduler) lookupFailed(sq *seq, reason string, err error) {
 	lk := sq.lk
-	lk.state, lk.reason = lkFailed, reason
+	lk.done = true
+	if lk.cancel != nil {
+		lk.cancel()
+	}
 	n := len(sq.tokens)
-	nPolls := lk.nPolls
+	waited := lk.waited
 	span := lk.span
 	s.defer_(func() {
-		span.SetAttributes(attribute.Int("n_polls", nPolls))
+		span.SetAttributes(attribute.Int("n_polls", waited))
 		span.SetError(reason, err)
 		span.End()
 		sq.reqSpan.SetAttributes(
@@ -208,12 +202,12 @@ func (s *Scheduler) lookupFailed(sq *seq, reason string, err error) {
 
 func (s *Scheduler) lookupReady(sq *seq, res *cbv1.LookupResult) {
 	lk := sq.lk
-	lk.state, lk.result = lkReady, res
-	nPolls := lk.nPolls
+	lk.done, lk.result = true, res
+	waited := lk.waited
 	span := lk.span
 	s.defer_(func() {
 		span.SetAttributes(
-			attribute.Int("n_polls", nPolls),
+			attribute.Int("n_polls", waited),
 			attribute.Int("prefix_hit_tokens", int(res.GetPrefixHitTokens())),
 			attribute.Int("non_prefix_hit_tokens", int(res.GetNonPrefixHitTokens())),
 			attribute.Int("n_matches", len(res.GetMatches())),
@@ -231,68 +225,33 @@ func (s *Scheduler) lookupReady(sq *seq, res *cbv1.LookupResult) {
 	})
 }
 
-// buildPlan turns a lookup result into the request's CB plan, given the
-// tokens already covered by the engine's own prefix cache (local) and the
-// prompt length (total). Matches are clipped to start at local: blocks from
-// the prefix cache may be shared and are never written. The prefix leg
-// (contiguous prefix matches from local on) is not computed: start is where
-// computation begins (at most total-1, so a token is always sampled).
-// Invalid matches are dropped. It returns a nil plan when nothing is reused.
-func buildPlan(res *cbv1.LookupResult, local, total int, recompRatio float64) (plan *cbv1.CBPlan, start, reused int) {
-	chunk := int(res.GetChunkSize())
-	var matches []*cbv1.Match
-	for _, m := range res.GetMatches() {
-		cs, ce := int(m.GetCurSt()), int(m.GetCurEd())
-		ss, se := int(m.GetStoredSt()), int(m.GetStoredEd())
-		if cs < 0 || ce <= cs || ce > total || ss < 0 || se-ss != ce-cs {
-			continue // not a usable match
-		}
-		if ce <= local {
-			continue // covered by the engine's own cache
-		}
-		c := proto.Clone(m).(*cbv1.Match)
-		if cs < local {
-			shift := local - cs
-			c.CurSt = int32(local)
-			c.StoredSt = int32(ss + shift)
-			if chunk > 0 && len(c.ChunkKeys) > 0 {
-				k := min((int(c.StoredSt)-int(c.FirstChunkStart))/chunk, len(c.ChunkKeys))
-				if k > 0 {
-					c.ChunkKeys = c.ChunkKeys[k:]
-					c.FirstChunkStart += int32(k * chunk)
-				}
-			}
-		}
-		matches = append(matches, c)
+// abandonLookup ends the lookup of a request that finished before it: the
+// call is canceled and cb.lookup.rpc ends with the request's error.
+func (s *Scheduler) abandonLookup(sq *seq, err error) {
+	lk := sq.lk
+	if lk == nil || lk.done {
+		return
 	}
-	slices.SortFunc(matches, func(a, b *cbv1.Match) int { return int(a.CurSt) - int(b.CurSt) })
-	// Drop overlaps (a server bug): keep the earlier range.
-	end := 0
-	kept := matches[:0]
-	for _, m := range matches {
-		if int(m.CurSt) < end {
-			continue
-		}
-		kept = append(kept, m)
-		end = int(m.CurEd)
+	lk.done = true
+	if lk.cancel != nil {
+		lk.cancel()
 	}
-	matches = kept
+	span, waited := lk.span, lk.waited
+	s.defer_(func() {
+		span.SetAttributes(attribute.Int("n_polls", waited))
+		span.SetError(errorType(err), err)
+		span.End()
+	})
+}
 
-	start = local
-	for _, m := range matches {
-		if m.GetPrefix() && int(m.CurSt) <= start && int(m.CurEd) > start {
-			start = int(m.CurEd)
-		}
-		reused += int(m.CurEd - m.CurSt)
+// planOf builds the request's reuse plan from its lookup result, given the
+// tokens already covered by the engine's own prefix cache (local). ok is
+// false when nothing is reused.
+func planOf(res *cbv1.LookupResult, local, total int, recompRatio float64) (reuseplan.Plan, bool) {
+	matches, err := rpc.MatchesFromProto(res.GetMatches())
+	if err != nil {
+		return reuseplan.Plan{}, false
 	}
-	start = min(start, total-1)
-	if len(matches) == 0 {
-		return nil, local, 0
-	}
-	return &cbv1.CBPlan{
-		PrefixHitTokens: int32(start),
-		Matches:         matches,
-		ChunkSize:       res.GetChunkSize(),
-		RecompRatio:     recompRatio,
-	}, start, reused
+	p, err := reuseplan.New(matches, int(res.GetChunkSize()), local, total, recompRatio)
+	return p, err == nil
 }

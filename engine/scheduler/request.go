@@ -77,7 +77,7 @@ type Result struct {
 	// Lookup is the blend server's lookup result, when one came back.
 	Lookup *cbv1.LookupResult
 	// Fallback is the reason the request was scheduled without a lookup
-	// result ("error", "timeout", "unavailable"), or "".
+	// result ("error", "timeout", "unavailable", "queue_full"), or "".
 	Fallback string
 }
 

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
 )
@@ -120,7 +121,6 @@ type Scheduler struct {
 	ready           bool
 	everReady       bool
 	closing         bool
-	rpcInFlight     int
 	nextProbe       time.Time
 	nextStorePoll   time.Time
 	stepID          uint64
@@ -129,12 +129,12 @@ type Scheduler struct {
 	batchTokens     int
 	hitNum, hitDen  uint64
 	after           []func() // run after mu is released
+	lookups         *lookupDriver
 
 	wake       chan struct{}
 	loopCtx    context.Context
 	cancelLoop context.CancelFunc
 	loopDone   chan struct{}
-	rpcs       sync.WaitGroup
 	started    bool
 	stopped    bool
 }
@@ -154,6 +154,7 @@ func New(cfg Config, deps Deps) (*Scheduler, error) {
 		storeWait: make(map[string]*storeHold),
 		wake:      make(chan struct{}, 1),
 		loopDone:  make(chan struct{}),
+		lookups:   newLookupDriver(deps.Blend, cfg.MaxLookupRPCs),
 	}
 	if s.spans == nil {
 		s.spans = telemetry.NewSpans(nil, "github.com/cacheblend/cacheblend/engine/scheduler", nil)
@@ -218,7 +219,7 @@ func (s *Scheduler) Shutdown(ctx context.Context) error {
 	if started {
 		<-s.loopDone
 	}
-	s.rpcs.Wait()
+	s.lookups.calls.Wait()
 	return err
 }
 
@@ -415,6 +416,9 @@ func (s *Scheduler) run() {
 		s.driveLookups(now)
 		batch := s.schedule(now)
 		req := s.buildExecute(batch, now)
+		if req != nil {
+			s.countLookupWaits()
+		}
 		wakeAt := s.nextWake(now)
 		s.unlock()
 		if req == nil {
@@ -548,18 +552,8 @@ func (s *Scheduler) finish(sq *seq, reason string, err error, now time.Time) {
 	if sq.stopWatch != nil {
 		sq.stopWatch()
 	}
-	var lkSpan *telemetry.Span // a lookup abandoned with its request
-	var nPolls int
-	if lk := sq.lk; lk != nil && !lk.final() {
-		lk.state, lk.reason = lkFailed, "abandoned"
-		lkSpan, nPolls = lk.span, lk.nPolls
-	}
+	s.abandonLookup(sq, err)
 	s.defer_(func() {
-		if lkSpan != nil {
-			lkSpan.SetAttributes(attribute.Int("n_polls", nPolls))
-			lkSpan.SetError(errorType(err), err)
-			lkSpan.End()
-		}
 		if sq.schedSpan != nil && !sq.admitted {
 			sq.schedSpan.SetError(errorType(err), err)
 			sq.schedSpan.End()
@@ -667,7 +661,7 @@ func (s *Scheduler) schedule(now time.Time) []item {
 	}
 	for i := 0; i < len(s.waiting) && budget > 0 && len(s.running) < s.cfg.MaxRunning; {
 		sq := s.waiting[i]
-		if sq.lk != nil && !sq.lk.final() {
+		if sq.lk != nil && !sq.lk.done {
 			i++ // deferred until its lookup is ready
 			continue
 		}
@@ -704,7 +698,9 @@ func (s *Scheduler) admit(sq *seq, budget int, now time.Time) (int, bool) {
 	start, reused := local, 0
 	var plan *cbv1.CBPlan
 	if sq.lk != nil && sq.lk.result != nil && !sq.resumed {
-		plan, start, reused = buildPlan(sq.lk.result, local, len(sq.tokens), s.cfg.RecompRatio)
+		if p, ok := planOf(sq.lk.result, local, len(sq.tokens), s.cfg.RecompRatio); ok {
+			plan, start, reused = rpc.PlanToProto(p), p.Start, p.ReusedTokens()
+		}
 	}
 	n := min(len(sq.tokens)-start, budget)
 	fresh, err := s.alloc.Allocate(s.alloc.BlocksFor(start+n) - len(acquired))
@@ -930,11 +926,8 @@ func (s *Scheduler) nextWake(now time.Time) time.Time {
 		}
 	}
 	for _, sq := range s.waiting {
-		if lk := sq.lk; lk != nil && !lk.final() {
+		if lk := sq.lk; lk != nil && !lk.done {
 			earlier(lk.deadline)
-			if lk.state == lkWaitPoll {
-				earlier(lk.lastPoll.Add(s.cfg.PollInterval))
-			}
 		}
 	}
 	for _, hold := range s.storeWait {

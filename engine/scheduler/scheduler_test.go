@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	grpccodes "google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -18,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cacheblend/cacheblend/engine/internal/enginetest"
+	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
 )
@@ -361,21 +364,28 @@ func prefixResult(n, from, to int) func([]int32) *cbv1.LookupResult {
 		if n > 0 {
 			r.PrefixHitTokens = int32(n)
 			r.Matches = append(r.Matches, &cbv1.Match{StoredSt: 0, StoredEd: int32(n), CurSt: 0, CurEd: int32(n), Prefix: true,
-				ChunkKeys: [][]byte{[]byte("k0")}})
+				ChunkKeys: [][]byte{testKey(0)}})
 		}
 		if to > from {
 			r.NonPrefixHitTokens = int32(to - from)
 			r.Matches = append(r.Matches, &cbv1.Match{StoredSt: 0, StoredEd: int32(to - from), CurSt: int32(from), CurEd: int32(to),
-				ChunkKeys: [][]byte{[]byte("k1")}})
+				ChunkKeys: [][]byte{testKey(1)}})
 		}
 		r.HitRate = float64(n+to-from) / float64(len(tokens))
 		return r
 	}
 }
 
+// testKey is a chunk key of the right size.
+func testKey(i byte) []byte {
+	k := make([]byte, 32)
+	k[0] = i
+	return k
+}
+
 func TestLookupDeferralAndPlan(t *testing.T) {
-	blend := &enginetest.Blend{ReadyAfter: 3, Result: prefixResult(100, 200, 300)}
-	h := newHarness(t, opts{blend: blend, cfg: Config{PollInterval: time.Millisecond}})
+	blend := &enginetest.Blend{Result: prefixResult(100, 200, 300)}
+	h := newHarness(t, opts{blend: blend})
 	p := prompt(400, 11)
 	res := run(t, h.s, &Request{ID: "cb1", Prompt: p, MaxTokens: 3})
 	if res.Err != nil || res.Fallback != "" || res.Lookup == nil {
@@ -384,8 +394,8 @@ func TestLookupDeferralAndPlan(t *testing.T) {
 	if !slices.Equal(res.Tokens, enginetest.Reference(p, 3)) {
 		t.Fatal("tokens differ from the reference")
 	}
-	if n := blend.PollsFor("cb1"); n != 3 {
-		t.Fatalf("%d polls, want 3", n)
+	if n := blend.LookupsFor("cb1"); n != 1 {
+		t.Fatalf("%d lookups, want 1", n)
 	}
 	first := h.worker.SeqSteps("cb1")[0]
 	plan := first.GetCbPlan()
@@ -397,7 +407,7 @@ func TestLookupDeferralAndPlan(t *testing.T) {
 		t.Fatalf("reused %d, want 200", res.ReusedTokens)
 	}
 	// The lookup carried the prompt and the cb.lookup.rpc context.
-	sub := blend.Submits()[0]
+	sub := blend.Lookups()[0]
 	if !slices.Equal(sub.GetTokens(), p) || sub.GetWorldSize() != 1 || sub.GetModel() != DefaultModel {
 		t.Fatalf("submit %v", sub)
 	}
@@ -428,7 +438,7 @@ func TestLookupDeferralAndPlan(t *testing.T) {
 			t.Errorf("cb.request %s = %v, want %v", k, attrs[k], want)
 		}
 	}
-	if attrMap(rpc.Attributes())["n_polls"] != int64(3) {
+	if attrMap(rpc.Attributes())["n_polls"] != int64(0) { // nothing else ran while it waited
 		t.Errorf("n_polls = %v", attrMap(rpc.Attributes())["n_polls"])
 	}
 	for _, s := range []sdktrace.ReadOnlySpan{sched, rpc, meta} {
@@ -439,15 +449,15 @@ func TestLookupDeferralAndPlan(t *testing.T) {
 }
 
 func TestDeferredRequestDoesNotBlockOthers(t *testing.T) {
-	blend := &enginetest.Blend{ReadyAfter: 1, ReadyAfterFor: map[string]int{"slow": -1}}
-	h := newHarness(t, opts{blend: blend, cfg: Config{LookupTimeout: 30 * time.Second, PollInterval: time.Millisecond}})
+	blend := &enginetest.Blend{Hold: []string{"slow"}}
+	h := newHarness(t, opts{blend: blend, cfg: Config{LookupTimeout: 30 * time.Second}})
 	slowCtx, cancelSlow := context.WithCancel(context.Background())
 	defer cancelSlow()
 	hs, err := h.s.Submit(&Request{ID: "slow", Prompt: prompt(20, 1), MaxTokens: 2, Ctx: slowCtx})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "slow polled", func() bool { return blend.PollsFor("slow") > 0 })
+	waitFor(t, "slow looked up", func() bool { return blend.LookupsFor("slow") > 0 })
 	res := run(t, h.s, &Request{ID: "fast", Prompt: prompt(20, 2), MaxTokens: 2})
 	if res.Err != nil {
 		t.Fatal(res.Err)
@@ -467,6 +477,16 @@ func TestDeferredRequestDoesNotBlockOthers(t *testing.T) {
 	if res, _ := hs.Wait(context.Background()); !errors.Is(res.Err, ErrCanceled) {
 		t.Fatalf("slow: %v", res.Err)
 	}
+	// n_polls counts the steps the request waited: every step of "fast".
+	var waited any
+	for _, s := range h.rec.Ended() {
+		if s.Name() == "cb.lookup.rpc" && attrMap(s.Attributes())["request_id"] == "slow" {
+			waited = attrMap(s.Attributes())["n_polls"]
+		}
+	}
+	if n, ok := waited.(int64); !ok || n < int64(len(h.worker.SeqSteps("fast"))) {
+		t.Fatalf("slow's n_polls = %v, want at least fast's %d steps", waited, len(h.worker.SeqSteps("fast")))
+	}
 }
 
 func TestLookupFallbacks(t *testing.T) {
@@ -476,11 +496,14 @@ func TestLookupFallbacks(t *testing.T) {
 		reason string
 	}{
 		{"blend down", opts{deadBlend: true}, FallbackUnavailable},
-		{"timeout", opts{blend: &enginetest.Blend{ReadyAfter: -1, ReadyAfterFor: map[string]int{"r": -1}},
+		{"timeout", opts{blend: &enginetest.Blend{Hold: []string{"r"}},
 			cfg: Config{LookupTimeout: 80 * time.Millisecond}}, FallbackTimeout},
-		{"server error", opts{blend: &enginetest.Blend{ReadyAfter: 1, Result: func([]int32) *cbv1.LookupResult {
-			return &cbv1.LookupResult{Error: "chunk store on fire"}
+		{"server error", opts{blend: &enginetest.Blend{Err: func(*cbv1.LookupRequest) error {
+			return grpcstatus.Error(grpccodes.Internal, "chunk store on fire")
 		}}}, FallbackError},
+		{"server queue full", opts{blend: &enginetest.Blend{Err: func(*cbv1.LookupRequest) error {
+			return grpcstatus.Error(grpccodes.ResourceExhausted, "lookup queue full")
+		}}}, FallbackQueueFull},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, tc.o)
@@ -517,7 +540,7 @@ func TestLookupFallbacks(t *testing.T) {
 func TestStoreKeepsBlocksUntilReported(t *testing.T) {
 	w := enginetest.NewWorker(32, 16, 4096)
 	w.StoreDelaySteps = 3
-	blend := &enginetest.Blend{ReadyAfter: 1}
+	blend := &enginetest.Blend{}
 	h := newHarness(t, opts{worker: w, blend: blend, cfg: Config{StorePollInterval: 50 * time.Millisecond}})
 	p := prompt(40, 4)
 	res := run(t, h.s, &Request{ID: "s", Prompt: p, MaxTokens: 1})
@@ -688,10 +711,10 @@ func TestShutdownFailsInFlight(t *testing.T) {
 	}
 }
 
-func TestBuildPlan(t *testing.T) {
+func TestPlanOf(t *testing.T) {
 	m := func(ss, se, cs, ce int, prefix bool) *cbv1.Match {
 		return &cbv1.Match{StoredSt: int32(ss), StoredEd: int32(se), CurSt: int32(cs), CurEd: int32(ce), Prefix: prefix,
-			ChunkKeys: [][]byte{{1}, {2}, {3}}, FirstChunkStart: 0}
+			ChunkKeys: [][]byte{testKey(1), testKey(2), testKey(3)}, FirstChunkStart: 0}
 	}
 	for _, tc := range []struct {
 		name          string
@@ -705,33 +728,38 @@ func TestBuildPlan(t *testing.T) {
 	}{
 		{"no matches", nil, 0, 100, 0, 0, nil, true, 0},
 		{"prefix and shifted", []*cbv1.Match{m(0, 40, 0, 40, true), m(10, 30, 60, 80, false)}, 0, 100, 40, 60,
-			[][4]int32{{0, 40, 0, 40}, {10, 30, 60, 80}}, false, 3},
+			[][4]int32{{0, 40, 0, 40}, {10, 30, 60, 80}}, false, 1},
 		{"clipped at local cache", []*cbv1.Match{m(0, 600, 0, 600, true)}, 512, 1000, 600, 88,
 			[][4]int32{{512, 600, 512, 600}}, false, 1},
 		{"inside local cache", []*cbv1.Match{m(0, 32, 0, 32, true)}, 48, 100, 48, 0, nil, true, 0},
-		{"full prompt", []*cbv1.Match{m(0, 100, 0, 100, true)}, 0, 100, 99, 100, [][4]int32{{0, 100, 0, 100}}, false, 3},
-		{"invalid dropped", []*cbv1.Match{m(0, 10, 0, 20, false), m(5, 5, 5, 5, false), m(0, 300, 0, 300, true)}, 0, 100, 0, 0, nil, true, 0},
+		{"full prompt", []*cbv1.Match{m(0, 100, 0, 100, true)}, 0, 100, 99, 100, [][4]int32{{0, 100, 0, 100}}, false, 1},
+		{"invalid dropped", []*cbv1.Match{m(0, 10, 0, 20, false)}, 0, 100, 0, 0, nil, true, 0},
+		{"out of prompt dropped", []*cbv1.Match{m(5, 5, 5, 5, false), m(0, 300, 0, 300, true)}, 0, 100, 0, 0, nil, true, 0},
 		{"overlap dropped", []*cbv1.Match{m(0, 20, 30, 50, false), m(0, 20, 40, 60, false)}, 0, 100, 0, 20,
-			[][4]int32{{0, 20, 30, 50}}, false, 3},
+			[][4]int32{{0, 20, 30, 50}}, false, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := &cbv1.LookupResult{Matches: tc.matches, ChunkSize: 256}
 			orig := proto.Clone(res)
-			plan, start, reused := buildPlan(res, tc.local, tc.total, 0.2)
+			p, ok := planOf(res, tc.local, tc.total, 0.2)
 			if !proto.Equal(res, orig) {
-				t.Fatal("buildPlan modified the lookup result")
+				t.Fatal("planOf modified the lookup result")
 			}
-			if (plan == nil) != tc.wantNil || start != tc.wantStart || reused != tc.wantReused {
-				t.Fatalf("plan %v start %d reused %d", plan, start, reused)
+			if ok == tc.wantNil {
+				t.Fatalf("plan %+v ok %v", p, ok)
 			}
-			if plan == nil {
+			if !ok {
 				return
 			}
+			if p.Start != tc.wantStart || p.ReusedTokens() != tc.wantReused {
+				t.Fatalf("start %d reused %d", p.Start, p.ReusedTokens())
+			}
+			plan := rpc.PlanToProto(p)
 			var got [][4]int32
 			for _, m := range plan.GetMatches() {
 				got = append(got, [4]int32{m.StoredSt, m.StoredEd, m.CurSt, m.CurEd})
 			}
-			if !slices.Equal(got, tc.wantMatches) || plan.GetPrefixHitTokens() != int32(start) || plan.GetRecompRatio() != 0.2 {
+			if !slices.Equal(got, tc.wantMatches) || plan.GetPrefixHitTokens() != int32(p.Start) || plan.GetRecompRatio() != 0.2 {
 				t.Fatalf("matches %v plan %v", got, plan)
 			}
 			if len(plan.GetMatches()[0].GetChunkKeys()) != tc.wantFirstKeys {

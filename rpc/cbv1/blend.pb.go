@@ -315,155 +315,6 @@ func (x *LookupRequest) GetModel() string {
 	return ""
 }
 
-type SubmitLookupResponse struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// False when a lookup with this request_id is already in flight.
-	Accepted      bool `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *SubmitLookupResponse) Reset() {
-	*x = SubmitLookupResponse{}
-	mi := &file_blend_proto_msgTypes[4]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *SubmitLookupResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*SubmitLookupResponse) ProtoMessage() {}
-
-func (x *SubmitLookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[4]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use SubmitLookupResponse.ProtoReflect.Descriptor instead.
-func (*SubmitLookupResponse) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{4}
-}
-
-func (x *SubmitLookupResponse) GetAccepted() bool {
-	if x != nil {
-		return x.Accepted
-	}
-	return false
-}
-
-type PollLookupRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	TraceContext  string                 `protobuf:"bytes,2,opt,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *PollLookupRequest) Reset() {
-	*x = PollLookupRequest{}
-	mi := &file_blend_proto_msgTypes[5]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *PollLookupRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*PollLookupRequest) ProtoMessage() {}
-
-func (x *PollLookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[5]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use PollLookupRequest.ProtoReflect.Descriptor instead.
-func (*PollLookupRequest) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{5}
-}
-
-func (x *PollLookupRequest) GetRequestId() string {
-	if x != nil {
-		return x.RequestId
-	}
-	return ""
-}
-
-func (x *PollLookupRequest) GetTraceContext() string {
-	if x != nil {
-		return x.TraceContext
-	}
-	return ""
-}
-
-type PollLookupResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ready         bool                   `protobuf:"varint,1,opt,name=ready,proto3" json:"ready,omitempty"`
-	Result        *LookupResult          `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *PollLookupResponse) Reset() {
-	*x = PollLookupResponse{}
-	mi := &file_blend_proto_msgTypes[6]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *PollLookupResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*PollLookupResponse) ProtoMessage() {}
-
-func (x *PollLookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[6]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use PollLookupResponse.ProtoReflect.Descriptor instead.
-func (*PollLookupResponse) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{6}
-}
-
-func (x *PollLookupResponse) GetReady() bool {
-	if x != nil {
-		return x.Ready
-	}
-	return false
-}
-
-func (x *PollLookupResponse) GetResult() *LookupResult {
-	if x != nil {
-		return x.Result
-	}
-	return nil
-}
-
 // Match is a token-exact reused range: stored tokens [stored_st, stored_ed)
 // of a stored sequence equal the current prompt's [cur_st, cur_ed).
 type Match struct {
@@ -484,7 +335,7 @@ type Match struct {
 
 func (x *Match) Reset() {
 	*x = Match{}
-	mi := &file_blend_proto_msgTypes[7]
+	mi := &file_blend_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -496,7 +347,7 @@ func (x *Match) String() string {
 func (*Match) ProtoMessage() {}
 
 func (x *Match) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[7]
+	mi := &file_blend_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -509,7 +360,7 @@ func (x *Match) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Match.ProtoReflect.Descriptor instead.
 func (*Match) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{7}
+	return file_blend_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Match) GetStoredSt() int32 {
@@ -579,15 +430,13 @@ type LookupResult struct {
 	Found              int32                  `protobuf:"varint,14,opt,name=found,proto3" json:"found,omitempty"`
 	PerRankOk          bool                   `protobuf:"varint,15,opt,name=per_rank_ok,json=perRankOk,proto3" json:"per_rank_ok,omitempty"`
 	ChunkSize          int32                  `protobuf:"varint,16,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
-	// Non-empty when the lookup failed; the caller falls back to full prefill.
-	Error         string `protobuf:"bytes,17,opt,name=error,proto3" json:"error,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *LookupResult) Reset() {
 	*x = LookupResult{}
-	mi := &file_blend_proto_msgTypes[8]
+	mi := &file_blend_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -599,7 +448,7 @@ func (x *LookupResult) String() string {
 func (*LookupResult) ProtoMessage() {}
 
 func (x *LookupResult) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[8]
+	mi := &file_blend_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -612,7 +461,7 @@ func (x *LookupResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResult.ProtoReflect.Descriptor instead.
 func (*LookupResult) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{8}
+	return file_blend_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LookupResult) GetRequestedTokens() int32 {
@@ -727,13 +576,6 @@ func (x *LookupResult) GetChunkSize() int32 {
 	return 0
 }
 
-func (x *LookupResult) GetError() string {
-	if x != nil {
-		return x.Error
-	}
-	return ""
-}
-
 type RetrieveRequest struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	RequestId    string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -753,7 +595,7 @@ type RetrieveRequest struct {
 
 func (x *RetrieveRequest) Reset() {
 	*x = RetrieveRequest{}
-	mi := &file_blend_proto_msgTypes[9]
+	mi := &file_blend_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -765,7 +607,7 @@ func (x *RetrieveRequest) String() string {
 func (*RetrieveRequest) ProtoMessage() {}
 
 func (x *RetrieveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[9]
+	mi := &file_blend_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -778,7 +620,7 @@ func (x *RetrieveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetrieveRequest.ProtoReflect.Descriptor instead.
 func (*RetrieveRequest) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{9}
+	return file_blend_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RetrieveRequest) GetRequestId() string {
@@ -848,7 +690,7 @@ type Range struct {
 
 func (x *Range) Reset() {
 	*x = Range{}
-	mi := &file_blend_proto_msgTypes[10]
+	mi := &file_blend_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -860,7 +702,7 @@ func (x *Range) String() string {
 func (*Range) ProtoMessage() {}
 
 func (x *Range) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[10]
+	mi := &file_blend_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -873,7 +715,7 @@ func (x *Range) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Range.ProtoReflect.Descriptor instead.
 func (*Range) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{10}
+	return file_blend_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Range) GetStart() int32 {
@@ -908,7 +750,7 @@ type RetrieveResponse struct {
 
 func (x *RetrieveResponse) Reset() {
 	*x = RetrieveResponse{}
-	mi := &file_blend_proto_msgTypes[11]
+	mi := &file_blend_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -920,7 +762,7 @@ func (x *RetrieveResponse) String() string {
 func (*RetrieveResponse) ProtoMessage() {}
 
 func (x *RetrieveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[11]
+	mi := &file_blend_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -933,7 +775,7 @@ func (x *RetrieveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetrieveResponse.ProtoReflect.Descriptor instead.
 func (*RetrieveResponse) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{11}
+	return file_blend_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RetrieveResponse) GetScatteredTokens() int32 {
@@ -1009,7 +851,7 @@ type StoreRequest struct {
 
 func (x *StoreRequest) Reset() {
 	*x = StoreRequest{}
-	mi := &file_blend_proto_msgTypes[12]
+	mi := &file_blend_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1021,7 +863,7 @@ func (x *StoreRequest) String() string {
 func (*StoreRequest) ProtoMessage() {}
 
 func (x *StoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[12]
+	mi := &file_blend_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1034,7 +876,7 @@ func (x *StoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreRequest.ProtoReflect.Descriptor instead.
 func (*StoreRequest) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{12}
+	return file_blend_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StoreRequest) GetRequestId() string {
@@ -1104,7 +946,7 @@ type StoreResponse struct {
 
 func (x *StoreResponse) Reset() {
 	*x = StoreResponse{}
-	mi := &file_blend_proto_msgTypes[13]
+	mi := &file_blend_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1116,7 +958,7 @@ func (x *StoreResponse) String() string {
 func (*StoreResponse) ProtoMessage() {}
 
 func (x *StoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[13]
+	mi := &file_blend_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1129,7 +971,7 @@ func (x *StoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreResponse.ProtoReflect.Descriptor instead.
 func (*StoreResponse) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{13}
+	return file_blend_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StoreResponse) GetStoredChunks() int32 {
@@ -1184,16 +1026,7 @@ const file_blend_proto_rawDesc = "" +
 	"\x06tokens\x18\x03 \x03(\x05R\x06tokens\x12\x1d\n" +
 	"\n" +
 	"world_size\x18\x04 \x01(\x05R\tworldSize\x12\x14\n" +
-	"\x05model\x18\x05 \x01(\tR\x05model\"2\n" +
-	"\x14SubmitLookupResponse\x12\x1a\n" +
-	"\baccepted\x18\x01 \x01(\bR\baccepted\"W\n" +
-	"\x11PollLookupRequest\x12\x1d\n" +
-	"\n" +
-	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
-	"\rtrace_context\x18\x02 \x01(\tR\ftraceContext\"_\n" +
-	"\x12PollLookupResponse\x12\x14\n" +
-	"\x05ready\x18\x01 \x01(\bR\x05ready\x123\n" +
-	"\x06result\x18\x02 \x01(\v2\x1b.cacheblend.v1.LookupResultR\x06result\"\xd2\x01\n" +
+	"\x05model\x18\x05 \x01(\tR\x05model\"\xd2\x01\n" +
 	"\x05Match\x12\x1b\n" +
 	"\tstored_st\x18\x01 \x01(\x05R\bstoredSt\x12\x1b\n" +
 	"\tstored_ed\x18\x02 \x01(\x05R\bstoredEd\x12\x15\n" +
@@ -1202,7 +1035,7 @@ const file_blend_proto_rawDesc = "" +
 	"\x06prefix\x18\x05 \x01(\bR\x06prefix\x12\x1d\n" +
 	"\n" +
 	"chunk_keys\x18\x06 \x03(\fR\tchunkKeys\x12*\n" +
-	"\x11first_chunk_start\x18\a \x01(\x05R\x0ffirstChunkStart\"\xd4\x04\n" +
+	"\x11first_chunk_start\x18\a \x01(\x05R\x0ffirstChunkStart\"\xc4\x04\n" +
 	"\fLookupResult\x12)\n" +
 	"\x10requested_tokens\x18\x01 \x01(\x05R\x0frequestedTokens\x12*\n" +
 	"\x11prefix_hit_tokens\x18\x02 \x01(\x05R\x0fprefixHitTokens\x121\n" +
@@ -1222,8 +1055,7 @@ const file_blend_proto_rawDesc = "" +
 	"\x05found\x18\x0e \x01(\x05R\x05found\x12\x1e\n" +
 	"\vper_rank_ok\x18\x0f \x01(\bR\tperRankOk\x12\x1d\n" +
 	"\n" +
-	"chunk_size\x18\x10 \x01(\x05R\tchunkSize\x12\x14\n" +
-	"\x05error\x18\x11 \x01(\tR\x05error\"\x95\x02\n" +
+	"chunk_size\x18\x10 \x01(\x05R\tchunkSizeJ\x04\b\x11\x10\x12\"\x95\x02\n" +
 	"\x0fRetrieveRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1264,13 +1096,11 @@ const file_blend_proto_rawDesc = "" +
 	"\rStoreResponse\x12#\n" +
 	"\rstored_chunks\x18\x01 \x01(\x05R\fstoredChunks\x12%\n" +
 	"\x0eskipped_chunks\x18\x02 \x01(\x05R\rskippedChunks\x12\x14\n" +
-	"\x05bytes\x18\x03 \x01(\x03R\x05bytes2\x98\x03\n" +
+	"\x05bytes\x18\x03 \x01(\x03R\x05bytes2\xb7\x02\n" +
 	"\fBlendService\x12Q\n" +
 	"\n" +
-	"RegisterKV\x12 .cacheblend.v1.RegisterKVRequest\x1a!.cacheblend.v1.RegisterKVResponse\x12Q\n" +
-	"\fSubmitLookup\x12\x1c.cacheblend.v1.LookupRequest\x1a#.cacheblend.v1.SubmitLookupResponse\x12Q\n" +
-	"\n" +
-	"PollLookup\x12 .cacheblend.v1.PollLookupRequest\x1a!.cacheblend.v1.PollLookupResponse\x12K\n" +
+	"RegisterKV\x12 .cacheblend.v1.RegisterKVRequest\x1a!.cacheblend.v1.RegisterKVResponse\x12C\n" +
+	"\x06Lookup\x12\x1c.cacheblend.v1.LookupRequest\x1a\x1b.cacheblend.v1.LookupResult\x12K\n" +
 	"\bRetrieve\x12\x1e.cacheblend.v1.RetrieveRequest\x1a\x1f.cacheblend.v1.RetrieveResponse\x12B\n" +
 	"\x05Store\x12\x1b.cacheblend.v1.StoreRequest\x1a\x1c.cacheblend.v1.StoreResponseB+Z)github.com/cacheblend/cacheblend/rpc/cbv1b\x06proto3"
 
@@ -1286,44 +1116,38 @@ func file_blend_proto_rawDescGZIP() []byte {
 	return file_blend_proto_rawDescData
 }
 
-var file_blend_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_blend_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_blend_proto_goTypes = []any{
-	(*KVLayout)(nil),             // 0: cacheblend.v1.KVLayout
-	(*RegisterKVRequest)(nil),    // 1: cacheblend.v1.RegisterKVRequest
-	(*RegisterKVResponse)(nil),   // 2: cacheblend.v1.RegisterKVResponse
-	(*LookupRequest)(nil),        // 3: cacheblend.v1.LookupRequest
-	(*SubmitLookupResponse)(nil), // 4: cacheblend.v1.SubmitLookupResponse
-	(*PollLookupRequest)(nil),    // 5: cacheblend.v1.PollLookupRequest
-	(*PollLookupResponse)(nil),   // 6: cacheblend.v1.PollLookupResponse
-	(*Match)(nil),                // 7: cacheblend.v1.Match
-	(*LookupResult)(nil),         // 8: cacheblend.v1.LookupResult
-	(*RetrieveRequest)(nil),      // 9: cacheblend.v1.RetrieveRequest
-	(*Range)(nil),                // 10: cacheblend.v1.Range
-	(*RetrieveResponse)(nil),     // 11: cacheblend.v1.RetrieveResponse
-	(*StoreRequest)(nil),         // 12: cacheblend.v1.StoreRequest
-	(*StoreResponse)(nil),        // 13: cacheblend.v1.StoreResponse
+	(*KVLayout)(nil),           // 0: cacheblend.v1.KVLayout
+	(*RegisterKVRequest)(nil),  // 1: cacheblend.v1.RegisterKVRequest
+	(*RegisterKVResponse)(nil), // 2: cacheblend.v1.RegisterKVResponse
+	(*LookupRequest)(nil),      // 3: cacheblend.v1.LookupRequest
+	(*Match)(nil),              // 4: cacheblend.v1.Match
+	(*LookupResult)(nil),       // 5: cacheblend.v1.LookupResult
+	(*RetrieveRequest)(nil),    // 6: cacheblend.v1.RetrieveRequest
+	(*Range)(nil),              // 7: cacheblend.v1.Range
+	(*RetrieveResponse)(nil),   // 8: cacheblend.v1.RetrieveResponse
+	(*StoreRequest)(nil),       // 9: cacheblend.v1.StoreRequest
+	(*StoreResponse)(nil),      // 10: cacheblend.v1.StoreResponse
 }
 var file_blend_proto_depIdxs = []int32{
 	0,  // 0: cacheblend.v1.RegisterKVRequest.layout:type_name -> cacheblend.v1.KVLayout
-	8,  // 1: cacheblend.v1.PollLookupResponse.result:type_name -> cacheblend.v1.LookupResult
-	7,  // 2: cacheblend.v1.LookupResult.matches:type_name -> cacheblend.v1.Match
-	7,  // 3: cacheblend.v1.RetrieveRequest.matches:type_name -> cacheblend.v1.Match
-	10, // 4: cacheblend.v1.RetrieveResponse.missing:type_name -> cacheblend.v1.Range
-	1,  // 5: cacheblend.v1.BlendService.RegisterKV:input_type -> cacheblend.v1.RegisterKVRequest
-	3,  // 6: cacheblend.v1.BlendService.SubmitLookup:input_type -> cacheblend.v1.LookupRequest
-	5,  // 7: cacheblend.v1.BlendService.PollLookup:input_type -> cacheblend.v1.PollLookupRequest
-	9,  // 8: cacheblend.v1.BlendService.Retrieve:input_type -> cacheblend.v1.RetrieveRequest
-	12, // 9: cacheblend.v1.BlendService.Store:input_type -> cacheblend.v1.StoreRequest
-	2,  // 10: cacheblend.v1.BlendService.RegisterKV:output_type -> cacheblend.v1.RegisterKVResponse
-	4,  // 11: cacheblend.v1.BlendService.SubmitLookup:output_type -> cacheblend.v1.SubmitLookupResponse
-	6,  // 12: cacheblend.v1.BlendService.PollLookup:output_type -> cacheblend.v1.PollLookupResponse
-	11, // 13: cacheblend.v1.BlendService.Retrieve:output_type -> cacheblend.v1.RetrieveResponse
-	13, // 14: cacheblend.v1.BlendService.Store:output_type -> cacheblend.v1.StoreResponse
-	10, // [10:15] is the sub-list for method output_type
-	5,  // [5:10] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	4,  // 1: cacheblend.v1.LookupResult.matches:type_name -> cacheblend.v1.Match
+	4,  // 2: cacheblend.v1.RetrieveRequest.matches:type_name -> cacheblend.v1.Match
+	7,  // 3: cacheblend.v1.RetrieveResponse.missing:type_name -> cacheblend.v1.Range
+	1,  // 4: cacheblend.v1.BlendService.RegisterKV:input_type -> cacheblend.v1.RegisterKVRequest
+	3,  // 5: cacheblend.v1.BlendService.Lookup:input_type -> cacheblend.v1.LookupRequest
+	6,  // 6: cacheblend.v1.BlendService.Retrieve:input_type -> cacheblend.v1.RetrieveRequest
+	9,  // 7: cacheblend.v1.BlendService.Store:input_type -> cacheblend.v1.StoreRequest
+	2,  // 8: cacheblend.v1.BlendService.RegisterKV:output_type -> cacheblend.v1.RegisterKVResponse
+	5,  // 9: cacheblend.v1.BlendService.Lookup:output_type -> cacheblend.v1.LookupResult
+	8,  // 10: cacheblend.v1.BlendService.Retrieve:output_type -> cacheblend.v1.RetrieveResponse
+	10, // 11: cacheblend.v1.BlendService.Store:output_type -> cacheblend.v1.StoreResponse
+	8,  // [8:12] is the sub-list for method output_type
+	4,  // [4:8] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_blend_proto_init() }
@@ -1337,7 +1161,7 @@ func file_blend_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_blend_proto_rawDesc), len(file_blend_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

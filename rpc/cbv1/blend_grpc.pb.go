@@ -27,11 +27,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	BlendService_RegisterKV_FullMethodName   = "/cacheblend.v1.BlendService/RegisterKV"
-	BlendService_SubmitLookup_FullMethodName = "/cacheblend.v1.BlendService/SubmitLookup"
-	BlendService_PollLookup_FullMethodName   = "/cacheblend.v1.BlendService/PollLookup"
-	BlendService_Retrieve_FullMethodName     = "/cacheblend.v1.BlendService/Retrieve"
-	BlendService_Store_FullMethodName        = "/cacheblend.v1.BlendService/Store"
+	BlendService_RegisterKV_FullMethodName = "/cacheblend.v1.BlendService/RegisterKV"
+	BlendService_Lookup_FullMethodName     = "/cacheblend.v1.BlendService/Lookup"
+	BlendService_Retrieve_FullMethodName   = "/cacheblend.v1.BlendService/Retrieve"
+	BlendService_Store_FullMethodName      = "/cacheblend.v1.BlendService/Store"
 )
 
 // BlendServiceClient is the client API for BlendService service.
@@ -43,10 +42,10 @@ type BlendServiceClient interface {
 	// RegisterKV registers (or re-registers) a worker's paged KV memory: the
 	// server maps the shared-memory file and scatters into it on Retrieve.
 	RegisterKV(ctx context.Context, in *RegisterKVRequest, opts ...grpc.CallOption) (*RegisterKVResponse, error)
-	// SubmitLookup starts the unified lookup of a prompt asynchronously.
-	SubmitLookup(ctx context.Context, in *LookupRequest, opts ...grpc.CallOption) (*SubmitLookupResponse, error)
-	// PollLookup returns the lookup's result once ready (ready=false before).
-	PollLookup(ctx context.Context, in *PollLookupRequest, opts ...grpc.CallOption) (*PollLookupResponse, error)
+	// Lookup runs the unified lookup of a prompt and answers when its result
+	// is ready, or DeadlineExceeded when the caller's deadline passes first.
+	// ResourceExhausted when the server's lookup queue is full.
+	Lookup(ctx context.Context, in *LookupRequest, opts ...grpc.CallOption) (*LookupResult, error)
 	// Retrieve copies matched token ranges from the chunk store into the
 	// worker's KV memory, slot by slot, re-RoPE'ing non-prefix matches.
 	Retrieve(ctx context.Context, in *RetrieveRequest, opts ...grpc.CallOption) (*RetrieveResponse, error)
@@ -73,20 +72,10 @@ func (c *blendServiceClient) RegisterKV(ctx context.Context, in *RegisterKVReque
 	return out, nil
 }
 
-func (c *blendServiceClient) SubmitLookup(ctx context.Context, in *LookupRequest, opts ...grpc.CallOption) (*SubmitLookupResponse, error) {
+func (c *blendServiceClient) Lookup(ctx context.Context, in *LookupRequest, opts ...grpc.CallOption) (*LookupResult, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(SubmitLookupResponse)
-	err := c.cc.Invoke(ctx, BlendService_SubmitLookup_FullMethodName, in, out, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-func (c *blendServiceClient) PollLookup(ctx context.Context, in *PollLookupRequest, opts ...grpc.CallOption) (*PollLookupResponse, error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(PollLookupResponse)
-	err := c.cc.Invoke(ctx, BlendService_PollLookup_FullMethodName, in, out, cOpts...)
+	out := new(LookupResult)
+	err := c.cc.Invoke(ctx, BlendService_Lookup_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -122,10 +111,10 @@ type BlendServiceServer interface {
 	// RegisterKV registers (or re-registers) a worker's paged KV memory: the
 	// server maps the shared-memory file and scatters into it on Retrieve.
 	RegisterKV(context.Context, *RegisterKVRequest) (*RegisterKVResponse, error)
-	// SubmitLookup starts the unified lookup of a prompt asynchronously.
-	SubmitLookup(context.Context, *LookupRequest) (*SubmitLookupResponse, error)
-	// PollLookup returns the lookup's result once ready (ready=false before).
-	PollLookup(context.Context, *PollLookupRequest) (*PollLookupResponse, error)
+	// Lookup runs the unified lookup of a prompt and answers when its result
+	// is ready, or DeadlineExceeded when the caller's deadline passes first.
+	// ResourceExhausted when the server's lookup queue is full.
+	Lookup(context.Context, *LookupRequest) (*LookupResult, error)
 	// Retrieve copies matched token ranges from the chunk store into the
 	// worker's KV memory, slot by slot, re-RoPE'ing non-prefix matches.
 	Retrieve(context.Context, *RetrieveRequest) (*RetrieveResponse, error)
@@ -145,11 +134,8 @@ type UnimplementedBlendServiceServer struct{}
 func (UnimplementedBlendServiceServer) RegisterKV(context.Context, *RegisterKVRequest) (*RegisterKVResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RegisterKV not implemented")
 }
-func (UnimplementedBlendServiceServer) SubmitLookup(context.Context, *LookupRequest) (*SubmitLookupResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method SubmitLookup not implemented")
-}
-func (UnimplementedBlendServiceServer) PollLookup(context.Context, *PollLookupRequest) (*PollLookupResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method PollLookup not implemented")
+func (UnimplementedBlendServiceServer) Lookup(context.Context, *LookupRequest) (*LookupResult, error) {
+	return nil, status.Error(codes.Unimplemented, "method Lookup not implemented")
 }
 func (UnimplementedBlendServiceServer) Retrieve(context.Context, *RetrieveRequest) (*RetrieveResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Retrieve not implemented")
@@ -196,38 +182,20 @@ func _BlendService_RegisterKV_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
-func _BlendService_SubmitLookup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+func _BlendService_Lookup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(LookupRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
 	if interceptor == nil {
-		return srv.(BlendServiceServer).SubmitLookup(ctx, in)
+		return srv.(BlendServiceServer).Lookup(ctx, in)
 	}
 	info := &grpc.UnaryServerInfo{
 		Server:     srv,
-		FullMethod: BlendService_SubmitLookup_FullMethodName,
+		FullMethod: BlendService_Lookup_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(BlendServiceServer).SubmitLookup(ctx, req.(*LookupRequest))
-	}
-	return interceptor(ctx, in, info, handler)
-}
-
-func _BlendService_PollLookup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(PollLookupRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(BlendServiceServer).PollLookup(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: BlendService_PollLookup_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(BlendServiceServer).PollLookup(ctx, req.(*PollLookupRequest))
+		return srv.(BlendServiceServer).Lookup(ctx, req.(*LookupRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -280,12 +248,8 @@ var BlendService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _BlendService_RegisterKV_Handler,
 		},
 		{
-			MethodName: "SubmitLookup",
-			Handler:    _BlendService_SubmitLookup_Handler,
-		},
-		{
-			MethodName: "PollLookup",
-			Handler:    _BlendService_PollLookup_Handler,
+			MethodName: "Lookup",
+			Handler:    _BlendService_Lookup_Handler,
 		},
 		{
 			MethodName: "Retrieve",

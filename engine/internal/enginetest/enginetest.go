@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
@@ -247,88 +248,92 @@ func (w *Worker) step(s *cbv1.SeqStep) *cbv1.SeqOutput {
 	return out
 }
 
-// Blend is the cb-blend double: SubmitLookup/PollLookup only. A lookup is
-// ready after ReadyAfter polls (per request id, ReadyAfterFor overrides) and
-// its result is computed by Result. Safe for concurrent use.
+// Blend is the cb-blend double: Lookup only. A lookup answers at once with
+// Result's result, or Err's error, unless its request id is held (Hold),
+// in which case it waits for Release or the caller's deadline. Safe for
+// concurrent use once serving; set the fields before.
 type Blend struct {
 	cbv1.UnimplementedBlendServiceServer
 
-	// ReadyAfter is the number of polls before a lookup is ready (>= 1).
-	ReadyAfter int
 	// Result computes a lookup's result from its tokens; nil: no hit.
 	Result func(tokens []int32) *cbv1.LookupResult
-	// ReadyAfterFor overrides ReadyAfter per request id (-1: never ready).
-	ReadyAfterFor map[string]int
+	// Err, when set and returning non-nil, fails the lookup with that error.
+	Err func(r *cbv1.LookupRequest) error
+	// Hold lists the request ids whose lookups wait for Release.
+	Hold []string
 
-	mu      sync.Mutex
-	lookups map[string]*lookupState
-	submits []*cbv1.LookupRequest
-	polls   []*cbv1.PollLookupRequest
+	mu       sync.Mutex
+	lookups  []*cbv1.LookupRequest
+	released map[string]chan struct{}
 }
 
-type lookupState struct {
-	tokens []int32
-	polls  int
-}
-
-// SubmitLookup implements cbv1.BlendServiceServer.
-func (b *Blend) SubmitLookup(_ context.Context, r *cbv1.LookupRequest) (*cbv1.SubmitLookupResponse, error) {
+func (b *Blend) gate(id string) chan struct{} {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.lookups == nil {
-		b.lookups = map[string]*lookupState{}
+	if !slices.Contains(b.Hold, id) {
+		return nil
 	}
-	b.submits = append(b.submits, proto.Clone(r).(*cbv1.LookupRequest))
-	if _, dup := b.lookups[r.GetRequestId()]; dup {
-		return &cbv1.SubmitLookupResponse{Accepted: false}, nil
+	if b.released == nil {
+		b.released = map[string]chan struct{}{}
 	}
-	b.lookups[r.GetRequestId()] = &lookupState{tokens: slices.Clone(r.GetTokens())}
-	return &cbv1.SubmitLookupResponse{Accepted: true}, nil
-}
-
-// PollLookup implements cbv1.BlendServiceServer.
-func (b *Blend) PollLookup(_ context.Context, r *cbv1.PollLookupRequest) (*cbv1.PollLookupResponse, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.polls = append(b.polls, proto.Clone(r).(*cbv1.PollLookupRequest))
-	st, ok := b.lookups[r.GetRequestId()]
+	ch, ok := b.released[id]
 	if !ok {
-		return &cbv1.PollLookupResponse{Ready: true, Result: &cbv1.LookupResult{Error: "unknown request"}}, nil
+		ch = make(chan struct{})
+		b.released[id] = ch
 	}
-	st.polls++
-	need := max(b.ReadyAfter, 1)
-	if n, ok := b.ReadyAfterFor[r.GetRequestId()]; ok {
-		need = n
+	return ch
+}
+
+// Release lets the held lookups of id (and later ones) answer.
+func (b *Blend) Release(id string) {
+	ch := b.gate(id)
+	if ch == nil {
+		return
 	}
-	if need < 0 || st.polls < need {
-		return &cbv1.PollLookupResponse{Ready: false}, nil
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	select {
+	case <-ch:
+	default:
+		close(ch)
 	}
-	res := &cbv1.LookupResult{RequestedTokens: int32(len(st.tokens)), ChunkSize: 256}
+}
+
+// Lookup implements cbv1.BlendServiceServer.
+func (b *Blend) Lookup(ctx context.Context, r *cbv1.LookupRequest) (*cbv1.LookupResult, error) {
+	b.mu.Lock()
+	b.lookups = append(b.lookups, proto.Clone(r).(*cbv1.LookupRequest))
+	b.mu.Unlock()
+	if ch := b.gate(r.GetRequestId()); ch != nil {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	if b.Err != nil {
+		if err := b.Err(r); err != nil {
+			return nil, err
+		}
+	}
 	if b.Result != nil {
-		res = b.Result(st.tokens)
+		return b.Result(r.GetTokens()), nil
 	}
-	return &cbv1.PollLookupResponse{Ready: true, Result: res}, nil
+	return &cbv1.LookupResult{RequestedTokens: int32(len(r.GetTokens())), ChunkSize: 256}, nil
 }
 
-// Submits returns the lookups submitted so far.
-func (b *Blend) Submits() []*cbv1.LookupRequest {
+// Lookups returns the lookups received so far.
+func (b *Blend) Lookups() []*cbv1.LookupRequest {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return slices.Clone(b.submits)
+	return slices.Clone(b.lookups)
 }
 
-// Polls returns the polls received so far.
-func (b *Blend) Polls() []*cbv1.PollLookupRequest {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return slices.Clone(b.polls)
-}
-
-// PollsFor counts the polls of one request.
-func (b *Blend) PollsFor(id string) int {
+// LookupsFor counts the lookups received for one request.
+func (b *Blend) LookupsFor(id string) int {
 	n := 0
-	for _, p := range b.Polls() {
-		if p.GetRequestId() == id {
+	for _, l := range b.Lookups() {
+		if l.GetRequestId() == id {
 			n++
 		}
 	}
