@@ -1,7 +1,7 @@
 package blend
 
 import (
-	"github.com/cacheblend/cacheblend/telemetry"
+	"github.com/cacheblend/cacheblend/telemetry/provider"
 
 	"context"
 	"math"
@@ -50,7 +50,7 @@ type env struct {
 func newEnv(t testing.TB, cfg Config, hooks ...func(*Server)) *env {
 	t.Helper()
 	e := &env{t: t, reg: prometheus.NewRegistry(), exp: tracetest.NewInMemoryExporter(), rope: model.NewRoPE(testLayout.HeadDim, theta)}
-	e.tp = sdktrace.NewTracerProvider(sdktrace.WithSyncer(e.exp), sdktrace.WithIDGenerator(telemetry.NewIDGenerator(nil)))
+	e.tp = sdktrace.NewTracerProvider(sdktrace.WithSyncer(e.exp), sdktrace.WithIDGenerator(provider.NewIDGenerator(nil)))
 	s, err := New(cfg, e.tp, e.reg, nil)
 	if err != nil {
 		t.Fatal(err)

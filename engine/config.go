@@ -117,7 +117,7 @@ type Deps struct {
 	// sampling is its sampler's.
 	TracerProvider trace.TracerProvider
 	// Profile, when set, receives one JSONL line per engine span (CB_PROFILE;
-	// telemetry.Provider.ProfileWriter()).
+	// the ProfileWriter of telemetry/provider's Provider).
 	Profile io.Writer
 	// Registerer receives the engine's instruments; nil: a private registry.
 	Registerer prometheus.Registerer
