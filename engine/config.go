@@ -94,8 +94,8 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Tokenizer turns text into token ids and back. model.Tokenizer (byte-level,
-// the default) implements it.
+// Tokenizer turns text into token ids and back. tokenizer.Tokenizer
+// (byte-level, the default) implements it.
 type Tokenizer interface {
 	// Encode returns the ids of s, without special tokens.
 	Encode(s string) []int32
@@ -127,6 +127,6 @@ type Deps struct {
 	// Logger receives the per-request JSON lines and warnings; nil: a
 	// telemetry.NewLogHandler JSON logger on stderr.
 	Logger *slog.Logger
-	// Tokenizer; nil: model.Tokenizer (byte-level).
+	// Tokenizer; nil: tokenizer.Tokenizer (byte-level).
 	Tokenizer Tokenizer
 }
