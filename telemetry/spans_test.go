@@ -247,3 +247,15 @@ func BenchmarkFormatTraceparent(b *testing.B) {
 		_ = FormatTraceparent(sc)
 	}
 }
+
+func TestAsProfileSink(t *testing.T) {
+	sink := NewProfileSink(&bytes.Buffer{})
+	if AsProfileSink(sink) != sink {
+		t.Fatal("a sink was wrapped")
+	}
+	var buf bytes.Buffer
+	s := AsProfileSink(&buf)
+	if _, err := s.Write([]byte("line\n")); err != nil || buf.String() != "line\n" {
+		t.Fatalf("unbuffered sink wrote %q, %v", buf.String(), err)
+	}
+}
