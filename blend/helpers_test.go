@@ -1,7 +1,7 @@
 package blend
 
 import (
-	"github.com/cacheblend/cacheblend/telemetry"
+	"github.com/cacheblend/cacheblend/telemetry/provider"
 
 	"context"
 	"math"
@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/cacheblend/cacheblend/kvcache"
-	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/rope"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 )
 
@@ -42,15 +42,15 @@ type env struct {
 	reg  *prometheus.Registry
 	exp  *tracetest.InMemoryExporter
 	tp   *sdktrace.TracerProvider
-	rope *model.RoPE
+	rope *rope.RoPE
 }
 
 // newEnv starts a server for cfg (before-start hooks applied) served over
 // real gRPC on a loopback port, with an in-memory span exporter.
 func newEnv(t testing.TB, cfg Config, hooks ...func(*Server)) *env {
 	t.Helper()
-	e := &env{t: t, reg: prometheus.NewRegistry(), exp: tracetest.NewInMemoryExporter(), rope: model.NewRoPE(testLayout.HeadDim, theta)}
-	e.tp = sdktrace.NewTracerProvider(sdktrace.WithSyncer(e.exp), sdktrace.WithIDGenerator(telemetry.NewIDGenerator(nil)))
+	e := &env{t: t, reg: prometheus.NewRegistry(), exp: tracetest.NewInMemoryExporter(), rope: rope.New(testLayout.HeadDim, theta)}
+	e.tp = sdktrace.NewTracerProvider(sdktrace.WithSyncer(e.exp), sdktrace.WithIDGenerator(provider.NewIDGenerator(nil)))
 	s, err := New(cfg, e.tp, e.reg, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -119,8 +119,8 @@ type Stats struct {
 // New builds a Server for cfg. tp receives the spans of the tracing
 // subscriber (nil: a no-op provider); for option-B cb.request roots to carry
 // the trace id derived from the request id, it must honour
-// telemetry.ContextWithTraceID (a telemetry.Provider's provider, or an SDK
-// provider built with telemetry.NewIDGenerator(nil)). reg receives the
+// telemetry.ContextWithTraceID (a telemetry/provider Provider's provider, or
+// an SDK provider built with provider.NewIDGenerator(nil)). reg receives the
 // lmcache_blend_* instruments (nil: a private registry). logger may be nil
 // (discard). Nothing runs until Start.
 func New(cfg Config, tp trace.TracerProvider, reg prometheus.Registerer, logger *slog.Logger) (*Server, error) {

@@ -17,7 +17,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/kvcache"
-	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/rope"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 )
 
@@ -43,7 +43,7 @@ type workerMem struct {
 	theta  float64
 	model  string
 	mem    *kvcache.Memory
-	rope   *model.RoPE
+	rope   *rope.RoPE
 
 	refs     int
 	retired  bool
@@ -97,7 +97,7 @@ func layoutOf(l *cbv1.KVLayout) (kvcache.Layout, float64, error) {
 		return kl, 0, fmt.Errorf("rope_theta %v", theta)
 	}
 	if theta == 0 {
-		theta = model.DefaultRoPETheta
+		theta = rope.DefaultTheta
 	}
 	return kl, theta, nil
 }
@@ -146,7 +146,7 @@ func (s *Server) registerKV(_ context.Context, r *cbv1.RegisterKVRequest) (*cbv1
 	}
 	nw := &workerMem{
 		key: key, path: r.GetShmPath(), fileID: fid, layout: layout, theta: theta, model: r.GetModel(),
-		mem: mem, rope: model.NewRoPE(layout.HeadDim, theta), lastSeen: now,
+		mem: mem, rope: rope.New(layout.HeadDim, theta), lastSeen: now,
 	}
 	var toClose []*kvcache.Memory
 	s.wmu.Lock()

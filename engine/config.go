@@ -91,8 +91,8 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Tokenizer turns text into token ids and back. model.Tokenizer (byte-level,
-// the default) implements it.
+// Tokenizer turns text into token ids and back. tokenizer.Tokenizer
+// (byte-level, the default) implements it.
 type Tokenizer interface {
 	// Encode returns the ids of s, without special tokens.
 	Encode(s string) []int32
@@ -114,7 +114,7 @@ type Deps struct {
 	// sampling is its sampler's.
 	TracerProvider trace.TracerProvider
 	// Profile, when set, receives one JSONL line per engine span (CB_PROFILE;
-	// telemetry.Provider.ProfileWriter()).
+	// the ProfileWriter of telemetry/provider's Provider).
 	Profile io.Writer
 	// Registerer receives the engine's instruments; nil: a private registry.
 	Registerer prometheus.Registerer
@@ -124,6 +124,6 @@ type Deps struct {
 	// Logger receives the per-request JSON lines and warnings; nil: a
 	// telemetry.NewLogHandler JSON logger on stderr.
 	Logger *slog.Logger
-	// Tokenizer; nil: model.Tokenizer (byte-level).
+	// Tokenizer; nil: tokenizer.Tokenizer (byte-level).
 	Tokenizer Tokenizer
 }

@@ -17,8 +17,8 @@ import (
 
 	"github.com/cacheblend/cacheblend/engine/scheduler"
 	"github.com/cacheblend/cacheblend/metrics"
-	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/telemetry"
+	"github.com/cacheblend/cacheblend/tokenizer"
 )
 
 // Scope is the instrumentation scope of the engine's spans.
@@ -53,7 +53,7 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 	cfg = cfg.withDefaults()
 	e := &Engine{cfg: cfg, tok: deps.Tokenizer, log: deps.Logger, created: time.Now().Unix()}
 	if e.tok == nil {
-		e.tok = model.Tokenizer{}
+		e.tok = tokenizer.Tokenizer{}
 	}
 	if e.log == nil {
 		e.log = slog.New(telemetry.NewLogHandler(os.Stderr, nil))

@@ -28,9 +28,9 @@ import (
 
 	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/engine/internal/enginetest"
-	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
+	"github.com/cacheblend/cacheblend/tokenizer"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -159,7 +159,7 @@ func (ev *env) client(opts ...option.RequestOption) *openai.Client {
 
 // expectedText is the text the worker double generates for a prompt.
 func expectedText(prompt []int32, n int) string {
-	ts := newTextStream(model.Tokenizer{}, nil)
+	ts := newTextStream(tokenizer.Tokenizer{}, nil)
 	for _, t := range enginetest.Reference(prompt, n) {
 		ts.push(t)
 	}
@@ -169,7 +169,7 @@ func expectedText(prompt []int32, n int) string {
 
 func chatPrompt(content string) []int32 {
 	text := api.ChatPrompt([]api.Message{{Role: "user", Content: content}})
-	return append([]int32{256}, (model.Tokenizer{}).Encode(text)...)
+	return append([]int32{256}, (tokenizer.Tokenizer{}).Encode(text)...)
 }
 
 const callerTP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -235,7 +235,7 @@ func TestOpenAIClientCompletionsAndModels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := append([]int32{256}, (model.Tokenizer{}).Encode("Once upon a time")...)
+	p := append([]int32{256}, (tokenizer.Tokenizer{}).Encode("Once upon a time")...)
 	if resp.Choices[0].Text != expectedText(p, 16) || resp.Usage.CompletionTokens != 16 || resp.Object != "text_completion" {
 		t.Fatalf("completion %+v", resp)
 	}

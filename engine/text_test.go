@@ -4,12 +4,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/tokenizer"
 )
 
 func pushAll(ts *textStream, s string) (stopped bool, streamed string) {
 	var sb strings.Builder
-	for _, t := range (model.Tokenizer{}).Encode(s) {
+	for _, t := range (tokenizer.Tokenizer{}).Encode(s) {
 		if ts.push(t) {
 			stopped = true
 			break
@@ -38,7 +38,7 @@ func TestTextStream(t *testing.T) {
 		{"invalid bytes", "a\xffb\xe4", nil, "a\ufffdb\ufffd", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ts := newTextStream(model.Tokenizer{}, tc.stops)
+			ts := newTextStream(tokenizer.Tokenizer{}, tc.stops)
 			stopped, streamed := pushAll(ts, tc.in)
 			if stopped != tc.wantStop || streamed != tc.want || ts.all() != tc.want {
 				t.Fatalf("stopped %v streamed %q all %q, want %v %q", stopped, streamed, ts.all(), tc.wantStop, tc.want)
@@ -50,14 +50,14 @@ func TestTextStream(t *testing.T) {
 // TestTextStreamHoldsBack checks that nothing that could still become a stop
 // sequence or the head of a character is handed out early.
 func TestTextStreamHoldsBack(t *testing.T) {
-	ts := newTextStream(model.Tokenizer{}, []string{"STOP"})
+	ts := newTextStream(tokenizer.Tokenizer{}, []string{"STOP"})
 	for _, b := range []byte("abST") {
 		ts.push(int32(b))
 	}
 	if got := ts.take(); got != "ab" {
 		t.Fatalf("take = %q, want %q (ST held back)", got, "ab")
 	}
-	ts2 := newTextStream(model.Tokenizer{}, nil)
+	ts2 := newTextStream(tokenizer.Tokenizer{}, nil)
 	for _, b := range []byte("x\xe4\xb8") { // an incomplete 中
 		ts2.push(int32(b))
 	}
@@ -71,10 +71,10 @@ func TestTextStreamHoldsBack(t *testing.T) {
 }
 
 func BenchmarkTextStreamPush(b *testing.B) {
-	toks := (model.Tokenizer{}).Encode(strings.Repeat("héllo wörld, ", 40))
+	toks := (tokenizer.Tokenizer{}).Encode(strings.Repeat("héllo wörld, ", 40))
 	b.ReportAllocs()
 	for b.Loop() {
-		ts := newTextStream(model.Tokenizer{}, []string{"STOP"})
+		ts := newTextStream(tokenizer.Tokenizer{}, []string{"STOP"})
 		for _, t := range toks {
 			ts.push(t)
 			_ = ts.take()

@@ -202,7 +202,7 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 				continue
 			}
 			k := kf.row(i)
-			m.table.rotate(m.rope, k, pos[i])
+			m.table.Rotate(k, pos[i])
 			s := all.slot[i]
 			old := kPlane[s*kvd : (s+1)*kvd]
 			var acc float32

@@ -6,6 +6,8 @@ import (
 	"runtime"
 
 	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/rope"
+	"github.com/cacheblend/cacheblend/tokenizer"
 )
 
 // Default model dimensions. They are sized so that a full prefill of a
@@ -18,11 +20,12 @@ const (
 	DefaultHeads        = 4
 	DefaultKVHeads      = 2
 	DefaultFFNDim       = 320
-	DefaultVocab        = TokenizerVocab
+	DefaultVocab        = tokenizer.Vocab // 256 byte ids, BOS and EOS
 	DefaultMaxPositions = 8192
 	DefaultSeed         = 42
 	DefaultCheckLayer   = 1
 	DefaultRecompRatio  = 0.15
+	DefaultRoPETheta    = rope.DefaultTheta // rotary base θ (10000)
 )
 
 // Config sizes and seeds a Model. Every zero field means its default (see
@@ -34,7 +37,7 @@ type Config struct {
 	Heads        int     // query heads; default DefaultHeads (4); Dim must be a multiple
 	KVHeads      int     // key/value heads (grouped-query attention); default DefaultKVHeads (2); divides Heads
 	FFNDim       int     // SwiGLU hidden width; default DefaultFFNDim (320)
-	Vocab        int     // vocabulary size; default TokenizerVocab (258)
+	Vocab        int     // vocabulary size; default DefaultVocab (258, the byte tokenizer's)
 	MaxPositions int     // largest position + 1 the model accepts; default 8192
 	RoPETheta    float64 // rotary base; default DefaultRoPETheta (10000)
 	Seed         uint64  // weight seed (math/rand/v2 PCG); default DefaultSeed (42)

@@ -16,8 +16,14 @@
 //   - [Model.BlendForward] runs the CacheBlend selective recompute over a
 //     prompt whose K/V are partly reused (a prefix and/or ranges scattered
 //     and re-RoPE'd by the blend server) and reports per-phase times.
-//   - [Sample] / [Argmax] pick the next token; [Tokenizer] is the byte-level
-//     tokenizer shared with cb-engine.
+//   - [Sample] / [Argmax] pick the next token.
+//
+// The byte-level tokenizer shared with cb-engine is package
+// [github.com/cacheblend/cacheblend/tokenizer] (vocabulary [DefaultVocab]),
+// and the rotary embedding, shared with the blend server's re-RoPE, is
+// package [github.com/cacheblend/cacheblend/rope] ([Model.RoPE] returns the
+// model's); both are leaf packages, so the engine and the blend server link
+// them without this package and gonum.
 //
 // # Defaults
 //

@@ -312,10 +312,10 @@ func (m *Model) ropeAndStore(kv *kvcache.Memory, l int, qkv mat, b *batch, withQ
 			row := qkv.row(i)
 			p := b.pos[i]
 			if withQ {
-				m.table.rotate(m.rope, row[:m.qDim], p)
+				m.table.Rotate(row[:m.qDim], p)
 			}
 			k := row[m.qDim : m.qDim+kvd]
-			m.table.rotate(m.rope, k, p)
+			m.table.Rotate(k, p)
 			s := b.slot[i]
 			copy(kPlane[s*kvd:(s+1)*kvd], k)
 			copy(vPlane[s*kvd:(s+1)*kvd], row[m.qDim+kvd:m.qDim+2*kvd])

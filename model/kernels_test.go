@@ -142,28 +142,3 @@ func TestRMSNorm(t *testing.T) {
 		}
 	}
 }
-
-// The model's RoPE table rotates exactly like RoPE.RotateHeads, and a
-// Shift composes with the rotation (re-RoPE).
-func TestRopeTableMatchesRotateHeads(t *testing.T) {
-	r := NewRoPE(32, 0)
-	tab := newRopeTable(r, 300)
-	for _, pos := range []int{0, 1, 17, 299, 300, -3} {
-		a := randMat(uint64(pos+10), 64)
-		b := append([]float32(nil), a...)
-		r.RotateHeads(a, pos)
-		tab.rotate(r, b, pos)
-		if d := maxAbsDiff(a, b); d != 0 {
-			t.Fatalf("pos %d: table differs by %g", pos, d)
-		}
-	}
-	x := randMat(3, 32)
-	direct := append([]float32(nil), x...)
-	r.RotateHeads(direct, 250)
-	shifted := append([]float32(nil), x...)
-	r.RotateHeads(shifted, 10)
-	r.Shift(shifted, 10, 250)
-	if d := maxAbsDiff(direct, shifted); d > 1e-5 {
-		t.Fatalf("Shift does not compose: %g", d)
-	}
-}

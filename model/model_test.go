@@ -12,7 +12,7 @@ import (
 func TestConfigDefaults(t *testing.T) {
 	c := DefaultConfig()
 	if c.Layers != DefaultLayers || c.Dim != DefaultDim || c.Heads != DefaultHeads || c.KVHeads != DefaultKVHeads ||
-		c.FFNDim != DefaultFFNDim || c.Vocab != TokenizerVocab || c.MaxPositions != 8192 || c.RoPETheta != DefaultRoPETheta ||
+		c.FFNDim != DefaultFFNDim || c.Vocab != DefaultVocab || c.MaxPositions != 8192 || c.RoPETheta != DefaultRoPETheta ||
 		c.CheckLayer != 1 || c.RecompRatio != 0.15 || c.Threads < 1 || c.Seed != DefaultSeed {
 		t.Fatalf("DefaultConfig = %+v", c)
 	}

@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"sync"
+
+	"github.com/cacheblend/cacheblend/rope"
 )
 
 // layerWeights holds one transformer layer. Matrices are row-major
@@ -36,8 +38,8 @@ type Model struct {
 	layers     []layerWeights
 	finalNorm  []float32
 
-	rope  *RoPE
-	table ropeTable
+	rope  *rope.RoPE
+	table rope.Table
 
 	pool sync.Pool // *workspace
 }
@@ -58,8 +60,8 @@ func New(cfg Config) (*Model, error) {
 	m.kvDim = cfg.KVHeads * m.headDim
 	m.qkvDim = m.qDim + 2*m.kvDim
 	m.group = cfg.Heads / cfg.KVHeads
-	m.rope = NewRoPE(m.headDim, cfg.RoPETheta)
-	m.table = newRopeTable(m.rope, cfg.MaxPositions)
+	m.rope = rope.New(m.headDim, cfg.RoPETheta)
+	m.table = rope.NewTable(m.rope, cfg.MaxPositions)
 
 	rng := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9E3779B97F4A7C15))
 	normal := func(n int, std float64) []float32 {
@@ -115,7 +117,7 @@ func (m *Model) Config() Config { return m.cfg }
 
 // RoPE returns the rotary embedding the model uses (the blend server must
 // use the same one for re-RoPE).
-func (m *Model) RoPE() *RoPE { return m.rope }
+func (m *Model) RoPE() *rope.RoPE { return m.rope }
 
 // HeadDim is the dimension of one attention head.
 func (m *Model) HeadDim() int { return m.headDim }

@@ -5,7 +5,7 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/cacheblend/cacheblend/telemetry"
+	"github.com/cacheblend/cacheblend/telemetry/provider"
 )
 
 // NormalizeEndpoint turns a user-given OTLP traces endpoint into a full URL:
@@ -28,7 +28,7 @@ func NormalizeEndpoint(ep, protocol string) (string, error) {
 	if u.Host == "" {
 		return "", fmt.Errorf("bad endpoint %q: no host", ep)
 	}
-	if protocol != telemetry.ProtocolGRPC && (u.Path == "" || u.Path == "/") {
+	if protocol != provider.ProtocolGRPC && (u.Path == "" || u.Path == "/") {
 		u.Path = "/v1/traces"
 	}
 	return u.String(), nil

@@ -20,6 +20,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/telemetry"
+	"github.com/cacheblend/cacheblend/telemetry/provider"
 )
 
 // Version is the build version stamped on service.version and cb_build_info.
@@ -43,15 +44,16 @@ type Options struct {
 	// IDGenerator, when set, replaces the SDK's random trace/span ids (the
 	// blend server's option-B roots need deterministic trace ids).
 	IDGenerator sdktrace.IDGenerator
-	// ExtraTelemetry are more telemetry options (tests add exporters).
-	ExtraTelemetry []telemetry.Option
+	// ExtraTelemetry are more options of the telemetry provider (tests add
+	// exporters).
+	ExtraTelemetry []provider.Option
 }
 
 // Runtime holds the process-wide telemetry, metrics registry and logger.
 // It is safe for concurrent use; call Shutdown once at exit.
 type Runtime struct {
 	Name      string
-	Telemetry *telemetry.Provider
+	Telemetry *provider.Provider
 	Registry  *prometheus.Registry
 	Logger    *slog.Logger
 	Process   *metrics.ProcessMetrics
@@ -69,7 +71,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	cfg, err := telemetry.ConfigFromEnv(getenv)
+	cfg, err := provider.ConfigFromEnv(getenv)
 	if err != nil {
 		return nil, fmt.Errorf("service: %w", err)
 	}
@@ -86,11 +88,11 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		}
 		cfg.Endpoint = ep
 	}
-	topts := append([]telemetry.Option(nil), opts.ExtraTelemetry...)
+	topts := append([]provider.Option(nil), opts.ExtraTelemetry...)
 	if opts.IDGenerator != nil {
-		topts = append(topts, telemetry.WithIDGenerator(opts.IDGenerator))
+		topts = append(topts, provider.WithIDGenerator(opts.IDGenerator))
 	}
-	tp, err := telemetry.New(ctx, cfg, topts...)
+	tp, err := provider.New(ctx, cfg, topts...)
 	if err != nil {
 		return nil, fmt.Errorf("service: telemetry: %w", err)
 	}

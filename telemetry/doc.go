@@ -1,5 +1,10 @@
-// Package telemetry is the tracing layer shared by cb-engine, cb-worker and
-// cb-blend.
+// Package telemetry is the tracing API layer shared by cb-engine, cb-worker
+// and cb-blend: what libraries need to create spans and propagate trace
+// context. It depends on the OpenTelemetry API only (go.opentelemetry.io/otel,
+// .../trace, .../propagation), never on the SDK or an exporter; the tracer
+// provider, its span processors, sampler, id generator and OTLP exporters
+// live in package telemetry/provider, which only process setup imports (as
+// the OpenTelemetry Go API/SDK split).
 //
 // It provides:
 //
@@ -11,14 +16,11 @@
 //     stream interceptors) and the trace_context string field of the
 //     CacheBlend RPC payloads ([InjectString], [ExtractString]);
 //   - deterministic trace ids derived from a request id, the "option B"
-//     fallback of the design ([TraceIDFromRequestID], [ContextWithTraceID]);
-//   - a tracer provider configured from the OTEL_* and CB_* environment
-//     ([ConfigFromEnv], [New], [Provider]) whose export never blocks a
-//     request: a bounded batch queue, export timeouts, and monotonic counters
-//     of dropped and failed spans;
+//     fallback of the design ([TraceIDFromRequestID], [ContextWithTraceID],
+//     read back by id generators with [TraceIDFromContext]);
 //   - one span helper for engine and worker code ([Spans], [Span]) that
-//     records an OpenTelemetry span and, under CB_PROFILE=1, one JSONL line
-//     per span;
+//     records an OpenTelemetry span through any trace.TracerProvider and,
+//     under CB_PROFILE=1, one JSONL line per span ([ProfileSink]);
 //   - a [log/slog] handler that stamps trace_id and span_id on every record
 //     ([NewLogHandler]).
 //
@@ -26,6 +28,6 @@
 // strictly is ignored and the receiver starts a new trace.
 //
 // The package keeps no global state: it never calls otel.SetTracerProvider or
-// otel.SetTextMapPropagator; callers pass the [Provider]'s TracerProvider
-// where it is needed.
+// otel.SetTextMapPropagator; callers pass the tracer provider (from
+// telemetry/provider's Provider, or a no-op one) where it is needed.
 package telemetry

@@ -28,8 +28,8 @@ func decodeLines(t *testing.T, b []byte) []map[string]any {
 }
 
 func TestLogHandlerCarriesSpanIDs(t *testing.T) {
-	p := newProvider(t, Config{Enabled: true}, WithSpanProcessor(tracetest.NewSpanRecorder()))
-	ctx, sp := p.Spans("engine").Start(context.Background(), "chat tiny")
+	s := NewSpans(newSDKProvider(t, tracetest.NewSpanRecorder()), "engine", nil)
+	ctx, sp := s.Start(context.Background(), "chat tiny")
 	defer sp.End()
 	tid, sid := sp.SpanContext().TraceID().String(), sp.SpanContext().SpanID().String()
 
@@ -103,8 +103,7 @@ func TestLogHandlerCarriesSpanIDs(t *testing.T) {
 // as the profile lines.
 func TestLogHandlerProfileOnlyIDs(t *testing.T) {
 	var prof, logs bytes.Buffer
-	p := newProvider(t, Config{}, WithProfileWriter(&prof))
-	ctx, sp := p.Spans("engine").Start(context.Background(), "chat tiny")
+	ctx, sp := NewSpans(nil, "engine", &prof).Start(context.Background(), "chat tiny")
 	slog.New(NewLogHandler(&logs, nil)).InfoContext(ctx, "x")
 	sp.End()
 	l := decodeLines(t, logs.Bytes())[0]

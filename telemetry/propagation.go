@@ -152,11 +152,13 @@ func traceIDFromDigest(sum []byte) trace.TraceID {
 type forcedTraceIDKey struct{}
 
 // ContextWithTraceID returns a context in which the next root span (a span
-// without a valid parent in ctx) started by a tracer of a [Provider], or by
-// [Spans] when it generates ids itself, gets trace id id instead of a random
-// one. It is how a server opens its own root span with the trace id of
-// [TraceIDFromRequestID] when a peer sent no trace context. A span with a
-// parent keeps its parent's trace id. An invalid id is ignored.
+// without a valid parent in ctx) gets trace id id instead of a random one,
+// when it is started by a tracer whose id generator honours it (the tracer
+// provider of package telemetry/provider, or an SDK provider built with its
+// NewIDGenerator), or by [Spans] when it generates ids itself. It is how a
+// server opens its own root span with the trace id of [TraceIDFromRequestID]
+// when a peer sent no trace context. A span with a parent keeps its parent's
+// trace id. An invalid id is ignored.
 func ContextWithTraceID(ctx context.Context, id trace.TraceID) context.Context {
 	if !id.IsValid() {
 		return ctx
@@ -164,7 +166,10 @@ func ContextWithTraceID(ctx context.Context, id trace.TraceID) context.Context {
 	return context.WithValue(ctx, forcedTraceIDKey{}, id)
 }
 
-func forcedTraceID(ctx context.Context) (trace.TraceID, bool) {
+// TraceIDFromContext returns the trace id stored in ctx by
+// [ContextWithTraceID], and whether there is one. Id generators call it to
+// give a root span that trace id. It is safe for concurrent use.
+func TraceIDFromContext(ctx context.Context) (trace.TraceID, bool) {
 	id, ok := ctx.Value(forcedTraceIDKey{}).(trace.TraceID)
 	return id, ok
 }

@@ -237,3 +237,16 @@ func TestStreamInterceptors(t *testing.T) {
 		t.Fatalf("server stream saw %v", got)
 	}
 }
+
+func TestTraceIDFromContext(t *testing.T) {
+	if _, ok := TraceIDFromContext(context.Background()); ok {
+		t.Fatal("trace id in an empty context")
+	}
+	want := TraceIDFromRequestID("req-7")
+	if got, ok := TraceIDFromContext(ContextWithTraceID(context.Background(), want)); !ok || got != want {
+		t.Fatalf("TraceIDFromContext = %s %v, want %s", got, ok, want)
+	}
+	if _, ok := TraceIDFromContext(ContextWithTraceID(context.Background(), trace.TraceID{})); ok {
+		t.Fatal("zero trace id was stored")
+	}
+}

@@ -14,6 +14,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/cacheblend/cacheblend/telemetry/internal/randid"
 )
 
 // ErrorTypeKey is the attribute set by [Span.SetError] (OTel semantic
@@ -22,8 +24,9 @@ const ErrorTypeKey = attribute.Key("error.type")
 
 // ProfileSink serializes span profile lines onto one writer through a
 // buffer. Every Write is one complete record; concurrent writers never
-// interleave. Buffered data reaches the writer on Flush (the [Provider]
-// flushes on ForceFlush and Shutdown). It is safe for concurrent use.
+// interleave. Buffered data reaches the writer on Flush (the Provider of
+// package telemetry/provider flushes on ForceFlush and Shutdown). It is safe
+// for concurrent use.
 type ProfileSink struct {
 	mu  sync.Mutex
 	w   io.Writer
@@ -36,9 +39,9 @@ func NewProfileSink(w io.Writer) *ProfileSink {
 	return &ProfileSink{w: w, bw: bufio.NewWriterSize(w, 64<<10)}
 }
 
-// asSink returns w itself when it is a sink, otherwise an unbuffered sink
-// serializing writes to w (so no flush is needed).
-func asSink(w io.Writer) *ProfileSink {
+// AsProfileSink returns w itself when it is a *ProfileSink, otherwise an
+// unbuffered sink serializing writes to w (so no flush is needed).
+func AsProfileSink(w io.Writer) *ProfileSink {
 	if s, ok := w.(*ProfileSink); ok {
 		return s
 	}
@@ -100,7 +103,7 @@ func NewSpans(tp trace.TracerProvider, scope string, profile io.Writer) *Spans {
 	}
 	s := &Spans{tracer: tp.Tracer(scope), scope: scope}
 	if profile != nil {
-		s.sink = asSink(profile)
+		s.sink = AsProfileSink(profile)
 	}
 	return s
 }
@@ -165,15 +168,15 @@ func (s *Spans) startProfiled(ctx context.Context, name string, opts []trace.Spa
 		// The tracer made no span of its own (no-op provider): make ids.
 		tid := parent.TraceID()
 		if !parent.IsValid() {
-			if id, ok := forcedTraceID(ctx); ok {
+			if id, ok := TraceIDFromContext(ctx); ok {
 				tid = id
 			} else {
-				tid = randomTraceID()
+				tid = randid.TraceID()
 			}
 		}
 		sc = trace.NewSpanContext(trace.SpanContextConfig{
 			TraceID:    tid,
-			SpanID:     randomSpanID(),
+			SpanID:     randid.SpanID(),
 			TraceFlags: parent.TraceFlags(),
 			TraceState: parent.TraceState(),
 		})

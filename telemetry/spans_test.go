@@ -7,13 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -27,6 +26,17 @@ type profLine struct {
 	Start      string         `json:"start"`
 	DurationMS float64        `json:"duration_ms"`
 	Attributes map[string]any `json:"attributes"`
+}
+
+// newSDKProvider returns an SDK tracer provider (parent-based, always on)
+// that hands every span to sp, shut down at the end of the test. The tests of
+// this package use the SDK directly; the Provider of telemetry/provider is
+// tested in its own package.
+func newSDKProvider(t testing.TB, sp sdktrace.SpanProcessor) *sdktrace.TracerProvider {
+	t.Helper()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return tp
 }
 
 func parseProfile(t *testing.T, b []byte) map[string]profLine {
@@ -52,11 +62,7 @@ func parseProfile(t *testing.T, b []byte) map[string]profLine {
 
 func TestProfileLinesTracingOff(t *testing.T) {
 	var buf bytes.Buffer
-	p := newProvider(t, Config{}, WithProfileWriter(&buf))
-	if p.Enabled() {
-		t.Fatal("tracing on")
-	}
-	s := p.Spans("cacheblend/worker")
+	s := NewSpans(nil, "cacheblend/worker", &buf) // tracing off
 	ctx, exec := s.Start(context.Background(), "cb.execute", trace.WithAttributes(attribute.String("request_id", "req-1")))
 	fctx, fwd := s.Start(ctx, "cb.model_forward")
 	_, check := s.Start(fctx, "cb.check")
@@ -70,7 +76,7 @@ func TestProfileLinesTracingOff(t *testing.T) {
 	load.End()
 	exec.End()
 	exec.End() // a second End writes nothing
-	if err := p.ForceFlush(context.Background()); err != nil {
+	if err := s.Flush(); err != nil {
 		t.Fatal(err)
 	}
 
@@ -116,9 +122,8 @@ func TestProfileLinesTracingOff(t *testing.T) {
 func TestProfileLinesMatchOTelSpans(t *testing.T) {
 	var buf bytes.Buffer
 	rec := tracetest.NewSpanRecorder()
-	p := newProvider(t, Config{Enabled: true}, WithSpanProcessor(rec), WithProfileWriter(&buf))
 	ctx := ExtractString(context.Background(), w3cExample)
-	s := p.Spans("engine")
+	s := NewSpans(newSDKProvider(t, rec), "engine", &buf)
 	ctx, root := s.Start(ctx, "server", trace.WithSpanKind(trace.SpanKindServer))
 	_, child := s.Start(ctx, "child")
 	child.End()
@@ -162,38 +167,6 @@ func TestProfileForcedTraceIDWithoutTracing(t *testing.T) {
 	sp.End()
 	if got := parseProfile(t, buf.Bytes())["cb.request"].TraceID; got != want.String() {
 		t.Fatalf("trace id %s, want %s", got, want)
-	}
-}
-
-func TestProfileDefaultFile(t *testing.T) {
-	dir := t.TempDir()
-	t.Chdir(dir)
-	p, err := New(context.Background(), Config{ServiceName: "cb-engine", Profile: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, sp := p.Spans("engine").Start(context.Background(), "engine.queue")
-	sp.End()
-	if err := p.Shutdown(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	want := fmt.Sprintf("cb-profile-cb-engine-%d.jsonl", os.Getpid())
-	if p.Config().ProfilePath != want {
-		t.Fatalf("profile path %q, want %q", p.Config().ProfilePath, want)
-	}
-	b, err := os.ReadFile(filepath.Join(dir, want))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := parseProfile(t, b)["engine.queue"]; !ok {
-		t.Fatalf("file holds %q", b)
-	}
-}
-
-func TestProfileBadPath(t *testing.T) {
-	_, err := New(context.Background(), Config{Profile: true, ProfilePath: filepath.Join(t.TempDir(), "missing", "p.jsonl")})
-	if err == nil {
-		t.Fatal("opened a profile in a missing directory")
 	}
 }
 
@@ -258,47 +231,6 @@ func TestNilAndUnprofiledSpans(t *testing.T) {
 	}
 }
 
-func BenchmarkSpans(b *testing.B) {
-	run := func(b *testing.B, s *Spans) {
-		ctx := ExtractString(context.Background(), w3cExample)
-		b.ReportAllocs()
-		b.ResetTimer()
-		for b.Loop() {
-			_, sp := s.Start(ctx, "engine.queue")
-			sp.End()
-		}
-	}
-	b.Run("tracing_off", func(b *testing.B) {
-		p, _ := New(context.Background(), Config{})
-		defer p.Shutdown(context.Background())
-		run(b, p.Spans("bench"))
-	})
-	b.Run("tracing_on", func(b *testing.B) {
-		p, _ := New(context.Background(), Config{Enabled: true}, WithSpanExporter(tracetest.NewNoopExporter()))
-		defer p.Shutdown(context.Background())
-		run(b, p.Spans("bench"))
-	})
-	b.Run("tracing_on_sampled_out", func(b *testing.B) {
-		p, _ := New(context.Background(), Config{Enabled: true, Sampler: SamplerAlwaysOff}, WithSpanExporter(tracetest.NewNoopExporter()))
-		defer p.Shutdown(context.Background())
-		run(b, p.Spans("bench"))
-	})
-	b.Run("profile_only", func(b *testing.B) {
-		p, _ := New(context.Background(), Config{}, WithProfileWriter(NewProfileSink(discard{})))
-		defer p.Shutdown(context.Background())
-		run(b, p.Spans("bench"))
-	})
-	b.Run("tracing_on_and_profile", func(b *testing.B) {
-		p, _ := New(context.Background(), Config{Enabled: true}, WithSpanExporter(tracetest.NewNoopExporter()), WithProfileWriter(NewProfileSink(discard{})))
-		defer p.Shutdown(context.Background())
-		run(b, p.Spans("bench"))
-	})
-}
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
-
 func BenchmarkParseTraceparent(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
@@ -313,5 +245,17 @@ func BenchmarkFormatTraceparent(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = FormatTraceparent(sc)
+	}
+}
+
+func TestAsProfileSink(t *testing.T) {
+	sink := NewProfileSink(&bytes.Buffer{})
+	if AsProfileSink(sink) != sink {
+		t.Fatal("a sink was wrapped")
+	}
+	var buf bytes.Buffer
+	s := AsProfileSink(&buf)
+	if _, err := s.Write([]byte("line\n")); err != nil || buf.String() != "line\n" {
+		t.Fatalf("unbuffered sink wrote %q, %v", buf.String(), err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
+	"github.com/cacheblend/cacheblend/tokenizer"
 )
 
 type service struct {
@@ -32,7 +33,7 @@ func (s *service) Info(context.Context, *cbv1.InfoRequest) (*cbv1.InfoResponse, 
 	return &cbv1.InfoResponse{
 		Model: w.cfg.ModelName, Vocab: int32(c.Vocab), MaxPositions: int32(c.MaxPositions),
 		NumBlocks: int32(w.cfg.NumBlocks), BlockSize: int32(w.cfg.BlockSize),
-		Bos: model.BOS, Eos: model.EOS, NumLayers: int32(c.Layers), WorkerId: w.cfg.WorkerID,
+		Bos: tokenizer.BOS, Eos: tokenizer.EOS, NumLayers: int32(c.Layers), WorkerId: w.cfg.WorkerID,
 	}, nil
 }
 

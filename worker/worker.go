@@ -26,6 +26,7 @@ import (
 	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
+	"github.com/cacheblend/cacheblend/tokenizer"
 )
 
 // Defaults of Config.
@@ -103,7 +104,7 @@ type Worker struct {
 	logger  *slog.Logger
 	spans   *telemetry.Spans
 	metrics *metrics.WorkerMetrics
-	tok     model.Tokenizer
+	tok     tokenizer.Tokenizer
 
 	model *model.Model
 	kv    *kvcache.Memory

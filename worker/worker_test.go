@@ -16,6 +16,7 @@ import (
 	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
+	"github.com/cacheblend/cacheblend/tokenizer"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -141,7 +142,7 @@ func TestInfoAndBadInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.NumBlocks != 64 || info.BlockSize != 16 || info.Model != DefaultModelName || info.Eos != model.EOS {
+	if info.NumBlocks != 64 || info.BlockSize != 16 || info.Model != DefaultModelName || info.Eos != tokenizer.EOS {
 		t.Fatalf("info %+v", info)
 	}
 	tests := []struct {

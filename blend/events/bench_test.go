@@ -1,7 +1,7 @@
 package events
 
 import (
-	"github.com/cacheblend/cacheblend/telemetry"
+	"github.com/cacheblend/cacheblend/telemetry/provider"
 
 	"context"
 	"strconv"
@@ -110,7 +110,7 @@ func BenchmarkTracingSubscriberRequest(b *testing.B) {
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewNoopExporter()),
-				sdktrace.WithIDGenerator(telemetry.NewIDGenerator(nil)))
+				sdktrace.WithIDGenerator(provider.NewIDGenerator(nil)))
 			defer func() { _ = tp.Shutdown(context.Background()) }()
 			sub, err := NewTracingSubscriber(tp)
 			if err != nil {

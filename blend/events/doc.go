@@ -36,8 +36,8 @@
 //	defer bus.Shutdown(ctx)
 //
 // For option-B roots to carry the derived trace id, the TracerProvider is a
-// telemetry.Provider's, or an SDK provider built with
-// sdktrace.WithIDGenerator(telemetry.NewIDGenerator(nil)).
+// telemetry/provider Provider's, or an SDK provider built with
+// sdktrace.WithIDGenerator(provider.NewIDGenerator(nil)).
 //
 // Subscribers are called only from the drain goroutine, one event at a time,
 // so they keep their own state without locks. Spans whose END never arrives

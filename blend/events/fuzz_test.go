@@ -1,7 +1,7 @@
 package events
 
 import (
-	"github.com/cacheblend/cacheblend/telemetry"
+	"github.com/cacheblend/cacheblend/telemetry/provider"
 
 	"context"
 	"testing"
@@ -22,7 +22,7 @@ func FuzzTracingSubscriber(f *testing.F) {
 	f.Add([]byte{9, 3, 0, 11, 3, 0, 12, 3, 0, 10, 3, 0}, "garbage")
 	f.Fuzz(func(t *testing.T, data []byte, tc string) {
 		exp := tracetest.NewInMemoryExporter()
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithIDGenerator(telemetry.NewIDGenerator(nil)))
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithIDGenerator(provider.NewIDGenerator(nil)))
 		defer func() { _ = tp.Shutdown(context.Background()) }()
 		sub, err := NewTracingSubscriber(tp)
 		if err != nil {

@@ -235,8 +235,9 @@ type reqState struct {
 // NewTracingSubscriber returns a tracing subscriber that creates spans with
 // a tracer of tp (scope [ScopeName]). For option-B roots to carry the trace
 // id derived from the request id, tp must use an id generator that honours
-// telemetry.ContextWithTraceID, such as telemetry.NewIDGenerator. A malformed span table is
-// an error wrapping [ErrInvalidSpanDefs].
+// telemetry.ContextWithTraceID, such as provider.NewIDGenerator (package
+// telemetry/provider). A malformed span table is an error wrapping
+// [ErrInvalidSpanDefs].
 func NewTracingSubscriber(tp trace.TracerProvider, opts ...TracingOption) (*TracingSubscriber, error) {
 	if tp == nil {
 		return nil, errors.New("new tracing subscriber: nil TracerProvider")

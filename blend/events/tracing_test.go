@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cacheblend/cacheblend/telemetry"
+	"github.com/cacheblend/cacheblend/telemetry/provider"
 )
 
 var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -85,7 +86,7 @@ type tracingFixture struct {
 func newFixture(t testing.TB, opts ...TracingOption) *tracingFixture {
 	t.Helper()
 	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithIDGenerator(telemetry.NewIDGenerator(nil)))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithIDGenerator(provider.NewIDGenerator(nil)))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	sub, err := NewTracingSubscriber(tp, opts...)
 	if err != nil {
@@ -657,13 +658,13 @@ func TestSpanDefValidation(t *testing.T) {
 	}
 }
 
-// TestOptionBWithTelemetryProvider checks that a telemetry.Provider, whose
-// own id generator honours ContextWithTraceID, gives option-B roots the
+// TestOptionBWithTelemetryProvider checks that a provider.Provider, whose
+// own id generator honours telemetry.ContextWithTraceID, gives option-B roots the
 // derived trace id with no extra wiring.
 func TestOptionBWithTelemetryProvider(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
-	p, err := telemetry.New(context.Background(), telemetry.Config{Enabled: true, ServiceName: "cb-blend"},
-		telemetry.WithSpanProcessor(rec))
+	p, err := provider.New(context.Background(), provider.Config{Enabled: true, ServiceName: "cb-blend"},
+		provider.WithSpanProcessor(rec))
 	if err != nil {
 		t.Fatal(err)
 	}

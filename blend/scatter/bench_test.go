@@ -6,19 +6,19 @@ import (
 	"time"
 
 	"github.com/cacheblend/cacheblend/kvcache"
-	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/rope"
 )
 
 // BenchmarkScatter scatters one 256-token chunk (4 layers, 4 KV heads of 64:
 // 2 MiB of K and V) into 16 scattered blocks of a paged memory, and in the
 // same run copy()s the same number of bytes between two flat buffers, the
 // memory-bandwidth ceiling. "prefix" copies as stored; "shifted" also
-// re-RoPEs every K row (bound by model.RoPE's arithmetic); "shifted-2workers"
+// re-RoPEs every K row (bound by rope.RoPE's arithmetic); "shifted-2workers"
 // splits the layers over two goroutines (ScatterParallel).
 func BenchmarkScatter(b *testing.B) {
 	l := kvcache.Layout{NumLayers: 4, NumBlocks: 64, BlockSize: 16, KVHeads: 4, HeadDim: 64}
 	r := rand.New(rand.NewPCG(1, 1))
-	rope := model.NewRoPE(l.HeadDim, theta)
+	rope := rope.New(l.HeadDim, theta)
 	c := newChunk(b, r, l, 256, 0)
 	m, err := kvcache.Create(b.TempDir(), l)
 	if err != nil {

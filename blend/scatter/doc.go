@@ -7,7 +7,7 @@
 // are not written (the bound guard of a first, partial retrieve; counted as
 // dropped) and positions below fromToken are skipped (the second pass). K of
 // non-prefix matches is re-RoPE'd from the position it was stored at to its
-// new position with model.RoPE.Shift; prefix matches are copied as stored.
+// new position with rope.RoPE.Shift; prefix matches are copied as stored.
 // [Gather] is the opposite direction, used to store a prefilled sequence.
 //
 // [Pool] is a small copy "stream": workers running scatter jobs off a bounded

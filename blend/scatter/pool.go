@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/cacheblend/cacheblend/kvcache"
-	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/rope"
 )
 
 // Defaults of a zero PoolConfig.
@@ -26,7 +26,7 @@ type Job struct {
 	Dst        *kvcache.Memory
 	BlockTable []int32
 	FromToken  int
-	RoPE       *model.RoPE
+	RoPE       *rope.RoPE
 	Segments   []Segment
 	// Workers is the layer parallelism of this copy (see ScatterParallel);
 	// <= 1 copies on the pool worker alone.

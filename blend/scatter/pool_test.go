@@ -6,12 +6,12 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/rope"
 )
 
 func TestPoolRunsJobs(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 7))
-	rope := model.NewRoPE(kvLayout.HeadDim, theta)
+	rope := rope.New(kvLayout.HeadDim, theta)
 	p := NewPool(PoolConfig{Workers: 2, QueueSize: 8})
 	if err := p.Start(context.Background()); err != nil {
 		t.Fatal(err)

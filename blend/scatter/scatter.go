@@ -7,7 +7,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/kvcache"
-	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/rope"
 )
 
 // ErrBadSegment reports a segment that cannot be scattered: no chunk, a
@@ -79,7 +79,7 @@ type run struct {
 // ErrBadSegment; the rest is still written. Scatter does not retain its
 // arguments. It is safe for concurrent use as long as concurrent calls write
 // disjoint slots.
-func Scatter(dst *kvcache.Memory, blockTable []int32, fromToken int, rope *model.RoPE, segs []Segment) (Stats, error) {
+func Scatter(dst *kvcache.Memory, blockTable []int32, fromToken int, rope *rope.RoPE, segs []Segment) (Stats, error) {
 	return ScatterParallel(dst, blockTable, fromToken, rope, segs, 1)
 }
 
@@ -87,7 +87,7 @@ func Scatter(dst *kvcache.Memory, blockTable []int32, fromToken int, rope *model
 // goroutines (at most one per layer; workers <= 1 runs in the caller), all
 // joined before it returns. The result is identical to Scatter's; it lowers
 // the latency of one large re-RoPE'd retrieve on an otherwise idle machine.
-func ScatterParallel(dst *kvcache.Memory, blockTable []int32, fromToken int, rope *model.RoPE, segs []Segment, workers int) (Stats, error) {
+func ScatterParallel(dst *kvcache.Memory, blockTable []int32, fromToken int, rope *rope.RoPE, segs []Segment, workers int) (Stats, error) {
 	var st Stats
 	l := dst.Layout()
 	bs := l.BlockSize
@@ -245,7 +245,7 @@ func getScratch(n int) *[]float32 {
 	return &b
 }
 
-func checkSegment(sg Segment, l kvcache.Layout, rope *model.RoPE) error {
+func checkSegment(sg Segment, l kvcache.Layout, rope *rope.RoPE) error {
 	c := sg.Chunk
 	switch {
 	case c == nil:

@@ -9,7 +9,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/kvcache"
-	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/rope"
 
 	"go.uber.org/goleak"
 )
@@ -59,7 +59,7 @@ func newChunk(t testing.TB, r *rand.Rand, l kvcache.Layout, n, start int) *chunk
 
 // reference writes the segments token by token with kvcache.Slot and a
 // per-token rope.Shift: the obviously-correct version of Scatter.
-func reference(dst *kvcache.Memory, bt []int32, from int, rope *model.RoPE, segs []Segment) {
+func reference(dst *kvcache.Memory, bt []int32, from int, rope *rope.RoPE, segs []Segment) {
 	l := dst.Layout()
 	for _, sg := range segs {
 		for i := range sg.Len {
@@ -111,7 +111,7 @@ func writtenSlots(m *kvcache.Memory) []int {
 
 func TestScatterWritesExactSlots(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 1))
-	rope := model.NewRoPE(kvLayout.HeadDim, theta)
+	rope := rope.New(kvLayout.HeadDim, theta)
 	c := newChunk(t, r, kvLayout, 20, 100)
 	bt := []int32{9, 3, 12, 0, 7, 5}
 	slotsOf := func(from, to int) []int { // slots of positions [from, to)
@@ -171,7 +171,7 @@ func TestScatterWritesExactSlots(t *testing.T) {
 
 func TestTwoPassEqualsOnePass(t *testing.T) {
 	r := rand.New(rand.NewPCG(2, 2))
-	rope := model.NewRoPE(kvLayout.HeadDim, theta)
+	rope := rope.New(kvLayout.HeadDim, theta)
 	c1 := newChunk(t, r, kvLayout, 20, 0)
 	c2 := newChunk(t, r, kvLayout, 30, 500)
 	full := []int32{4, 11, 2, 8, 15, 1, 6, 13, 10}
@@ -209,7 +209,7 @@ func TestTwoPassEqualsOnePass(t *testing.T) {
 
 func TestReRoPEMatchesDirectRotation(t *testing.T) {
 	l := kvcache.Layout{NumLayers: 3, NumBlocks: 64, BlockSize: 16, KVHeads: 4, HeadDim: 64}
-	rope := model.NewRoPE(l.HeadDim, theta)
+	rope := rope.New(l.HeadDim, theta)
 	tests := []struct {
 		name       string
 		pos0, pos1 int
@@ -270,7 +270,7 @@ func TestReRoPEMatchesDirectRotation(t *testing.T) {
 
 func TestNonConsecutivePositions(t *testing.T) {
 	r := rand.New(rand.NewPCG(4, 4))
-	rope := model.NewRoPE(kvLayout.HeadDim, theta)
+	rope := rope.New(kvLayout.HeadDim, theta)
 	c := newChunk(t, r, kvLayout, 10, 50)
 	c.Positions[4] = 7 // a stored position out of sequence
 	bt := []int32{1, 2, 3, 4}
@@ -286,7 +286,7 @@ func TestNonConsecutivePositions(t *testing.T) {
 
 func TestBadSegments(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 5))
-	rope := model.NewRoPE(kvLayout.HeadDim, theta)
+	rp := rope.New(kvLayout.HeadDim, theta)
 	good := newChunk(t, r, kvLayout, 8, 0)
 	other := kvLayout
 	other.HeadDim = 4
@@ -295,17 +295,17 @@ func TestBadSegments(t *testing.T) {
 		name string
 		seg  Segment
 		bt   []int32
-		rope *model.RoPE
+		rope *rope.RoPE
 	}{
-		{"nil chunk", Segment{Len: 4}, []int32{0, 1}, rope},
-		{"past the chunk", Segment{Chunk: good, ChunkOff: 6, Len: 4}, []int32{0, 1}, rope},
-		{"negative offset", Segment{Chunk: good, ChunkOff: -1, Len: 4}, []int32{0, 1}, rope},
-		{"negative position", Segment{Chunk: good, Len: 4, CurSt: -4}, []int32{0, 1}, rope},
-		{"layout mismatch", Segment{Chunk: wrongLayout, Len: 4}, []int32{0, 1}, rope},
+		{"nil chunk", Segment{Len: 4}, []int32{0, 1}, rp},
+		{"past the chunk", Segment{Chunk: good, ChunkOff: 6, Len: 4}, []int32{0, 1}, rp},
+		{"negative offset", Segment{Chunk: good, ChunkOff: -1, Len: 4}, []int32{0, 1}, rp},
+		{"negative position", Segment{Chunk: good, Len: 4, CurSt: -4}, []int32{0, 1}, rp},
+		{"layout mismatch", Segment{Chunk: wrongLayout, Len: 4}, []int32{0, 1}, rp},
 		{"shift without rope", Segment{Chunk: good, Len: 4, Shift: true}, []int32{0, 1}, nil},
-		{"shift with wrong rope", Segment{Chunk: good, Len: 4, Shift: true}, []int32{0, 1}, model.NewRoPE(4, theta)},
-		{"block id outside memory", Segment{Chunk: good, Len: 4}, []int32{99, 1}, rope},
-		{"negative block id", Segment{Chunk: good, Len: 4}, []int32{-1, 1}, rope},
+		{"shift with wrong rope", Segment{Chunk: good, Len: 4, Shift: true}, []int32{0, 1}, rope.New(4, theta)},
+		{"block id outside memory", Segment{Chunk: good, Len: 4}, []int32{99, 1}, rp},
+		{"negative block id", Segment{Chunk: good, Len: 4}, []int32{-1, 1}, rp},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -353,7 +353,7 @@ func TestGatherRoundTrip(t *testing.T) {
 func TestScatterParallelEqualsScatter(t *testing.T) {
 	l := kvcache.Layout{NumLayers: 5, NumBlocks: 32, BlockSize: 8, KVHeads: 2, HeadDim: 16}
 	r := rand.New(rand.NewPCG(10, 10))
-	rope := model.NewRoPE(l.HeadDim, theta)
+	rope := rope.New(l.HeadDim, theta)
 	c1, c2 := newChunk(t, r, l, 40, 0), newChunk(t, r, l, 50, 300)
 	bt := make([]int32, 20)
 	for i, p := range r.Perm(32)[:20] {

@@ -1,4 +1,4 @@
-package telemetry
+package provider
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -24,6 +23,9 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/cacheblend/cacheblend/telemetry"
+	"github.com/cacheblend/cacheblend/telemetry/internal/randid"
 )
 
 // shutdownGrace bounds how long Shutdown waits, after its context expired,
@@ -54,8 +56,8 @@ func WithSpanExporter(e sdktrace.SpanExporter) Option {
 }
 
 // WithIDGenerator replaces the random trace and span id generator (for
-// seeded ids in tests). [ContextWithTraceID] still takes precedence for root
-// spans.
+// seeded ids in tests). [telemetry.ContextWithTraceID] still takes
+// precedence for root spans.
 func WithIDGenerator(g sdktrace.IDGenerator) Option {
 	return func(o *options) { o.idGen = g }
 }
@@ -76,8 +78,8 @@ type Provider struct {
 	sdk     *sdktrace.TracerProvider // nil when tracing is off
 	pipes   []*pipeline
 	stats   counters
-	profile *ProfileSink // nil when profiling is off
-	closer  io.Closer    // the profile file we opened, if any
+	profile *telemetry.ProfileSink // nil when profiling is off
+	closer  io.Closer              // the profile file we opened, if any
 
 	shutdownOnce sync.Once
 	shutdownErr  error
@@ -118,7 +120,7 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Provider, error) {
 	p := &Provider{cfg: cfg, enabled: cfg.TracingEnabled(), tp: noop.NewTracerProvider()}
 
 	if o.profile != nil {
-		p.profile = asSink(o.profile)
+		p.profile = telemetry.AsProfileSink(o.profile)
 	} else if cfg.Profile {
 		path := cfg.ProfilePath
 		if path == "" {
@@ -129,7 +131,7 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Provider, error) {
 			return nil, fmt.Errorf("open span profile: %w", err)
 		}
 		p.cfg.ProfilePath = path
-		p.profile = NewProfileSink(f)
+		p.profile = telemetry.NewProfileSink(f)
 		p.closer = f
 	}
 
@@ -176,15 +178,15 @@ func (p *Provider) Enabled() bool { return p.enabled }
 func (p *Provider) Config() Config { return p.cfg }
 
 // ProfileWriter returns the span profile sink, or nil when profiling is off.
-func (p *Provider) ProfileWriter() *ProfileSink { return p.profile }
+func (p *Provider) ProfileWriter() *telemetry.ProfileSink { return p.profile }
 
 // Spans returns a span helper for the instrumentation scope, bound to this
 // provider's tracer provider and span profile.
-func (p *Provider) Spans(scope string) *Spans {
+func (p *Provider) Spans(scope string) *telemetry.Spans {
 	if p.profile == nil {
-		return NewSpans(p.tp, scope, nil)
+		return telemetry.NewSpans(p.tp, scope, nil)
 	}
-	return NewSpans(p.tp, scope, p.profile)
+	return telemetry.NewSpans(p.tp, scope, p.profile)
 }
 
 // DroppedSpans returns how many sampled spans were dropped before export
@@ -453,8 +455,8 @@ func newResource(cfg Config) *resource.Resource {
 }
 
 // NewIDGenerator returns the id generator every [Provider] uses: a root
-// span started with a context from [ContextWithTraceID] gets that trace id;
-// otherwise ids come from inner (random ids when inner is nil). A
+// span started with a context from [telemetry.ContextWithTraceID] gets that
+// trace id; otherwise ids come from inner (random ids when inner is nil). A
 // TracerProvider built directly with the SDK (tests) passes it to
 // sdktrace.WithIDGenerator to get the same behaviour. Safe for concurrent
 // use.
@@ -465,43 +467,20 @@ func NewIDGenerator(inner sdktrace.IDGenerator) sdktrace.IDGenerator {
 type idGenerator struct{ inner sdktrace.IDGenerator }
 
 func (g idGenerator) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
-	if id, ok := forcedTraceID(ctx); ok {
+	if id, ok := telemetry.TraceIDFromContext(ctx); ok {
 		return id, g.NewSpanID(ctx, id)
 	}
 	if g.inner != nil {
 		return g.inner.NewIDs(ctx)
 	}
-	return randomTraceID(), randomSpanID()
+	return randid.TraceID(), randid.SpanID()
 }
 
 func (g idGenerator) NewSpanID(ctx context.Context, tid trace.TraceID) trace.SpanID {
 	if g.inner != nil {
 		return g.inner.NewSpanID(ctx, tid)
 	}
-	return randomSpanID()
-}
-
-func randomTraceID() trace.TraceID {
-	var id trace.TraceID
-	for !id.IsValid() {
-		hi, lo := rand.Uint64(), rand.Uint64()
-		for i := range 8 {
-			id[i] = byte(hi >> (56 - 8*i))
-			id[8+i] = byte(lo >> (56 - 8*i))
-		}
-	}
-	return id
-}
-
-func randomSpanID() trace.SpanID {
-	var id trace.SpanID
-	for !id.IsValid() {
-		v := rand.Uint64()
-		for i := range 8 {
-			id[i] = byte(v >> (56 - 8*i))
-		}
-	}
-	return id
+	return randid.SpanID()
 }
 
 func newUUID() string {

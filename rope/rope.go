@@ -1,25 +1,26 @@
-package model
+package rope
 
 import "math"
 
-// DefaultRoPETheta is the rotary base used when a Config leaves it zero.
-const DefaultRoPETheta = 10000.0
+// DefaultTheta is the rotary base [New] uses when given theta <= 0 (the
+// Llama default).
+const DefaultTheta = 10000.0
 
 // RoPE applies rotary position embeddings in the "rotate half" layout used by
 // Llama (Hugging Face convention): dimension i is paired with i+HeadDim/2 and
 // rotated by pos*theta^(-2i/HeadDim). Rotations compose, so moving a key
 // computed at position p0 to position p1 (re-RoPE) is a rotation by p1-p0.
-// A RoPE is immutable after NewRoPE and safe for concurrent use.
+// A RoPE is immutable after New and safe for concurrent use.
 type RoPE struct {
 	headDim int
 	invFreq []float64
 }
 
-// NewRoPE returns the rotary embedding for heads of size headDim (even) with
-// base theta (DefaultRoPETheta when theta <= 0).
-func NewRoPE(headDim int, theta float64) *RoPE {
+// New returns the rotary embedding for heads of size headDim (even) with
+// base theta ([DefaultTheta] when theta <= 0).
+func New(headDim int, theta float64) *RoPE {
 	if theta <= 0 {
-		theta = DefaultRoPETheta
+		theta = DefaultTheta
 	}
 	half := headDim / 2
 	inv := make([]float64, half)
@@ -96,18 +97,22 @@ func (r *RoPE) Shift(x []float32, from, to int) {
 	}
 }
 
-// ropeTable caches, for every position below maxPos, the cos/sin values
-// RotateHeads would compute, so the forward pass rotates with exactly the
-// same numbers (bit for bit) without calling Sincos per token.
-type ropeTable struct {
+// Table caches, for every position below maxPos, the cos/sin values
+// [RoPE.RotateHeads] would compute, so the model's forward pass rotates with
+// exactly the same numbers (bit for bit) without calling Sincos per token.
+// The zero Table is not usable; build one with [NewTable]. A Table is
+// immutable and safe for concurrent use.
+type Table struct {
+	r        *RoPE
 	half     int
 	maxPos   int
 	cos, sin []float64 // [maxPos × half]
 }
 
-func newRopeTable(r *RoPE, maxPos int) ropeTable {
+// NewTable returns the table of r for positions [0, maxPos).
+func NewTable(r *RoPE, maxPos int) Table {
 	half := r.headDim / 2
-	t := ropeTable{half: half, maxPos: maxPos, cos: make([]float64, maxPos*half), sin: make([]float64, maxPos*half)}
+	t := Table{r: r, half: half, maxPos: maxPos, cos: make([]float64, maxPos*half), sin: make([]float64, maxPos*half)}
 	for p := range maxPos {
 		fp := float64(p)
 		for i := range half {
@@ -117,11 +122,11 @@ func newRopeTable(r *RoPE, maxPos int) ropeTable {
 	return t
 }
 
-// rotate is RotateHeads(x, pos) for 0 <= pos < maxPos, using the cached
-// values; other positions fall back to computing them.
-func (t ropeTable) rotate(r *RoPE, x []float32, pos int) {
+// Rotate is RotateHeads(x, pos) of the table's RoPE, using the cached values
+// for 0 <= pos < maxPos; other positions fall back to computing them.
+func (t Table) Rotate(x []float32, pos int) {
 	if pos < 0 || pos >= t.maxPos {
-		r.RotateHeads(x, pos)
+		t.r.RotateHeads(x, pos)
 		return
 	}
 	half := t.half

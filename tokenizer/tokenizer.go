@@ -1,4 +1,4 @@
-package model
+package tokenizer
 
 import (
 	"strings"
@@ -11,9 +11,9 @@ const (
 	BOS int32 = 256
 	// EOS is the end-of-sequence token id.
 	EOS int32 = 257
-	// TokenizerVocab is the tokenizer's vocabulary size: 256 byte ids plus
-	// BOS and EOS.
-	TokenizerVocab = 258
+	// Vocab is the tokenizer's vocabulary size: 256 byte ids plus BOS and
+	// EOS.
+	Vocab = 258
 )
 
 // Tokenizer is the byte-level tokenizer shared by cb-engine and the model:
@@ -24,8 +24,8 @@ const (
 // concurrent use.
 type Tokenizer struct{}
 
-// Vocab is the vocabulary size (TokenizerVocab).
-func (Tokenizer) Vocab() int { return TokenizerVocab }
+// Vocab is the vocabulary size (the constant [Vocab]).
+func (Tokenizer) Vocab() int { return Vocab }
 
 // BOS returns the beginning-of-sequence id.
 func (Tokenizer) BOS() int32 { return BOS }

@@ -1,4 +1,4 @@
-package telemetry
+package provider
 
 import (
 	"context"
@@ -22,6 +22,8 @@ import (
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/cacheblend/cacheblend/telemetry"
 )
 
 func newProvider(t *testing.T, cfg Config, opts ...Option) *Provider {
@@ -65,7 +67,7 @@ func TestRequestSpanTree(t *testing.T) {
 
 	// The gateway's request.
 	h := http.Header{"Traceparent": {w3cExample}}
-	ctx := ExtractHTTP(context.Background(), h)
+	ctx := telemetry.ExtractHTTP(context.Background(), h)
 
 	es := engine.Spans("cacheblend/engine")
 	ctx, server := es.Start(ctx, "chat tiny", trace.WithSpanKind(trace.SpanKindServer))
@@ -87,10 +89,10 @@ func TestRequestSpanTree(t *testing.T) {
 
 	rctx, cbReq := es.Start(ctx, "cb.request")
 	lctx, lookupRPC := es.Start(rctx, "cb.lookup.rpc", trace.WithSpanKind(trace.SpanKindClient))
-	payloadTraceContext := InjectString(lctx) // the Lookup payload's trace_context
+	payloadTraceContext := telemetry.InjectString(lctx) // the Lookup payload's trace_context
 
 	// cb-blend side.
-	bctx := ExtractString(context.Background(), payloadTraceContext)
+	bctx := telemetry.ExtractString(context.Background(), payloadTraceContext)
 	_, lookup := blend.Spans("cacheblend/blend").Start(bctx, "cb.lookup", trace.WithSpanKind(trace.SpanKindServer))
 	lookup.End()
 
@@ -145,7 +147,7 @@ func TestRequestSpanTree(t *testing.T) {
 	if dec.Status.Code != codes.Error {
 		t.Errorf("decode status %v", dec.Status)
 	}
-	if v, _ := attrOf(dec.Attributes, ErrorTypeKey); v.AsString() != "timeout" {
+	if v, _ := attrOf(dec.Attributes, telemetry.ErrorTypeKey); v.AsString() != "timeout" {
 		t.Errorf("error.type %q", v.AsString())
 	}
 	if ok := spanByName(t, spans, "engine.queue"); ok.Status.Code == codes.Error {
@@ -603,7 +605,7 @@ func TestSampling(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := tracetest.NewSpanRecorder()
 			p := newProvider(t, Config{Enabled: true, Sampler: tc.sampler, SamplerArg: tc.arg}, WithSpanProcessor(rec))
-			ctx := ExtractString(context.Background(), tc.parent)
+			ctx := telemetry.ExtractString(context.Background(), tc.parent)
 			ctx, sp := p.Spans("s").Start(ctx, "root", trace.WithSpanKind(trace.SpanKindServer))
 			_, child := p.Spans("s").Start(ctx, "child")
 			child.End()
@@ -612,8 +614,8 @@ func TestSampling(t *testing.T) {
 				t.Fatalf("recorded %d spans, want %d", got, tc.wantSpans)
 			}
 			// The decision travels: the downstream trace_context carries it.
-			if tp := InjectString(ctx); tp != "" {
-				sc, err := ParseTraceparent(tp)
+			if tp := telemetry.InjectString(ctx); tp != "" {
+				sc, err := telemetry.ParseTraceparent(tp)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -632,11 +634,11 @@ func TestSampledOutRequestRecordsNothingDownstream(t *testing.T) {
 	engine := newProvider(t, Config{Enabled: true, Sampler: SamplerTraceIDRatio, SamplerArg: "0"}, WithSpanProcessor(recEngine))
 	blend := newProvider(t, Config{Enabled: true}, WithSpanProcessor(recBlend))
 	ctx, sp := engine.Spans("e").Start(context.Background(), "cb.request")
-	tc := InjectString(ctx)
+	tc := telemetry.InjectString(ctx)
 	if tc == "" {
 		t.Fatal("a sampled-out span still has a span context to propagate")
 	}
-	_, lookup := blend.Spans("b").Start(ExtractString(context.Background(), tc), "cb.lookup")
+	_, lookup := blend.Spans("b").Start(telemetry.ExtractString(context.Background(), tc), "cb.lookup")
 	lookup.End()
 	sp.End()
 	if len(recEngine.Ended())+len(recBlend.Ended()) != 0 {
@@ -704,8 +706,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 func TestContextWithTraceID(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	p := newProvider(t, Config{Enabled: true}, WithSpanProcessor(rec))
-	want := TraceIDFromRequestID("req-42")
-	ctx := ContextWithTraceID(context.Background(), want)
+	want := telemetry.TraceIDFromRequestID("req-42")
+	ctx := telemetry.ContextWithTraceID(context.Background(), want)
 	ctx, root := p.Spans("blend").Start(ctx, "cb.request")
 	_, child := p.Spans("blend").Start(ctx, "cb.scatter")
 	child.End()
@@ -720,7 +722,7 @@ func TestContextWithTraceID(t *testing.T) {
 	}
 	// A real parent wins over the forced id.
 	pctx, _ := exampleContext(t)
-	_, sp := p.Spans("blend").Start(ContextWithTraceID(pctx, want), "cb.lookup")
+	_, sp := p.Spans("blend").Start(telemetry.ContextWithTraceID(pctx, want), "cb.lookup")
 	sp.End()
 	if got := sp.SpanContext().TraceID().String(); got != exTrace {
 		t.Fatalf("child of a remote parent got trace id %s", got)
@@ -755,7 +757,7 @@ func TestSeededIDs(t *testing.T) {
 	_, child := p.Spans("s").Start(ctx, "child")
 	child.End()
 	root.End()
-	if got := InjectString(ctx); got != "00-00000000000000000000000000000001-0000000000000002-01" {
+	if got := telemetry.InjectString(ctx); got != "00-00000000000000000000000000000001-0000000000000002-01" {
 		t.Fatalf("root traceparent %s", got)
 	}
 	if got := child.SpanContext().SpanID().String(); got != "0000000000000003" {
@@ -765,8 +767,8 @@ func TestSeededIDs(t *testing.T) {
 
 func TestNewIDGeneratorHonoursForcedTraceID(t *testing.T) {
 	g := NewIDGenerator(nil)
-	want := TraceIDFromRequestID("abc")
-	tid, sid := g.NewIDs(ContextWithTraceID(context.Background(), want))
+	want := telemetry.TraceIDFromRequestID("abc")
+	tid, sid := g.NewIDs(telemetry.ContextWithTraceID(context.Background(), want))
 	if tid != want || !sid.IsValid() {
 		t.Errorf("NewIDs with forced id = %s %s", tid, sid)
 	}
@@ -774,7 +776,7 @@ func TestNewIDGeneratorHonoursForcedTraceID(t *testing.T) {
 	if !tid2.IsValid() || tid2 == want {
 		t.Errorf("NewIDs without forced id = %s", tid2)
 	}
-	if ctx := ContextWithTraceID(context.Background(), trace.TraceID{}); ctx != context.Background() {
+	if ctx := telemetry.ContextWithTraceID(context.Background(), trace.TraceID{}); ctx != context.Background() {
 		t.Error("zero trace id was stored")
 	}
 }
