@@ -43,4 +43,3 @@ func FuzzCheckMatch(f *testing.F) {
 		}
 	})
 }
-
