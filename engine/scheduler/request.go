@@ -40,9 +40,11 @@ type Request struct {
 	// the request finishes (reason "stored") when the worker reports the
 	// store done. No lookup is made for it.
 	Document bool
-	// OnToken, when set, is called on the step loop with every sampled token
-	// except an end-of-sequence one; returning true finishes the request with
-	// reason "stop". It must be fast and must not call the scheduler.
+	// OnToken, when set, is called with every sampled token except an
+	// end-of-sequence one, in order, on the step loop's goroutine but
+	// without the scheduler's lock, before the next step is scheduled;
+	// returning true finishes the request with reason "stop". The step loop
+	// waits for it, so it should be quick; it may call the scheduler.
 	OnToken func(tok int32) (stop bool)
 	// Ctx carries the parent span of cb.request (for documents, the span
 	// whose context the worker gets) and the request's cancellation: when it

@@ -65,14 +65,6 @@ type seq struct {
 	plan *cbv1.CBPlan
 }
 
-// storeHold keeps the blocks of a request whose store the worker has not
-// reported done.
-type storeHold struct {
-	blocks   [][]int32
-	deadline time.Time
-	doc      *seq // a document waiting for this report
-}
-
 // item is one sequence's share of a step.
 type item struct {
 	sq     *seq
@@ -114,9 +106,8 @@ type Scheduler struct {
 	waiting         []*seq
 	running         []*seq
 	byID            map[string]*seq
-	storeWait       map[string]*storeHold
 	pendingFinished []string
-	alloc           *kvcache.Allocator
+	blocks          *blockManager
 	info            *cbv1.InfoResponse
 	ready           bool
 	everReady       bool
@@ -125,9 +116,7 @@ type Scheduler struct {
 	nextStorePoll   time.Time
 	stepID          uint64
 	preemptions     uint64
-	evictionBase    uint64
 	batchTokens     int
-	hitNum, hitDen  uint64
 	after           []func() // run after mu is released
 	lookups         *lookupDriver
 
@@ -146,15 +135,15 @@ func New(cfg Config, deps Deps) (*Scheduler, error) {
 	}
 	cfg = cfg.withDefaults()
 	s := &Scheduler{
-		cfg:       cfg,
-		deps:      deps,
-		spans:     deps.Spans,
-		log:       deps.Logger,
-		byID:      make(map[string]*seq),
-		storeWait: make(map[string]*storeHold),
-		wake:      make(chan struct{}, 1),
-		loopDone:  make(chan struct{}),
-		lookups:   newLookupDriver(deps.Blend, cfg.MaxLookupRPCs),
+		cfg:      cfg,
+		deps:     deps,
+		spans:    deps.Spans,
+		log:      deps.Logger,
+		byID:     make(map[string]*seq),
+		blocks:   newBlockManager(),
+		wake:     make(chan struct{}, 1),
+		loopDone: make(chan struct{}),
+		lookups:  newLookupDriver(deps.Blend, cfg.MaxLookupRPCs),
 	}
 	if s.spans == nil {
 		s.spans = telemetry.NewSpans(nil, "github.com/cacheblend/cacheblend/engine/scheduler", nil)
@@ -268,23 +257,14 @@ func (s *Scheduler) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := Stats{
-		Waiting:       len(s.waiting),
-		Running:       len(s.running),
-		Preemptions:   s.preemptions,
-		Evictions:     s.evictionBase,
-		BatchTokens:   s.batchTokens,
-		Steps:         s.stepID,
-		WorkerReady:   s.ready,
-		StoresPending: len(s.storeWait),
+		Waiting:     len(s.waiting),
+		Running:     len(s.running),
+		Preemptions: s.preemptions,
+		BatchTokens: s.batchTokens,
+		Steps:       s.stepID,
+		WorkerReady: s.ready,
 	}
-	if s.hitDen > 0 {
-		st.PrefixHitRatio = min(1, float64(s.hitNum)/float64(s.hitDen))
-	}
-	if s.alloc != nil {
-		a := s.alloc.Stats()
-		st.KVFree, st.KVUsed, st.KVCached, st.KVTotal = a.Free, a.Used, a.Cached, a.NumBlocks
-		st.Evictions += a.Evictions
-	}
+	s.blocks.stats(&st)
 	return st
 }
 
@@ -313,7 +293,7 @@ func (s *Scheduler) Submit(r *Request) (*Handle, error) {
 	if _, dup := s.byID[r.ID]; dup {
 		return nil, fmt.Errorf("%w: request id %q already in flight", ErrBadRequest, r.ID)
 	}
-	if _, dup := s.storeWait[r.ID]; dup {
+	if _, dup := s.blocks.holds[r.ID]; dup {
 		return nil, fmt.Errorf("%w: request id %q still storing", ErrBadRequest, r.ID)
 	}
 	total := len(r.Prompt)
@@ -323,8 +303,8 @@ func (s *Scheduler) Submit(r *Request) (*Handle, error) {
 	if mp := int(s.info.GetMaxPositions()); mp > 0 && total > mp {
 		return nil, fmt.Errorf("%w: %d tokens exceed the model's %d positions", ErrTooLong, total, mp)
 	}
-	if need := s.alloc.BlocksFor(total); need > s.alloc.NumBlocks() {
-		return nil, fmt.Errorf("%w: %d tokens need %d KV blocks, the pool has %d", ErrTooLong, total, need, s.alloc.NumBlocks())
+	if pool := s.blocks.pool; pool.BlocksFor(total) > pool.NumBlocks() {
+		return nil, fmt.Errorf("%w: %d tokens need %d KV blocks, the pool has %d", ErrTooLong, total, pool.BlocksFor(total), pool.NumBlocks())
 	}
 	if v := s.info.GetVocab(); v > 0 {
 		for i, t := range r.Prompt {
@@ -381,13 +361,18 @@ func (s *Scheduler) poke() {
 	}
 }
 
-// unlock releases mu and runs the actions deferred while it was held.
+// unlock releases mu and runs the actions deferred while it was held, then
+// logs the block accounting errors met meanwhile.
 func (s *Scheduler) unlock() {
 	fns := s.after
 	s.after = nil
+	errs := s.blocks.takeErrors()
 	s.mu.Unlock()
 	for _, f := range fns {
 		f()
+	}
+	for _, err := range errs {
+		s.log.Error("kv block accounting error", "error", err.Error())
 	}
 }
 
@@ -470,7 +455,7 @@ func (s *Scheduler) probe() {
 		}
 		return
 	}
-	s.alloc, s.info, s.ready, s.everReady = alloc, info, true, true
+	s.blocks.pool, s.info, s.ready, s.everReady = alloc, info, true, true
 	s.unlock()
 	s.log.Info("worker ready", "worker_id", info.GetWorkerId(), "model", info.GetModel(),
 		"kv_blocks", info.GetNumBlocks(), "block_size", info.GetBlockSize(), "max_positions", info.GetMaxPositions())
@@ -487,12 +472,7 @@ func (s *Scheduler) processCancels(now time.Time) {
 
 // expireStores releases the blocks of stores not reported in time.
 func (s *Scheduler) expireStores(now time.Time) {
-	for id, hold := range s.storeWait {
-		if now.Before(hold.deadline) {
-			continue
-		}
-		delete(s.storeWait, id)
-		s.freeBlocks(hold.blocks...)
+	for id, hold := range s.blocks.expire(now) {
 		if hold.doc != nil {
 			s.finish(hold.doc, "", ErrStoreTimeout, now)
 		}
@@ -500,30 +480,6 @@ func (s *Scheduler) expireStores(now time.Time) {
 			s.log.Warn("store not reported done in time; blocks released", "request_id", id, "timeout", s.cfg.StoreTimeout.String())
 		})
 	}
-}
-
-func (s *Scheduler) freeBlocks(lists ...[]int32) {
-	for _, bl := range lists {
-		if len(bl) == 0 {
-			continue
-		}
-		if err := s.alloc.Free(bl); err != nil {
-			s.defer_(func() { s.log.Error("kv block accounting error", "error", err.Error()) })
-		}
-	}
-}
-
-// releaseBlocks gives up sq's blocks: held for a pending store, else freed.
-func (s *Scheduler) releaseBlocks(sq *seq) {
-	if len(sq.blocks) == 0 {
-		return
-	}
-	if hold, ok := s.storeWait[sq.id]; ok {
-		hold.blocks = append(hold.blocks, sq.blocks)
-	} else {
-		s.freeBlocks(sq.blocks)
-	}
-	sq.blocks = nil
 }
 
 // finish ends sq with reason (success) or err.
@@ -538,11 +494,11 @@ func (s *Scheduler) finish(sq *seq, reason string, err error, now time.Time) {
 		s.running = slices.DeleteFunc(s.running, func(x *seq) bool { return x == sq })
 	}
 	if sq.state == stStoring {
-		if hold, ok := s.storeWait[sq.id]; ok && hold.doc == sq {
+		if hold, ok := s.blocks.holds[sq.id]; ok && hold.doc == sq {
 			hold.doc = nil // the blocks stay held until the report
 		}
 	}
-	s.releaseBlocks(sq)
+	s.blocks.release(sq)
 	if sq.started {
 		s.pendingFinished = append(s.pendingFinished, sq.id)
 		sq.started = false
@@ -600,7 +556,7 @@ func errorType(err error) string {
 // readmitted.
 func (s *Scheduler) preempt(sq *seq) {
 	s.running = slices.DeleteFunc(s.running, func(x *seq) bool { return x == sq })
-	s.releaseBlocks(sq)
+	s.blocks.release(sq)
 	if sq.started {
 		s.pendingFinished = append(s.pendingFinished, sq.id)
 		sq.started = false
@@ -632,16 +588,7 @@ func (s *Scheduler) schedule(now time.Time) []item {
 		if n <= 0 {
 			continue
 		}
-		for {
-			need := s.alloc.BlocksFor(sq.computed+n) - len(sq.blocks)
-			if need <= 0 {
-				break
-			}
-			got, err := s.alloc.Allocate(need)
-			if err == nil {
-				sq.blocks = append(sq.blocks, got...)
-				break
-			}
+		for s.blocks.grow(sq, sq.computed+n) != nil {
 			victim := s.running[len(s.running)-1]
 			s.preempt(victim)
 			preempted = true
@@ -687,14 +634,7 @@ func (s *Scheduler) stepItem(sq *seq, n int) item {
 // prefix cache and the CacheBlend plan, and reports the tokens to compute.
 func (s *Scheduler) admit(sq *seq, budget int, now time.Time) (int, bool) {
 	planStart := time.Now()
-	bs := s.alloc.BlockSize()
-	sq.hashes = kvcache.ChainHashes(sq.hashes, sq.tokens, bs)
-	maxHit := (len(sq.tokens) - 1) / bs // always compute at least the last token
-	if sq.req.NoReuse {
-		maxHit = 0
-	}
-	acquired := s.alloc.Acquire(sq.hashes[:min(maxHit, len(sq.hashes))])
-	local := len(acquired) * bs
+	acquired, local := s.blocks.acquirePrefix(sq)
 	start, reused := local, 0
 	var plan *cbv1.CBPlan
 	if sq.lk != nil && sq.lk.result != nil && !sq.resumed {
@@ -703,17 +643,17 @@ func (s *Scheduler) admit(sq *seq, budget int, now time.Time) (int, bool) {
 		}
 	}
 	n := min(len(sq.tokens)-start, budget)
-	fresh, err := s.alloc.Allocate(s.alloc.BlocksFor(start+n) - len(acquired))
-	if err != nil {
-		s.freeBlocks(acquired)
+	sq.blocks = acquired
+	if err := s.blocks.grow(sq, start+n); err != nil {
+		s.blocks.free(acquired)
+		sq.blocks = nil
 		return 0, false
 	}
-	sq.blocks = append(acquired, fresh...)
+	nFresh := len(sq.blocks) - len(acquired)
 	sq.computed, sq.committed = start, len(acquired)
 	sq.prefillEnd = len(sq.tokens)
 	sq.plan = plan
-	s.hitNum += uint64(min(local+reused, len(sq.tokens))) // the prefix leg is among the reused tokens
-	s.hitDen += uint64(len(sq.tokens))
+	s.blocks.admitted(local+reused, len(sq.tokens)) // the prefix leg is among the reused tokens
 	if sq.admitted {
 		return n, true
 	}
@@ -733,7 +673,7 @@ func (s *Scheduler) admit(sq *seq, budget int, now time.Time) (int, bool) {
 			attribute.Int("start_pos", start),
 			attribute.Int("n_matches", len(plan.GetMatches())),
 			attribute.Int("reused_tokens", reused),
-			attribute.Int("n_blocks", len(acquired)+len(fresh)),
+			attribute.Int("n_blocks", len(acquired)+nFresh),
 		))
 		bm.End(traceEnd(now))
 		sq.schedSpan.End(traceEnd(now))
@@ -744,11 +684,11 @@ func (s *Scheduler) admit(sq *seq, budget int, now time.Time) (int, bool) {
 // buildExecute turns the batch into the step request; nil when there is
 // nothing to send (no batch, no finished ids, no store report due).
 func (s *Scheduler) buildExecute(batch []item, now time.Time) *cbv1.ExecuteRequest {
-	storePoll := len(s.storeWait) > 0 && !now.Before(s.nextStorePoll)
+	storePoll := len(s.blocks.holds) > 0 && !now.Before(s.nextStorePoll)
 	if len(batch) == 0 && len(s.pendingFinished) == 0 && !storePoll {
 		return nil
 	}
-	if len(s.storeWait) > 0 {
+	if len(s.blocks.holds) > 0 {
 		s.nextStorePoll = now.Add(s.cfg.StorePollInterval)
 	}
 	s.stepID++
@@ -778,7 +718,7 @@ func (s *Scheduler) buildExecute(batch []item, now time.Time) *cbv1.ExecuteReque
 		if wantStore && !sq.storeSent && sq.computed+it.n == sq.prefillEnd {
 			st.Store = true
 			sq.storeSent = true
-			s.storeWait[sq.id] = &storeHold{deadline: now.Add(s.cfg.StoreTimeout)}
+			s.blocks.hold(sq.id, now.Add(s.cfg.StoreTimeout))
 			s.nextStorePoll = now.Add(s.cfg.StorePollInterval)
 		}
 		req.Seqs = append(req.Seqs, st)
@@ -815,7 +755,7 @@ func (s *Scheduler) applyStep(batch []item, resp *cbv1.ExecuteResponse, err erro
 			continue
 		}
 		sq.computed += it.n
-		s.commitBlocks(sq)
+		s.blocks.commit(sq)
 		if it.doc && sq.computed >= sq.prefillEnd {
 			s.docPrefilled(sq)
 			continue
@@ -835,22 +775,6 @@ func (s *Scheduler) applyStep(batch []item, resp *cbv1.ExecuteResponse, err erro
 	}
 }
 
-// commitBlocks registers sq's newly computed full blocks in the prefix cache.
-func (s *Scheduler) commitBlocks(sq *seq) {
-	bs := s.alloc.BlockSize()
-	full := min(sq.computed/bs, len(sq.blocks))
-	if full <= sq.committed {
-		return
-	}
-	sq.hashes = kvcache.ChainHashes(sq.hashes, sq.tokens, bs)
-	for i := sq.committed; i < full && i < len(sq.hashes); i++ {
-		if _, err := s.alloc.Commit(sq.blocks[i], sq.hashes[i]); err != nil {
-			s.defer_(func() { s.log.Error("kv block accounting error", "error", err.Error()) })
-		}
-	}
-	sq.committed = full
-}
-
 func (s *Scheduler) appendToken(sq *seq, tok int32, now time.Time) {
 	sq.tokens = append(sq.tokens, tok)
 	nOut := len(sq.tokens) - sq.nPrompt
@@ -859,14 +783,33 @@ func (s *Scheduler) appendToken(sq *seq, tok int32, now time.Time) {
 		r.TokenTimes = append(r.TokenTimes, now)
 	})
 	eos := !sq.req.IgnoreEOS && s.info != nil && tok == s.info.GetEos()
+	last := nOut >= sq.req.MaxTokens
 	switch {
 	case eos:
 		s.finish(sq, FinishStop, nil, now)
-	case sq.req.OnToken != nil && sq.req.OnToken(tok):
-		s.finish(sq, FinishStop, nil, now)
-	case nOut >= sq.req.MaxTokens:
+	case sq.req.OnToken != nil:
+		// OnToken runs once the lock is released, before the loop
+		// schedules again (the loop runs the deferred actions itself).
+		s.defer_(func() { s.afterToken(sq, tok, last, now) })
+	case last:
 		s.finish(sq, FinishLength, nil, now)
 	}
+}
+
+// afterToken hands a token to the request's OnToken, without the lock, and
+// finishes the request when it asks to stop or reached its limit.
+func (s *Scheduler) afterToken(sq *seq, tok int32, last bool, now time.Time) {
+	stop := sq.req.OnToken(tok)
+	if !stop && !last {
+		return
+	}
+	s.mu.Lock()
+	if stop {
+		s.finish(sq, FinishStop, nil, now)
+	} else {
+		s.finish(sq, FinishLength, nil, now)
+	}
+	s.unlock()
 }
 
 // docPrefilled parks a document whose prefill is done until its store is
@@ -874,11 +817,7 @@ func (s *Scheduler) appendToken(sq *seq, tok int32, now time.Time) {
 func (s *Scheduler) docPrefilled(sq *seq) {
 	s.running = slices.DeleteFunc(s.running, func(x *seq) bool { return x == sq })
 	sq.state = stStoring
-	hold, ok := s.storeWait[sq.id]
-	if !ok { // cannot happen: the store was sent with the last chunk
-		hold = &storeHold{deadline: time.Now().Add(s.cfg.StoreTimeout)}
-		s.storeWait[sq.id] = hold
-	}
+	hold := s.blocks.hold(sq.id, time.Now().Add(s.cfg.StoreTimeout)) // held since the store was sent
 	hold.blocks = append(hold.blocks, sq.blocks)
 	hold.doc = sq
 	sq.blocks = nil
@@ -890,13 +829,7 @@ func (s *Scheduler) docPrefilled(sq *seq) {
 
 // storeDone releases what a finished store held.
 func (s *Scheduler) storeDone(id string, now time.Time) {
-	hold, ok := s.storeWait[id]
-	if !ok {
-		return
-	}
-	delete(s.storeWait, id)
-	s.freeBlocks(hold.blocks...)
-	if hold.doc != nil {
+	if hold := s.blocks.storeDone(id); hold != nil && hold.doc != nil {
 		s.finish(hold.doc, FinishStored, nil, now)
 	}
 }
@@ -907,12 +840,9 @@ func (s *Scheduler) workerFailed(cause error, now time.Time) {
 	for _, sq := range s.liveSeqs() {
 		s.finish(sq, "", err, now)
 	}
-	if s.alloc != nil {
-		s.evictionBase += s.alloc.Stats().Evictions
-	}
-	clear(s.storeWait)
+	s.blocks.reset()
 	s.pendingFinished = nil
-	s.alloc, s.ready = nil, false
+	s.ready = false
 	s.nextProbe = now
 	s.defer_(func() { s.log.Error("worker step failed; requests in flight failed", "error", cause.Error()) })
 }
@@ -930,10 +860,10 @@ func (s *Scheduler) nextWake(now time.Time) time.Time {
 			earlier(lk.deadline)
 		}
 	}
-	for _, hold := range s.storeWait {
-		earlier(hold.deadline)
+	if at, ok := s.blocks.nextDeadline(); ok {
+		earlier(at)
 	}
-	if len(s.storeWait) > 0 {
+	if len(s.blocks.holds) > 0 {
 		earlier(s.nextStorePoll)
 	}
 	return at
