@@ -1,0 +1,199 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/cacheblend/cacheblend/engine/api"
+	"github.com/cacheblend/cacheblend/engine/scheduler"
+	"github.com/cacheblend/cacheblend/metrics"
+	"github.com/cacheblend/cacheblend/telemetry"
+)
+
+// TokenEventEvery is the interval, in output tokens, of the "token" events
+// on engine.decode.
+const TokenEventEvery = 32
+
+// genRecord is what the serve loop learns about one generation request.
+type genRecord struct {
+	op, model, id string
+	t0            time.Time
+	stream        bool
+	status        int
+	apiErr        *api.Error
+	cause         error // the underlying error, for the span
+	h             *scheduler.Handle
+	promptTokens  int
+	maxTokens     int
+	ts            *textStream // the completion text, for content capture
+}
+
+// fail records apiErr and sends it, unless the client is gone (499).
+func (rec *genRecord) fail(w http.ResponseWriter, apiErr *api.Error, cause error) {
+	rec.apiErr, rec.status, rec.cause = apiErr, apiErr.Status, cause
+	if apiErr.Status != api.StatusClientClosedRequest {
+		apiErr.Write(w)
+	}
+}
+
+// endGenerate records the request: engine spans, SERVER span attributes and
+// status, the request metrics, and the JSON log line (inside the SERVER
+// span), then ends the SERVER span.
+func (e *Engine) endGenerate(ctx context.Context, span *telemetry.Span, rec *genRecord, w *statusWriter) {
+	end := time.Now()
+	var res scheduler.Result
+	if rec.h != nil {
+		res = rec.h.Snapshot()
+	}
+	status := rec.status
+	if status == 0 {
+		status = w.status
+	}
+	errType := ""
+	if rec.apiErr != nil {
+		errType = rec.apiErr.ErrorType
+	}
+	nOut := len(res.Tokens)
+
+	if rec.h != nil {
+		e.engineSpans(ctx, rec, res, end)
+	}
+	attrs := []attribute.KeyValue{
+		attribute.Int("http.response.status_code", status),
+		attribute.Int("gen_ai.usage.input_tokens", rec.promptTokens),
+		attribute.Int("gen_ai.usage.output_tokens", nOut),
+		attribute.String("gen_ai.response.id", rec.id),
+		attribute.Bool("stream", rec.stream),
+	}
+	if rec.maxTokens > 0 {
+		attrs = append(attrs, attribute.Int("gen_ai.request.max_tokens", rec.maxTokens))
+	}
+	if res.FinishReason != "" && errType == "" {
+		attrs = append(attrs, attribute.StringSlice("gen_ai.response.finish_reasons", []string{res.FinishReason}))
+	}
+	span.SetAttributes(attrs...)
+	if e.cfg.CaptureContent && rec.ts != nil {
+		span.AddEvent("gen_ai.choice", trace.WithAttributes(
+			attribute.String("gen_ai.response.finish_reason", res.FinishReason),
+			attribute.String("gen_ai.completion", rec.ts.all())))
+	}
+	switch {
+	case status >= 500:
+		cause := rec.cause
+		if cause == nil && rec.apiErr != nil {
+			cause = errors.New(rec.apiErr.Message)
+		}
+		span.SetError(errType, cause)
+	case errType != "":
+		span.SetAttributes(telemetry.ErrorTypeKey.String(errType))
+	}
+
+	mrec := metrics.RequestRecord{
+		Operation: rec.op, Model: rec.model, E2E: end.Sub(rec.t0),
+		PromptTokens: rec.promptTokens, OutputTokens: nOut, ErrorType: errType,
+	}
+	var ttft time.Duration
+	if len(res.TokenTimes) > 0 {
+		ttft = max(0, res.TokenTimes[0].Sub(rec.t0))
+		mrec.TTFT, mrec.HasTTFT = min(ttft, mrec.E2E), true
+	}
+	if err := e.metrics.RecordRequest(ctx, mrec); err != nil {
+		e.log.WarnContext(ctx, "record request metrics", "error", err.Error())
+	}
+
+	level := slog.LevelInfo
+	if status >= 500 {
+		level = slog.LevelError
+	}
+	logAttrs := []slog.Attr{
+		slog.String("request_id", rec.id),
+		slog.String("operation", rec.op),
+		slog.String("model", rec.model),
+		slog.Int("status", status),
+		slog.String("error_type", errType),
+		slog.Bool("stream", rec.stream),
+		slog.Float64("duration_s", end.Sub(rec.t0).Seconds()),
+		slog.Int("prompt_tokens", rec.promptTokens),
+		slog.Int("completion_tokens", nOut),
+	}
+	if mrec.HasTTFT {
+		logAttrs = append(logAttrs, slog.Float64("ttft_s", ttft.Seconds()))
+	} else {
+		logAttrs = append(logAttrs, slog.Any("ttft_s", nil))
+	}
+	if res.FinishReason != "" {
+		logAttrs = append(logAttrs, slog.String("finish_reason", res.FinishReason))
+	}
+	if rec.h != nil {
+		logAttrs = append(logAttrs,
+			slog.Int("cached_tokens", res.CachedTokens),
+			slog.Int("reused_tokens", res.ReusedTokens),
+			slog.Int("preemptions", res.Preemptions))
+		if res.Fallback != "" {
+			logAttrs = append(logAttrs, slog.String("lookup_fallback", res.Fallback))
+		}
+	}
+	if rec.apiErr != nil {
+		logAttrs = append(logAttrs, slog.String("error", rec.apiErr.Message))
+	}
+	e.log.LogAttrs(ctx, level, "request", logAttrs...)
+	span.End(trace.WithTimestamp(end))
+}
+
+// engineSpans records engine.queue, engine.prefill and engine.decode from
+// the times the scheduler stamped.
+func (e *Engine) engineSpans(ctx context.Context, rec *genRecord, res scheduler.Result, end time.Time) {
+	stopAt := end
+	if !res.Finished.IsZero() {
+		stopAt = res.Finished
+	}
+	queueEnd := res.Admitted
+	if queueEnd.IsZero() {
+		queueEnd = stopAt
+	}
+	_, q := e.spans.Start(ctx, "engine.queue", trace.WithTimestamp(rec.t0))
+	q.End(trace.WithTimestamp(queueEnd))
+	if res.Admitted.IsZero() {
+		return
+	}
+	prefillEnd := stopAt
+	if len(res.TokenTimes) > 0 {
+		prefillEnd = res.TokenTimes[0]
+	}
+	_, p := e.spans.Start(ctx, "engine.prefill", trace.WithTimestamp(res.Admitted), trace.WithAttributes(
+		attribute.Int("n_prompt_tokens", res.PromptTokens),
+		attribute.Int("cached_tokens", res.CachedTokens),
+		attribute.Int("reused_tokens", res.ReusedTokens),
+	))
+	p.End(trace.WithTimestamp(prefillEnd))
+	if len(res.TokenTimes) < 2 {
+		return
+	}
+	_, d := e.spans.Start(ctx, "engine.decode", trace.WithTimestamp(res.TokenTimes[0]))
+	for i := TokenEventEvery - 1; i < len(res.TokenTimes); i += TokenEventEvery {
+		d.AddEvent("token", trace.WithTimestamp(res.TokenTimes[i]), trace.WithAttributes(attribute.Int("n", i+1)))
+	}
+	d.SetAttributes(attribute.Int("n_tokens", len(res.TokenTimes)), attribute.Int("preemptions", res.Preemptions))
+	d.End(trace.WithTimestamp(stopAt))
+}
+
+// captureInput records the request's messages (or prompt) as span events,
+// per the GenAI semantic conventions' content capture. Only called when the
+// operator opted in (Config.CaptureContent): by default no prompt or
+// completion text reaches spans, logs or metrics.
+func captureInput(span *telemetry.Span, g *api.Generation, promptText string) {
+	if len(g.Messages) == 0 {
+		span.AddEvent("gen_ai.prompt", trace.WithAttributes(attribute.String("gen_ai.prompt", promptText)))
+		return
+	}
+	for _, m := range g.Messages {
+		span.AddEvent("gen_ai."+m.Role+".message", trace.WithAttributes(
+			attribute.String("gen_ai.message.role", m.Role), attribute.String("gen_ai.message.content", m.Content)))
+	}
+}

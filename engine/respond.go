@@ -1,0 +1,190 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/cacheblend/cacheblend/engine/api"
+	"github.com/cacheblend/cacheblend/engine/scheduler"
+)
+
+// wait blocks until the request finished or its context ended.
+func wait(ctx context.Context, h *scheduler.Handle) scheduler.Result {
+	select {
+	case <-h.Done():
+	case <-ctx.Done():
+	}
+	return h.Snapshot()
+}
+
+func usage(prompt, completion int) api.Usage {
+	return api.Usage{PromptTokens: prompt, CompletionTokens: completion, TotalTokens: prompt + completion}
+}
+
+// shape builds the response bodies of one operation: the only place where
+// chat and completion responses differ.
+type shape struct {
+	op, id, model string
+	created       int64
+}
+
+func newShape(rec *genRecord) shape {
+	return shape{op: rec.op, id: rec.id, model: rec.model, created: time.Now().Unix()}
+}
+
+func (s shape) chat() bool { return s.op == api.OperationChat }
+
+// whole is the body of a non-streamed response.
+func (s shape) whole(text, reason string, u api.Usage) any {
+	if s.chat() {
+		return api.ChatCompletion{
+			ID: s.id, Object: "chat.completion", Created: s.created, Model: s.model,
+			Choices: []api.ChatChoice{{Message: api.ChatMessageOut{Role: "assistant", Content: text}, FinishReason: reason}},
+			Usage:   u,
+		}
+	}
+	return api.Completion{
+		ID: s.id, Object: "text_completion", Created: s.created, Model: s.model,
+		Choices: []api.CompletionChoice{{Text: text, FinishReason: &reason}},
+		Usage:   &u,
+	}
+}
+
+// opening is the first event of a stream, if the operation has one (chat:
+// the assistant role).
+func (s shape) opening() (any, bool) {
+	if !s.chat() {
+		return nil, false
+	}
+	empty := ""
+	return api.ChatChunk{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model,
+		Choices: []api.ChatChunkChoice{{Delta: api.ChatDelta{Role: "assistant", Content: &empty}}}}, true
+}
+
+// chunk is a stream event carrying text and, on the last one, the reason.
+func (s shape) chunk(text string, reason *string) any {
+	if s.chat() {
+		d := api.ChatDelta{}
+		if text != "" {
+			d.Content = &text
+		}
+		return api.ChatChunk{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model,
+			Choices: []api.ChatChunkChoice{{Delta: d, FinishReason: reason}}}
+	}
+	return api.Completion{ID: s.id, Object: "text_completion", Created: s.created, Model: s.model,
+		Choices: []api.CompletionChoice{{Text: text, FinishReason: reason}}}
+}
+
+// usage is the stream's usage event (stream_options.include_usage).
+func (s shape) usage(u api.Usage) any {
+	if s.chat() {
+		return api.ChatChunk{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model,
+			Choices: []api.ChatChunkChoice{}, Usage: &u}
+	}
+	return api.Completion{ID: s.id, Object: "text_completion", Created: s.created, Model: s.model,
+		Choices: []api.CompletionChoice{}, Usage: &u}
+}
+
+// respond serves a non-streamed generation.
+func (e *Engine) respond(w *statusWriter, r *http.Request, reqCtx context.Context, rec *genRecord, ts *textStream, echo string) {
+	res := wait(reqCtx, rec.h)
+	if !res.Done || res.Err != nil {
+		apiErr, cause := resultError(r, reqCtx, res)
+		rec.fail(w, apiErr, cause)
+		return
+	}
+	ts.finish()
+	rec.status = http.StatusOK
+	writeJSON(w, http.StatusOK, newShape(rec).whole(echo+ts.all(), res.FinishReason, usage(rec.promptTokens, len(res.Tokens))))
+}
+
+// sseWriter writes server-sent events, flushing each; after the first
+// write error it writes nothing more and keeps the error.
+type sseWriter struct {
+	w   http.ResponseWriter
+	rc  *http.ResponseController
+	err error
+}
+
+func (s *sseWriter) send(v any) {
+	if s.err != nil {
+		return
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		s.err = err
+		return
+	}
+	s.raw(fmt.Sprintf("data: %s\n\n", b))
+}
+
+func (s *sseWriter) raw(line string) {
+	if s.err != nil {
+		return
+	}
+	if _, s.err = io.WriteString(s.w, line); s.err == nil {
+		s.err = s.rc.Flush()
+	}
+}
+
+// stream serves a generation as server-sent events.
+func (e *Engine) stream(w *statusWriter, r *http.Request, reqCtx context.Context, rec *genRecord, g *api.Generation, ts *textStream, echo string) {
+	hdr := w.Header()
+	hdr.Set("Content-Type", "text/event-stream")
+	hdr.Set("Cache-Control", "no-cache")
+	hdr.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	rec.status = http.StatusOK
+	out := &sseWriter{w: w, rc: http.NewResponseController(w)}
+	sh := newShape(rec)
+	if first, ok := sh.opening(); ok {
+		out.send(first)
+	}
+	if echo != "" {
+		out.send(sh.chunk(echo, nil))
+	}
+	var res scheduler.Result
+	for done := false; !done && out.err == nil; {
+		select {
+		case <-rec.h.Changed():
+		case <-rec.h.Done():
+		case <-reqCtx.Done():
+		}
+		res = rec.h.Snapshot()
+		done = res.Done || reqCtx.Err() != nil
+		if txt := ts.take(); txt != "" {
+			out.send(sh.chunk(txt, nil))
+		}
+	}
+	if out.err != nil { // the client went away
+		rec.apiErr, rec.status, rec.cause = api.Canceled(), api.StatusClientClosedRequest, out.err
+		return
+	}
+	if !res.Done || res.Err != nil {
+		apiErr, cause := resultError(r, reqCtx, res)
+		rec.apiErr, rec.cause = apiErr, cause
+		if apiErr.Status == api.StatusClientClosedRequest {
+			rec.status = apiErr.Status
+			return
+		}
+		out.send(apiErr.Body()) // headers are gone: the error travels as an event
+		out.raw("data: [DONE]\n\n")
+		return
+	}
+	if rest := ts.finish(); rest != "" {
+		out.send(sh.chunk(rest, nil))
+	}
+	reason := res.FinishReason
+	out.send(sh.chunk("", &reason))
+	if g.IncludeUsage {
+		out.send(sh.usage(usage(rec.promptTokens, len(res.Tokens))))
+	}
+	out.raw("data: [DONE]\n\n")
+	if out.err != nil {
+		rec.apiErr, rec.status, rec.cause = api.Canceled(), api.StatusClientClosedRequest, out.err
+	}
+}
