@@ -48,7 +48,7 @@ type Server struct {
 	cfg     Config
 	logger  *slog.Logger
 	epoch   string
-	now     func() time.Time // the clock of lookup and registration expiry
+	now     func() time.Time // the clock of registration expiry
 	store   *chunkstore.Store
 	bus     *events.Bus
 	pool    *scatter.Pool
