@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"syscall"
 	"unsafe"
 )
 
@@ -283,10 +284,15 @@ func float32s(b []byte, alias bool) []float32 {
 
 // readChunkFile reads and decodes one chunk file into a buffer the returned
 // chunk aliases (one allocation per chunk). It returns the file size read.
-// A missing file yields an error wrapping os.ErrNotExist; bad content an
-// error wrapping ErrCorrupt.
+// A missing file yields an error wrapping os.ErrNotExist; bad content, a
+// symlink, anything but a regular file (a FIFO, a device: opened without
+// blocking, never read) or a file of another user an error wrapping
+// ErrCorrupt.
 func readChunkFile(path string) (*Chunk, int64, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if errors.Is(err, syscall.ELOOP) {
+		return nil, 0, fmt.Errorf("%w: %s is a symbolic link", ErrCorrupt, path)
+	}
 	if err != nil {
 		return nil, 0, err
 	}
@@ -294,6 +300,12 @@ func readChunkFile(path string) (*Chunk, int64, error) {
 	st, err := f.Stat()
 	if err != nil {
 		return nil, 0, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, 0, fmt.Errorf("%w: %s is not a regular file (%v)", ErrCorrupt, path, st.Mode().Type())
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && int(sys.Uid) != os.Getuid() {
+		return nil, 0, fmt.Errorf("%w: %s is owned by uid %d, not this process's %d", ErrCorrupt, path, sys.Uid, os.Getuid())
 	}
 	size := st.Size()
 	if size > MaxFileBytes || size < fixedHdr+4 {

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -304,6 +305,24 @@ func TestCorruptL2FileIsMiss(t *testing.T) {
 			writeFile(t, p, other)
 		}, Config{}, true},
 		{"layout mismatch", func(*testing.T, string) {}, Config{Layout: layoutB}, true},
+		// A FIFO would block open() forever: opened non-blocking, never read.
+		{"replaced by a FIFO", func(t *testing.T, p string) {
+			if err := os.Remove(p); err != nil {
+				t.Fatal(err)
+			}
+			if err := syscall.Mkfifo(p, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, Config{}, true},
+		{"replaced by a symlink", func(t *testing.T, p string) {
+			target := filepath.Join(t.TempDir(), "elsewhere")
+			if err := os.Rename(p, target); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(target, p); err != nil {
+				t.Fatal(err)
+			}
+		}, Config{}, true},
 		{"file vanished", func(t *testing.T, p string) {
 			if err := os.Remove(p); err != nil {
 				t.Fatal(err)
