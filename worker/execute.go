@@ -34,6 +34,7 @@ func (s *service) Info(context.Context, *cbv1.InfoRequest) (*cbv1.InfoResponse, 
 		Model: w.cfg.ModelName, Vocab: int32(c.Vocab), MaxPositions: int32(c.MaxPositions),
 		NumBlocks: int32(w.cfg.NumBlocks), BlockSize: int32(w.cfg.BlockSize),
 		Bos: tokenizer.BOS, Eos: tokenizer.EOS, NumLayers: int32(c.Layers), WorkerId: w.cfg.WorkerID,
+		MaxStepSeqs: MaxStepSeqs, MaxStepTokens: MaxStepTokens,
 	}, nil
 }
 
@@ -49,6 +50,9 @@ var attrRequestID = attribute.Key("request_id")
 // A sequence whose input is bad fails alone (its output carries the error);
 // a malformed request as a whole is InvalidArgument.
 func (w *Worker) Execute(ctx context.Context, req *cbv1.ExecuteRequest) (*cbv1.ExecuteResponse, error) {
+	if err := w.checkStep(req); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "execute: %v", err)
+	}
 	w.execMu.Lock()
 	defer w.execMu.Unlock()
 	for _, id := range req.GetFinishedRequestIds() {
@@ -57,8 +61,9 @@ func (w *Worker) Execute(ctx context.Context, req *cbv1.ExecuteRequest) (*cbv1.E
 	resp := &cbv1.ExecuteResponse{}
 	var decodes []*cbv1.SeqStep
 	for _, sq := range req.GetSeqs() {
-		if sq.GetRequestId() == "" {
-			return nil, status.Error(codes.InvalidArgument, "seq without request_id")
+		if err := w.checkSeq(sq); err != nil {
+			resp.Outputs = append(resp.Outputs, &cbv1.SeqOutput{RequestId: sq.GetRequestId(), Error: err.Error()})
+			continue
 		}
 		if !sq.GetIsPrefill() {
 			decodes = append(decodes, sq)

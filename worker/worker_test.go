@@ -3,7 +3,11 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -201,5 +205,61 @@ func TestExecuteSpanIsRemoteChild(t *testing.T) {
 	}
 	if len(h.rec.Ended()) != n {
 		t.Fatal("sampled-out request recorded spans")
+	}
+}
+
+// TestExecuteRejectsOversizedSteps replays the crash-on-request attack
+// (hundreds of thousands of decode inputs at the last position) and its
+// variants through the worker's gRPC port: each is refused with
+// InvalidArgument before anything is sized from it, and the worker serves
+// a normal step afterwards.
+func TestExecuteRejectsOversizedSteps(t *testing.T) {
+	h := start(t, Config{})
+	ctx := context.Background()
+	maxPos := int32(smallModel.MaxPositions)
+	decode := func(n int, pos int32) *cbv1.ExecuteRequest {
+		req := &cbv1.ExecuteRequest{}
+		for i := range n {
+			req.Seqs = append(req.Seqs, &cbv1.SeqStep{RequestId: fmt.Sprint("r", i), Tokens: []int32{1}, StartPos: pos, BlockTable: blocks(0, 64)})
+		}
+		return req
+	}
+	for _, tc := range []struct {
+		name string
+		req  *cbv1.ExecuteRequest
+	}{
+		{"400k decodes at the last position", decode(400_000, maxPos-1)},
+		{"too many sequences", decode(MaxStepSeqs+1, 0)},
+		{"same request twice", &cbv1.ExecuteRequest{Seqs: []*cbv1.SeqStep{{RequestId: "a", Tokens: []int32{1}, BlockTable: blocks(0, 1)}, {RequestId: "a", Tokens: []int32{1}, BlockTable: blocks(0, 1)}}}},
+		{"too many tokens", &cbv1.ExecuteRequest{Seqs: []*cbv1.SeqStep{{RequestId: "a", Tokens: make([]int32, MaxStepTokens+1), IsPrefill: true}}}},
+		{"no request id", &cbv1.ExecuteRequest{Seqs: []*cbv1.SeqStep{{Tokens: []int32{1}}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := h.client.Execute(ctx, tc.req); status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("Execute: %v, want InvalidArgument", err)
+			}
+		})
+	}
+	// Per-sequence problems fail that sequence alone, before any compute.
+	for _, tc := range []struct {
+		name string
+		sq   *cbv1.SeqStep
+	}{
+		{"position beyond the model", &cbv1.SeqStep{RequestId: "p", Tokens: []int32{1}, StartPos: maxPos, BlockTable: blocks(0, 64)}},
+		{"block outside the pool", &cbv1.SeqStep{RequestId: "b", Tokens: []int32{1}, BlockTable: []int32{1 << 30}}},
+		{"negative block", &cbv1.SeqStep{RequestId: "n", Tokens: []int32{1}, BlockTable: []int32{-1}}},
+		{"block table longer than the pool", &cbv1.SeqStep{RequestId: "l", Tokens: []int32{1}, BlockTable: make([]int32, 65)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := h.client.Execute(ctx, &cbv1.ExecuteRequest{Seqs: []*cbv1.SeqStep{tc.sq}})
+			if err != nil || len(resp.GetOutputs()) != 1 || resp.GetOutputs()[0].GetError() == "" {
+				t.Fatalf("Execute: %v %v, want the sequence failed", resp, err)
+			}
+		})
+	}
+	// Still alive and correct.
+	p := prompt(20)
+	if got, want := generate(t, h, "after", p, 8, 3, blocks(0, 4)), generate(t, h, "again", p, 20, 3, blocks(4, 4)); !slices.Equal(got, want) {
+		t.Fatalf("generation after the attacks %v, want %v", got, want)
 	}
 }

@@ -579,7 +579,7 @@ func (s *Scheduler) preempt(sq *seq) {
 // schedule builds the next batch: running sequences first, then waiting
 // ones, within the token budget.
 func (s *Scheduler) schedule(now time.Time) []item {
-	budget := s.cfg.StepTokenBudget
+	budget, maxRunning := s.stepLimits()
 	var batch []item
 	preempted := false
 	for i := 0; i < len(s.running) && budget > 0; i++ {
@@ -606,7 +606,7 @@ func (s *Scheduler) schedule(now time.Time) []item {
 	if preempted {
 		return batch
 	}
-	for i := 0; i < len(s.waiting) && budget > 0 && len(s.running) < s.cfg.MaxRunning; {
+	for i := 0; i < len(s.waiting) && budget > 0 && len(s.running) < maxRunning; {
 		sq := s.waiting[i]
 		if sq.lk != nil && !sq.lk.done {
 			i++ // deferred until its lookup is ready
@@ -623,6 +623,19 @@ func (s *Scheduler) schedule(now time.Time) []item {
 		budget -= n
 	}
 	return batch
+}
+
+// stepLimits are the token budget and the running-sequence bound of a
+// step: the configured ones, within what the worker accepts in one Execute.
+func (s *Scheduler) stepLimits() (tokens, seqs int) {
+	tokens, seqs = s.cfg.StepTokenBudget, s.cfg.MaxRunning
+	if n := int(s.info.GetMaxStepTokens()); n > 0 {
+		tokens = min(tokens, n)
+	}
+	if n := int(s.info.GetMaxStepSeqs()); n > 0 {
+		seqs = min(seqs, n)
+	}
+	return tokens, seqs
 }
 
 func (s *Scheduler) stepItem(sq *seq, n int) item {

@@ -60,16 +60,20 @@ func (*InfoRequest) Descriptor() ([]byte, []int) {
 }
 
 type InfoResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
-	Vocab         int32                  `protobuf:"varint,2,opt,name=vocab,proto3" json:"vocab,omitempty"`
-	MaxPositions  int32                  `protobuf:"varint,3,opt,name=max_positions,json=maxPositions,proto3" json:"max_positions,omitempty"`
-	NumBlocks     int32                  `protobuf:"varint,4,opt,name=num_blocks,json=numBlocks,proto3" json:"num_blocks,omitempty"`
-	BlockSize     int32                  `protobuf:"varint,5,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
-	Bos           int32                  `protobuf:"varint,6,opt,name=bos,proto3" json:"bos,omitempty"`
-	Eos           int32                  `protobuf:"varint,7,opt,name=eos,proto3" json:"eos,omitempty"`
-	NumLayers     int32                  `protobuf:"varint,8,opt,name=num_layers,json=numLayers,proto3" json:"num_layers,omitempty"`
-	WorkerId      string                 `protobuf:"bytes,9,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Model        string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Vocab        int32                  `protobuf:"varint,2,opt,name=vocab,proto3" json:"vocab,omitempty"`
+	MaxPositions int32                  `protobuf:"varint,3,opt,name=max_positions,json=maxPositions,proto3" json:"max_positions,omitempty"`
+	NumBlocks    int32                  `protobuf:"varint,4,opt,name=num_blocks,json=numBlocks,proto3" json:"num_blocks,omitempty"`
+	BlockSize    int32                  `protobuf:"varint,5,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	Bos          int32                  `protobuf:"varint,6,opt,name=bos,proto3" json:"bos,omitempty"`
+	Eos          int32                  `protobuf:"varint,7,opt,name=eos,proto3" json:"eos,omitempty"`
+	NumLayers    int32                  `protobuf:"varint,8,opt,name=num_layers,json=numLayers,proto3" json:"num_layers,omitempty"`
+	WorkerId     string                 `protobuf:"bytes,9,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	// The most sequences and the most tokens one Execute may carry; a larger
+	// step is refused with InvalidArgument. The scheduler stays within them.
+	MaxStepSeqs   int32 `protobuf:"varint,10,opt,name=max_step_seqs,json=maxStepSeqs,proto3" json:"max_step_seqs,omitempty"`
+	MaxStepTokens int32 `protobuf:"varint,11,opt,name=max_step_tokens,json=maxStepTokens,proto3" json:"max_step_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -165,6 +169,20 @@ func (x *InfoResponse) GetWorkerId() string {
 		return x.WorkerId
 	}
 	return ""
+}
+
+func (x *InfoResponse) GetMaxStepSeqs() int32 {
+	if x != nil {
+		return x.MaxStepSeqs
+	}
+	return 0
+}
+
+func (x *InfoResponse) GetMaxStepTokens() int32 {
+	if x != nil {
+		return x.MaxStepTokens
+	}
+	return 0
 }
 
 type SamplingParams struct {
@@ -640,7 +658,7 @@ var File_worker_proto protoreflect.FileDescriptor
 const file_worker_proto_rawDesc = "" +
 	"\n" +
 	"\fworker.proto\x12\rcacheblend.v1\x1a\vblend.proto\"\r\n" +
-	"\vInfoRequest\"\xfd\x01\n" +
+	"\vInfoRequest\"\xc9\x02\n" +
 	"\fInfoResponse\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05vocab\x18\x02 \x01(\x05R\x05vocab\x12#\n" +
@@ -653,7 +671,10 @@ const file_worker_proto_rawDesc = "" +
 	"\x03eos\x18\a \x01(\x05R\x03eos\x12\x1d\n" +
 	"\n" +
 	"num_layers\x18\b \x01(\x05R\tnumLayers\x12\x1b\n" +
-	"\tworker_id\x18\t \x01(\tR\bworkerId\"[\n" +
+	"\tworker_id\x18\t \x01(\tR\bworkerId\x12\"\n" +
+	"\rmax_step_seqs\x18\n" +
+	" \x01(\x05R\vmaxStepSeqs\x12&\n" +
+	"\x0fmax_step_tokens\x18\v \x01(\x05R\rmaxStepTokens\"[\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x01R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x01R\x04topP\x12\x12\n" +
