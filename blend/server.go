@@ -137,7 +137,9 @@ func New(cfg Config, tp trace.TracerProvider, reg prometheus.Registerer, logger 
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	bm, err := metrics.NewBlendMetrics(reg)
+	bm, err := metrics.NewBlendMetrics(reg, metrics.WithOnRefused(func(err error) {
+		logger.Warn("metrics record refused", "err", err)
+	}))
 	if err != nil {
 		return nil, fmt.Errorf("blend: %w", err)
 	}
@@ -358,13 +360,13 @@ func (s *Server) Serve(addr string) (net.Addr, error) {
 // per tier, corrupt L2 files); pass it as the before-scrape hook of
 // metrics.Handler. Safe for concurrent use.
 func (s *Server) MetricsBefore() {
-	_ = s.metrics.SetEventBusTotals(s.bus.Published(), s.bus.Dropped())
+	s.metrics.SetEventBusTotals(s.bus.Published(), s.bus.Dropped())
 	st := s.store.Stats()
 	fps := 0
 	for _, t := range s.tableList() {
 		fps += t.Stats().Fingerprints
 	}
-	_ = s.metrics.SetStorage(metrics.StorageStats{L1Bytes: st.L1Bytes, L1Chunks: int64(st.L1Chunks), Fingerprints: int64(fps)})
+	s.metrics.SetStorage(metrics.StorageStats{L1Bytes: st.L1Bytes, L1Chunks: int64(st.L1Chunks), Fingerprints: int64(fps)})
 	s.syncStoreCounters()
 }
 
@@ -376,15 +378,15 @@ func (s *Server) syncStoreCounters() {
 	s.syncMu.Lock()
 	defer s.syncMu.Unlock()
 	if d := st.L1Evictions - s.lastL1Evict; d > 0 {
-		_ = s.metrics.AddChunksEvicted("l1", int(d))
+		s.metrics.AddChunksEvicted(metrics.TierL1, int(d))
 		s.lastL1Evict = st.L1Evictions
 	}
 	if d := st.L2Evictions - s.lastL2Evict; d > 0 {
-		_ = s.metrics.AddChunksEvicted("l2", int(d))
+		s.metrics.AddChunksEvicted(metrics.TierL2, int(d))
 		s.lastL2Evict = st.L2Evictions
 	}
 	if d := st.Corrupt - s.lastCorr; d > 0 {
-		_ = s.metrics.AddL2CorruptChunks(int(d))
+		s.metrics.AddL2CorruptChunks(int(d))
 		s.lastCorr = st.Corrupt
 	}
 }
@@ -476,7 +478,7 @@ func (s *Server) onEvict(key chunkstore.Key, _ chunkstore.Tier, gone bool) {
 func (s *Server) markStale(key chunkstore.Key) {
 	for _, t := range s.tableList() {
 		if t.MarkStale(key) {
-			_ = s.metrics.AddFingerprintsUnregistered(1)
+			s.metrics.AddFingerprintsUnregistered(1)
 		}
 	}
 }

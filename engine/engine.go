@@ -73,7 +73,9 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 		}
 		gath = g
 	}
-	m, err := metrics.NewEngineMetrics(reg)
+	m, err := metrics.NewEngineMetrics(reg, metrics.WithOnRefused(func(err error) {
+		e.log.Warn("metrics record refused", "error", err.Error())
+	}))
 	if err != nil {
 		return nil, fmt.Errorf("engine: register metrics: %w", err)
 	}
@@ -97,9 +99,7 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 		Spans:  e.spans,
 		Logger: e.log,
 		OnFallback: func(reason string) {
-			if err := m.LookupFallback(reason); err != nil {
-				e.log.Warn("record lookup fallback", "error", err.Error())
-			}
+			m.LookupFallback(reason)
 		},
 	})
 	if err != nil {
@@ -132,9 +132,7 @@ func (e *Engine) SchedulerStats() scheduler.Stats { return e.sched.Stats() }
 
 // refreshMetrics feeds the engine gauges before a /metrics render.
 func (e *Engine) refreshMetrics() {
-	if err := e.metrics.SetEngine(e.Stats()); err != nil {
-		e.log.Warn("set engine gauges", "error", err.Error())
-	}
+	e.metrics.SetEngine(e.Stats())
 }
 
 // Start starts the scheduler and listens on Config.Addr, serving in the

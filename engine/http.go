@@ -106,9 +106,7 @@ func (e *Engine) routes() http.Handler {
 		if status == 0 {
 			status = http.StatusOK
 		}
-		if err := e.metrics.RecordHTTP(r.Method, route, status, time.Since(t0).Seconds()); err != nil {
-			e.log.Warn("record http metric", "error", err.Error())
-		}
+		e.metrics.RecordHTTP(r.Method, route, status, time.Since(t0).Seconds())
 	})
 }
 

@@ -103,9 +103,7 @@ func (e *Engine) endGenerate(ctx context.Context, span *telemetry.Span, rec *gen
 		ttft = max(0, res.TokenTimes[0].Sub(rec.t0))
 		mrec.TTFT, mrec.HasTTFT = min(ttft, mrec.E2E), true
 	}
-	if err := e.metrics.RecordRequest(ctx, mrec); err != nil {
-		e.log.WarnContext(ctx, "record request metrics", "error", err.Error())
-	}
+	e.metrics.RecordRequest(ctx, mrec)
 
 	level := slog.LevelInfo
 	if status >= 500 {

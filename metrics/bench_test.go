@@ -49,16 +49,15 @@ func BenchmarkObserve(b *testing.B) {
 			b.Fatal(err)
 		}
 		h, _ := r.Histogram(NameTTFT)
-		if err := h.Observe(0.1, "chat", "llama-3-8b"); err != nil {
-			b.Fatal(err)
-		}
+		h.Observe(0.1, "chat", "llama-3-8b")
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
-			if err := h.Observe(benchValues[i&7], "chat", "llama-3-8b"); err != nil {
-				b.Fatal(err)
-			}
+			h.Observe(benchValues[i&7], "chat", "llama-3-8b")
 			i++
+		}
+		if st := r.RecordStats(); st != (RecordStats{}) {
+			b.Fatalf("RecordStats %+v", st)
 		}
 	})
 	b.Run("contract_histogram_2_labels_64_models", func(b *testing.B) {
@@ -70,17 +69,16 @@ func BenchmarkObserve(b *testing.B) {
 		var models [64]string
 		for i := range models {
 			models[i] = fmt.Sprintf("model-%02d", i)
-			if err := h.Observe(0.1, "chat", models[i]); err != nil {
-				b.Fatal(err)
-			}
+			h.Observe(0.1, "chat", models[i])
 		}
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
-			if err := h.Observe(benchValues[i&7], "chat", models[i&63]); err != nil {
-				b.Fatal(err)
-			}
+			h.Observe(benchValues[i&7], "chat", models[i&63])
 			i++
+		}
+		if st := r.RecordStats(); st != (RecordStats{}) {
+			b.Fatalf("RecordStats %+v", st)
 		}
 	})
 	b.Run("bare_client_golang_histogram_parallel", func(b *testing.B) {
@@ -100,18 +98,18 @@ func BenchmarkObserve(b *testing.B) {
 			b.Fatal(err)
 		}
 		h, _ := r.Histogram(NameTTFT)
-		_ = h.Observe(0.1, "chat", "llama-3-8b")
+		h.Observe(0.1, "chat", "llama-3-8b")
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			i := 0
 			for pb.Next() {
-				if err := h.Observe(benchValues[i&7], "chat", "llama-3-8b"); err != nil {
-					b.Error(err)
-					return
-				}
+				h.Observe(benchValues[i&7], "chat", "llama-3-8b")
 				i++
 			}
 		})
+		if st := r.RecordStats(); st != (RecordStats{}) {
+			b.Fatalf("RecordStats %+v", st)
+		}
 	})
 }
 
@@ -134,14 +132,13 @@ func BenchmarkRecordRequest(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := e.RecordRequest(tc.ctx, rec); err != nil {
-				b.Fatal(err)
-			}
+			e.RecordRequest(tc.ctx, rec)
 			b.ReportAllocs()
 			for b.Loop() {
-				if err := e.RecordRequest(tc.ctx, rec); err != nil {
-					b.Fatal(err)
-				}
+				e.RecordRequest(tc.ctx, rec)
+			}
+			if st := e.Registry().RecordStats(); st != (RecordStats{}) {
+				b.Fatalf("RecordStats %+v", st)
 			}
 		})
 	}
@@ -175,14 +172,10 @@ func BenchmarkRender(b *testing.B) {
 			for _, errType := range []string{"", "timeout"} {
 				rec := RequestRecord{Operation: op, Model: model, HasTTFT: true, TTFT: time.Duration(i+1) * 7 * time.Millisecond,
 					E2E: time.Duration(i+1) * 90 * time.Millisecond, PromptTokens: 100, OutputTokens: 10, ErrorType: errType}
-				if err := e.RecordRequest(context.Background(), rec); err != nil {
-					b.Fatal(err)
-				}
+				e.RecordRequest(context.Background(), rec)
 			}
 		}
-		if err := e.RecordHTTP("POST", fmt.Sprintf("/v1/route-%02d", i), 200, 0.01*float64(i)); err != nil {
-			b.Fatal(err)
-		}
+		e.RecordHTTP("POST", fmt.Sprintf("/v1/route-%02d", i), 200, 0.01*float64(i))
 	}
 	for _, tc := range []struct{ name, accept string }{{"text_0.0.4", acceptText}, {"openmetrics", acceptOpenMetrics}} {
 		b.Run(tc.name, func(b *testing.B) {
@@ -223,7 +216,7 @@ func BenchmarkObserveInterleaved(b *testing.B) {
 	var models [64]string
 	for i := range models {
 		models[i] = fmt.Sprintf("model-%02d", i)
-		_ = h.Observe(0.1, "chat", models[i])
+		h.Observe(0.1, "chat", models[i])
 	}
 	bound, err := h.Series("chat", models[0])
 	if err != nil {
@@ -254,17 +247,17 @@ func BenchmarkObserveInterleaved(b *testing.B) {
 		}},
 		{name: "bound_series", run: func() {
 			for i := range chunk {
-				_ = bound.Observe(benchValues[i&7])
+				bound.Observe(benchValues[i&7])
 			}
 		}},
 		{name: "lookup_1_model", run: func() {
 			for i := range chunk {
-				_ = h.Observe(benchValues[i&7], "chat", models[0])
+				h.Observe(benchValues[i&7], "chat", models[0])
 			}
 		}},
 		{name: "lookup_64_models", run: func() {
 			for i := range chunk {
-				_ = h.Observe(benchValues[i&7], "chat", models[i&63])
+				h.Observe(benchValues[i&7], "chat", models[i&63])
 			}
 		}},
 		// What RecordRequest records (3 observations, 2 counter adds) on bare client_golang.
@@ -279,7 +272,7 @@ func BenchmarkObserveInterleaved(b *testing.B) {
 		}},
 		{name: "record_request", run: func() {
 			for range chunk {
-				_ = e.RecordRequest(ctx, rec)
+				e.RecordRequest(ctx, rec)
 			}
 		}},
 	}

@@ -30,8 +30,12 @@ type StorageStats struct {
 	L1Bytes, L1Chunks, Fingerprints int64
 }
 
-// BlendMetrics records every lmcache_blend_* instrument of the contract (cb-blend). Duration
-// methods take a context: a sampled span context in it becomes an exemplar. Safe for
+// BlendMetrics records every lmcache_blend_* instrument of the contract (cb-blend). Every
+// series is resolved by NewBlendMetrics. Duration methods take a context: a sampled span
+// context in it becomes an exemplar (a nil context records none). The record methods return
+// nothing; a record they cannot take (negative counts or durations, running totals going
+// down, a Tier that is not a constant) is refused whole — nothing recorded, counted in
+// Registry().RecordStats(), reported to Config.OnRefused — as described on Registry. Safe for
 // concurrent use.
 type BlendMetrics struct {
 	reg *Registry
@@ -41,18 +45,21 @@ type BlendMetrics struct {
 	unregistered, retrieveRequests, retrieveFailures, scattered                *series
 	storeRequests, storedChunks, l2Corrupt, l2ReadBytes                        *series
 	busPublished, busDropped                                                   *series
-	evicted                                                                    *Counter
+	evictedIn                                                                  *instrument
+	evicted                                                                    [len(tierNames)]*series
 
 	l1Bytes, l1Chunks, fingerprints *series
 
-	lookupDur, fingerprintDur, prefetchDur, retrieveDur, scatterDur *Histogram
-	l2Throughput                                                    *series
+	lookupDur, fingerprintDur, prefetchDur, retrieveDur, scatterDur *HistogramSeries
+	l2Throughput                                                    *HistogramSeries
 
 	busMu sync.Mutex // serialises SetEventBusTotals so both totals are checked before either moves
 }
 
-// NewBlendMetrics registers the blend server's contract instruments on reg. Options:
-// WithContract, WithLabelCap.
+// NewBlendMetrics registers the blend server's contract instruments on reg and resolves all
+// their series (one per Tier and per hit leg); a contract that lacks one of them is an error
+// here. Options: WithContract (default: the embedded contract), WithLabelCap, WithOnRefused
+// (default: refusals are only counted).
 func NewBlendMetrics(reg prometheus.Registerer, opts ...Option) (*BlendMetrics, error) {
 	r, err := newFacadeRegistry("blend", reg, opts)
 	if err != nil {
@@ -74,7 +81,7 @@ func NewBlendMetrics(reg prometheus.Registerer, opts ...Option) (*BlendMetrics, 
 		scattered:        b.counterSeries("lmcache_blend_scattered_tokens_total"),
 		storeRequests:    b.counterSeries("lmcache_blend_store_requests_total"),
 		storedChunks:     b.counterSeries("lmcache_blend_stored_chunks_total"),
-		evicted:          b.counter("lmcache_blend_chunks_evicted_total"),
+		evictedIn:        instrumentOf(b.counter("lmcache_blend_chunks_evicted_total")),
 		l2Corrupt:        b.counterSeries("lmcache_blend_l2_corrupt_chunks_total"),
 		l2ReadBytes:      b.counterSeries("lmcache_blend_l2_read_bytes_total"),
 		busPublished:     b.counterSeries("lmcache_blend_event_bus_published_total"),
@@ -82,31 +89,32 @@ func NewBlendMetrics(reg prometheus.Registerer, opts ...Option) (*BlendMetrics, 
 		l1Bytes:          b.gaugeSeries("lmcache_blend_l1_bytes"),
 		l1Chunks:         b.gaugeSeries("lmcache_blend_l1_chunks"),
 		fingerprints:     b.gaugeSeries("lmcache_blend_fingerprints"),
-		lookupDur:        b.histogram("lmcache_blend_lookup_duration_seconds"),
-		fingerprintDur:   b.histogram("lmcache_blend_fingerprint_match_duration_seconds"),
-		prefetchDur:      b.histogram("lmcache_blend_sparse_prefetch_duration_seconds"),
-		retrieveDur:      b.histogram("lmcache_blend_retrieve_duration_seconds"),
-		scatterDur:       b.histogram("lmcache_blend_scatter_duration_seconds"),
+		lookupDur:        b.histogramSeries("lmcache_blend_lookup_duration_seconds"),
+		fingerprintDur:   b.histogramSeries("lmcache_blend_fingerprint_match_duration_seconds"),
+		prefetchDur:      b.histogramSeries("lmcache_blend_sparse_prefetch_duration_seconds"),
+		retrieveDur:      b.histogramSeries("lmcache_blend_retrieve_duration_seconds"),
+		scatterDur:       b.histogramSeries("lmcache_blend_scatter_duration_seconds"),
+		l2Throughput:     b.histogramSeries("lmcache_blend_l2_load_throughput_gbps"),
 	}
-	if h := b.histogram("lmcache_blend_l2_load_throughput_gbps"); h != nil {
-		m.l2Throughput = b.series(h.in, nil)
-	}
+	b.enumSeries(m.evicted[:], m.evictedIn, tierNames[:])
 	if b.err != nil {
 		return nil, fmt.Errorf("metrics: blend: %w", b.err)
 	}
 	return m, nil
 }
 
-// Registry returns the registry the facade registers through.
+// Registry returns the registry the facade registers through (its RecordStats count the
+// facade's refusals).
 func (m *BlendMetrics) Registry() *Registry { return m.reg }
 
 // RecordLookup records one unified lookup: the request, hit tokens per leg, requested tokens,
-// fingerprint hits, storage hits, stale chunks and the lookup duration. Negative values are
-// refused with nothing recorded.
-func (m *BlendMetrics) RecordLookup(ctx context.Context, r LookupRecord) error {
+// fingerprint hits, storage hits, stale chunks and the lookup duration. A negative value
+// refuses the record (ErrNegative; see Registry).
+func (m *BlendMetrics) RecordLookup(ctx context.Context, r LookupRecord) {
 	if r.Duration < 0 || r.PrefixHitTokens < 0 || r.NonPrefixHitTokens < 0 || r.RequestedTokens < 0 ||
 		r.FingerprintHits < 0 || r.StorageHits < 0 || r.StaleChunks < 0 {
-		return fmt.Errorf("metrics: lookup record %+v: %w", r, ErrNegative)
+		m.reg.sink.refuse(fmt.Errorf("metrics: lookup record %+v: %w", r, ErrNegative))
+		return
 	}
 	m.lookupRequests.counter.Inc()
 	m.hitPrefix.counter.Add(float64(r.PrefixHitTokens))
@@ -115,79 +123,101 @@ func (m *BlendMetrics) RecordLookup(ctx context.Context, r LookupRecord) error {
 	m.fingerprintHits.counter.Add(float64(r.FingerprintHits))
 	m.storageHits.counter.Add(float64(r.StorageHits))
 	m.staleChunks.counter.Add(float64(r.StaleChunks))
-	return m.lookupDur.ObserveContext(ctx, r.Duration.Seconds())
+	m.lookupDur.ObserveContext(ctx, r.Duration.Seconds())
 }
 
-// ObserveFingerprintMatch records the duration of a lookup's fingerprint match.
-func (m *BlendMetrics) ObserveFingerprintMatch(ctx context.Context, d time.Duration) error {
-	return m.fingerprintDur.ObserveContext(ctx, d.Seconds())
+// ObserveFingerprintMatch records the duration of a lookup's fingerprint match; a negative d
+// is refused (see Registry).
+func (m *BlendMetrics) ObserveFingerprintMatch(ctx context.Context, d time.Duration) {
+	m.fingerprintDur.ObserveContext(ctx, d.Seconds())
 }
 
-// ObserveSparsePrefetch records the duration of a lookup's sparse prefetch.
-func (m *BlendMetrics) ObserveSparsePrefetch(ctx context.Context, d time.Duration) error {
-	return m.prefetchDur.ObserveContext(ctx, d.Seconds())
+// ObserveSparsePrefetch records the duration of a lookup's sparse prefetch; a negative d is
+// refused (see Registry).
+func (m *BlendMetrics) ObserveSparsePrefetch(ctx context.Context, d time.Duration) {
+	m.prefetchDur.ObserveContext(ctx, d.Seconds())
 }
 
 // RecordL2Load records one coalesced L2 read: the bytes read, and its throughput in GB/s
-// (bytes / 1e9 / seconds) when d is positive.
-func (m *BlendMetrics) RecordL2Load(bytes int64, d time.Duration) error {
+// (bytes / 1e9 / seconds) when d is positive. Negative bytes or d refuse the record (see
+// Registry).
+func (m *BlendMetrics) RecordL2Load(bytes int64, d time.Duration) {
 	if bytes < 0 || d < 0 {
-		return fmt.Errorf("metrics: l2 load of %d bytes in %v: %w", bytes, d, ErrNegative)
+		m.reg.sink.refuse(fmt.Errorf("metrics: l2 load of %d bytes in %v: %w", bytes, d, ErrNegative))
+		return
 	}
 	m.l2ReadBytes.counter.Add(float64(bytes))
 	if d > 0 {
-		m.l2Throughput.obs.Observe(float64(bytes) / 1e9 / d.Seconds())
+		m.l2Throughput.Observe(float64(bytes) / 1e9 / d.Seconds())
 	}
-	return nil
 }
 
-// AddL2CorruptChunks counts L2 chunk files that failed their integrity check.
-func (m *BlendMetrics) AddL2CorruptChunks(n int) error { return addInt(m.l2Corrupt, n) }
+// AddL2CorruptChunks counts L2 chunk files that failed their integrity check; a negative n is
+// refused (see Registry).
+func (m *BlendMetrics) AddL2CorruptChunks(n int) {
+	m.addInt("lmcache_blend_l2_corrupt_chunks_total", m.l2Corrupt, n)
+}
 
 // RecordRetrieve records one retrieve call: the request, its failure if failed, and its
-// duration.
-func (m *BlendMetrics) RecordRetrieve(ctx context.Context, d time.Duration, failed bool) error {
-	if err := checkValue("lmcache_blend_retrieve_duration_seconds", d.Seconds(), false); err != nil {
-		return err
+// duration. A negative d refuses the record (see Registry).
+func (m *BlendMetrics) RecordRetrieve(ctx context.Context, d time.Duration, failed bool) {
+	if d < 0 {
+		m.reg.sink.refuse(fmt.Errorf("metrics: retrieve in %v: %w", d, ErrNegative))
+		return
 	}
 	m.retrieveRequests.counter.Inc()
 	if failed {
 		m.retrieveFailures.counter.Inc()
 	}
-	return m.retrieveDur.ObserveContext(ctx, d.Seconds())
+	m.retrieveDur.ObserveContext(ctx, d.Seconds())
 }
 
 // RecordScatter records one scatter into worker KV memory: the tokens written and its
-// duration.
-func (m *BlendMetrics) RecordScatter(ctx context.Context, d time.Duration, tokens int) error {
+// duration. Negative tokens or d refuse the record (see Registry).
+func (m *BlendMetrics) RecordScatter(ctx context.Context, d time.Duration, tokens int) {
 	if tokens < 0 || d < 0 {
-		return fmt.Errorf("metrics: scatter of %d tokens in %v: %w", tokens, d, ErrNegative)
+		m.reg.sink.refuse(fmt.Errorf("metrics: scatter of %d tokens in %v: %w", tokens, d, ErrNegative))
+		return
 	}
 	m.scattered.counter.Add(float64(tokens))
-	return m.scatterDur.ObserveContext(ctx, d.Seconds())
+	m.scatterDur.ObserveContext(ctx, d.Seconds())
 }
 
-// RecordStore records one store call and the chunks it wrote.
-func (m *BlendMetrics) RecordStore(chunks int) error {
+// RecordStore records one store call and the chunks it wrote; negative chunks refuse the
+// record (see Registry).
+func (m *BlendMetrics) RecordStore(chunks int) {
 	if chunks < 0 {
-		return fmt.Errorf("metrics: store of %d chunks: %w", chunks, ErrNegative)
+		m.reg.sink.refuse(fmt.Errorf("metrics: store of %d chunks: %w", chunks, ErrNegative))
+		return
 	}
 	m.storeRequests.counter.Inc()
 	m.storedChunks.counter.Add(float64(chunks))
-	return nil
 }
 
-// AddFingerprintsUnregistered counts fingerprints removed from the table.
-func (m *BlendMetrics) AddFingerprintsUnregistered(n int) error { return addInt(m.unregistered, n) }
+// AddFingerprintsUnregistered counts fingerprints removed from the table; a negative n is
+// refused (see Registry).
+func (m *BlendMetrics) AddFingerprintsUnregistered(n int) {
+	m.addInt("lmcache_blend_fingerprints_unregistered_total", m.unregistered, n)
+}
 
-// AddChunksEvicted counts chunks evicted from a tier, "l1" or "l2".
-func (m *BlendMetrics) AddChunksEvicted(tier string, n int) error {
-	return m.evicted.Add(float64(n), tier)
+// AddChunksEvicted counts chunks evicted from tier. A negative n, or a tier that is not a Tier
+// constant, is refused (see Registry).
+func (m *BlendMetrics) AddChunksEvicted(tier Tier, n int) {
+	if s := pick(m.evictedIn, m.evicted[:], tier); s != nil {
+		m.addInt(m.evictedIn.name, s, n)
+	}
 }
 
 // SetEventBusTotals advances the event-bus counters to the bus's running totals of published
-// and dropped events (call before each scrape); lower totals are refused (ErrCounterDecrease).
-func (m *BlendMetrics) SetEventBusTotals(published, dropped uint64) error {
+// and dropped events (call before each scrape). A total lower than the previous one refuses
+// the pair — neither counter moves (ErrCounterDecrease; see Registry).
+func (m *BlendMetrics) SetEventBusTotals(published, dropped uint64) {
+	if err := m.setEventBusTotals(published, dropped); err != nil {
+		m.reg.sink.refuse(err)
+	}
+}
+
+func (m *BlendMetrics) setEventBusTotals(published, dropped uint64) error {
 	m.busMu.Lock()
 	defer m.busMu.Unlock()
 	if err := m.busDropped.checkTotal("lmcache_blend_event_bus_dropped_total", float64(dropped)); err != nil {
@@ -202,21 +232,23 @@ func (m *BlendMetrics) SetEventBusTotals(published, dropped uint64) error {
 	return m.busPublished.setTotal("lmcache_blend_event_bus_published_total", float64(published))
 }
 
-// SetStorage sets the storage gauges from a snapshot; negative values are refused.
-func (m *BlendMetrics) SetStorage(s StorageStats) error {
+// SetStorage sets the storage gauges from a snapshot; a negative value refuses the snapshot
+// (see Registry).
+func (m *BlendMetrics) SetStorage(s StorageStats) {
 	if s.L1Bytes < 0 || s.L1Chunks < 0 || s.Fingerprints < 0 {
-		return fmt.Errorf("metrics: storage stats %+v: %w", s, ErrNegative)
+		m.reg.sink.refuse(fmt.Errorf("metrics: storage stats %+v: %w", s, ErrNegative))
+		return
 	}
 	m.l1Bytes.gauge.Set(float64(s.L1Bytes))
 	m.l1Chunks.gauge.Set(float64(s.L1Chunks))
 	m.fingerprints.gauge.Set(float64(s.Fingerprints))
-	return nil
 }
 
-func addInt(s *series, n int) error {
+// addInt adds n to the series s of counter name; a negative n is refused.
+func (m *BlendMetrics) addInt(name string, s *series, n int) {
 	if n < 0 {
-		return fmt.Errorf("metrics: increment %d: %w", n, ErrNegative)
+		m.reg.sink.refuse(fmt.Errorf("metrics: %s: increment %d: %w", name, n, ErrNegative))
+		return
 	}
 	s.counter.Add(float64(n))
-	return nil
 }

@@ -5,15 +5,27 @@
 //
 //   - [Registry] turns contract instruments into client_golang collectors on a caller-supplied
 //     prometheus.Registerer and enforces the label policy: values of labels with an allowed
-//     list must be listed (else a *[LabelError]); capped labels keep at most 64 distinct values
-//     per label key and registry (configurable) and record the rest as "_other"; a wrong number
-//     of label values is refused. Counters refuse negative, NaN and infinite increments, and
-//     [Counter.SetTotal] mirrors an external running total, refusing a lower one. Histograms
-//     refuse negative and non-finite observations. Nothing panics on bad input.
+//     list must be listed; capped labels keep at most 64 distinct values per label key and
+//     registry (configurable) and record the rest, and values that are not valid UTF-8, as
+//     "_other"; a wrong number of label values is refused. Counters refuse negative, NaN and
+//     infinite increments, and [Counter.SetTotal] mirrors an external running total, refusing
+//     a lower one. Histograms refuse negative and non-finite observations.
 //   - Typed facades, one per process role: [EngineMetrics] (GenAI request latencies, HTTP,
 //     scheduler gauges, KV transfer), [WorkerMetrics], [BlendMetrics] (every lmcache_blend_*
 //     instrument) and [ProcessMetrics] (build info, trace exporter totals). Each registers
 //     exactly the contract instruments it owns.
+//
+// Errors are returned only where series are resolved: the Registry's instrument getters, the
+// Series methods and the facade constructors. The constructors resolve every series whose
+// label values are fixed by the contract (phase, direction, op, tier, reason, state, leg...),
+// so a contract mismatch is a startup error returned by NewEngineMetrics & co. The record methods
+// return nothing: fixed labels our code picks are typed constants ([ForwardPhase],
+// [KVDirection], [BlendOp], [Tier]) so a wrong value does not compile; user-fed labels (model,
+// route) go through the capped lookup, which cannot fail. What is still wrong at record time
+// (a forged enum value, an operation or error type outside the contract, a negative count, a
+// counter total going down...) is refused whole: nothing is recorded, [Registry.RecordStats]
+// counts it and the [WithOnRefused] handler, if any, receives the reason. Nothing panics on
+// bad input.
 //
 // [Handler] serves a gatherer through promhttp with OpenMetrics negotiation (exemplars are only
 // visible in OpenMetrics) and a hook that refreshes gauges before each scrape.

@@ -13,7 +13,8 @@ import (
 
 // RequestRecord describes one finished generation request for EngineMetrics.RecordRequest.
 type RequestRecord struct {
-	// Operation is the GenAI operation: "chat" or "text_completion".
+	// Operation is the GenAI operation: "chat" or "text_completion" (another value refuses
+	// the record).
 	Operation string
 	// Model is the requested model name (a capped label).
 	Model string
@@ -29,7 +30,7 @@ type RequestRecord struct {
 	OutputTokens int
 	// ErrorType is "" on success, else one of the contract's error_type values
 	// (invalid_request, unauthorized, not_found, payload_too_large, queue_full,
-	// worker_unavailable, timeout, canceled, internal).
+	// worker_unavailable, timeout, canceled, internal); another value refuses the record.
 	ErrorType string
 }
 
@@ -49,7 +50,10 @@ type EngineStats struct {
 
 // EngineMetrics records every instrument the contract assigns to cb-engine: GenAI request
 // latencies (TTFT, TPOT, request duration, with trace exemplars), token counters, the HTTP
-// server histogram, scheduler gauges, lookup fallbacks and KV transfer. Safe for concurrent use.
+// server histogram, scheduler gauges, lookup fallbacks and KV transfer. Its record methods
+// return nothing; a record they cannot take is refused whole (nothing recorded, counted in
+// Registry().RecordStats(), reported to Config.OnRefused) as described on Registry. Safe for
+// concurrent use.
 type EngineMetrics struct {
 	reg *Registry
 
@@ -60,7 +64,8 @@ type EngineMetrics struct {
 	waiting, running, kvPool, batchTokens, prefixHit *series
 	kvFree, kvUsed, kvCached                         *series
 	evictions, preemptions                           *series
-	fallbacks                                        *Counter
+	fallbacksIn                                      *instrument
+	fallbacks                                        [len(fallbackReasons)]*series
 	kv                                               kvTransfer
 
 	statsMu sync.Mutex // serialises SetEngine so its check-then-set is atomic
@@ -77,8 +82,14 @@ type requestSeries struct {
 	ttft, tpot, durationOK, prompt, gen *series
 }
 
-// NewEngineMetrics registers the engine's contract instruments on reg. Options: WithContract
-// (default: the embedded contract), WithLabelCap (default 64).
+// fallbackReasons are the reason values of cb_engine_lookup_fallbacks_total.
+var fallbackReasons = [...]string{"error", "timeout", "unavailable", "queue_full"}
+
+// NewEngineMetrics registers the engine's contract instruments on reg and resolves every series
+// whose label values are fixed (scheduler gauges, KV blocks by state, fallback reasons, KV
+// transfer directions); a contract that lacks one of them is an error here, so a running
+// facade has nothing left to fail on. Options: WithContract (default: the embedded contract),
+// WithLabelCap (default 64), WithOnRefused (default: refusals are only counted).
 func NewEngineMetrics(reg prometheus.Registerer, opts ...Option) (*EngineMetrics, error) {
 	r, err := newFacadeRegistry("engine", reg, opts)
 	if err != nil {
@@ -93,9 +104,10 @@ func NewEngineMetrics(reg prometheus.Registerer, opts ...Option) (*EngineMetrics
 		http:         b.histogram(NameHTTPDuration),
 		promptTokens: b.counter("cb_engine_prompt_tokens_total"),
 		genTokens:    b.counter("cb_engine_generation_tokens_total"),
-		fallbacks:    b.counter("cb_engine_lookup_fallbacks_total"),
+		fallbacksIn:  instrumentOf(b.counter("cb_engine_lookup_fallbacks_total")),
 		kv:           newKVTransfer(b),
 	}
+	b.enumSeries(m.fallbacks[:], m.fallbacksIn, fallbackReasons[:])
 	m.waiting = b.gaugeSeries("cb_engine_requests_waiting")
 	m.running = b.gaugeSeries("cb_engine_requests_running")
 	m.kvPool = b.gaugeSeries("cb_engine_kv_pool_blocks")
@@ -112,34 +124,41 @@ func NewEngineMetrics(reg prometheus.Registerer, opts ...Option) (*EngineMetrics
 	return m, nil
 }
 
-// Registry returns the registry the facade registers through.
+// Registry returns the registry the facade registers through (its RecordStats count the
+// facade's refusals).
 func (m *EngineMetrics) Registry() *Registry { return m.reg }
 
 // RecordRequest records one finished request: the request duration always (error_type =
 // r.ErrorType); for a successful request with a first token, TTFT; and, when it produced
 // n ≥ 2 tokens, TPOT = (E2E − TTFT)/(n − 1). Prompt and output tokens are counted. When ctx
-// carries a sampled span context the latency observations carry a {trace_id, span_id}
-// exemplar. The record is validated first and nothing is recorded when it is refused (bad
-// operation or error type: *LabelError; negative durations or counts, TTFT after E2E:
-// ErrInvalidRecord / ErrNegative). Into existing series, without a sampled span, it allocates
+// (which may be nil) carries a sampled span context the latency observations carry a
+// {trace_id, span_id} exemplar. The model is a capped label: beyond the cap, or when not valid
+// UTF-8, it is recorded as OtherValue. The record is validated first and refused whole, with
+// nothing recorded (see Registry), for an operation or error type outside the contract
+// (*LabelError: a programming error), negative durations or counts (ErrNegative) or a TTFT
+// after E2E (ErrInvalidRecord). Into existing series, without a sampled span, it allocates
 // nothing.
-func (m *EngineMetrics) RecordRequest(ctx context.Context, r RequestRecord) error {
+func (m *EngineMetrics) RecordRequest(ctx context.Context, r RequestRecord) {
 	if r.E2E < 0 || r.TTFT < 0 || r.PromptTokens < 0 || r.OutputTokens < 0 {
-		return fmt.Errorf("metrics: request record: %w", ErrNegative)
+		m.reg.sink.refuse(fmt.Errorf("metrics: request record: %w", ErrNegative))
+		return
 	}
 	if r.HasTTFT && r.TTFT > r.E2E {
-		return fmt.Errorf("metrics: request record: ttft %v after e2e %v: %w", r.TTFT, r.E2E, ErrInvalidRecord)
+		m.reg.sink.refuse(fmt.Errorf("metrics: request record: ttft %v after e2e %v: %w", r.TTFT, r.E2E, ErrInvalidRecord))
+		return
 	}
 	var dur *series
 	if r.ErrorType != "" { // validates the error type before anything is created
 		var err error
 		if dur, err = m.duration.in.lookup([]string{r.Operation, r.Model, r.ErrorType}); err != nil {
-			return err
+			m.reg.sink.refuse(err)
+			return
 		}
 	}
 	rs, err := m.requestSeries(r.Operation, r.Model)
 	if err != nil {
-		return err
+		m.reg.sink.refuse(err)
+		return
 	}
 	if dur == nil {
 		dur = rs.durationOK
@@ -159,7 +178,6 @@ func (m *EngineMetrics) RecordRequest(ctx context.Context, r RequestRecord) erro
 	if r.OutputTokens > 0 {
 		rs.gen.counter.Add(float64(r.OutputTokens))
 	}
-	return nil
 }
 
 // requestSeries returns the series bundle of (op, model), resolving and caching it on first
@@ -220,23 +238,36 @@ var statusCodes = func() (t [600]string) {
 
 // RecordHTTP records one HTTP server request: method (anything but the standard methods is
 // recorded as "_OTHER", per HTTP semantic conventions), route (the matched route template, a
-// capped label), status (100–599, else ErrInvalidRecord) and its duration in seconds.
-func (m *EngineMetrics) RecordHTTP(method, route string, status int, seconds float64) error {
-	if status < 100 || status >= len(statusCodes) {
-		return fmt.Errorf("metrics: http status %d: %w", status, ErrInvalidRecord)
-	}
+// capped label: beyond the cap or not valid UTF-8 it is recorded as OtherValue), status (a
+// capped label; a code outside 100–599 is recorded as OtherValue and counted in
+// RecordStats.InvalidLabelValues) and its duration in seconds. A negative, NaN or infinite
+// duration refuses the record (see Registry). Into an existing series it allocates nothing.
+func (m *EngineMetrics) RecordHTTP(method, route string, status int, seconds float64) {
 	meth, ok := httpMethods[method]
 	if !ok {
 		meth = "_OTHER"
 	}
-	return m.http.Observe(seconds, meth, route, statusCodes[status])
+	code := OtherValue
+	if status >= 100 && status < len(statusCodes) {
+		code = statusCodes[status]
+	} else if validValue(seconds, false) {
+		m.reg.sink.invalid.Add(1)
+	}
+	m.http.Observe(seconds, meth, route, code)
 }
 
 // SetEngine sets the scheduler gauges from one snapshot and advances the eviction and
-// preemption counters to the snapshot's running totals. Refused, with nothing recorded, when
-// a count is negative, free + used + cached != total, the ratio is outside [0, 1], or a
-// running total is lower than the previous one (ErrCounterDecrease).
-func (m *EngineMetrics) SetEngine(s EngineStats) error {
+// preemption counters to the snapshot's running totals. The snapshot is refused whole, with
+// nothing recorded (see Registry), when a count is negative (ErrNegative), free + used +
+// cached != total or the ratio is outside [0, 1] (ErrInvalidRecord), or a running total is
+// lower than the previous one (ErrCounterDecrease).
+func (m *EngineMetrics) SetEngine(s EngineStats) {
+	if err := m.setEngine(s); err != nil {
+		m.reg.sink.refuse(err)
+	}
+}
+
+func (m *EngineMetrics) setEngine(s EngineStats) error {
 	if s.Waiting < 0 || s.Running < 0 || s.KVFree < 0 || s.KVUsed < 0 || s.KVCached < 0 || s.KVTotal < 0 || s.BatchTokens < 0 {
 		return fmt.Errorf("metrics: engine stats %+v: %w", s, ErrNegative)
 	}
@@ -269,13 +300,21 @@ func (m *EngineMetrics) SetEngine(s EngineStats) error {
 	return m.preemptions.setTotal("cb_engine_preemptions_total", float64(s.Preemptions))
 }
 
-// AddKVTransfer counts KV moved by the engine's connector; direction is "load" or "store".
-func (m *EngineMetrics) AddKVTransfer(direction string, bytes, tokens int64) error {
-	return m.kv.add(direction, bytes, tokens)
-}
+// AddKVTransfer counts KV moved by the engine's connector in direction d. Negative bytes or
+// tokens, or a d that is not a KVDirection constant, refuse the record (see Registry).
+func (m *EngineMetrics) AddKVTransfer(d KVDirection, bytes, tokens int64) { m.kv.add(d, bytes, tokens) }
 
 // LookupFallback counts a request scheduled without a lookup result; reason is "error",
-// "timeout", "unavailable" or "queue_full".
-func (m *EngineMetrics) LookupFallback(reason string) error {
-	return m.fallbacks.Inc(reason)
+// "timeout", "unavailable" or "queue_full" (the scheduler's reasons, passed on as they come). Another
+// reason is a programming error and is refused (a *LabelError; see Registry). Its signature
+// fits scheduler.Deps.OnFallback.
+func (m *EngineMetrics) LookupFallback(reason string) {
+	for i, r := range fallbackReasons {
+		if r == reason {
+			m.fallbacks[i].counter.Inc()
+			return
+		}
+	}
+	p := &m.fallbacksIn.policies[0]
+	m.reg.sink.refuse(&LabelError{Metric: m.fallbacksIn.name, Label: p.key, Value: reason, Reason: ReasonNotAllowed, Want: p.allowedList})
 }

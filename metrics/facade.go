@@ -34,7 +34,8 @@ func newFacadeRegistry(what string, reg prometheus.Registerer, opts []Option) (*
 	return r, nil
 }
 
-// builder collects the first error while a facade asks the registry for its instruments.
+// builder collects the first error while a facade asks the registry for its instruments and
+// resolves its fixed series: any error there is the constructor's (a startup error).
 type builder struct {
 	r   *Registry
 	err error
@@ -76,6 +77,30 @@ func (b *builder) counterSeries(name string, lvs ...string) *series {
 	return b.series(c.in, lvs)
 }
 
+// histogramSeries resolves the only series of an unlabelled histogram up front.
+func (b *builder) histogramSeries(name string) *HistogramSeries {
+	h := b.histogram(name)
+	if h == nil {
+		return nil
+	}
+	s := b.series(h.in, nil)
+	if s == nil {
+		return nil
+	}
+	return &HistogramSeries{in: h.in, s: s}
+}
+
+// enumSeries fills dst with the series of in (whose one label an enum names) for each of
+// names, in order.
+func (b *builder) enumSeries(dst []*series, in *instrument, names []string) {
+	if in == nil {
+		return
+	}
+	for i, v := range names {
+		dst[i] = b.series(in, []string{v})
+	}
+}
+
 func (b *builder) series(in *instrument, lvs []string) *series {
 	s, err := in.lookup(lvs)
 	b.keep(err)
@@ -88,32 +113,41 @@ func (b *builder) keep(err error) {
 	}
 }
 
-// kvTransfer records cb_kv_transfer_{bytes,tokens}_total; shared by engine and worker.
+// instrumentOf returns c's instrument, nil for a nil c (a builder error).
+func instrumentOf(c *Counter) *instrument {
+	if c == nil {
+		return nil
+	}
+	return c.in
+}
+
+// kvTransfer records cb_kv_transfer_{bytes,tokens}_total; shared by engine and worker. Its
+// series are resolved by the constructor, one per KVDirection.
 type kvTransfer struct {
-	bytes, tokens *Counter
+	bytesIn       *instrument
+	bytes, tokens [len(kvDirectionNames)]*series
 }
 
 func newKVTransfer(b *builder) kvTransfer {
-	return kvTransfer{
-		bytes:  b.counter("cb_kv_transfer_bytes_total"),
-		tokens: b.counter("cb_kv_transfer_tokens_total"),
-	}
+	bytes := instrumentOf(b.counter("cb_kv_transfer_bytes_total"))
+	tokens := instrumentOf(b.counter("cb_kv_transfer_tokens_total"))
+	k := kvTransfer{bytesIn: bytes}
+	b.enumSeries(k.bytes[:], bytes, kvDirectionNames[:])
+	b.enumSeries(k.tokens[:], tokens, kvDirectionNames[:])
+	return k
 }
 
-// add validates both values and the direction before recording either.
-func (k kvTransfer) add(direction string, bytes, tokens int64) error {
+// add validates both values and the direction before recording either; a refusal records
+// neither.
+func (k *kvTransfer) add(d KVDirection, bytes, tokens int64) {
 	if bytes < 0 || tokens < 0 {
-		return fmt.Errorf("metrics: kv transfer: bytes %d tokens %d: %w", bytes, tokens, ErrNegative)
+		k.bytesIn.sink.refuse(fmt.Errorf("metrics: kv transfer: bytes %d tokens %d: %w", bytes, tokens, ErrNegative))
+		return
 	}
-	sb, err := k.bytes.in.lookup([]string{direction})
-	if err != nil {
-		return err
-	}
-	st, err := k.tokens.in.lookup([]string{direction})
-	if err != nil {
-		return err
+	sb := pick(k.bytesIn, k.bytes[:], d)
+	if sb == nil {
+		return
 	}
 	sb.counter.Add(float64(bytes))
-	st.counter.Add(float64(tokens))
-	return nil
+	k.tokens[d].counter.Add(float64(tokens))
 }

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/cacheblend/cacheblend/contract"
@@ -179,4 +180,48 @@ func labelKeys(m *dto.Metric) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// refusals collects what a registry refuses, through WithOnRefused.
+type refusals struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+// opt returns the option that reports refusals to r.
+func (r *refusals) opt() Option { return WithOnRefused(r.add) }
+
+func (r *refusals) add(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.errs = append(r.errs, err)
+}
+
+// take returns the refusals since the last take.
+func (r *refusals) take() []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	errs := r.errs
+	r.errs = nil
+	return errs
+}
+
+// one returns the single refusal since the last take; it fails the test when there was not
+// exactly one.
+func (r *refusals) one(t testing.TB, what string) error {
+	t.Helper()
+	errs := r.take()
+	if len(errs) != 1 {
+		t.Errorf("%s: %d refusals %v, want 1", what, len(errs), errs)
+		return nil
+	}
+	return errs[0]
+}
+
+// none fails the test when anything was refused since the last take.
+func (r *refusals) none(t testing.TB, what string) {
+	t.Helper()
+	if errs := r.take(); len(errs) != 0 {
+		t.Errorf("%s: refused %v", what, errs)
+	}
 }

@@ -8,53 +8,60 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Counter is a contract counter. Label values are passed in contract order. Safe for
-// concurrent use.
+// Counter is a contract counter. Label values are passed in contract order. Its record
+// methods return nothing: what they cannot take as given is refused or recorded as OtherValue
+// as described on Registry. Safe for concurrent use.
 type Counter struct{ in *instrument }
 
 // Name returns the metric name.
 func (c *Counter) Name() string { return c.in.name }
 
-// Add increases the series by v. Negative, NaN and infinite v are refused.
-func (c *Counter) Add(v float64, labelValues ...string) error {
-	if err := checkValue(c.in.name, v, false); err != nil {
-		return err
+// Add increases the series by v. Negative, NaN and infinite v, and label values the contract
+// refuses, are refused (nothing recorded; see Registry).
+func (c *Counter) Add(v float64, labelValues ...string) {
+	if !validValue(v, false) {
+		c.in.refuseValue(v, false)
+		return
 	}
 	s, err := c.in.lookup(labelValues)
 	if err != nil {
-		return err
+		c.in.sink.refuse(err)
+		return
 	}
 	s.counter.Add(v)
-	return nil
 }
 
-// Inc increases the series by 1.
-func (c *Counter) Inc(labelValues ...string) error {
+// Inc increases the series by 1. Label values the contract refuses are refused (see Registry).
+func (c *Counter) Inc(labelValues ...string) {
 	s, err := c.in.lookup(labelValues)
 	if err != nil {
-		return err
+		c.in.sink.refuse(err)
+		return
 	}
 	s.counter.Inc()
-	return nil
 }
 
 // SetTotal mirrors an external running total (e.g. a component's atomic counter read before
 // each scrape): the series grows by the difference to the previous SetTotal. A total lower
-// than the previous one is refused with ErrCounterDecrease (a counter never goes down); NaN,
-// negative and infinite totals are refused. Meant for series fed from one source; do not mix
-// with Add on the same series, and avoid it on capped labels, whose overflow values share the
-// "_other" series.
-func (c *Counter) SetTotal(total float64, labelValues ...string) error {
-	if err := checkValue(c.in.name, total, false); err != nil {
-		return err
+// than the previous one is refused (ErrCounterDecrease: a counter never goes down), as are
+// NaN, negative and infinite totals (see Registry). Meant for series fed from one source; do
+// not mix with Add on the same series, and avoid it on capped labels, whose overflow values
+// share the "_other" series.
+func (c *Counter) SetTotal(total float64, labelValues ...string) {
+	if !validValue(total, false) {
+		c.in.refuseValue(total, false)
+		return
 	}
 	s, err := c.in.lookup(labelValues)
-	if err != nil {
-		return err
+	if err == nil {
+		err = s.setTotal(c.in.name, total)
 	}
-	return s.setTotal(c.in.name, total)
+	if err != nil {
+		c.in.sink.refuse(err)
+	}
 }
 
+// setTotal advances the series to total; a lower total is an ErrCounterDecrease.
 func (s *series) setTotal(name string, total float64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -79,155 +86,167 @@ func (s *series) checkTotal(name string, total float64) error {
 }
 
 // Series resolves the series for labelValues once and returns a handle that records into it
-// without any lookup.
+// without any lookup. A value outside an allowed list or a wrong number of values is an error
+// (*LabelError); a capped value that is not valid UTF-8 resolves to the OtherValue series.
 func (c *Counter) Series(labelValues ...string) (*CounterSeries, error) {
 	s, err := c.in.lookup(labelValues)
 	if err != nil {
 		return nil, err
 	}
-	return &CounterSeries{name: c.in.name, s: s}, nil
+	return &CounterSeries{in: c.in, s: s}, nil
 }
 
-// CounterSeries is one resolved series of a Counter. Safe for concurrent use.
+// CounterSeries is one resolved series of a Counter. Its record methods return nothing (see
+// Registry). Safe for concurrent use.
 type CounterSeries struct {
-	name string
-	s    *series
+	in *instrument
+	s  *series
 }
 
-// Add increases the series by v; negative, NaN and infinite v are refused.
-func (cs *CounterSeries) Add(v float64) error {
-	if err := checkValue(cs.name, v, false); err != nil {
-		return err
+// Add increases the series by v; negative, NaN and infinite v are refused (see Registry).
+func (cs *CounterSeries) Add(v float64) {
+	if !validValue(v, false) {
+		cs.in.refuseValue(v, false)
+		return
 	}
 	cs.s.counter.Add(v)
-	return nil
 }
 
 // Inc increases the series by 1.
 func (cs *CounterSeries) Inc() { cs.s.counter.Inc() }
 
 // SetTotal advances the series to an external running total; see Counter.SetTotal.
-func (cs *CounterSeries) SetTotal(total float64) error {
-	if err := checkValue(cs.name, total, false); err != nil {
-		return err
+func (cs *CounterSeries) SetTotal(total float64) {
+	if !validValue(total, false) {
+		cs.in.refuseValue(total, false)
+		return
 	}
-	return cs.s.setTotal(cs.name, total)
+	if err := cs.s.setTotal(cs.in.name, total); err != nil {
+		cs.in.sink.refuse(err)
+	}
 }
 
-// Gauge is a contract gauge. Safe for concurrent use.
+// Gauge is a contract gauge. Its record methods return nothing (see Registry). Safe for
+// concurrent use.
 type Gauge struct{ in *instrument }
 
 // Name returns the metric name.
 func (g *Gauge) Name() string { return g.in.name }
 
-// Set sets the series to v. NaN and infinite v are refused; negative values are allowed.
-func (g *Gauge) Set(v float64, labelValues ...string) error {
-	if err := checkValue(g.in.name, v, true); err != nil {
-		return err
+// Set sets the series to v. NaN and infinite v, and label values the contract refuses, are
+// refused (see Registry); negative values are allowed.
+func (g *Gauge) Set(v float64, labelValues ...string) {
+	if !validValue(v, true) {
+		g.in.refuseValue(v, true)
+		return
 	}
 	s, err := g.in.lookup(labelValues)
 	if err != nil {
-		return err
+		g.in.sink.refuse(err)
+		return
 	}
 	s.gauge.Set(v)
-	return nil
 }
 
 // Series resolves the series for labelValues once and returns a handle that sets it without
-// any lookup.
+// any lookup. Errors as for Counter.Series.
 func (g *Gauge) Series(labelValues ...string) (*GaugeSeries, error) {
 	s, err := g.in.lookup(labelValues)
 	if err != nil {
 		return nil, err
 	}
-	return &GaugeSeries{name: g.in.name, s: s}, nil
+	return &GaugeSeries{in: g.in, s: s}, nil
 }
 
 // GaugeSeries is one resolved series of a Gauge. Safe for concurrent use.
 type GaugeSeries struct {
-	name string
-	s    *series
+	in *instrument
+	s  *series
 }
 
-// Set sets the series to v; NaN and infinite v are refused.
-func (gs *GaugeSeries) Set(v float64) error {
-	if err := checkValue(gs.name, v, true); err != nil {
-		return err
+// Set sets the series to v; NaN and infinite v are refused (see Registry).
+func (gs *GaugeSeries) Set(v float64) {
+	if !validValue(v, true) {
+		gs.in.refuseValue(v, true)
+		return
 	}
 	gs.s.gauge.Set(v)
-	return nil
 }
 
-// Histogram is a contract histogram. Safe for concurrent use.
+// Histogram is a contract histogram. Its record methods return nothing (see Registry). Safe
+// for concurrent use.
 type Histogram struct{ in *instrument }
 
 // Name returns the metric name.
 func (h *Histogram) Name() string { return h.in.name }
 
-// Observe records v (seconds, for duration histograms). Negative, NaN and infinite values are
-// refused. Into an existing series it allocates nothing.
-func (h *Histogram) Observe(v float64, labelValues ...string) error {
-	if err := checkValue(h.in.name, v, false); err != nil {
-		return err
+// Observe records v (seconds, for duration histograms). Negative, NaN and infinite values,
+// and label values the contract refuses, are refused (see Registry). Into an existing series
+// it allocates nothing.
+func (h *Histogram) Observe(v float64, labelValues ...string) {
+	if !validValue(v, false) {
+		h.in.refuseValue(v, false)
+		return
 	}
 	s, err := h.in.lookup(labelValues)
 	if err != nil {
-		return err
+		h.in.sink.refuse(err)
+		return
 	}
 	s.obs.Observe(v)
-	return nil
+}
+
+// ObserveContext is Observe that, when the contract declares exemplars for the histogram and
+// ctx carries a sampled span context, attaches the exemplar {trace_id, span_id} (visible in
+// OpenMetrics exposition). A nil ctx records without exemplar.
+func (h *Histogram) ObserveContext(ctx context.Context, v float64, labelValues ...string) {
+	if !validValue(v, false) {
+		h.in.refuseValue(v, false)
+		return
+	}
+	s, err := h.in.lookup(labelValues)
+	if err != nil {
+		h.in.sink.refuse(err)
+		return
+	}
+	s.observe(ctx, h.in.exemplars, v)
 }
 
 // Series resolves the series for labelValues once (validation and label cap included) and
 // returns a handle that observes into it without any lookup: the fastest path for a caller
-// that records repeatedly with the same label values.
+// that records repeatedly with the same label values. Errors as for Counter.Series.
 func (h *Histogram) Series(labelValues ...string) (*HistogramSeries, error) {
 	s, err := h.in.lookup(labelValues)
 	if err != nil {
 		return nil, err
 	}
-	return &HistogramSeries{name: h.in.name, exemplars: h.in.exemplars, s: s}, nil
+	return &HistogramSeries{in: h.in, s: s}, nil
 }
 
 // HistogramSeries is one resolved series of a Histogram. Safe for concurrent use.
 type HistogramSeries struct {
-	name      string
-	exemplars bool
-	s         *series
+	in *instrument
+	s  *series
 }
 
-// Observe records v; negative, NaN and infinite values are refused. No allocation.
-func (hs *HistogramSeries) Observe(v float64) error {
-	if err := checkValue(hs.name, v, false); err != nil {
-		return err
+// Observe records v; negative, NaN and infinite values are refused (see Registry). No
+// allocation.
+func (hs *HistogramSeries) Observe(v float64) {
+	if !validValue(v, false) {
+		hs.in.refuseValue(v, false)
+		return
 	}
 	hs.s.obs.Observe(v)
-	return nil
 }
 
 // ObserveContext records v with a {trace_id, span_id} exemplar when the contract declares
-// exemplars and ctx carries a sampled span context.
-func (hs *HistogramSeries) ObserveContext(ctx context.Context, v float64) error {
-	if err := checkValue(hs.name, v, false); err != nil {
-		return err
+// exemplars and ctx (which may be nil) carries a sampled span context; values as for Observe.
+func (hs *HistogramSeries) ObserveContext(ctx context.Context, v float64) {
+	if !validValue(v, false) {
+		hs.in.refuseValue(v, false)
+		return
 	}
-	hs.s.observe(ctx, hs.exemplars, v)
-	return nil
-}
-
-// ObserveContext is Observe that, when the contract declares exemplars for the histogram and
-// ctx carries a sampled span context, attaches the exemplar {trace_id, span_id} (visible in
-// OpenMetrics exposition).
-func (h *Histogram) ObserveContext(ctx context.Context, v float64, labelValues ...string) error {
-	if err := checkValue(h.in.name, v, false); err != nil {
-		return err
-	}
-	s, err := h.in.lookup(labelValues)
-	if err != nil {
-		return err
-	}
-	s.observe(ctx, h.in.exemplars, v)
-	return nil
+	hs.s.observe(ctx, hs.in.exemplars, v)
 }
 
 // observe records v with an exemplar when wanted and ctx carries a sampled span context.

@@ -23,7 +23,8 @@ type TraceTotals struct {
 }
 
 // ProcessMetrics records the instruments every process exposes: cb_build_info and the trace
-// exporter's dropped spans and export errors. Safe for concurrent use.
+// exporter's dropped spans and export errors. Its record methods return nothing; a pair of
+// totals going down is refused (see Registry). Safe for concurrent use.
 type ProcessMetrics struct {
 	reg     *Registry
 	dropped *series
@@ -34,8 +35,11 @@ type ProcessMetrics struct {
 }
 
 // NewProcessMetrics registers the process instruments on reg and sets cb_build_info{info} to
-// 1. totals, if non-nil, is called by Refresh to read the trace exporter's running totals (it
-// must be safe for concurrent use). Options: WithContract, WithLabelCap.
+// 1: a Service outside the contract's list is an error (*LabelError); a Version that is not
+// valid UTF-8 is recorded as OtherValue. totals, if non-nil, is called by Refresh to read the
+// trace exporter's running totals (it must be safe for concurrent use). Options:
+// WithContract (default: the embedded contract), WithLabelCap, WithOnRefused (default:
+// refusals are only counted).
 func NewProcessMetrics(reg prometheus.Registerer, info BuildInfo, totals func() TraceTotals, opts ...Option) (*ProcessMetrics, error) {
 	r, err := newFacadeRegistry("process", reg, opts)
 	if err != nil {
@@ -48,8 +52,8 @@ func NewProcessMetrics(reg prometheus.Registerer, info BuildInfo, totals func() 
 		errors:  b.counterSeries("cb_trace_export_errors_total"),
 		totals:  totals,
 	}
-	if g := b.gauge("cb_build_info"); g != nil {
-		b.keep(g.Set(1, info.Service, info.Version))
+	if s := b.gaugeSeries("cb_build_info", info.Service, info.Version); s != nil {
+		s.gauge.Set(1)
 	}
 	if b.err != nil {
 		return nil, fmt.Errorf("metrics: process: %w", b.err)
@@ -57,22 +61,29 @@ func NewProcessMetrics(reg prometheus.Registerer, info BuildInfo, totals func() 
 	return m, nil
 }
 
-// Registry returns the registry the facade registers through.
+// Registry returns the registry the facade registers through (its RecordStats count the
+// facade's refusals).
 func (m *ProcessMetrics) Registry() *Registry { return m.reg }
 
 // Refresh reads the totals function given to NewProcessMetrics (if any) and advances the
-// counters to it. Call it before each scrape, e.g. from Handler's before hook.
-func (m *ProcessMetrics) Refresh() error {
-	if m.totals == nil {
-		return nil
+// counters to it, as SetTraceTotals. Call it before each scrape, e.g. from Handler's before
+// hook.
+func (m *ProcessMetrics) Refresh() {
+	if m.totals != nil {
+		m.SetTraceTotals(m.totals())
 	}
-	return m.SetTraceTotals(m.totals())
 }
 
 // SetTraceTotals advances cb_trace_spans_dropped_total and cb_trace_export_errors_total to
-// the exporter's running totals; a lower total is refused (ErrCounterDecrease) and then
-// neither counter moves.
-func (m *ProcessMetrics) SetTraceTotals(t TraceTotals) error {
+// the exporter's running totals. A total lower than the previous one refuses the pair —
+// neither counter moves (ErrCounterDecrease; see Registry).
+func (m *ProcessMetrics) SetTraceTotals(t TraceTotals) {
+	if err := m.setTraceTotals(t); err != nil {
+		m.reg.sink.refuse(err)
+	}
+}
+
+func (m *ProcessMetrics) setTraceTotals(t TraceTotals) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.dropped.checkTotal("cb_trace_spans_dropped_total", float64(t.SpansDropped)); err != nil {

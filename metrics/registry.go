@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unicode/utf8"
 
 	"github.com/cacheblend/cacheblend/contract"
@@ -18,7 +19,8 @@ import (
 // Registry before recording further values as [OtherValue].
 const DefaultLabelCap = 64
 
-// OtherValue is recorded for a capped label once its distinct values are exhausted.
+// OtherValue is recorded for a capped label once its distinct values are exhausted, and for a
+// capped label value that is not valid UTF-8 (see RecordStats.InvalidLabelValues).
 const OtherValue = contract.OtherValue
 
 // maxCachedSeries bounds the lock-free lookup cache of one instrument; series beyond it are
@@ -59,11 +61,11 @@ const (
 	ReasonMissing LabelReason = "missing label values"
 	// ReasonExtra: more label values than label keys.
 	ReasonExtra LabelReason = "extra label values"
-	// ReasonInvalidUTF8: the value is not valid UTF-8.
-	ReasonInvalidUTF8 LabelReason = "value not UTF-8"
 )
 
-// LabelError reports label values the contract does not accept. Nothing is recorded.
+// LabelError reports label values the contract does not accept: returned by the methods that
+// resolve series (Counter.Series, the facade constructors...), and passed to the OnRefused
+// handler when a record method is refused. Nothing is recorded.
 type LabelError struct {
 	// Metric is the instrument name.
 	Metric string
@@ -97,6 +99,13 @@ type Config struct {
 	// the embedded contract (contract.Instruments()). NewRegistry takes its set as a parameter
 	// and ignores this field.
 	Contract *contract.InstrumentSet
+	// OnRefused, if non-nil, receives the reason of every refused record (see Registry): a
+	// *LabelError or an error wrapping ErrNegative, ErrNaN, ErrInfinite, ErrCounterDecrease or
+	// ErrInvalidRecord. It is called synchronously by the record method, never while the
+	// registry or a facade holds a lock, possibly from many goroutines at once: it must be safe
+	// for concurrent use and should be cheap (e.g. a log line). Nil means refusals are only
+	// counted (RecordStats.Refused).
+	OnRefused func(error)
 }
 
 // Option changes a Config.
@@ -109,6 +118,9 @@ func WithLabelCap(n int) Option { return func(c *Config) { c.LabelCap = n } }
 func WithContract(set *contract.InstrumentSet) Option {
 	return func(c *Config) { c.Contract = set }
 }
+
+// WithOnRefused sets Config.OnRefused.
+func WithOnRefused(f func(error)) Option { return func(c *Config) { c.OnRefused = f } }
 
 func buildConfig(opts []Option) Config {
 	var c Config
@@ -126,10 +138,27 @@ func buildConfig(opts []Option) Config {
 // Registry builds client_golang instruments from contract instruments and registers them on
 // a prometheus.Registerer. Instruments are created on first request and shared afterwards.
 // Safe for concurrent use.
+//
+// Record methods (Add, Inc, Set, SetTotal, Observe, ObserveContext, and the facades' record
+// methods) return nothing. A record they cannot take as given is handled in one of two ways:
+//
+//   - A capped label value that is not valid UTF-8 is recorded as OtherValue, like a value
+//     beyond the cap, and counted in RecordStats.InvalidLabelValues.
+//   - Anything else wrong is refused: nothing at all is recorded, the refusal is counted in
+//     RecordStats.Refused and its reason passed to Config.OnRefused. That covers label values
+//     outside a label's allowed list or a wrong number of them (programming errors: the
+//     facades take typed constants where the caller picks the value), negative, NaN and
+//     infinite values where they are not allowed, counter totals going down and inconsistent
+//     records (ErrInvalidRecord).
+//
+// Nothing panics on bad input. Errors are returned only where series are resolved — Registry's
+// instrument getters, the Series methods and the facade constructors — so that a contract
+// mismatch is a startup error.
 type Registry struct {
-	reg prometheus.Registerer
-	set *contract.InstrumentSet
-	cfg Config
+	reg  prometheus.Registerer
+	set  *contract.InstrumentSet
+	cfg  Config
+	sink *recordSink
 
 	mu          sync.Mutex
 	instruments map[string]*instrument
@@ -145,13 +174,47 @@ func NewRegistry(reg prometheus.Registerer, set *contract.InstrumentSet, opts ..
 	if set == nil {
 		return nil, errors.New("metrics: new registry: nil instrument set")
 	}
+	cfg := buildConfig(opts)
 	return &Registry{
 		reg:         reg,
 		set:         set,
-		cfg:         buildConfig(opts),
+		cfg:         cfg,
+		sink:        &recordSink{onRefused: cfg.OnRefused},
 		instruments: map[string]*instrument{},
 		caps:        map[string]*capSet{},
 	}, nil
+}
+
+// RecordStats are a Registry's running totals of the records its record methods (and those of
+// the facade built on it) could not take as given. See Registry.
+type RecordStats struct {
+	// Refused counts record calls that recorded nothing; each was also passed to
+	// Config.OnRefused.
+	Refused uint64
+	// InvalidLabelValues counts capped label values that were not valid UTF-8 and were recorded
+	// as OtherValue, once per series lookup (a facade method recording into several instruments
+	// counts once per instrument).
+	InvalidLabelValues uint64
+}
+
+// RecordStats returns the registry's record totals. Safe for concurrent use.
+func (r *Registry) RecordStats() RecordStats {
+	return RecordStats{Refused: r.sink.refused.Load(), InvalidLabelValues: r.sink.invalid.Load()}
+}
+
+// recordSink counts what the record methods of one Registry could not take as given.
+type recordSink struct {
+	refused   atomic.Uint64
+	invalid   atomic.Uint64
+	onRefused func(error)
+}
+
+// refuse counts a refused record and reports err to the handler. Callers hold no lock.
+func (k *recordSink) refuse(err error) {
+	k.refused.Add(1)
+	if k.onRefused != nil {
+		k.onRefused(err)
+	}
 }
 
 // Contract returns the instrument set the registry builds from (read-only).
@@ -223,6 +286,7 @@ func (r *Registry) newInstrument(def *contract.Instrument) (*instrument, error) 
 		name:      def.Name,
 		arity:     len(def.Labels),
 		exemplars: def.Exemplars,
+		sink:      r.sink,
 		resolved:  map[[contract.MaxLabels]string]*series{},
 	}
 	for i := range def.Labels {
@@ -339,6 +403,7 @@ type instrument struct {
 	arity     int
 	exemplars bool
 	policies  []labelPolicy
+	sink      *recordSink // the registry's
 
 	counterVec *prometheus.CounterVec
 	gaugeVec   *prometheus.GaugeVec
@@ -353,8 +418,9 @@ type instrument struct {
 	cached   int
 }
 
-// lookup returns the series for raw label values lvs (in contract order). The cached path
-// performs no allocation and takes no lock.
+// lookup returns the series for raw label values lvs (in contract order). It fails only for a
+// wrong number of values or a value outside an allowed list; capped values never fail (see
+// resolve). The cached path performs no allocation and takes no lock.
 func (in *instrument) lookup(lvs []string) (*series, error) {
 	if len(lvs) != in.arity {
 		return nil, in.arityError(len(lvs))
@@ -391,14 +457,12 @@ func (in *instrument) arityError(n int) error {
 }
 
 // resolve validates raw values, applies caps, and finds or creates the series; stable is false
-// when a capped value overflowed.
+// when a capped value overflowed or was not valid UTF-8 (both recorded as OtherValue, neither
+// cached nor admitted by the cap).
 func (in *instrument) resolve(lvs []string) (s *series, stable bool, err error) {
 	// Validate everything before a cap admits anything.
 	for i, v := range lvs {
 		p := &in.policies[i]
-		if !utf8.ValidString(v) {
-			return nil, false, &LabelError{Metric: in.name, Label: p.key, Value: v, Reason: ReasonInvalidUTF8}
-		}
 		if p.cap == nil {
 			if _, ok := p.allowed[v]; !ok {
 				return nil, false, &LabelError{Metric: in.name, Label: p.key, Value: v, Reason: ReasonNotAllowed, Want: p.allowedList}
@@ -409,13 +473,17 @@ func (in *instrument) resolve(lvs []string) (s *series, stable bool, err error) 
 	stable = true
 	for i, v := range lvs {
 		p := &in.policies[i]
-		if p.cap == nil {
+		switch {
+		case p.cap == nil:
 			key[i] = v
-			continue
+		case !utf8.ValidString(v):
+			in.sink.invalid.Add(1)
+			key[i], stable = OtherValue, false
+		default:
+			r, ok := p.cap.resolve(v)
+			key[i] = r
+			stable = stable && ok
 		}
-		r, ok := p.cap.resolve(v)
-		key[i] = r
-		stable = stable && ok
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -452,8 +520,8 @@ func (in *instrument) newSeries(vals []string) (*series, error) {
 		s.gauge, err = in.gaugeVec.GetMetricWithLabelValues(vals...)
 	case in.histVec != nil:
 		s.obs, err = in.histVec.GetMetricWithLabelValues(vals...)
-		if err == nil {
-			s.exo, _ = s.obs.(prometheus.ExemplarObserver)
+		if exo, ok := s.obs.(prometheus.ExemplarObserver); ok && err == nil {
+			s.exo = exo
 		}
 	}
 	if err != nil {
@@ -507,16 +575,18 @@ func (in *instrument) precreate() error {
 	}
 }
 
-// checkValue refuses NaN, infinities and (unless negOK) negative values. The accepting path
-// is small enough to inline.
-func checkValue(name string, v float64, negOK bool) error {
-	if (v >= 0 || negOK && v < 0) && v <= math.MaxFloat64 && v >= -math.MaxFloat64 {
-		return nil
-	}
-	return valueError(name, v, negOK)
+// validValue reports whether v is finite and (unless negOK) not negative. Small enough to
+// inline.
+func validValue(v float64, negOK bool) bool {
+	return (v >= 0 || negOK && v < 0) && v <= math.MaxFloat64 && v >= -math.MaxFloat64
 }
 
-// valueError builds checkValue's error.
+// refuseValue refuses v, which validValue(v, negOK) rejected.
+func (in *instrument) refuseValue(v float64, negOK bool) {
+	in.sink.refuse(valueError(in.name, v, negOK))
+}
+
+// valueError is the refusal of a value validValue rejected.
 func valueError(name string, v float64, negOK bool) error {
 	switch {
 	case math.IsNaN(v):
@@ -526,5 +596,5 @@ func valueError(name string, v float64, negOK bool) error {
 	case v < 0 && !negOK:
 		return fmt.Errorf("metrics: %s: %v: %w", name, v, ErrNegative)
 	}
-	return nil
+	return fmt.Errorf("metrics: %s: %v: %w", name, v, ErrInvalidRecord) // not reached: v was rejected
 }

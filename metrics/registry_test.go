@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -68,9 +69,7 @@ func TestHandExampleHistogram(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, v := range []float64{0.05, 0.1, 0.3, 2.0} {
-		if err := h.Observe(v, "chat"); err != nil {
-			t.Fatal(err)
-		}
+		h.Observe(v, "chat")
 	}
 	body, ctype := scrape(t, reg, acceptText)
 	if !strings.HasPrefix(ctype, "text/plain; version=0.0.4") {
@@ -129,28 +128,38 @@ func TestRegistryRefusesWhatTheContractLacks(t *testing.T) {
 	}
 }
 
+// TestLabelPolicy: record methods refuse label values the contract does not take (counted,
+// reported, nothing recorded) and record a capped value that is not valid UTF-8 as _other;
+// Series returns the same refusals as errors.
 func TestLabelPolicy(t *testing.T) {
-	r, reg := newHandRegistry(t)
+	var rf refusals
+	r, reg := newHandRegistry(t, rf.opt())
 	h, _ := r.Histogram("x_seconds")
 	g, _ := r.Gauge("w_ratio")
+	c, _ := r.Counter("y_total")
 	tests := []struct {
 		name   string
-		err    error
+		record func()
 		reason LabelReason
 		label  string
 	}{
-		{"not allowed", h.Observe(1, "embeddings"), ReasonNotAllowed, "op"},
-		{"missing", h.Observe(1), ReasonMissing, ""},
-		{"extra", h.Observe(1, "chat", "x"), ReasonExtra, ""},
-		{"missing on two labels", g.Set(1, "m"), ReasonMissing, ""},
-		{"invalid utf-8 capped", g.Set(1, "\xff", "chat"), ReasonInvalidUTF8, "model"},
-		{"allowed checked on capped instrument", g.Set(1, "m", "text_completion"), ReasonNotAllowed, "op"},
+		{"not allowed", func() { h.Observe(1, "embeddings") }, ReasonNotAllowed, "op"},
+		{"not allowed, context", func() { h.ObserveContext(t.Context(), 1, "embeddings") }, ReasonNotAllowed, "op"},
+		{"missing", func() { h.Observe(1) }, ReasonMissing, ""},
+		{"extra", func() { h.Observe(1, "chat", "x") }, ReasonExtra, ""},
+		{"missing on two labels", func() { g.Set(1, "m") }, ReasonMissing, ""},
+		{"allowed checked on capped instrument", func() { g.Set(1, "m", "text_completion") }, ReasonNotAllowed, "op"},
+		{"counter add", func() { c.Add(1, "c") }, ReasonNotAllowed, "kind"},
+		{"counter inc", func() { c.Inc("c") }, ReasonNotAllowed, "kind"},
+		{"counter total", func() { c.SetTotal(1, "a", "b") }, ReasonExtra, ""},
+		{"invalid utf-8 on an allowed label", func() { c.Inc("\xff") }, ReasonNotAllowed, "kind"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			tc.record()
 			var le *LabelError
-			if !errors.As(tc.err, &le) {
-				t.Fatalf("error %v is not a *LabelError", tc.err)
+			if err := rf.one(t, tc.name); !errors.As(err, &le) {
+				t.Fatalf("error %v is not a *LabelError", err)
 			}
 			if le.Reason != tc.reason || le.Label != tc.label {
 				t.Fatalf("got %+v", le)
@@ -160,12 +169,55 @@ func TestLabelPolicy(t *testing.T) {
 			}
 		})
 	}
+	if st := r.RecordStats(); st != (RecordStats{Refused: uint64(len(tests))}) {
+		t.Errorf("RecordStats %+v, want %d refused", st, len(tests))
+	}
 	// A refused capped value must not have consumed a cap slot; nothing was recorded.
 	if n := len(r.caps["model"].admitted); n != 0 {
 		t.Errorf("refused values admitted %d cap slots", n)
 	}
-	if fams := gather(t, reg); fams["w_ratio"] != nil {
+	fams := gather(t, reg)
+	if fams["w_ratio"] != nil {
 		t.Errorf("refused values created series: %v", fams["w_ratio"])
+	}
+	for _, kind := range []string{"a", "b"} {
+		if v := value(fams, "y_total", map[string]string{"kind": kind}); v != 0 {
+			t.Errorf("refused records moved y_total{kind=%s} to %v", kind, v)
+		}
+	}
+	// Series refuses with an error.
+	var le *LabelError
+	if _, err := h.Series("embeddings"); !errors.As(err, &le) || le.Reason != ReasonNotAllowed {
+		t.Errorf("Histogram.Series: %v", err)
+	}
+	if _, err := c.Series(); !errors.As(err, &le) || le.Reason != ReasonMissing {
+		t.Errorf("Counter.Series: %v", err)
+	}
+	if _, err := g.Series("m", "chat", "x"); !errors.As(err, &le) || le.Reason != ReasonExtra {
+		t.Errorf("Gauge.Series: %v", err)
+	}
+	rf.none(t, "Series")
+
+	// A capped value that is not valid UTF-8 is recorded as _other, without a cap slot.
+	g.Set(3, "\xff", "chat")
+	g.Set(4, "\xfe", "chat")
+	rf.none(t, "invalid UTF-8 on a capped label")
+	if st := r.RecordStats(); st.InvalidLabelValues != 2 {
+		t.Errorf("InvalidLabelValues = %d, want 2", st.InvalidLabelValues)
+	}
+	if n := len(r.caps["model"].admitted); n != 0 {
+		t.Errorf("invalid values admitted %d cap slots", n)
+	}
+	if v := value(gather(t, reg), "w_ratio", map[string]string{"model": OtherValue, "op": "chat"}); v != 4 {
+		t.Errorf("w_ratio{model=_other} = %v, want 4", v)
+	}
+	gs, err := g.Series("\xff", "chat")
+	if err != nil {
+		t.Fatalf("Series of an invalid capped value: %v", err)
+	}
+	gs.Set(5)
+	if v := value(gather(t, reg), "w_ratio", map[string]string{"model": OtherValue, "op": "chat"}); v != 5 {
+		t.Errorf("series handle of an invalid capped value: w_ratio{model=_other} = %v, want 5", v)
 	}
 }
 
@@ -190,9 +242,7 @@ func TestLabelCap(t *testing.T) {
 				for range 2 { // twice: the second pass goes through the cached path
 					rec := RequestRecord{Operation: "chat", Model: fmt.Sprintf("model-%02d", i), HasTTFT: true,
 						TTFT: 1e8, E2E: 5e8, OutputTokens: 3, PromptTokens: 10}
-					if err := m.RecordRequest(t.Context(), rec); err != nil {
-						t.Fatal(err)
-					}
+					m.RecordRequest(t.Context(), rec)
 				}
 			}
 			fams := gather(t, reg)
@@ -222,55 +272,93 @@ func TestLabelCap(t *testing.T) {
 
 // TestCountersNeverGoDown: lower totals, negative, NaN and infinite increments are refused.
 func TestCountersNeverGoDown(t *testing.T) {
-	r, reg := newHandRegistry(t)
+	var rf refusals
+	r, reg := newHandRegistry(t, rf.opt())
 	c, _ := r.Counter("y_total")
 	z, _ := r.Counter("z_total")
-	if err := c.SetTotal(5, "a"); err != nil {
+	c.SetTotal(5, "a")
+	c.SetTotal(7, "a")
+	rf.none(t, "rising totals")
+	za, err := z.Series()
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.SetTotal(7, "a"); err != nil {
+	cb, err := c.Series("b")
+	if err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
-		name string
-		err  error
-		want error
+		name   string
+		record func()
+		want   error
 	}{
-		{"lower total", c.SetTotal(3, "a"), ErrCounterDecrease},
-		{"negative total", c.SetTotal(-1, "b"), ErrNegative},
-		{"NaN total", c.SetTotal(math.NaN(), "a"), ErrNaN},
-		{"negative increment", c.Add(-1, "a"), ErrNegative},
-		{"NaN increment", c.Add(math.NaN(), "a"), ErrNaN},
-		{"infinite increment", c.Add(math.Inf(1), "a"), ErrInfinite},
-		{"unlabelled negative", z.Add(-0.5), ErrNegative},
+		{"lower total", func() { c.SetTotal(3, "a") }, ErrCounterDecrease},
+		{"negative total", func() { c.SetTotal(-1, "b") }, ErrNegative},
+		{"NaN total", func() { c.SetTotal(math.NaN(), "a") }, ErrNaN},
+		{"negative increment", func() { c.Add(-1, "a") }, ErrNegative},
+		{"NaN increment", func() { c.Add(math.NaN(), "a") }, ErrNaN},
+		{"infinite increment", func() { c.Add(math.Inf(1), "a") }, ErrInfinite},
+		{"unlabelled negative", func() { z.Add(-0.5) }, ErrNegative},
+		{"series negative", func() { za.Add(-0.5) }, ErrNegative},
+		{"series infinite total", func() { cb.SetTotal(math.Inf(1)) }, ErrInfinite},
 	}
 	for _, tc := range tests {
-		if !errors.Is(tc.err, tc.want) {
-			t.Errorf("%s: got %v, want %v", tc.name, tc.err, tc.want)
+		tc.record()
+		if err := rf.one(t, tc.name); !errors.Is(err, tc.want) {
+			t.Errorf("%s: got %v, want %v", tc.name, err, tc.want)
 		}
 	}
-	if err := c.SetTotal(7, "a"); err != nil {
-		t.Errorf("an equal total must be accepted: %v", err)
+	cb.SetTotal(2)
+	cb.SetTotal(1)
+	if err := rf.one(t, "series lower total"); !errors.Is(err, ErrCounterDecrease) {
+		t.Errorf("series lower total: %v", err)
 	}
+	c.SetTotal(7, "a")
+	rf.none(t, "an equal total")
 	fams := gather(t, reg)
 	if got := value(fams, "y_total", map[string]string{"kind": "a"}); got != 7 {
 		t.Errorf("y_total{kind=a} = %v, want 7", got)
+	}
+	if got := value(fams, "y_total", map[string]string{"kind": "b"}); got != 2 {
+		t.Errorf("y_total{kind=b} = %v, want 2", got)
 	}
 	if got := value(fams, "z_total", nil); got != 0 {
 		t.Errorf("z_total = %v, want 0", got)
 	}
 	h, _ := r.Histogram("x_seconds")
+	hs, err := h.Series("chat")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, v := range []float64{-1, math.NaN(), math.Inf(1)} {
-		if err := h.Observe(v, "chat"); err == nil {
-			t.Errorf("histogram accepted %v", v)
+		h.Observe(v, "chat")
+		h.ObserveContext(t.Context(), v, "chat")
+		hs.Observe(v)
+		hs.ObserveContext(t.Context(), v)
+		if errs := rf.take(); len(errs) != 4 {
+			t.Errorf("histogram: %v refused %d times, want 4", v, len(errs))
 		}
 	}
+	if n := histCount(gather(t, reg), "x_seconds", map[string]string{"op": "chat"}); n != 0 {
+		t.Errorf("histogram recorded %d refused values", n)
+	}
 	g, _ := r.Gauge("w_ratio")
-	if err := g.Set(math.NaN(), "m", "chat"); !errors.Is(err, ErrNaN) {
+	g.Set(math.NaN(), "m", "chat")
+	if err := rf.one(t, "gauge NaN"); !errors.Is(err, ErrNaN) {
 		t.Errorf("gauge NaN: %v", err)
 	}
-	if err := g.Set(-2, "m", "chat"); err != nil {
-		t.Errorf("gauges may go negative: %v", err)
+	g.Set(-2, "m", "chat")
+	rf.none(t, "gauges may go negative")
+	gs, err := g.Series("m", "chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs.Set(math.Inf(-1))
+	if err := rf.one(t, "gauge series -Inf"); !errors.Is(err, ErrInfinite) {
+		t.Errorf("gauge series -Inf: %v", err)
+	}
+	if v := value(gather(t, reg), "w_ratio", map[string]string{"model": "m", "op": "chat"}); v != -2 {
+		t.Errorf("w_ratio = %v, want -2", v)
 	}
 }
 
@@ -316,12 +404,8 @@ func TestLabelValuesAreEscaped(t *testing.T) {
 		t.Fatal(err)
 	}
 	odd := "we\"ird\\model\nname"
-	if err := m.RecordRequest(t.Context(), RequestRecord{Operation: "chat", Model: odd, HasTTFT: true, TTFT: 1e8, E2E: 3e8, OutputTokens: 2}); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.RecordHTTP("POST", "/v1/\"chat\"", 200, 0.3); err != nil {
-		t.Fatal(err)
-	}
+	m.RecordRequest(t.Context(), RequestRecord{Operation: "chat", Model: odd, HasTTFT: true, TTFT: 1e8, E2E: 3e8, OutputTokens: 2})
+	m.RecordHTTP("POST", "/v1/\"chat\"", 200, 0.3)
 	body, _ := scrape(t, reg, acceptText)
 	if !strings.Contains(body, `gen_ai_request_model="we\"ird\\model\nname"`) {
 		t.Fatalf("escaped value not found in:\n%s", body)
@@ -368,10 +452,7 @@ func TestConcurrentRecording(t *testing.T) {
 			for i := range each {
 				rec := RequestRecord{Operation: "chat", Model: fmt.Sprintf("m%d", (w*each+i)%16), HasTTFT: true,
 					TTFT: 1e7, E2E: 1e8, OutputTokens: 4}
-				if err := m.RecordRequest(t.Context(), rec); err != nil {
-					t.Error(err)
-					return
-				}
+				m.RecordRequest(t.Context(), rec)
 			}
 		})
 	}
@@ -391,31 +472,47 @@ func TestConcurrentRecording(t *testing.T) {
 	if n := len(gather(t, reg)[NameTTFT].GetMetric()); n != 9 {
 		t.Fatalf("%d series with cap 8, want 9", n)
 	}
+	if st := m.Registry().RecordStats(); st != (RecordStats{}) {
+		t.Fatalf("RecordStats %+v", st)
+	}
 }
 
-// TestHotPathsDoNotAllocate: observing into existing series allocates nothing.
+// TestHotPathsDoNotAllocate: recording into existing series allocates nothing, through the
+// registry and through every facade's hot-path record methods.
 func TestHotPathsDoNotAllocate(t *testing.T) {
 	e, _ := newEngine(t)
+	w, err := NewWorkerMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewBlendMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
 	rec := RequestRecord{Operation: "chat", Model: "m", HasTTFT: true, TTFT: 1e8, E2E: 1e9, PromptTokens: 10, OutputTokens: 8}
-	if err := e.RecordRequest(t.Context(), rec); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.RecordHTTP("POST", "/v1/chat/completions", 200, 0.5); err != nil {
-		t.Fatal(err)
-	}
+	e.RecordRequest(t.Context(), rec)
+	e.RecordHTTP("POST", "/v1/chat/completions", 200, 0.5)
 	bound, err := e.ttft.Series("chat", "m")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
+	lookup := LookupRecord{Duration: time.Millisecond, PrefixHitTokens: 10, RequestedTokens: 20}
 	for name, f := range map[string]func(){
-		"RecordRequest":            func() { _ = e.RecordRequest(ctx, rec) },
-		"RecordHTTP":               func() { _ = e.RecordHTTP("POST", "/v1/chat/completions", 200, 0.5) },
-		"Histogram.Observe":        func() { _ = e.ttft.Observe(0.3, "chat", "m") },
-		"Histogram.ObserveContext": func() { _ = e.ttft.ObserveContext(ctx, 0.3, "chat", "m") },
-		"HistogramSeries.Observe":  func() { _ = bound.Observe(0.3) },
-		"Counter.Add":              func() { _ = e.promptTokens.Add(3, "m") },
-		"AddKVTransfer":            func() { _ = e.AddKVTransfer("load", 10, 1) },
+		"RecordRequest":            func() { e.RecordRequest(ctx, rec) },
+		"RecordHTTP":               func() { e.RecordHTTP("POST", "/v1/chat/completions", 200, 0.5) },
+		"Histogram.Observe":        func() { e.ttft.Observe(0.3, "chat", "m") },
+		"Histogram.ObserveContext": func() { e.ttft.ObserveContext(ctx, 0.3, "chat", "m") },
+		"HistogramSeries.Observe":  func() { bound.Observe(0.3) },
+		"Counter.Add":              func() { e.promptTokens.Add(3, "m") },
+		"AddKVTransfer":            func() { e.AddKVTransfer(KVLoad, 10, 1) },
+		"LookupFallback":           func() { e.LookupFallback("timeout") },
+		"ObserveForward":           func() { w.ObserveForward(ctx, PhaseDecode, time.Millisecond) },
+		"ObserveRecomputeRatio":    func() { w.ObserveRecomputeRatio(3, 10) },
+		"BlendFailure":             func() { w.BlendFailure(BlendOpStore) },
+		"RecordLookup":             func() { b.RecordLookup(ctx, lookup) },
+		"RecordRetrieve":           func() { b.RecordRetrieve(ctx, time.Millisecond, false) },
+		"AddChunksEvicted":         func() { b.AddChunksEvicted(TierL2, 1) },
 	} {
 		if n := testing.AllocsPerRun(200, f); n != 0 {
 			t.Errorf("%s: %v allocs/op, want 0", name, n)

@@ -10,18 +10,25 @@ import (
 
 // WorkerMetrics records the instruments the contract assigns to cb-worker: forward-pass
 // durations by phase (with trace exemplars), the recompute ratio, steps, failed blend-server
-// calls and KV transfer. Safe for concurrent use.
+// calls and KV transfer. Every series is resolved by NewWorkerMetrics; the record methods
+// return nothing, and a record they cannot take is refused whole (nothing recorded, counted in
+// Registry().RecordStats(), reported to Config.OnRefused) as described on Registry. Safe for
+// concurrent use.
 type WorkerMetrics struct {
-	reg       *Registry
-	forward   *Histogram
-	recompute *series
-	steps     *series
-	failures  *Counter
-	kv        kvTransfer
+	reg        *Registry
+	forwardIn  *instrument
+	forward    [len(forwardPhaseNames)]*series
+	recompute  *HistogramSeries
+	steps      *series
+	failuresIn *instrument
+	failures   [len(blendOpNames)]*series
+	kv         kvTransfer
 }
 
-// NewWorkerMetrics registers the worker's contract instruments on reg. Options: WithContract,
-// WithLabelCap.
+// NewWorkerMetrics registers the worker's contract instruments on reg and resolves all their
+// series (one per ForwardPhase, BlendOp and KVDirection); a contract that lacks one of them is
+// an error here. Options: WithContract (default: the embedded contract), WithLabelCap,
+// WithOnRefused (default: refusals are only counted).
 func NewWorkerMetrics(reg prometheus.Registerer, opts ...Option) (*WorkerMetrics, error) {
 	r, err := newFacadeRegistry("worker", reg, opts)
 	if err != nil {
@@ -29,53 +36,69 @@ func NewWorkerMetrics(reg prometheus.Registerer, opts ...Option) (*WorkerMetrics
 	}
 	b := &builder{r: r}
 	m := &WorkerMetrics{
-		reg:      r,
-		forward:  b.histogram("cb_worker_forward_duration_seconds"),
-		steps:    b.counterSeries("cb_worker_steps_total"),
-		failures: b.counter("cb_worker_blend_failures_total"),
-		kv:       newKVTransfer(b),
+		reg:        r,
+		recompute:  b.histogramSeries("cb_worker_recompute_ratio"),
+		steps:      b.counterSeries("cb_worker_steps_total"),
+		failuresIn: instrumentOf(b.counter("cb_worker_blend_failures_total")),
+		kv:         newKVTransfer(b),
 	}
-	if h := b.histogram("cb_worker_recompute_ratio"); h != nil {
-		m.recompute = b.series(h.in, nil)
+	if h := b.histogram("cb_worker_forward_duration_seconds"); h != nil {
+		m.forwardIn = h.in
+		b.enumSeries(m.forward[:], h.in, forwardPhaseNames[:])
 	}
+	b.enumSeries(m.failures[:], m.failuresIn, blendOpNames[:])
 	if b.err != nil {
 		return nil, fmt.Errorf("metrics: worker: %w", b.err)
 	}
 	return m, nil
 }
 
-// Registry returns the registry the facade registers through.
+// Registry returns the registry the facade registers through (its RecordStats count the
+// facade's refusals).
 func (m *WorkerMetrics) Registry() *Registry { return m.reg }
 
-// ObserveForward records the duration of one forward phase: "prefill", "full_recomp",
-// "check", "partial" or "decode". A sampled span context in ctx becomes an exemplar.
-func (m *WorkerMetrics) ObserveForward(ctx context.Context, phase string, d time.Duration) error {
-	return m.forward.ObserveContext(ctx, d.Seconds(), phase)
+// ObserveForward records the duration of one forward phase. A sampled span context in ctx
+// (which may be nil) becomes an exemplar. A negative duration, or a phase that is not a
+// ForwardPhase constant, refuses the record (see Registry). No allocation without a sampled
+// span.
+func (m *WorkerMetrics) ObserveForward(ctx context.Context, phase ForwardPhase, d time.Duration) {
+	v := d.Seconds()
+	if !validValue(v, false) {
+		m.forwardIn.refuseValue(v, false)
+		return
+	}
+	if s := pick(m.forwardIn, m.forward[:], phase); s != nil {
+		s.observe(ctx, m.forwardIn.exemplars, v)
+	}
 }
 
 // ObserveRecomputeRatio records impCount / reusedTokens for one blended prefill: the tokens
-// recomputed after the check layer over the tokens whose KV was reused. reusedTokens must be
-// positive and impCount non-negative (else ErrInvalidRecord / ErrNegative).
-func (m *WorkerMetrics) ObserveRecomputeRatio(impCount, reusedTokens int) error {
-	if impCount < 0 {
-		return fmt.Errorf("metrics: recompute ratio: imp_count %d: %w", impCount, ErrNegative)
+// recomputed after the check layer over the tokens whose KV was reused. A negative impCount
+// (ErrNegative) or a reusedTokens that is not positive (ErrInvalidRecord) refuses the record
+// (see Registry).
+func (m *WorkerMetrics) ObserveRecomputeRatio(impCount, reusedTokens int) {
+	switch {
+	case impCount < 0:
+		m.reg.sink.refuse(fmt.Errorf("metrics: recompute ratio: imp_count %d: %w", impCount, ErrNegative))
+	case reusedTokens <= 0:
+		m.reg.sink.refuse(fmt.Errorf("metrics: recompute ratio: %d reused tokens: %w", reusedTokens, ErrInvalidRecord))
+	default:
+		m.recompute.Observe(float64(impCount) / float64(reusedTokens))
 	}
-	if reusedTokens <= 0 {
-		return fmt.Errorf("metrics: recompute ratio: %d reused tokens: %w", reusedTokens, ErrInvalidRecord)
-	}
-	m.recompute.obs.Observe(float64(impCount) / float64(reusedTokens))
-	return nil
 }
 
 // Step counts one executed step batch.
 func (m *WorkerMetrics) Step() { m.steps.counter.Inc() }
 
-// BlendFailure counts a failed call to the blend server; op is "register", "retrieve" or
-// "store".
-func (m *WorkerMetrics) BlendFailure(op string) error { return m.failures.Inc(op) }
-
-// AddKVTransfer counts KV moved between the worker's KV memory and the blend server;
-// direction is "load" or "store".
-func (m *WorkerMetrics) AddKVTransfer(direction string, bytes, tokens int64) error {
-	return m.kv.add(direction, bytes, tokens)
+// BlendFailure counts a failed call to the blend server. An op that is not a BlendOp constant
+// is refused (see Registry).
+func (m *WorkerMetrics) BlendFailure(op BlendOp) {
+	if s := pick(m.failuresIn, m.failures[:], op); s != nil {
+		s.counter.Inc()
+	}
 }
+
+// AddKVTransfer counts KV moved between the worker's KV memory and the blend server in
+// direction d. Negative bytes or tokens, or a d that is not a KVDirection constant, refuse the
+// record (see Registry).
+func (m *WorkerMetrics) AddKVTransfer(d KVDirection, bytes, tokens int64) { m.kv.add(d, bytes, tokens) }

@@ -105,7 +105,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	pm, err := metrics.NewProcessMetrics(reg, metrics.BuildInfo{Service: opts.ServiceName, Version: Version}, func() metrics.TraceTotals {
 		return metrics.TraceTotals{SpansDropped: tp.DroppedSpans(), ExportErrors: tp.ExportErrors()}
-	})
+	}, metrics.WithOnRefused(func(err error) { logger.Warn("refresh process metrics", "err", err) }))
 	if err != nil {
 		_ = tp.Shutdown(ctx)
 		return nil, fmt.Errorf("service: metrics: %w", err)
@@ -122,9 +122,7 @@ func (r *Runtime) TracerProvider() trace.TracerProvider { return r.Telemetry.Tra
 // engine's included, serves current totals.
 func (r *Runtime) Gatherer() prometheus.Gatherer {
 	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
-		if err := r.Process.Refresh(); err != nil {
-			r.Logger.Warn("refresh process metrics", "err", err)
-		}
+		r.Process.Refresh()
 		return r.Registry.Gather()
 	})
 }

@@ -163,9 +163,11 @@ type process struct {
 
 	mu      sync.Mutex
 	batches int
-	record  func(batch int) error
+	record  func(batch int)
 	traces  []string // trace ids recorded with exemplars (hex)
-	errs    []error
+
+	errMu sync.Mutex
+	errs  []error // records the facades refused (their OnRefused handler)
 }
 
 // Batches returns how many batches were recorded (one per scrape).
@@ -175,15 +177,25 @@ func (p *process) Batches() int {
 	return p.batches
 }
 
-// Err returns the first recording error, if any.
+// Err returns the first record a facade refused, if any.
 func (p *process) Err() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.errMu.Lock()
+	defer p.errMu.Unlock()
 	if len(p.errs) > 0 {
 		return p.errs[0]
 	}
 	return nil
 }
+
+// refused is the facades' OnRefused handler.
+func (p *process) refused(err error) {
+	p.errMu.Lock()
+	defer p.errMu.Unlock()
+	p.errs = append(p.errs, fmt.Errorf("%s batch %d: %w", p.service, p.batches, err)) // under p.mu: records run in the before hook
+}
+
+// opt reports the facade's refusals to p.
+func (p *process) opt() metrics.Option { return metrics.WithOnRefused(p.refused) }
 
 // TraceIDs returns the trace ids recorded as exemplars so far.
 func (p *process) TraceIDs() []string {
@@ -194,15 +206,15 @@ func (p *process) TraceIDs() []string {
 
 // newProcess builds the registry of a process: Go and process collectors, the contract's
 // process instruments (with running trace-exporter totals that grow with every batch) and the
-// role facade built by role, which returns the batch recorder.
-func newProcess(t testing.TB, job, service string, role func(reg prometheus.Registerer, p *process) (func(batch int) error, error)) *process {
+// role facade built by role (with p.opt()), which returns the batch recorder.
+func newProcess(t testing.TB, job, service string, role func(reg prometheus.Registerer, p *process) (func(batch int), error)) *process {
 	t.Helper()
 	p := &process{job: job, service: service, reg: prometheus.NewRegistry()}
 	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	pm, err := metrics.NewProcessMetrics(p.reg, metrics.BuildInfo{Service: service, Version: "v0.0.0-test"}, func() metrics.TraceTotals {
 		n := uint64(p.batches) // read under p.mu (Refresh runs inside the before hook)
 		return metrics.TraceTotals{SpansDropped: 3 * n, ExportErrors: n / 2}
-	})
+	}, p.opt())
 	if err != nil {
 		t.Fatalf("%s: process metrics: %v", service, err)
 	}
@@ -215,147 +227,111 @@ func newProcess(t testing.TB, job, service string, role func(reg prometheus.Regi
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		p.batches++
-		if err := p.record(p.batches); err != nil {
-			p.errs = append(p.errs, fmt.Errorf("%s batch %d: %w", service, p.batches, err))
-		}
-		if err := pm.Refresh(); err != nil {
-			p.errs = append(p.errs, fmt.Errorf("%s batch %d: refresh: %w", service, p.batches, err))
-		}
+		p.record(p.batches)
+		pm.Refresh()
 	})
 	return p
 }
 
 func newEngine(t testing.TB) *process {
-	return newProcess(t, "cb-engine", "cb-engine", func(reg prometheus.Registerer, p *process) (func(int) error, error) {
-		m, err := metrics.NewEngineMetrics(reg)
+	return newProcess(t, "cb-engine", "cb-engine", func(reg prometheus.Registerer, p *process) (func(int), error) {
+		m, err := metrics.NewEngineMetrics(reg, p.opt())
 		if err != nil {
 			return nil, err
 		}
-		return func(b int) error {
-			var errs []error
-			keep := func(err error) {
-				if err != nil {
-					errs = append(errs, err)
-				}
-			}
+		return func(b int) {
 			for i, r := range engineBatch() {
 				ctx := context.Background()
 				if r.errType == "" {
 					ctx = sampledCtx(b, i)
 					p.traces = append(p.traces, traceIDOf(b, i).String())
 				}
-				keep(m.RecordRequest(ctx, metrics.RequestRecord{
+				m.RecordRequest(ctx, metrics.RequestRecord{
 					Operation: r.op, Model: r.model, TTFT: r.ttft, HasTTFT: r.hasTTFT, E2E: r.e2e,
 					PromptTokens: 1200 + 37*i, OutputTokens: r.out, ErrorType: r.errType,
-				}))
+				})
 			}
 			for _, h := range httpBatch() {
-				keep(m.RecordHTTP(h.method, h.route, h.status, h.seconds))
+				m.RecordHTTP(h.method, h.route, h.status, h.seconds)
 			}
-			keep(m.SetEngine(metrics.EngineStats{
+			m.SetEngine(metrics.EngineStats{
 				Waiting: 3, Running: 8, KVFree: 400, KVUsed: 500, KVCached: 124, KVTotal: 1024,
 				Evictions: uint64(7 * b), Preemptions: uint64(b), BatchTokens: 2048, PrefixHitRatio: 0.42,
-			}))
-			keep(m.AddKVTransfer("load", 48<<20, 3072))
-			keep(m.AddKVTransfer("store", 16<<20, 1024))
-			keep(m.LookupFallback("timeout"))
-			return joinErrs(errs)
+			})
+			m.AddKVTransfer(metrics.KVLoad, 48<<20, 3072)
+			m.AddKVTransfer(metrics.KVStore, 16<<20, 1024)
+			m.LookupFallback("timeout")
 		}, nil
 	})
 }
 
 func newWorker(t testing.TB) *process {
-	return newProcess(t, "cb-worker", "cb-worker", func(reg prometheus.Registerer, p *process) (func(int) error, error) {
-		m, err := metrics.NewWorkerMetrics(reg)
+	return newProcess(t, "cb-worker", "cb-worker", func(reg prometheus.Registerer, p *process) (func(int), error) {
+		m, err := metrics.NewWorkerMetrics(reg, p.opt())
 		if err != nil {
 			return nil, err
 		}
-		phases := map[string][]time.Duration{
-			"prefill":     {180 * time.Millisecond, 420 * time.Millisecond, 900 * time.Millisecond},
-			"full_recomp": {40 * time.Millisecond, 60 * time.Millisecond},
-			"check":       {8 * time.Millisecond, 12 * time.Millisecond},
-			"partial":     {90 * time.Millisecond, 140 * time.Millisecond},
-			"decode":      {18 * time.Millisecond, 22 * time.Millisecond, 25 * time.Millisecond, 31 * time.Millisecond},
+		phases := map[metrics.ForwardPhase][]time.Duration{
+			metrics.PhasePrefill:    {180 * time.Millisecond, 420 * time.Millisecond, 900 * time.Millisecond},
+			metrics.PhaseFullRecomp: {40 * time.Millisecond, 60 * time.Millisecond},
+			metrics.PhaseCheck:      {8 * time.Millisecond, 12 * time.Millisecond},
+			metrics.PhasePartial:    {90 * time.Millisecond, 140 * time.Millisecond},
+			metrics.PhaseDecode:     {18 * time.Millisecond, 22 * time.Millisecond, 25 * time.Millisecond, 31 * time.Millisecond},
 		}
-		return func(b int) error {
-			var errs []error
-			keep := func(err error) {
-				if err != nil {
-					errs = append(errs, err)
-				}
-			}
+		return func(b int) {
 			i := 0
-			for _, phase := range []string{"prefill", "full_recomp", "check", "partial", "decode"} {
+			for _, phase := range []metrics.ForwardPhase{metrics.PhasePrefill, metrics.PhaseFullRecomp, metrics.PhaseCheck, metrics.PhasePartial, metrics.PhaseDecode} {
 				for _, d := range phases[phase] {
-					keep(m.ObserveForward(sampledCtx(b, 100+i), phase, d))
+					m.ObserveForward(sampledCtx(b, 100+i), phase, d)
 					p.traces = append(p.traces, traceIDOf(b, 100+i).String())
 					i++
 				}
 			}
 			for _, imp := range []int{150, 160, 180, 240} {
-				keep(m.ObserveRecomputeRatio(imp, 1000))
+				m.ObserveRecomputeRatio(imp, 1000)
 			}
 			for range 40 {
 				m.Step()
 			}
-			keep(m.BlendFailure("retrieve"))
-			keep(m.AddKVTransfer("load", 40<<20, 2560))
-			keep(m.AddKVTransfer("store", 12<<20, 768))
-			return joinErrs(errs)
+			m.BlendFailure(metrics.BlendOpRetrieve)
+			m.AddKVTransfer(metrics.KVLoad, 40<<20, 2560)
+			m.AddKVTransfer(metrics.KVStore, 12<<20, 768)
 		}, nil
 	})
 }
 
 func newBlend(t testing.TB) *process {
-	return newProcess(t, "cb-blend", "cb-blend", func(reg prometheus.Registerer, p *process) (func(int) error, error) {
-		m, err := metrics.NewBlendMetrics(reg)
+	return newProcess(t, "cb-blend", "cb-blend", func(reg prometheus.Registerer, p *process) (func(int), error) {
+		m, err := metrics.NewBlendMetrics(reg, p.opt())
 		if err != nil {
 			return nil, err
 		}
-		return func(b int) error {
-			var errs []error
-			keep := func(err error) {
-				if err != nil {
-					errs = append(errs, err)
-				}
-			}
+		return func(b int) {
 			for i := range 12 {
 				ctx := sampledCtx(b, 200+i)
 				p.traces = append(p.traces, traceIDOf(b, 200+i).String())
-				keep(m.RecordLookup(ctx, metrics.LookupRecord{
+				m.RecordLookup(ctx, metrics.LookupRecord{
 					Duration:        time.Duration(300+100*i) * time.Microsecond,
 					PrefixHitTokens: 256 * (i % 3), NonPrefixHitTokens: 300 + 50*i, RequestedTokens: 1500,
 					FingerprintHits: 2 + i%4, StorageHits: 2 + i%3, StaleChunks: i % 5 / 4,
-				}))
-				keep(m.ObserveFingerprintMatch(ctx, time.Duration(120+30*i)*time.Microsecond))
-				keep(m.ObserveSparsePrefetch(ctx, time.Duration(200+80*i)*time.Microsecond))
-				keep(m.RecordRetrieve(ctx, time.Duration(900+200*i)*time.Microsecond, i == 11))
-				keep(m.RecordScatter(ctx, time.Duration(500+100*i)*time.Microsecond, 700))
+				})
+				m.ObserveFingerprintMatch(ctx, time.Duration(120+30*i)*time.Microsecond)
+				m.ObserveSparsePrefetch(ctx, time.Duration(200+80*i)*time.Microsecond)
+				m.RecordRetrieve(ctx, time.Duration(900+200*i)*time.Microsecond, i == 11)
+				m.RecordScatter(ctx, time.Duration(500+100*i)*time.Microsecond, 700)
 			}
 			for i := range 4 {
-				keep(m.RecordL2Load(int64(8+4*i)<<20, time.Duration(3+2*i)*time.Millisecond))
+				m.RecordL2Load(int64(8+4*i)<<20, time.Duration(3+2*i)*time.Millisecond)
 			}
-			keep(m.RecordStore(6))
-			keep(m.AddChunksEvicted("l1", 3))
-			keep(m.AddChunksEvicted("l2", 1))
-			keep(m.AddFingerprintsUnregistered(2))
-			keep(m.AddL2CorruptChunks(0))
-			keep(m.SetEventBusTotals(uint64(500*b), uint64(2*b)))
-			keep(m.SetStorage(metrics.StorageStats{L1Bytes: 3 << 30, L1Chunks: 96, Fingerprints: 4000}))
-			return joinErrs(errs)
+			m.RecordStore(6)
+			m.AddChunksEvicted(metrics.TierL1, 3)
+			m.AddChunksEvicted(metrics.TierL2, 1)
+			m.AddFingerprintsUnregistered(2)
+			m.AddL2CorruptChunks(0)
+			m.SetEventBusTotals(uint64(500*b), uint64(2*b))
+			m.SetStorage(metrics.StorageStats{L1Bytes: 3 << 30, L1Chunks: 96, Fingerprints: 4000})
 		}, nil
 	})
-}
-
-func joinErrs(errs []error) error {
-	if len(errs) == 0 {
-		return nil
-	}
-	msgs := make([]string, len(errs))
-	for i, e := range errs {
-		msgs[i] = e.Error()
-	}
-	return fmt.Errorf("%d recording errors: %s", len(errs), strings.Join(msgs, "; "))
 }
 
 // stack returns the three processes of the deploy configuration.

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rpc"
@@ -161,7 +162,7 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 	} else {
 		logits, err = w.model.Prefill(w.kv, model.PrefillInput{Tokens: sq.GetTokens(), Start: start, BlockTable: bt})
 		if err == nil {
-			_ = w.metrics.ObserveForward(fctx, "prefill", time.Since(t0))
+			w.metrics.ObserveForward(fctx, metrics.PhasePrefill, time.Since(t0))
 		}
 	}
 	if err != nil {
@@ -189,7 +190,7 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 func (w *Worker) phaseSpans(ctx context.Context, id string, s model.BlendStats) {
 	if !s.Blended {
 		if !s.FullRecompStart.IsZero() {
-			_ = w.metrics.ObserveForward(ctx, "prefill", s.FullRecompEnd.Sub(s.FullRecompStart))
+			w.metrics.ObserveForward(ctx, metrics.PhasePrefill, s.FullRecompEnd.Sub(s.FullRecompStart))
 		}
 		return
 	}
@@ -198,23 +199,23 @@ func (w *Worker) phaseSpans(ctx context.Context, id string, s model.BlendStats) 
 		_, sp := w.spans.Start(ctx, "cb.full_recomp", trace.WithTimestamp(s.FullRecompStart),
 			trace.WithAttributes(rid, attribute.Int("layers", s.CheckLayer)))
 		sp.End(trace.WithTimestamp(s.FullRecompEnd))
-		_ = w.metrics.ObserveForward(ctx, "full_recomp", s.FullRecompEnd.Sub(s.FullRecompStart))
+		w.metrics.ObserveForward(ctx, metrics.PhaseFullRecomp, s.FullRecompEnd.Sub(s.FullRecompStart))
 	}
 	if !s.CheckStart.IsZero() {
 		_, sp := w.spans.Start(ctx, "cb.check", trace.WithTimestamp(s.CheckStart),
 			trace.WithAttributes(rid, attribute.Int("imp_count", s.ImpCount), attribute.Float64("recomp_ratio", s.RecompRatio),
 				attribute.Int("check_layer", s.CheckLayer), attribute.Int("selected", s.Selected)))
 		sp.End(trace.WithTimestamp(s.CheckEnd))
-		_ = w.metrics.ObserveForward(ctx, "check", s.CheckEnd.Sub(s.CheckStart))
+		w.metrics.ObserveForward(ctx, metrics.PhaseCheck, s.CheckEnd.Sub(s.CheckStart))
 	}
 	if !s.PartialStart.IsZero() {
 		_, sp := w.spans.Start(ctx, "cb.partial", trace.WithTimestamp(s.PartialStart),
 			trace.WithAttributes(rid, attribute.String("dispatch", s.Dispatch), attribute.Bool("imp_empty", s.ImpEmpty)))
 		sp.End(trace.WithTimestamp(s.PartialEnd))
-		_ = w.metrics.ObserveForward(ctx, "partial", s.PartialEnd.Sub(s.PartialStart))
+		w.metrics.ObserveForward(ctx, metrics.PhasePartial, s.PartialEnd.Sub(s.PartialStart))
 	}
 	if s.ReusedTokens > 0 {
-		_ = w.metrics.ObserveRecomputeRatio(s.Selected, s.ReusedTokens)
+		w.metrics.ObserveRecomputeRatio(s.Selected, s.ReusedTokens)
 	}
 }
 
@@ -245,7 +246,7 @@ func (w *Worker) loadKV(ctx context.Context, id string, st *seqState, bt []int32
 		return
 	}
 	st.loaded.Add(*st.plan, capTokens, rpc.RangesFromProto(resp.GetMissing()))
-	_ = w.metrics.AddKVTransfer("load", resp.GetBytes(), int64(resp.GetScatteredTokens()))
+	w.metrics.AddKVTransfer(metrics.KVLoad, resp.GetBytes(), int64(resp.GetScatteredTokens()))
 	sp.SetAttributes(attribute.Int("scattered_tokens", int(resp.GetScatteredTokens())), attribute.Int("dropped", int(resp.GetDropped())),
 		attribute.Int("missing_ranges", len(resp.GetMissing())))
 }
@@ -256,7 +257,7 @@ func (w *Worker) reuseFailed(st *seqState, sp *telemetry.Span, err error) {
 	st.reuseFailed = true
 	st.loaded = reuseplan.Loaded{}
 	sp.SetError("retrieve_failed", err)
-	_ = w.metrics.BlendFailure("retrieve")
+	w.metrics.BlendFailure(metrics.BlendOpRetrieve)
 	w.logger.Warn("KV load failed; computing in full", "err", err)
 }
 
@@ -289,7 +290,7 @@ func (w *Worker) decode(seqs []*cbv1.SeqStep) []*cbv1.SeqOutput {
 		}
 		return outs
 	}
-	_ = w.metrics.ObserveForward(context.Background(), "decode", time.Since(t0))
+	w.metrics.ObserveForward(context.Background(), metrics.PhaseDecode, time.Since(t0))
 	for j, i := range idx {
 		sq := seqs[i]
 		st := w.seqs[sq.GetRequestId()]
@@ -305,7 +306,7 @@ func (w *Worker) storeAsync(ctx context.Context, id string, tokens []int32, bt [
 	select {
 	case w.storeSem <- struct{}{}:
 	default:
-		_ = w.metrics.BlendFailure("store")
+		w.metrics.BlendFailure(metrics.BlendOpStore)
 		w.logger.Warn("too many stores in flight; skipping", "request_id", id)
 		w.markStored(id)
 		return
@@ -321,11 +322,11 @@ func (w *Worker) storeAsync(ctx context.Context, id string, tokens []int32, bt [
 			Tokens: tokens, BlockTable: bt, Document: document, Model: w.cfg.ModelName,
 		})
 		if err != nil {
-			_ = w.metrics.BlendFailure("store")
+			w.metrics.BlendFailure(metrics.BlendOpStore)
 			w.logger.Warn("store failed", "request_id", id, "err", err)
 			return
 		}
-		_ = w.metrics.AddKVTransfer("store", resp.GetBytes(), int64(len(tokens)))
+		w.metrics.AddKVTransfer(metrics.KVStore, resp.GetBytes(), int64(len(tokens)))
 	}()
 }
 

@@ -153,7 +153,9 @@ func New(cfg Config, tp trace.TracerProvider, profile *telemetry.ProfileSink, re
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	wm, err := metrics.NewWorkerMetrics(reg)
+	wm, err := metrics.NewWorkerMetrics(reg, metrics.WithOnRefused(func(err error) {
+		logger.Warn("metrics record refused", "err", err)
+	}))
 	if err != nil {
 		return nil, fmt.Errorf("worker: metrics: %w", err)
 	}
@@ -326,10 +328,10 @@ func (w *Worker) register() {
 	w.regMu.Unlock()
 	switch {
 	case err != nil && was:
-		_ = w.metrics.BlendFailure("register")
+		w.metrics.BlendFailure(metrics.BlendOpRegister)
 		w.logger.Warn("blend server unreachable; serving without reuse", "err", err)
 	case err != nil:
-		_ = w.metrics.BlendFailure("register")
+		w.metrics.BlendFailure(metrics.BlendOpRegister)
 	case !was || prevEpoch != resp.GetServerEpoch():
 		w.logger.Info("registered KV memory with the blend server", "epoch", resp.GetServerEpoch(), "shm", w.kv.Path())
 	}

@@ -17,29 +17,32 @@ import (
 // are END time − START time of one event pair. The ctx of a duration carries
 // the remote span context that the request's CB_LOOKUP_START or
 // CB_RETRIEVE_START brought, when it was valid and sampled, for a trace
-// exemplar. Its methods are called from the bus's drain goroutine.
+// exemplar. Its methods are called from the bus's drain goroutine and return
+// nothing: a record the sink cannot take (such as a negative count) is the
+// sink's to count (BlendMetrics: Registry().RecordStats()).
 type MetricsSink interface {
 	// RecordLookup: lookup_requests, lookup_hit_tokens{leg},
 	// lookup_requested_tokens, lookup_fingerprint_hits, lookup_storage_hits,
 	// lookup_stale_chunks and lookup_duration_seconds.
-	RecordLookup(ctx context.Context, r metrics.LookupRecord) error
+	RecordLookup(ctx context.Context, r metrics.LookupRecord)
 	// ObserveFingerprintMatch: fingerprint_match_duration_seconds.
-	ObserveFingerprintMatch(ctx context.Context, d time.Duration) error
+	ObserveFingerprintMatch(ctx context.Context, d time.Duration)
 	// ObserveSparsePrefetch: sparse_prefetch_duration_seconds.
-	ObserveSparsePrefetch(ctx context.Context, d time.Duration) error
+	ObserveSparsePrefetch(ctx context.Context, d time.Duration)
 	// RecordRetrieve: retrieve_requests, retrieve_failures (when failed),
 	// retrieve_duration_seconds.
-	RecordRetrieve(ctx context.Context, d time.Duration, failed bool) error
+	RecordRetrieve(ctx context.Context, d time.Duration, failed bool)
 	// RecordScatter: scattered_tokens and scatter_duration_seconds.
-	RecordScatter(ctx context.Context, d time.Duration, tokens int) error
+	RecordScatter(ctx context.Context, d time.Duration, tokens int)
 	// RecordStore: store_requests and stored_chunks.
-	RecordStore(chunks int) error
+	RecordStore(chunks int)
 }
 
 // L2ThroughputSink receives coalesced L2 loads; *metrics.BlendMetrics
 // implements it (l2_read_bytes and l2_load_throughput_gbps, bytes / 10⁹ / s).
+// Called from the bus's drain goroutine; it returns nothing, as MetricsSink.
 type L2ThroughputSink interface {
-	RecordL2Load(bytes int64, d time.Duration) error
+	RecordL2Load(bytes int64, d time.Duration)
 }
 
 var (
@@ -56,8 +59,6 @@ type SubscriberStats struct {
 	// not seen (dropped, or forgotten after DefaultSpanTTL) or came later
 	// than the END.
 	Unpaired uint64
-	// SinkErrors counts records the sink refused (such as negative counts).
-	SinkErrors uint64
 }
 
 // pairKey identifies an open START within a subscriber.
@@ -77,9 +78,9 @@ type pendingStart struct {
 // STARTs older than DefaultSpanTTL on sweep. Its map is used by the drain
 // goroutine only; the counters are atomic.
 type pairs struct {
-	m                    map[pairKey]pendingStart
-	pending              atomic.Int64
-	unpaired, sinkErrors atomic.Uint64
+	m        map[pairKey]pendingStart
+	pending  atomic.Int64
+	unpaired atomic.Uint64
 }
 
 func (p *pairs) put(k pairKey, v pendingStart) {
@@ -119,14 +120,8 @@ func (p *pairs) sweep(now time.Time) {
 	}
 }
 
-func (p *pairs) check(err error) {
-	if err != nil {
-		p.sinkErrors.Add(1)
-	}
-}
-
 func (p *pairs) stats() SubscriberStats {
-	return SubscriberStats{Pending: p.pending.Load(), Unpaired: p.unpaired.Load(), SinkErrors: p.sinkErrors.Load()}
+	return SubscriberStats{Pending: p.pending.Load(), Unpaired: p.unpaired.Load()}
 }
 
 // MetricsSubscriber is the [Subscriber] that turns event pairs into the
@@ -184,17 +179,16 @@ func (s *MetricsSubscriber) HandleEvent(ev Event) {
 		sc := s.pairs.m[pairKey{outer, ev.RequestID, 0}].sc
 		s.pairs.put(pairKey{ev.Type, ev.RequestID, ev.CopyID}, pendingStart{at: ev.Time, sc: sc})
 	case StoreEnd:
-		s.pairs.check(s.sink.RecordStore(int(intAttr(&ev, AttrStoredChunks))))
+		s.sink.RecordStore(int(intAttr(&ev, AttrStoredChunks)))
 	case LookupEnd, FingerprintMatchEnd, SparsePrefetchEnd, RetrieveEnd, ScatterEnd:
 		start, d, ok := s.pairs.take(pairKey{ev.Type.Pair(), ev.RequestID, ev.CopyID}, ev.Time)
 		if !ok {
 			return
 		}
 		ctx := exemplarContext(start.sc)
-		var err error
 		switch ev.Type {
 		case LookupEnd:
-			err = s.sink.RecordLookup(ctx, metrics.LookupRecord{
+			s.sink.RecordLookup(ctx, metrics.LookupRecord{
 				Duration:           d,
 				RequestedTokens:    int(intAttr(&ev, AttrRequestedTokens)),
 				PrefixHitTokens:    int(intAttr(&ev, AttrPrefixHitTokens)),
@@ -204,15 +198,14 @@ func (s *MetricsSubscriber) HandleEvent(ev Event) {
 				StaleChunks:        int(intAttr(&ev, AttrStaleChunks)),
 			})
 		case FingerprintMatchEnd:
-			err = s.sink.ObserveFingerprintMatch(ctx, d)
+			s.sink.ObserveFingerprintMatch(ctx, d)
 		case SparsePrefetchEnd:
-			err = s.sink.ObserveSparsePrefetch(ctx, d)
+			s.sink.ObserveSparsePrefetch(ctx, d)
 		case RetrieveEnd:
-			err = s.sink.RecordRetrieve(ctx, d, ev.Err != nil)
+			s.sink.RecordRetrieve(ctx, d, ev.Err != nil)
 		case ScatterEnd:
-			err = s.sink.RecordScatter(ctx, d, int(intAttr(&ev, AttrScatteredTokens)))
+			s.sink.RecordScatter(ctx, d, int(intAttr(&ev, AttrScatteredTokens)))
 		}
-		s.pairs.check(err)
 	}
 }
 
@@ -266,7 +259,7 @@ func (s *L2ThroughputSubscriber) HandleEvent(ev Event) {
 		if b <= 0 {
 			return
 		}
-		s.pairs.check(s.sink.RecordL2Load(b, d))
+		s.sink.RecordL2Load(b, d)
 	}
 }
 

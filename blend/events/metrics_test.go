@@ -26,43 +26,37 @@ type sinkLog struct {
 	scattered []int
 	stores    []int
 	l2        [][2]int64 // bytes, ns
-	refuse    bool
 }
 
 func newSinkLog() *sinkLog {
 	return &sinkLog{durations: map[string][]time.Duration{}, contexts: map[string][]trace.SpanContext{}}
 }
 
-func (l *sinkLog) obs(op string, ctx context.Context, d time.Duration) error {
+func (l *sinkLog) obs(op string, ctx context.Context, d time.Duration) {
 	l.durations[op] = append(l.durations[op], d)
 	l.contexts[op] = append(l.contexts[op], trace.SpanContextFromContext(ctx))
-	if l.refuse {
-		return errors.New("refused")
-	}
-	return nil
 }
-func (l *sinkLog) RecordLookup(ctx context.Context, r metrics.LookupRecord) error {
+func (l *sinkLog) RecordLookup(ctx context.Context, r metrics.LookupRecord) {
 	l.lookups = append(l.lookups, r)
-	return l.obs("lookup", ctx, r.Duration)
+	l.obs("lookup", ctx, r.Duration)
 }
-func (l *sinkLog) ObserveFingerprintMatch(ctx context.Context, d time.Duration) error {
-	return l.obs("fingerprint_match", ctx, d)
+func (l *sinkLog) ObserveFingerprintMatch(ctx context.Context, d time.Duration) {
+	l.obs("fingerprint_match", ctx, d)
 }
-func (l *sinkLog) ObserveSparsePrefetch(ctx context.Context, d time.Duration) error {
-	return l.obs("sparse_prefetch", ctx, d)
+func (l *sinkLog) ObserveSparsePrefetch(ctx context.Context, d time.Duration) {
+	l.obs("sparse_prefetch", ctx, d)
 }
-func (l *sinkLog) RecordRetrieve(ctx context.Context, d time.Duration, failed bool) error {
+func (l *sinkLog) RecordRetrieve(ctx context.Context, d time.Duration, failed bool) {
 	l.retrieves = append(l.retrieves, failed)
-	return l.obs("retrieve", ctx, d)
+	l.obs("retrieve", ctx, d)
 }
-func (l *sinkLog) RecordScatter(ctx context.Context, d time.Duration, tokens int) error {
+func (l *sinkLog) RecordScatter(ctx context.Context, d time.Duration, tokens int) {
 	l.scattered = append(l.scattered, tokens)
-	return l.obs("scatter", ctx, d)
+	l.obs("scatter", ctx, d)
 }
-func (l *sinkLog) RecordStore(chunks int) error { l.stores = append(l.stores, chunks); return nil }
-func (l *sinkLog) RecordL2Load(bytes int64, d time.Duration) error {
+func (l *sinkLog) RecordStore(chunks int) { l.stores = append(l.stores, chunks) }
+func (l *sinkLog) RecordL2Load(bytes int64, d time.Duration) {
 	l.l2 = append(l.l2, [2]int64{bytes, int64(d)})
-	return nil
 }
 
 // metricsSeq is one request: a lookup, a failed retrieve with two scatter
@@ -152,14 +146,13 @@ func TestMetricsSubscriber(t *testing.T) {
 	if st := sub.Stats(); st.Pending != 0 {
 		t.Errorf("Pending = %d after the TTL, want 0", st.Pending)
 	}
-	// An END before its START, and a refusing sink, are counted.
-	log.refuse = true
+	// An END before its START is counted.
 	sub.HandleEvent(Event{Type: FingerprintMatchStart, RequestID: "x", Time: at(10)})
 	sub.HandleEvent(Event{Type: FingerprintMatchEnd, RequestID: "x", Time: at(5)})
 	sub.HandleEvent(Event{Type: SparsePrefetchStart, RequestID: "x", Time: at(10)})
 	sub.HandleEvent(Event{Type: SparsePrefetchEnd, RequestID: "x", Time: at(15)})
-	if st := sub.Stats(); st.Unpaired != 2 || st.SinkErrors != 1 {
-		t.Errorf("Stats = %+v, want 2 unpaired, 1 sink error", st)
+	if st := sub.Stats(); st.Unpaired != 2 {
+		t.Errorf("Stats = %+v, want 2 unpaired", st)
 	}
 	if _, err := NewMetricsSubscriber(nil); err == nil {
 		t.Error("nil sink accepted")
@@ -262,9 +255,7 @@ func TestBlendMetricsThroughBus(t *testing.T) {
 	if err := bus.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if err := bm.SetEventBusTotals(bus.Published(), bus.Dropped()); err != nil {
-		t.Fatal(err)
-	}
+	bm.SetEventBusTotals(bus.Published(), bus.Dropped())
 
 	const want = `
 # HELP lmcache_blend_lookup_hit_tokens_total Prompt tokens found by unified lookups, by reuse leg.
@@ -341,7 +332,10 @@ lmcache_blend_event_bus_published_total 21
 			}
 		})
 	}
-	if st := msub.Stats(); st.SinkErrors != 0 || st.Pending != 0 {
+	if st := msub.Stats(); st.Pending != 0 {
 		t.Errorf("metrics subscriber Stats = %+v", st)
+	}
+	if st := bm.Registry().RecordStats(); st != (metrics.RecordStats{}) {
+		t.Errorf("BlendMetrics refused records: %+v", st)
 	}
 }

@@ -1,0 +1,128 @@
+package metrics
+
+import "strconv"
+
+// Typed label values. For the fixed labels whose value our own code picks at the call site
+// (phase, direction, op, tier), the facades take these typed constants instead of strings, so
+// a misspelt value does not compile. Each constant's String is the contract's label value;
+// the facade constructors resolve one series per constant up front (a contract lacking one of
+// the values is a constructor error) and the record methods only index them.
+//
+// A value other than the declared constants can only be made by converting an integer (e.g.
+// ForwardPhase(9)). It is a programming error and is refused like every other bad record (see
+// Registry): nothing is recorded, RecordStats.Refused counts it and Config.OnRefused receives
+// a *LabelError with Reason ReasonNotAllowed and Value "ForwardPhase(9)".
+
+// ForwardPhase is the phase label of cb_worker_forward_duration_seconds. The zero value is
+// PhasePrefill. A value other than the constants (only made by converting an integer) is
+// refused by the methods taking it, see Registry. Values are plain integers, safe to copy and
+// to share between goroutines.
+type ForwardPhase uint8
+
+// Forward phases, in contract order.
+const (
+	// PhasePrefill is "prefill": a prefill computing every token (no reuse, or after a failed
+	// reuse).
+	PhasePrefill ForwardPhase = iota
+	// PhaseFullRecomp is "full_recomp": the layers before the check layer, recomputed fully.
+	PhaseFullRecomp
+	// PhaseCheck is "check": the check layer selecting the tokens to recompute.
+	PhaseCheck
+	// PhasePartial is "partial": the layers after the check layer, for the selected tokens.
+	PhasePartial
+	// PhaseDecode is "decode": one decode step.
+	PhaseDecode
+)
+
+var forwardPhaseNames = [...]string{"prefill", "full_recomp", "check", "partial", "decode"}
+
+// String returns the label value, e.g. "prefill", or "ForwardPhase(n)" for a value that is not
+// one of the constants.
+func (p ForwardPhase) String() string { return enumName(forwardPhaseNames[:], "ForwardPhase", p) }
+
+// KVDirection is the direction label of cb_kv_transfer_{bytes,tokens}_total. The zero value is
+// KVLoad. A value other than the constants (only made by converting an integer) is refused by
+// the methods taking it, see Registry. Values are plain integers, safe to copy and to share
+// between goroutines.
+type KVDirection uint8
+
+// KV transfer directions, in contract order.
+const (
+	// KVLoad is "load": KV moved from the blend server into the KV memory.
+	KVLoad KVDirection = iota
+	// KVStore is "store": KV moved from the KV memory to the blend server.
+	KVStore
+)
+
+var kvDirectionNames = [...]string{"load", "store"}
+
+// String returns the label value, "load" or "store", or "KVDirection(n)" for a value that is
+// not one of the constants.
+func (d KVDirection) String() string { return enumName(kvDirectionNames[:], "KVDirection", d) }
+
+// BlendOp is the op label of cb_worker_blend_failures_total: the worker's call to the blend
+// server that failed. The zero value is BlendOpRegister. A value other than the constants (only
+// made by converting an integer) is refused by the methods taking it, see Registry. Values are
+// plain integers, safe to copy and to share between goroutines.
+type BlendOp uint8
+
+// Blend server operations, in contract order.
+const (
+	// BlendOpRegister is "register": registering the worker's KV memory.
+	BlendOpRegister BlendOp = iota
+	// BlendOpRetrieve is "retrieve": loading reused KV.
+	BlendOpRetrieve
+	// BlendOpStore is "store": storing a prompt's KV.
+	BlendOpStore
+)
+
+var blendOpNames = [...]string{"register", "retrieve", "store"}
+
+// String returns the label value, e.g. "register", or "BlendOp(n)" for a value that is not one
+// of the constants.
+func (o BlendOp) String() string { return enumName(blendOpNames[:], "BlendOp", o) }
+
+// Tier is the tier label of lmcache_blend_chunks_evicted_total. The zero value is TierL1. A
+// value other than the constants (only made by converting an integer) is refused by the methods
+// taking it, see Registry. Values are plain integers, safe to copy and to share between
+// goroutines.
+type Tier uint8
+
+// Storage tiers, in contract order.
+const (
+	// TierL1 is "l1": memory.
+	TierL1 Tier = iota
+	// TierL2 is "l2": disk.
+	TierL2
+)
+
+var tierNames = [...]string{"l1", "l2"}
+
+// String returns the label value, "l1" or "l2", or "Tier(n)" for a value that is not one of the
+// constants.
+func (t Tier) String() string { return enumName(tierNames[:], "Tier", t) }
+
+// enumName returns names[e], or typ(e) when e is not a declared constant.
+func enumName[E ~uint8](names []string, typ string, e E) string {
+	if int(e) < len(names) {
+		return names[e]
+	}
+	return typ + "(" + strconv.Itoa(int(e)) + ")"
+}
+
+// labelEnum is a typed label value.
+type labelEnum interface {
+	~uint8
+	String() string
+}
+
+// pick returns the series ss[e] of in, resolved by the constructor for each constant of E, or
+// refuses a value that is not a constant and returns nil. in has the one label the enum names.
+func pick[E labelEnum](in *instrument, ss []*series, e E) *series {
+	if int(e) < len(ss) {
+		return ss[e]
+	}
+	in.sink.refuse(&LabelError{Metric: in.name, Label: in.policies[0].key, Value: e.String(),
+		Reason: ReasonNotAllowed, Want: in.policies[0].allowedList})
+	return nil
+}
