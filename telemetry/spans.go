@@ -253,22 +253,31 @@ func (sp *Span) SetError(errType string, err error) {
 
 // End ends the span and writes its profile line. Only the first End writes
 // a line.
+//
+// Without a timestamp option the end is read from the wall clock here, like
+// every start and every explicitly stamped time (the model's phases, the
+// blend server's events): the SDK's own default end (start plus the
+// monotonic time elapsed) drifts from the wall clock by the clock's slew, so
+// a child stamped with wall-clock times could end after its parent.
 func (sp *Span) End(opts ...trace.SpanEndOption) {
 	if sp == nil {
 		return
 	}
 	p := sp.prof
-	if p == nil {
+	if p == nil && !sp.otel.IsRecording() {
 		sp.otel.End(opts...)
 		return
 	}
-	endCfg := trace.NewSpanEndConfig(opts...)
-	end := endCfg.Timestamp()
+	cfg := trace.NewSpanEndConfig(opts...)
+	end := cfg.Timestamp()
 	if end.IsZero() {
 		end = time.Now()
 		opts = append(opts[:len(opts):len(opts)], trace.WithTimestamp(end))
 	}
 	sp.otel.End(opts...)
+	if p == nil {
+		return
+	}
 
 	p.mu.Lock()
 	if p.ended {
