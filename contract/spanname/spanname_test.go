@@ -2,7 +2,13 @@ package spanname_test
 
 import (
 	"bytes"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -75,5 +81,75 @@ func TestConstantsAreContractSpans(t *testing.T) {
 	}
 	if got := spanname.Server("chat", ""); got != "chat" {
 		t.Errorf("Server without a model = %q, want the operation", got)
+	}
+}
+
+// TestNoSpanNameLiterals keeps the constants the only spelling of a span name in the
+// module's production code: no string literal in a non-test Go file outside this package
+// may equal a span name of the contract.
+func TestNoSpanNameLiterals(t *testing.T) {
+	set, err := contract.Spans()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, sp := range set.Spans {
+		if sp.NamePattern == "" {
+			names[sp.Name] = true
+		}
+	}
+	root := filepath.Join("..", "..")
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		t.Fatalf("module root not found: %v", err)
+	}
+	self, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	files := 0
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path == root {
+				return nil
+			}
+			abs, _ := filepath.Abs(path)
+			name := d.Name()
+			if abs == self || name == "testdata" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") {
+				return filepath.SkipDir
+			}
+			if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
+				return filepath.SkipDir // another module
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		files++
+		ast.Inspect(f, func(n ast.Node) bool {
+			lit, ok := n.(*ast.BasicLit)
+			if !ok || lit.Kind != token.STRING {
+				return true
+			}
+			if v, err := strconv.Unquote(lit.Value); err == nil && names[v] {
+				t.Errorf("%s: span name %s as a literal; use the constant of package spanname", fset.Position(lit.Pos()), lit.Value)
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files < 50 {
+		t.Fatalf("scanned only %d files", files)
 	}
 }
