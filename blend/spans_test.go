@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cacheblend/cacheblend/blend/events"
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
 )
@@ -96,11 +97,11 @@ func TestSpanTree(t *testing.T) {
 	e.shutdown() // drains the bus
 	spans := e.exp.GetSpans()
 
-	lk := one(t, spans, "cb.lookup", tid)
+	lk := one(t, spans, spanname.CBLookup, tid)
 	if lk.Parent.SpanID() != lookupParent.SpanID() || !lk.Parent.IsRemote() || lk.SpanKind != trace.SpanKindServer {
 		t.Errorf("cb.lookup parent %v remote %v kind %v", lk.Parent.SpanID(), lk.Parent.IsRemote(), lk.SpanKind)
 	}
-	want := []string{"cb.classify", "cb.fingerprint_match", "cb.sparse_prefetch", "mp.lookup_prefetch"}
+	want := []string{spanname.CBClassify, spanname.CBFingerprintMatch, spanname.CBSparsePrefetch, spanname.MPLookupPrefetch}
 	if got := children(spans, lk); !slices.Equal(got, want) {
 		t.Errorf("cb.lookup children %v, want %v", got, want)
 	}
@@ -113,41 +114,41 @@ func TestSpanTree(t *testing.T) {
 	if v, _ := attr(lk, events.AttrRequestID); v.AsString() != "traced" {
 		t.Errorf("cb.lookup request_id %v", v)
 	}
-	fm := one(t, spans, "cb.fingerprint_match", tid)
+	fm := one(t, spans, spanname.CBFingerprintMatch, tid)
 	if intAttr(t, fm, events.AttrMatches) != 1 || intAttr(t, fm, events.AttrNProbes) == 0 || intAttr(t, fm, events.AttrTableHits) == 0 {
 		t.Errorf("cb.fingerprint_match %v", fm.Attributes)
 	}
-	sp := one(t, spans, "cb.sparse_prefetch", tid)
+	sp := one(t, spans, spanname.CBSparsePrefetch, tid)
 	if intAttr(t, sp, events.AttrNKeys) != 2 || intAttr(t, sp, events.AttrL2Misses) != 2 || intAttr(t, sp, events.AttrL1Hits) != 0 {
 		t.Errorf("cb.sparse_prefetch %v", sp.Attributes)
 	}
-	if got := children(spans, sp); !slices.Equal(got, []string{"cb.l2_load"}) {
+	if got := children(spans, sp); !slices.Equal(got, []string{spanname.CBL2Load}) {
 		t.Errorf("cb.sparse_prefetch children %v", got)
 	}
-	l2 := one(t, spans, "cb.l2_load", tid)
+	l2 := one(t, spans, spanname.CBL2Load, tid)
 	if intAttr(t, l2, events.AttrChunks) != 2 || intAttr(t, l2, events.AttrBytes) <= 0 {
 		t.Errorf("cb.l2_load %v", l2.Attributes)
 	}
 	if _, ok := attr(l2, events.AttrMs); !ok {
 		t.Errorf("cb.l2_load has no ms")
 	}
-	cl := one(t, spans, "cb.classify", tid)
+	cl := one(t, spans, spanname.CBClassify, tid)
 	if intAttr(t, cl, events.AttrFound) != 2 || intAttr(t, cl, events.AttrStale) != 0 || intAttr(t, cl, events.AttrPerRankOK) != 2 {
 		t.Errorf("cb.classify %v", cl.Attributes)
 	}
-	pl := one(t, spans, "mp.lookup_prefetch", tid)
+	pl := one(t, spans, spanname.MPLookupPrefetch, tid)
 	if intAttr(t, pl, events.AttrPrefixChunks) != 0 {
 		t.Errorf("mp.lookup_prefetch %v", pl.Attributes)
 	}
 
-	rt := one(t, spans, "cb.retrieve", tid)
+	rt := one(t, spans, spanname.CBRetrieve, tid)
 	if rt.Parent.SpanID() != loadParent.SpanID() || rt.SpanKind != trace.SpanKindServer {
 		t.Errorf("cb.retrieve parent %v", rt.Parent.SpanID())
 	}
-	if got := children(spans, rt); !slices.Equal(got, []string{"cb.scatter"}) {
+	if got := children(spans, rt); !slices.Equal(got, []string{spanname.CBScatter}) {
 		t.Errorf("cb.retrieve children %v", got)
 	}
-	sc := one(t, spans, "cb.scatter", tid)
+	sc := one(t, spans, spanname.CBScatter, tid)
 	for k, want := range map[attribute.Key]int64{
 		events.AttrScatteredTokens: docLen, events.AttrSlotWrites: docLen * 4, events.AttrPartialBlocks: 2,
 		events.AttrNPrefix: 0, events.AttrNShifted: docLen, events.AttrDropped: 0,
@@ -166,19 +167,19 @@ func TestSpanTree(t *testing.T) {
 	if root.Parent.IsValid() {
 		t.Errorf("cb.request has a parent")
 	}
-	if got := children(spans, root); !slices.Equal(got, []string{"cb.lookup", "cb.retrieve"}) {
+	if got := children(spans, root); !slices.Equal(got, []string{spanname.CBLookup, spanname.CBRetrieve}) {
 		t.Errorf("cb.request children %v", got)
 	}
 	if v, _ := attr(root, events.AttrHitRate); v.AsFloat64() != 0.15 {
 		t.Errorf("cb.request hit_rate %v", v)
 	}
-	lkB := one(t, spans, "cb.lookup", bid)
+	lkB := one(t, spans, spanname.CBLookup, bid)
 	if got := children(spans, lkB); !slices.Equal(got, want) {
 		t.Errorf("option-B cb.lookup children %v", got)
 	}
-	one(t, spans, "cb.scatter", bid)
+	one(t, spans, spanname.CBScatter, bid)
 	// The store has a span of its own.
-	if len(spansNamed(spans, "cb.store")) != 1 {
-		t.Errorf("cb.store spans: %d", len(spansNamed(spans, "cb.store")))
+	if len(spansNamed(spans, spanname.CBStore)) != 1 {
+		t.Errorf("cb.store spans: %d", len(spansNamed(spans, spanname.CBStore)))
 	}
 }

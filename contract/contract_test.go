@@ -196,6 +196,18 @@ func TestSpanTree(t *testing.T) {
 	if got := len(set.Children("cb.lookup")); got != 5 {
 		t.Errorf("cb.lookup has %d children, want 5", got)
 	}
+	// The phases the trace page groups by (tracestore's breakdown).
+	for name, phase := range map[string]Phase{
+		"{operation} {model}": PhaseRequest, "engine.queue": PhaseQueue, "engine.prefill": PhasePrefill,
+		"engine.decode": PhaseDecode, "cb.request": PhaseSchedule, "cb.build_meta": PhaseSchedule,
+		"cb.lookup.rpc": PhaseLookup, "cb.coordinator_match": PhaseLookup, "cb.l2_load": PhaseL2Load,
+		"cb.execute": PhaseExecute, "cb.scatter": PhaseKVLoad, "cb.partial": PhaseForward,
+		"cb.store": PhaseStore, "cb.store_pre_computed": PhaseStore,
+	} {
+		if sp, ok := set.Lookup(name); !ok || sp.Phase != phase {
+			t.Errorf("%s: phase %v, want %q", name, sp, phase)
+		}
+	}
 	if !slices.Equal(set.Traces(), []string{TraceIngest, TraceRequest}) {
 		t.Errorf("traces %v", set.Traces())
 	}
@@ -286,16 +298,19 @@ spans:
   - name: root
     service: a
     kind: server
+    phase: request
     required: true
   - name: cb.child
     service: a
     kind: internal
+    phase: schedule
     parent: root
     required: true
     attributes: {request_id: string, n: int}
   - name: cb.remote
     service: b
     kind: server
+    phase: "kv load"
     parent: cb.child
     remote_parent: true
     required: false
@@ -314,8 +329,8 @@ func TestParseSpansRejects(t *testing.T) {
 		{"unknown field", "    kind: server", "    kind: server\n    colour: red", "colour"},
 		{"missing parent", "parent: root", "parent: nowhere", "does not exist"},
 		{"two roots", "    parent: root\n", "", "want exactly one"},
-		{"cycle", "  - name: root\n    service: a\n    kind: server\n    required: true",
-			"  - name: root\n    service: a\n    kind: server\n    parent: cb.remote\n    required: true", "cycle"},
+		{"cycle", "  - name: root\n    service: a\n    kind: server\n    phase: request\n    required: true",
+			"  - name: root\n    service: a\n    kind: server\n    phase: store\n    parent: cb.remote\n    required: true", "cycle"},
 		{"unknown service", "service: b", "service: c", "service"},
 		{"unknown kind", "kind: internal", "kind: producer", "kind"},
 		{"bad attribute type", "n: int", "n: float", "type"},
@@ -334,6 +349,9 @@ func TestParseSpansRejects(t *testing.T) {
 		{"alternative not sibling", "    when: {span: cb.child, attribute: n, op: gt, value: 0}\n", "    alternative_to: cb.child\n", "not a sibling"},
 		{"parent in other trace", "  - name: cb.remote\n", "  - name: cb.remote\n    trace: ingest\n", "trace"},
 		{"no services", "services: [a, b]", "services: []", "no services"},
+		{"no phase", "    phase: schedule\n", "", "no phase"},
+		{"unknown phase", "phase: schedule", "phase: compute", "phase \"compute\" is not one of"},
+		{"phase request off a root", "phase: schedule", "phase: request", "reserved for the root"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

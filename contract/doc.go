@@ -7,8 +7,10 @@
 //     their allowed values or cap, histogram bucket bounds, owning processes). Package metrics
 //     registers instruments only from it.
 //   - spans.yaml: the unified trace of one request across cb-engine, cb-worker and cb-blend
-//     (span names, owners, parents, kinds, required attributes and their types, and the
-//     conditions under which optional spans are present).
+//     (span names, owners, parents, kinds, the phase the trace page attributes each span's
+//     time to, required attributes and their types, and the conditions under which optional
+//     spans are present). Package contract/spanname holds its span names as Go constants,
+//     generated from it by `go generate` (see contract/cmd/genspans).
 //   - slo.yaml: the service-level objectives over those metrics and the burn-rate alert windows.
 //
 // [Instruments], [Spans] and [SLOs] parse the embedded files and validate them; the Parse*

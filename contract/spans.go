@@ -28,6 +28,44 @@ const (
 	AttrBool   AttrType = "bool"
 )
 
+// Phase is the stage of a request a span's time is attributed to by the trace page's
+// breakdown (package tracestore), which groups spans by service and phase.
+type Phase string
+
+// The phases of the contract, a closed set. [PhaseRequest] is reserved for the root of a
+// trace; the breakdown groups the root of whatever trace it shows as PhaseRequest.
+const (
+	// PhaseRequest is the root: the request as a whole (its time not covered by a child).
+	PhaseRequest Phase = "request"
+	// PhaseQueue is waiting for the scheduler.
+	PhaseQueue Phase = "queue"
+	// PhasePrefill is the engine's prefill through the first token.
+	PhasePrefill Phase = "prefill"
+	// PhaseDecode is the engine's decode steps after the first token.
+	PhaseDecode Phase = "decode"
+	// PhaseSchedule is the CacheBlend request and its scheduling.
+	PhaseSchedule Phase = "schedule"
+	// PhaseLookup is the KV reuse lookup, engine RPC and blend server legs.
+	PhaseLookup Phase = "lookup"
+	// PhaseL2Load is reading chunks from the blend server's L2 store.
+	PhaseL2Load Phase = "l2 load"
+	// PhaseExecute is a worker step.
+	PhaseExecute Phase = "execute"
+	// PhaseKVLoad is loading the reused KV into the worker's slots.
+	PhaseKVLoad Phase = "kv load"
+	// PhaseForward is the model forward (full recompute, check, partial recompute).
+	PhaseForward Phase = "forward"
+	// PhaseStore is storing KV chunks.
+	PhaseStore Phase = "store"
+)
+
+// Phases returns every phase of the contract, in the order of a request. Each call returns a
+// new slice.
+func Phases() []Phase {
+	return []Phase{PhaseRequest, PhaseQueue, PhasePrefill, PhaseDecode, PhaseSchedule, PhaseLookup,
+		PhaseL2Load, PhaseExecute, PhaseKVLoad, PhaseForward, PhaseStore}
+}
+
 // Traces of the contract.
 const (
 	// TraceRequest is the trace of one inference request (the default).
@@ -80,6 +118,8 @@ type Span struct {
 	Service string `yaml:"service"`
 	// Kind is the span kind.
 	Kind SpanKind `yaml:"kind"`
+	// Phase is the stage of the request the span's time is attributed to on the trace page.
+	Phase Phase `yaml:"phase"`
 	// Parent is the parent span's Name; empty for the root of a trace.
 	Parent string `yaml:"parent"`
 	// RemoteParent is true when the parent lives in another process.
@@ -215,7 +255,7 @@ var (
 // ParseSpans parses and validates a spans file. Errors wrap [ErrInvalid] and list every
 // violation: unknown fields, duplicate names, unknown services or kinds, parents that do not
 // exist or belong to another trace, cycles, not exactly one root per trace, remote_parent not
-// matching a change of service, bad attribute keys or types, a cb.* span without request_id,
+// matching a change of service, a missing or unknown phase (or phase request off a root), bad attribute keys or types, a cb.* span without request_id,
 // conditions or alternatives that reference nothing, patterns that do not compile.
 func ParseSpans(data []byte) (*SpanSet, error) {
 	var set SpanSet
@@ -286,6 +326,14 @@ func validateSpan(p *problems, set *SpanSet, sp *Span) {
 	case KindServer, KindInternal, KindClient:
 	default:
 		p.addf("%s: kind %q is not server, internal or client", name, sp.Kind)
+	}
+	switch {
+	case sp.Phase == "":
+		p.addf("%s: no phase", name)
+	case !slices.Contains(Phases(), sp.Phase):
+		p.addf("%s: phase %q is not one of %q", name, sp.Phase, Phases())
+	case sp.Phase == PhaseRequest && sp.Parent != "":
+		p.addf("%s: phase %q is reserved for the root of a trace", name, sp.Phase)
 	}
 	for key, t := range sp.Attributes {
 		validateAttr(p, name, key, t)

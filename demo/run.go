@@ -16,6 +16,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/apiclient"
 	"github.com/cacheblend/cacheblend/contract"
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/tracecheck"
 	"github.com/cacheblend/cacheblend/tracestore/jaeger"
 )
@@ -201,7 +202,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 // expectedSpans are what a complete reuse trace holds, once every
 // process's batch has been exported.
-var expectedSpans = []string{"cb.request", "cb.lookup", "cb.execute", "cb.scatter", "cb.partial"}
+var expectedSpans = []string{spanname.CBRequest, spanname.CBLookup, spanname.CBExecute, spanname.CBScatter, spanname.CBPartial}
 
 // readTraces waits for each reuse request's trace to be complete in the
 // backend, then fills in its statistics and its contract check.
@@ -294,7 +295,7 @@ func fill(r *Result, t *tracecheck.Trace) {
 		s := &t.Spans[i]
 		services[s.Service] = true
 		switch s.Name {
-		case "cb.request":
+		case spanname.CBRequest:
 			if v, ok := s.Attributes["hit_rate"]; ok {
 				if f, ok := v.Number(); ok {
 					r.HitRate = &f
@@ -305,7 +306,7 @@ func fill(r *Result, t *tracecheck.Trace) {
 			if v, ok := s.Attributes["request_id"]; ok && v.Str != "" {
 				r.RequestID = v.Str
 			}
-		case "cb.check":
+		case spanname.CBCheck:
 			r.ImpCount = intAttr(s, "imp_count")
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/stack"
 	"github.com/cacheblend/cacheblend/tracestore"
 )
@@ -60,9 +61,9 @@ func TestBlendKilledRequestsStillServedThenReuseResumes(t *testing.T) {
 	for i := 0; i < 20 && hit == 0; i++ {
 		tp := fmt.Sprintf("00-3bf92f3577b34da6a3ce929d0e00%04x-00f067aa0ba902b7-01", i)
 		e.chat(tp, ragPrompt(3, 0), 2)
-		tr := e.trace(tp[3:35], "cb.request", "cb.execute")
+		tr := e.trace(tp[3:35], spanname.CBRequest, spanname.CBExecute)
 		for _, s := range tr.Spans {
-			if s.Name == "cb.request" {
+			if s.Name == spanname.CBRequest {
 				hit, _ = s.Attributes["hit_rate"].Number()
 			}
 		}
@@ -222,7 +223,7 @@ func TestCollectorHangingDoesNotSlowRequests(t *testing.T) {
 	}
 	defer col.Shutdown(context.Background())
 	up := run("7bf92f3577b34da6a3ce929d0e00")
-	e.trace("7bf92f3577b34da6a3ce929d0e00"+fmt.Sprintf("%04x", n-1), "chat cb-llama", "cb.request", "cb.execute")
+	e.trace("7bf92f3577b34da6a3ce929d0e00"+fmt.Sprintf("%04x", n-1), "chat cb-llama", spanname.CBRequest, spanname.CBExecute)
 	ph, pu := p99(hanging), p99(up)
 	t.Logf("p99 with the collector hanging %v, with it up %v (n=%d each)", ph, pu, n)
 	// A few milliseconds of noise on a loaded 2-core machine; a blocked

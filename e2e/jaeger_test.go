@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/cacheblend/cacheblend/contract"
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/stack"
 	"github.com/cacheblend/cacheblend/tracecheck"
 	"github.com/cacheblend/cacheblend/tracestore/jaeger"
@@ -331,10 +332,10 @@ func TestJaeger(t *testing.T) {
 			if err != nil {
 				t.Fatalf("stack shutdown: %v", err)
 			}
-			e.trace(tc.traceID, "chat cb-llama", "engine.queue", "engine.prefill", "engine.decode",
-				"cb.request", "cb.schedule", "cb.lookup.rpc", "cb.build_meta", "cb.lookup", "mp.lookup_prefetch",
-				"cb.fingerprint_match", "cb.sparse_prefetch", "cb.classify", "cb.execute", "cb.start_load_kv",
-				"cb.retrieve", "cb.scatter", "cb.model_forward", "cb.full_recomp", "cb.check", "cb.partial")
+			e.trace(tc.traceID, "chat cb-llama", spanname.EngineQueue, spanname.EnginePrefill, spanname.EngineDecode,
+				spanname.CBRequest, spanname.CBSchedule, spanname.CBLookupRPC, spanname.CBBuildMeta, spanname.CBLookup, spanname.MPLookupPrefetch,
+				spanname.CBFingerprintMatch, spanname.CBSparsePrefetch, spanname.CBClassify, spanname.CBExecute, spanname.CBStartLoadKV,
+				spanname.CBRetrieve, spanname.CBScatter, spanname.CBModelForward, spanname.CBFullRecomp, spanname.CBCheck, spanname.CBPartial)
 
 			// Jaeger's copy, read once more after it is complete: exactly
 			// what is checked below.
@@ -389,9 +390,9 @@ func checkJaegerTrace(t *testing.T, tr *tracecheck.Trace) {
 		t.Errorf("server span %+v, want one cb-engine span, child of the caller's 00f067aa0ba902b7", root)
 	}
 	remote := []struct{ child, parent, childSvc, parentSvc string }{
-		{"cb.lookup", "cb.lookup.rpc", "cb-blend", "cb-engine"},
-		{"cb.retrieve", "cb.start_load_kv", "cb-blend", "cb-worker"},
-		{"cb.execute", "cb.request", "cb-worker", "cb-engine"},
+		{spanname.CBLookup, spanname.CBLookupRPC, "cb-blend", "cb-engine"},
+		{spanname.CBRetrieve, spanname.CBStartLoadKV, "cb-blend", "cb-worker"},
+		{spanname.CBExecute, spanname.CBRequest, "cb-worker", "cb-engine"},
 	}
 	for _, r := range remote {
 		if len(spans[r.child]) == 0 {

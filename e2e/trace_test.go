@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/cacheblend/cacheblend/contract"
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/tracecheck"
 	"github.com/cacheblend/cacheblend/tracestore/jaeger"
 )
@@ -42,8 +43,8 @@ func TestOneTraceAcrossThreeProcesses(t *testing.T) {
 	// tokens, the engine's step budget) is prefilled in several steps, so
 	// its blocks arrive in several steps and the KV loads run more than once.
 	e.chat(caller, ragPrompt(4, 1, 6), 4)
-	tr := e.trace("4bf92f3577b34da6a3ce929d0e0e4736", "cb.request", "cb.lookup", "cb.classify", "cb.execute",
-		"cb.retrieve", "cb.scatter", "cb.check", "cb.partial", "engine.decode")
+	tr := e.trace("4bf92f3577b34da6a3ce929d0e0e4736", spanname.CBRequest, spanname.CBLookup, spanname.CBClassify, spanname.CBExecute,
+		spanname.CBRetrieve, spanname.CBScatter, spanname.CBCheck, spanname.CBPartial, spanname.EngineDecode)
 
 	spec, err := contract.Spans()
 	if err != nil {
@@ -59,11 +60,11 @@ func TestOneTraceAcrossThreeProcesses(t *testing.T) {
 		t.Fatalf("server span %+v", root)
 	}
 	wantService := map[string]string{
-		"cb.request": "cb-engine", "cb.schedule": "cb-engine", "cb.lookup.rpc": "cb-engine", "cb.build_meta": "cb-engine",
-		"cb.lookup": "cb-blend", "mp.lookup_prefetch": "cb-blend", "cb.fingerprint_match": "cb-blend",
-		"cb.sparse_prefetch": "cb-blend", "cb.classify": "cb-blend", "cb.retrieve": "cb-blend", "cb.scatter": "cb-blend",
-		"cb.execute": "cb-worker", "cb.start_load_kv": "cb-worker", "cb.model_forward": "cb-worker",
-		"cb.full_recomp": "cb-worker", "cb.check": "cb-worker", "cb.partial": "cb-worker",
+		spanname.CBRequest: "cb-engine", spanname.CBSchedule: "cb-engine", spanname.CBLookupRPC: "cb-engine", spanname.CBBuildMeta: "cb-engine",
+		spanname.CBLookup: "cb-blend", spanname.MPLookupPrefetch: "cb-blend", spanname.CBFingerprintMatch: "cb-blend",
+		spanname.CBSparsePrefetch: "cb-blend", spanname.CBClassify: "cb-blend", spanname.CBRetrieve: "cb-blend", spanname.CBScatter: "cb-blend",
+		spanname.CBExecute: "cb-worker", spanname.CBStartLoadKV: "cb-worker", spanname.CBModelForward: "cb-worker",
+		spanname.CBFullRecomp: "cb-worker", spanname.CBCheck: "cb-worker", spanname.CBPartial: "cb-worker",
 	}
 	for name, svc := range wantService {
 		if len(spans[name]) == 0 {
@@ -79,7 +80,7 @@ func TestOneTraceAcrossThreeProcesses(t *testing.T) {
 	// Remote children: cb.lookup under the engine's cb.lookup.rpc,
 	// cb.retrieve under the worker's cb.start_load_kv, cb.execute under the
 	// engine's cb.request.
-	remote := map[string]string{"cb.lookup": "cb.lookup.rpc", "cb.retrieve": "cb.start_load_kv", "cb.execute": "cb.request"}
+	remote := map[string]string{spanname.CBLookup: spanname.CBLookupRPC, spanname.CBRetrieve: spanname.CBStartLoadKV, spanname.CBExecute: spanname.CBRequest}
 	for child, parent := range remote {
 		for _, s := range spans[child] {
 			p := spanByID(tr, s.ParentSpanID)
@@ -89,7 +90,7 @@ func TestOneTraceAcrossThreeProcesses(t *testing.T) {
 		}
 	}
 	// Hit statistics stamped on cb.request.
-	req := spans["cb.request"][0]
+	req := spans[spanname.CBRequest][0]
 	hit, _ := req.Attributes["hit_rate"].Number()
 	np, _ := req.Attributes["non_prefix_hit_tokens"].Number()
 	if hit <= 0.5 || np <= 0 {
@@ -110,7 +111,7 @@ func TestOneTraceAcrossThreeProcesses(t *testing.T) {
 	}
 	// The KV load ran more than once; the first retrieve scattered fewer
 	// tokens than the request's total.
-	retrieves := spans["cb.retrieve"]
+	retrieves := spans[spanname.CBRetrieve]
 	if len(retrieves) < 2 {
 		t.Fatalf("%d cb.retrieve spans, want at least 2", len(retrieves))
 	}
@@ -121,7 +122,7 @@ func TestOneTraceAcrossThreeProcesses(t *testing.T) {
 		}
 	}
 	firstTokens := 0.0
-	for _, s := range spans["cb.scatter"] {
+	for _, s := range spans[spanname.CBScatter] {
 		n, _ := s.Attributes["scattered_tokens"].Number()
 		total += n
 		if s.ParentSpanID == first.SpanID {
@@ -145,7 +146,7 @@ func TestSampledOutRequestLeavesNoSpan(t *testing.T) {
 	// A sampled request afterwards: once its trace is complete in the
 	// collector, every batch the sampled-out one could be in has arrived.
 	sampled := e.chat("00-1bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", ragPrompt(0, 2), 2)
-	e.trace("1bf92f3577b34da6a3ce929d0e0e4736", "cb.request", "cb.lookup", "cb.execute", "cb.scatter", "engine.prefill")
+	e.trace("1bf92f3577b34da6a3ce929d0e0e4736", spanname.CBRequest, spanname.CBLookup, spanname.CBExecute, spanname.CBScatter, spanname.EnginePrefill)
 	// The request_id query finds the sampled request, so an empty answer
 	// below means something.
 	if sid, _ := sampled["id"].(string); len(e.col.Store().FindTraces(jaeger.Query{Tags: map[string]string{"request_id": sid}})) == 0 {

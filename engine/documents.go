@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
 	"github.com/cacheblend/cacheblend/telemetry"
@@ -108,7 +109,7 @@ func (e *Engine) serveDocuments(w *statusWriter, r *http.Request, _ string, t0 t
 	}
 	for i, d := range docs.Docs {
 		id := newID("doc-")
-		_, span := e.spans.Start(parent, "cb.store_pre_computed", trace.WithAttributes(
+		_, span := e.spans.Start(parent, spanname.CBStorePreComputed, trace.WithAttributes(
 			attribute.String("request_id", id),
 			attribute.Int("document_index", i),
 			attribute.String("document_id", d.ID),

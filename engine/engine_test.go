@@ -26,6 +26,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/engine/internal/enginetest"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
@@ -490,12 +491,12 @@ func TestSpanTreeContinuesCallerTrace(t *testing.T) {
 		t.Fatalf("SERVER attributes %v status %v", sa, server.Status())
 	}
 	sid := server.SpanContext().SpanID()
-	for _, name := range []string{"engine.queue", "engine.prefill", "engine.decode", "cb.request"} {
+	for _, name := range []string{spanname.EngineQueue, spanname.EnginePrefill, spanname.EngineDecode, spanname.CBRequest} {
 		if len(by[name]) != 1 || by[name][0].Parent().SpanID() != sid || by[name][0].SpanContext().TraceID() != caller.TraceID() {
 			t.Fatalf("%s is not a child of the SERVER span: %v", name, by[name])
 		}
 	}
-	q, p, d := by["engine.queue"][0], by["engine.prefill"][0], by["engine.decode"][0]
+	q, p, d := by[spanname.EngineQueue][0], by[spanname.EnginePrefill][0], by[spanname.EngineDecode][0]
 	if q.StartTime().Before(server.StartTime()) || p.StartTime().Before(q.EndTime()) || d.StartTime().Before(p.EndTime()) ||
 		server.EndTime().Before(d.EndTime()) {
 		t.Fatal("engine spans out of order")
@@ -503,7 +504,7 @@ func TestSpanTreeContinuesCallerTrace(t *testing.T) {
 	if ev := d.Events(); len(ev) != 2 || ev[0].Name != "token" || ev[1].Attributes[0] != attribute.Int("n", 64) {
 		t.Fatalf("decode events %v, want token events at 32 and 64", ev)
 	}
-	req := by["cb.request"][0]
+	req := by[spanname.CBRequest][0]
 	ra := attrs(req)
 	for k, want := range map[string]any{"request_id": resp.ID, "model": "cb-llama", "world_size": int64(1),
 		"n_prompt_tokens": int64(len(chatPrompt("trace me"))), "prefix_hit_tokens": int64(16), "non_prefix_hit_tokens": int64(0)} {
@@ -511,20 +512,20 @@ func TestSpanTreeContinuesCallerTrace(t *testing.T) {
 			t.Errorf("cb.request %s = %v, want %v", k, ra[k], want)
 		}
 	}
-	sched := by["cb.schedule"][0]
-	if sched.Parent().SpanID() != req.SpanContext().SpanID() || by["cb.lookup.rpc"][0].Parent().SpanID() != sched.SpanContext().SpanID() ||
-		by["cb.build_meta"][0].Parent().SpanID() != sched.SpanContext().SpanID() {
+	sched := by[spanname.CBSchedule][0]
+	if sched.Parent().SpanID() != req.SpanContext().SpanID() || by[spanname.CBLookupRPC][0].Parent().SpanID() != sched.SpanContext().SpanID() ||
+		by[spanname.CBBuildMeta][0].Parent().SpanID() != sched.SpanContext().SpanID() {
 		t.Fatal("cb.request ⊃ cb.schedule ⊃ {cb.lookup.rpc, cb.build_meta} violated")
 	}
-	if attrs(by["cb.lookup.rpc"][0])["n_polls"] != int64(0) { // no other request ran steps meanwhile
-		t.Errorf("n_polls %v", attrs(by["cb.lookup.rpc"][0])["n_polls"])
+	if attrs(by[spanname.CBLookupRPC][0])["n_polls"] != int64(0) { // no other request ran steps meanwhile
+		t.Errorf("n_polls %v", attrs(by[spanname.CBLookupRPC][0])["n_polls"])
 	}
 	// The worker got cb.request's context; the blend server cb.lookup.rpc's.
 	first := ev.worker.SeqSteps(resp.ID)[0]
 	if first.GetTraceContext() != telemetry.FormatTraceparent(req.SpanContext()) {
 		t.Fatalf("step trace_context %q", first.GetTraceContext())
 	}
-	if got := blend.Lookups()[0].GetTraceContext(); got != telemetry.FormatTraceparent(by["cb.lookup.rpc"][0].SpanContext()) {
+	if got := blend.Lookups()[0].GetTraceContext(); got != telemetry.FormatTraceparent(by[spanname.CBLookupRPC][0].SpanContext()) {
 		t.Fatalf("lookup trace_context %q", got)
 	}
 	// One JSON log line inside the SERVER span.
@@ -586,8 +587,8 @@ func TestLookupFallbackServesRequest(t *testing.T) {
 		t.Fatalf("fallback counter %v", m)
 	}
 	var rpc sdktrace.ReadOnlySpan
-	waitFor(t, "lookup span", func() bool { return len(spansByName(ev.rec)["cb.lookup.rpc"]) == 1 })
-	rpc = spansByName(ev.rec)["cb.lookup.rpc"][0]
+	waitFor(t, "lookup span", func() bool { return len(spansByName(ev.rec)[spanname.CBLookupRPC]) == 1 })
+	rpc = spansByName(ev.rec)[spanname.CBLookupRPC][0]
 	if rpc.Status().Code != codes.Error {
 		t.Fatalf("cb.lookup.rpc status %v", rpc.Status())
 	}
@@ -823,7 +824,7 @@ func TestDocumentsIngest(t *testing.T) {
 	if len(w.Stored()) != 2 {
 		t.Fatalf("stored %v", w.Stored())
 	}
-	spans := spansByName(ev.rec)["cb.store_pre_computed"]
+	spans := spansByName(ev.rec)[spanname.CBStorePreComputed]
 	if len(spans) != 2 {
 		t.Fatalf("%d cb.store_pre_computed spans", len(spans))
 	}

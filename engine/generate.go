@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
@@ -96,7 +97,7 @@ func (e *Engine) serveGenerate(w *statusWriter, r *http.Request, opName, route s
 // startServerSpan opens the request's SERVER span, "{operation} {model}",
 // a child of the caller's traceparent when it is valid.
 func (e *Engine) startServerSpan(r *http.Request, rec *genRecord, route string) (context.Context, *telemetry.Span) {
-	name := rec.op
+	name := spanname.Server(rec.op, rec.model)
 	attrs := []attribute.KeyValue{
 		attribute.String("gen_ai.operation.name", rec.op),
 		attribute.String("http.request.method", r.Method),
@@ -104,7 +105,6 @@ func (e *Engine) startServerSpan(r *http.Request, rec *genRecord, route string) 
 		attribute.String("request_id", rec.id),
 	}
 	if rec.model != "" {
-		name = rec.op + " " + rec.model
 		attrs = append(attrs, attribute.String("gen_ai.request.model", rec.model))
 	}
 	parent := telemetry.ExtractHTTP(r.Context(), r.Header)

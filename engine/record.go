@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
 	"github.com/cacheblend/cacheblend/metrics"
@@ -155,7 +156,7 @@ func (e *Engine) engineSpans(ctx context.Context, rec *genRecord, res scheduler.
 	if queueEnd.IsZero() {
 		queueEnd = stopAt
 	}
-	_, q := e.spans.Start(ctx, "engine.queue", trace.WithTimestamp(rec.t0))
+	_, q := e.spans.Start(ctx, spanname.EngineQueue, trace.WithTimestamp(rec.t0))
 	q.End(trace.WithTimestamp(queueEnd))
 	if res.Admitted.IsZero() {
 		return
@@ -164,7 +165,7 @@ func (e *Engine) engineSpans(ctx context.Context, rec *genRecord, res scheduler.
 	if len(res.TokenTimes) > 0 {
 		prefillEnd = res.TokenTimes[0]
 	}
-	_, p := e.spans.Start(ctx, "engine.prefill", trace.WithTimestamp(res.Admitted), trace.WithAttributes(
+	_, p := e.spans.Start(ctx, spanname.EnginePrefill, trace.WithTimestamp(res.Admitted), trace.WithAttributes(
 		attribute.Int("n_prompt_tokens", res.PromptTokens),
 		attribute.Int("cached_tokens", res.CachedTokens),
 		attribute.Int("reused_tokens", res.ReusedTokens),
@@ -173,7 +174,7 @@ func (e *Engine) engineSpans(ctx context.Context, rec *genRecord, res scheduler.
 	if len(res.TokenTimes) < 2 {
 		return
 	}
-	_, d := e.spans.Start(ctx, "engine.decode", trace.WithTimestamp(res.TokenTimes[0]))
+	_, d := e.spans.Start(ctx, spanname.EngineDecode, trace.WithTimestamp(res.TokenTimes[0]))
 	for i := TokenEventEvery - 1; i < len(res.TokenTimes); i += TokenEventEvery {
 		d.AddEvent("token", trace.WithTimestamp(res.TokenTimes[i]), trace.WithAttributes(attribute.Int("n", i+1)))
 	}

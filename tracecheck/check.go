@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cacheblend/cacheblend/contract"
+	"github.com/cacheblend/cacheblend/contract/spanname"
 )
 
 // Defaults of [Options].
@@ -51,7 +52,7 @@ func (o Options) withDefaults() Options {
 		o.HitRateTolerance = DefaultHitRateTolerance
 	}
 	if o.Detached == nil {
-		o.Detached = []string{"cb.store"}
+		o.Detached = []string{spanname.CBStore}
 	}
 	return o
 }
@@ -473,7 +474,7 @@ func (c *checker) required(cs *contract.Span, found map[*contract.Span][]int) (b
 func (c *checker) hitRate() {
 	for i := range c.t.Spans {
 		sp := &c.t.Spans[i]
-		if sp.Name != "cb.request" {
+		if sp.Name != spanname.CBRequest {
 			continue
 		}
 		hr, ok1 := sp.Attributes["hit_rate"]

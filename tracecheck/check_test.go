@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
 	"github.com/cacheblend/cacheblend/contract"
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/tracestore/tracetest"
 )
 
@@ -85,61 +86,61 @@ func TestCheck(t *testing.T) {
 		note string   // a note the result must carry
 	}{
 		{name: "valid", td: r1.Traces()},
-		{name: "missing span", td: request(r1, drop("cb.classify")), want: []string{"required-span cb.classify"}},
+		{name: "missing span", td: request(r1, drop(spanname.CBClassify)), want: []string{"required-span cb.classify"}},
 		{name: "missing subtree reported once",
-			td:   request(r1, drop("cb.lookup", "mp.lookup_prefetch", "cb.fingerprint_match", "cb.sparse_prefetch", "cb.l2_load", "cb.classify")),
+			td:   request(r1, drop(spanname.CBLookup, spanname.MPLookupPrefetch, spanname.CBFingerprintMatch, spanname.CBSparsePrefetch, spanname.CBL2Load, spanname.CBClassify)),
 			want: []string{"required-span cb.lookup"}},
-		{name: "wrong parent", td: request(r1, edit("cb.scatter", func(d *tracetest.SpanDef) { d.Parent = "cb.lookup"; d.StartMs, d.EndMs = 10, 12 })),
+		{name: "wrong parent", td: request(r1, edit(spanname.CBScatter, func(d *tracetest.SpanDef) { d.Parent = spanname.CBLookup; d.StartMs, d.EndMs = 10, 12 })),
 			want: []string{"parent cb.scatter"}},
-		{name: "wrong attribute type", td: request(r1, setAttr("cb.lookup.rpc", "n_polls", "3")), want: []string{"attribute-type cb.lookup.rpc"}},
-		{name: "double where int is declared", td: request(r1, setAttr("cb.scatter", "dropped", 0.0)), want: []string{"attribute-type cb.scatter"}},
+		{name: "wrong attribute type", td: request(r1, setAttr(spanname.CBLookupRPC, "n_polls", "3")), want: []string{"attribute-type cb.lookup.rpc"}},
+		{name: "double where int is declared", td: request(r1, setAttr(spanname.CBScatter, "dropped", 0.0)), want: []string{"attribute-type cb.scatter"}},
 		{name: "wrong optional attribute type", td: request(r1, setAttr("chat m1", "gen_ai.usage.output_tokens", "16")), want: []string{"attribute-type chat m1"}},
-		{name: "missing attribute", td: request(r1, setAttr("cb.check", "imp_count", nil)), want: []string{"attribute-missing cb.check"}},
+		{name: "missing attribute", td: request(r1, setAttr(spanname.CBCheck, "imp_count", nil)), want: []string{"attribute-missing cb.check"}},
 		{name: "child outside its parent, same process",
-			td: request(r1, edit("cb.scatter", func(d *tracetest.SpanDef) { d.EndMs = 61 })), want: []string{"interval cb.scatter"}},
+			td: request(r1, edit(spanname.CBScatter, func(d *tracetest.SpanDef) { d.EndMs = 61 })), want: []string{"interval cb.scatter"}},
 		{name: "remote child within the cross-process tolerance",
-			td: request(r1, edit("cb.lookup", func(d *tracetest.SpanDef) { d.StartMs = 0.5 }))}, // 3.5 ms before cb.lookup.rpc
+			td: request(r1, edit(spanname.CBLookup, func(d *tracetest.SpanDef) { d.StartMs = 0.5 }))}, // 3.5 ms before cb.lookup.rpc
 		{name: "remote child beyond the cross-process tolerance",
-			td: request(r1, edit("cb.execute", func(d *tracetest.SpanDef) { d.EndMs = 128 })), want: []string{"interval cb.execute"}}, // 6 ms after cb.request
-		{name: "ends before it starts", td: request(r1, edit("cb.build_meta", func(d *tracetest.SpanDef) { d.EndMs = 37.5 })),
+			td: request(r1, edit(spanname.CBExecute, func(d *tracetest.SpanDef) { d.EndMs = 128 })), want: []string{"interval cb.execute"}}, // 6 ms after cb.request
+		{name: "ends before it starts", td: request(r1, edit(spanname.CBBuildMeta, func(d *tracetest.SpanDef) { d.EndMs = 37.5 })),
 			want: []string{"interval cb.build_meta"}},
-		{name: "inconsistent hit_rate", td: request(r1, setAttr("cb.request", "hit_rate", 0.5)), want: []string{"hit-rate cb.request"}},
-		{name: "hit_rate within 1e-6", td: request(r1, setAttr("cb.request", "hit_rate", 0.75+5e-7))},
-		{name: "hits exceed the request", td: request(r1, setAttr("cb.request", "requested_tokens", int64(700)), setAttr("cb.request", "hit_rate", 768.0/700)),
+		{name: "inconsistent hit_rate", td: request(r1, setAttr(spanname.CBRequest, "hit_rate", 0.5)), want: []string{"hit-rate cb.request"}},
+		{name: "hit_rate within 1e-6", td: request(r1, setAttr(spanname.CBRequest, "hit_rate", 0.75+5e-7))},
+		{name: "hits exceed the request", td: request(r1, setAttr(spanname.CBRequest, "requested_tokens", int64(700)), setAttr(spanname.CBRequest, "hit_rate", 768.0/700)),
 			want: []string{"hit-rate cb.request"}},
-		{name: "wrong service", td: request(r1, edit("cb.execute", func(d *tracetest.SpanDef) { d.Service = tracetest.Engine })),
+		{name: "wrong service", td: request(r1, edit(spanname.CBExecute, func(d *tracetest.SpanDef) { d.Service = tracetest.Engine })),
 			want: []string{"service cb.execute"}},
-		{name: "wrong kind", td: request(r1, edit("cb.lookup", func(d *tracetest.SpanDef) { d.Kind = ptrace.SpanKindInternal })),
+		{name: "wrong kind", td: request(r1, edit(spanname.CBLookup, func(d *tracetest.SpanDef) { d.Kind = ptrace.SpanKindInternal })),
 			want: []string{"kind cb.lookup"}},
-		{name: "no L2 misses, no cb.l2_load", td: request(r1, setAttr("cb.sparse_prefetch", "l2_misses", int64(0)), drop("cb.l2_load"))},
-		{name: "L2 misses without cb.l2_load", td: request(r1, drop("cb.l2_load")), want: []string{"required-span cb.l2_load"}},
+		{name: "no L2 misses, no cb.l2_load", td: request(r1, setAttr(spanname.CBSparsePrefetch, "l2_misses", int64(0)), drop(spanname.CBL2Load))},
+		{name: "L2 misses without cb.l2_load", td: request(r1, drop(spanname.CBL2Load)), want: []string{"required-span cb.l2_load"}},
 		{name: "no reuse, no load or recompute spans",
 			td: request(tracetest.Request{RequestID: "cold", PromptTokens: 1000, PrefixHit: 0, NonPrefixHit: 0},
-				drop("cb.start_load_kv", "cb.retrieve", "cb.scatter", "cb.full_recomp", "cb.check", "cb.partial"))},
+				drop(spanname.CBStartLoadKV, spanname.CBRetrieve, spanname.CBScatter, spanname.CBFullRecomp, spanname.CBCheck, spanname.CBPartial))},
 		{name: "coordinator instead of fingerprint match",
-			td: request(r1, edit("cb.fingerprint_match", func(d *tracetest.SpanDef) {
-				d.Name, d.Attrs = "cb.coordinator_match", map[string]any{"request_id": "r1", "matches": int64(2)}
+			td: request(r1, edit(spanname.CBFingerprintMatch, func(d *tracetest.SpanDef) {
+				d.Name, d.Attrs = spanname.CBCoordinatorMatch, map[string]any{"request_id": "r1", "matches": int64(2)}
 			}))},
 		{name: "a span that may not repeat, twice",
-			td: request(r1, add(tracetest.SpanDef{Name: "cb.classify", Service: tracetest.Blend, Kind: ptrace.SpanKindInternal, Parent: "cb.lookup",
+			td: request(r1, add(tracetest.SpanDef{Name: spanname.CBClassify, Service: tracetest.Blend, Kind: ptrace.SpanKindInternal, Parent: spanname.CBLookup,
 				StartMs: 32, EndMs: 32.5, Attrs: map[string]any{"request_id": "r1", "found": int64(1), "stale": int64(0), "per_rank_ok": int64(1)}})),
 			want: []string{"repeated-span cb.classify"}},
 		{name: "cb.store may end after the request",
-			td: request(r1, add(tracetest.SpanDef{Name: "cb.store", Service: tracetest.Blend, Kind: ptrace.SpanKindServer, Parent: "cb.execute",
+			td: request(r1, add(tracetest.SpanDef{Name: spanname.CBStore, Service: tracetest.Blend, Kind: ptrace.SpanKindServer, Parent: spanname.CBExecute,
 				StartMs: 119, EndMs: 400, Attrs: map[string]any{"request_id": "r1"}}))},
 		{name: "ingest span in a request trace",
-			td: request(r1, add(tracetest.SpanDef{Name: "cb.store_pre_computed", Service: tracetest.Engine, Kind: ptrace.SpanKindInternal, Parent: "cb.request",
+			td: request(r1, add(tracetest.SpanDef{Name: spanname.CBStorePreComputed, Service: tracetest.Engine, Kind: ptrace.SpanKindInternal, Parent: spanname.CBRequest,
 				StartMs: 5, EndMs: 6, Attrs: map[string]any{"request_id": "r1"}})),
 			want: []string{"wrong-trace cb.store_pre_computed"}},
 		{name: "failed request need not have every span",
-			td: request(r1, setAttr("chat m1", "error.type", "timeout"), drop("engine.prefill", "engine.decode", "cb.execute", "cb.start_load_kv",
-				"cb.retrieve", "cb.scatter", "cb.model_forward", "cb.full_recomp", "cb.check", "cb.partial")),
+			td: request(r1, setAttr("chat m1", "error.type", "timeout"), drop(spanname.EnginePrefill, spanname.EngineDecode, spanname.CBExecute, spanname.CBStartLoadKV,
+				spanname.CBRetrieve, spanname.CBScatter, spanname.CBModelForward, spanname.CBFullRecomp, spanname.CBCheck, spanname.CBPartial)),
 			note: "the request failed (error.type=timeout)"},
 		{name: "lost parent",
-			td:   request(r1, edit("cb.check", func(d *tracetest.SpanDef) { d.Parent = "never-exported" })),
+			td:   request(r1, edit(spanname.CBCheck, func(d *tracetest.SpanDef) { d.Parent = "never-exported" })),
 			want: []string{"parent cb.check"}},
 		{name: "root is not the SERVER span",
-			td:   request(r1, drop("chat m1", "engine.queue", "engine.prefill", "engine.decode")),
+			td:   request(r1, drop("chat m1", spanname.EngineQueue, spanname.EnginePrefill, spanname.EngineDecode)),
 			want: []string{"root cb.request", "required-span {operation} {model}"}},
 	}
 	for _, tc := range tests {
@@ -187,7 +188,7 @@ func TestCheckTwoTraceIDs(t *testing.T) {
 		}
 		spans := rs.ScopeSpans().At(0).Spans()
 		for k := 0; k < spans.Len(); k++ {
-			if spans.At(k).Name() == "cb.lookup" || strings.HasPrefix(spans.At(k).Name(), "cb.") && spans.At(k).Name() != "cb.retrieve" && spans.At(k).Name() != "cb.scatter" {
+			if spans.At(k).Name() == spanname.CBLookup || strings.HasPrefix(spans.At(k).Name(), "cb.") && spans.At(k).Name() != spanname.CBRetrieve && spans.At(k).Name() != spanname.CBScatter {
 				spans.At(k).SetTraceID(other)
 			}
 		}
@@ -215,7 +216,7 @@ func TestCheckTwoTraceIDs(t *testing.T) {
 }
 
 func TestCheckSeveralRequestsInOneTrace(t *testing.T) {
-	traces := FromPtrace(request(tracetest.Request{RequestID: "r1"}, setAttr("cb.partial", "request_id", "r9")))
+	traces := FromPtrace(request(tracetest.Request{RequestID: "r1"}, setAttr(spanname.CBPartial, "request_id", "r9")))
 	rep := Check(traces, spec(t))
 	if got := rules(rep.Traces[0]); !slices.Equal(got, []string{"one-trace-id "}) {
 		t.Fatalf("violations = %q\n%s", got, rep)
@@ -240,7 +241,7 @@ func TestCheckSkipsForeignTraces(t *testing.T) {
 
 func TestCheckOptions(t *testing.T) {
 	// cb.scatter ends 0.3 ms after cb.retrieve: inside the default 0.5 ms.
-	td := request(tracetest.Request{RequestID: "r1"}, edit("cb.scatter", func(d *tracetest.SpanDef) { d.EndMs = 60.3 }))
+	td := request(tracetest.Request{RequestID: "r1"}, edit(spanname.CBScatter, func(d *tracetest.SpanDef) { d.EndMs = 60.3 }))
 	sp := spec(t)
 	if rep := Check(FromPtrace(td), sp); !rep.OK() {
 		t.Fatalf("default tolerance:\n%s", rep)
@@ -249,8 +250,8 @@ func TestCheckOptions(t *testing.T) {
 		t.Fatal("no tolerance: passed")
 	}
 	// A cb.store ending late fails when nothing is detached.
-	td = request(tracetest.Request{RequestID: "r1"}, add(tracetest.SpanDef{Name: "cb.store", Service: tracetest.Blend, Kind: ptrace.SpanKindServer,
-		Parent: "cb.execute", StartMs: 119, EndMs: 300, Attrs: map[string]any{"request_id": "r1"}}))
+	td = request(tracetest.Request{RequestID: "r1"}, add(tracetest.SpanDef{Name: spanname.CBStore, Service: tracetest.Blend, Kind: ptrace.SpanKindServer,
+		Parent: spanname.CBExecute, StartMs: 119, EndMs: 300, Attrs: map[string]any{"request_id": "r1"}}))
 	if rep := CheckWith(FromPtrace(td), sp, Options{Detached: []string{}}); rep.OK() {
 		t.Fatal("late cb.store passed with Detached empty")
 	}
@@ -281,11 +282,11 @@ func BenchmarkCheck(b *testing.B) {
 
 func TestCheckMayRepeat(t *testing.T) {
 	td := request(tracetest.Request{RequestID: "r1"},
-		add(tracetest.SpanDef{Name: "cb.start_load_kv", Service: tracetest.Worker, Kind: ptrace.SpanKindClient, Parent: "cb.execute",
+		add(tracetest.SpanDef{Name: spanname.CBStartLoadKV, Service: tracetest.Worker, Kind: ptrace.SpanKindClient, Parent: spanname.CBExecute,
 			StartMs: 50, EndMs: 60, Attrs: map[string]any{"request_id": "r1"}}),
-		add(tracetest.SpanDef{Name: "cb.retrieve", Service: tracetest.Blend, Kind: ptrace.SpanKindServer, Parent: "cb.start_load_kv",
+		add(tracetest.SpanDef{Name: spanname.CBRetrieve, Service: tracetest.Blend, Kind: ptrace.SpanKindServer, Parent: spanname.CBStartLoadKV,
 			StartMs: 52, EndMs: 56, Attrs: map[string]any{"request_id": "r1"}}),
-		add(tracetest.SpanDef{Name: "cb.scatter", Service: tracetest.Blend, Kind: ptrace.SpanKindInternal, Parent: "cb.retrieve",
+		add(tracetest.SpanDef{Name: spanname.CBScatter, Service: tracetest.Blend, Kind: ptrace.SpanKindInternal, Parent: spanname.CBRetrieve,
 			StartMs: 53, EndMs: 55, Attrs: map[string]any{"request_id": "r1", "scattered_tokens": int64(1), "slot_writes": int64(1),
 				"partial_blocks": int64(0), "n_prefix": int64(0), "n_shifted": int64(1), "dropped": int64(0)}}))
 	if rep := Check(FromPtrace(td), spec(t)); !rep.OK() {

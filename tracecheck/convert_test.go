@@ -11,6 +11,7 @@ import (
 
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/tracestore"
 	"github.com/cacheblend/cacheblend/tracestore/jaeger"
 	"github.com/cacheblend/cacheblend/tracestore/tracetest"
@@ -20,7 +21,7 @@ func fixture() ptrace.Traces {
 	td := tracetest.Request{RequestID: "conv"}.Traces()
 	// Cover every value type and a status.
 	forEach(td, func(s ptrace.Span) {
-		if s.Name() == "cb.partial" {
+		if s.Name() == spanname.CBPartial {
 			s.Attributes().PutEmptyBytes("blob").FromRaw([]byte{0, 1, 2, 255})
 			s.Attributes().PutEmptySlice("list").AppendEmpty().SetStr("a")
 			s.Status().SetCode(ptrace.StatusCodeError)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cacheblend/cacheblend/contract"
+	"github.com/cacheblend/cacheblend/contract/spanname"
 )
 
 // ValueType is the type of an attribute value.
@@ -131,7 +132,7 @@ func (t *Trace) RequestID() string {
 		if !ok || v.Type != ValueString || v.Str == "" {
 			continue
 		}
-		if t.Spans[i].Name == "cb.request" {
+		if t.Spans[i].Name == spanname.CBRequest {
 			return v.Str
 		}
 		if first == "" {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/tracestore/jaeger"
 	"github.com/cacheblend/cacheblend/tracestore/tracetest"
 )
@@ -38,7 +39,7 @@ func TestQueryAPIWithClient(t *testing.T) {
 		t.Fatalf("Services = %v, %v", svcs, err)
 	}
 	ops, err := c.Operations(ctx, "cb-engine")
-	if err != nil || !slices.Contains(ops, "chat m1") || !slices.Contains(ops, "cb.lookup.rpc") || len(ops) != 8 {
+	if err != nil || !slices.Contains(ops, "chat m1") || !slices.Contains(ops, spanname.CBLookupRPC) || len(ops) != 8 {
 		t.Fatalf("Operations = %v, %v", ops, err)
 	}
 	found, err := c.FindTraces(ctx, jaeger.Query{Service: "cb-worker", Tags: map[string]string{"request_id": "b"}})
@@ -100,13 +101,13 @@ func TestJaegerJSONShape(t *testing.T) {
 				t.Fatalf("span lacks %q: %v", k, m)
 			}
 		}
-		if m["operationName"] == "cb.lookup" {
+		if m["operationName"] == spanname.CBLookup {
 			lookup = m
 		}
 	}
 	refs := lookup["references"].([]any)
 	ref := refs[0].(map[string]any)
-	if len(refs) != 1 || ref["refType"] != "CHILD_OF" || ref["spanID"] != spanIDOf("a", "cb.lookup.rpc") || ref["traceID"] != traceIDOf("a") {
+	if len(refs) != 1 || ref["refType"] != "CHILD_OF" || ref["spanID"] != spanIDOf("a", spanname.CBLookupRPC) || ref["traceID"] != traceIDOf("a") {
 		t.Fatalf("cb.lookup references = %v", refs)
 	}
 	if lookup["startTime"].(float64) != float64(t0.Add(5500*time.Microsecond).UnixMicro()) || lookup["duration"].(float64) != 27500 {

@@ -4,9 +4,12 @@ import (
 	"cmp"
 	"slices"
 	"strings"
+	"sync"
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/ptrace"
+
+	"github.com/cacheblend/cacheblend/contract"
 )
 
 // Breakdown is "where the time went" for one trace: per-span self time, the root's wall
@@ -94,38 +97,37 @@ type PathSegment struct {
 	EndNs   int64  `json:"endNs"`
 }
 
-// Phase names the stage of a request a span belongs to, for grouping: queue, prefill,
-// decode, schedule, lookup, l2 load, execute, kv load, forward, store; the root is
-// "request"; any other span is its own phase (its name).
+// Phase names the stage of a request a span belongs to, for grouping: the phase the span
+// contract (contract/spans.yaml) gives the span — queue, prefill, decode, schedule, lookup,
+// l2 load, execute, kv load, forward, store (see [contract.Phases]). The root is "request"
+// whatever its name; any other span the contract does not name exactly (an unknown span, or
+// one named by a pattern such as a second SERVER span) is its own phase: its name.
 func Phase(name string, isRoot bool) string {
 	if isRoot {
-		return "request"
+		return string(contract.PhaseRequest)
 	}
-	switch name {
-	case "engine.queue":
-		return "queue"
-	case "engine.prefill":
-		return "prefill"
-	case "engine.decode":
-		return "decode"
-	case "cb.request", "cb.schedule", "cb.build_meta":
-		return "schedule"
-	case "cb.lookup.rpc", "cb.lookup", "mp.lookup_prefetch", "cb.fingerprint_match",
-		"cb.coordinator_match", "cb.sparse_prefetch", "cb.classify":
-		return "lookup"
-	case "cb.l2_load":
-		return "l2 load"
-	case "cb.execute":
-		return "execute"
-	case "cb.start_load_kv", "cb.retrieve", "cb.scatter":
-		return "kv load"
-	case "cb.model_forward", "cb.full_recomp", "cb.check", "cb.partial":
-		return "forward"
-	case "cb.store", "cb.store_pre_computed":
-		return "store"
+	if p, ok := contractPhases()[name]; ok {
+		return string(p)
 	}
 	return name
 }
+
+// contractPhases maps every span the embedded contract names exactly to its phase. The
+// contract package's tests keep the embedded file valid; were it not, no span would have a
+// contract phase and each would be grouped under its own name.
+var contractPhases = sync.OnceValue(func() map[string]contract.Phase {
+	set, err := contract.Spans()
+	if err != nil {
+		return nil
+	}
+	m := make(map[string]contract.Phase, len(set.Spans))
+	for _, sp := range set.Spans {
+		if sp.NamePattern == "" {
+			m[sp.Name] = sp.Phase
+		}
+	}
+	return m
+})
 
 // tree is a trace's spans arranged under one root.
 type tree struct {

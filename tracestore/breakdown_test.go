@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/cacheblend/cacheblend/contract"
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/tracestore/tracetest"
 )
 
@@ -198,5 +200,54 @@ func BenchmarkBreakdown(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		computeBreakdown(spans)
+	}
+}
+
+// TestPhaseFromContract pins the groups of the trace page: each span's phase comes from the
+// span contract, and the mapping is the one the page has always shown.
+func TestPhaseFromContract(t *testing.T) {
+	want := map[string]string{
+		spanname.EngineQueue: "queue", spanname.EnginePrefill: "prefill", spanname.EngineDecode: "decode",
+		spanname.CBRequest: "schedule", spanname.CBSchedule: "schedule", spanname.CBBuildMeta: "schedule",
+		spanname.CBLookupRPC: "lookup", spanname.CBLookup: "lookup", spanname.MPLookupPrefetch: "lookup",
+		spanname.CBFingerprintMatch: "lookup", spanname.CBCoordinatorMatch: "lookup",
+		spanname.CBSparsePrefetch: "lookup", spanname.CBClassify: "lookup",
+		spanname.CBL2Load:      "l2 load",
+		spanname.CBExecute:     "execute",
+		spanname.CBStartLoadKV: "kv load", spanname.CBRetrieve: "kv load", spanname.CBScatter: "kv load",
+		spanname.CBModelForward: "forward", spanname.CBFullRecomp: "forward", spanname.CBCheck: "forward",
+		spanname.CBPartial: "forward",
+		spanname.CBStore:   "store", spanname.CBStorePreComputed: "store",
+	}
+	set, err := contract.Spans()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sp := range set.Spans {
+		if sp.NamePattern != "" {
+			continue
+		}
+		if _, ok := want[sp.Name]; !ok {
+			t.Errorf("contract span %s: no expected phase in this test", sp.Name)
+		}
+		if got := Phase(sp.Name, false); got != string(sp.Phase) {
+			t.Errorf("Phase(%s) = %q, contract says %q", sp.Name, got, sp.Phase)
+		}
+	}
+	for name, phase := range want {
+		if got := Phase(name, false); got != phase {
+			t.Errorf("Phase(%s) = %q, want %q", name, got, phase)
+		}
+		if got := Phase(name, true); got != "request" {
+			t.Errorf("Phase(%s, root) = %q, want request", name, got)
+		}
+	}
+	for _, name := range []string{spanname.Server("chat", "m1"), "my.span"} {
+		if got := Phase(name, false); got != name {
+			t.Errorf("Phase(%q) = %q, want its name", name, got)
+		}
+	}
+	if got := Phase(spanname.Server("chat", "m1"), true); got != "request" {
+		t.Errorf("root phase %q", got)
 	}
 }

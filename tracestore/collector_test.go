@@ -13,6 +13,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/tracestore/jaeger"
 )
 
@@ -71,13 +72,13 @@ func TestCollectorEndToEnd(t *testing.T) {
 	rid := otelattr.String("request_id", "e2e-1")
 	ctxRoot, root := engine.Tracer("engine").Start(ctx, "chat m1", trace.WithTimestamp(at(0)), trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(otelattr.String("gen_ai.operation.name", "chat"), otelattr.String("gen_ai.request.model", "m1"), rid))
-	ctxReq, req := engine.Tracer("engine").Start(ctxRoot, "cb.request", trace.WithTimestamp(at(1)), trace.WithAttributes(rid,
+	ctxReq, req := engine.Tracer("engine").Start(ctxRoot, spanname.CBRequest, trace.WithTimestamp(at(1)), trace.WithAttributes(rid,
 		otelattr.Float64("hit_rate", 0.5), otelattr.Int("prefix_hit_tokens", 256), otelattr.Int("non_prefix_hit_tokens", 256), otelattr.Int("requested_tokens", 1024)))
 	// The remote children: only the span context crosses the "process" boundary.
 	remote := trace.ContextWithRemoteSpanContext(ctx, trace.SpanContextFromContext(ctxReq))
-	_, lookup := blend.Tracer("blend").Start(remote, "cb.lookup", trace.WithTimestamp(at(2)), trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(rid))
+	_, lookup := blend.Tracer("blend").Start(remote, spanname.CBLookup, trace.WithTimestamp(at(2)), trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(rid))
 	lookup.End(trace.WithTimestamp(at(10)))
-	_, exec := worker.Tracer("worker").Start(remote, "cb.execute", trace.WithTimestamp(at(11)), trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(rid))
+	_, exec := worker.Tracer("worker").Start(remote, spanname.CBExecute, trace.WithTimestamp(at(11)), trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(rid))
 	exec.End(trace.WithTimestamp(at(40)))
 	req.End(trace.WithTimestamp(at(41)))
 	root.End(trace.WithTimestamp(at(50)))

@@ -10,6 +10,7 @@ import (
 
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/tracestore/jaeger"
 	"github.com/cacheblend/cacheblend/tracestore/tracetest"
 )
@@ -165,12 +166,12 @@ func TestFindTraces(t *testing.T) {
 	}{
 		{"by request id tag", jaeger.Query{Service: "cb-blend", Tags: map[string]string{"request_id": "r2"}}, []string{"r2"}},
 		{"tag on another service's span only", jaeger.Query{Service: "cb-worker", Tags: map[string]string{"prefix_chunks": "1"}}, nil},
-		{"int tag as text", jaeger.Query{Operation: "cb.lookup.rpc", Tags: map[string]string{"n_polls": "3", "request_id": "r1"}}, []string{"r1"}},
+		{"int tag as text", jaeger.Query{Operation: spanname.CBLookupRPC, Tags: map[string]string{"n_polls": "3", "request_id": "r1"}}, []string{"r1"}},
 		{"span.kind tag", jaeger.Query{Service: "cb-worker", Tags: map[string]string{"span.kind": "server", "request_id": "r0"}}, []string{"r0"}},
 		{"resource tag", jaeger.Query{Tags: map[string]string{"service.instance.id": "cb-blend-0", "request_id": "r3"}}, []string{"r3"}},
 		{"limit", jaeger.Query{Limit: 2}, []string{"r4", "r3"}},
 		{"time window", jaeger.Query{Start: t0.Add(time.Duration(1500) * time.Millisecond), End: t0.Add(time.Duration(3500) * time.Millisecond)}, []string{"r3", "r2"}},
-		{"min duration keeps long spans", jaeger.Query{Operation: "cb.check", MinDuration: time.Duration(5) * time.Millisecond}, nil},
+		{"min duration keeps long spans", jaeger.Query{Operation: spanname.CBCheck, MinDuration: time.Duration(5) * time.Millisecond}, nil},
 		{"max duration", jaeger.Query{Service: "cb-engine", Operation: "chat m1", MaxDuration: time.Duration(200) * time.Millisecond, Limit: 1}, []string{"r4"}},
 		{"trace ids", jaeger.Query{TraceIDs: []string{traceIDOf("r1"), "ffff"}}, []string{"r1"}},
 	}
@@ -211,7 +212,7 @@ func TestRequests(t *testing.T) {
 		t.Fatalf("hit rate fields = %v %v %v %v", r.HitRate, r.RequestedTokens, r.PrefixHitTokens, r.NonPrefixHitTokens)
 	}
 	// No TTFT attribute or event in the fixture: the end of engine.prefill (124 ms).
-	if r.TTFTMs == nil || !approx(*r.TTFTMs, 124, 1e-9) || r.TTFTSource != "engine.prefill" {
+	if r.TTFTMs == nil || !approx(*r.TTFTMs, 124, 1e-9) || r.TTFTSource != spanname.EnginePrefill {
 		t.Fatalf("ttft = %v (%s), want 124 from engine.prefill", r.TTFTMs, r.TTFTSource)
 	}
 	if !slices.Equal(r.Services, []string{"cb-blend", "cb-engine", "cb-worker"}) || r.Error {

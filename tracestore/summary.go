@@ -4,6 +4,8 @@ import (
 	"slices"
 
 	"go.opentelemetry.io/collector/pdata/ptrace"
+
+	"github.com/cacheblend/cacheblend/contract/spanname"
 )
 
 // Attribute and event names the request index reads.
@@ -91,14 +93,14 @@ func summarize(spans []*span) RequestSummary {
 	}
 	if s.TTFTMs == nil {
 		for _, c := range t.children[t.root] {
-			if sp := spans[c]; sp.name == "engine.prefill" && sp.res.service == root.res.service {
-				s.TTFTMs, s.TTFTSource = ms(sp.end-root.start), "engine.prefill"
+			if sp := spans[c]; sp.name == spanname.EnginePrefill && sp.res.service == root.res.service {
+				s.TTFTMs, s.TTFTSource = ms(sp.end-root.start), spanname.EnginePrefill
 				break
 			}
 		}
 	}
 	for _, sp := range spans {
-		if sp.name != "cb.request" {
+		if sp.name != spanname.CBRequest {
 			continue
 		}
 		if v, ok := sp.attrs.get("hit_rate"); ok {
@@ -129,7 +131,7 @@ func requestID(spans []*span) (string, bool) {
 		if !ok || v.t != valString || v.s == "" {
 			continue
 		}
-		if sp.name == "cb.request" {
+		if sp.name == spanname.CBRequest {
 			return v.s, true
 		}
 		if !found || sp.parentID.IsEmpty() {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/tracestore/tracetest"
 )
 
@@ -170,14 +171,14 @@ func TestWebUIInChromium(t *testing.T) {
 	}
 
 	// Span details on click.
-	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(fmt.Sprintf(`.wf-row[data-span-id="%s"]`, tracetest.SpanID("req-a", "cb.scatter"))))); err != nil {
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(fmt.Sprintf(`.wf-row[data-span-id="%s"]`, tracetest.SpanID("req-a", spanname.CBScatter))))); err != nil {
 		t.Fatalf("selecting cb.scatter: %v", err)
 	}
 	detail, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#span-detail`)))
 	if err != nil {
 		t.Fatalf("reading the span detail: %v", err)
 	}
-	for _, want := range []string{"cb.scatter", "scattered_tokens", "768", "n_shifted", "cb-blend"} {
+	for _, want := range []string{spanname.CBScatter, "scattered_tokens", "768", "n_shifted", "cb-blend"} {
 		if !strings.Contains(detail, want) {
 			t.Fatalf("span detail lacks %q:\n%s", want, detail)
 		}

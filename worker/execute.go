@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/model"
@@ -126,7 +127,7 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 		return out
 	}
 	pctx := telemetry.ExtractString(ctx, sq.GetTraceContext())
-	pctx, exec := w.spans.Start(pctx, "cb.execute", trace.WithSpanKind(trace.SpanKindServer),
+	pctx, exec := w.spans.Start(pctx, spanname.CBExecute, trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(attrRequestID.String(id), attribute.Int("start_pos", start), attribute.Int("n_tokens", end-start)))
 	defer exec.End()
 
@@ -135,7 +136,7 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 		w.loadKV(pctx, id, st, bt)
 	}
 
-	fctx, fwd := w.spans.Start(pctx, "cb.model_forward", trace.WithAttributes(attrRequestID.String(id)))
+	fctx, fwd := w.spans.Start(pctx, spanname.CBModelForward, trace.WithAttributes(attrRequestID.String(id)))
 	t0 := time.Now()
 	var logits []float32
 	blended := st.plan != nil && (len(st.loaded.Reused) > 0 || st.loaded.Prefix > start)
@@ -196,20 +197,20 @@ func (w *Worker) phaseSpans(ctx context.Context, id string, s model.BlendStats) 
 	}
 	rid := attrRequestID.String(id)
 	if !s.FullRecompStart.IsZero() {
-		_, sp := w.spans.Start(ctx, "cb.full_recomp", trace.WithTimestamp(s.FullRecompStart),
+		_, sp := w.spans.Start(ctx, spanname.CBFullRecomp, trace.WithTimestamp(s.FullRecompStart),
 			trace.WithAttributes(rid, attribute.Int("layers", s.CheckLayer)))
 		sp.End(trace.WithTimestamp(s.FullRecompEnd))
 		w.metrics.ObserveForward(ctx, metrics.PhaseFullRecomp, s.FullRecompEnd.Sub(s.FullRecompStart))
 	}
 	if !s.CheckStart.IsZero() {
-		_, sp := w.spans.Start(ctx, "cb.check", trace.WithTimestamp(s.CheckStart),
+		_, sp := w.spans.Start(ctx, spanname.CBCheck, trace.WithTimestamp(s.CheckStart),
 			trace.WithAttributes(rid, attribute.Int("imp_count", s.ImpCount), attribute.Float64("recomp_ratio", s.RecompRatio),
 				attribute.Int("check_layer", s.CheckLayer), attribute.Int("selected", s.Selected)))
 		sp.End(trace.WithTimestamp(s.CheckEnd))
 		w.metrics.ObserveForward(ctx, metrics.PhaseCheck, s.CheckEnd.Sub(s.CheckStart))
 	}
 	if !s.PartialStart.IsZero() {
-		_, sp := w.spans.Start(ctx, "cb.partial", trace.WithTimestamp(s.PartialStart),
+		_, sp := w.spans.Start(ctx, spanname.CBPartial, trace.WithTimestamp(s.PartialStart),
 			trace.WithAttributes(rid, attribute.String("dispatch", s.Dispatch), attribute.Bool("imp_empty", s.ImpEmpty)))
 		sp.End(trace.WithTimestamp(s.PartialEnd))
 		w.metrics.ObserveForward(ctx, metrics.PhasePartial, s.PartialEnd.Sub(s.PartialStart))
@@ -227,7 +228,7 @@ func (w *Worker) loadKV(ctx context.Context, id string, st *seqState, bt []int32
 	if !st.loaded.Pending(*st.plan, capTokens) {
 		return
 	}
-	lctx, sp := w.spans.Start(ctx, "cb.start_load_kv", trace.WithSpanKind(trace.SpanKindClient),
+	lctx, sp := w.spans.Start(ctx, spanname.CBStartLoadKV, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attrRequestID.String(id), attribute.Int("from_token", st.loaded.To), attribute.Int("capacity_tokens", capTokens)))
 	defer sp.End()
 	if !w.Registered() {

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
@@ -185,7 +186,7 @@ func TestExecuteSpanIsRemoteChild(t *testing.T) {
 	for _, s := range h.rec.Ended() {
 		spans[s.Name()] = s
 	}
-	exec, fwd := spans["cb.execute"], spans["cb.model_forward"]
+	exec, fwd := spans[spanname.CBExecute], spans[spanname.CBModelForward]
 	if exec == nil || fwd == nil {
 		t.Fatalf("spans %v", spans)
 	}

@@ -11,12 +11,13 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/telemetry"
 )
 
 // RootSpanName is the name of the option-B root span the tracing subscriber
 // opens when a peer sent no trace context.
-const RootSpanName = "cb.request"
+const RootSpanName = spanname.CBRequest
 
 // DefaultSpanTTL is how long a span may stay open waiting for its END before
 // the sweep ends it with status Error "end event lost".
@@ -94,45 +95,45 @@ func DefaultSpanDefs() []SpanDef {
 	}
 	return []SpanDef{
 		{
-			Name: "cb.lookup", Start: LookupStart, End: LookupEnd, Kind: trace.SpanKindServer,
+			Name: spanname.CBLookup, Start: LookupStart, End: LookupEnd, Kind: trace.SpanKindServer,
 			EndAttrs:     append(append([]attribute.Key(nil), lookupStats...), AttrPrefixChunks),
 			StampRoot:    lookupStats,
 			TraceContext: true, RootFallback: true,
 		},
 		{
-			Name: "mp.lookup_prefetch", Start: PrefixLookupStart, End: PrefixLookupEnd, Parent: "cb.lookup",
+			Name: spanname.MPLookupPrefetch, Start: PrefixLookupStart, End: PrefixLookupEnd, Parent: spanname.CBLookup,
 			EndAttrs: []attribute.Key{AttrPrefixChunks}, StampParent: []attribute.Key{AttrPrefixChunks},
 		},
 		{
-			Name: "cb.fingerprint_match", Start: FingerprintMatchStart, End: FingerprintMatchEnd, Parent: "cb.lookup",
+			Name: spanname.CBFingerprintMatch, Start: FingerprintMatchStart, End: FingerprintMatchEnd, Parent: spanname.CBLookup,
 			EndAttrs: []attribute.Key{AttrNProbes, AttrTableHits, AttrMatches},
 		},
 		{
-			Name: "cb.coordinator_match", Start: CoordinatorMatchStart, End: CoordinatorMatchEnd, Parent: "cb.lookup",
+			Name: spanname.CBCoordinatorMatch, Start: CoordinatorMatchStart, End: CoordinatorMatchEnd, Parent: spanname.CBLookup,
 			EndAttrs: []attribute.Key{AttrMatches, AttrTimedOut},
 		},
 		{
-			Name: "cb.sparse_prefetch", Start: SparsePrefetchStart, End: SparsePrefetchEnd, Parent: "cb.lookup",
+			Name: spanname.CBSparsePrefetch, Start: SparsePrefetchStart, End: SparsePrefetchEnd, Parent: spanname.CBLookup,
 			EndAttrs: []attribute.Key{AttrNKeys, AttrL1Hits, AttrL2Misses},
 		},
 		{
-			Name: "cb.l2_load", Start: L2LoadTaskStart, End: L2LoadTaskEnd, Parent: "cb.sparse_prefetch",
+			Name: spanname.CBL2Load, Start: L2LoadTaskStart, End: L2LoadTaskEnd, Parent: spanname.CBSparsePrefetch,
 			EndAttrs: []attribute.Key{AttrChunks, AttrBytes, AttrMs}, DurationMsAttr: AttrMs,
 		},
 		{
-			Name: "cb.classify", Start: ClassifyStart, End: ClassifyEnd, Parent: "cb.lookup",
+			Name: spanname.CBClassify, Start: ClassifyStart, End: ClassifyEnd, Parent: spanname.CBLookup,
 			EndAttrs: []attribute.Key{AttrFound, AttrStale, AttrPerRankOK},
 		},
 		{
-			Name: "cb.retrieve", Start: RetrieveStart, End: RetrieveEnd, Kind: trace.SpanKindServer,
+			Name: spanname.CBRetrieve, Start: RetrieveStart, End: RetrieveEnd, Kind: trace.SpanKindServer,
 			TraceContext: true, RootFallback: true, GatesRoot: true,
 		},
 		{
-			Name: "cb.scatter", Start: ScatterStart, End: ScatterEnd, Parent: "cb.retrieve", Async: true,
+			Name: spanname.CBScatter, Start: ScatterStart, End: ScatterEnd, Parent: spanname.CBRetrieve, Async: true,
 			EndAttrs: []attribute.Key{AttrScatteredTokens, AttrSlotWrites, AttrPartialBlocks, AttrNPrefix, AttrNShifted, AttrDropped},
 		},
 		{
-			Name: "cb.store", Start: StoreStart, End: StoreEnd, Kind: trace.SpanKindServer,
+			Name: spanname.CBStore, Start: StoreStart, End: StoreEnd, Kind: trace.SpanKindServer,
 			TraceContext: true,
 		},
 	}

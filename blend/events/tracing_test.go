@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/telemetry"
 	"github.com/cacheblend/cacheblend/telemetry/provider"
 )
@@ -184,7 +185,7 @@ func TestSpanTreeRemoteParents(t *testing.T) {
 		t.Error("an option-B root was opened although the peers sent trace context")
 	}
 
-	lookup := one(t, spans, "cb.lookup")
+	lookup := one(t, spans, spanname.CBLookup)
 	tid, _ := trace.TraceIDFromHex(lookupTID)
 	sid, _ := trace.SpanIDFromHex(lookupSID)
 	rid, _ := trace.SpanIDFromHex(retrieveID)
@@ -212,11 +213,11 @@ func TestSpanTreeRemoteParents(t *testing.T) {
 		start, end   int
 		ints         map[attribute.Key]int64
 	}{
-		{"mp.lookup_prefetch", "cb.lookup", 10, 60, map[attribute.Key]int64{AttrPrefixChunks: 2}},
-		{"cb.fingerprint_match", "cb.lookup", 70, 470, map[attribute.Key]int64{AttrNProbes: 1024, AttrTableHits: 3, AttrMatches: 2}},
-		{"cb.sparse_prefetch", "cb.lookup", 480, 2500, map[attribute.Key]int64{AttrNKeys: 4, AttrL1Hits: 2, AttrL2Misses: 2}},
-		{"cb.l2_load", "cb.sparse_prefetch", 490, 2490, map[attribute.Key]int64{AttrChunks: 2, AttrBytes: 4 << 20}},
-		{"cb.classify", "cb.lookup", 2510, 2520, map[attribute.Key]int64{AttrFound: 4, AttrStale: 0, AttrPerRankOK: 1}},
+		{spanname.MPLookupPrefetch, spanname.CBLookup, 10, 60, map[attribute.Key]int64{AttrPrefixChunks: 2}},
+		{spanname.CBFingerprintMatch, spanname.CBLookup, 70, 470, map[attribute.Key]int64{AttrNProbes: 1024, AttrTableHits: 3, AttrMatches: 2}},
+		{spanname.CBSparsePrefetch, spanname.CBLookup, 480, 2500, map[attribute.Key]int64{AttrNKeys: 4, AttrL1Hits: 2, AttrL2Misses: 2}},
+		{spanname.CBL2Load, spanname.CBSparsePrefetch, 490, 2490, map[attribute.Key]int64{AttrChunks: 2, AttrBytes: 4 << 20}},
+		{spanname.CBClassify, spanname.CBLookup, 2510, 2520, map[attribute.Key]int64{AttrFound: 4, AttrStale: 0, AttrPerRankOK: 1}},
 	}
 	for _, c := range children {
 		t.Run(c.name, func(t *testing.T) {
@@ -228,17 +229,17 @@ func TestSpanTreeRemoteParents(t *testing.T) {
 			}
 		})
 	}
-	if v, _ := attrOf(one(t, spans, "cb.l2_load"), AttrMs); v.AsFloat64() != 2.0 {
+	if v, _ := attrOf(one(t, spans, spanname.CBL2Load), AttrMs); v.AsFloat64() != 2.0 {
 		t.Errorf("cb.l2_load ms = %v, want 2 (from the event times)", v.Emit())
 	}
 
-	retrieve := one(t, spans, "cb.retrieve")
+	retrieve := one(t, spans, spanname.CBRetrieve)
 	if retrieve.SpanContext.TraceID() != tid || retrieve.Parent.SpanID() != rid || !retrieve.Parent.IsRemote() {
 		t.Errorf("cb.retrieve trace %s parent %s; want trace %s remote parent %s",
 			retrieve.SpanContext.TraceID(), retrieve.Parent.SpanID(), tid, rid)
 	}
 	wantTimes(t, retrieve, at(10000), at(10600))
-	scatters := byName(spans, "cb.scatter")
+	scatters := byName(spans, spanname.CBScatter)
 	if len(scatters) != 2 {
 		t.Fatalf("%d cb.scatter spans, want 2", len(scatters))
 	}
@@ -312,9 +313,9 @@ func TestOptionBRootClosesAfterLastCopy(t *testing.T) {
 	if root.Status.Code != codes.Unset {
 		t.Errorf("root status = %v", root.Status)
 	}
-	wantParent(t, one(t, spans, "cb.lookup"), root)
-	wantParent(t, one(t, spans, "cb.retrieve"), root)
-	wantParent(t, one(t, spans, "cb.fingerprint_match"), one(t, spans, "cb.lookup"))
+	wantParent(t, one(t, spans, spanname.CBLookup), root)
+	wantParent(t, one(t, spans, spanname.CBRetrieve), root)
+	wantParent(t, one(t, spans, spanname.CBFingerprintMatch), one(t, spans, spanname.CBLookup))
 	for _, s := range spans {
 		if s.SpanContext.TraceID() != root.SpanContext.TraceID() {
 			t.Errorf("%s in trace %s, not the root's", s.Name, s.SpanContext.TraceID())
@@ -338,7 +339,7 @@ func TestOptionBSecondRetrieveJoinsClosedRoot(t *testing.T) {
 	spans := f.spans()
 	root := one(t, spans, RootSpanName)
 	wantTimes(t, root, at(100), at(210))
-	retrieves := byName(spans, "cb.retrieve")
+	retrieves := byName(spans, spanname.CBRetrieve)
 	if len(retrieves) != 2 {
 		t.Fatalf("%d cb.retrieve spans, want 2", len(retrieves))
 	}
@@ -360,7 +361,7 @@ func TestTwoRetrievesTwoSpans(t *testing.T) {
 		retrieveStart(req, tc2, 100), scatterStart(req, 1, 105), scatterEnd(req, 1, 150, 744), retrieveEnd(req, 160),
 	)
 	spans := f.spans()
-	retrieves := byName(spans, "cb.retrieve")
+	retrieves := byName(spans, spanname.CBRetrieve)
 	if len(retrieves) != 2 {
 		t.Fatalf("%d cb.retrieve spans, want 2", len(retrieves))
 	}
@@ -372,7 +373,7 @@ func TestTwoRetrievesTwoSpans(t *testing.T) {
 		t.Errorf("cb.retrieve parents %v, want both start_load_kv spans", parents)
 	}
 	first, second := byStart(retrieves, at(0)), byStart(retrieves, at(100))
-	for _, s := range byName(spans, "cb.scatter") {
+	for _, s := range byName(spans, spanname.CBScatter) {
 		if s.StartTime.Before(at(100)) {
 			wantParent(t, s, first)
 		} else {
@@ -498,7 +499,7 @@ func TestSweepOptionBRoot(t *testing.T) {
 		if root.Status.Code != codes.Error {
 			t.Errorf("root status = %+v, want Error", root.Status)
 		}
-		if s := one(t, spans, "cb.scatter"); s.Status.Description != LostEndDescription {
+		if s := one(t, spans, spanname.CBScatter); s.Status.Description != LostEndDescription {
 			t.Errorf("scatter status = %+v", s.Status)
 		}
 	})
@@ -531,7 +532,7 @@ func TestDuplicateStartSupersedes(t *testing.T) {
 		retrieveStart("r", tc, 100), // END of the first was dropped
 		retrieveEnd("r", 200),
 	)
-	spans := byName(f.spans(), "cb.retrieve")
+	spans := byName(f.spans(), spanname.CBRetrieve)
 	if len(spans) != 2 {
 		t.Fatalf("%d cb.retrieve spans, want 2", len(spans))
 	}
@@ -551,7 +552,7 @@ func TestEndErrorSetsStatus(t *testing.T) {
 	end.Err = errors.New("slot out of range")
 	f.feed(retrieveStart("r", "", 0), end)
 	spans := f.spans()
-	if s := one(t, spans, "cb.retrieve"); s.Status.Code != codes.Error || s.Status.Description != "slot out of range" {
+	if s := one(t, spans, spanname.CBRetrieve); s.Status.Code != codes.Error || s.Status.Description != "slot out of range" {
 		t.Errorf("cb.retrieve status = %+v", s.Status)
 	}
 	if root := one(t, spans, RootSpanName); root.Status.Code != codes.Error {
@@ -568,7 +569,7 @@ func TestStoreOwnTrace(t *testing.T) {
 		Event{Type: StoreStart, RequestID: "doc", Time: at(20)},
 		Event{Type: StoreEnd, RequestID: "doc", Time: at(29)},
 	)
-	stores := byName(f.spans(), "cb.store")
+	stores := byName(f.spans(), spanname.CBStore)
 	if len(stores) != 2 {
 		t.Fatalf("%d cb.store spans, want 2", len(stores))
 	}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
@@ -75,12 +76,12 @@ func (s *Scheduler) firstSights(now time.Time) {
 		if sq.req.Document {
 			continue
 		}
-		sq.schedCtx, sq.schedSpan = s.spans.Start(sq.reqCtx, "cb.schedule",
+		sq.schedCtx, sq.schedSpan = s.spans.Start(sq.reqCtx, spanname.CBSchedule,
 			trace.WithAttributes(attribute.String("request_id", sq.id)))
 		if s.lookups.blend == nil || sq.req.NoReuse {
 			continue
 		}
-		ctx, span := s.spans.Start(sq.schedCtx, "cb.lookup.rpc", trace.WithSpanKind(trace.SpanKindClient),
+		ctx, span := s.spans.Start(sq.schedCtx, spanname.CBLookupRPC, trace.WithSpanKind(trace.SpanKindClient),
 			trace.WithAttributes(attribute.String("request_id", sq.id)))
 		sq.lk = &lookup{deadline: now.Add(s.cfg.LookupTimeout), ctx: ctx, span: span}
 	}

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
@@ -330,7 +331,7 @@ func (s *Scheduler) Submit(r *Request) (*Handle, error) {
 	if r.Document {
 		sq.traceCtx = telemetry.InjectString(ctx)
 	} else {
-		sq.reqCtx, sq.reqSpan = s.spans.Start(ctx, "cb.request", traceAttrs(
+		sq.reqCtx, sq.reqSpan = s.spans.Start(ctx, spanname.CBRequest, traceAttrs(
 			attribute.String("request_id", r.ID),
 			attribute.String("model", s.cfg.Model),
 			attribute.Int("world_size", WorldSize),
@@ -680,7 +681,7 @@ func (s *Scheduler) admit(sq *seq, budget int, now time.Time) (int, bool) {
 		if sq.schedSpan == nil {
 			return
 		}
-		_, bm := s.spans.Start(sq.schedCtx, "cb.build_meta", trace.WithTimestamp(planStart), traceAttrs(
+		_, bm := s.spans.Start(sq.schedCtx, spanname.CBBuildMeta, trace.WithTimestamp(planStart), traceAttrs(
 			attribute.String("request_id", sq.id),
 			attribute.Int("local_prefix_hit_tokens", local),
 			attribute.Int("start_pos", start),

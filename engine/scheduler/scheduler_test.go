@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/engine/internal/enginetest"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
@@ -416,7 +417,7 @@ func TestLookupDeferralAndPlan(t *testing.T) {
 	for _, s := range spans {
 		byName[s.Name()] = s
 	}
-	req, sched, rpc, meta := byName["cb.request"], byName["cb.schedule"], byName["cb.lookup.rpc"], byName["cb.build_meta"]
+	req, sched, rpc, meta := byName[spanname.CBRequest], byName[spanname.CBSchedule], byName[spanname.CBLookupRPC], byName[spanname.CBBuildMeta]
 	if req == nil || sched == nil || rpc == nil || meta == nil {
 		t.Fatalf("spans %v", names(spans))
 	}
@@ -480,7 +481,7 @@ func TestDeferredRequestDoesNotBlockOthers(t *testing.T) {
 	// n_polls counts the steps the request waited: every step of "fast".
 	var waited any
 	for _, s := range h.rec.Ended() {
-		if s.Name() == "cb.lookup.rpc" && attrMap(s.Attributes())["request_id"] == "slow" {
+		if s.Name() == spanname.CBLookupRPC && attrMap(s.Attributes())["request_id"] == "slow" {
 			waited = attrMap(s.Attributes())["n_polls"]
 		}
 	}
@@ -521,9 +522,9 @@ func TestLookupFallbacks(t *testing.T) {
 			var rpc, req sdktrace.ReadOnlySpan
 			for _, s := range h.rec.Ended() {
 				switch s.Name() {
-				case "cb.lookup.rpc":
+				case spanname.CBLookupRPC:
 					rpc = s
-				case "cb.request":
+				case spanname.CBRequest:
 					req = s
 				}
 			}

@@ -82,10 +82,10 @@ func TestForbiddenDeps(t *testing.T) {
 	}
 }
 
-// TestLeafPackages checks that tokenizer and rope depend on the standard
-// library only.
+// TestLeafPackages checks that tokenizer, rope and contract/spanname depend
+// on the standard library only.
 func TestLeafPackages(t *testing.T) {
-	for _, pkg := range []string{module + "/tokenizer", module + "/rope"} {
+	for _, pkg := range []string{module + "/tokenizer", module + "/rope", module + "/contract/spanname"} {
 		t.Run(pkg, func(t *testing.T) {
 			deps := goList(t, "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", pkg)
 			for _, d := range deps {

@@ -10,6 +10,8 @@ import (
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/ptrace"
+
+	"github.com/cacheblend/cacheblend/contract/spanname"
 )
 
 // Services of the stack.
@@ -83,43 +85,43 @@ func (r Request) Defs() []SpanDef {
 		m["request_id"] = rid
 		return m
 	}
-	root := "chat " + r.Model
+	root := spanname.Server("chat", r.Model)
 	return []SpanDef{
 		{root, Engine, ptrace.SpanKindServer, "", 0, 180, map[string]any{
 			"gen_ai.operation.name": "chat", "gen_ai.request.model": r.Model, "request_id": rid,
 			"gen_ai.usage.input_tokens": r.PromptTokens, "gen_ai.usage.output_tokens": r.OutputTokens}},
-		{"engine.queue", Engine, ptrace.SpanKindInternal, root, 0.2, 3, nil},
-		{"cb.request", Engine, ptrace.SpanKindInternal, root, 2, 122, with(map[string]any{
+		{spanname.EngineQueue, Engine, ptrace.SpanKindInternal, root, 0.2, 3, nil},
+		{spanname.CBRequest, Engine, ptrace.SpanKindInternal, root, 2, 122, with(map[string]any{
 			"model": r.Model, "world_size": int64(1), "n_prompt_tokens": r.PromptTokens,
 			"hit_rate": hit, "prefix_hit_tokens": r.PrefixHit, "non_prefix_hit_tokens": r.NonPrefixHit,
 			"requested_tokens": r.PromptTokens})},
-		{"cb.schedule", Engine, ptrace.SpanKindInternal, "cb.request", 3, 41, with(map[string]any{})},
-		{"cb.lookup.rpc", Engine, ptrace.SpanKindClient, "cb.schedule", 4, 37, with(map[string]any{"n_polls": int64(3)})},
-		{"cb.lookup", Blend, ptrace.SpanKindServer, "cb.lookup.rpc", 5.5, 33, with(map[string]any{"prefix_chunks": int64(1)})},
-		{"mp.lookup_prefetch", Blend, ptrace.SpanKindInternal, "cb.lookup", 6, 8.5, with(map[string]any{"prefix_chunks": int64(1)})},
-		{"cb.fingerprint_match", Blend, ptrace.SpanKindInternal, "cb.lookup", 8.5, 15, with(map[string]any{
+		{spanname.CBSchedule, Engine, ptrace.SpanKindInternal, spanname.CBRequest, 3, 41, with(map[string]any{})},
+		{spanname.CBLookupRPC, Engine, ptrace.SpanKindClient, spanname.CBSchedule, 4, 37, with(map[string]any{"n_polls": int64(3)})},
+		{spanname.CBLookup, Blend, ptrace.SpanKindServer, spanname.CBLookupRPC, 5.5, 33, with(map[string]any{"prefix_chunks": int64(1)})},
+		{spanname.MPLookupPrefetch, Blend, ptrace.SpanKindInternal, spanname.CBLookup, 6, 8.5, with(map[string]any{"prefix_chunks": int64(1)})},
+		{spanname.CBFingerprintMatch, Blend, ptrace.SpanKindInternal, spanname.CBLookup, 8.5, 15, with(map[string]any{
 			"n_probes": r.PromptTokens - 256, "table_hits": int64(3), "matches": int64(2)})},
-		{"cb.sparse_prefetch", Blend, ptrace.SpanKindInternal, "cb.lookup", 15, 30, with(map[string]any{
+		{spanname.CBSparsePrefetch, Blend, ptrace.SpanKindInternal, spanname.CBLookup, 15, 30, with(map[string]any{
 			"n_keys": int64(3), "l1_hits": int64(1), "l2_misses": r.L2Misses})},
-		{"cb.l2_load", Blend, ptrace.SpanKindInternal, "cb.sparse_prefetch", 15.5, 29.5, with(map[string]any{
+		{spanname.CBL2Load, Blend, ptrace.SpanKindInternal, spanname.CBSparsePrefetch, 15.5, 29.5, with(map[string]any{
 			"chunks": r.L2Misses, "bytes": r.L2Misses * 4 << 20, "ms": 14.0})},
-		{"cb.classify", Blend, ptrace.SpanKindInternal, "cb.lookup", 30, 32, with(map[string]any{
+		{spanname.CBClassify, Blend, ptrace.SpanKindInternal, spanname.CBLookup, 30, 32, with(map[string]any{
 			"found": int64(3), "stale": int64(0), "per_rank_ok": int64(1)})},
-		{"cb.build_meta", Engine, ptrace.SpanKindInternal, "cb.schedule", 38, 40, with(map[string]any{})},
-		{"cb.execute", Worker, ptrace.SpanKindServer, "cb.request", 42, 120, with(map[string]any{})},
-		{"cb.start_load_kv", Worker, ptrace.SpanKindClient, "cb.execute", 43, 61, with(map[string]any{})},
-		{"cb.retrieve", Blend, ptrace.SpanKindServer, "cb.start_load_kv", 44, 60, with(map[string]any{})},
-		{"cb.scatter", Blend, ptrace.SpanKindInternal, "cb.retrieve", 45, 59, with(map[string]any{
+		{spanname.CBBuildMeta, Engine, ptrace.SpanKindInternal, spanname.CBSchedule, 38, 40, with(map[string]any{})},
+		{spanname.CBExecute, Worker, ptrace.SpanKindServer, spanname.CBRequest, 42, 120, with(map[string]any{})},
+		{spanname.CBStartLoadKV, Worker, ptrace.SpanKindClient, spanname.CBExecute, 43, 61, with(map[string]any{})},
+		{spanname.CBRetrieve, Blend, ptrace.SpanKindServer, spanname.CBStartLoadKV, 44, 60, with(map[string]any{})},
+		{spanname.CBScatter, Blend, ptrace.SpanKindInternal, spanname.CBRetrieve, 45, 59, with(map[string]any{
 			"scattered_tokens": r.PrefixHit + r.NonPrefixHit, "slot_writes": r.PrefixHit + r.NonPrefixHit,
 			"partial_blocks": int64(1), "n_prefix": r.PrefixHit, "n_shifted": r.NonPrefixHit, "dropped": int64(0)})},
-		{"cb.model_forward", Worker, ptrace.SpanKindInternal, "cb.execute", 62, 119, with(map[string]any{})},
-		{"cb.full_recomp", Worker, ptrace.SpanKindInternal, "cb.model_forward", 62.5, 80, with(map[string]any{})},
-		{"cb.check", Worker, ptrace.SpanKindInternal, "cb.model_forward", 80, 84, with(map[string]any{
+		{spanname.CBModelForward, Worker, ptrace.SpanKindInternal, spanname.CBExecute, 62, 119, with(map[string]any{})},
+		{spanname.CBFullRecomp, Worker, ptrace.SpanKindInternal, spanname.CBModelForward, 62.5, 80, with(map[string]any{})},
+		{spanname.CBCheck, Worker, ptrace.SpanKindInternal, spanname.CBModelForward, 80, 84, with(map[string]any{
 			"imp_count": int64(77), "recomp_ratio": 0.15})},
-		{"cb.partial", Worker, ptrace.SpanKindInternal, "cb.model_forward", 84, 118, with(map[string]any{
+		{spanname.CBPartial, Worker, ptrace.SpanKindInternal, spanname.CBModelForward, 84, 118, with(map[string]any{
 			"dispatch": "flex", "imp_empty": false})},
-		{"engine.prefill", Engine, ptrace.SpanKindInternal, root, 41, 124, nil},
-		{"engine.decode", Engine, ptrace.SpanKindInternal, root, 124, 179.5, nil},
+		{spanname.EnginePrefill, Engine, ptrace.SpanKindInternal, root, 41, 124, nil},
+		{spanname.EngineDecode, Engine, ptrace.SpanKindInternal, root, 124, 179.5, nil},
 	}
 }
 
@@ -199,7 +201,7 @@ func Build(r Request, defs []SpanDef) ptrace.Traces {
 				sp.Attributes().PutBool(k, v)
 			}
 		}
-		if d.Name == "engine.decode" {
+		if d.Name == spanname.EngineDecode {
 			n := max(1, r.OutputTokens/32)
 			for i := range n {
 				ev := sp.Events().AppendEmpty()
