@@ -48,6 +48,7 @@ type lookupOutcome struct {
 	lk  *lookup
 	res *cbv1.LookupResult
 	err error
+	at  time.Time // when the call returned: the end of cb.lookup.rpc
 }
 
 // lookupDriver runs the Lookup calls: at most max in flight, each on a
@@ -108,7 +109,7 @@ func (s *Scheduler) driveLookups(now time.Time) {
 			continue
 		}
 		if !now.Before(lk.deadline) {
-			s.lookupFailed(sq, FallbackTimeout, errLookupTimeout)
+			s.lookupFailed(sq, FallbackTimeout, errLookupTimeout, time.Now())
 			continue
 		}
 		if d.inFlight < d.max {
@@ -140,7 +141,7 @@ func (s *Scheduler) launch(sq *seq, lk *lookup) {
 	d.calls.Go(func() {
 		defer cancel()
 		res, err := d.blend.Lookup(ctx, req)
-		d.outcomes <- lookupOutcome{sq: sq, lk: lk, res: res, err: err}
+		d.outcomes <- lookupOutcome{sq: sq, lk: lk, res: res, err: err, at: time.Now()}
 		s.poke()
 	})
 }
@@ -152,10 +153,10 @@ func (s *Scheduler) lookupDone(o lookupOutcome) {
 		return // abandoned with its request
 	}
 	if o.err != nil {
-		s.lookupFailed(sq, fallbackReason(o.err), o.err)
+		s.lookupFailed(sq, fallbackReason(o.err), o.err, o.at)
 		return
 	}
-	s.lookupReady(sq, o.res)
+	s.lookupReady(sq, o.res, o.at)
 }
 
 func fallbackReason(err error) string {
@@ -173,8 +174,8 @@ func fallbackReason(err error) string {
 	return FallbackError
 }
 
-// lookupFailed falls back to a full prefill.
-func (s *Scheduler) lookupFailed(sq *seq, reason string, err error) {
+// lookupFailed falls back to a full prefill; cb.lookup.rpc ends at end.
+func (s *Scheduler) lookupFailed(sq *seq, reason string, err error, end time.Time) {
 	lk := sq.lk
 	lk.done = true
 	if lk.cancel != nil {
@@ -186,7 +187,7 @@ func (s *Scheduler) lookupFailed(sq *seq, reason string, err error) {
 	s.defer_(func() {
 		span.SetAttributes(attribute.Int("n_polls", waited))
 		span.SetError(reason, err)
-		span.End()
+		span.End(trace.WithTimestamp(end))
 		sq.reqSpan.SetAttributes(
 			attribute.String("cb.fallback", reason),
 			attribute.Float64("hit_rate", 0),
@@ -201,7 +202,9 @@ func (s *Scheduler) lookupFailed(sq *seq, reason string, err error) {
 	})
 }
 
-func (s *Scheduler) lookupReady(sq *seq, res *cbv1.LookupResult) {
+// lookupReady keeps the result for the admission; cb.lookup.rpc ends at
+// end.
+func (s *Scheduler) lookupReady(sq *seq, res *cbv1.LookupResult, end time.Time) {
 	lk := sq.lk
 	lk.done, lk.result = true, res
 	waited := lk.waited
@@ -213,7 +216,7 @@ func (s *Scheduler) lookupReady(sq *seq, res *cbv1.LookupResult) {
 			attribute.Int("non_prefix_hit_tokens", int(res.GetNonPrefixHitTokens())),
 			attribute.Int("n_matches", len(res.GetMatches())),
 		)
-		span.End()
+		span.End(trace.WithTimestamp(end))
 		sq.reqSpan.SetAttributes(
 			attribute.Float64("hit_rate", res.GetHitRate()),
 			attribute.Int("prefix_hit_tokens", int(res.GetPrefixHitTokens())),
@@ -237,11 +240,11 @@ func (s *Scheduler) abandonLookup(sq *seq, err error) {
 	if lk.cancel != nil {
 		lk.cancel()
 	}
-	span, waited := lk.span, lk.waited
+	span, waited, end := lk.span, lk.waited, time.Now()
 	s.defer_(func() {
 		span.SetAttributes(attribute.Int("n_polls", waited))
 		span.SetError(errorType(err), err)
-		span.End()
+		span.End(trace.WithTimestamp(end))
 	})
 }
 

@@ -64,6 +64,7 @@ type seq struct {
 
 	lk   *lookup
 	plan *cbv1.CBPlan
+	meta *buildMeta // cb.build_meta until the first step metadata is built
 }
 
 // item is one sequence's share of a step.
@@ -331,7 +332,7 @@ func (s *Scheduler) Submit(r *Request) (*Handle, error) {
 	if r.Document {
 		sq.traceCtx = telemetry.InjectString(ctx)
 	} else {
-		sq.reqCtx, sq.reqSpan = s.spans.Start(ctx, spanname.CBRequest, traceAttrs(
+		sq.reqCtx, sq.reqSpan = s.spans.Start(ctx, spanname.CBRequest, trace.WithAttributes(
 			attribute.String("request_id", r.ID),
 			attribute.String("model", s.cfg.Model),
 			attribute.Int("world_size", WorldSize),
@@ -572,7 +573,7 @@ func (s *Scheduler) preempt(sq *seq) {
 	nOut := len(sq.tokens) - sq.nPrompt
 	s.defer_(func() {
 		sq.h.update(func(r *Result) { r.Preemptions++ })
-		sq.reqSpan.AddEvent("preempted", traceEventAttrs(
+		sq.reqSpan.AddEvent("preempted", trace.WithAttributes(
 			attribute.Int("computed_tokens", computed), attribute.Int("output_tokens", nOut)))
 	})
 }
@@ -678,20 +679,19 @@ func (s *Scheduler) admit(sq *seq, budget int, now time.Time) (int, bool) {
 			r.CachedTokens = local
 			r.ReusedTokens = reused
 		})
-		if sq.schedSpan == nil {
-			return
-		}
-		_, bm := s.spans.Start(sq.schedCtx, spanname.CBBuildMeta, trace.WithTimestamp(planStart), traceAttrs(
+	})
+	if sq.schedSpan != nil {
+		// cb.build_meta ends once buildExecute has built the request's step
+		// metadata (metaDone); cb.schedule with it.
+		sq.meta = &buildMeta{start: planStart, attrs: []attribute.KeyValue{
 			attribute.String("request_id", sq.id),
 			attribute.Int("local_prefix_hit_tokens", local),
 			attribute.Int("start_pos", start),
 			attribute.Int("n_matches", len(plan.GetMatches())),
 			attribute.Int("reused_tokens", reused),
 			attribute.Int("n_blocks", len(acquired)+nFresh),
-		))
-		bm.End(traceEnd(now))
-		sq.schedSpan.End(traceEnd(now))
-	})
+		}}
+	}
 	return n, true
 }
 
@@ -736,8 +736,29 @@ func (s *Scheduler) buildExecute(batch []item, now time.Time) *cbv1.ExecuteReque
 			s.nextStorePoll = now.Add(s.cfg.StorePollInterval)
 		}
 		req.Seqs = append(req.Seqs, st)
+		if sq.meta != nil {
+			s.metaDone(sq, time.Now())
+		}
 	}
 	return req
+}
+
+// buildMeta is cb.build_meta of a request admitted in this iteration: from
+// the start of its plan to the end of its step metadata.
+type buildMeta struct {
+	start time.Time
+	attrs []attribute.KeyValue
+}
+
+// metaDone records cb.build_meta, ending at end, and ends cb.schedule.
+func (s *Scheduler) metaDone(sq *seq, end time.Time) {
+	m := sq.meta
+	sq.meta = nil
+	s.defer_(func() {
+		_, bm := s.spans.Start(sq.schedCtx, spanname.CBBuildMeta, trace.WithTimestamp(m.start), trace.WithAttributes(m.attrs...))
+		bm.End(trace.WithTimestamp(end))
+		sq.schedSpan.End(trace.WithTimestamp(end))
+	})
 }
 
 // applyStep folds the worker's answer into the sequences.

@@ -442,6 +442,15 @@ func TestLookupDeferralAndPlan(t *testing.T) {
 	if attrMap(rpc.Attributes())["n_polls"] != int64(0) { // nothing else ran while it waited
 		t.Errorf("n_polls = %v", attrMap(rpc.Attributes())["n_polls"])
 	}
+	// True timestamps: every span ends at or after its start, and the
+	// children lie inside their parents.
+	for _, p := range [][2]sdktrace.ReadOnlySpan{{req, sched}, {sched, rpc}, {sched, meta}} {
+		parent, child := p[0], p[1]
+		if child.EndTime().Before(child.StartTime()) || child.StartTime().Before(parent.StartTime()) || parent.EndTime().Before(child.EndTime()) {
+			t.Errorf("%s [%v, %v] not inside %s [%v, %v]", child.Name(), child.StartTime(), child.EndTime(),
+				parent.Name(), parent.StartTime(), parent.EndTime())
+		}
+	}
 	for _, s := range []sdktrace.ReadOnlySpan{sched, rpc, meta} {
 		if attrMap(s.Attributes())["request_id"] != "cb1" {
 			t.Errorf("%s lacks request_id", s.Name())
@@ -816,4 +825,26 @@ func BenchmarkScheduleStep(b *testing.B) {
 	b.StopTimer()
 	s.Abort(nil)
 	s.cancelLoop()
+}
+
+// TestScheduleSpansWithoutLookup: a request computed in full (no lookup)
+// still has cb.schedule ⊃ cb.build_meta with true timestamps.
+func TestScheduleSpansWithoutLookup(t *testing.T) {
+	h := newHarness(t, opts{blend: &enginetest.Blend{}})
+	res := run(t, h.s, &Request{ID: "full", Prompt: prompt(40, 5), MaxTokens: 2, NoReuse: true})
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	byName := map[string]sdktrace.ReadOnlySpan{}
+	for _, s := range h.rec.Ended() {
+		byName[s.Name()] = s
+	}
+	sched, meta := byName[spanname.CBSchedule], byName[spanname.CBBuildMeta]
+	if sched == nil || meta == nil || byName[spanname.CBLookupRPC] != nil {
+		t.Fatalf("spans %v", names(h.rec.Ended()))
+	}
+	if sched.EndTime().Before(sched.StartTime()) || meta.EndTime().Before(meta.StartTime()) ||
+		meta.StartTime().Before(sched.StartTime()) || sched.EndTime().Before(meta.EndTime()) {
+		t.Fatalf("cb.schedule [%v, %v] ⊃ cb.build_meta [%v, %v] violated", sched.StartTime(), sched.EndTime(), meta.StartTime(), meta.EndTime())
+	}
 }
