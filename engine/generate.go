@@ -85,7 +85,7 @@ func (e *Engine) serveGenerate(w *statusWriter, r *http.Request, op, route strin
 		rec.fail(w, apiErr, nil)
 		return
 	}
-	if rec.model != "" && rec.model != e.cfg.ModelName {
+	if rec.model != "" && rec.model != e.cfg.Model {
 		rec.fail(w, api.ModelNotFound(rec.model), nil)
 		return
 	}
