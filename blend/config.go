@@ -32,8 +32,12 @@ const (
 
 // Config holds the optional settings of a Server; the zero value is a 1 GiB
 // L1-only store of 256-token chunks, two lookup workers, two copy workers
-// and a 4096-event bus. A Config is a plain value, read once by New.
+// and a 4096-event bus, served on a free loopback port. A Config is a plain
+// value, read once by New.
 type Config struct {
+	// Addr is the gRPC listen address (DefaultAddr, a free loopback port,
+	// when empty; see Server.Addr).
+	Addr string
 	// ChunkSize is the number of tokens per stored chunk (DefaultChunkSize
 	// when <= 0, at most chunkstore.MaxChunkTokens).
 	ChunkSize int
@@ -69,6 +73,9 @@ type Config struct {
 }
 
 func (c Config) withDefaults() (Config, error) {
+	if c.Addr == "" {
+		c.Addr = DefaultAddr
+	}
 	if c.ChunkSize <= 0 {
 		c.ChunkSize = DefaultChunkSize
 	}

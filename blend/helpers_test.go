@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/rope"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
@@ -51,7 +52,7 @@ func newEnv(t testing.TB, cfg Config, hooks ...func(*Server)) *env {
 	t.Helper()
 	e := &env{t: t, reg: prometheus.NewRegistry(), exp: tracetest.NewInMemoryExporter(), rope: rope.New(testLayout.HeadDim, theta)}
 	e.tp = sdktrace.NewTracerProvider(sdktrace.WithSyncer(e.exp), sdktrace.WithIDGenerator(provider.NewIDGenerator(nil)))
-	s, err := New(cfg, e.tp, e.reg, nil)
+	s, err := New(cfg, component.Deps{TracerProvider: e.tp, Registerer: e.reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,11 +62,7 @@ func newEnv(t testing.TB, cfg Config, hooks ...func(*Server)) *env {
 	if err := s.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	addr, err := s.Serve("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient(addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,9 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -25,14 +22,12 @@ import (
 	"github.com/cacheblend/cacheblend/blend/events"
 	"github.com/cacheblend/cacheblend/blend/fingerprint"
 	"github.com/cacheblend/cacheblend/blend/scatter"
+	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
 )
-
-// ErrNotRunning is the error of Serve on a server that was shut down.
-var ErrNotRunning = errors.New("blend: server shut down")
 
 // lifecycle states of a Server.
 const (
@@ -41,9 +36,12 @@ const (
 	stateStopped
 )
 
-// Server is the blend server. Create it with New, Start it, mount Service on
-// a gRPC server (or call Serve), and Shutdown it. All methods are safe for
-// concurrent use.
+var _ component.Lifecycle = (*Server)(nil)
+
+// Server is the blend server. Create it with New, Start it (it serves gRPC
+// on Config.Addr; Service can also be mounted on another gRPC server), and
+// Shutdown it: the lifecycle of component.Lifecycle. All methods are safe
+// for concurrent use.
 type Server struct {
 	cfg     Config
 	logger  *slog.Logger
@@ -81,9 +79,10 @@ type Server struct {
 	lookupsRejected, lookupsAbandoned, lookupsDone atomic.Uint64
 	regDone, regDropped, regsExpired               atomic.Uint64
 
-	grpcMu  sync.Mutex
+	grpcMu  sync.Mutex // guards the gRPC server, set by Start
 	grpcSrv *grpc.Server
 	health  *health.Server
+	ln      net.Listener
 }
 
 type aliasKey struct {
@@ -116,28 +115,23 @@ type Stats struct {
 	EventsPublished, EventsDropped uint64
 }
 
-// New builds a Server for cfg. tp receives the spans of the tracing
-// subscriber (nil: a no-op provider); for option-B cb.request roots to carry
-// the trace id derived from the request id, it must honour
-// telemetry.ContextWithTraceID (a telemetry/provider Provider's provider, or
-// an SDK provider built with provider.NewIDGenerator(nil)). reg receives the
-// lmcache_blend_* instruments (nil: a private registry). logger may be nil
-// (discard). Nothing runs until Start.
-func New(cfg Config, tp trace.TracerProvider, reg prometheus.Registerer, logger *slog.Logger) (*Server, error) {
+// New builds a Server for cfg and deps; nothing runs and nothing listens
+// until Start. deps.TracerProvider receives the spans of the tracing
+// subscriber; for option-B cb.request roots to carry the trace id derived
+// from the request id, it must honour telemetry.ContextWithTraceID (a
+// telemetry/provider Provider's provider, or an SDK provider built with
+// provider.NewIDGenerator(nil)). deps.Registerer receives the
+// lmcache_blend_* instruments. The server has no span helper, so
+// deps.Profile is unused. Nil fields take the defaults of
+// component.Deps.WithDefaults.
+func New(cfg Config, deps component.Deps) (*Server, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	if tp == nil {
-		tp = noop.NewTracerProvider()
-	}
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-	}
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	bm, err := metrics.NewBlendMetrics(reg, metrics.WithOnRefused(func(err error) {
+	deps = deps.WithDefaults()
+	tp, logger := deps.TracerProvider, deps.Logger
+	bm, err := metrics.NewBlendMetrics(deps.Registerer, metrics.WithOnRefused(func(err error) {
 		logger.Warn("metrics record refused", "err", err)
 	}))
 	if err != nil {
@@ -196,10 +190,13 @@ func New(cfg Config, tp trace.TracerProvider, reg prometheus.Registerer, logger 
 	return s, nil
 }
 
-// Start starts the event bus, the copy pool, the lookup workers, the
-// fingerprint-registration goroutine and the registration reaper; RPCs are
-// answered Unavailable before it. The context is not retained. Starting
-// twice or after Shutdown is an error.
+// Start listens on Config.Addr, starts the event bus, the copy pool, the
+// lookup workers, the fingerprint-registration goroutine and the
+// registration reaper, then serves gRPC on the listener (with
+// telemetry.UnaryServerInterceptor, the BlendService and the gRPC health
+// service) until Shutdown; see Addr for the bound address. RPCs are answered
+// Unavailable before it. ctx bounds the start-up only. Starting twice or
+// after Shutdown is an error; when Start fails nothing is left running.
 func (s *Server) Start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -207,9 +204,14 @@ func (s *Server) Start(ctx context.Context) error {
 	s.gateMu.Lock()
 	defer s.gateMu.Unlock()
 	if s.state != stateNew {
-		return errors.New("blend: server already started")
+		return errors.New("blend: server already started or shut down")
+	}
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("blend: listen %s: %w", s.cfg.Addr, err)
 	}
 	if err := s.pool.Start(ctx); err != nil {
+		ln.Close()
 		return fmt.Errorf("blend: copy pool: %w", err)
 	}
 	s.bus.Start()
@@ -219,11 +221,12 @@ func (s *Server) Start(ctx context.Context) error {
 	s.bg.Go(func() { runQueue(s.regQ) })
 	s.bg.Go(s.reapRegistrations)
 	s.state = stateRunning
+	s.serve(ln)
 	return nil
 }
 
 // Shutdown stops accepting RPCs (they are answered Unavailable), stops the
-// gRPC server started by Serve (gracefully, forcibly when ctx ends), lets
+// gRPC server started by Start (gracefully, forcibly when ctx ends), lets
 // the queued lookups and fingerprint registrations finish, waits for the
 // RPCs and copies in progress, drains the event bus into its subscribers,
 // and unmaps the workers' KV memories. It returns ctx's error (wrapped)
@@ -317,42 +320,34 @@ func (s *Server) Metrics() *metrics.BlendMetrics { return s.metrics }
 // honoured when a payload carries no trace_context.
 func (s *Server) Service() cbv1.BlendServiceServer { return &service{s: s} }
 
-// Serve starts a gRPC server of its own listening on addr (DefaultAddr, a
-// free loopback port, when empty) with telemetry.UnaryServerInterceptor, the
-// BlendService and the gRPC health service, and returns the bound address.
-// Shutdown stops it. Serving twice is an error.
-func (s *Server) Serve(addr string) (net.Addr, error) {
-	if addr == "" {
-		addr = DefaultAddr
-	}
-	s.gateMu.RLock()
-	stopped := s.state == stateStopped
-	s.gateMu.RUnlock()
-	if stopped {
-		return nil, ErrNotRunning
-	}
-	s.grpcMu.Lock()
-	defer s.grpcMu.Unlock()
-	if s.grpcSrv != nil {
-		return nil, errors.New("blend: already serving")
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("blend: listen %s: %w", addr, err)
-	}
+// serve serves the BlendService and the gRPC health service on ln until
+// Shutdown.
+func (s *Server) serve(ln net.Listener) {
 	srv := rpc.NewServer()
 	cbv1.RegisterBlendServiceServer(srv, s.Service())
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(cbv1.BlendService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	s.grpcSrv, s.health = srv, hs
+	s.grpcMu.Lock()
+	s.grpcSrv, s.health, s.ln = srv, hs, ln
+	s.grpcMu.Unlock()
 	s.bg.Go(func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			s.logger.Error("blend gRPC server stopped", "err", err)
 		}
 	})
-	return ln.Addr(), nil
+}
+
+// Addr returns the bound gRPC address once started ("" before), e.g. the
+// port picked for "127.0.0.1:0".
+func (s *Server) Addr() string {
+	s.grpcMu.Lock()
+	defer s.grpcMu.Unlock()
+	if s.ln == nil {
+		return ""
+	}
+	return s.ln.Addr().String()
 }
 
 // MetricsBefore refreshes the instruments that mirror running totals and

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
+	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 )
 
@@ -344,11 +345,14 @@ func TestLookupQueueFullAndDeadline(t *testing.T) {
 }
 
 func TestNotRunning(t *testing.T) {
-	s, err := New(Config{}, nil, nil, nil)
+	s, err := New(Config{}, component.Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
+	if s.Addr() != "" {
+		t.Fatal("listening before Start")
+	}
 	if _, err := s.Service().Lookup(ctx, &cbv1.LookupRequest{RequestId: "x", Tokens: []int32{1}}); status.Code(err) != codes.Unavailable {
 		t.Fatalf("before Start: %v", err)
 	}
@@ -357,6 +361,20 @@ func TestNotRunning(t *testing.T) {
 	}
 	if err := s.Start(ctx); err == nil {
 		t.Fatal("second Start succeeded")
+	}
+	if s.Addr() == "" {
+		t.Fatal("no bound address after Start")
+	}
+	// A busy address fails Start with nothing left running (goleak).
+	busy, err := New(Config{Addr: s.Addr()}, component.Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := busy.Start(ctx); err == nil {
+		t.Fatal("Start on a busy address succeeded")
+	}
+	if err := busy.Shutdown(ctx); err != nil {
+		t.Fatal(err)
 	}
 	if err := s.Shutdown(ctx); err != nil {
 		t.Fatal(err)
@@ -367,18 +385,18 @@ func TestNotRunning(t *testing.T) {
 	if _, err := s.Service().Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "x"}); status.Code(err) != codes.Unavailable {
 		t.Fatalf("after Shutdown: %v", err)
 	}
-	if _, err := s.Serve(""); err == nil {
-		t.Fatal("Serve after Shutdown succeeded")
+	if err := s.Start(ctx); err == nil {
+		t.Fatal("Start after Shutdown succeeded")
 	}
 	// Shutdown without Start.
-	s2, err := New(Config{}, nil, nil, nil)
+	s2, err := New(Config{}, component.Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := s2.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := New(Config{ChunkSize: chunkstore.MaxChunkTokens + 1}, nil, nil, nil); err == nil {
+	if _, err := New(Config{ChunkSize: chunkstore.MaxChunkTokens + 1}, component.Deps{}); err == nil {
 		t.Fatal("oversized chunk size accepted")
 	}
 }

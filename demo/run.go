@@ -17,6 +17,7 @@ import (
 	"github.com/cacheblend/cacheblend/apiclient"
 	"github.com/cacheblend/cacheblend/contract"
 	"github.com/cacheblend/cacheblend/contract/spanname"
+	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/tracecheck"
 	"github.com/cacheblend/cacheblend/tracestore/jaeger"
 )
@@ -132,7 +133,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, errors.New("demo: no engine API URL")
 	}
 	if cfg.Model == "" {
-		cfg.Model = "cb-llama"
+		cfg.Model = defaults.Model
 	}
 	if cfg.Requests <= 0 {
 		cfg.Requests = DefaultRequests

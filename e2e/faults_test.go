@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/stack"
 	"github.com/cacheblend/cacheblend/tracestore"
@@ -217,7 +218,10 @@ func TestCollectorHangingDoesNotSlowRequests(t *testing.T) {
 	}
 	// The collector comes back on the same address: export resumes.
 	stopHang()
-	col := tracestore.New(tracestore.Config{OTLPAddr: otlpAddr, QueryAddr: queryAddr})
+	col, err := tracestore.New(tracestore.Config{OTLPAddr: otlpAddr, QueryAddr: queryAddr}, component.Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := col.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

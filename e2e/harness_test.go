@@ -17,6 +17,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/demo"
 	"github.com/cacheblend/cacheblend/stack"
 	"github.com/cacheblend/cacheblend/tracecheck"
@@ -101,7 +102,11 @@ func startEnv(t *testing.T, o options) *env {
 		Supervisor: stack.Config{Logs: e.logs, ReadyTimeout: 90 * time.Second},
 	}
 	if o.otlpEndpoint == "" {
-		e.col = tracestore.New(tracestore.Config{OTLPAddr: "127.0.0.1:0", QueryAddr: "127.0.0.1:0"})
+		col, err := tracestore.New(tracestore.Config{OTLPAddr: "127.0.0.1:0", QueryAddr: "127.0.0.1:0"}, component.Deps{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.col = col
 		if err := e.col.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}

@@ -1,20 +1,18 @@
 package engine
 
 import (
-	"io"
-	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/trace"
 
+	"github.com/cacheblend/cacheblend/component"
+	"github.com/cacheblend/cacheblend/engine/scheduler"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 )
 
 // Defaults applied to zero fields of [Config].
 const (
 	DefaultAddr              = "127.0.0.1:8000"
-	DefaultModelName         = "cb-llama"
 	DefaultMaxBodyBytes      = 1 << 20
 	DefaultMaxTokens         = 256
 	DefaultRequestTimeout    = 10 * time.Minute
@@ -22,36 +20,23 @@ const (
 )
 
 // Config holds cb-engine's settings. The zero value is valid: every zero
-// field takes its documented default.
+// field takes its documented default. A Config is a plain value, read once
+// by New.
 type Config struct {
+	// Config holds the scheduler's settings, promoted: Model (the one model
+	// served; requests naming another get 404; default defaults.Model,
+	// "cb-llama"), MaxQueue (429 beyond it), MaxRunning, StepTokenBudget,
+	// LookupTimeout, RecompRatio, DisableStore and the scheduler's timeouts,
+	// each with the default documented in package scheduler.
+	scheduler.Config
 	// Addr is the listen address. Default "127.0.0.1:8000" (loopback only);
 	// ":0" picks a free port (see Engine.Addr).
 	Addr string
-	// ModelName is the one model served; requests naming another get 404.
-	// Default "cb-llama".
-	ModelName string
 	// APIKey, when set, is required as "Authorization: Bearer <key>" on every
 	// /v1/ route (401 otherwise). /health and /metrics stay open.
 	APIKey string
 	// MaxBodyBytes bounds a request body (413 beyond). Default 1 MiB.
 	MaxBodyBytes int64
-	// MaxQueue bounds the requests waiting in the scheduler (429 beyond).
-	// Default 256.
-	MaxQueue int
-	// MaxRunning bounds the sequences in the running batch. Default 16.
-	MaxRunning int
-	// StepTokenBudget bounds the tokens of one step (chunked prefill).
-	// Default 512.
-	StepTokenBudget int
-	// LookupTimeout bounds a CacheBlend lookup before the request falls back
-	// to a full prefill. Default 2 s.
-	LookupTimeout time.Duration
-	// RecompRatio is the CacheBlend recompute ratio sent to the worker.
-	// Default 0.15.
-	RecompRatio float64
-	// DisableStore stops asking the worker to store prompts in the blend
-	// server after their prefill (documents are always stored).
-	DisableStore bool
 	// DefaultMaxTokens is the output limit of a chat request without
 	// max_tokens (capped by the model's positions). Completions default to
 	// 16, as in the OpenAI API. Default 256.
@@ -73,8 +58,8 @@ func (c Config) withDefaults() Config {
 	if c.Addr == "" {
 		c.Addr = DefaultAddr
 	}
-	if c.ModelName == "" {
-		c.ModelName = DefaultModelName
+	if c.Model == "" {
+		c.Model = scheduler.DefaultModel
 	}
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
@@ -103,27 +88,22 @@ type Tokenizer interface {
 	Incomplete(ids []int32) int
 }
 
-// Deps are the engine's collaborators. Only Worker is required.
+// Deps are the engine's collaborators: the process-wide ones of
+// component.Deps and its peers. Only Worker is required.
 type Deps struct {
+	// Deps are the tracer provider (the engine's spans; head sampling is its
+	// sampler's), the registerer of the engine's instruments, the logger of
+	// the per-request JSON lines and warnings, and the span profile
+	// (CB_PROFILE), each with the default of component.Deps.WithDefaults.
+	component.Deps
 	// Worker is the cb-worker client that executes the steps. Required.
 	Worker cbv1.WorkerServiceClient
 	// Blend is the blend server client for CacheBlend lookups; nil disables
 	// reuse lookups and the storing of prompts.
 	Blend cbv1.BlendServiceClient
-	// TracerProvider records the engine's spans; nil records none. Head
-	// sampling is its sampler's.
-	TracerProvider trace.TracerProvider
-	// Profile, when set, receives one JSONL line per engine span (CB_PROFILE;
-	// the ProfileWriter of telemetry/provider's Provider).
-	Profile io.Writer
-	// Registerer receives the engine's instruments; nil: a private registry.
-	Registerer prometheus.Registerer
-	// Gatherer is served on /metrics; nil: Registerer when it is also a
-	// Gatherer (a *prometheus.Registry), else the private registry.
+	// Gatherer is served on /metrics; nil: the Registerer when it is also a
+	// Gatherer (a *prometheus.Registry, the default one included).
 	Gatherer prometheus.Gatherer
-	// Logger receives the per-request JSON lines and warnings; nil: a
-	// telemetry.NewLogHandler JSON logger on stderr.
-	Logger *slog.Logger
 	// Tokenizer; nil: tokenizer.Tokenizer (byte-level).
 	Tokenizer Tokenizer
 }

@@ -65,7 +65,7 @@ func (e *Engine) serveDocuments(w *statusWriter, r *http.Request, _ string, t0 t
 		fail(err)
 		return
 	}
-	if docs.Model != "" && docs.Model != e.cfg.ModelName {
+	if docs.Model != "" && docs.Model != e.cfg.Model {
 		fail(api.ModelNotFound(docs.Model))
 		return
 	}
@@ -130,7 +130,7 @@ func (e *Engine) serveDocuments(w *statusWriter, r *http.Request, _ string, t0 t
 		jobs = append(jobs, job{id: id, h: h, span: span})
 	}
 
-	out := api.DocumentList{Object: "list", Model: e.cfg.ModelName, Usage: usage(nTokens, 0)}
+	out := api.DocumentList{Object: "list", Model: e.cfg.Model, Usage: usage(nTokens, 0)}
 	for i, j := range jobs {
 		res := wait(reqCtx, j.h)
 		if !res.Done || res.Err != nil {

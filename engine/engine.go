@@ -9,12 +9,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/telemetry"
@@ -24,8 +24,11 @@ import (
 // Scope is the instrumentation scope of the engine's spans.
 const Scope = "github.com/cacheblend/cacheblend/engine"
 
+var _ component.Lifecycle = (*Engine)(nil)
+
 // Engine is cb-engine. Create it with [New], then Start; stop it with
-// Shutdown. All methods are safe for concurrent use.
+// Shutdown (the lifecycle of component.Lifecycle). All methods are safe for
+// concurrent use.
 type Engine struct {
 	cfg      Config
 	sched    *scheduler.Scheduler
@@ -51,49 +54,28 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 		return nil, errors.New("engine: a worker client is required")
 	}
 	cfg = cfg.withDefaults()
+	deps.Deps = deps.Deps.WithDefaults()
 	e := &Engine{cfg: cfg, tok: deps.Tokenizer, log: deps.Logger, created: time.Now().Unix()}
 	if e.tok == nil {
 		e.tok = tokenizer.Tokenizer{}
 	}
-	if e.log == nil {
-		e.log = slog.New(telemetry.NewLogHandler(os.Stderr, nil))
-	}
-	reg, gath := deps.Registerer, deps.Gatherer
-	if reg == nil {
-		r := prometheus.NewRegistry()
-		reg = r
-		if gath == nil {
-			gath = r
-		}
-	}
+	gath := deps.Gatherer
 	if gath == nil {
-		g, ok := reg.(prometheus.Gatherer)
+		g, ok := deps.Registerer.(prometheus.Gatherer)
 		if !ok {
 			return nil, errors.New("engine: Deps.Gatherer is required when Deps.Registerer is not a Gatherer")
 		}
 		gath = g
 	}
-	m, err := metrics.NewEngineMetrics(reg, metrics.WithOnRefused(func(err error) {
+	m, err := metrics.NewEngineMetrics(deps.Registerer, metrics.WithOnRefused(func(err error) {
 		e.log.Warn("metrics record refused", "error", err.Error())
 	}))
 	if err != nil {
 		return nil, fmt.Errorf("engine: register metrics: %w", err)
 	}
 	e.metrics, e.gatherer = m, gath
-	var profile = deps.Profile
-	if ps, ok := profile.(*telemetry.ProfileSink); ok && ps == nil {
-		profile = nil
-	}
-	e.spans = telemetry.NewSpans(deps.TracerProvider, Scope, profile)
-	e.sched, err = scheduler.New(scheduler.Config{
-		Model:           cfg.ModelName,
-		MaxQueue:        cfg.MaxQueue,
-		MaxRunning:      cfg.MaxRunning,
-		StepTokenBudget: cfg.StepTokenBudget,
-		LookupTimeout:   cfg.LookupTimeout,
-		RecompRatio:     cfg.RecompRatio,
-		DisableStore:    cfg.DisableStore,
-	}, scheduler.Deps{
+	e.spans = deps.Spans(Scope)
+	e.sched, err = scheduler.New(cfg.Config, scheduler.Deps{
 		Worker: deps.Worker,
 		Blend:  deps.Blend,
 		Spans:  e.spans,
@@ -166,7 +148,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			e.log.Error("http server stopped", "error", err.Error())
 		}
 	}()
-	e.log.Info("cb-engine listening", "addr", lis.Addr().String(), "model", e.cfg.ModelName)
+	e.log.Info("cb-engine listening", "addr", lis.Addr().String(), "model", e.cfg.Model)
 	return nil
 }
 

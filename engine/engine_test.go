@@ -26,9 +26,11 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 
+	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/engine/internal/enginetest"
+	"github.com/cacheblend/cacheblend/engine/scheduler"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
 	"github.com/cacheblend/cacheblend/tokenizer"
@@ -106,10 +108,8 @@ func newEnv(t *testing.T, o envOpts) *env {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(ev.rec), sdktrace.WithSampler(o.sampler))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	deps := Deps{
-		Worker:         enginetest.WorkerClient(t, o.worker),
-		TracerProvider: tp,
-		Registerer:     ev.reg,
-		Logger:         slogJSON(ev.logs),
+		Deps:   component.Deps{TracerProvider: tp, Registerer: ev.reg, Logger: slogJSON(ev.logs)},
+		Worker: enginetest.WorkerClient(t, o.worker),
 	}
 	switch {
 	case o.deadBlend:
@@ -597,7 +597,7 @@ func TestLookupFallbackServesRequest(t *testing.T) {
 func TestFailureSpanStatus(t *testing.T) {
 	w := enginetest.NewWorker(64, 16, 2048)
 	gate := w.Gate()
-	ev := newEnv(t, envOpts{worker: w, cfg: Config{MaxQueue: 1, MaxRunning: 1}})
+	ev := newEnv(t, envOpts{worker: w, cfg: Config{Config: scheduler.Config{MaxQueue: 1, MaxRunning: 1}}})
 	post := func(body string) *http.Response {
 		resp, err := http.Post(ev.base+RouteCompletions, "application/json", strings.NewReader(body))
 		if err != nil {

@@ -120,7 +120,7 @@ func (e *Engine) admitGeneration(rec *genRecord, body []byte, apiErr *api.Error)
 	if apiErr != nil {
 		return nil, nil, "", apiErr, nil
 	}
-	if rec.model != "" && rec.model != e.cfg.ModelName {
+	if rec.model != "" && rec.model != e.cfg.Model {
 		return nil, nil, "", api.ModelNotFound(rec.model), nil
 	}
 	if g, apiErr = operationOf(rec.op).decode(body); apiErr != nil {

@@ -161,12 +161,12 @@ func (e *Engine) serveModels(w *statusWriter, r *http.Request, route string, _ t
 		apiErr.Write(w)
 		return
 	}
-	m := api.Model{ID: e.cfg.ModelName, Object: "model", Created: e.created, OwnedBy: "cacheblend"}
+	m := api.Model{ID: e.cfg.Model, Object: "model", Created: e.created, OwnedBy: "cacheblend"}
 	if info, ok := e.sched.WorkerInfo(); ok {
 		m.MaxModelLen = int(info.GetMaxPositions())
 	}
 	if route == RouteModel {
-		if id := strings.TrimPrefix(r.URL.Path, RouteModels+"/"); id != e.cfg.ModelName {
+		if id := strings.TrimPrefix(r.URL.Path, RouteModels+"/"); id != e.cfg.Model {
 			api.ModelNotFound(id).Write(w)
 			return
 		}

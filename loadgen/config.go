@@ -9,13 +9,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/demo"
 )
 
 // Defaults of Config: a run is always bounded by DefaultRequests and DefaultDuration unless
 // the caller sets other bounds.
 const (
-	DefaultModel          = "cb-llama"
+	DefaultModel          = defaults.Model // "cb-llama"
 	DefaultRequests       = 100
 	DefaultDuration       = 5 * time.Minute
 	DefaultConcurrency    = 8

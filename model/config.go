@@ -5,6 +5,7 @@ import (
 	"math"
 	"runtime"
 
+	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/rope"
 	"github.com/cacheblend/cacheblend/tokenizer"
@@ -23,8 +24,8 @@ const (
 	DefaultVocab        = tokenizer.Vocab // 256 byte ids, BOS and EOS
 	DefaultMaxPositions = 8192
 	DefaultSeed         = 42
-	DefaultCheckLayer   = 1
-	DefaultRecompRatio  = 0.15
+	DefaultCheckLayer   = defaults.CheckLayer
+	DefaultRecompRatio  = defaults.RecompRatio
 	DefaultRoPETheta    = rope.DefaultTheta // rotary base θ (10000)
 )
 

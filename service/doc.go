@@ -2,5 +2,6 @@
 // cb-blend and cb-traces: the tracer provider built from OTEL_* / CB_*
 // environment (then flag overrides), the Prometheus registry with the
 // process instruments, the JSON logger that stamps trace ids, and the
-// /metrics + /health HTTP endpoint. cmd/cb wires components onto a Runtime.
+// /metrics + /health HTTP endpoint. cmd/cb wires components onto a Runtime:
+// Runtime.Deps is the component.Deps every component's New takes.
 package service

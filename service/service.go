@@ -18,6 +18,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/telemetry"
 	"github.com/cacheblend/cacheblend/telemetry/provider"
@@ -111,6 +112,20 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		return nil, fmt.Errorf("service: metrics: %w", err)
 	}
 	return &Runtime{Name: opts.ServiceName, Telemetry: tp, Registry: reg, Logger: logger, Process: pm}, nil
+}
+
+// Deps returns the runtime's collaborators in the shape every component's
+// New takes: the tracer provider, the registry, the logger and the span
+// profile sink (nil, a typed nil that component.Deps treats as unset, when
+// CB_PROFILE is off). Components then add their peers (engine.Deps,
+// worker.Deps).
+func (r *Runtime) Deps() component.Deps {
+	return component.Deps{
+		TracerProvider: r.TracerProvider(),
+		Registerer:     r.Registry,
+		Logger:         r.Logger,
+		Profile:        r.Telemetry.ProfileWriter(),
+	}
 }
 
 // TracerProvider is the process's tracer provider (a no-op one when tracing

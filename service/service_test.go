@@ -70,3 +70,23 @@ func TestRuntimeServesMetricsAndLogs(t *testing.T) {
 		t.Fatalf("log line lacks service: %s", logs.String())
 	}
 }
+
+// Deps hands the runtime's collaborators to a component; with CB_PROFILE
+// off the profile is unset once defaults are applied.
+func TestRuntimeDeps(t *testing.T) {
+	rt, err := New(context.Background(), Options{ServiceName: "cb-worker", Getenv: func(string) string { return "" }, LogOutput: io.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Shutdown(context.Background())
+	d := rt.Deps()
+	if d.TracerProvider != rt.TracerProvider() || d.Registerer != rt.Registry || d.Logger != rt.Logger {
+		t.Fatalf("Deps = %+v", d)
+	}
+	if p := d.WithDefaults().Profile; p != nil {
+		t.Fatalf("profile %#v with CB_PROFILE off", p)
+	}
+	if d.Spans("x").Profiling() {
+		t.Fatal("span helper profiles with CB_PROFILE off")
+	}
+}

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/cacheblend/cacheblend/component"
 )
 
 // Default listen addresses of a [Collector].
@@ -29,20 +32,26 @@ type Config struct {
 	// DefaultMaxBodyBytes.
 	MaxBodyBytes int64
 	// MaxTraces and MaxSpans bound the store; 0 means DefaultMaxTraces / DefaultMaxSpans.
+	// A negative limit (here or in MaxBodyBytes) is an error of [New].
 	MaxTraces int
 	MaxSpans  int
 }
 
+var _ component.Lifecycle = (*Collector)(nil)
+
 // Collector is the embedded collector of `cb traces`: an OTLP/HTTP receiver on one port
 // (POST /v1/traces) and the Jaeger-compatible query API plus the web page on another, over
-// one [Store]. Start it once and Shut it down once. Safe for concurrent use.
+// one [Store]. Build it with [New], then Start and Shutdown it (the lifecycle of
+// component.Lifecycle). Safe for concurrent use.
 type Collector struct {
-	cfg   Config
-	store *Store
-	recv  *Receiver
+	cfg    Config
+	store  *Store
+	recv   *Receiver
+	logger *slog.Logger
 
 	mu        sync.Mutex
 	started   bool
+	shutdown  bool
 	servers   []*http.Server
 	otlpAddr  string
 	queryAddr string
@@ -50,8 +59,14 @@ type Collector struct {
 	serveErrs []error
 }
 
-// New returns a collector that is not yet listening.
-func New(cfg Config) *Collector {
+// New returns a collector for cfg that is not yet listening. Of deps only the Logger is
+// used (the HTTP servers' errors); the collector records no spans of its own (they would
+// feed back into it) and registers no metrics (its counters are [Store.Stats] and
+// [Receiver.Stats]). A negative MaxBodyBytes, MaxTraces or MaxSpans is an error.
+func New(cfg Config, deps component.Deps) (*Collector, error) {
+	if cfg.MaxBodyBytes < 0 || cfg.MaxTraces < 0 || cfg.MaxSpans < 0 {
+		return nil, fmt.Errorf("tracestore: negative limit in %+v", cfg)
+	}
 	if cfg.OTLPAddr == "" {
 		cfg.OTLPAddr = DefaultOTLPAddr
 	}
@@ -60,10 +75,11 @@ func New(cfg Config) *Collector {
 	}
 	store := NewStore(StoreConfig{MaxTraces: cfg.MaxTraces, MaxSpans: cfg.MaxSpans})
 	return &Collector{
-		cfg:   cfg,
-		store: store,
-		recv:  NewReceiver(store, ReceiverConfig{MaxBodyBytes: cfg.MaxBodyBytes}),
-	}
+		cfg:    cfg,
+		store:  store,
+		recv:   NewReceiver(store, ReceiverConfig{MaxBodyBytes: cfg.MaxBodyBytes}),
+		logger: deps.WithDefaults().Logger,
+	}, nil
 }
 
 // Store returns the collector's trace store.
@@ -84,12 +100,12 @@ func (c *Collector) QueryHandler() http.Handler { return NewQueryHandler(c.store
 
 // Start binds both listeners and serves them in the background until [Collector.Shutdown].
 // It fails if a port cannot be bound (nothing is left listening then) or if the collector
-// was already started. ctx bounds only the binding.
+// was already started or shut down. ctx bounds only the binding.
 func (c *Collector) Start(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.started {
-		return errors.New("tracestore: collector already started")
+	if c.started || c.shutdown {
+		return errors.New("tracestore: collector already started or shut down")
 	}
 	var lc net.ListenConfig
 	otlpLn, err := lc.Listen(ctx, "tcp", c.cfg.OTLPAddr)
@@ -113,12 +129,14 @@ func (c *Collector) Start(ctx context.Context) error {
 			ReadTimeout:       60 * time.Second,
 			IdleTimeout:       120 * time.Second,
 			MaxHeaderBytes:    1 << 20,
+			ErrorLog:          slog.NewLogLogger(c.logger.Handler(), slog.LevelWarn),
 		}
 		c.servers = append(c.servers, srv)
 		c.wg.Add(1)
 		go func(ln net.Listener) {
 			defer c.wg.Done()
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				c.logger.Error("trace collector server stopped", "addr", ln.Addr().String(), "err", err)
 				c.mu.Lock()
 				c.serveErrs = append(c.serveErrs, err)
 				c.mu.Unlock()
@@ -150,10 +168,12 @@ func (c *Collector) QueryAddr() string {
 }
 
 // Shutdown stops accepting connections, waits for in-flight requests until ctx is done,
-// then closes what is left and waits for the serving goroutines. It returns the first
-// error of the shutdown or of serving. Safe to call more than once and before Start.
+// then closes what is left and waits for the serving goroutines. It returns the errors of
+// the shutdown and of serving, joined. Safe to call more than once (later calls return
+// nil) and before Start; the collector cannot be started again.
 func (c *Collector) Shutdown(ctx context.Context) error {
 	c.mu.Lock()
+	c.shutdown = true
 	servers := c.servers
 	c.servers = nil
 	c.mu.Unlock()

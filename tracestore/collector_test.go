@@ -13,9 +13,19 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/tracestore/jaeger"
 )
+
+func newCollector(t *testing.T, cfg Config) *Collector {
+	t.Helper()
+	c, err := New(cfg, component.Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
 
 func startCollector(t *testing.T, cfg Config) *Collector {
 	t.Helper()
@@ -25,7 +35,7 @@ func startCollector(t *testing.T, cfg Config) *Collector {
 	if cfg.QueryAddr == "" {
 		cfg.QueryAddr = "127.0.0.1:0"
 	}
-	c := New(cfg)
+	c := newCollector(t, cfg)
 	if err := c.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +130,7 @@ func TestCollectorStartErrors(t *testing.T) {
 		t.Fatal("second Start succeeded")
 	}
 	// The OTLP port is taken: Start fails and leaves nothing listening.
-	c2 := New(Config{OTLPAddr: c.OTLPAddr(), QueryAddr: "127.0.0.1:0"})
+	c2 := newCollector(t, Config{OTLPAddr: c.OTLPAddr(), QueryAddr: "127.0.0.1:0"})
 	if err := c2.Start(context.Background()); err == nil {
 		t.Fatal("Start on a busy port succeeded")
 	}
@@ -133,14 +143,30 @@ func TestCollectorStartErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	c3 := New(Config{OTLPAddr: "127.0.0.1:0", QueryAddr: ln.Addr().String()})
+	c3 := newCollector(t, Config{OTLPAddr: "127.0.0.1:0", QueryAddr: ln.Addr().String()})
 	if err := c3.Start(context.Background()); err == nil {
 		t.Fatal("Start with a busy query port succeeded")
+	}
+	// Shut down: later Shutdowns return nil and Start fails.
+	c4 := newCollector(t, Config{OTLPAddr: "127.0.0.1:0", QueryAddr: "127.0.0.1:0"})
+	if err := c4.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := c4.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c4.Start(context.Background()); err == nil {
+		t.Fatal("Start after Shutdown succeeded")
+	}
+	if _, err := New(Config{MaxSpans: -1}, component.Deps{}); err == nil {
+		t.Fatal("negative MaxSpans accepted")
 	}
 }
 
 func TestCollectorDefaults(t *testing.T) {
-	c := New(Config{})
+	c := newCollector(t, Config{})
 	if c.OTLPAddr() != DefaultOTLPAddr || c.QueryAddr() != DefaultQueryAddr {
 		t.Fatalf("defaults = %s %s", c.OTLPAddr(), c.QueryAddr())
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -12,13 +11,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/cacheblend/cacheblend/component"
+	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/model"
@@ -32,7 +30,6 @@ import (
 // Defaults of Config.
 const (
 	DefaultAddr             = "127.0.0.1:0"
-	DefaultModelName        = "cb-llama"
 	DefaultNumBlocks        = 2048
 	DefaultBlockSize        = 16
 	DefaultRegisterInterval = time.Second
@@ -41,16 +38,16 @@ const (
 )
 
 // Config holds the worker's settings; every zero field takes its default.
+// A Config is a plain value, read once by New.
 type Config struct {
 	// Addr is the gRPC listen address; default 127.0.0.1:0 (a free port).
 	Addr string
-	// BlendAddr is the blend server's gRPC address; empty disables reuse.
-	BlendAddr string
 	// WorkerID names this worker to the blend server; default worker-<pid>.
 	WorkerID string
 	// Rank is this worker's tensor-parallel rank (0).
 	Rank int
-	// ModelName is the served model's name; default cb-llama.
+	// ModelName is the served model's name; default defaults.Model
+	// ("cb-llama").
 	ModelName string
 	// Model sizes the transformer; zero fields take model defaults.
 	Model model.Config
@@ -59,7 +56,8 @@ type Config struct {
 	// ShmDir is where the KV shared-memory file lives; default /dev/shm.
 	ShmDir string
 	// RegisterInterval is how often the worker (re-)registers its KV memory
-	// with the blend server (a blend restart is noticed within it); default 1 s.
+	// with the blend server through Deps.Blend (a blend restart is noticed
+	// within it); default 1 s.
 	RegisterInterval time.Duration
 	// RPCTimeout bounds each blend-server call; default 5 s.
 	RPCTimeout time.Duration
@@ -76,7 +74,7 @@ func (c Config) withDefaults() Config {
 		c.WorkerID = fmt.Sprintf("worker-%d", os.Getpid())
 	}
 	if c.ModelName == "" {
-		c.ModelName = DefaultModelName
+		c.ModelName = defaults.Model
 	}
 	if c.NumBlocks <= 0 {
 		c.NumBlocks = DefaultNumBlocks
@@ -96,9 +94,28 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// Deps are the worker's collaborators: the process-wide ones of
+// component.Deps and its peer, the blend server.
+type Deps struct {
+	// Deps are the tracer provider (the worker's spans), the registerer of
+	// its instruments (contract/instruments.yaml), its logger and the span
+	// profile (CB_PROFILE), each with the default of
+	// component.Deps.WithDefaults.
+	component.Deps
+	// Blend is the blend server client: the worker registers its KV memory
+	// with it every Config.RegisterInterval, retrieves reused KV and stores
+	// prompts through it. The caller dials it (gRPC connects lazily, so the
+	// blend server may come up later or restart) and closes it after
+	// Shutdown. nil disables reuse.
+	Blend cbv1.BlendServiceClient
+}
+
+var _ component.Lifecycle = (*Worker)(nil)
+
 // Worker is the cb-worker process's component. Create it with New, then
-// Start; Shutdown stops it and removes the shared-memory file. Its methods
-// are safe for concurrent use; Execute calls are serialized internally.
+// Start; Shutdown stops it and removes the shared-memory file (the
+// lifecycle of component.Lifecycle). Its methods are safe for concurrent
+// use; Execute calls are serialized internally.
 type Worker struct {
 	cfg     Config
 	logger  *slog.Logger
@@ -109,12 +126,14 @@ type Worker struct {
 	model *model.Model
 	kv    *kvcache.Memory
 
-	grpcSrv *grpc.Server
-	health  *health.Server
-	ln      net.Listener
+	lifeMu   sync.Mutex // guards the lifecycle state and the fields Start sets
+	started  bool
+	shutdown bool
+	grpcSrv  *grpc.Server
+	health   *health.Server
+	ln       net.Listener
 
-	blendConn *grpc.ClientConn
-	blend     cbv1.BlendServiceClient
+	blend cbv1.BlendServiceClient // nil: no reuse
 
 	execMu sync.Mutex // serializes Execute
 	seqs   map[string]*seqState
@@ -127,9 +146,8 @@ type Worker struct {
 	storeMu   sync.Mutex
 	storeDone []string
 
-	bg       sync.WaitGroup
-	stop     chan struct{}
-	stopOnce sync.Once
+	bg   sync.WaitGroup
+	stop chan struct{} // closed by Shutdown: the registration loop exits
 }
 
 // seqState is what the worker remembers of a request between steps.
@@ -142,33 +160,22 @@ type seqState struct {
 	reuseFailed bool
 }
 
-// New builds a Worker. tp may be nil (no tracing); profile, when non-nil,
-// receives one JSONL line per span (CB_PROFILE); reg receives the worker's
-// instruments (contract/instruments.yaml); logger may be nil (discard).
-func New(cfg Config, tp trace.TracerProvider, profile *telemetry.ProfileSink, reg prometheus.Registerer, logger *slog.Logger) (*Worker, error) {
+// New builds a Worker from cfg and deps; nothing runs until Start.
+func New(cfg Config, deps Deps) (*Worker, error) {
 	cfg = cfg.withDefaults()
-	if tp == nil {
-		tp = noop.NewTracerProvider()
-	}
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	wm, err := metrics.NewWorkerMetrics(reg, metrics.WithOnRefused(func(err error) {
-		logger.Warn("metrics record refused", "err", err)
+	d := deps.Deps.WithDefaults()
+	wm, err := metrics.NewWorkerMetrics(d.Registerer, metrics.WithOnRefused(func(err error) {
+		d.Logger.Warn("metrics record refused", "err", err)
 	}))
 	if err != nil {
 		return nil, fmt.Errorf("worker: metrics: %w", err)
 	}
-	var pw io.Writer // stays a nil interface when profile is nil
-	if profile != nil {
-		pw = profile
-	}
-	spans := telemetry.NewSpans(tp, "github.com/cacheblend/cacheblend/worker", pw)
 	return &Worker{
 		cfg:      cfg,
-		logger:   logger,
-		spans:    spans,
+		logger:   d.Logger,
+		spans:    d.Spans("github.com/cacheblend/cacheblend/worker"),
 		metrics:  wm,
+		blend:    deps.Blend,
 		seqs:     make(map[string]*seqState),
 		storeSem: make(chan struct{}, cfg.MaxPendingStores),
 		stop:     make(chan struct{}),
@@ -176,8 +183,16 @@ func New(cfg Config, tp trace.TracerProvider, profile *telemetry.ProfileSink, re
 }
 
 // Start builds the model, creates the KV shared memory (removing files a
-// crashed worker left), starts the gRPC server and the registration loop.
+// crashed worker left), starts the gRPC server and, with a blend client, the
+// registration loop; it returns once the gRPC address is bound. ctx bounds
+// the binding only. Starting twice or after Shutdown is an error; when Start
+// fails nothing is left running and the shared memory is removed.
 func (w *Worker) Start(ctx context.Context) error {
+	w.lifeMu.Lock()
+	defer w.lifeMu.Unlock()
+	if w.started || w.shutdown {
+		return errors.New("worker: Start called twice or after Shutdown")
+	}
 	if removed, err := kvcache.RemoveStale(w.cfg.ShmDir); err == nil && len(removed) > 0 {
 		w.logger.Info("removed stale KV shared memory", "files", removed)
 	}
@@ -191,58 +206,59 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: %w", err)
 	}
 	w.kv = kv
-	ln, err := net.Listen("tcp", w.cfg.Addr)
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", w.cfg.Addr)
 	if err != nil {
 		w.closeResources()
 		return fmt.Errorf("worker: listen %s: %w", w.cfg.Addr, err)
 	}
+	w.started = true
 	w.ln = ln
 	w.grpcSrv = rpc.NewServer()
 	cbv1.RegisterWorkerServiceServer(w.grpcSrv, &service{w: w})
 	w.health = health.NewServer()
 	healthpb.RegisterHealthServer(w.grpcSrv, w.health)
-	if w.cfg.BlendAddr != "" {
-		conn, err := rpc.Dial(w.cfg.BlendAddr)
-		if err != nil {
-			w.closeResources()
-			ln.Close()
-			return fmt.Errorf("worker: blend client: %w", err)
-		}
-		w.blendConn = conn
-		w.blend = cbv1.NewBlendServiceClient(conn)
+	if w.blend != nil {
 		w.bg.Add(1)
 		go w.registerLoop()
 	}
 	w.bg.Add(1)
-	go func() {
+	go func(srv *grpc.Server) {
 		defer w.bg.Done()
-		if err := w.grpcSrv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			w.logger.Error("grpc server stopped", "err", err)
 		}
-	}()
+	}(w.grpcSrv)
 	w.logger.Info("worker started", "addr", ln.Addr().String(), "shm", kv.Path(), "layers", m.Config().Layers,
-		"dim", m.Config().Dim, "blocks", w.cfg.NumBlocks, "block_size", w.cfg.BlockSize, "blend", w.cfg.BlendAddr)
+		"dim", m.Config().Dim, "blocks", w.cfg.NumBlocks, "block_size", w.cfg.BlockSize, "blend", w.blend != nil)
 	return nil
 }
 
-// Addr is the bound gRPC address (after Start).
+// Addr is the bound gRPC address ("" before Start).
 func (w *Worker) Addr() string {
+	w.lifeMu.Lock()
+	defer w.lifeMu.Unlock()
 	if w.ln == nil {
 		return ""
 	}
 	return w.ln.Addr().String()
 }
 
-// ShmPath is the KV shared-memory file's path (after Start).
+// ShmPath is the KV shared-memory file's path ("" before Start).
 func (w *Worker) ShmPath() string {
+	w.lifeMu.Lock()
+	defer w.lifeMu.Unlock()
 	if w.kv == nil {
 		return ""
 	}
 	return w.kv.Path()
 }
 
-// Model is the worker's model (after Start).
-func (w *Worker) Model() *model.Model { return w.model }
+// Model is the worker's model (nil before Start).
+func (w *Worker) Model() *model.Model {
+	w.lifeMu.Lock()
+	defer w.lifeMu.Unlock()
+	return w.model
+}
 
 // Registered reports whether the blend server currently has this worker's
 // KV memory registered.
@@ -252,21 +268,34 @@ func (w *Worker) Registered() bool {
 	return w.registered
 }
 
-// Shutdown stops serving (in-flight steps finish, bounded by ctx), waits for
-// pending stores, and removes the shared-memory file.
+// Shutdown stops serving (in-flight steps finish until ctx ends, then the
+// gRPC server is stopped), stops the registration loop, waits for pending
+// stores (until ctx ends), and removes the shared-memory file. It returns
+// an error wrapping ctx's when it had to cut steps or stores short. It does
+// not close the blend client (the caller's). Later calls return nil.
 func (w *Worker) Shutdown(ctx context.Context) error {
-	w.stopOnce.Do(func() { close(w.stop) })
-	if w.health != nil {
-		w.health.Shutdown()
+	w.lifeMu.Lock()
+	if w.shutdown {
+		w.lifeMu.Unlock()
+		return nil
 	}
-	if w.grpcSrv != nil {
+	w.shutdown = true
+	srv, hs := w.grpcSrv, w.health
+	w.lifeMu.Unlock()
+	close(w.stop)
+	var errs []error
+	if hs != nil {
+		hs.Shutdown()
+	}
+	if srv != nil {
 		done := make(chan struct{})
-		go func() { w.grpcSrv.GracefulStop(); close(done) }()
+		go func() { srv.GracefulStop(); close(done) }()
 		select {
 		case <-done:
 		case <-ctx.Done():
-			w.grpcSrv.Stop()
+			srv.Stop()
 			<-done
+			errs = append(errs, fmt.Errorf("worker: shutdown: steps cut short: %w", ctx.Err()))
 		}
 	}
 	// Wait for pending stores (they hold the KV memory).
@@ -275,13 +304,13 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 		case w.storeSem <- struct{}{}:
 		case <-ctx.Done():
 			i = cap(w.storeSem)
+			errs = append(errs, fmt.Errorf("worker: shutdown: stores cut short: %w", ctx.Err()))
 		}
 	}
 	w.bg.Wait()
-	if w.blendConn != nil {
-		w.blendConn.Close()
-	}
-	return w.closeResources()
+	w.lifeMu.Lock()
+	defer w.lifeMu.Unlock()
+	return errors.Join(append(errs, w.closeResources())...)
 }
 
 func (w *Worker) closeResources() error {

@@ -8,7 +8,9 @@ import (
 	"google.golang.org/grpc/status"
 	"os"
 	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -17,7 +19,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/contract/spanname"
+	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
@@ -44,7 +48,7 @@ func start(t *testing.T, cfg Config) *harness {
 	cfg.Model = smallModel
 	cfg.ShmDir = t.TempDir()
 	cfg.NumBlocks = 64
-	w, err := New(cfg, tp, nil, prometheus.NewRegistry(), nil)
+	w, err := New(cfg, Deps{Deps: component.Deps{TracerProvider: tp, Registerer: prometheus.NewRegistry()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +151,7 @@ func TestInfoAndBadInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.NumBlocks != 64 || info.BlockSize != 16 || info.Model != DefaultModelName || info.Eos != tokenizer.EOS {
+	if info.NumBlocks != 64 || info.BlockSize != 16 || info.Model != defaults.Model || info.Eos != tokenizer.EOS {
 		t.Fatalf("info %+v", info)
 	}
 	tests := []struct {
@@ -262,5 +266,84 @@ func TestExecuteRejectsOversizedSteps(t *testing.T) {
 	p := prompt(20)
 	if got, want := generate(t, h, "after", p, 8, 3, blocks(0, 4)), generate(t, h, "again", p, 20, 3, blocks(4, 4)); !slices.Equal(got, want) {
 		t.Fatalf("generation after the attacks %v, want %v", got, want)
+	}
+}
+
+// fakeBlend is a blend client that records RegisterKV calls; any other call
+// panics (the embedded interface is nil).
+type fakeBlend struct {
+	cbv1.BlendServiceClient
+	mu   sync.Mutex
+	regs []*cbv1.RegisterKVRequest
+}
+
+func (f *fakeBlend) RegisterKV(_ context.Context, r *cbv1.RegisterKVRequest, _ ...grpc.CallOption) (*cbv1.RegisterKVResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.regs = append(f.regs, r)
+	return &cbv1.RegisterKVResponse{ServerEpoch: "e1"}, nil
+}
+
+func (f *fakeBlend) registrations() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.regs)
+}
+
+// The worker registers (and re-registers) its KV memory through the blend
+// client it was given, follows the component lifecycle, and leaves the
+// client open for its owner.
+func TestBlendClientFromDepsAndLifecycle(t *testing.T) {
+	fb := &fakeBlend{}
+	cfg := Config{Model: smallModel, ShmDir: t.TempDir(), NumBlocks: 8, RegisterInterval: 10 * time.Millisecond}
+	w, err := New(cfg, Deps{Blend: fb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if w.Addr() != "" || w.ShmPath() != "" {
+		t.Fatal("bound before Start")
+	}
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(ctx); err == nil {
+		t.Fatal("second Start succeeded")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for fb.registrations() < 2 || !w.Registered() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d registrations, registered %v", fb.registrations(), w.Registered())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	fb.mu.Lock()
+	r := fb.regs[0]
+	fb.mu.Unlock()
+	if r.GetShmPath() != w.ShmPath() || r.GetModel() != defaults.Model || r.GetWorkerId() == "" {
+		t.Fatalf("registration %+v", r)
+	}
+	if err := w.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Shutdown(ctx); err != nil {
+		t.Fatalf("second Shutdown: %v", err)
+	}
+	if err := w.Start(ctx); err == nil {
+		t.Fatal("Start after Shutdown succeeded")
+	}
+	n := fb.registrations()
+	time.Sleep(30 * time.Millisecond)
+	if fb.registrations() != n {
+		t.Fatal("registration loop still running after Shutdown")
+	}
+
+	// Shutdown without Start releases nothing and succeeds.
+	w2, err := New(Config{}, Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w2.Shutdown(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

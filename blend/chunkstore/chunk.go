@@ -8,13 +8,14 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/reuseplan"
 )
 
 // DefaultChunkSize is the number of tokens per chunk when a Config or a
 // ChainKeys call leaves it zero.
-const DefaultChunkSize = 256
+const DefaultChunkSize = defaults.ChunkSize // 256
 
 // Limits that bound what a chunk (and so a chunk file) may declare. They keep
 // a corrupt or hostile file from asking for an absurd allocation.

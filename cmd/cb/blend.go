@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cacheblend/cacheblend/blend"
+	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/service"
 )
 
@@ -14,9 +15,9 @@ func init() { subcommands = append(subcommands, newBlendCmd) }
 
 func newBlendCmd() *cobra.Command {
 	var (
-		cfg               blend.Config
-		addr, metricsAddr string
-		otlp              string
+		cfg         blend.Config
+		metricsAddr string
+		otlp        string
 	)
 	cmd := &cobra.Command{
 		Use:   "blend",
@@ -32,32 +33,28 @@ func newBlendCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			srv, err := blend.New(cfg, rt.TracerProvider(), rt.Registry, rt.Logger)
+			srv, err := blend.New(cfg, rt.Deps())
 			if err != nil {
 				return err
 			}
 			if err := srv.Start(ctx); err != nil {
 				return err
 			}
-			gaddr, err := srv.Serve(addr)
-			if err != nil {
-				_ = srv.Shutdown(ctx)
-				return err
-			}
+			gaddr := srv.Addr()
 			maddr, err := rt.ServeMetrics(metricsAddr, srv.MetricsBefore)
 			if err != nil {
 				_ = srv.Shutdown(ctx)
 				return err
 			}
-			rt.Logger.Info("blend server started", "grpc", gaddr.String(), "epoch", srv.Epoch(), "chunk_size", cfg.ChunkSize, "l2_dir", cfg.L2Dir)
-			announce("cb-blend", "grpc", gaddr.String(), "metrics", "http://"+maddr.String()+"/metrics")
+			rt.Logger.Info("blend server started", "grpc", gaddr, "epoch", srv.Epoch(), "chunk_size", cfg.ChunkSize, "l2_dir", cfg.L2Dir)
+			announce("cb-blend", "grpc", gaddr, "metrics", "http://"+maddr.String()+"/metrics")
 			return runUntilSignal(ctx, rt, srv)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&addr, "addr", "127.0.0.1:50051", "gRPC listen address (127.0.0.1:0 picks a free port)")
+	f.StringVar(&cfg.Addr, "addr", "127.0.0.1:50051", "gRPC listen address (127.0.0.1:0 picks a free port)")
 	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:0", "address of /metrics and /health")
-	f.IntVar(&cfg.ChunkSize, "chunk-size", blend.DefaultChunkSize, "tokens per stored chunk")
+	f.IntVar(&cfg.ChunkSize, "chunk-size", defaults.ChunkSize, "tokens per stored chunk")
 	f.Int64Var(&cfg.L1Bytes, "l1-bytes", blend.DefaultL1Bytes, "L1 (memory) budget in bytes; a hard bound, LRU eviction (the Go memory limit is set to 1.25× it + 256 MiB unless GOMEMLIMIT is set)")
 	f.StringVar(&cfg.L2Dir, "l2-dir", "", "L2 directory of chunk files (empty: no L2)")
 	f.Int64Var(&cfg.L2Bytes, "l2-bytes", 0, "L2 budget in bytes (0: unbounded)")

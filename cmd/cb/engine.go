@@ -5,6 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/engine"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
 	"github.com/cacheblend/cacheblend/rpc"
@@ -35,14 +36,9 @@ func newEngineCmd() *cobra.Command {
 			}
 			defer wconn.Close()
 			deps := engine.Deps{
-				Worker:         cbv1.NewWorkerServiceClient(wconn),
-				TracerProvider: rt.TracerProvider(),
-				Registerer:     rt.Registry,
-				Gatherer:       rt.Gatherer(),
-				Logger:         rt.Logger,
-			}
-			if p := rt.Telemetry.ProfileWriter(); p != nil {
-				deps.Profile = p
+				Deps:     rt.Deps(),
+				Worker:   cbv1.NewWorkerServiceClient(wconn),
+				Gatherer: rt.Gatherer(),
 			}
 			if blendAddr != "" {
 				bconn, err := rpc.Dial(blendAddr)
@@ -60,7 +56,7 @@ func newEngineCmd() *cobra.Command {
 				return err
 			}
 			api := "http://" + eng.Addr()
-			rt.Logger.Info("engine started", "api", api, "worker", workerAddr, "blend", blendAddr, "model", cfg.ModelName)
+			rt.Logger.Info("engine started", "api", api, "worker", workerAddr, "blend", blendAddr, "model", cfg.Model)
 			announce("cb-engine", "api", api, "metrics", api+"/metrics")
 			return runUntilSignal(ctx, rt, eng)
 		},
@@ -69,14 +65,14 @@ func newEngineCmd() *cobra.Command {
 	f.StringVar(&cfg.Addr, "addr", engine.DefaultAddr, "OpenAI API listen address (also /metrics and /health)")
 	f.StringVar(&workerAddr, "worker", "127.0.0.1:50061", "cb-worker gRPC address")
 	f.StringVar(&blendAddr, "blend", "", "cb-blend gRPC address (empty: no CacheBlend reuse)")
-	f.StringVar(&cfg.ModelName, "model", engine.DefaultModelName, "served model name")
+	f.StringVar(&cfg.Model, "model", defaults.Model, "served model name")
 	f.StringVar(&cfg.APIKey, "api-key", "", "require this bearer key on /v1/* (empty: no auth)")
 	f.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", engine.DefaultMaxBodyBytes, "largest request body (413 beyond)")
 	f.IntVar(&cfg.MaxQueue, "max-queue", scheduler.DefaultMaxQueue, "waiting requests before 429")
 	f.IntVar(&cfg.MaxRunning, "max-running", scheduler.DefaultMaxRunning, "running sequences per step")
 	f.IntVar(&cfg.StepTokenBudget, "step-tokens", scheduler.DefaultStepTokenBudget, "tokens per scheduler step (chunked prefill)")
 	f.DurationVar(&cfg.LookupTimeout, "lookup-timeout", scheduler.DefaultLookupTimeout, "give up on a CacheBlend lookup after this; the request is prefilled in full")
-	f.Float64Var(&cfg.RecompRatio, "recomp-ratio", 0.15, "CacheBlend recompute ratio sent to the worker")
+	f.Float64Var(&cfg.RecompRatio, "recomp-ratio", defaults.RecompRatio, "CacheBlend recompute ratio sent to the worker")
 	f.BoolVar(&cfg.DisableStore, "no-store", false, "do not store prompts' KV in the blend server (documents still are)")
 	f.IntVar(&cfg.DefaultMaxTokens, "default-max-tokens", engine.DefaultMaxTokens, "max_tokens when a request gives none")
 	f.BoolVar(&cfg.CaptureContent, "capture-content", os.Getenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT") == "true",

@@ -8,20 +8,16 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/service"
 )
 
 // shutdownTimeout bounds a process's graceful shutdown after SIGINT/SIGTERM.
 const shutdownTimeout = 15 * time.Second
 
-// component is a long-lived part of a process.
-type component interface {
-	Shutdown(ctx context.Context) error
-}
-
 // runUntilSignal blocks until SIGINT or SIGTERM (or ctx ends), then shuts the
 // components down in order and the runtime last (flushing spans).
-func runUntilSignal(ctx context.Context, rt *service.Runtime, comps ...component) error {
+func runUntilSignal(ctx context.Context, rt *service.Runtime, comps ...component.Lifecycle) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	<-ctx.Done()

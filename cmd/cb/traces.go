@@ -5,6 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/service"
 	"github.com/cacheblend/cacheblend/tracestore"
 )
@@ -22,7 +23,7 @@ func newTracesCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			col, err := startCollector(ctx, cfg)
+			col, err := startCollector(ctx, cfg, rt.Deps())
 			if err != nil {
 				return err
 			}
@@ -40,8 +41,12 @@ func newTracesCmd() *cobra.Command {
 	return withEnv(cmd)
 }
 
-func startCollector(ctx context.Context, cfg tracestore.Config) (*tracestore.Collector, error) {
-	col := tracestore.New(cfg)
+// startCollector builds and starts the embedded trace collector.
+func startCollector(ctx context.Context, cfg tracestore.Config, deps component.Deps) (*tracestore.Collector, error) {
+	col, err := tracestore.New(cfg, deps)
+	if err != nil {
+		return nil, err
+	}
 	if err := col.Start(ctx); err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/stack"
 	"github.com/cacheblend/cacheblend/tracestore"
 )
@@ -71,7 +72,7 @@ func startStack(ctx context.Context, u *upFlags) (*running, error) {
 		Env: []string{"OTEL_BSP_SCHEDULE_DELAY=200"},
 	}
 	if !externalOTLP() {
-		col, err := startCollector(ctx, tracestore.Config{OTLPAddr: u.otlpAddr, QueryAddr: u.uiAddr})
+		col, err := startCollector(ctx, tracestore.Config{OTLPAddr: u.otlpAddr, QueryAddr: u.uiAddr}, component.Deps{})
 		if err != nil {
 			return nil, fmt.Errorf("start the trace collector: %w", err)
 		}

@@ -3,7 +3,10 @@ package main
 import (
 	"github.com/spf13/cobra"
 
+	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/rpc"
+	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/service"
 	"github.com/cacheblend/cacheblend/worker"
 )
@@ -14,6 +17,7 @@ func newWorkerCmd() *cobra.Command {
 	var (
 		cfg         worker.Config
 		metricsAddr string
+		blendAddr   string
 		otlp        string
 	)
 	cmd := &cobra.Command{
@@ -25,7 +29,16 @@ func newWorkerCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			w, err := worker.New(cfg, rt.TracerProvider(), rt.Telemetry.ProfileWriter(), rt.Registry, rt.Logger)
+			deps := worker.Deps{Deps: rt.Deps()}
+			if blendAddr != "" {
+				bconn, err := rpc.Dial(blendAddr)
+				if err != nil {
+					return err
+				}
+				defer bconn.Close()
+				deps.Blend = cbv1.NewBlendServiceClient(bconn)
+			}
+			w, err := worker.New(cfg, deps)
 			if err != nil {
 				return err
 			}
@@ -44,9 +57,9 @@ func newWorkerCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&cfg.Addr, "addr", "127.0.0.1:50061", "gRPC listen address (127.0.0.1:0 picks a free port)")
 	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:0", "address of /metrics and /health")
-	f.StringVar(&cfg.BlendAddr, "blend", "", "blend server gRPC address (empty: no KV reuse)")
+	f.StringVar(&blendAddr, "blend", "", "blend server gRPC address (empty: no KV reuse)")
 	f.StringVar(&cfg.WorkerID, "worker-id", "", "name of this worker at the blend server (default worker-<pid>)")
-	f.StringVar(&cfg.ModelName, "model", worker.DefaultModelName, "served model name")
+	f.StringVar(&cfg.ModelName, "model", defaults.Model, "served model name")
 	f.IntVar(&cfg.NumBlocks, "num-blocks", worker.DefaultNumBlocks, "KV blocks in the pool")
 	f.IntVar(&cfg.BlockSize, "block-size", worker.DefaultBlockSize, "tokens per KV block")
 	f.StringVar(&cfg.ShmDir, "shm-dir", "", "directory of the KV shared-memory file (default /dev/shm)")

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
 )
@@ -22,8 +23,8 @@ const (
 	DefaultInfoTimeout         = 2 * time.Second
 	DefaultStoreTimeout        = 60 * time.Second
 	DefaultStorePollInterval   = 20 * time.Millisecond
-	DefaultRecompRatio         = 0.15
-	DefaultModel               = "cb-llama"
+	DefaultRecompRatio         = defaults.RecompRatio // 0.15
+	DefaultModel               = defaults.Model       // "cb-llama"
 )
 
 // Config holds the scheduler's limits. The zero value is valid: every zero

@@ -60,6 +60,8 @@ func TestForbiddenDeps(t *testing.T) {
 			"the engine uses the byte tokenizer (package tokenizer) and the tracing API (package telemetry) only"},
 		{module + "/blend/...", []string{model, gonum},
 			"the blend server uses RoPE (package rope), not the model"},
+		{module + "/component", []string{otelSDK, exporters, provider, model, gonum},
+			"every component (the engine included) takes its process-wide collaborators as component.Deps; it is API only"},
 		{module + "/telemetry", []string{otelSDK, exporters},
 			"package telemetry is the API layer; the SDK and the exporters belong to telemetry/provider"},
 		{module + "/telemetry/internal/...", []string{otelSDK, exporters},
@@ -82,10 +84,10 @@ func TestForbiddenDeps(t *testing.T) {
 	}
 }
 
-// TestLeafPackages checks that tokenizer, rope and contract/spanname depend
-// on the standard library only.
+// TestLeafPackages checks that tokenizer, rope, defaults and
+// contract/spanname depend on the standard library only.
 func TestLeafPackages(t *testing.T) {
-	for _, pkg := range []string{module + "/tokenizer", module + "/rope", module + "/contract/spanname"} {
+	for _, pkg := range []string{module + "/tokenizer", module + "/rope", module + "/defaults", module + "/contract/spanname"} {
 		t.Run(pkg, func(t *testing.T) {
 			deps := goList(t, "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", pkg)
 			for _, d := range deps {

@@ -2,7 +2,8 @@
 // rules, run with `go list`: the engine links neither the model, gonum, the
 // OpenTelemetry SDK nor an exporter; the blend server links neither the model
 // nor gonum; package telemetry is the OpenTelemetry API layer (no SDK, no
-// exporter) and only process setup imports telemetry/provider; tokenizer,
-// rope and contract/spanname are leaf packages. The test fails when a change
-// breaks a rule.
+// exporter) and only process setup imports telemetry/provider; component
+// (the shared Deps and lifecycle) links no SDK, exporter or model; tokenizer,
+// rope, defaults and contract/spanname are leaf packages. The test fails
+// when a change breaks a rule.
 package depcheck

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 )
 
@@ -319,7 +320,7 @@ func (b *Blend) Lookup(ctx context.Context, r *cbv1.LookupRequest) (*cbv1.Lookup
 	if b.Result != nil {
 		return b.Result(r.GetTokens()), nil
 	}
-	return &cbv1.LookupResult{RequestedTokens: int32(len(r.GetTokens())), ChunkSize: 256}, nil
+	return &cbv1.LookupResult{RequestedTokens: int32(len(r.GetTokens())), ChunkSize: defaults.ChunkSize}, nil
 }
 
 // Lookups returns the lookups received so far.

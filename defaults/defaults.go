@@ -1,0 +1,29 @@
+// Package defaults holds the settings that more than one process of the
+// stack must agree on, defined once: the served model's name, the CacheBlend
+// recompute ratio and check layer, and the blend server's chunk size. Each
+// package's own Default* constants and flag defaults refer to these.
+//
+// It is a leaf package that imports nothing, so that the engine, the worker,
+// the model, the blend server and the tools can all import it. It has no state; every name is a constant, safe to use from any
+// goroutine.
+package defaults
+
+const (
+	// Model is the name of the served model: the engine's /v1/models entry,
+	// the model requests must name, the worker's Info and the key of the
+	// blend server's per-model fingerprint tables.
+	Model = "cb-llama"
+
+	// RecompRatio is the CacheBlend recompute ratio: the share of reused
+	// tokens whose KV is recomputed from the check layer on (the engine puts
+	// it in CB plans; the model uses it when a plan gives none).
+	RecompRatio = 0.15
+
+	// CheckLayer is the CacheBlend check layer cl: layers 0..cl-1 recompute
+	// every non-prefix token, layer cl selects the important tokens.
+	CheckLayer = 1
+
+	// ChunkSize is the number of tokens per stored chunk of the blend server
+	// (the granularity of prefix hashes and of reuse plans).
+	ChunkSize = 256
+)
