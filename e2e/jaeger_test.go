@@ -374,7 +374,7 @@ func TestJaeger(t *testing.T) {
 }
 
 // checkJaegerTrace checks the services and the cross-process parent
-// references (DESIGN §3) of the trace as Jaeger returned it.
+// references (docs/design.md §6) of the trace as Jaeger returned it.
 func checkJaegerTrace(t *testing.T, tr *tracecheck.Trace) {
 	t.Helper()
 	services := map[string]bool{}

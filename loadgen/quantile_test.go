@@ -18,7 +18,7 @@ func bk(pairs ...float64) []Bucket {
 }
 
 func TestHistogramQuantileHandExamples(t *testing.T) {
-	// DESIGN's hand example: bounds 0.1, 0.5, 1; observations 0.05, 0.1, 0.3, 2.0 → C = 2, 3, 3, 4.
+	// The hand example: bounds 0.1, 0.5, 1; observations 0.05, 0.1, 0.3, 2.0 → C = 2, 3, 3, 4.
 	design := bk(0.1, 2, 0.5, 3, 1, 3, inf, 4)
 	// Prometheus' testhistogram: 0.1:50, 0.2:70, 1:110, +Inf:120.
 	prom := bk(0.1, 50, 0.2, 70, 1, 110, inf, 120)

@@ -74,7 +74,7 @@ type BlendStats struct {
 	Blended bool
 }
 
-// BlendForward runs the CacheBlend selective-recompute forward (DESIGN §2)
+// BlendForward runs the CacheBlend selective-recompute forward (docs/design.md §5)
 // and returns the logits of the last prompt token:
 //
 //   - prefix positions [0, PrefixReused) are skipped;

@@ -17,7 +17,7 @@
 //     (a remote child of the worker's cb.start_load_kv) with one cb.scatter
 //     per copy; cb.store in a trace of its own. When a peer sent no trace
 //     context it opens its own cb.request root whose trace id is derived from
-//     the request id (telemetry.TraceIDFromRequestID, the design's option B), and
+//     the request id (telemetry.TraceIDFromRequestID, option B, docs/design.md §6), and
 //     closes it once the retrieve has ended and no copy is pending.
 //   - [MetricsSubscriber] turns them into the lmcache_blend_* counters and
 //     duration histograms through a [MetricsSink] (*metrics.BlendMetrics

@@ -159,7 +159,7 @@ func (ev *Event) Attr(key attribute.Key) (attribute.Value, bool) {
 	return attribute.Value{}, false
 }
 
-// Attribute keys of the blend spans and events (DESIGN §3). Publishers build
+// Attribute keys of the blend spans and events (docs/design.md §6). Publishers build
 // attributes with them, for example AttrNProbes.Int(n).
 const (
 	AttrRequestID = attribute.Key("request_id")

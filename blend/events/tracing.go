@@ -84,7 +84,7 @@ type SpanDef struct {
 	GatesRoot bool
 }
 
-// DefaultSpanDefs returns the span table of DESIGN §3, in parent-first
+// DefaultSpanDefs returns the span table of docs/design.md §6, in parent-first
 // order: cb.lookup ⊃ {mp.lookup_prefetch, cb.fingerprint_match,
 // cb.coordinator_match, cb.sparse_prefetch ⊃ cb.l2_load, cb.classify};
 // cb.retrieve ⊃ cb.scatter; cb.store. Each call returns a fresh slice.

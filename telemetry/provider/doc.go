@@ -16,7 +16,7 @@
 //     provider and its CB_PROFILE span profile;
 //   - the id generator every Provider uses ([NewIDGenerator]), which gives a
 //     root span the trace id stored by [telemetry.ContextWithTraceID] (trace
-//     ids derived from request ids, the design's option B).
+//     ids derived from request ids, option B, docs/design.md §6).
 //
 // The package keeps no global state: it never calls otel.SetTracerProvider;
 // callers pass [Provider.TracerProvider] where it is needed.
