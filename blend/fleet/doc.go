@@ -1,0 +1,19 @@
+// Package fleet is the blend server's fleet tier on Redis: KV chunks shared
+// by every node of a fleet, and the fingerprint directory behind
+// cb.coordinator_match (docs/design.md §3).
+//
+// Keys are namespaced by model and KV layout ([Namespace]; the rank is part
+// of every chunk key): cb:<ns>:c:<chunk key> holds an encoded chunk (the L2
+// file format, with its CRC32C), cb:<ns>:s:<id> a stored sequence (tokens
+// and chunk keys, CRC32C), cb:<ns>:f:<fingerprint> the sequence and chunk a
+// fingerprint points at. Writes are asynchronous on a bounded queue that
+// drops and counts when full; reads are pipelined, one round trip per shard;
+// a value that does not decode is a counted miss, never served. Eviction is
+// Redis's own (maxmemory with an LRU policy): a directory entry whose chunk
+// is gone is found stale by the lookup's classification.
+//
+// A single server or a Redis Cluster (go-redis UniversalClient), redis:// or
+// rediss:// with an ACL user and password. Redis down, slow or full never
+// fails a request: calls are bounded by timeouts, errors are counted, and the
+// client reconnects by itself.
+package fleet

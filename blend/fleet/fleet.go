@@ -1,0 +1,594 @@
+package fleet
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"log/slog"
+	"math"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheblend/cacheblend/blend/chunkstore"
+	"github.com/cacheblend/cacheblend/blend/fingerprint"
+)
+
+// Defaults of a zero Config (other than URL).
+const (
+	DefaultOpTimeout          = 250 * time.Millisecond
+	DefaultCoordinatorTimeout = 20 * time.Millisecond
+	DefaultWriteQueue         = 1024
+	DefaultWriters            = 2
+	// MaxSequenceTokens bounds a directory sequence read back from Redis.
+	MaxSequenceTokens = 1 << 20
+)
+
+// ErrTimeout is returned (wrapped) by a call that ran out of its time bound.
+var ErrTimeout = errors.New("fleet: timed out")
+
+// Config holds the settings of a Tier. URL is required; every other zero
+// field takes its default. A Config is a plain value, read once by New.
+type Config struct {
+	// URL is the Redis server: redis://[user:password@]host:port[/db] or
+	// rediss:// (TLS). A cluster is named by redis://…?addr=host2:port2
+	// (more seed nodes) or ?cluster=true: a Redis Cluster client is used.
+	URL string
+	// OpTimeout bounds one Redis round trip of the data path (chunk reads
+	// and writes, directory writes). Default 250 ms.
+	OpTimeout time.Duration
+	// CoordinatorTimeout bounds a whole coordinator match (both round trips).
+	// Default 20 ms.
+	CoordinatorTimeout time.Duration
+	// WriteQueue bounds the writes waiting for a writer; a write beyond it is
+	// dropped and counted. Default 1024.
+	WriteQueue int
+	// Writers is the number of goroutines writing to Redis. Default 2.
+	Writers int
+}
+
+func (c Config) withDefaults() Config {
+	if c.OpTimeout <= 0 {
+		c.OpTimeout = DefaultOpTimeout
+	}
+	if c.CoordinatorTimeout <= 0 {
+		c.CoordinatorTimeout = DefaultCoordinatorTimeout
+	}
+	if c.WriteQueue <= 0 {
+		c.WriteQueue = DefaultWriteQueue
+	}
+	if c.Writers <= 0 {
+		c.Writers = DefaultWriters
+	}
+	return c
+}
+
+// Stats are a Tier's running totals.
+type Stats struct {
+	// Chunk reads by outcome, and the bytes read.
+	Hits, Misses, Corrupt, ReadErrors, BytesRead uint64
+	// Writes by outcome (chunks and directory entries), and the bytes written.
+	Writes, WritesDropped, WriteErrors, BytesWritten uint64
+	// Coordinator matches by outcome.
+	Matches, MatchTimeouts, MatchErrors uint64
+}
+
+// Tier is the fleet tier of one blend server: chunks shared by many nodes in
+// Redis, and the fingerprint directory that finds them at any offset of a
+// prompt. Create it with New, Start it, Shutdown it. Its methods are safe for
+// concurrent use.
+type Tier struct {
+	cfg    Config
+	client redis.UniversalClient
+	log    *slog.Logger
+	queue  chan func(ctx context.Context)
+	stop   chan struct{}
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	started bool
+	stopped bool
+
+	hits, misses, corrupt, readErrs, bytesRead atomic.Uint64
+	writes, dropped, writeErrs, bytesWritten   atomic.Uint64
+	matches, matchTimeouts, matchErrs          atomic.Uint64
+	pending                                    atomic.Int64 // writes queued or running
+}
+
+// New returns a Tier for cfg; it connects lazily (a Redis that is down at
+// start is not an error: every call fails and is counted until it is up).
+// logger may be nil.
+func New(cfg Config, logger *slog.Logger) (*Tier, error) {
+	cfg = cfg.withDefaults()
+	opts, err := parseURL(cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	opts.DialTimeout = max(opts.DialTimeout, cfg.OpTimeout)
+	opts.ReadTimeout, opts.WriteTimeout = cfg.OpTimeout, cfg.OpTimeout
+	opts.ContextTimeoutEnabled = true
+	opts.MaxRetries = 0 // a retry is the next request's business
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Tier{
+		cfg: cfg, client: redis.NewUniversalClient(opts), log: logger,
+		queue: make(chan func(context.Context), cfg.WriteQueue), stop: make(chan struct{}),
+	}, nil
+}
+
+// parseURL turns a redis:// or rediss:// URL into client options; addr query
+// parameters or cluster=true select a cluster client.
+func parseURL(raw string) (*redis.UniversalOptions, error) {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
+		return nil, fmt.Errorf("fleet: Redis URL %q: want redis://[user:password@]host:port or rediss://…", redactURL(raw))
+	}
+	q := u.Query()
+	cluster, _ := strconv.ParseBool(q.Get("cluster"))
+	if len(q["addr"]) > 0 || cluster {
+		q.Del("cluster")
+		u.RawQuery = q.Encode()
+		co, err := redis.ParseClusterURL(u.String())
+		if err != nil {
+			return nil, fmt.Errorf("fleet: Redis cluster URL %q: %w", redactURL(raw), err)
+		}
+		return &redis.UniversalOptions{
+			Addrs: co.Addrs, Username: co.Username, Password: co.Password, TLSConfig: co.TLSConfig,
+			IsClusterMode: true,
+		}, nil
+	}
+	o, err := redis.ParseURL(raw)
+	if err != nil {
+		return nil, fmt.Errorf("fleet: Redis URL %q: %w", redactURL(raw), err)
+	}
+	return &redis.UniversalOptions{
+		Addrs: []string{o.Addr}, Username: o.Username, Password: o.Password, DB: o.DB, TLSConfig: o.TLSConfig,
+	}, nil
+}
+
+// redactURL drops the password of a URL for error messages and logs.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}
+
+// Start starts the writers. ctx is not retained.
+func (t *Tier) Start(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.started || t.stopped {
+		return errors.New("fleet: already started")
+	}
+	t.started = true
+	for range t.cfg.Writers {
+		t.wg.Go(t.writer)
+	}
+	return nil
+}
+
+// Shutdown stops taking writes, lets the writers drain the queue until ctx
+// ends (then drops the rest, counted), and closes the client. Later calls
+// return nil.
+func (t *Tier) Shutdown(ctx context.Context) error {
+	t.mu.Lock()
+	if t.stopped {
+		t.mu.Unlock()
+		return nil
+	}
+	t.stopped = true
+	started := t.started
+	close(t.stop)
+	t.mu.Unlock()
+	var err error
+	if started {
+		done := make(chan struct{})
+		go func() { t.wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			err = fmt.Errorf("fleet: draining writes: %w", ctx.Err())
+			<-done // the writers stop at once once ctx is done
+		}
+	}
+	if cerr := t.client.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("fleet: close: %w", cerr)
+	}
+	return err
+}
+
+// writer runs queued writes until Shutdown, then drains what is queued.
+func (t *Tier) writer() {
+	for {
+		select {
+		case w := <-t.queue:
+			t.run(w)
+		case <-t.stop:
+			for {
+				select {
+				case w := <-t.queue:
+					t.run(w)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+func (t *Tier) run(w func(context.Context)) {
+	defer t.pending.Add(-1)
+	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.OpTimeout)
+	defer cancel()
+	w(ctx)
+}
+
+// Flush waits until every write queued before the call is done, or ctx
+// ends.
+func (t *Tier) Flush(ctx context.Context) error {
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for t.pending.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// enqueue queues a write; false (dropped, counted) when the queue is full
+// or the tier is stopping.
+func (t *Tier) enqueue(w func(context.Context)) bool {
+	t.mu.Lock() // Shutdown cannot stop the writers meanwhile
+	defer t.mu.Unlock()
+	if !t.stopped {
+		t.pending.Add(1)
+		select {
+		case t.queue <- w:
+			return true
+		default:
+			t.pending.Add(-1)
+		}
+	}
+	t.dropped.Add(1)
+	return false
+}
+
+// Stats returns the running totals.
+func (t *Tier) Stats() Stats {
+	return Stats{
+		Hits: t.hits.Load(), Misses: t.misses.Load(), Corrupt: t.corrupt.Load(), ReadErrors: t.readErrs.Load(),
+		BytesRead: t.bytesRead.Load(),
+		Writes:    t.writes.Load(), WritesDropped: t.dropped.Load(), WriteErrors: t.writeErrs.Load(),
+		BytesWritten: t.bytesWritten.Load(),
+		Matches:      t.matches.Load(), MatchTimeouts: t.matchTimeouts.Load(), MatchErrors: t.matchErrs.Load(),
+	}
+}
+
+// Namespace names the keys of one model and KV layout, so that chunks of
+// different models or layouts never mix (the rank is part of every chunk
+// key already).
+func Namespace(model string, l chunkstore.Layout) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%d/%d/%d/%v", model, l.NumLayers, l.KVHeads, l.HeadDim, math.Float64bits(l.RoPETheta))
+	return hex.EncodeToString(h.Sum(nil)[:8])
+}
+
+func chunkKey(ns string, k chunkstore.Key) string { return "cb:" + ns + ":c:" + k.String() }
+func fpKey(ns string, fp uint64) string           { return "cb:" + ns + ":f:" + strconv.FormatUint(fp, 16) }
+func seqKey(ns, id string) string                 { return "cb:" + ns + ":s:" + id }
+
+// PutChunk writes c under ns, asynchronously; false when the write was
+// dropped (queue full).
+func (t *Tier) PutChunk(ns string, c *chunkstore.Chunk) bool {
+	return t.enqueue(func(ctx context.Context) {
+		b, err := chunkstore.EncodeChunk(c)
+		if err != nil {
+			t.writeErrs.Add(1)
+			return
+		}
+		t.set(ctx, chunkKey(ns, c.Key), b)
+	})
+}
+
+func (t *Tier) set(ctx context.Context, key string, b []byte) {
+	if err := t.client.Set(ctx, key, b, 0).Err(); err != nil {
+		t.writeErrs.Add(1)
+		t.log.Debug("fleet write failed", "key", key, "err", err)
+		return
+	}
+	t.writes.Add(1)
+	t.bytesWritten.Add(uint64(len(b)))
+}
+
+// RegisterSequence writes a stored sequence to the directory under ns,
+// asynchronously: its tokens and chunk keys, and the fingerprint of every
+// chunk (computed with tab's hash), so that a coordinator match on any node
+// finds it. False when dropped (queue full).
+func (t *Tier) RegisterSequence(ns string, tab *fingerprint.Table, seq fingerprint.Sequence) bool {
+	cs := seq.ChunkSize
+	if cs <= 0 {
+		cs = chunkstore.DefaultChunkSize
+	}
+	body := encodeSequence(seq, cs)
+	sum := sha256.Sum256(body)
+	id := hex.EncodeToString(sum[:16])
+	type entry struct {
+		fp    uint64
+		chunk int
+	}
+	var fps []entry
+	for i := range seq.Keys {
+		lo := i * cs
+		if fp, ok := tab.ChunkFingerprint(seq.Tokens[lo:min(lo+cs, len(seq.Tokens))]); ok {
+			fps = append(fps, entry{fp, i})
+		}
+	}
+	return t.enqueue(func(ctx context.Context) {
+		pipe := t.client.Pipeline()
+		pipe.Set(ctx, seqKey(ns, id), body, 0)
+		for _, e := range fps {
+			pipe.Set(ctx, fpKey(ns, e.fp), id+":"+strconv.Itoa(e.chunk), 0)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.writeErrs.Add(1)
+			t.log.Debug("fleet directory write failed", "err", err)
+			return
+		}
+		t.writes.Add(uint64(1 + len(fps)))
+		t.bytesWritten.Add(uint64(len(body)))
+	})
+}
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// encodeSequence is chunk size, token count, tokens, key count, keys, CRC32C.
+func encodeSequence(seq fingerprint.Sequence, cs int) []byte {
+	b := make([]byte, 0, 12+4*len(seq.Tokens)+32*len(seq.Keys)+4)
+	b = binary.LittleEndian.AppendUint32(b, uint32(cs))
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(seq.Tokens)))
+	for _, tok := range seq.Tokens {
+		b = binary.LittleEndian.AppendUint32(b, uint32(tok))
+	}
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(seq.Keys)))
+	for _, k := range seq.Keys {
+		b = append(b, k[:]...)
+	}
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, crcTable))
+}
+
+// errCorrupt marks a value that does not decode.
+var errCorrupt = errors.New("fleet: corrupt value")
+
+// decodeSequence parses and bounds a directory sequence.
+func decodeSequence(b []byte) (fingerprint.Sequence, error) {
+	var s fingerprint.Sequence
+	if len(b) < 16 || crc32.Checksum(b[:len(b)-4], crcTable) != binary.LittleEndian.Uint32(b[len(b)-4:]) {
+		return s, errCorrupt
+	}
+	b = b[:len(b)-4]
+	cs, n := int(binary.LittleEndian.Uint32(b)), int(binary.LittleEndian.Uint32(b[4:]))
+	if cs <= 0 || cs > chunkstore.MaxChunkTokens || n <= 0 || n > MaxSequenceTokens || len(b) < 12+4*n {
+		return s, errCorrupt
+	}
+	s.ChunkSize = cs
+	s.Tokens = make([]int32, n)
+	for i := range s.Tokens {
+		s.Tokens[i] = int32(binary.LittleEndian.Uint32(b[8+4*i:]))
+	}
+	rest := b[8+4*n:]
+	nk := int(binary.LittleEndian.Uint32(rest))
+	if nk != (n+cs-1)/cs || len(rest) != 4+32*nk {
+		return s, errCorrupt
+	}
+	s.Keys = make([]chunkstore.Key, nk)
+	for i := range s.Keys {
+		copy(s.Keys[i][:], rest[4+32*i:])
+	}
+	return s, nil
+}
+
+// LoadStats describe one GetChunks call.
+type LoadStats struct {
+	Keys, Hits, Misses, Corrupt int
+	Bytes                       int64
+	Duration                    time.Duration
+}
+
+// GetChunks reads keys under ns in one pipelined batch (one round trip per
+// shard). A value that does not decode, holds another key, or another
+// layout than want (when want is set) is a miss, counted, never returned.
+// err is set when the batch failed as a whole (Redis down, timeout): every
+// key is then a miss.
+func (t *Tier) GetChunks(ctx context.Context, ns string, keys []chunkstore.Key, want chunkstore.Layout) (map[chunkstore.Key]*chunkstore.Chunk, LoadStats, error) {
+	st := LoadStats{Keys: len(keys)}
+	if len(keys) == 0 {
+		return nil, st, nil
+	}
+	t0 := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.OpTimeout)
+	defer cancel()
+	pipe := t.client.Pipeline()
+	cmds := make([]*redis.StringCmd, len(keys))
+	for i, k := range keys {
+		cmds[i] = pipe.Get(ctx, chunkKey(ns, k))
+	}
+	_, err := pipe.Exec(ctx)
+	st.Duration = time.Since(t0)
+	if err != nil && !errors.Is(err, redis.Nil) {
+		t.readErrs.Add(1)
+		t.misses.Add(uint64(len(keys)))
+		st.Misses = len(keys)
+		return nil, st, t.wrap(err)
+	}
+	out := make(map[chunkstore.Key]*chunkstore.Chunk, len(keys))
+	for i, k := range keys {
+		b, err := cmds[i].Bytes()
+		if err != nil {
+			st.Misses++
+			continue
+		}
+		c, err := chunkstore.DecodeChunk(b)
+		if err != nil || c.Key != k || (want != (chunkstore.Layout{}) && c.Layout != want) {
+			st.Corrupt++
+			st.Misses++
+			continue
+		}
+		out[k] = c
+		st.Hits++
+		st.Bytes += int64(len(b))
+	}
+	t.hits.Add(uint64(st.Hits))
+	t.misses.Add(uint64(st.Misses))
+	t.corrupt.Add(uint64(st.Corrupt))
+	t.bytesRead.Add(uint64(st.Bytes))
+	return out, st, nil
+}
+
+func (t *Tier) wrap(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
+		return fmt.Errorf("%w: %w", ErrTimeout, err)
+	}
+	return fmt.Errorf("fleet: %w", err)
+}
+
+func isTimeout(err error) bool {
+	var te interface{ Timeout() bool }
+	return errors.As(err, &te) && te.Timeout()
+}
+
+// MatchStats describe one coordinator match.
+type MatchStats struct {
+	// Probes is the number of prompt offsets probed; RoundTrips the
+	// pipelined batches sent (at most two: fingerprints, then sequences).
+	Probes, RoundTrips int
+	// DirectoryHits counts probes found in the directory; Sequences the
+	// stored sequences fetched to verify them.
+	DirectoryHits, Sequences int
+	Duration                 time.Duration
+}
+
+// Match is the coordinator match: the fingerprints of prompt[from:] at every
+// offset (computed with tab's hash) are probed in the directory under ns in
+// one pipelined batch, the stored sequences they point at are fetched in a
+// second, and the prompt is matched token by token against them (the same
+// verification and extension as the local table). It is bounded by the
+// CoordinatorTimeout; on timeout it returns an error wrapping ErrTimeout.
+func (t *Tier) Match(ctx context.Context, ns string, tab *fingerprint.Table, prompt []int32, from int) (fingerprint.Result, MatchStats, error) {
+	var st MatchStats
+	t0 := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.CoordinatorTimeout)
+	defer cancel()
+	res, err := t.match(ctx, ns, tab, prompt, from, &st)
+	st.Duration = time.Since(t0)
+	switch {
+	case err == nil:
+		t.matches.Add(1)
+	case errors.Is(err, ErrTimeout):
+		t.matchTimeouts.Add(1)
+	default:
+		t.matchErrs.Add(1)
+	}
+	return res, st, err
+}
+
+func (t *Tier) match(ctx context.Context, ns string, tab *fingerprint.Table, prompt []int32, from int, st *MatchStats) (fingerprint.Result, error) {
+	var res fingerprint.Result
+	probes := tab.Probes(prompt, from)
+	st.Probes = len(probes)
+	if len(probes) == 0 {
+		return res, nil
+	}
+	seen := make(map[uint64]bool, len(probes))
+	pipe := t.client.Pipeline()
+	var cmds []*redis.StringCmd
+	for _, fp := range probes {
+		if !seen[fp] {
+			seen[fp] = true
+			cmds = append(cmds, pipe.Get(ctx, fpKey(ns, fp)))
+		}
+	}
+	st.RoundTrips++
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return res, t.wrap(err)
+	}
+	ids := map[string]bool{}
+	for _, c := range cmds {
+		v, err := c.Result()
+		if err != nil {
+			continue
+		}
+		st.DirectoryHits++
+		if id, _, ok := cutColon(v); ok && len(id) == 32 {
+			ids[id] = true
+		}
+	}
+	if len(ids) == 0 {
+		res.Stats.Probes = st.Probes
+		return res, nil
+	}
+	pipe = t.client.Pipeline()
+	scmds := make([]*redis.StringCmd, 0, len(ids))
+	for id := range ids {
+		scmds = append(scmds, pipe.Get(ctx, seqKey(ns, id)))
+	}
+	st.RoundTrips++
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return res, t.wrap(err)
+	}
+	// The sequences found are matched by a table of their own, with the
+	// node table's hash and limits.
+	local := tab.Sibling()
+	for _, c := range scmds {
+		b, err := c.Bytes()
+		if err != nil {
+			continue
+		}
+		seq, err := decodeSequence(b)
+		if err != nil {
+			t.corrupt.Add(1)
+			continue
+		}
+		if _, err := local.Register(seq); err == nil {
+			st.Sequences++
+		}
+	}
+	res = local.Match(prompt, from)
+	res.Stats.Probes = st.Probes
+	return res, nil
+}
+
+func cutColon(s string) (string, string, bool) {
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == ':' {
+			return s[:i], s[i+1:], true
+		}
+	}
+	return s, "", false
+}
+
+// Ping checks that Redis answers, within the OpTimeout.
+func (t *Tier) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.OpTimeout)
+	defer cancel()
+	if err := t.client.Ping(ctx).Err(); err != nil {
+		return t.wrap(err)
+	}
+	return nil
+}
