@@ -2,6 +2,7 @@ package blend
 
 import (
 	"fmt"
+	"github.com/cacheblend/cacheblend/blend/fleet"
 	"time"
 
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
@@ -35,6 +36,9 @@ const (
 // and a 4096-event bus, served on a free loopback port. A Config is a plain
 // value, read once by New.
 type Config struct {
+	// Fleet is the Redis fleet tier shared by many nodes (package fleet);
+	// off when Fleet.URL is empty.
+	Fleet fleet.Config
 	// Addr is the gRPC listen address (DefaultAddr, a free loopback port,
 	// when empty; see Server.Addr).
 	Addr string

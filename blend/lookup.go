@@ -10,7 +10,6 @@ import (
 
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/blend/events"
-	"github.com/cacheblend/cacheblend/blend/fingerprint"
 	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
@@ -101,15 +100,9 @@ func (s *Server) lookup(job *lookupJob) *cbv1.LookupResult {
 	s.publish(events.Event{Type: events.PrefixLookupEnd, RequestID: id,
 		Attrs: []attribute.KeyValue{events.AttrPrefixChunks.Int(prefixChunks)}})
 
-	// Non-prefix leg (cb.fingerprint_match), after the prefix coverage.
-	s.publish(events.Event{Type: events.FingerprintMatchStart, RequestID: id})
-	var fm fingerprint.Result
-	if t := s.table(mdl, false); t != nil {
-		fm = t.Match(toks, prefixChunks*cs)
-	}
-	s.publish(events.Event{Type: events.FingerprintMatchEnd, RequestID: id, Attrs: []attribute.KeyValue{
-		events.AttrNProbes.Int(fm.Stats.Probes), events.AttrTableHits.Int(fm.Stats.TableHits), events.AttrMatches.Int(len(fm.Matches)),
-	}})
+	// Non-prefix leg (cb.fingerprint_match, or cb.coordinator_match with a
+	// fleet tier), after the prefix coverage.
+	fm := s.nonPrefixMatch(id, mdl, toks, prefixChunks*cs)
 
 	// Sparse prefetch (cb.sparse_prefetch ⊃ cb.l2_load) of every matched chunk.
 	keys := make([]chunkstore.Key, 0, prefixChunks+2*len(fm.Matches))
@@ -131,6 +124,9 @@ func (s *Server) lookup(job *lookupJob) *cbv1.LookupResult {
 	s.publish(events.Event{Type: events.SparsePrefetchStart, RequestID: id})
 	got, ls := s.store.GetMany(keys)
 	end := time.Now()
+	if got == nil {
+		got = make(map[chunkstore.Key]*chunkstore.Chunk, len(keys))
+	}
 	if ls.L2Misses > 0 {
 		s.publish(events.Event{Type: events.L2LoadTaskStart, RequestID: id, Time: end.Add(-ls.Duration),
 			Attrs: []attribute.KeyValue{attribute.Int("keys", ls.L2Misses)}})
@@ -138,6 +134,10 @@ func (s *Server) lookup(job *lookupJob) *cbv1.LookupResult {
 			events.AttrChunks.Int(ls.Chunks), events.AttrBytes.Int64(ls.Bytes),
 			events.AttrMs.Float64(float64(ls.Duration) / float64(time.Millisecond)),
 		}})
+	}
+	if s.fleet != nil {
+		s.fleetLoad(id, mdl, keys, got)
+		end = time.Now()
 	}
 	s.publish(events.Event{Type: events.SparsePrefetchEnd, RequestID: id, Time: end, Attrs: []attribute.KeyValue{
 		events.AttrNKeys.Int(ls.Keys), events.AttrL1Hits.Int(ls.L1Hits), events.AttrL2Misses.Int(ls.L2Misses),

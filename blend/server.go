@@ -21,6 +21,7 @@ import (
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/blend/events"
 	"github.com/cacheblend/cacheblend/blend/fingerprint"
+	"github.com/cacheblend/cacheblend/blend/fleet"
 	"github.com/cacheblend/cacheblend/blend/scatter"
 	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/metrics"
@@ -48,6 +49,7 @@ type Server struct {
 	epoch   string
 	now     func() time.Time // the clock of registration expiry
 	store   *chunkstore.Store
+	fleet   *fleet.Tier // nil without a fleet tier
 	bus     *events.Bus
 	pool    *scatter.Pool
 	metrics *metrics.BlendMetrics
@@ -157,6 +159,11 @@ func New(cfg Config, deps component.Deps) (*Server, error) {
 		aliases: make(map[aliasKey]chunkstore.Key),
 		aliasOf: make(map[chunkstore.Key]aliasKey),
 	}
+	if cfg.Fleet.URL != "" {
+		if s.fleet, err = fleet.New(cfg.Fleet, logger); err != nil {
+			return nil, fmt.Errorf("blend: %w", err)
+		}
+	}
 	s.store, err = chunkstore.New(chunkstore.Config{
 		L1Bytes:   cfg.L1Bytes,
 		Dir:       cfg.L2Dir,
@@ -213,6 +220,13 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.pool.Start(ctx); err != nil {
 		ln.Close()
 		return fmt.Errorf("blend: copy pool: %w", err)
+	}
+	if s.fleet != nil {
+		if err := s.fleet.Start(ctx); err != nil {
+			ln.Close()
+			_ = s.pool.Shutdown(ctx)
+			return fmt.Errorf("blend: fleet tier: %w", err)
+		}
 	}
 	s.bus.Start()
 	for range s.cfg.LookupWorkers {
@@ -271,6 +285,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	if err := s.pool.Shutdown(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("blend: copy pool: %w", err))
+	}
+	if s.fleet != nil {
+		if err := s.fleet.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("blend: %w", err))
+		}
 	}
 	if err := s.bus.Shutdown(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("blend: %w", err))

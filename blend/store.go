@@ -70,12 +70,13 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 		base = chunkstore.ChainKeys(mdl, 0, toks, cs)
 	}
 	var aliasBase, aliasKeys []chunkstore.Key
+	var stored []*chunkstore.Chunk // new rank-0 chunks, for the fleet tier
 	for i, k := range keys {
 		lo, hi := i*cs, min((i+1)*cs, len(toks))
 		present := s.store.Contains(k) != chunkstore.TierNone
 		if present {
 			resp.SkippedChunks++
-		} else if err := s.storeChunk(k, mdl, rank, layout, toks[lo:hi], lo, w, bt); err != nil {
+		} else if c, err := s.storeChunk(k, mdl, rank, layout, toks[lo:hi], lo, w, bt); err != nil {
 			errs = append(errs, fmt.Errorf("chunk %d: %w", i, err))
 			if s.store.Contains(k) == chunkstore.TierNone {
 				continue
@@ -83,6 +84,9 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 		} else {
 			resp.StoredChunks++
 			resp.Bytes += int64(hi-lo) * l.TokenBytes()
+			if rank == 0 && s.fleet != nil {
+				stored = append(stored, c)
+			}
 		}
 		if rank != 0 {
 			aliasBase, aliasKeys = append(aliasBase, base[i]), append(aliasKeys, k)
@@ -93,6 +97,9 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 		s.setAliases(aliasBase, aliasKeys, rank)
 	} else {
 		s.enqueueRegistration(mdl, keys, toks)
+		if s.fleet != nil {
+			s.fleetStore(mdl, fingerprint.Sequence{Keys: keys, Tokens: slices.Clone(toks), ChunkSize: cs}, stored)
+		}
 	}
 	var endErr error
 	if len(errs) > 0 {
@@ -115,15 +122,15 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 
 // storeChunk gathers one chunk's KV from the worker's memory and puts it in
 // the store. Its positions are its offsets in the stored sequence.
-func (s *Server) storeChunk(k chunkstore.Key, mdl string, rank int, layout chunkstore.Layout, toks []int32, start int, w *workerMem, bt []int32) error {
+func (s *Server) storeChunk(k chunkstore.Key, mdl string, rank int, layout chunkstore.Layout, toks []int32, start int, w *workerMem, bt []int32) (*chunkstore.Chunk, error) {
 	c, err := chunkstore.NewChunk(k, mdl, rank, layout, toks, start)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := scatter.Gather(c, w.mem, bt); err != nil {
-		return err
+		return nil, err
 	}
-	return s.store.Put(c)
+	return c, s.store.Put(c)
 }
 
 // enqueueRegistration queues the fingerprint registration of a rank-0

@@ -110,7 +110,7 @@ func DefaultSpanDefs() []SpanDef {
 		},
 		{
 			Name: spanname.CBCoordinatorMatch, Start: CoordinatorMatchStart, End: CoordinatorMatchEnd, Parent: spanname.CBLookup,
-			EndAttrs: []attribute.Key{AttrMatches, AttrTimedOut},
+			EndAttrs: []attribute.Key{AttrMatches, AttrTimedOut, AttrNProbes, AttrTableHits, "round_trips", "directory_hits"},
 		},
 		{
 			Name: spanname.CBSparsePrefetch, Start: SparsePrefetchStart, End: SparsePrefetchEnd, Parent: spanname.CBLookup,
@@ -118,7 +118,7 @@ func DefaultSpanDefs() []SpanDef {
 		},
 		{
 			Name: spanname.CBL2Load, Start: L2LoadTaskStart, End: L2LoadTaskEnd, Parent: spanname.CBSparsePrefetch,
-			EndAttrs: []attribute.Key{AttrChunks, AttrBytes, AttrMs}, DurationMsAttr: AttrMs,
+			EndAttrs: []attribute.Key{AttrChunks, AttrBytes, AttrMs, "tier", "misses", "corrupt"}, DurationMsAttr: AttrMs,
 		},
 		{
 			Name: spanname.CBClassify, Start: ClassifyStart, End: ClassifyEnd, Parent: spanname.CBLookup,

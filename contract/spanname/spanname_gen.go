@@ -69,7 +69,8 @@ const (
 	// CBCoordinatorMatch is the span "cb.coordinator_match" of cb-blend (kind internal, phase
 	// "lookup"), child of [CBLookup]; optional, replaces [CBFingerprintMatch].
 	//
-	// Replaces cb.fingerprint_match when a fleet directory is configured.
+	// Replaces cb.fingerprint_match when a fleet directory is configured (package blend/fleet,
+	// Redis); on timeout the local table's matches are used and timed_out is true.
 	CBCoordinatorMatch = "cb.coordinator_match"
 
 	// CBSparsePrefetch is the span "cb.sparse_prefetch" of cb-blend (kind internal, phase
@@ -77,9 +78,10 @@ const (
 	CBSparsePrefetch = "cb.sparse_prefetch"
 
 	// CBL2Load is the span "cb.l2_load" of cb-blend (kind internal, phase "l2 load"), child of
-	// [CBSparsePrefetch]; required when the parent has l2_misses > 0, else optional.
+	// [CBSparsePrefetch]; required when the parent has l2_misses > 0, else optional; may repeat.
 	//
-	// One coalesced read of the L2 misses; only when there were any.
+	// One coalesced read of the L2 misses (tier disk), and with a fleet tier one pipelined read of
+	// what the local tiers miss (tier redis).
 	CBL2Load = "cb.l2_load"
 
 	// CBClassify is the span "cb.classify" of cb-blend (kind internal, phase "lookup"), child of
