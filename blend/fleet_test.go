@@ -44,6 +44,10 @@ func TestFleetTwoNodes(t *testing.T) {
 				t.Fatalf("node B retrieve: %+v %v", rr, err)
 			}
 			b.checkSlots(mem, bt, off, docLen, 0)
+			b.s.MetricsBefore()
+			if hits, ok := b.value("lmcache_blend_remote_reads_total", map[string]string{"result": "hit"}), b.value("lmcache_blend_coordinator_matches_total", map[string]string{"result": "ok"}); hits != 2 || ok != 1 {
+				t.Fatalf("metrics: remote hits %v, coordinator ok %v", hits, ok)
+			}
 
 			b.shutdown()
 			var coord, redisLoad bool

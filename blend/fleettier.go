@@ -88,6 +88,7 @@ func (s *Server) fleetLoad(id, mdl string, keys []chunkstore.Key, got map[chunks
 	s.publish(events.Event{Type: events.L2LoadTaskStart, RequestID: id, Time: start,
 		Attrs: []attribute.KeyValue{attribute.Int("keys", len(missing)), attribute.String("tier", "redis")}})
 	chunks, st, err := s.fleet.GetChunks(context.Background(), ns, missing, layout)
+	s.metrics.ObserveRemoteLoad(context.Background(), st.Duration)
 	for k, c := range chunks {
 		if perr := s.store.Put(c); perr != nil {
 			s.logger.Debug("fleet chunk not kept locally", "key", k, "err", perr)

@@ -113,6 +113,8 @@ type Stats struct {
 	// Store, Pool: the chunk store's and the copy pool's own counters.
 	Store chunkstore.Stats
 	Pool  scatter.PoolStats
+	// Fleet is the fleet tier's totals (zero without one).
+	Fleet fleet.Stats
 	// EventsPublished and EventsDropped are the event bus's totals.
 	EventsPublished, EventsDropped uint64
 }
@@ -382,6 +384,15 @@ func (s *Server) MetricsBefore() {
 	}
 	s.metrics.SetStorage(metrics.StorageStats{L1Bytes: st.L1Bytes, L1Chunks: int64(st.L1Chunks), Fingerprints: int64(fps)})
 	s.syncStoreCounters()
+	if s.fleet != nil {
+		f := s.fleet.Stats()
+		s.metrics.SetRemoteTotals(metrics.RemoteStats{
+			Hits: f.Hits, Misses: f.Misses, Corrupt: f.Corrupt, ReadErrors: f.ReadErrors,
+			Writes: f.Writes, WritesDropped: f.WritesDropped, WriteErrors: f.WriteErrors,
+			BytesRead: f.BytesRead, BytesWritten: f.BytesWritten,
+			Matches: f.Matches, MatchTimeouts: f.MatchTimeouts, MatchErrors: f.MatchErrors,
+		})
+	}
 }
 
 // syncStoreCounters advances chunks_evicted{tier} and l2_corrupt_chunks to
@@ -412,6 +423,9 @@ func (s *Server) Stats() Stats {
 		Registrations: s.regDone.Load(), RegistrationsDropped: s.regDropped.Load(), RegistrationsExpired: s.regsExpired.Load(),
 		Store: s.store.Stats(), Pool: s.pool.Stats(),
 		EventsPublished: s.bus.Published(), EventsDropped: s.bus.Dropped(),
+	}
+	if s.fleet != nil {
+		st.Fleet = s.fleet.Stats()
 	}
 	s.wmu.Lock()
 	st.Workers = len(s.workers)

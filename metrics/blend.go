@@ -53,6 +53,8 @@ type BlendMetrics struct {
 	lookupDur, fingerprintDur, prefetchDur, retrieveDur, scatterDur *HistogramSeries
 	l2Throughput                                                    *HistogramSeries
 
+	remote remoteSeries
+
 	busMu sync.Mutex // serialises SetEventBusTotals so both totals are checked before either moves
 }
 
@@ -95,6 +97,7 @@ func NewBlendMetrics(reg prometheus.Registerer, opts ...Option) (*BlendMetrics, 
 		retrieveDur:      b.histogramSeries("lmcache_blend_retrieve_duration_seconds"),
 		scatterDur:       b.histogramSeries("lmcache_blend_scatter_duration_seconds"),
 		l2Throughput:     b.histogramSeries("lmcache_blend_l2_load_throughput_gbps"),
+		remote:           newRemoteSeries(b),
 	}
 	b.enumSeries(m.evicted[:], m.evictedIn, tierNames[:])
 	if b.err != nil {

@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cacheblend/cacheblend/blend"
+	"github.com/cacheblend/cacheblend/blend/fleet"
 	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/service"
 )
@@ -46,7 +47,8 @@ func newBlendCmd() *cobra.Command {
 				_ = srv.Shutdown(ctx)
 				return err
 			}
-			rt.Logger.Info("blend server started", "grpc", gaddr, "epoch", srv.Epoch(), "chunk_size", cfg.ChunkSize, "l2_dir", cfg.L2Dir)
+			rt.Logger.Info("blend server started", "grpc", gaddr, "epoch", srv.Epoch(), "chunk_size", cfg.ChunkSize, "l2_dir", cfg.L2Dir,
+				"fleet", cfg.Fleet.URL != "")
 			announce("cb-blend", "grpc", gaddr, "metrics", "http://"+maddr.String()+"/metrics")
 			return runUntilSignal(ctx, rt, srv)
 		},
@@ -61,6 +63,9 @@ func newBlendCmd() *cobra.Command {
 	f.IntVar(&cfg.LookupWorkers, "lookup-workers", blend.DefaultLookupWorkers, "concurrent lookups")
 	f.IntVar(&cfg.CopyWorkers, "copy-workers", blend.DefaultCopyWorkers, "scatter copy goroutines (the copy stream)")
 	f.IntVar(&cfg.EventQueue, "event-queue", blend.DefaultEventQueue, "event bus capacity (full: events dropped and counted)")
+	f.StringVar(&cfg.Fleet.URL, "redis-url", "", "fleet tier: Redis shared by many nodes, redis://[user:password@]host:port or rediss://… (cluster: ?cluster=true or &addr=host:port seeds); empty: off")
+	f.DurationVar(&cfg.Fleet.CoordinatorTimeout, "coordinator-timeout", fleet.DefaultCoordinatorTimeout, "bound of a coordinator match (fleet directory lookup); on timeout the local table's matches are used")
+	f.DurationVar(&cfg.Fleet.OpTimeout, "redis-timeout", fleet.DefaultOpTimeout, "bound of one Redis round trip of the data path")
 	f.StringVar(&otlp, "otlp-traces-endpoint", "", "OTLP traces endpoint (overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
 	return withEnv(cmd)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -25,6 +26,7 @@ type upFlags struct {
 	engineArgs    []string
 	workerArgs    []string
 	blendArgs     []string
+	redisURL      string
 }
 
 func (u *upFlags) register(cmd *cobra.Command, defaultAPI string) {
@@ -36,6 +38,15 @@ func (u *upFlags) register(cmd *cobra.Command, defaultAPI string) {
 	f.StringArrayVar(&u.engineArgs, "engine-arg", nil, "extra flag for cb engine (repeatable), e.g. --engine-arg=--api-key=secret")
 	f.StringArrayVar(&u.workerArgs, "worker-arg", nil, "extra flag for cb worker (repeatable)")
 	f.StringArrayVar(&u.blendArgs, "blend-arg", nil, "extra flag for cb blend (repeatable)")
+	f.StringVar(&u.redisURL, "redis-url", "", "fleet tier shared with other nodes: passed to cb blend --redis-url")
+}
+
+// blendArgsWithFleet is --blend-arg plus --redis-url when set.
+func (u *upFlags) blendArgsWithFleet() []string {
+	if u.redisURL == "" {
+		return u.blendArgs
+	}
+	return append(slices.Clip(u.blendArgs), "--redis-url", u.redisURL)
 }
 
 // running is a started stack and, unless spans go to an external OTLP
@@ -67,7 +78,7 @@ func startStack(ctx context.Context, u *upFlags) (*running, error) {
 	r := &running{}
 	cfg := stack.UpConfig{
 		APIAddr:    u.api,
-		EngineArgs: u.engineArgs, WorkerArgs: u.workerArgs, BlendArgs: u.blendArgs,
+		EngineArgs: u.engineArgs, WorkerArgs: u.workerArgs, BlendArgs: u.blendArgsWithFleet(),
 		// Export batches often so a request's trace is complete quickly.
 		Env: []string{"OTEL_BSP_SCHEDULE_DELAY=200"},
 	}
