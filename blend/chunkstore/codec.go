@@ -167,6 +167,11 @@ func floatBytes(f []float32) []byte {
 // chunk does not alias data. Safe for concurrent use.
 func DecodeChunk(data []byte) (*Chunk, error) { return decode(data, false) }
 
+// DecodeOwnedChunk is DecodeChunk for data the caller hands over (it must
+// not be used or changed afterwards): the chunk's slices may alias it,
+// which saves a copy of the KV.
+func DecodeOwnedChunk(data []byte) (*Chunk, error) { return decode(data, true) }
+
 // decode parses data; with alias (and a little-endian machine and aligned
 // data) the chunk's slices point into data, which the caller must own.
 func decode(data []byte, alias bool) (*Chunk, error) {

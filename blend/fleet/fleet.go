@@ -444,7 +444,7 @@ func (t *Tier) GetChunks(ctx context.Context, ns string, keys []chunkstore.Key, 
 			st.Misses++
 			continue
 		}
-		c, err := chunkstore.DecodeChunk(b)
+		c, err := chunkstore.DecodeOwnedChunk(b) // b is ours: a copy of the reply
 		if err != nil || c.Key != k || (want != (chunkstore.Layout{}) && c.Layout != want) {
 			st.Corrupt++
 			st.Misses++
