@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/blend/fleet"
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/internal/redistest"
@@ -84,5 +85,31 @@ func TestFleetRedisDown(t *testing.T) {
 	res := e.lookup(&cbv1.LookupRequest{RequestId: "down", Tokens: promptWith(promptN, 333, doc, 3), WorldSize: 1, Model: testModel})
 	if res.GetNonPrefixHitTokens() != docLen || time.Since(t0) > 2*time.Second {
 		t.Fatalf("lookup with Redis down: %+v after %v", res, time.Since(t0))
+	}
+}
+
+// TestFleetEvictedChunkIsStale: a directory entry whose chunk Redis evicted
+// (here deleted, deterministically; and under a real maxmemory) is stale in
+// cb.classify and nothing is reused from it; nothing wrong is ever served.
+func TestFleetEvictedChunkIsStale(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	fc := fleet.Config{URL: srv.URL(), CoordinatorTimeout: 2 * time.Second}
+	a, _, doc := docEnv(t, Config{Fleet: fc})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.s.fleet.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ns, _, _ := a.s.fleetSpace(testModel)
+	keys := chunkstore.ChainKeys(testModel, 0, doc, 256)
+	if _, err := srv.Command("DEL", "cb:"+ns+":c:"+keys[1].String()); err != nil {
+		t.Fatal(err)
+	}
+	b := newEnv(t, Config{Fleet: fc})
+	b.newWorker("w1", 0)
+	res := b.lookup(&cbv1.LookupRequest{RequestId: "ev", Tokens: promptWith(promptN, 500, doc, 5), WorldSize: 1, Model: testModel})
+	// Chunk 0 (256 tokens) is still served; chunk 1 is stale and cut out.
+	if res.GetStaleChunks() != 1 || res.GetFound() != 1 || res.GetNonPrefixHitTokens() != 256 {
+		t.Fatalf("lookup after eviction: %+v", res)
 	}
 }

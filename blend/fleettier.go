@@ -103,8 +103,9 @@ func (s *Server) fleetLoad(id, mdl string, keys []chunkstore.Key, got map[chunks
 	}})
 }
 
-// fleetStore writes newly stored rank-0 chunks and the sequence's directory
-// entry to the fleet tier (asynchronously; drops are counted there).
+// fleetStore writes a stored sequence's rank-0 chunks and its directory
+// entry to the fleet tier (asynchronously; drops are counted there). Chunks
+// the node held already are written again: Redis may have lost them.
 func (s *Server) fleetStore(mdl string, seq fingerprint.Sequence, stored []*chunkstore.Chunk) {
 	ns, _, ok := s.fleetSpace(mdl)
 	if !ok {

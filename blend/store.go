@@ -70,12 +70,17 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 		base = chunkstore.ChainKeys(mdl, 0, toks, cs)
 	}
 	var aliasBase, aliasKeys []chunkstore.Key
-	var stored []*chunkstore.Chunk // new rank-0 chunks, for the fleet tier
+	var stored []*chunkstore.Chunk // rank-0 chunks for the fleet tier
 	for i, k := range keys {
 		lo, hi := i*cs, min((i+1)*cs, len(toks))
 		present := s.store.Contains(k) != chunkstore.TierNone
 		if present {
 			resp.SkippedChunks++
+			if rank == 0 && s.fleet != nil { // the fleet tier may have lost it (a Redis restart, eviction)
+				if c, _, err := s.store.Get(k); err == nil {
+					stored = append(stored, c)
+				}
+			}
 		} else if c, err := s.storeChunk(k, mdl, rank, layout, toks[lo:hi], lo, w, bt); err != nil {
 			errs = append(errs, fmt.Errorf("chunk %d: %w", i, err))
 			if s.store.Contains(k) == chunkstore.TierNone {

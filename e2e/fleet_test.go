@@ -1,0 +1,126 @@
+package e2e
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/cacheblend/cacheblend/contract"
+	"github.com/cacheblend/cacheblend/contract/spanname"
+	"github.com/cacheblend/cacheblend/demo"
+	"github.com/cacheblend/cacheblend/internal/redistest"
+	"github.com/cacheblend/cacheblend/tracecheck"
+)
+
+// TestFleetTwoNodesShareDocuments: two nodes (two `cb up` stacks) share one
+// Redis fleet tier. Documents ingested on node A are reused by a request on
+// node B, which never saw them: B's trace holds cb.coordinator_match with
+// matches and a Redis load, B reuses at least 90 % of the documents'
+// tokens, and B's answer is A's answer to the same request with reuse. On
+// one Redis server and on a 3-master Redis Cluster.
+func TestFleetTwoNodesShareDocuments(t *testing.T) {
+	t.Run("single", func(t *testing.T) { fleetTwoNodes(t, redistest.Start(t, redistest.Options{}).URL()) })
+	t.Run("cluster", func(t *testing.T) { fleetTwoNodes(t, redistest.StartCluster(t).URL()) })
+}
+
+func fleetTwoNodes(t *testing.T, url string) {
+	fleetArgs := []string{"--redis-url", url, "--coordinator-timeout", "2s"}
+	a := startEnv(t, options{blendArgs: fleetArgs})
+	b := startEnv(t, options{blendArgs: fleetArgs})
+	a.ingest()
+
+	prompt := ragPrompt(2, 0, 5)
+	const tpB = "00-4bf92f3577b34da6a3ce929d0e0e4737-00f067aa0ba902b7-01"
+	outB := b.chat(tpB, prompt, 8)
+	tr := b.trace("4bf92f3577b34da6a3ce929d0e0e4737", spanname.CBRequest, spanname.CBCoordinatorMatch, spanname.CBL2Load, spanname.CBRetrieve)
+	spec, err := contract.Spans()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := tracecheck.Check([]tracecheck.Trace{*tr}, spec); !rep.OK() {
+		t.Fatalf("node B's trace fails the contract:\n%s", rep.String())
+	}
+	num := func(s *tracecheck.Span, k string) float64 { v, _ := s.Attributes[k].Number(); return v }
+	spans := byName(tr)
+	cm := spans[spanname.CBCoordinatorMatch][0]
+	if num(cm, "matches") < 1 || cm.Attributes["timed_out"].String() != "false" {
+		t.Fatalf("cb.coordinator_match %v", cm.Attributes)
+	}
+	redisLoad := false
+	for _, s := range spans[spanname.CBL2Load] {
+		redisLoad = redisLoad || (s.Attributes["tier"].String() == "redis" && num(s, "chunks") > 0)
+	}
+	if !redisLoad {
+		t.Fatal("no cb.l2_load from Redis on node B")
+	}
+	req := spans[spanname.CBRequest][0]
+	docTokens := 0.0
+	for _, i := range []int{2, 0, 5} {
+		docTokens += float64(len(demo.Documents()[i].Text)) // byte-level tokenizer: a token per byte
+	}
+	hit := num(req, "prefix_hit_tokens") + num(req, "non_prefix_hit_tokens")
+	if hit < 0.9*docTokens {
+		t.Fatalf("node B reused %v of the documents' %v tokens", hit, docTokens)
+	}
+
+	// The same request on node A, where the documents were ingested.
+	outA := a.chat("", prompt, 8)
+	if fmt.Sprint(text(outA)) != fmt.Sprint(text(outB)) {
+		t.Fatalf("node B's answer %q differs from node A's %q", text(outB), text(outA))
+	}
+	t.Logf("node B reused %.0f of %.0f document tokens through Redis", hit, docTokens)
+}
+
+// text is a chat completion's message content.
+func text(out map[string]any) string {
+	ch, _ := out["choices"].([]any)
+	if len(ch) == 0 {
+		return ""
+	}
+	msg, _ := ch[0].(map[string]any)["message"].(map[string]any)
+	s, _ := msg["content"].(string)
+	return s
+}
+
+// TestFleetFaults: every request is answered while the fleet tier's Redis
+// is paused (SIGSTOP: the coordinator match is bounded by its timeout and
+// says timed_out), killed, and restarted (then reuse through Redis resumes
+// once node A has stored its documents again).
+func TestFleetFaults(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	a := startEnv(t, options{blendArgs: []string{"--redis-url", srv.URL(), "--coordinator-timeout", "2s"}})
+	b := startEnv(t, options{blendArgs: []string{"--redis-url", srv.URL(), "--coordinator-timeout", "100ms", "--redis-timeout", "200ms"}})
+	a.ingest()
+
+	srv.Pause()
+	const tpPaused = "00-4bf92f3577b34da6a3ce929d0e0e4738-00f067aa0ba902b7-01"
+	start := time.Now()
+	b.chat(tpPaused, ragPrompt(1, 3), 2)
+	took := time.Since(start)
+	srv.Resume()
+	tr := b.trace("4bf92f3577b34da6a3ce929d0e0e4738", spanname.CBRequest, spanname.CBCoordinatorMatch)
+	cm := byName(tr)[spanname.CBCoordinatorMatch][0]
+	if cm.Attributes["timed_out"].String() != "true" || cm.Duration() > time.Second {
+		t.Fatalf("coordinator match with Redis paused: %v, %v", cm.Attributes, cm.Duration())
+	}
+	t.Logf("request answered in %v with Redis paused; coordinator match gave up after %v", took, cm.Duration())
+
+	srv.Kill()
+	b.chat("", ragPrompt(4, 6), 2) // answered: local tiers, then full prefill
+	srv.Restart()
+	a.ingest() // node A stores its documents again: their chunks go back to Redis
+	const tpBack = "00-4bf92f3577b34da6a3ce929d0e0e4739-00f067aa0ba902b7-01"
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b.chat(tpBack, ragPrompt(7, 6), 2)
+		tr := b.trace("4bf92f3577b34da6a3ce929d0e0e4739", spanname.CBRequest, spanname.CBCoordinatorMatch)
+		cms := byName(tr)[spanname.CBCoordinatorMatch]
+		if v, _ := cms[len(cms)-1].Attributes["matches"].Number(); v >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("reuse through Redis did not resume after the restart")
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
