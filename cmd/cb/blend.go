@@ -8,6 +8,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/blend"
 	"github.com/cacheblend/cacheblend/defaults"
+	"github.com/cacheblend/cacheblend/rpc/mtls"
 	"github.com/cacheblend/cacheblend/service"
 )
 
@@ -18,6 +19,7 @@ func newBlendCmd() *cobra.Command {
 		cfg         blend.Config
 		metricsAddr string
 		otlp        string
+		tf          tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "blend",
@@ -29,11 +31,18 @@ func newBlendCmd() *cobra.Command {
 			if os.Getenv("GOMEMLIMIT") == "" && cfg.L1Bytes > 0 {
 				debug.SetMemoryLimit(cfg.L1Bytes + cfg.L1Bytes/4 + 256<<20)
 			}
+			id, err := tf.load(mtls.Blend)
+			if err != nil {
+				return err
+			}
 			rt, err := service.New(ctx, service.Options{ServiceName: "cb-blend", OTLPEndpoint: otlp})
 			if err != nil {
 				return err
 			}
-			srv, err := blend.New(cfg, rt.Deps())
+			logTLS(rt.Logger, id, true)
+			deps := rt.Deps()
+			deps.GRPCServerOptions = serverOptions(id, mtls.BlendCallers...)
+			srv, err := blend.New(cfg, deps)
 			if err != nil {
 				return err
 			}
@@ -62,5 +71,6 @@ func newBlendCmd() *cobra.Command {
 	f.IntVar(&cfg.CopyWorkers, "copy-workers", blend.DefaultCopyWorkers, "scatter copy goroutines (the copy stream)")
 	f.IntVar(&cfg.EventQueue, "event-queue", blend.DefaultEventQueue, "event bus capacity (full: events dropped and counted)")
 	f.StringVar(&otlp, "otlp-traces-endpoint", "", "OTLP traces endpoint (overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
+	tf.register(f, mtls.Blend)
 	return withEnv(cmd)
 }
