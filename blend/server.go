@@ -54,6 +54,8 @@ type Server struct {
 	pool    *scatter.Pool
 	metrics *metrics.BlendMetrics
 
+	grpcOpts []grpc.ServerOption // component.Deps.GRPCServerOptions (mutual TLS, callers' roles)
+
 	gateMu   sync.RWMutex // guards state; RPCs hold it shared while they enqueue
 	state    int
 	inflight sync.WaitGroup // RPC handlers in progress
@@ -125,8 +127,9 @@ type Stats struct {
 // from the request id, it must honour telemetry.ContextWithTraceID (a
 // telemetry/provider Provider's provider, or an SDK provider built with
 // provider.NewIDGenerator(nil)). deps.Registerer receives the
-// lmcache_blend_* instruments. The server has no span helper, so
-// deps.Profile is unused. Nil fields take the defaults of
+// lmcache_blend_* instruments. deps.GRPCServerOptions are added to its gRPC
+// server's (mutual TLS and the callers' roles, see rpc/mtls). The server has
+// no span helper, so deps.Profile is unused. Nil fields take the defaults of
 // component.Deps.WithDefaults.
 func New(cfg Config, deps component.Deps) (*Server, error) {
 	cfg, err := cfg.withDefaults()
@@ -166,6 +169,7 @@ func New(cfg Config, deps component.Deps) (*Server, error) {
 			return nil, fmt.Errorf("blend: %w", err)
 		}
 	}
+	s.grpcOpts = deps.GRPCServerOptions
 	s.store, err = chunkstore.New(chunkstore.Config{
 		L1Bytes:   cfg.L1Bytes,
 		Dir:       cfg.L2Dir,
@@ -344,7 +348,7 @@ func (s *Server) Service() cbv1.BlendServiceServer { return &service{s: s} }
 // serve serves the BlendService and the gRPC health service on ln until
 // Shutdown.
 func (s *Server) serve(ln net.Listener) {
-	srv := rpc.NewServer()
+	srv := rpc.NewServer(s.grpcOpts...)
 	cbv1.RegisterBlendServiceServer(srv, s.Service())
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)

@@ -19,9 +19,9 @@
 // [Lifecycle]. Package service turns a process's runtime (tracer provider,
 // registry, logger, span profile) into a [Deps] (service.Runtime.Deps).
 //
-// This package depends on the OpenTelemetry and Prometheus client APIs and
-// on package telemetry only, never on an SDK or exporter, so every component
-// may import it.
+// This package depends on the OpenTelemetry and Prometheus client APIs, on
+// gRPC's server option type and on package telemetry only, never on an SDK
+// or exporter, so every component may import it.
 package component
 
 import (
@@ -32,6 +32,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/grpc"
 
 	"github.com/cacheblend/cacheblend/telemetry"
 )
@@ -79,6 +80,12 @@ type Deps struct {
 	// Provider.ProfileWriter returns when profiling is off, counts as unset.
 	// Default: none.
 	Profile io.Writer
+	// GRPCServerOptions are added to the options of the component's gRPC
+	// server (rpc.NewServer; the worker's and the blend server's, the other
+	// components serve none): cmd/cb passes the mutual-TLS credentials and
+	// the caller-role check here (rpc/mtls, Identity.ServerOptions).
+	// Default: none, a plaintext server that admits every caller.
+	GRPCServerOptions []grpc.ServerOption
 }
 
 // WithDefaults returns d with every unset field replaced by its default: a

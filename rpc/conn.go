@@ -14,10 +14,14 @@ import (
 const MaxMessageBytes = 64 << 20
 
 // Dial returns a client connection to a cacheblend process at addr
-// (host:port, plaintext: the processes talk over loopback or a trusted
-// network) that carries the caller's trace context in gRPC metadata and
+// (host:port) that carries the caller's trace context in gRPC metadata and
 // allows MaxMessageBytes messages. The connection is lazy: it connects on
 // first use and reconnects after the peer restarts.
+//
+// It is plaintext unless opts carry transport credentials, which replace
+// the plaintext default (options apply in order): pass
+// mtls.Identity.DialOption(role of the server) for mutual TLS, as every
+// process started with --tls-cert/--tls-key/--tls-ca does.
 func Dial(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	base := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -32,7 +36,11 @@ func Dial(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 }
 
 // NewServer returns a gRPC server that extracts the caller's trace context
-// from gRPC metadata and accepts MaxMessageBytes messages.
+// from gRPC metadata and accepts MaxMessageBytes messages. It is plaintext
+// and admits every caller unless opts say otherwise: with
+// mtls.Identity.ServerOptions(allowed roles...) it serves mutual TLS only
+// and refuses callers whose certificate names another role (interceptors
+// in opts run after the trace-context one).
 func NewServer(opts ...grpc.ServerOption) *grpc.Server {
 	base := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes),

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -13,7 +14,12 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(fakeEnv) != "" {
+		os.Exit(fakeCB(os.Args[1:]))
+	}
+	goleak.VerifyTestMain(m)
+}
 
 type syncBuf struct {
 	mu sync.Mutex

@@ -10,8 +10,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
+
+	"github.com/cacheblend/cacheblend/rpc/mtls"
 )
 
 // UpConfig configures Up. Zero values take the documented defaults.
@@ -33,7 +36,19 @@ type UpConfig struct {
 	Env []string
 	// Supervisor configures supervision (logs, timeouts, backoff).
 	Supervisor Config
+	// Plaintext turns mutual TLS off: the worker's and the blend server's
+	// gRPC ports then admit any local process. By default Up generates a
+	// throw-away CA and one certificate per process (see TLSDir) and every
+	// gRPC hop is mutual TLS with the callers' roles checked.
+	Plaintext bool
+	// TLSValidity is how long the generated certificates are valid;
+	// default DefaultTLSValidity. A stack running longer must be restarted
+	// (reconnections fail once they expire).
+	TLSValidity time.Duration
 }
+
+// DefaultTLSValidity is the validity of the certificates Up generates.
+const DefaultTLSValidity = 7 * 24 * time.Hour
 
 // Endpoint describes one process of a running stack, as written to the
 // endpoints file.
@@ -52,18 +67,29 @@ type Endpoints struct {
 	Worker    Endpoint  `json:"worker"`
 	Blend     Endpoint  `json:"blend"`
 	Collector *Endpoint `json:"collector,omitempty"`
+	// MutualTLS reports whether the gRPC ports serve mutual TLS (callers
+	// need a certificate of the stack's CA naming an allowed role).
+	MutualTLS bool `json:"mutual_tls"`
 }
 
 // Stack is a running blend + worker + engine, each its own OS process.
 type Stack struct {
-	sup *Supervisor
-	eps Endpoints
+	sup    *Supervisor
+	eps    Endpoints
+	tlsDir string // "" when plaintext
 }
 
 // Up starts cb blend, cb worker and cb engine (in that order, each waiting
 // for the previous to be ready) on loopback ports: the API on APIAddr, every
 // other port chosen free. A process that dies later is restarted with the
-// same ports.
+// same ports (and certificates).
+//
+// Unless cfg.Plaintext, Up first generates a throw-away CA and a
+// certificate per process (rpc/mtls: ECDSA P-256, valid for
+// cfg.TLSValidity, SANs 127.0.0.1, ::1, localhost and the process's role)
+// into a fresh directory (mode 0700, files 0600; the CA's key is never
+// written) and passes each process its --tls-cert, --tls-key and --tls-ca
+// before cfg's extra flags. Shutdown removes the directory.
 func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
 	if cfg.Exe == "" {
 		exe, err := os.Executable()
@@ -92,23 +118,37 @@ func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
 	}
 	s := &Stack{sup: NewSupervisor(cfg.Supervisor)}
 	fail := func(err error) (*Stack, error) {
-		_ = s.sup.Shutdown(context.Background())
+		_ = s.Shutdown(context.Background())
 		return nil, err
 	}
+	tlsArgs := func(mtls.Role) []string { return nil }
+	if !cfg.Plaintext {
+		if s.tlsDir, err = makeCerts(cfg.TLSValidity); err != nil {
+			return nil, err
+		}
+		tlsArgs = func(r mtls.Role) []string {
+			f := mtls.DirFiles(s.tlsDir, r)
+			return []string{"--tls-cert", f.Cert, "--tls-key", f.Key, "--tls-ca", f.CA}
+		}
+		s.eps.MutualTLS = true
+	}
+	args := func(base []string, r mtls.Role, extra []string) []string {
+		return slices.Concat(base, tlsArgs(r), extra)
+	}
 	r, err := s.sup.Start(ctx, Spec{Name: "cb-blend", Path: cfg.Exe, Env: env,
-		Args: append([]string{"blend", "--addr", blendGRPC, "--metrics-addr", blendMetrics}, cfg.BlendArgs...)})
+		Args: args([]string{"blend", "--addr", blendGRPC, "--metrics-addr", blendMetrics}, mtls.Blend, cfg.BlendArgs)})
 	if err != nil {
 		return fail(err)
 	}
 	s.eps.Blend = Endpoint{GRPC: r.Values["grpc"], Metrics: r.Values["metrics"], PID: r.PID}
 	r, err = s.sup.Start(ctx, Spec{Name: "cb-worker", Path: cfg.Exe, Env: env,
-		Args: append([]string{"worker", "--addr", workerGRPC, "--metrics-addr", workerMetrics, "--blend", blendGRPC}, cfg.WorkerArgs...)})
+		Args: args([]string{"worker", "--addr", workerGRPC, "--metrics-addr", workerMetrics, "--blend", blendGRPC}, mtls.Worker, cfg.WorkerArgs)})
 	if err != nil {
 		return fail(err)
 	}
 	s.eps.Worker = Endpoint{GRPC: r.Values["grpc"], Metrics: r.Values["metrics"], PID: r.PID}
 	r, err = s.sup.Start(ctx, Spec{Name: "cb-engine", Path: cfg.Exe, Env: env,
-		Args: append([]string{"engine", "--addr", cfg.APIAddr, "--worker", workerGRPC, "--blend", blendGRPC}, cfg.EngineArgs...)})
+		Args: args([]string{"engine", "--addr", cfg.APIAddr, "--worker", workerGRPC, "--blend", blendGRPC}, mtls.Engine, cfg.EngineArgs)})
 	if err != nil {
 		return fail(err)
 	}
@@ -186,8 +226,40 @@ func (s *Stack) WriteEndpoints(path string) error {
 	return os.Rename(tmp.Name(), path)
 }
 
-// Shutdown stops engine, worker and blend (in that order).
-func (s *Stack) Shutdown(ctx context.Context) error { return s.sup.Shutdown(ctx) }
+// TLSDir is the directory of the stack's CA certificate and per-process
+// certificates and keys (rpc/mtls.DirFiles names them), "" when the stack
+// is plaintext. It exists until Shutdown.
+func (s *Stack) TLSDir() string { return s.tlsDir }
+
+// Shutdown stops engine, worker and blend (in that order), then removes
+// the certificates.
+func (s *Stack) Shutdown(ctx context.Context) error {
+	err := s.sup.Shutdown(ctx)
+	if s.tlsDir != "" {
+		if rerr := os.RemoveAll(s.tlsDir); rerr != nil && err == nil {
+			err = fmt.Errorf("stack: remove certificates: %w", rerr)
+		}
+	}
+	return err
+}
+
+// makeCerts writes a throw-away CA's certificate and one certificate per
+// process, valid for validity (DefaultTLSValidity when <= 0), into a fresh
+// temporary directory (mode 0700) and returns it.
+func makeCerts(validity time.Duration) (string, error) {
+	if validity <= 0 {
+		validity = DefaultTLSValidity
+	}
+	dir, err := os.MkdirTemp("", "cb-up-tls-")
+	if err != nil {
+		return "", fmt.Errorf("stack: certificates: %w", err)
+	}
+	if err := mtls.WriteDir(dir, mtls.DefaultHosts, validity); err != nil {
+		os.RemoveAll(dir)
+		return "", fmt.Errorf("stack: certificates: %w", err)
+	}
+	return dir, nil
+}
 
 // FreePorts returns n distinct free TCP ports on 127.0.0.1. (A port could be
 // taken by someone else between this call and its use; the process then

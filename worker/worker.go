@@ -98,8 +98,9 @@ func (c Config) withDefaults() Config {
 // component.Deps and its peer, the blend server.
 type Deps struct {
 	// Deps are the tracer provider (the worker's spans), the registerer of
-	// its instruments (contract/instruments.yaml), its logger and the span
-	// profile (CB_PROFILE), each with the default of
+	// its instruments (contract/instruments.yaml), its logger, the span
+	// profile (CB_PROFILE) and the options of its gRPC server (mutual TLS
+	// and the callers' roles, rpc/mtls), each with the default of
 	// component.Deps.WithDefaults.
 	component.Deps
 	// Blend is the blend server client: the worker registers its KV memory
@@ -134,6 +135,8 @@ type Worker struct {
 	ln       net.Listener
 
 	blend cbv1.BlendServiceClient // nil: no reuse
+
+	grpcOpts []grpc.ServerOption // component.Deps.GRPCServerOptions (mutual TLS, callers' roles)
 
 	execMu sync.Mutex // serializes Execute
 	seqs   map[string]*seqState
@@ -176,6 +179,7 @@ func New(cfg Config, deps Deps) (*Worker, error) {
 		spans:    d.Spans("github.com/cacheblend/cacheblend/worker"),
 		metrics:  wm,
 		blend:    deps.Blend,
+		grpcOpts: d.GRPCServerOptions,
 		seqs:     make(map[string]*seqState),
 		storeSem: make(chan struct{}, cfg.MaxPendingStores),
 		stop:     make(chan struct{}),
@@ -213,7 +217,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	w.started = true
 	w.ln = ln
-	w.grpcSrv = rpc.NewServer()
+	w.grpcSrv = rpc.NewServer(w.grpcOpts...)
 	cbv1.RegisterWorkerServiceServer(w.grpcSrv, &service{w: w})
 	w.health = health.NewServer()
 	healthpb.RegisterHealthServer(w.grpcSrv, w.health)

@@ -9,6 +9,7 @@ import (
 	"github.com/cacheblend/cacheblend/blend"
 	"github.com/cacheblend/cacheblend/blend/fleet"
 	"github.com/cacheblend/cacheblend/defaults"
+	"github.com/cacheblend/cacheblend/rpc/mtls"
 	"github.com/cacheblend/cacheblend/service"
 )
 
@@ -19,6 +20,7 @@ func newBlendCmd() *cobra.Command {
 		cfg         blend.Config
 		metricsAddr string
 		otlp        string
+		tf          tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "blend",
@@ -30,11 +32,18 @@ func newBlendCmd() *cobra.Command {
 			if os.Getenv("GOMEMLIMIT") == "" && cfg.L1Bytes > 0 {
 				debug.SetMemoryLimit(cfg.L1Bytes + cfg.L1Bytes/4 + 256<<20)
 			}
+			id, err := tf.load(mtls.Blend)
+			if err != nil {
+				return err
+			}
 			rt, err := service.New(ctx, service.Options{ServiceName: "cb-blend", OTLPEndpoint: otlp})
 			if err != nil {
 				return err
 			}
-			srv, err := blend.New(cfg, rt.Deps())
+			logTLS(rt.Logger, id, true)
+			deps := rt.Deps()
+			deps.GRPCServerOptions = serverOptions(id, mtls.BlendCallers...)
+			srv, err := blend.New(cfg, deps)
 			if err != nil {
 				return err
 			}
@@ -67,5 +76,6 @@ func newBlendCmd() *cobra.Command {
 	f.DurationVar(&cfg.Fleet.CoordinatorTimeout, "coordinator-timeout", fleet.DefaultCoordinatorTimeout, "bound of a coordinator match (fleet directory lookup); on timeout the local table's matches are used")
 	f.DurationVar(&cfg.Fleet.OpTimeout, "redis-timeout", fleet.DefaultOpTimeout, "bound of one Redis round trip of the data path")
 	f.StringVar(&otlp, "otlp-traces-endpoint", "", "OTLP traces endpoint (overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
+	tf.register(f, mtls.Blend)
 	return withEnv(cmd)
 }

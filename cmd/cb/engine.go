@@ -10,6 +10,7 @@ import (
 	"github.com/cacheblend/cacheblend/engine/scheduler"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
+	"github.com/cacheblend/cacheblend/rpc/mtls"
 	"github.com/cacheblend/cacheblend/service"
 )
 
@@ -20,17 +21,23 @@ func newEngineCmd() *cobra.Command {
 		cfg                   engine.Config
 		workerAddr, blendAddr string
 		otlp                  string
+		tf                    tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "engine",
 		Short: "Run cb-engine: the OpenAI-compatible API, the continuous-batching scheduler and the CacheBlend connector (scheduler side)",
 		RunE: func(c *cobra.Command, _ []string) error {
 			ctx := c.Context()
+			id, err := tf.load(mtls.Engine)
+			if err != nil {
+				return err
+			}
 			rt, err := service.New(ctx, service.Options{ServiceName: "cb-engine", OTLPEndpoint: otlp})
 			if err != nil {
 				return err
 			}
-			wconn, err := rpc.Dial(workerAddr)
+			logTLS(rt.Logger, id, false)
+			wconn, err := rpc.Dial(workerAddr, dialOptions(id, mtls.Worker)...)
 			if err != nil {
 				return err
 			}
@@ -41,7 +48,7 @@ func newEngineCmd() *cobra.Command {
 				Gatherer: rt.Gatherer(),
 			}
 			if blendAddr != "" {
-				bconn, err := rpc.Dial(blendAddr)
+				bconn, err := rpc.Dial(blendAddr, dialOptions(id, mtls.Blend)...)
 				if err != nil {
 					return err
 				}
@@ -78,5 +85,6 @@ func newEngineCmd() *cobra.Command {
 	f.BoolVar(&cfg.CaptureContent, "capture-content", os.Getenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT") == "true",
 		"record prompts and completions as span events (off by default; also OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true)")
 	f.StringVar(&otlp, "otlp-traces-endpoint", "", "OTLP traces endpoint (overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
+	tf.register(f, mtls.Engine)
 	return withEnv(cmd)
 }

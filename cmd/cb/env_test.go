@@ -57,7 +57,7 @@ func TestApplyEnvPrecedence(t *testing.T) {
 
 func TestEverySubcommandIsRegistered(t *testing.T) {
 	root := newRoot()
-	for _, name := range []string{"engine", "worker", "blend", "traces", "check", "up", "demo", "load", "slo-rules"} {
+	for _, name := range []string{"engine", "worker", "blend", "traces", "check", "up", "demo", "load", "slo-rules", "certs"} {
 		if c, _, err := root.Find([]string{name}); err != nil || c.Name() != name {
 			t.Errorf("subcommand %s missing", name)
 		}

@@ -27,6 +27,7 @@ type upFlags struct {
 	workerArgs    []string
 	blendArgs     []string
 	redisURL      string
+	plaintext     bool
 }
 
 func (u *upFlags) register(cmd *cobra.Command, defaultAPI string) {
@@ -39,6 +40,7 @@ func (u *upFlags) register(cmd *cobra.Command, defaultAPI string) {
 	f.StringArrayVar(&u.workerArgs, "worker-arg", nil, "extra flag for cb worker (repeatable)")
 	f.StringArrayVar(&u.blendArgs, "blend-arg", nil, "extra flag for cb blend (repeatable)")
 	f.StringVar(&u.redisURL, "redis-url", "", "fleet tier shared with other nodes: passed to cb blend --redis-url")
+	f.BoolVar(&u.plaintext, "plaintext", false, "no mutual TLS between the processes: the worker's and the blend server's gRPC ports then admit any local process (default: a throw-away CA and a certificate per process, removed at exit)")
 }
 
 // blendArgsWithFleet is --blend-arg plus --redis-url when set.
@@ -79,6 +81,7 @@ func startStack(ctx context.Context, u *upFlags) (*running, error) {
 	cfg := stack.UpConfig{
 		APIAddr:    u.api,
 		EngineArgs: u.engineArgs, WorkerArgs: u.workerArgs, BlendArgs: u.blendArgsWithFleet(),
+		Plaintext: u.plaintext,
 		// Export batches often so a request's trace is complete quickly.
 		Env: []string{"OTEL_BSP_SCHEDULE_DELAY=200"},
 	}
@@ -120,7 +123,13 @@ func newUpCmd() *cobra.Command {
 		Long: `Start cb blend, cb worker and cb engine as separate OS processes, wait until each is healthy,
 stream their logs with a prefix, restart one that dies (with backoff) while the others keep serving,
 and stop all of them on Ctrl-C. Spans go to OTEL_EXPORTER_OTLP_ENDPOINT when it is set; otherwise the
-embedded collector is started and all three export to it (its trace page is printed).`,
+embedded collector is started and all three export to it (its trace page is printed).
+
+Every gRPC hop (engine→worker, engine→blend, worker→blend) is mutual TLS: cb up generates a
+throw-away CA and one certificate per process (ECDSA P-256, valid 7 days, the CA key never written)
+in a private temporary directory, passes them as --tls-cert/--tls-key/--tls-ca, and removes them
+at exit. The worker admits only the engine, the blend server the engine and the worker.
+--plaintext turns this off.`,
 		RunE: func(c *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(c.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -132,6 +141,11 @@ embedded collector is started and all three export to it (its trace page is prin
 			fmt.Printf("cacheblend is up: OpenAI API %s (metrics %s)\n", eps.Engine.API, eps.Engine.Metrics)
 			if r.queryURL != "" {
 				fmt.Printf("trace page: %s/\n", r.queryURL)
+			}
+			if dir := r.stack.TLSDir(); dir != "" {
+				fmt.Printf("gRPC between the processes: mutual TLS (throw-away CA and certificates in %s until exit)\n", dir)
+			} else {
+				fmt.Println("gRPC between the processes: plaintext, unauthenticated (--plaintext)")
 			}
 			<-ctx.Done()
 			sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)

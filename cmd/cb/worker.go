@@ -7,6 +7,7 @@ import (
 	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
+	"github.com/cacheblend/cacheblend/rpc/mtls"
 	"github.com/cacheblend/cacheblend/service"
 	"github.com/cacheblend/cacheblend/worker"
 )
@@ -19,19 +20,26 @@ func newWorkerCmd() *cobra.Command {
 		metricsAddr string
 		blendAddr   string
 		otlp        string
+		tf          tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "worker",
 		Short: "Run cb-worker: the model, the paged KV cache in shared memory, the CacheBlend connector (worker side)",
 		RunE: func(c *cobra.Command, _ []string) error {
 			ctx := c.Context()
+			id, err := tf.load(mtls.Worker)
+			if err != nil {
+				return err
+			}
 			rt, err := service.New(ctx, service.Options{ServiceName: "cb-worker", OTLPEndpoint: otlp})
 			if err != nil {
 				return err
 			}
+			logTLS(rt.Logger, id, true)
 			deps := worker.Deps{Deps: rt.Deps()}
+			deps.GRPCServerOptions = serverOptions(id, mtls.WorkerCallers...)
 			if blendAddr != "" {
-				bconn, err := rpc.Dial(blendAddr)
+				bconn, err := rpc.Dial(blendAddr, dialOptions(id, mtls.Blend)...)
 				if err != nil {
 					return err
 				}
@@ -73,5 +81,6 @@ func newWorkerCmd() *cobra.Command {
 	f.IntVar(&cfg.Model.CheckLayer, "check-layer", d.CheckLayer, "CacheBlend check layer")
 	f.Float64Var(&cfg.Model.RecompRatio, "recomp-ratio", d.RecompRatio, "CacheBlend recompute ratio")
 	f.StringVar(&otlp, "otlp-traces-endpoint", "", "OTLP traces endpoint (overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
+	tf.register(f, mtls.Worker)
 	return withEnv(cmd)
 }
