@@ -23,6 +23,12 @@ const (
 	DefaultAddr            = "127.0.0.1:0"
 )
 
+// DefaultLookupStuckAfter is the default of Config.LookupStuckAfter: 10× the
+// engine's default lookup timeout (2 s). A lookup running that long has long
+// been given up by its caller, so its worker is stuck (e.g. blocked opening
+// an L2 file that never answers).
+const DefaultLookupStuckAfter = 20 * time.Second
+
 // Limits on what a request may ask for.
 const (
 	// MaxTokens bounds the tokens of one lookup or store.
@@ -74,6 +80,12 @@ type Config struct {
 	// being renewed by RegisterKV (workers renew every second); after it the
 	// mapping is released (DefaultRegistrationTTL when <= 0).
 	RegistrationTTL time.Duration
+	// LookupStuckAfter is how long one lookup may run before its worker
+	// counts as stuck: the server is then unhealthy (the gRPC health
+	// service answers NOT_SERVING, Server.Health returns the reason, the
+	// process's /health answers 503) until the lookup returns
+	// (DefaultLookupStuckAfter when <= 0).
+	LookupStuckAfter time.Duration
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -112,6 +124,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.RegistrationTTL <= 0 {
 		c.RegistrationTTL = DefaultRegistrationTTL
+	}
+	if c.LookupStuckAfter <= 0 {
+		c.LookupStuckAfter = DefaultLookupStuckAfter
 	}
 	return c, nil
 }

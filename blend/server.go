@@ -65,6 +65,8 @@ type Server struct {
 	stop    chan struct{} // closed by Shutdown: the registration reaper exits
 	bg      sync.WaitGroup
 
+	busy []atomic.Int64 // per lookup worker: start (Unix ns) of its running lookup, 0 when idle
+
 	wmu     sync.Mutex
 	workers map[workerKey]*workerMem
 
@@ -108,6 +110,9 @@ type Stats struct {
 	// RegistrationsExpired counts worker KV registrations dropped because
 	// they were not renewed within Config.RegistrationTTL.
 	RegistrationsExpired uint64
+	// LookupsStuck is the number of lookup workers running one lookup for
+	// longer than Config.LookupStuckAfter (see Server.Health).
+	LookupsStuck int
 	// Fingerprints is the number of live fingerprints over every model's
 	// table; UnregisteredStale the chunks unregistered by stale strikes.
 	Fingerprints      int
@@ -157,6 +162,7 @@ func New(cfg Config, deps component.Deps) (*Server, error) {
 		pool:    scatter.NewPool(scatter.PoolConfig{Workers: cfg.CopyWorkers}),
 		metrics: bm,
 		lookupQ: make(chan func(), cfg.LookupQueue),
+		busy:    make([]atomic.Int64, cfg.LookupWorkers),
 		regQ:    make(chan func(), cfg.RegisterQueue),
 		stop:    make(chan struct{}),
 		workers: make(map[workerKey]*workerMem),
@@ -204,8 +210,9 @@ func New(cfg Config, deps component.Deps) (*Server, error) {
 }
 
 // Start listens on Config.Addr, starts the event bus, the copy pool, the
-// lookup workers, the fingerprint-registration goroutine and the
-// registration reaper, then serves gRPC on the listener (with
+// lookup workers and their watchdog (see Health), the
+// fingerprint-registration goroutine and the registration reaper, then
+// serves gRPC on the listener (with
 // telemetry.UnaryServerInterceptor, the BlendService and the gRPC health
 // service) until Shutdown; see Addr for the bound address. RPCs are answered
 // Unavailable before it. ctx bounds the start-up only. Starting twice or
@@ -235,9 +242,10 @@ func (s *Server) Start(ctx context.Context) error {
 		}
 	}
 	s.bus.Start()
-	for range s.cfg.LookupWorkers {
-		s.bg.Go(func() { runQueue(s.lookupQ) })
+	for i := range s.cfg.LookupWorkers {
+		s.bg.Go(func() { s.runLookups(i) })
 	}
+	s.bg.Go(s.watchLookups)
 	s.bg.Go(func() { runQueue(s.regQ) })
 	s.bg.Go(s.reapRegistrations)
 	s.state = stateRunning
@@ -428,6 +436,7 @@ func (s *Server) Stats() Stats {
 		Store: s.store.Stats(), Pool: s.pool.Stats(),
 		EventsPublished: s.bus.Published(), EventsDropped: s.bus.Dropped(),
 	}
+	st.LookupsStuck, _ = s.stuckLookups(time.Now())
 	if s.fleet != nil {
 		st.Fleet = s.fleet.Stats()
 	}

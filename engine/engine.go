@@ -16,6 +16,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
+	"github.com/cacheblend/cacheblend/httpserve"
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/telemetry"
 	"github.com/cacheblend/cacheblend/tokenizer"
@@ -41,7 +42,7 @@ type Engine struct {
 	created  int64
 
 	mu        sync.Mutex
-	srv       *http.Server
+	srv       *httpserve.Server
 	lis       net.Listener
 	started   bool
 	shutdown  bool
@@ -92,7 +93,9 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 }
 
 // Handler returns the engine's HTTP routes. Generation requests get 503
-// until Start has started the scheduler and the worker answered.
+// until Start has started the scheduler and the worker answered. The HTTP
+// limits of Config (timeouts, connection cap) belong to the server Start
+// runs; a caller mounting Handler elsewhere brings its own.
 func (e *Engine) Handler() http.Handler { return e.handler }
 
 // Metrics returns the engine's metrics facade.
@@ -118,7 +121,9 @@ func (e *Engine) refreshMetrics() {
 }
 
 // Start starts the scheduler and listens on Config.Addr, serving in the
-// background until Shutdown.
+// background until Shutdown, within the HTTP limits of Config
+// (ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout,
+// MaxHeaderBytes, MaxConns; see ConnStats).
 func (e *Engine) Start(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -135,11 +140,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	e.started = true
 	e.lis = lis
-	e.srv = &http.Server{
-		Handler:           e.handler,
-		ReadHeaderTimeout: e.cfg.ReadHeaderTimeout,
-		ErrorLog:          slog.NewLogLogger(e.log.Handler(), slog.LevelWarn),
-	}
+	e.srv = httpserve.New("api", e.handler, e.cfg.httpLimits(), e.log)
 	e.serveDone = make(chan struct{})
 	srv, done := e.srv, e.serveDone
 	go func() {
@@ -148,8 +149,20 @@ func (e *Engine) Start(ctx context.Context) error {
 			e.log.Error("http server stopped", "error", err.Error())
 		}
 	}()
-	e.log.Info("cb-engine listening", "addr", lis.Addr().String(), "model", e.cfg.Model)
+	e.log.Info("cb-engine listening", "addr", lis.Addr().String(), "model", e.cfg.Model, "max_conns", e.srv.Limits().MaxConns)
 	return nil
+}
+
+// ConnStats returns the API server's connection counters (zero before
+// Start): connections held, admitted, evicted and refused at the cap.
+func (e *Engine) ConnStats() httpserve.Stats {
+	e.mu.Lock()
+	srv := e.srv
+	e.mu.Unlock()
+	if srv == nil {
+		return httpserve.Stats{}
+	}
+	return srv.Stats()
 }
 
 // Addr returns the bound listen address once started ("" before).

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -27,16 +28,30 @@ const (
 	RouteUnmatched = "unmatched"
 )
 
-// statusWriter records the status a handler sent.
+// statusWriter records the status a handler sent, and renews the
+// connection's write deadline (Config.WriteTimeout) before every write, so
+// that a client that stops reading is cut after WriteTimeout while a long
+// generation or stream never is.
 type statusWriter struct {
 	http.ResponseWriter
-	status int
+	status       int
+	rc           *http.ResponseController // of ResponseWriter
+	writeTimeout time.Duration
+}
+
+// renew moves the write deadline WriteTimeout ahead (a no-op where the
+// writer has no deadline, e.g. in tests).
+func (w *statusWriter) renew() {
+	if w.rc != nil && w.writeTimeout > 0 {
+		_ = w.rc.SetWriteDeadline(time.Now().Add(w.writeTimeout))
+	}
 }
 
 func (w *statusWriter) WriteHeader(code int) {
 	if w.status == 0 {
 		w.status = code
 	}
+	w.renew()
 	w.ResponseWriter.WriteHeader(code)
 }
 
@@ -44,14 +59,24 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
+	w.renew()
 	return w.ResponseWriter.Write(b)
 }
 
 // Flush implements http.Flusher (server-sent events).
-func (w *statusWriter) Flush() {
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
+func (w *statusWriter) Flush() { _ = w.FlushError() }
+
+// FlushError flushes and reports a failed write (the client went away or
+// stopped reading); http.ResponseController.Flush uses it.
+func (w *statusWriter) FlushError() error {
+	w.renew()
+	if w.rc == nil {
+		if f, ok := w.ResponseWriter.(http.Flusher); ok {
+			f.Flush()
+		}
+		return nil
 	}
+	return w.rc.Flush()
 }
 
 // Unwrap lets http.ResponseController reach the underlying writer.
@@ -86,7 +111,7 @@ func (e *Engine) routes() http.Handler {
 	}
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		t0 := time.Now()
-		w := &statusWriter{ResponseWriter: rw}
+		w := &statusWriter{ResponseWriter: rw, rc: http.NewResponseController(rw), writeTimeout: e.cfg.WriteTimeout}
 		route := r.URL.Path
 		if strings.HasPrefix(route, RouteModels+"/") {
 			route = RouteModel
@@ -129,7 +154,10 @@ func (e *Engine) authorize(r *http.Request) *api.Error {
 	return nil
 }
 
-// readBody reads a request body of at most MaxBodyBytes.
+// readBody reads a request body of at most MaxBodyBytes. The server's
+// ReadTimeout bounds the read: a body that has not arrived by then is a 408
+// (the connection is closed after it). A connection closed under the read
+// (evicted at the connection cap while still sending) is a 499, not sent.
 func (e *Engine) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *api.Error) {
 	if r.ContentLength > e.cfg.MaxBodyBytes {
 		return nil, api.PayloadTooLarge(e.cfg.MaxBodyBytes)
@@ -139,6 +167,12 @@ func (e *Engine) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *api.
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return nil, api.PayloadTooLarge(e.cfg.MaxBodyBytes)
+		}
+		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+			return nil, api.RequestTimeout(e.cfg.ReadTimeout)
+		}
+		if errors.Is(err, net.ErrClosed) { // evicted at the connection cap
+			return nil, api.Canceled()
 		}
 		return nil, api.BadRequest("", "Could not read the request body: %v.", err)
 	}

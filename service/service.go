@@ -9,8 +9,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
+	"strings"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -19,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cacheblend/cacheblend/component"
+	"github.com/cacheblend/cacheblend/httpserve"
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/telemetry"
 	"github.com/cacheblend/cacheblend/telemetry/provider"
@@ -48,7 +50,20 @@ type Options struct {
 	// ExtraTelemetry are more options of the telemetry provider (tests add
 	// exporters).
 	ExtraTelemetry []provider.Option
+	// HTTP bounds each HTTP server the runtime serves (Serve, ServeMetrics);
+	// zero fields take the defaults of package httpserve (header timeout
+	// 10 s, request read 30 s, write 30 s, idle 60 s, 64 KiB of headers)
+	// and DefaultMaxConns.
+	HTTP httpserve.Limits
 }
+
+// DefaultMaxConns caps the connections of each HTTP server of a Runtime
+// (/metrics and /health are scraped by a few clients).
+const DefaultMaxConns = 256
+
+// HealthCheck reports a component's health for /health: nil when healthy,
+// else an error whose text is the reason.
+type HealthCheck func() error
 
 // Runtime holds the process-wide telemetry, metrics registry and logger.
 // It is safe for concurrent use; call Shutdown once at exit.
@@ -59,9 +74,17 @@ type Runtime struct {
 	Logger    *slog.Logger
 	Process   *metrics.ProcessMetrics
 
+	httpLimits httpserve.Limits
+
 	mu       sync.Mutex
-	servers  []*http.Server
+	servers  []*httpserve.Server
+	checks   []namedCheck
 	shutdown bool
+}
+
+type namedCheck struct {
+	name  string
+	check HealthCheck
 }
 
 // New builds a Runtime: telemetry from the environment with opts' overrides,
@@ -111,7 +134,8 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		_ = tp.Shutdown(ctx)
 		return nil, fmt.Errorf("service: metrics: %w", err)
 	}
-	return &Runtime{Name: opts.ServiceName, Telemetry: tp, Registry: reg, Logger: logger, Process: pm}, nil
+	return &Runtime{Name: opts.ServiceName, Telemetry: tp, Registry: reg, Logger: logger, Process: pm,
+		httpLimits: opts.HTTP.WithDefaults(httpserve.Limits{MaxConns: DefaultMaxConns})}, nil
 }
 
 // Deps returns the runtime's collaborators in the shape every component's
@@ -148,14 +172,14 @@ func (r *Runtime) MetricsHandler(before func()) http.Handler {
 	return metrics.Handler(r.Gatherer(), before)
 }
 
-// Serve starts an HTTP server for h on addr (127.0.0.1:0 picks a port) and
-// returns the bound address. Shutdown stops it.
+// Serve starts an HTTP server for h on addr (127.0.0.1:0 picks a port),
+// bounded by Options.HTTP, and returns the bound address. Shutdown stops it.
 func (r *Runtime) Serve(addr string, h http.Handler) (net.Addr, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("service: listen %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv := httpserve.New("metrics", h, r.httpLimits, r.Logger)
 	r.mu.Lock()
 	if r.shutdown {
 		r.mu.Unlock()
@@ -172,12 +196,48 @@ func (r *Runtime) Serve(addr string, h http.Handler) (net.Addr, error) {
 	return ln.Addr(), nil
 }
 
-// ServeMetrics serves /metrics (and /health answering 200 "ok") on addr.
+// AddHealthCheck adds check, named name, to the checks /health runs (e.g.
+// the blend server's lookup workers). Safe to call at any time.
+func (r *Runtime) AddHealthCheck(name string, check HealthCheck) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.checks = append(r.checks, namedCheck{name, check})
+}
+
+// Health runs the health checks: nil when every one passes, else the
+// failures joined, each prefixed by its check's name.
+func (r *Runtime) Health() error {
+	r.mu.Lock()
+	checks := slices.Clone(r.checks)
+	r.mu.Unlock()
+	var errs []error
+	for _, c := range checks {
+		if err := c.check(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", c.name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ServeMetrics serves /metrics and /health on addr. /health answers 200
+// "ok" when every health check passes (AddHealthCheck), else 503
+// "unavailable: " and the reasons, one line.
 func (r *Runtime) ServeMetrics(addr string, before func()) (net.Addr, error) {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", r.MetricsHandler(before))
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /health", r.serveHealth)
 	return r.Serve(addr, mux)
+}
+
+func (r *Runtime) serveHealth(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if err := r.Health(); err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, "unavailable: "+strings.ReplaceAll(err.Error(), "\n", "; ")+"\n")
+		return
+	}
+	io.WriteString(w, "ok\n")
 }
 
 // Shutdown stops the HTTP servers and flushes and stops telemetry.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cacheblend/cacheblend/component"
+	"github.com/cacheblend/cacheblend/httpserve"
 )
 
 // Default listen addresses of a [Collector].
@@ -19,9 +20,20 @@ const (
 	DefaultQueryAddr = "127.0.0.1:16686"
 )
 
+// Limits of each of a [Collector]'s two HTTP servers (see package httpserve), the
+// defaults of the zero fields of [Config].
+const (
+	DefaultReadHeaderTimeout = httpserve.DefaultReadHeaderTimeout // 10 s
+	DefaultReadTimeout       = 60 * time.Second                   // headers and a 16 MiB body
+	DefaultWriteTimeout      = httpserve.DefaultWriteTimeout      // 30 s
+	DefaultIdleTimeout       = 120 * time.Second                  // exporters keep their connection
+	DefaultMaxHeaderBytes    = httpserve.DefaultMaxHeaderBytes    // 64 KiB
+	DefaultMaxConns          = httpserve.DefaultMaxConns          // 1024 per server
+)
+
 // Config holds the optional settings of a [Collector]. The zero value is usable: the
 // standard OTLP/HTTP and Jaeger query ports on the loopback interface, 16 MiB bodies,
-// 10000 traces and 1,000,000 spans.
+// 10000 traces and 1,000,000 spans, and the Default* HTTP limits above.
 type Config struct {
 	// OTLPAddr is the OTLP/HTTP listen address; "" means DefaultOTLPAddr. ":0" or
 	// "127.0.0.1:0" picks a free port (see [Collector.OTLPAddr]).
@@ -32,9 +44,40 @@ type Config struct {
 	// DefaultMaxBodyBytes.
 	MaxBodyBytes int64
 	// MaxTraces and MaxSpans bound the store; 0 means DefaultMaxTraces / DefaultMaxSpans.
-	// A negative limit (here or in MaxBodyBytes) is an error of [New].
+	// A negative limit (here, in MaxBodyBytes or in the HTTP limits below) is an error of
+	// [New].
 	MaxTraces int
 	MaxSpans  int
+
+	// ReadHeaderTimeout bounds reading a request's headers on either port; 0 means
+	// DefaultReadHeaderTimeout.
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds reading a whole request, headers and body (a body still
+	// arriving then gets 400 and its connection is closed); 0 means DefaultReadTimeout.
+	ReadTimeout time.Duration
+	// WriteTimeout bounds writing a response; 0 means DefaultWriteTimeout.
+	WriteTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection idle that long; 0 means
+	// DefaultIdleTimeout.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds a request's headers (431 beyond); 0 means
+	// DefaultMaxHeaderBytes.
+	MaxHeaderBytes int
+	// MaxConns caps the connections each port holds (at the cap the oldest idle or
+	// still-sending connection makes room; see package httpserve); 0 means
+	// DefaultMaxConns.
+	MaxConns int
+}
+
+// httpLimits returns the limits of each HTTP server, defaults applied.
+func (c Config) httpLimits() httpserve.Limits {
+	return httpserve.Limits{
+		ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout, WriteTimeout: c.WriteTimeout,
+		IdleTimeout: c.IdleTimeout, MaxHeaderBytes: c.MaxHeaderBytes, MaxConns: c.MaxConns,
+	}.WithDefaults(httpserve.Limits{
+		ReadHeaderTimeout: DefaultReadHeaderTimeout, ReadTimeout: DefaultReadTimeout, WriteTimeout: DefaultWriteTimeout,
+		IdleTimeout: DefaultIdleTimeout, MaxHeaderBytes: DefaultMaxHeaderBytes, MaxConns: DefaultMaxConns,
+	})
 }
 
 var _ component.Lifecycle = (*Collector)(nil)
@@ -52,7 +95,7 @@ type Collector struct {
 	mu        sync.Mutex
 	started   bool
 	shutdown  bool
-	servers   []*http.Server
+	servers   []*httpserve.Server
 	otlpAddr  string
 	queryAddr string
 	wg        sync.WaitGroup
@@ -62,9 +105,10 @@ type Collector struct {
 // New returns a collector for cfg that is not yet listening. Of deps only the Logger is
 // used (the HTTP servers' errors); the collector records no spans of its own (they would
 // feed back into it) and registers no metrics (its counters are [Store.Stats] and
-// [Receiver.Stats]). A negative MaxBodyBytes, MaxTraces or MaxSpans is an error.
+// [Receiver.Stats]). A negative limit is an error.
 func New(cfg Config, deps component.Deps) (*Collector, error) {
-	if cfg.MaxBodyBytes < 0 || cfg.MaxTraces < 0 || cfg.MaxSpans < 0 {
+	if cfg.MaxBodyBytes < 0 || cfg.MaxTraces < 0 || cfg.MaxSpans < 0 || cfg.ReadHeaderTimeout < 0 || cfg.ReadTimeout < 0 ||
+		cfg.WriteTimeout < 0 || cfg.IdleTimeout < 0 || cfg.MaxHeaderBytes < 0 || cfg.MaxConns < 0 {
 		return nil, fmt.Errorf("tracestore: negative limit in %+v", cfg)
 	}
 	if cfg.OTLPAddr == "" {
@@ -120,17 +164,11 @@ func (c *Collector) Start(ctx context.Context) error {
 	c.started = true
 	c.otlpAddr, c.queryAddr = otlpLn.Addr().String(), queryLn.Addr().String()
 	for _, p := range []struct {
-		ln net.Listener
-		h  http.Handler
-	}{{otlpLn, c.OTLPHandler()}, {queryLn, c.QueryHandler()}} {
-		srv := &http.Server{
-			Handler:           p.h,
-			ReadHeaderTimeout: 10 * time.Second,
-			ReadTimeout:       60 * time.Second,
-			IdleTimeout:       120 * time.Second,
-			MaxHeaderBytes:    1 << 20,
-			ErrorLog:          slog.NewLogLogger(c.logger.Handler(), slog.LevelWarn),
-		}
+		name string
+		ln   net.Listener
+		h    http.Handler
+	}{{"otlp", otlpLn, c.OTLPHandler()}, {"query", queryLn, c.QueryHandler()}} {
+		srv := httpserve.New(p.name, p.h, c.cfg.httpLimits(), c.logger)
 		c.servers = append(c.servers, srv)
 		c.wg.Add(1)
 		go func(ln net.Listener) {

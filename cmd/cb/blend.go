@@ -51,6 +51,7 @@ func newBlendCmd() *cobra.Command {
 				return err
 			}
 			gaddr := srv.Addr()
+			rt.AddHealthCheck("blend", srv.Health) // 503 while a lookup worker is stuck
 			maddr, err := rt.ServeMetrics(metricsAddr, srv.MetricsBefore)
 			if err != nil {
 				_ = srv.Shutdown(ctx)
@@ -70,6 +71,7 @@ func newBlendCmd() *cobra.Command {
 	f.StringVar(&cfg.L2Dir, "l2-dir", "", "L2 directory of chunk files (empty: no L2)")
 	f.Int64Var(&cfg.L2Bytes, "l2-bytes", 0, "L2 budget in bytes (0: unbounded)")
 	f.IntVar(&cfg.LookupWorkers, "lookup-workers", blend.DefaultLookupWorkers, "concurrent lookups")
+	f.DurationVar(&cfg.LookupStuckAfter, "lookup-stuck-after", blend.DefaultLookupStuckAfter, "a lookup running longer marks the server unhealthy (gRPC health NOT_SERVING, /health 503) until it returns")
 	f.IntVar(&cfg.CopyWorkers, "copy-workers", blend.DefaultCopyWorkers, "scatter copy goroutines (the copy stream)")
 	f.IntVar(&cfg.EventQueue, "event-queue", blend.DefaultEventQueue, "event bus capacity (full: events dropped and counted)")
 	f.StringVar(&cfg.Fleet.URL, "redis-url", "", "fleet tier: Redis shared by many nodes, redis://[user:password@]host:port or rediss://… (cluster: ?cluster=true or &addr=host:port seeds); empty: off")

@@ -82,6 +82,11 @@ func newEngineCmd() *cobra.Command {
 	f.Float64Var(&cfg.RecompRatio, "recomp-ratio", defaults.RecompRatio, "CacheBlend recompute ratio sent to the worker")
 	f.BoolVar(&cfg.DisableStore, "no-store", false, "do not store prompts' KV in the blend server (documents still are)")
 	f.IntVar(&cfg.DefaultMaxTokens, "default-max-tokens", engine.DefaultMaxTokens, "max_tokens when a request gives none")
+	f.IntVar(&cfg.MaxConns, "max-conns", engine.DefaultMaxConns, "connections held at once; at the cap the oldest idle or still-sending one is closed, or the new one refused when all are being served")
+	f.DurationVar(&cfg.ReadHeaderTimeout, "read-header-timeout", engine.DefaultReadHeaderTimeout, "time to send a request's headers")
+	f.DurationVar(&cfg.ReadTimeout, "read-timeout", engine.DefaultReadTimeout, "time to send a whole request, headers and body (408 beyond)")
+	f.DurationVar(&cfg.WriteTimeout, "write-timeout", engine.DefaultWriteTimeout, "time a client may take to accept each write of a response (renewed per write: streams are not cut)")
+	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", engine.DefaultIdleTimeout, "close a keep-alive connection idle this long")
 	f.BoolVar(&cfg.CaptureContent, "capture-content", os.Getenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT") == "true",
 		"record prompts and completions as span events (off by default; also OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true)")
 	f.StringVar(&otlp, "otlp-traces-endpoint", "", "OTLP traces endpoint (overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")

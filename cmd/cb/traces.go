@@ -38,6 +38,8 @@ func newTracesCmd() *cobra.Command {
 	f.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", tracestore.DefaultMaxBodyBytes, "largest OTLP request body, before and after decompression")
 	f.IntVar(&cfg.MaxTraces, "max-traces", tracestore.DefaultMaxTraces, "traces kept (oldest evicted)")
 	f.IntVar(&cfg.MaxSpans, "max-spans", tracestore.DefaultMaxSpans, "spans kept (oldest traces evicted)")
+	f.IntVar(&cfg.MaxConns, "max-conns", tracestore.DefaultMaxConns, "connections each port holds at once (the oldest idle or still-sending one makes room)")
+	f.DurationVar(&cfg.ReadTimeout, "read-timeout", tracestore.DefaultReadTimeout, "time to send a whole request, headers and body")
 	return withEnv(cmd)
 }
 

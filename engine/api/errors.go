@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"time"
 )
 
 // Error types of the request metrics' error_type label (contract:
@@ -124,6 +125,13 @@ func MethodNotAllowed(method, path string) *Error {
 func PayloadTooLarge(limit int64) *Error {
 	return &Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
 		Message: fmt.Sprintf("The request body exceeds the limit of %d bytes.", limit), ErrorType: ErrorTypePayloadTooLarge}
+}
+
+// RequestTimeout returns the 408 of a request whose body did not arrive
+// within limit.
+func RequestTimeout(limit time.Duration) *Error {
+	return &Error{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
+		Message: fmt.Sprintf("The request body did not arrive within %v.", limit), ErrorType: ErrorTypeTimeout}
 }
 
 // QueueFull returns the 429 of a full scheduler queue.

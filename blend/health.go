@@ -1,0 +1,104 @@
+package blend
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/cacheblend/cacheblend/rpc/cbv1"
+)
+
+// runLookups is lookup worker i: it runs the queued lookups until the queue
+// is closed and drained, stamping the start of each in s.busy[i] for the
+// watchdog.
+func (s *Server) runLookups(i int) {
+	for run := range s.lookupQ {
+		s.busy[i].Store(time.Now().UnixNano())
+		run()
+		s.busy[i].Store(0)
+	}
+}
+
+// stuckLookups returns how many lookup workers have been running one lookup
+// for longer than Config.LookupStuckAfter at now, and the longest run.
+func (s *Server) stuckLookups(now time.Time) (n int, longest time.Duration) {
+	for i := range s.busy {
+		t0 := s.busy[i].Load()
+		if t0 == 0 {
+			continue
+		}
+		if d := now.Sub(time.Unix(0, t0)); d > s.cfg.LookupStuckAfter {
+			n++
+			longest = max(longest, d)
+		}
+	}
+	return n, longest
+}
+
+// Health reports whether the server can answer lookups: nil when running
+// with no stuck lookup worker; an error naming the reason when a lookup has
+// run longer than Config.LookupStuckAfter (the worker is blocked, e.g. on an
+// L2 file that never answers; it recovers when the lookup returns), before
+// Start, or once shut down. The process's /health uses it
+// (service.Runtime.AddHealthCheck); the gRPC health service reports the
+// same state (NOT_SERVING while stuck), updated by a watchdog within a
+// quarter of LookupStuckAfter (at most 1 s). Safe for concurrent use.
+func (s *Server) Health() error {
+	s.gateMu.RLock()
+	state := s.state
+	s.gateMu.RUnlock()
+	switch state {
+	case stateNew:
+		return errors.New("blend server not started")
+	case stateStopped:
+		return errors.New("blend server shutting down")
+	}
+	if n, longest := s.stuckLookups(time.Now()); n > 0 {
+		return fmt.Errorf("%d of %d lookup workers stuck: a lookup running for %v (limit %v)",
+			n, len(s.busy), longest.Round(time.Millisecond), s.cfg.LookupStuckAfter)
+	}
+	return nil
+}
+
+// watchInterval is the watchdog's period for a LookupStuckAfter of d.
+func watchInterval(d time.Duration) time.Duration {
+	return min(max(d/4, 10*time.Millisecond), time.Second)
+}
+
+// watchLookups mirrors the lookup workers' state into the gRPC health
+// service until Shutdown: NOT_SERVING while a worker is stuck, SERVING again
+// when it returns. Transitions are logged.
+func (s *Server) watchLookups() {
+	t := time.NewTicker(watchInterval(s.cfg.LookupStuckAfter))
+	defer t.Stop()
+	serving := true
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		n, longest := s.stuckLookups(time.Now())
+		if (n == 0) == serving {
+			continue
+		}
+		serving = n == 0
+		st := healthpb.HealthCheckResponse_SERVING
+		if serving {
+			s.logger.Info("lookup workers recovered: serving")
+		} else {
+			st = healthpb.HealthCheckResponse_NOT_SERVING
+			s.logger.Warn("lookup worker stuck: health NOT_SERVING", "stuck", n, "workers", len(s.busy),
+				"running_for", longest.String(), "limit", s.cfg.LookupStuckAfter.String())
+		}
+		s.grpcMu.Lock()
+		hs := s.health
+		s.grpcMu.Unlock()
+		if hs != nil {
+			hs.SetServingStatus("", st)
+			hs.SetServingStatus(cbv1.BlendService_ServiceDesc.ServiceName, st)
+		}
+	}
+}
