@@ -56,8 +56,9 @@ type Endpoints struct {
 
 // Stack is a running blend + worker + engine, each its own OS process.
 type Stack struct {
-	sup *Supervisor
-	eps Endpoints
+	sup   *Supervisor
+	eps   Endpoints
+	kvDir string // the blend server's KV socket directory, removed by Shutdown
 }
 
 // Up starts cb blend, cb worker and cb engine (in that order, each waiting
@@ -90,19 +91,26 @@ func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
 	if cfg.OTLPEndpoint != "" {
 		env = append(env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="+cfg.OTLPEndpoint, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="+cfg.OTLPProtocol)
 	}
-	s := &Stack{sup: NewSupervisor(cfg.Supervisor)}
+	// The blend server's KV socket, in a directory of this stack's own
+	// (0700), at a path that survives a restart of cb blend.
+	kvDir, err := os.MkdirTemp("", "cb-up-")
+	if err != nil {
+		return nil, fmt.Errorf("stack: KV socket directory: %w", err)
+	}
+	kvSocket := filepath.Join(kvDir, "blend-kv.sock")
+	s := &Stack{sup: NewSupervisor(cfg.Supervisor), kvDir: kvDir}
 	fail := func(err error) (*Stack, error) {
-		_ = s.sup.Shutdown(context.Background())
+		_ = s.Shutdown(context.Background())
 		return nil, err
 	}
 	r, err := s.sup.Start(ctx, Spec{Name: "cb-blend", Path: cfg.Exe, Env: env,
-		Args: append([]string{"blend", "--addr", blendGRPC, "--metrics-addr", blendMetrics}, cfg.BlendArgs...)})
+		Args: append([]string{"blend", "--addr", blendGRPC, "--metrics-addr", blendMetrics, "--kv-socket", kvSocket}, cfg.BlendArgs...)})
 	if err != nil {
 		return fail(err)
 	}
 	s.eps.Blend = Endpoint{GRPC: r.Values["grpc"], Metrics: r.Values["metrics"], PID: r.PID}
 	r, err = s.sup.Start(ctx, Spec{Name: "cb-worker", Path: cfg.Exe, Env: env,
-		Args: append([]string{"worker", "--addr", workerGRPC, "--metrics-addr", workerMetrics, "--blend", blendGRPC}, cfg.WorkerArgs...)})
+		Args: append([]string{"worker", "--addr", workerGRPC, "--metrics-addr", workerMetrics, "--blend", blendGRPC, "--blend-kv-socket", kvSocket}, cfg.WorkerArgs...)})
 	if err != nil {
 		return fail(err)
 	}
@@ -186,8 +194,15 @@ func (s *Stack) WriteEndpoints(path string) error {
 	return os.Rename(tmp.Name(), path)
 }
 
-// Shutdown stops engine, worker and blend (in that order).
-func (s *Stack) Shutdown(ctx context.Context) error { return s.sup.Shutdown(ctx) }
+// Shutdown stops engine, worker and blend (in that order) and removes the
+// KV socket's directory.
+func (s *Stack) Shutdown(ctx context.Context) error {
+	err := s.sup.Shutdown(ctx)
+	if s.kvDir != "" {
+		os.RemoveAll(s.kvDir)
+	}
+	return err
+}
 
 // FreePorts returns n distinct free TCP ports on 127.0.0.1. (A port could be
 // taken by someone else between this call and its use; the process then
