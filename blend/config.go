@@ -12,15 +12,25 @@ import (
 
 // Defaults of a zero Config.
 const (
-	DefaultChunkSize       = chunkstore.DefaultChunkSize // 256 tokens
-	DefaultL1Bytes         = chunkstore.DefaultL1Bytes   // 1 GiB
-	DefaultLookupWorkers   = 2
-	DefaultLookupQueue     = 256
-	DefaultCopyWorkers     = 2
-	DefaultEventQueue      = events.DefaultQueueSize // 4096
-	DefaultRegisterQueue   = 1024
-	DefaultRegistrationTTL = 60 * time.Second
-	DefaultAddr            = "127.0.0.1:0"
+	DefaultChunkSize     = chunkstore.DefaultChunkSize // 256 tokens
+	DefaultL1Bytes       = chunkstore.DefaultL1Bytes   // 1 GiB
+	DefaultLookupWorkers = 2
+	DefaultLookupQueue   = 256
+	DefaultCopyWorkers   = 2
+	DefaultEventQueue    = events.DefaultQueueSize // 4096
+	DefaultRegisterQueue = 1024
+	DefaultAddr          = "127.0.0.1:0"
+	// DefaultMaxKVRegistrations bounds the KV socket's connections
+	// (registered or handshaking) in total: one per worker rank, so 64
+	// leaves room for a large host and bounds the server's mappings.
+	DefaultMaxKVRegistrations = 64
+	// DefaultMaxKVRegistrationsPerPeer bounds them per peer process: a
+	// worker (one rank) holds one; the slack covers a connection whose
+	// close the server has not handled yet.
+	DefaultMaxKVRegistrationsPerPeer = 4
+	// DefaultKVHandshakeTimeout bounds the wait for a connection's
+	// registration message.
+	DefaultKVHandshakeTimeout = 5 * time.Second
 )
 
 // DefaultLookupStuckAfter is the default of Config.LookupStuckAfter: 10× the
@@ -33,8 +43,12 @@ const DefaultLookupStuckAfter = 20 * time.Second
 const (
 	// MaxTokens bounds the tokens of one lookup or store.
 	MaxTokens = 1 << 20
-	// MaxWorldSize bounds a lookup's world_size.
+	// MaxWorldSize bounds a lookup's world_size (and a rank).
 	MaxWorldSize = 1 << 10
+	// MaxMatches bounds the matches of one retrieve.
+	MaxMatches = 4096
+	// MaxWorkerIDLen bounds a worker id, in bytes.
+	MaxWorkerIDLen = 256
 )
 
 // Config holds the optional settings of a Server; the zero value is a 1 GiB
@@ -76,16 +90,28 @@ type Config struct {
 	// registration goroutine; beyond it a registration is dropped and counted
 	// (DefaultRegisterQueue when <= 0).
 	RegisterQueue int
-	// RegistrationTTL is how long a worker's KV registration lives without
-	// being renewed by RegisterKV (workers renew every second); after it the
-	// mapping is released (DefaultRegistrationTTL when <= 0).
-	RegistrationTTL time.Duration
 	// LookupStuckAfter is how long one lookup may run before its worker
 	// counts as stuck: the server is then unhealthy (the gRPC health
 	// service answers NOT_SERVING, Server.Health returns the reason, the
 	// process's /health answers 503) until the lookup returns
 	// (DefaultLookupStuckAfter when <= 0).
 	LookupStuckAfter time.Duration
+	// KVSocket is the path of the Unix socket on which workers hand over
+	// their KV memory (package rpc/kvsock): its directory must belong to
+	// this user with no access for group or others (its last element is
+	// created 0700 when missing). Empty: kv.sock in a new private directory
+	// under the OS temp directory, removed at Shutdown (see
+	// Server.KVSocket). `cb blend` defaults to kvsock.DefaultPath().
+	KVSocket string
+	// MaxKVRegistrations bounds the KV socket's connections, registered or
+	// handshaking, in total; MaxKVRegistrationsPerPeer per peer process.
+	// A connection beyond either is answered RESOURCE_EXHAUSTED and closed
+	// (DefaultMaxKVRegistrations, DefaultMaxKVRegistrationsPerPeer when
+	// <= 0).
+	MaxKVRegistrations, MaxKVRegistrationsPerPeer int
+	// KVHandshakeTimeout bounds the wait for a connection's registration
+	// (DefaultKVHandshakeTimeout when <= 0).
+	KVHandshakeTimeout time.Duration
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -122,8 +148,14 @@ func (c Config) withDefaults() (Config, error) {
 	if c.RegisterQueue <= 0 {
 		c.RegisterQueue = DefaultRegisterQueue
 	}
-	if c.RegistrationTTL <= 0 {
-		c.RegistrationTTL = DefaultRegistrationTTL
+	if c.MaxKVRegistrations <= 0 {
+		c.MaxKVRegistrations = DefaultMaxKVRegistrations
+	}
+	if c.MaxKVRegistrationsPerPeer <= 0 {
+		c.MaxKVRegistrationsPerPeer = DefaultMaxKVRegistrationsPerPeer
+	}
+	if c.KVHandshakeTimeout <= 0 {
+		c.KVHandshakeTimeout = DefaultKVHandshakeTimeout
 	}
 	if c.LookupStuckAfter <= 0 {
 		c.LookupStuckAfter = DefaultLookupStuckAfter

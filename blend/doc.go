@@ -7,12 +7,23 @@
 //
 // A [Server] implements cbv1.BlendServiceServer ([Server.Service]):
 //
-//   - RegisterKV maps a worker's shared-memory KV file (package kvcache: a
-//     regular cb-kv-*.shm file of exactly the layout's size, at an absolute
-//     path) and keeps it per (worker_id, rank); re-registering with the same file is
-//     idempotent, a new file replaces the old mapping. Registrations that are
-//     not renewed within Config.RegistrationTTL are dropped. The response
-//     carries the server epoch, random per process start.
+//   - A worker registers its KV memory on the server's KV socket
+//     (Config.KVSocket; package rpc/kvsock), not by RPC: a peer of the
+//     server's own user (SO_PEERCRED) sends a KVRegistration with the
+//     memory's descriptor attached; the server checks every field and the
+//     descriptor (fstat: a regular file or memfd of exactly the layout's
+//     size, read-write), maps it — it never opens a path — and answers with
+//     a random 256-bit registration token. The registration is kept per
+//     (worker_id, rank) and lives as long as the connection: a new one for
+//     the same key replaces it (the old connection is closed), a closed
+//     connection releases it, and so does UnregisterKV with its token.
+//     Connections are capped in total and per peer process
+//     (Config.MaxKVRegistrations, MaxKVRegistrationsPerPeer).
+//   - Retrieve, Store and UnregisterKV must carry the registration's token,
+//     compared in constant time: without it they are PermissionDenied.
+//     Every field is bounded by the registered layout before use (block ids
+//     inside the memory and distinct, at most NumBlocks of them, tokens and
+//     matches bounded by MaxTokens and MaxMatches).
 //   - Lookup queues the unified lookup of a prompt on a bounded pool
 //     (ResourceExhausted when the queue is full) and answers when it is
 //     done, or DeadlineExceeded when the caller's deadline passes first (a

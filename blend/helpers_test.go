@@ -6,6 +6,7 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/rope"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
+	"github.com/cacheblend/cacheblend/rpc/kvsock"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -39,18 +41,24 @@ const sentinel = float32(-7777)
 type env struct {
 	t    testing.TB
 	s    *Server
-	c    cbv1.BlendServiceClient
+	c    cbv1.BlendServiceClient // fills in the registration token of workers registered by the env
+	raw  cbv1.BlendServiceClient // sends requests as they are
 	reg  *prometheus.Registry
 	exp  *tracetest.InMemoryExporter
 	tp   *sdktrace.TracerProvider
 	rope *rope.RoPE
+
+	tmu    sync.Mutex
+	tokens map[workerKey][]byte // of the registrations made by register
 }
 
 // newEnv starts a server for cfg (before-start hooks applied) served over
-// real gRPC on a loopback port, with an in-memory span exporter.
+// real gRPC on a loopback port and its KV socket, with an in-memory span
+// exporter.
 func newEnv(t testing.TB, cfg Config, hooks ...func(*Server)) *env {
 	t.Helper()
-	e := &env{t: t, reg: prometheus.NewRegistry(), exp: tracetest.NewInMemoryExporter(), rope: rope.New(testLayout.HeadDim, theta)}
+	e := &env{t: t, reg: prometheus.NewRegistry(), exp: tracetest.NewInMemoryExporter(), rope: rope.New(testLayout.HeadDim, theta),
+		tokens: map[workerKey][]byte{}}
 	e.tp = sdktrace.NewTracerProvider(sdktrace.WithSyncer(e.exp), sdktrace.WithIDGenerator(provider.NewIDGenerator(nil)))
 	s, err := New(cfg, component.Deps{TracerProvider: e.tp, Registerer: e.reg})
 	if err != nil {
@@ -62,17 +70,47 @@ func newEnv(t testing.TB, cfg Config, hooks ...func(*Server)) *env {
 	if err := s.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithUnaryInterceptor(e.addToken))
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.s, e.c = s, cbv1.NewBlendServiceClient(conn)
+	rawConn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.s, e.c, e.raw = s, cbv1.NewBlendServiceClient(conn), cbv1.NewBlendServiceClient(rawConn)
 	t.Cleanup(func() {
 		conn.Close()
+		rawConn.Close()
 		e.shutdown()
 		e.tp.Shutdown(context.Background())
 	})
 	return e
+}
+
+// addToken is e.c's interceptor: a Retrieve, Store or UnregisterKV without
+// a token gets the token of the env's registration of its worker and rank,
+// so the tests of the data path need not carry it; the attack tests use
+// e.raw.
+func (e *env) addToken(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	e.tmu.Lock()
+	switch r := req.(type) {
+	case *cbv1.RetrieveRequest:
+		if r.RegistrationToken == nil {
+			r.RegistrationToken = e.tokens[workerKey{r.GetWorkerId(), int(r.GetRank())}]
+		}
+	case *cbv1.StoreRequest:
+		if r.RegistrationToken == nil {
+			r.RegistrationToken = e.tokens[workerKey{r.GetWorkerId(), int(r.GetRank())}]
+		}
+	case *cbv1.UnregisterKVRequest:
+		if r.RegistrationToken == nil {
+			r.RegistrationToken = e.tokens[workerKey{r.GetWorkerId(), int(r.GetRank())}]
+		}
+	}
+	e.tmu.Unlock()
+	return invoker(ctx, method, req, reply, cc, opts...)
 }
 
 // shutdown stops the server, which drains the event bus into the
@@ -92,15 +130,33 @@ func ctxT(t testing.TB) context.Context {
 	return ctx
 }
 
-// newWorker creates a worker-like shared KV memory filled with the
-// sentinel and registers it.
+// newWorker creates a worker-like KV memory filled with the sentinel and
+// registers it on the KV socket.
 func (e *env) newWorker(id string, rank int) *kvcache.Memory {
 	e.t.Helper()
 	mem := newMem(e.t)
-	if _, err := e.c.RegisterKV(ctxT(e.t), registerReq(id, rank, mem)); err != nil {
-		e.t.Fatal(err)
-	}
+	e.register(id, rank, mem)
 	return mem
+}
+
+// register registers mem on the server's KV socket as (id, rank), as a
+// worker does, and records the token for e.c. The registration lives until
+// the returned connection closes (at the test's end at the latest).
+func (e *env) register(id string, rank int, mem *kvcache.Memory) (*kvsock.Conn, []byte) {
+	e.t.Helper()
+	c, ans, err := kvsock.Register(ctxT(e.t), e.s.KVSocket(), registration(id, rank, mem.Layout()), mem.File())
+	if err != nil {
+		e.t.Fatalf("register %s/%d: %v", id, rank, err)
+	}
+	e.t.Cleanup(func() { c.Close() })
+	tok := ans.GetRegistrationToken()
+	if len(tok) != TokenBytes {
+		e.t.Fatalf("token of %d bytes", len(tok))
+	}
+	e.tmu.Lock()
+	e.tokens[workerKey{id, rank}] = tok
+	e.tmu.Unlock()
+	return c, tok
 }
 
 func newMem(t testing.TB) *kvcache.Memory {
@@ -114,10 +170,9 @@ func newMem(t testing.TB) *kvcache.Memory {
 	return mem
 }
 
-func registerReq(id string, rank int, mem *kvcache.Memory) *cbv1.RegisterKVRequest {
-	l := mem.Layout()
-	return &cbv1.RegisterKVRequest{
-		WorkerId: id, Rank: int32(rank), ShmPath: mem.Path(), Model: testModel,
+func registration(id string, rank int, l kvcache.Layout) *cbv1.KVRegistration {
+	return &cbv1.KVRegistration{
+		WorkerId: id, Rank: int32(rank), Model: testModel,
 		Layout: &cbv1.KVLayout{NumLayers: int32(l.NumLayers), NumBlocks: int32(l.NumBlocks), BlockSize: int32(l.BlockSize),
 			KvHeads: int32(l.KVHeads), HeadDim: int32(l.HeadDim), RopeTheta: theta},
 	}

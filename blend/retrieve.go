@@ -34,29 +34,27 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 	if err := checkRequestID(r.GetRequestId()); err != nil {
 		return nil, err
 	}
-	if r.GetWorkerId() == "" || r.GetRank() < 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "retrieve: bad worker_id %q / rank %d", r.GetWorkerId(), r.GetRank())
-	}
 	cs := s.cfg.ChunkSize
 	if c := int(r.GetChunkSize()); c != 0 && c != cs {
 		return nil, status.Errorf(codes.InvalidArgument, "retrieve: chunk_size %d, the server stores chunks of %d", c, cs)
 	}
 	from := int(r.GetFromToken())
-	if from < 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "retrieve: negative from_token %d", from)
+	if from < 0 || from > MaxTokens {
+		return nil, status.Errorf(codes.InvalidArgument, "retrieve: from_token %d outside [0,%d]", from, MaxTokens)
+	}
+	if n := len(r.GetMatches()); n > MaxMatches {
+		return nil, status.Errorf(codes.InvalidArgument, "retrieve: %d matches (at most %d)", n, MaxMatches)
 	}
 	rank := int(r.GetRank())
-	w := s.acquire(r.GetWorkerId(), rank)
-	if w == nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "retrieve: worker %q rank %d has no KV memory registered (RegisterKV first)", r.GetWorkerId(), rank)
+	w, err := s.acquire("retrieve", r.GetWorkerId(), rank, r.GetRegistrationToken())
+	if err != nil {
+		return nil, err
 	}
 	defer s.release(w)
 	l := w.layout
 	bt := r.GetBlockTable()
-	for i, b := range bt {
-		if b < 0 || int(b) >= l.NumBlocks {
-			return nil, status.Errorf(codes.InvalidArgument, "retrieve: block_table[%d] = %d outside the %d blocks", i, b, l.NumBlocks)
-		}
+	if err := checkBlockTable("retrieve", bt, l); err != nil {
+		return nil, err
 	}
 	matches, err := rpc.MatchesFromProto(r.GetMatches())
 	if err != nil {
@@ -67,9 +65,13 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 		match int
 	}
 	var segs []segment
+	matched := 0
 	for mi, m := range matches {
 		if err := m.Validate(cs, MaxTokens); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "retrieve: match %d: %v", mi, err)
+		}
+		if matched += m.Cur.Len(); matched > MaxTokens {
+			return nil, status.Errorf(codes.InvalidArgument, "retrieve: matches span more than %d tokens", MaxTokens)
 		}
 		for _, sg := range m.Segments(cs) {
 			segs = append(segs, segment{sg, mi})

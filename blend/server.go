@@ -27,6 +27,7 @@ import (
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
+	"github.com/cacheblend/cacheblend/rpc/kvsock"
 	"github.com/cacheblend/cacheblend/telemetry"
 )
 
@@ -47,7 +48,6 @@ type Server struct {
 	cfg     Config
 	logger  *slog.Logger
 	epoch   string
-	now     func() time.Time // the clock of registration expiry
 	store   *chunkstore.Store
 	fleet   *fleet.Tier // nil without a fleet tier
 	bus     *events.Bus
@@ -62,13 +62,19 @@ type Server struct {
 
 	lookupQ chan func()   // lookups waiting for a lookup worker
 	regQ    chan func()   // fingerprint registrations waiting for their goroutine
-	stop    chan struct{} // closed by Shutdown: the registration reaper exits
+	stop    chan struct{} // closed by Shutdown
 	bg      sync.WaitGroup
 
 	busy []atomic.Int64 // per lookup worker: start (Unix ns) of its running lookup, 0 when idle
 
-	wmu     sync.Mutex
-	workers map[workerKey]*workerMem
+	// wmu guards the registrations and the KV socket's connections.
+	wmu       sync.Mutex
+	workers   map[workerKey]*workerMem
+	kvln      *kvsock.Listener
+	kvConns   map[*kvsock.Conn]struct{} // open connections, registered or handshaking
+	kvPerPeer map[int32]int             // open connections per peer pid
+	kvClosed  bool
+	refusing  chan struct{} // semaphore of refuseKV's goroutines
 
 	tmu    sync.RWMutex
 	tables map[string]*fingerprint.Table // per model
@@ -83,7 +89,8 @@ type Server struct {
 	lastL1Evict, lastL2Evict, lastCorr int64
 
 	lookupsRejected, lookupsAbandoned, lookupsDone atomic.Uint64
-	regDone, regDropped, regsExpired               atomic.Uint64
+	regDone, regDropped                            atomic.Uint64
+	regsRefused, regsReleased                      atomic.Uint64
 
 	grpcMu  sync.Mutex // guards the gRPC server, set by Start
 	grpcSrv *grpc.Server
@@ -107,12 +114,17 @@ type Stats struct {
 	// Registrations counts sequences registered in a fingerprint table;
 	// RegistrationsDropped those dropped because the queue was full.
 	Registrations, RegistrationsDropped uint64
-	// RegistrationsExpired counts worker KV registrations dropped because
-	// they were not renewed within Config.RegistrationTTL.
-	RegistrationsExpired uint64
 	// LookupsStuck is the number of lookup workers running one lookup for
 	// longer than Config.LookupStuckAfter (see Server.Health).
 	LookupsStuck int
+	// KVConnections is the number of open KV socket connections
+	// (registered or handshaking).
+	KVConnections int
+	// KVRegistrationsRefused counts KV socket connections refused (limits,
+	// another user, a bad registration or descriptor);
+	// KVRegistrationsReleased the registrations released (connection
+	// closed, replaced, unregistered).
+	KVRegistrationsRefused, KVRegistrationsReleased uint64
 	// Fingerprints is the number of live fingerprints over every model's
 	// table; UnregisteredStale the chunks unregistered by stale strikes.
 	Fingerprints      int
@@ -154,21 +166,23 @@ func New(cfg Config, deps component.Deps) (*Server, error) {
 		return nil, fmt.Errorf("blend: server epoch: %w", err)
 	}
 	s := &Server{
-		cfg:     cfg,
-		logger:  logger,
-		epoch:   hex.EncodeToString(eb[:]),
-		now:     time.Now,
-		bus:     events.NewBus(events.Config{QueueSize: cfg.EventQueue}),
-		pool:    scatter.NewPool(scatter.PoolConfig{Workers: cfg.CopyWorkers}),
-		metrics: bm,
-		lookupQ: make(chan func(), cfg.LookupQueue),
-		busy:    make([]atomic.Int64, cfg.LookupWorkers),
-		regQ:    make(chan func(), cfg.RegisterQueue),
-		stop:    make(chan struct{}),
-		workers: make(map[workerKey]*workerMem),
-		tables:  make(map[string]*fingerprint.Table),
-		aliases: make(map[aliasKey]chunkstore.Key),
-		aliasOf: make(map[chunkstore.Key]aliasKey),
+		cfg:       cfg,
+		logger:    logger,
+		epoch:     hex.EncodeToString(eb[:]),
+		bus:       events.NewBus(events.Config{QueueSize: cfg.EventQueue}),
+		pool:      scatter.NewPool(scatter.PoolConfig{Workers: cfg.CopyWorkers}),
+		metrics:   bm,
+		lookupQ:   make(chan func(), cfg.LookupQueue),
+		busy:      make([]atomic.Int64, cfg.LookupWorkers),
+		regQ:      make(chan func(), cfg.RegisterQueue),
+		stop:      make(chan struct{}),
+		workers:   make(map[workerKey]*workerMem),
+		kvConns:   make(map[*kvsock.Conn]struct{}),
+		kvPerPeer: make(map[int32]int),
+		refusing:  make(chan struct{}, maxRefusing),
+		tables:    make(map[string]*fingerprint.Table),
+		aliases:   make(map[aliasKey]chunkstore.Key),
+		aliasOf:   make(map[chunkstore.Key]aliasKey),
 	}
 	if cfg.Fleet.URL != "" {
 		if s.fleet, err = fleet.New(cfg.Fleet, logger); err != nil {
@@ -209,13 +223,13 @@ func New(cfg Config, deps component.Deps) (*Server, error) {
 	return s, nil
 }
 
-// Start listens on Config.Addr, starts the event bus, the copy pool, the
-// lookup workers and their watchdog (see Health), the
-// fingerprint-registration goroutine and the registration reaper, then
-// serves gRPC on the listener (with
-// telemetry.UnaryServerInterceptor, the BlendService and the gRPC health
-// service) until Shutdown; see Addr for the bound address. RPCs are answered
-// Unavailable before it. ctx bounds the start-up only. Starting twice or
+// Start listens on Config.Addr and on the KV socket (Config.KVSocket),
+// starts the event bus, the copy pool, the lookup workers and their
+// watchdog (see Health) and the fingerprint-registration goroutine, then
+// serves gRPC on the listener (with telemetry.UnaryServerInterceptor, the
+// BlendService and the gRPC health service) and accepts KV registrations on
+// the socket until Shutdown; see Addr and KVSocket for the bound addresses.
+// RPCs are answered Unavailable before it. ctx bounds the start-up only. Starting twice or
 // after Shutdown is an error; when Start fails nothing is left running.
 func (s *Server) Start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
@@ -230,13 +244,20 @@ func (s *Server) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("blend: listen %s: %w", s.cfg.Addr, err)
 	}
+	kvln, err := kvsock.Listen(s.cfg.KVSocket)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("blend: KV socket: %w", err)
+	}
 	if err := s.pool.Start(ctx); err != nil {
 		ln.Close()
+		kvln.Close()
 		return fmt.Errorf("blend: copy pool: %w", err)
 	}
 	if s.fleet != nil {
 		if err := s.fleet.Start(ctx); err != nil {
 			ln.Close()
+			kvln.Close()
 			_ = s.pool.Shutdown(ctx)
 			return fmt.Errorf("blend: fleet tier: %w", err)
 		}
@@ -247,13 +268,17 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	s.bg.Go(s.watchLookups)
 	s.bg.Go(func() { runQueue(s.regQ) })
-	s.bg.Go(s.reapRegistrations)
 	s.state = stateRunning
+	s.wmu.Lock()
+	s.kvln = kvln
+	s.wmu.Unlock()
+	s.bg.Go(func() { s.acceptKV(kvln) })
 	s.serve(ln)
 	return nil
 }
 
-// Shutdown stops accepting RPCs (they are answered Unavailable), stops the
+// Shutdown stops accepting RPCs (they are answered Unavailable), closes the
+// KV socket and its connections (which ends every registration), stops the
 // gRPC server started by Start (gracefully, forcibly when ctx ends), lets
 // the queued lookups and fingerprint registrations finish, waits for the
 // RPCs and copies in progress, drains the event bus into its subscribers,
@@ -273,6 +298,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	close(s.regQ)
 	close(s.stop)
 	s.gateMu.Unlock()
+	s.closeKV()
 
 	var errs []error
 	s.grpcMu.Lock()
@@ -340,8 +366,8 @@ func (s *Server) enter() error {
 
 func (s *Server) leave() { s.inflight.Done() }
 
-// Epoch is the server epoch: random per process start, returned by
-// RegisterKV so that workers notice a restart.
+// Epoch is the server epoch: random per process start, sent with every KV
+// registration's answer (for the workers' logs).
 func (s *Server) Epoch() string { return s.epoch }
 
 // Metrics is the server's lmcache_blend_* instruments.
@@ -370,6 +396,16 @@ func (s *Server) serve(ln net.Listener) {
 			s.logger.Error("blend gRPC server stopped", "err", err)
 		}
 	})
+}
+
+// KVSocket returns the path of the KV socket once started ("" before).
+func (s *Server) KVSocket() string {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if s.kvln == nil {
+		return ""
+	}
+	return s.kvln.Path()
 }
 
 // Addr returns the bound gRPC address once started ("" before), e.g. the
@@ -432,7 +468,8 @@ func (s *Server) syncStoreCounters() {
 func (s *Server) Stats() Stats {
 	st := Stats{
 		LookupsDone: s.lookupsDone.Load(), LookupsRejected: s.lookupsRejected.Load(), LookupsAbandoned: s.lookupsAbandoned.Load(),
-		Registrations: s.regDone.Load(), RegistrationsDropped: s.regDropped.Load(), RegistrationsExpired: s.regsExpired.Load(),
+		Registrations: s.regDone.Load(), RegistrationsDropped: s.regDropped.Load(),
+		KVRegistrationsRefused: s.regsRefused.Load(), KVRegistrationsReleased: s.regsReleased.Load(),
 		Store: s.store.Stats(), Pool: s.pool.Stats(),
 		EventsPublished: s.bus.Published(), EventsDropped: s.bus.Dropped(),
 	}
@@ -442,6 +479,7 @@ func (s *Server) Stats() Stats {
 	}
 	s.wmu.Lock()
 	st.Workers = len(s.workers)
+	st.KVConnections = len(s.kvConns)
 	s.wmu.Unlock()
 	for _, t := range s.tableList() {
 		ts := t.Stats()
@@ -449,21 +487,6 @@ func (s *Server) Stats() Stats {
 		st.UnregisteredStale += ts.StaleUnregistered
 	}
 	return st
-}
-
-// reapRegistrations drops worker KV registrations not renewed within
-// RegistrationTTL, until Shutdown.
-func (s *Server) reapRegistrations() {
-	t := time.NewTicker(min(s.cfg.RegistrationTTL, time.Second))
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-			s.expireWorkers(s.now())
-		}
-	}
 }
 
 // publish puts ev on the bus (dropped and counted when full).
@@ -554,12 +577,12 @@ type service struct {
 	s *Server
 }
 
-func (v *service) RegisterKV(ctx context.Context, r *cbv1.RegisterKVRequest) (*cbv1.RegisterKVResponse, error) {
+func (v *service) UnregisterKV(ctx context.Context, r *cbv1.UnregisterKVRequest) (*cbv1.UnregisterKVResponse, error) {
 	if err := v.s.enter(); err != nil {
 		return nil, err
 	}
 	defer v.s.leave()
-	return v.s.registerKV(ctx, r)
+	return v.s.unregisterKV(ctx, r)
 }
 
 func (v *service) Lookup(ctx context.Context, r *cbv1.LookupRequest) (*cbv1.LookupResult, error) {

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -111,52 +110,15 @@ func TestL1EvictionStaleTwoStrikes(t *testing.T) {
 
 func TestGRPCErrors(t *testing.T) {
 	e := newEnv(t, Config{})
-	mem := e.newWorker("w0", 0)
+	e.newWorker("w0", 0)
 	ctx := ctxT(t)
-	okLayout := registerReq("w0", 0, mem).GetLayout()
-	badLayout := func(f func(*cbv1.KVLayout)) *cbv1.RegisterKVRequest {
-		r := registerReq("w9", 0, mem)
-		f(r.Layout)
-		return r
-	}
-	other := filepath.Join(t.TempDir(), "not-a-kv-file.bin")
-	if err := os.WriteFile(other, make([]byte, testLayout.Bytes()), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	someToken := make([]byte, TokenBytes) // well formed, nobody's
 	bt := blocks(0, 10)
 	for _, tc := range []struct {
 		name string
 		call func() error
 		want codes.Code
 	}{
-		{"register/no layers", func() error {
-			_, err := e.c.RegisterKV(ctx, badLayout(func(l *cbv1.KVLayout) { l.NumLayers = 0 }))
-			return err
-		}, codes.InvalidArgument},
-		{"register/size mismatch", func() error {
-			_, err := e.c.RegisterKV(ctx, badLayout(func(l *cbv1.KVLayout) { l.NumBlocks = 100 }))
-			return err
-		}, codes.InvalidArgument},
-		{"register/odd head dim", func() error {
-			_, err := e.c.RegisterKV(ctx, badLayout(func(l *cbv1.KVLayout) { l.HeadDim, l.KvHeads = 1, 16 }))
-			return err
-		}, codes.InvalidArgument},
-		{"register/nil layout", func() error {
-			_, err := e.c.RegisterKV(ctx, &cbv1.RegisterKVRequest{WorkerId: "w9", ShmPath: mem.Path()})
-			return err
-		}, codes.InvalidArgument},
-		{"register/no worker id", func() error {
-			_, err := e.c.RegisterKV(ctx, &cbv1.RegisterKVRequest{ShmPath: mem.Path(), Layout: okLayout})
-			return err
-		}, codes.InvalidArgument},
-		{"register/not a kv file", func() error {
-			_, err := e.c.RegisterKV(ctx, &cbv1.RegisterKVRequest{WorkerId: "w9", ShmPath: other, Layout: okLayout})
-			return err
-		}, codes.InvalidArgument},
-		{"register/missing file", func() error {
-			_, err := e.c.RegisterKV(ctx, &cbv1.RegisterKVRequest{WorkerId: "w9", ShmPath: filepath.Join(t.TempDir(), "cb-kv-1-x.shm"), Layout: okLayout})
-			return err
-		}, codes.InvalidArgument},
 		{"lookup/no id", func() error {
 			_, err := e.c.Lookup(ctx, &cbv1.LookupRequest{Tokens: []int32{1}})
 			return err
@@ -170,15 +132,48 @@ func TestGRPCErrors(t *testing.T) {
 			return err
 		}, codes.InvalidArgument},
 		{"retrieve/unknown worker", func() error {
-			_, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "ghost", BlockTable: bt})
+			_, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "ghost", BlockTable: bt, RegistrationToken: someToken})
 			return err
 		}, codes.FailedPrecondition},
 		{"retrieve/unknown rank", func() error {
-			_, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "w0", Rank: 3, BlockTable: bt})
+			_, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "w0", Rank: 3, BlockTable: bt, RegistrationToken: someToken})
 			return err
 		}, codes.FailedPrecondition},
 		{"retrieve/block outside memory", func() error {
 			_, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "w0", BlockTable: []int32{0, 160}})
+			return err
+		}, codes.InvalidArgument},
+		{"retrieve/negative block", func() error {
+			_, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "w0", BlockTable: []int32{0, -1}})
+			return err
+		}, codes.InvalidArgument},
+		{"retrieve/block table longer than the memory", func() error {
+			_, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "w0", BlockTable: make([]int32, 161)})
+			return err
+		}, codes.InvalidArgument},
+		{"retrieve/block twice", func() error {
+			_, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "w0", BlockTable: []int32{3, 4, 3}})
+			return err
+		}, codes.InvalidArgument},
+		{"retrieve/from_token beyond any prompt", func() error {
+			_, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "w0", BlockTable: bt, FromToken: MaxTokens + 1})
+			return err
+		}, codes.InvalidArgument},
+		{"retrieve/too many matches", func() error {
+			_, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "w0", BlockTable: bt, Matches: make([]*cbv1.Match, MaxMatches+1)})
+			return err
+		}, codes.InvalidArgument},
+		{"retrieve/matches spanning more than a prompt", func() error {
+			keys := make([][]byte, MaxTokens/256)
+			for i := range keys {
+				keys[i] = make([]byte, 32)
+			}
+			m := &cbv1.Match{StoredSt: 0, StoredEd: MaxTokens, CurSt: 0, CurEd: MaxTokens, ChunkKeys: keys}
+			_, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "w0", BlockTable: bt, Matches: []*cbv1.Match{m, m}})
+			return err
+		}, codes.InvalidArgument},
+		{"retrieve/bad rank", func() error {
+			_, err := e.c.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "w0", Rank: -1, BlockTable: bt})
 			return err
 		}, codes.InvalidArgument},
 		{"retrieve/bad match", func() error {
@@ -201,7 +196,7 @@ func TestGRPCErrors(t *testing.T) {
 			return err
 		}, codes.InvalidArgument},
 		{"store/unknown worker", func() error {
-			_, err := e.c.Store(ctx, &cbv1.StoreRequest{RequestId: "s", WorkerId: "ghost", Tokens: []int32{1}, BlockTable: bt})
+			_, err := e.c.Store(ctx, &cbv1.StoreRequest{RequestId: "s", WorkerId: "ghost", Tokens: []int32{1}, BlockTable: bt, RegistrationToken: someToken})
 			return err
 		}, codes.FailedPrecondition},
 		{"store/short block table", func() error {
@@ -210,6 +205,22 @@ func TestGRPCErrors(t *testing.T) {
 		}, codes.InvalidArgument},
 		{"store/other model", func() error {
 			_, err := e.c.Store(ctx, &cbv1.StoreRequest{RequestId: "s", WorkerId: "w0", Tokens: []int32{1}, BlockTable: bt, Model: "other"})
+			return err
+		}, codes.InvalidArgument},
+		{"store/block outside memory", func() error {
+			_, err := e.c.Store(ctx, &cbv1.StoreRequest{RequestId: "s", WorkerId: "w0", Tokens: []int32{1}, BlockTable: []int32{160}})
+			return err
+		}, codes.InvalidArgument},
+		{"store/block table of the whole pool and more", func() error {
+			_, err := e.c.Store(ctx, &cbv1.StoreRequest{RequestId: "s", WorkerId: "w0", Tokens: []int32{1}, BlockTable: blocks(0, 161)})
+			return err
+		}, codes.InvalidArgument},
+		{"store/block twice", func() error {
+			_, err := e.c.Store(ctx, &cbv1.StoreRequest{RequestId: "s", WorkerId: "w0", Tokens: make([]int32, 40), BlockTable: []int32{7, 8, 7}})
+			return err
+		}, codes.InvalidArgument},
+		{"store/too many tokens", func() error {
+			_, err := e.c.Store(ctx, &cbv1.StoreRequest{RequestId: "s", WorkerId: "w0", Tokens: make([]int32, MaxTokens+1), BlockTable: bt})
 			return err
 		}, codes.InvalidArgument},
 		{"store/no tokens", func() error {
@@ -224,35 +235,34 @@ func TestGRPCErrors(t *testing.T) {
 		})
 	}
 	if n := e.s.Stats().Workers; n != 1 {
-		t.Fatalf("%d workers registered after bad registrations, want 1", n)
+		t.Fatalf("%d workers registered after bad requests, want 1", n)
 	}
 }
 
-func TestRegisterIdempotentAndReplace(t *testing.T) {
+// A restarted worker registers the same (worker, rank) again: the new
+// memory replaces the old mapping, the old connection is closed and its
+// token stops working.
+func TestReregistrationReplaces(t *testing.T) {
 	e, _, doc := docEnv(t, Config{})
-	mem := newMem(t)
 	ctx := ctxT(t)
-	old := e.s.acquire("w0", 0)
-	e.s.release(old)
-	// The same file again: idempotent, the same mapping.
-	first, err := e.c.RegisterKV(ctx, registerReq("w0", 0, old.mem))
+	old, err := e.s.acquire("test", "w0", 0, e.tokens[workerKey{"w0", 0}])
 	if err != nil {
 		t.Fatal(err)
 	}
-	if first.GetServerEpoch() != e.s.Epoch() || len(e.s.Epoch()) != 16 {
-		t.Fatalf("epoch %q, server %q", first.GetServerEpoch(), e.s.Epoch())
-	}
-	if w := e.s.acquire("w0", 0); w != old {
-		t.Fatal("re-registering the same file replaced the mapping")
-	} else {
-		e.s.release(w)
-	}
-	// A restarted worker: a new file replaces the mapping.
-	if _, err := e.c.RegisterKV(ctx, registerReq("w0", 0, mem)); err != nil {
-		t.Fatal(err)
+	e.s.release(old)
+	oldToken := e.tokens[workerKey{"w0", 0}]
+	mem := newMem(t)
+	c, tok := e.register("w0", 0, mem)
+	if string(tok) == string(oldToken) {
+		t.Fatal("the new registration has the old token")
 	}
 	if n := e.s.Stats().Workers; n != 1 {
 		t.Fatalf("%d registrations, want 1", n)
+	}
+	// The old connection was closed by the server.
+	waitFor(t, "the replaced connection closed", func() bool { return e.s.Stats().KVConnections == 1 })
+	if _, err := e.raw.Retrieve(ctx, &cbv1.RetrieveRequest{RequestId: "old", WorkerId: "w0", BlockTable: blocks(0, 1), RegistrationToken: oldToken}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("retrieve with the replaced token: %v", err)
 	}
 	res := e.lookup(&cbv1.LookupRequest{RequestId: "re", Tokens: promptWith(promptN, 64, doc, 5), WorldSize: 1, Model: testModel})
 	bt := targetTable(promptN / bs)
@@ -260,23 +270,48 @@ func TestRegisterIdempotentAndReplace(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.checkSlots(mem, bt, 64, docLen, 0) // written into the new memory
+	c.Close()
+	waitFor(t, "the registration released", func() bool { return e.s.Stats().Workers == 0 })
 }
 
-func TestRegistrationExpires(t *testing.T) {
-	var clock atomic.Int64
-	clock.Store(time.Now().UnixNano())
-	e := newEnv(t, Config{RegistrationTTL: time.Minute}, func(s *Server) {
-		s.now = func() time.Time { return time.Unix(0, clock.Load()) }
-	})
-	e.newWorker("w0", 0)
-	clock.Add(int64(2 * time.Minute))
-	e.s.expireWorkers(e.s.now())
-	if n := e.s.Stats(); n.Workers != 0 || n.RegistrationsExpired != 1 {
-		t.Fatalf("stats %+v", n)
-	}
-	_, err := e.c.Retrieve(ctxT(t), &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "w0", BlockTable: blocks(0, 1)})
+// A registration ends when its connection closes (a dead worker) or when
+// it is unregistered; its token no longer works.
+func TestRegistrationEndsWithItsConnection(t *testing.T) {
+	e := newEnv(t, Config{})
+	c, tok := e.register("w0", 0, newMem(t))
+	c.Close()
+	waitFor(t, "the registration released", func() bool { return e.s.Stats().Workers == 0 })
+	_, err := e.raw.Retrieve(ctxT(t), &cbv1.RetrieveRequest{RequestId: "r", WorkerId: "w0", BlockTable: blocks(0, 1), RegistrationToken: tok})
 	if status.Code(err) != codes.FailedPrecondition {
-		t.Fatalf("retrieve after expiry: %v", err)
+		t.Fatalf("retrieve after the connection closed: %v", err)
+	}
+
+	c, tok = e.register("w1", 0, newMem(t))
+	if _, err := e.raw.UnregisterKV(ctxT(t), &cbv1.UnregisterKVRequest{WorkerId: "w1", RegistrationToken: make([]byte, TokenBytes)}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("unregister with a wrong token: %v", err)
+	}
+	if _, err := e.raw.UnregisterKV(ctxT(t), &cbv1.UnregisterKVRequest{WorkerId: "w1", RegistrationToken: tok}); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.s.Stats(); st.Workers != 0 || st.KVRegistrationsReleased != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	// The server closed the connection.
+	if err := c.WaitClosed(); err == nil {
+		t.Fatal("connection still open after unregistering")
+	}
+	waitFor(t, "the connections closed", func() bool { return e.s.Stats().KVConnections == 0 })
+}
+
+// waitFor polls cond for up to 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/cacheblend/cacheblend/blend/events"
 	"github.com/cacheblend/cacheblend/blend/fingerprint"
 	"github.com/cacheblend/cacheblend/blend/scatter"
+	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 )
 
@@ -21,17 +22,14 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 	if err := checkRequestID(r.GetRequestId()); err != nil {
 		return nil, err
 	}
-	if r.GetWorkerId() == "" || r.GetRank() < 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "store: bad worker_id %q / rank %d", r.GetWorkerId(), r.GetRank())
-	}
 	toks := r.GetTokens()
 	if len(toks) == 0 || len(toks) > MaxTokens {
 		return nil, status.Errorf(codes.InvalidArgument, "store: %d tokens (want 1..%d)", len(toks), MaxTokens)
 	}
 	rank := int(r.GetRank())
-	w := s.acquire(r.GetWorkerId(), rank)
-	if w == nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "store: worker %q rank %d has no KV memory registered (RegisterKV first)", r.GetWorkerId(), rank)
+	w, err := s.acquire("store", r.GetWorkerId(), rank, r.GetRegistrationToken())
+	if err != nil {
+		return nil, err
 	}
 	defer s.release(w)
 	mdl := w.model
@@ -46,14 +44,13 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 	}
 	l := w.layout
 	bt := r.GetBlockTable()
+	if err := checkBlockTable("store", bt, l); err != nil {
+		return nil, err
+	}
 	if capTok := len(bt) * l.BlockSize; capTok < len(toks) {
 		return nil, status.Errorf(codes.InvalidArgument, "store: block table of %d blocks holds %d tokens, want %d", len(bt), capTok, len(toks))
 	}
-	for i, b := range bt {
-		if b < 0 || int(b) >= l.NumBlocks {
-			return nil, status.Errorf(codes.InvalidArgument, "store: block_table[%d] = %d outside the %d blocks", i, b, l.NumBlocks)
-		}
-	}
+	bt = bt[:(len(toks)+l.BlockSize-1)/l.BlockSize] // only the tokens' blocks are read
 	id := r.GetRequestId()
 	cs := s.cfg.ChunkSize
 	s.publish(events.Event{Type: events.StoreStart, RequestID: id, TraceContext: traceContext(ctx, r.GetTraceContext()),
@@ -123,6 +120,26 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 		return nil, status.Errorf(code, "store: %v", endErr)
 	}
 	return &resp, nil
+}
+
+// checkBlockTable bounds a block table by the registered layout: at most
+// NumBlocks entries, each a block of the memory, none twice (a sequence's
+// blocks are distinct).
+func checkBlockTable(op string, bt []int32, l kvcache.Layout) error {
+	if len(bt) > l.NumBlocks {
+		return status.Errorf(codes.InvalidArgument, "%s: block table of %d blocks, the memory has %d", op, len(bt), l.NumBlocks)
+	}
+	seen := make([]uint64, (l.NumBlocks+63)/64)
+	for i, b := range bt {
+		if b < 0 || int(b) >= l.NumBlocks {
+			return status.Errorf(codes.InvalidArgument, "%s: block_table[%d] = %d outside the %d blocks", op, i, b, l.NumBlocks)
+		}
+		if seen[b/64]&(1<<(b%64)) != 0 {
+			return status.Errorf(codes.InvalidArgument, "%s: block %d appears twice in the block table", op, b)
+		}
+		seen[b/64] |= 1 << (b % 64)
+	}
+	return nil
 }
 
 // storeChunk gathers one chunk's KV from the worker's memory and puts it in

@@ -2,14 +2,12 @@ package blend
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
 	"errors"
 	"fmt"
-	"io/fs"
 	"math"
 	"os"
-	"path/filepath"
-	"strings"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -19,58 +17,34 @@ import (
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/rope"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
+	"github.com/cacheblend/cacheblend/rpc/kvsock"
 )
 
-// The name pattern of the shared-memory files kvcache.Create makes
-// (cb-kv-<pid>-<random>.shm); RegisterKV maps no other file.
-const (
-	shmPrefix = "cb-kv-"
-	shmSuffix = ".shm"
-)
+// TokenBytes is the length of a registration token (256 random bits).
+const TokenBytes = 32
 
 type workerKey struct {
 	id   string
 	rank int
 }
 
-// workerMem is one registered worker KV memory. refs, retired and lastSeen
-// are guarded by Server.wmu; the rest is immutable.
+// workerMem is one registered worker KV memory: the mapping of the
+// descriptor its peer handed over on the KV socket, bound to that
+// connection and to a random token. refs and retired are guarded by
+// Server.wmu; the rest is immutable.
 type workerMem struct {
 	key    workerKey
-	path   string
-	fileID fileID
+	token  [TokenBytes]byte
+	conn   *kvsock.Conn // the registration lives as long as it
+	peer   kvsock.Cred
 	layout kvcache.Layout
 	theta  float64
 	model  string
 	mem    *kvcache.Memory
 	rope   *rope.RoPE
 
-	refs     int
-	retired  bool
-	lastSeen time.Time
-}
-
-type fileID struct{ dev, ino uint64 }
-
-// statShm checks that path names a regular shared-memory file made by
-// kvcache.Create (not a symlink) and returns its identity.
-func statShm(path string) (fileID, error) {
-	base := filepath.Base(path)
-	if !filepath.IsAbs(path) || !strings.HasPrefix(base, shmPrefix) || !strings.HasSuffix(base, shmSuffix) {
-		return fileID{}, fmt.Errorf("shm_path %q is not an absolute path to a %s*%s file", path, shmPrefix, shmSuffix)
-	}
-	fi, err := os.Lstat(path)
-	if err != nil {
-		return fileID{}, fmt.Errorf("shm_path: %w", err)
-	}
-	if !fi.Mode().IsRegular() {
-		return fileID{}, fmt.Errorf("shm_path %q is not a regular file", path)
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return fileID{}, nil
-	}
-	return fileID{dev: uint64(st.Dev), ino: st.Ino}, nil
+	refs    int
+	retired bool
 }
 
 // layoutOf validates a registered layout.
@@ -102,74 +76,216 @@ func layoutOf(l *cbv1.KVLayout) (kvcache.Layout, float64, error) {
 	return kl, theta, nil
 }
 
-func (s *Server) registerKV(_ context.Context, r *cbv1.RegisterKVRequest) (*cbv1.RegisterKVResponse, error) {
-	if r.GetWorkerId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "register: missing worker_id")
+// acceptKV accepts connections on the KV socket until it is closed. The
+// limits are checked here, before a goroutine is spent on a connection:
+// at most MaxKVRegistrations connections (registered or handshaking) in
+// total and MaxKVRegistrationsPerPeer per peer process; beyond them the
+// peer gets RESOURCE_EXHAUSTED and the connection is closed.
+func (s *Server) acceptKV(ln *kvsock.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			s.wmu.Lock()
+			closed := s.kvClosed
+			s.wmu.Unlock()
+			if closed {
+				return
+			}
+			s.logger.Warn("KV socket: accept failed", "err", err)
+			select { // e.g. out of descriptors: do not spin
+			case <-s.stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		}
+		pid := c.Peer().PID
+		s.wmu.Lock()
+		var refuse string
+		switch {
+		case s.kvClosed:
+			refuse = "blend server shutting down"
+		case len(s.kvConns) >= s.cfg.MaxKVRegistrations:
+			refuse = fmt.Sprintf("%d KV registrations, the server's limit", s.cfg.MaxKVRegistrations)
+		case s.kvPerPeer[pid] >= s.cfg.MaxKVRegistrationsPerPeer:
+			refuse = fmt.Sprintf("process %d holds %d KV registrations, the per-peer limit", pid, s.cfg.MaxKVRegistrationsPerPeer)
+		default:
+			s.kvConns[c] = struct{}{}
+			s.kvPerPeer[pid]++
+		}
+		s.wmu.Unlock()
+		if refuse != "" {
+			s.regsRefused.Add(1)
+			s.refuseKV(c, codes.ResourceExhausted, refuse)
+			continue
+		}
+		s.bg.Go(func() { s.serveKV(c) })
 	}
-	if r.GetRank() < 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "register: negative rank %d", r.GetRank())
+}
+
+// maxRefusing bounds the goroutines answering refused connections; beyond
+// it a refused connection is closed without an answer.
+const maxRefusing = 16
+
+// refuseKV answers a connection refused by the limits and closes it, on a
+// goroutine of its own (at most maxRefusing at a time): the peer's message
+// is read first (its descriptors closed), for a connection closed with
+// unread data would reset the peer before it reads the answer.
+func (s *Server) refuseKV(c *kvsock.Conn, code codes.Code, msg string) {
+	select {
+	case s.refusing <- struct{}{}:
+	default:
+		c.Close()
+		return
 	}
-	if len(r.GetModel()) > chunkstore.MaxModelLen {
-		return nil, status.Errorf(codes.InvalidArgument, "register: model name of %d bytes", len(r.GetModel()))
+	s.bg.Go(func() {
+		defer func() { <-s.refusing }()
+		defer c.Close()
+		var r cbv1.KVRegistration
+		files, _ := c.Recv(time.Now().Add(min(s.cfg.KVHandshakeTimeout, time.Second)), &r)
+		for _, f := range files {
+			f.Close()
+		}
+		s.replyKV(c, code, msg, nil)
+	})
+}
+
+// replyKV sends the answer of a registration (best effort: a peer that is
+// gone gets nothing).
+func (s *Server) replyKV(c *kvsock.Conn, code codes.Code, msg string, w *workerMem) {
+	r := &cbv1.KVRegistered{Code: int32(code), Message: msg, ServerEpoch: s.epoch}
+	if w != nil {
+		r.RegistrationToken = w.token[:]
+	}
+	if err := c.Send(time.Now().Add(s.cfg.KVHandshakeTimeout), r, nil); err != nil && code == codes.OK {
+		s.logger.Warn("KV socket: answer not sent", "err", err)
+	}
+}
+
+// serveKV runs one connection of the KV socket: checks the peer, receives
+// its registration and descriptor, maps the memory, answers with a token,
+// then holds the registration until the connection closes.
+func (s *Server) serveKV(c *kvsock.Conn) {
+	var mine *workerMem
+	defer func() {
+		c.Close()
+		var toClose *kvcache.Memory
+		s.wmu.Lock()
+		delete(s.kvConns, c)
+		if pid := c.Peer().PID; s.kvPerPeer[pid] <= 1 {
+			delete(s.kvPerPeer, pid)
+		} else {
+			s.kvPerPeer[pid]--
+		}
+		if mine != nil && s.workers[mine.key] == mine {
+			delete(s.workers, mine.key)
+			s.regsReleased.Add(1)
+			if s.retireLocked(mine) {
+				toClose = mine.mem
+			}
+		}
+		s.wmu.Unlock()
+		if toClose != nil {
+			toClose.Close()
+		}
+	}()
+	peer := c.Peer()
+	w, code, err := s.receiveKV(c)
+	if err != nil {
+		s.regsRefused.Add(1)
+		s.logger.Warn("KV registration refused", "pid", peer.PID, "code", code.String(), "err", err)
+		s.replyKV(c, code, err.Error(), nil)
+		return
+	}
+	// Register: a registration of the same (worker, rank) is replaced (a
+	// restarted worker); its connection is closed, its mapping released
+	// once no RPC holds it.
+	var toClose *kvcache.Memory
+	s.wmu.Lock()
+	if s.kvClosed {
+		s.wmu.Unlock()
+		w.mem.Close()
+		s.replyKV(c, codes.Unavailable, "blend server shutting down", nil)
+		return
+	}
+	old := s.workers[w.key]
+	s.workers[w.key] = w
+	mine = w
+	if old != nil {
+		s.regsReleased.Add(1)
+		if s.retireLocked(old) {
+			toClose = old.mem
+		}
+	}
+	s.wmu.Unlock()
+	if old != nil {
+		old.conn.Close()
+	}
+	if toClose != nil {
+		toClose.Close()
+	}
+	s.replyKV(c, codes.OK, "", w)
+	s.logger.Info("worker KV memory registered", "worker_id", w.key.id, "rank", w.key.rank, "pid", peer.PID,
+		"memory", w.mem.Name(), "sealed", w.mem.Sealed(), "replaced", old != nil,
+		"layers", w.layout.NumLayers, "blocks", w.layout.NumBlocks)
+	err = c.WaitClosed()
+	s.wmu.Lock()
+	current := s.workers[w.key] == w
+	s.wmu.Unlock()
+	if current {
+		s.logger.Info("worker KV registration released (connection closed)", "worker_id", w.key.id, "rank", w.key.rank, "pid", peer.PID, "err", err)
+	}
+}
+
+// receiveKV reads a connection's registration within KVHandshakeTimeout
+// and maps the descriptor that came with it, after checking every field
+// against the limits; the error's code is the answer's.
+//
+// The peer's message is read before its credentials are checked (a
+// connection closed with unread data would reset the peer before it reads
+// the answer); a peer of another user is refused without looking at it,
+// and its descriptor is closed.
+func (s *Server) receiveKV(c *kvsock.Conn) (*workerMem, codes.Code, error) {
+	var r cbv1.KVRegistration
+	files, err := c.Recv(time.Now().Add(s.cfg.KVHandshakeTimeout), &r)
+	defer func() {
+		for _, f := range files {
+			f.Close() // the mapping holds the memory
+		}
+	}()
+	if !c.SameUser() {
+		return nil, codes.PermissionDenied, fmt.Errorf("peer uid %d is not the server's uid %d", c.Peer().UID, os.Geteuid())
+	}
+	if err != nil {
+		return nil, codes.InvalidArgument, err
+	}
+	switch {
+	case len(files) != 1:
+		return nil, codes.InvalidArgument, fmt.Errorf("registration carries %d descriptors, want 1", len(files))
+	case r.GetWorkerId() == "" || len(r.GetWorkerId()) > MaxWorkerIDLen:
+		return nil, codes.InvalidArgument, fmt.Errorf("worker_id of %d bytes (want 1..%d)", len(r.GetWorkerId()), MaxWorkerIDLen)
+	case r.GetRank() < 0 || r.GetRank() >= MaxWorldSize:
+		return nil, codes.InvalidArgument, fmt.Errorf("rank %d outside [0,%d)", r.GetRank(), MaxWorldSize)
+	case len(r.GetModel()) > chunkstore.MaxModelLen:
+		return nil, codes.InvalidArgument, fmt.Errorf("model name of %d bytes", len(r.GetModel()))
 	}
 	layout, theta, err := layoutOf(r.GetLayout())
 	if err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "register: bad layout: %v", err)
+		return nil, codes.InvalidArgument, fmt.Errorf("bad layout: %w", err)
 	}
-	fid, err := statShm(r.GetShmPath())
+	mem, err := kvcache.Map(files[0], layout)
 	if err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
+		return nil, codes.InvalidArgument, err
 	}
-	key := workerKey{r.GetWorkerId(), int(r.GetRank())}
-	resp := &cbv1.RegisterKVResponse{ServerEpoch: s.epoch}
-	now := s.now()
-
-	same := func(w *workerMem) bool {
-		return w != nil && w.path == r.GetShmPath() && w.fileID == fid && w.layout == layout &&
-			w.theta == theta && w.model == r.GetModel()
+	w := &workerMem{
+		key: workerKey{r.GetWorkerId(), int(r.GetRank())}, conn: c, peer: c.Peer(),
+		layout: layout, theta: theta, model: r.GetModel(), mem: mem, rope: rope.New(layout.HeadDim, theta),
 	}
-	s.wmu.Lock()
-	if w := s.workers[key]; same(w) {
-		w.lastSeen = now
-		s.wmu.Unlock()
-		return resp, nil
+	if _, err := rand.Read(w.token[:]); err != nil {
+		mem.Close()
+		return nil, codes.Internal, fmt.Errorf("registration token: %w", err)
 	}
-	s.wmu.Unlock()
-
-	mem, err := kvcache.Open(r.GetShmPath(), layout)
-	if err != nil {
-		code := codes.Internal
-		if errors.Is(err, kvcache.ErrBadLayout) || errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
-			code = codes.InvalidArgument
-		}
-		return nil, status.Errorf(code, "register: %v", err)
-	}
-	nw := &workerMem{
-		key: key, path: r.GetShmPath(), fileID: fid, layout: layout, theta: theta, model: r.GetModel(),
-		mem: mem, rope: rope.New(layout.HeadDim, theta), lastSeen: now,
-	}
-	var toClose []*kvcache.Memory
-	s.wmu.Lock()
-	old := s.workers[key]
-	raced := same(old) // registered concurrently: keep that mapping
-	if raced {
-		old.lastSeen = now
-		toClose = append(toClose, mem)
-	} else {
-		s.workers[key] = nw
-		if old != nil && s.retireLocked(old) {
-			toClose = append(toClose, old.mem)
-		}
-	}
-	s.wmu.Unlock()
-	for _, m := range toClose {
-		m.Close()
-	}
-	if !raced {
-		s.logger.Info("worker KV memory registered", "worker_id", key.id, "rank", key.rank, "shm", nw.path,
-			"replaced", old != nil, "layers", layout.NumLayers, "blocks", layout.NumBlocks)
-	}
-	return resp, nil
+	return w, codes.OK, nil
 }
 
 // retireLocked marks w replaced and reports whether it can be unmapped now
@@ -183,15 +299,28 @@ func (s *Server) retireLocked(w *workerMem) bool {
 }
 
 // acquire returns the registered memory of (id, rank) with a reference the
-// caller must release, or nil.
-func (s *Server) acquire(id string, rank int) *workerMem {
+// caller must release, when token is that registration's (compared in
+// constant time). Otherwise a gRPC error: PermissionDenied without a
+// well-formed token or with another one, FailedPrecondition when nothing
+// is registered under (id, rank).
+func (s *Server) acquire(op, id string, rank int, token []byte) (*workerMem, error) {
+	if id == "" || len(id) > MaxWorkerIDLen || rank < 0 || rank >= MaxWorldSize {
+		return nil, status.Errorf(codes.InvalidArgument, "%s: bad worker_id (%d bytes) / rank %d", op, len(id), rank)
+	}
+	if len(token) != TokenBytes {
+		return nil, status.Errorf(codes.PermissionDenied, "%s: missing or malformed registration_token", op)
+	}
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	w := s.workers[workerKey{id, rank}]
-	if w != nil {
-		w.refs++
+	if w == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "%s: worker %q rank %d has no KV memory registered (register on the KV socket first)", op, id, rank)
 	}
-	return w
+	if subtle.ConstantTimeCompare(w.token[:], token) != 1 {
+		return nil, status.Errorf(codes.PermissionDenied, "%s: registration_token does not match worker %q rank %d's registration", op, id, rank)
+	}
+	w.refs++
+	return w, nil
 }
 
 func (s *Server) release(w *workerMem) {
@@ -204,23 +333,41 @@ func (s *Server) release(w *workerMem) {
 	}
 }
 
-// expireWorkers drops registrations not renewed within RegistrationTTL.
-func (s *Server) expireWorkers(now time.Time) {
-	var toClose []*workerMem
+// unregisterKV releases the caller's registration (by its token) and
+// closes its connection.
+func (s *Server) unregisterKV(_ context.Context, r *cbv1.UnregisterKVRequest) (*cbv1.UnregisterKVResponse, error) {
+	w, err := s.acquire("unregister", r.GetWorkerId(), int(r.GetRank()), r.GetRegistrationToken())
+	if err != nil {
+		return nil, err
+	}
 	s.wmu.Lock()
-	for k, w := range s.workers {
-		if now.Sub(w.lastSeen) >= s.cfg.RegistrationTTL {
-			delete(s.workers, k)
-			s.regsExpired.Add(1)
-			if s.retireLocked(w) {
-				toClose = append(toClose, w)
-			}
-		}
+	if s.workers[w.key] == w {
+		delete(s.workers, w.key)
+		s.regsReleased.Add(1)
+		s.retireLocked(w) // unmapped by the release below
 	}
 	s.wmu.Unlock()
-	for _, w := range toClose {
-		w.mem.Close()
-		s.logger.Info("worker KV registration expired", "worker_id", w.key.id, "rank", w.key.rank)
+	s.release(w)
+	w.conn.Close()
+	s.logger.Info("worker KV registration released (unregistered)", "worker_id", w.key.id, "rank", w.key.rank, "pid", w.peer.PID)
+	return &cbv1.UnregisterKVResponse{}, nil
+}
+
+// closeKV stops the KV socket: no new connection is accepted, every
+// connection is closed (their goroutines release their registrations).
+func (s *Server) closeKV() {
+	s.wmu.Lock()
+	s.kvClosed = true
+	conns := make([]*kvsock.Conn, 0, len(s.kvConns))
+	for c := range s.kvConns {
+		conns = append(conns, c)
+	}
+	s.wmu.Unlock()
+	if s.kvln != nil {
+		s.kvln.Close()
+	}
+	for _, c := range conns {
+		c.Close()
 	}
 }
 

@@ -75,6 +75,13 @@ func TestBlendKilledRequestsStillServedThenReuseResumes(t *testing.T) {
 	if hit <= 0 {
 		t.Fatal("reuse did not resume after the blend server restarted")
 	}
+	// Over the KV socket: the worker's registration ended with the killed
+	// server's connection and its memfd was handed to the new one.
+	logs := e.logs.String()
+	if !strings.Contains(logs, "the blend server ended the KV registration") ||
+		strings.Count(logs, "registered KV memory with the blend server") < 2 {
+		t.Error("the worker did not register its KV memory again over the socket")
+	}
 }
 
 // TestWorkerKilledFailsFastThenRecovers kills cb worker under a request in
@@ -293,10 +300,27 @@ func waitRestart(t *testing.T, e *env, name string, oldPID int) {
 	t.Fatalf("%s not restarted", name)
 }
 
+// holdsMemfd reports whether process pid has the KV memfd open.
+func holdsMemfd(t *testing.T, pid int) bool {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Skipf("no %s: %v", dir, err)
+	}
+	for _, e := range ents {
+		if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && strings.HasPrefix(l, "/memfd:cb-kv") {
+			return true
+		}
+	}
+	return false
+}
+
 // TestSIGTERMUnderLoad sends SIGTERM to the worker, the blend server and
 // the engine while requests are in flight: every request finishes or fails cleanly (an
-// OpenAI-shaped error, never a broken connection or a hang), the worker
-// removes its shared-memory file, and the engine flushes its spans.
+// OpenAI-shaped error, never a broken connection or a hang), the worker's
+// KV memory is a memfd that leaves no file behind, and the engine flushes
+// its spans.
 func TestSIGTERMUnderLoad(t *testing.T) {
 	e := startEnv(t, options{})
 	inflight := func(n int) chan string {
@@ -336,9 +360,12 @@ func TestSIGTERMUnderLoad(t *testing.T) {
 
 	// The worker.
 	wpid, _ := pidOf(t, e, "cb-worker")
-	shm, _ := filepath.Glob(fmt.Sprintf("/dev/shm/cb-kv-%d-*.shm", wpid))
-	if len(shm) != 1 {
-		t.Fatalf("worker %d shared memory files: %v", wpid, shm)
+	// The KV memory is a memfd: the worker holds it, nothing names it.
+	if !holdsMemfd(t, wpid) {
+		t.Fatalf("worker %d holds no memfd:cb-kv", wpid)
+	}
+	if shm, _ := filepath.Glob(fmt.Sprintf("/dev/shm/cb-kv-%d-*", wpid)); len(shm) != 0 {
+		t.Fatalf("worker %d has shared-memory files: %v", wpid, shm)
 	}
 	ch := inflight(4)
 	time.Sleep(700 * time.Millisecond)
@@ -347,8 +374,8 @@ func TestSIGTERMUnderLoad(t *testing.T) {
 	}
 	t.Logf("worker SIGTERM: %v", collect(ch, 4))
 	waitRestart(t, e, "cb-worker", wpid)
-	if _, err := os.Stat(shm[0]); !os.IsNotExist(err) {
-		t.Fatalf("the worker left its shared memory %s (%v)", shm[0], err)
+	if shm, _ := filepath.Glob(fmt.Sprintf("/dev/shm/cb-kv-%d-*", wpid)); len(shm) != 0 {
+		t.Fatalf("the worker left shared-memory files: %v", shm)
 	}
 
 	// The blend server: requests in flight lose their reuse at worst and

@@ -1,8 +1,11 @@
 // Package kvcache holds the paged KV-cache memory shared between cb-worker and
 // cb-blend: a [Layout] descriptor, slot-mapping helpers and [Memory], a
-// shared-memory file (mode 0600) that the worker creates and the blend server
-// maps with the same code, so the server can scatter reused KV straight into
-// the worker's cache (our analogue of CUDA IPC).
+// pathless shared mapping that the worker creates ([Create]: a memfd sealed
+// against resizing, or an unlinked 0600 file when memfd_create is
+// unavailable) and whose descriptor the blend server maps ([Map]: checked
+// with fstat, never opened by path), so the server can scatter reused KV
+// straight into the worker's cache (our analogue of CUDA IPC). The
+// descriptor travels over a Unix socket (package rpc/kvsock).
 //
 // Memory layout: for every layer l, the K plane then the V plane, each of
 // shape [NumBlocks, BlockSize, KVHeads, HeadDim] float32 (little endian). The

@@ -6,7 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestSlot(t *testing.T) {
@@ -72,24 +76,12 @@ func TestLayoutValidate(t *testing.T) {
 	}
 }
 
-func TestCreateOpenShare(t *testing.T) {
-	dir := t.TempDir()
-	l := Layout{NumLayers: 2, NumBlocks: 4, BlockSize: 16, KVHeads: 2, HeadDim: 8}
-	m, err := Create(dir, l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := os.Stat(m.Path())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.Mode().Perm() != 0o600 {
-		t.Fatalf("mode %v, want 0600", st.Mode().Perm())
-	}
-	if st.Size() != l.Bytes() {
-		t.Fatalf("size %d, want %d", st.Size(), l.Bytes())
-	}
-	peer, err := Open(m.Path(), l)
+// share maps m's descriptor as the blend server does and checks that the
+// two mappings share the memory.
+func share(t *testing.T, m *Memory) {
+	t.Helper()
+	l := m.Layout()
+	peer, err := Map(m.File(), l)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,14 +98,58 @@ func TestCreateOpenShare(t *testing.T) {
 	if m.K(0)[5*l.TokenFloats()] != 0 {
 		t.Fatal("V write leaked into K")
 	}
+	if peer.File() != nil {
+		t.Fatal("a mapped memory owns a descriptor")
+	}
 	if err := peer.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(m.Path()); err != nil {
-		t.Fatal("peer close removed the file")
+	if m.K(1)[37*l.TokenFloats()+3] != 42.5 {
+		t.Fatal("the peer's Close lost the memory")
 	}
-	if _, err := Open(m.Path(), Layout{NumLayers: 3, NumBlocks: 4, BlockSize: 16, KVHeads: 2, HeadDim: 8}); !errors.Is(err, ErrBadLayout) {
-		t.Fatalf("open with wrong layout: %v", err)
+}
+
+// noFiles fails when dir holds anything: the memory has no path.
+func noFiles(t *testing.T, dir string) {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ents) != 0 {
+		t.Fatalf("%s holds %v: the KV memory has a path", dir, ents)
+	}
+}
+
+func TestCreateMemfdSealedAndShared(t *testing.T) {
+	dir := t.TempDir()
+	l := Layout{NumLayers: 2, NumBlocks: 4, BlockSize: 16, KVHeads: 2, HeadDim: 8}
+	m, err := Create(dir, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	noFiles(t, dir)
+	if m.Name() != "memfd:cb-kv" || !m.Sealed() {
+		t.Fatalf("name %q sealed %v, want a sealed memfd", m.Name(), m.Sealed())
+	}
+	st, err := m.File().Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() != l.Bytes() || !st.Mode().IsRegular() {
+		t.Fatalf("size %d mode %v", st.Size(), st.Mode())
+	}
+	// The seals: the size can change neither way.
+	if err := m.File().Truncate(l.Bytes() / 2); err == nil {
+		t.Fatal("a sealed memfd was shrunk")
+	}
+	if err := m.File().Truncate(l.Bytes() * 2); err == nil {
+		t.Fatal("a sealed memfd was grown")
+	}
+	share(t, m)
+	if _, err := Map(m.File(), Layout{NumLayers: 3, NumBlocks: 4, BlockSize: 16, KVHeads: 2, HeadDim: 8}); !errors.Is(err, ErrBadDescriptor) {
+		t.Fatalf("map with a wrong layout: %v", err)
 	}
 	if err := m.Close(); err != nil {
 		t.Fatal(err)
@@ -121,8 +157,99 @@ func TestCreateOpenShare(t *testing.T) {
 	if err := m.Close(); err != nil {
 		t.Fatal("second close:", err)
 	}
-	if _, err := os.Stat(m.Path()); !errors.Is(err, os.ErrNotExist) {
-		t.Fatal("owner close left the file")
+}
+
+func TestCreateFallbackUnlinkedFile(t *testing.T) {
+	memfdCreate = func(string, int) (int, error) { return -1, syscall.ENOSYS }
+	defer func() { memfdCreate = unix.MemfdCreate }()
+	dir := t.TempDir()
+	l := Layout{NumLayers: 2, NumBlocks: 4, BlockSize: 16, KVHeads: 2, HeadDim: 8}
+	m, err := Create(dir, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	noFiles(t, dir)
+	if m.Sealed() || !strings.HasPrefix(m.Name(), "unlinked file in ") {
+		t.Fatalf("name %q sealed %v", m.Name(), m.Sealed())
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(m.File().Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode&0o777 != 0o600 || st.Nlink != 0 || st.Size != l.Bytes() {
+		t.Fatalf("mode %#o links %d size %d, want 0600, unlinked, %d bytes", st.Mode&0o777, st.Nlink, st.Size, l.Bytes())
+	}
+	share(t, m)
+}
+
+func TestMapRefusesBadDescriptors(t *testing.T) {
+	l := Layout{NumLayers: 2, NumBlocks: 4, BlockSize: 16, KVHeads: 2, HeadDim: 8}
+	dir := t.TempDir()
+	open := func(t *testing.T, name string, size int64, flag int) *os.File {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, make([]byte, size), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.OpenFile(p, flag, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	defer pw.Close()
+	d, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	writeSealed, err := Create("", l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writeSealed.Close()
+	// A memfd sealed against writes (built by hand: Create seals F_SEAL_SEAL).
+	fd, err := unix.MemfdCreate("x", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ro := os.NewFile(uintptr(fd), "x")
+	defer ro.Close()
+	if err := ro.Truncate(l.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := unix.FcntlInt(ro.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_WRITE); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		f    *os.File
+	}{
+		{"too small", open(t, "small", l.Bytes()-4, os.O_RDWR)},
+		{"too large", open(t, "large", l.Bytes()+4096, os.O_RDWR)},
+		{"read only", open(t, "ro", l.Bytes(), os.O_RDONLY)},
+		{"pipe", pr},
+		{"directory", d},
+		{"write-sealed memfd", ro},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if m, err := Map(tc.f, l); !errors.Is(err, ErrBadDescriptor) {
+				if m != nil {
+					m.Close()
+				}
+				t.Fatalf("Map = %v, want ErrBadDescriptor", err)
+			}
+		})
+	}
+	if _, err := Map(writeSealed.File(), Layout{}); !errors.Is(err, ErrBadLayout) {
+		t.Fatalf("zero layout: %v", err)
 	}
 }
 

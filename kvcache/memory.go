@@ -11,10 +11,13 @@ import (
 	"sync"
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
-// DefaultDir is where shared-memory files are created when no directory is
-// given: /dev/shm when it exists, the OS temp directory otherwise.
+// DefaultDir is where the fallback file is created (see Create) when no
+// directory is given: /dev/shm when it exists, the OS temp directory
+// otherwise.
 func DefaultDir() string {
 	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
 		return "/dev/shm"
@@ -22,19 +25,40 @@ func DefaultDir() string {
 	return os.TempDir()
 }
 
-// filePrefix starts the name of every file this package creates; the pid that
-// follows lets RemoveStale find the files of dead processes.
+// filePrefix starts the name a fallback file has between its creation and
+// its unlinking; the pid that follows lets RemoveStale find the files of
+// processes that died in between.
 const filePrefix = "cb-kv-"
 
+// memfdName names the memfd (/proc/<pid>/fd shows "/memfd:cb-kv (deleted)").
+const memfdName = "cb-kv"
+
+// Seals is what Create puts on a memfd: its size can never change and no
+// seal can be added or removed, so a process that maps it can rely on every
+// byte of the layout staying mapped.
+const Seals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
+
+// ErrBadDescriptor reports a descriptor that Map refuses: not a regular
+// file (or memfd), not open for reading and writing, or of another size
+// than the layout's.
+var ErrBadDescriptor = errors.New("kvcache: bad KV memory descriptor")
+
+// memfdCreate is unix.MemfdCreate; tests replace it to exercise the
+// fallback.
+var memfdCreate = unix.MemfdCreate
+
 // Memory is a mapped KV memory: K and V planes of every layer as float32
-// slices over one shared-memory file. The slices may be read and written
-// concurrently by different goroutines and processes; coordinating writers of
-// the same slots is the caller's job. Close is safe for concurrent use with
-// itself but the slices must not be used after Close.
+// slices over one shared mapping. The memory has no path: the worker
+// creates it (Create) and hands its descriptor (File) to the blend server,
+// which maps it (Map). The slices may be read and written concurrently by
+// different goroutines and processes; coordinating writers of the same slots
+// is the caller's job. Close is safe for concurrent use with itself but the
+// slices must not be used after Close.
 type Memory struct {
-	path   string
+	name   string
 	layout Layout
-	owner  bool // created (and removed on Close) by this process
+	file   *os.File // the descriptor, kept by the creator only
+	sealed bool
 	data   []byte
 	floats []float32
 
@@ -42,67 +66,118 @@ type Memory struct {
 	closeErr  error
 }
 
-// Create makes a new shared-memory file (mode 0600, unique name
-// cb-kv-<pid>-<random>.shm) in dir (DefaultDir when empty), sizes it for
-// layout, zeroes it and maps it. Close unmaps and removes the file.
+// Create makes the KV memory of layout and maps it: an anonymous memfd
+// (memfd_create, close-on-exec) sized for layout and sealed with Seals; when
+// the kernel refuses memfd_create, a 0600 file in dir (DefaultDir when
+// empty) that is unlinked before Create returns (O_TMPFILE, or a unique
+// name removed at once). Either way nothing on the file system names the
+// memory: it lives while a descriptor or a mapping of it does. The memory is
+// zero. File is the descriptor to hand to the blend server; Close unmaps it
+// and closes the descriptor.
 func Create(dir string, layout Layout) (*Memory, error) {
 	if err := layout.Validate(); err != nil {
 		return nil, err
 	}
-	if dir == "" {
-		dir = DefaultDir()
-	}
-	var f *os.File
-	var err error
-	for range 16 {
-		name := fmt.Sprintf("%s%d-%016x.shm", filePrefix, os.Getpid(), rand.Uint64())
-		f, err = os.OpenFile(filepath.Join(dir, name), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-		if err == nil || !errors.Is(err, os.ErrExist) {
-			break
-		}
-	}
+	f, name, memfd, err := createFile(dir)
 	if err != nil {
-		return nil, fmt.Errorf("kvcache: create shared memory: %w", err)
+		return nil, err
 	}
-	defer f.Close()
+	fail := func(err error) (*Memory, error) {
+		f.Close()
+		return nil, err
+	}
 	if err := f.Truncate(layout.Bytes()); err != nil {
-		os.Remove(f.Name())
-		return nil, fmt.Errorf("kvcache: size shared memory: %w", err)
+		return fail(fmt.Errorf("kvcache: size KV memory: %w", err))
+	}
+	sealed := false
+	if memfd {
+		if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, Seals); err != nil {
+			return fail(fmt.Errorf("kvcache: seal KV memory: %w", err))
+		}
+		sealed = true
 	}
 	m, err := mapFile(f, layout)
 	if err != nil {
-		os.Remove(f.Name())
-		return nil, err
+		return fail(err)
 	}
-	m.path = f.Name()
-	m.owner = true
+	m.name, m.file, m.sealed = name, f, sealed
 	return m, nil
 }
 
-// Open maps an existing shared-memory file created by Create with the same
-// layout (the blend server's side). The file's size must equal
-// layout.Bytes(). Close unmaps it and leaves the file in place.
-func Open(path string, layout Layout) (*Memory, error) {
+// createFile returns a new, empty, pathless read-write file: a memfd, or
+// the fallback in dir.
+func createFile(dir string) (f *os.File, name string, memfd bool, err error) {
+	fd, err := memfdCreate(memfdName, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err == nil {
+		return os.NewFile(uintptr(fd), "memfd:"+memfdName), "memfd:" + memfdName, true, nil
+	}
+	if dir == "" {
+		dir = DefaultDir()
+	}
+	// An unnamed file in dir (Linux 3.11+, not every file system).
+	if fd, terr := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600); terr == nil {
+		name = "unlinked file in " + dir
+		return os.NewFile(uintptr(fd), name), name, false, nil
+	}
+	for range 16 {
+		p := filepath.Join(dir, fmt.Sprintf("%s%d-%016x.shm", filePrefix, os.Getpid(), rand.Uint64()))
+		f, err = os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if err == nil {
+			if err := os.Remove(p); err != nil {
+				f.Close()
+				return nil, "", false, fmt.Errorf("kvcache: unlink KV memory file: %w", err)
+			}
+			name = "unlinked file in " + dir
+			return f, name, false, nil
+		}
+		if !errors.Is(err, os.ErrExist) {
+			break
+		}
+	}
+	return nil, "", false, fmt.Errorf("kvcache: create KV memory (memfd unavailable): %w", err)
+}
+
+// Map maps the KV memory behind f, a descriptor received from its creator
+// (the blend server's side). It never opens a path. f must be a regular
+// file (a memfd is one) open for reading and writing, of exactly
+// layout.Bytes() bytes, and not sealed against writes; otherwise Map
+// returns an error wrapping ErrBadDescriptor (or ErrBadLayout for the
+// layout itself). The caller keeps f and may close it once Map returns: the
+// mapping holds the memory. Close unmaps.
+func Map(f *os.File, layout Layout) (*Memory, error) {
 	if err := layout.Validate(); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return nil, fmt.Errorf("kvcache: open shared memory: %w", err)
+	fd := int(f.Fd())
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("%w: fstat: %v", ErrBadDescriptor, err)
 	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("kvcache: stat shared memory: %w", err)
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("%w: not a regular file or memfd (mode %#o)", ErrBadDescriptor, st.Mode)
 	}
-	if st.Size() != layout.Bytes() {
-		return nil, fmt.Errorf("%w: file %s has %d bytes, layout needs %d", ErrBadLayout, path, st.Size(), layout.Bytes())
+	if st.Size != layout.Bytes() {
+		return nil, fmt.Errorf("%w: %d bytes, the layout needs %d", ErrBadDescriptor, st.Size, layout.Bytes())
+	}
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: F_GETFL: %v", ErrBadDescriptor, err)
+	}
+	if fl&unix.O_ACCMODE != unix.O_RDWR {
+		return nil, fmt.Errorf("%w: not open for reading and writing", ErrBadDescriptor)
+	}
+	sealed := false
+	if seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0); err == nil {
+		if seals&(unix.F_SEAL_WRITE|unix.F_SEAL_FUTURE_WRITE) != 0 {
+			return nil, fmt.Errorf("%w: sealed against writes", ErrBadDescriptor)
+		}
+		sealed = seals&unix.F_SEAL_SHRINK != 0
 	}
 	m, err := mapFile(f, layout)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrBadDescriptor, err)
 	}
-	m.path = path
+	m.name, m.sealed = fmt.Sprintf("descriptor (dev %d, inode %d)", st.Dev, st.Ino), sealed
 	return m, nil
 }
 
@@ -115,8 +190,18 @@ func mapFile(f *os.File, layout Layout) (*Memory, error) {
 	return &Memory{layout: layout, data: data, floats: floats}, nil
 }
 
-// Path is the shared-memory file's path.
-func (m *Memory) Path() string { return m.path }
+// Name describes the memory for logs ("memfd:cb-kv", "unlinked file in
+// /dev/shm", or the identity of a mapped descriptor); it is not a path.
+func (m *Memory) Name() string { return m.name }
+
+// File is the memory's descriptor, to pass to the blend server (nil for a
+// memory mapped by Map). It stays owned by the Memory: Close closes it.
+func (m *Memory) File() *os.File { return m.file }
+
+// Sealed reports whether the memory's size is sealed (a memfd with
+// F_SEAL_SHRINK): its mapping can never lose pages. The fallback file
+// cannot be sealed.
+func (m *Memory) Sealed() bool { return m.sealed }
 
 // Layout is the layout the memory was mapped with.
 func (m *Memory) Layout() Layout { return m.layout }
@@ -147,26 +232,28 @@ func (m *Memory) TokenV(layer, slot int) []float32 {
 	return m.V(layer)[slot*t : (slot+1)*t : (slot+1)*t]
 }
 
-// Close unmaps the memory and, when this process created it, removes the
-// file. It is idempotent.
+// Close unmaps the memory and closes the creator's descriptor; the memory
+// itself is freed by the kernel once no process maps it or holds a
+// descriptor. It is idempotent.
 func (m *Memory) Close() error {
 	m.closeOnce.Do(func() {
 		if m.data != nil {
 			m.closeErr = syscall.Munmap(m.data)
 			m.data, m.floats = nil, nil
 		}
-		if m.owner {
-			if err := os.Remove(m.path); err != nil && !errors.Is(err, os.ErrNotExist) && m.closeErr == nil {
-				m.closeErr = fmt.Errorf("kvcache: remove shared memory: %w", err)
+		if m.file != nil {
+			if err := m.file.Close(); err != nil && m.closeErr == nil {
+				m.closeErr = fmt.Errorf("kvcache: close KV memory: %w", err)
 			}
 		}
 	})
 	return m.closeErr
 }
 
-// RemoveStale removes shared-memory files in dir (DefaultDir when empty) that
-// were created by processes no longer alive (a crash leaves its file behind).
-// It returns the paths removed.
+// RemoveStale removes fallback files in dir (DefaultDir when empty) left
+// by processes that died between creating and unlinking them, and the
+// named shared-memory files of earlier versions (cb-kv-<pid>-*.shm of dead
+// pids). It returns the paths removed.
 func RemoveStale(dir string) ([]string, error) {
 	if dir == "" {
 		dir = DefaultDir()

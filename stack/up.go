@@ -77,6 +77,7 @@ type Stack struct {
 	sup    *Supervisor
 	eps    Endpoints
 	tlsDir string // "" when plaintext
+	kvDir  string // the blend server's KV socket directory, removed by Shutdown
 }
 
 // Up starts cb blend, cb worker and cb engine (in that order, each waiting
@@ -116,7 +117,14 @@ func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
 	if cfg.OTLPEndpoint != "" {
 		env = append(env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="+cfg.OTLPEndpoint, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="+cfg.OTLPProtocol)
 	}
-	s := &Stack{sup: NewSupervisor(cfg.Supervisor)}
+	// The blend server's KV socket, in a directory of this stack's own
+	// (0700), at a path that survives a restart of cb blend.
+	kvDir, err := os.MkdirTemp("", "cb-up-")
+	if err != nil {
+		return nil, fmt.Errorf("stack: KV socket directory: %w", err)
+	}
+	kvSocket := filepath.Join(kvDir, "blend-kv.sock")
+	s := &Stack{sup: NewSupervisor(cfg.Supervisor), kvDir: kvDir}
 	fail := func(err error) (*Stack, error) {
 		_ = s.Shutdown(context.Background())
 		return nil, err
@@ -136,13 +144,13 @@ func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
 		return slices.Concat(base, tlsArgs(r), extra)
 	}
 	r, err := s.sup.Start(ctx, Spec{Name: "cb-blend", Path: cfg.Exe, Env: env,
-		Args: args([]string{"blend", "--addr", blendGRPC, "--metrics-addr", blendMetrics}, mtls.Blend, cfg.BlendArgs)})
+		Args: args([]string{"blend", "--addr", blendGRPC, "--metrics-addr", blendMetrics, "--kv-socket", kvSocket}, mtls.Blend, cfg.BlendArgs)})
 	if err != nil {
 		return fail(err)
 	}
 	s.eps.Blend = Endpoint{GRPC: r.Values["grpc"], Metrics: r.Values["metrics"], PID: r.PID}
 	r, err = s.sup.Start(ctx, Spec{Name: "cb-worker", Path: cfg.Exe, Env: env,
-		Args: args([]string{"worker", "--addr", workerGRPC, "--metrics-addr", workerMetrics, "--blend", blendGRPC}, mtls.Worker, cfg.WorkerArgs)})
+		Args: args([]string{"worker", "--addr", workerGRPC, "--metrics-addr", workerMetrics, "--blend", blendGRPC, "--blend-kv-socket", kvSocket}, mtls.Worker, cfg.WorkerArgs)})
 	if err != nil {
 		return fail(err)
 	}
@@ -232,9 +240,12 @@ func (s *Stack) WriteEndpoints(path string) error {
 func (s *Stack) TLSDir() string { return s.tlsDir }
 
 // Shutdown stops engine, worker and blend (in that order), then removes
-// the certificates.
+// the KV socket's directory and the certificates.
 func (s *Stack) Shutdown(ctx context.Context) error {
 	err := s.sup.Shutdown(ctx)
+	if s.kvDir != "" {
+		os.RemoveAll(s.kvDir)
+	}
 	if s.tlsDir != "" {
 		if rerr := os.RemoveAll(s.tlsDir); rerr != nil && err == nil {
 			err = fmt.Errorf("stack: remove certificates: %w", rerr)

@@ -37,6 +37,8 @@ func fakeCB(args []string) int {
 	fs.String("metrics-addr", "", "")
 	fs.String("worker", "", "")
 	fs.String("blend", "", "")
+	fs.String("kv-socket", "", "")
+	fs.String("blend-kv-socket", "", "")
 	var files mtls.Files
 	fs.StringVar(&files.Cert, "tls-cert", "", "")
 	fs.StringVar(&files.Key, "tls-key", "", "")

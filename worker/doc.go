@@ -1,5 +1,6 @@
 // Package worker is cb-worker, the vLLM-worker analogue: it owns the model
-// and the paged KV cache (a shared-memory file the blend server maps), and
+// and the paged KV cache (a memfd whose descriptor it hands to the blend
+// server over a Unix socket, docs/design.md §5), and
 // executes the scheduler's steps over gRPC (rpc/worker.proto). Its side of
 // the CacheBlend connector loads reused KV through the blend server
 // (cb.start_load_kv → Retrieve), runs the selective-recompute forward

@@ -231,7 +231,8 @@ func (w *Worker) loadKV(ctx context.Context, id string, st *seqState, bt []int32
 	lctx, sp := w.spans.Start(ctx, spanname.CBStartLoadKV, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attrRequestID.String(id), attribute.Int("from_token", st.loaded.To), attribute.Int("capacity_tokens", capTokens)))
 	defer sp.End()
-	if !w.Registered() {
+	token := w.token()
+	if token == nil {
 		err := errors.New("blend server unavailable (KV memory not registered)")
 		w.reuseFailed(st, sp, err)
 		return
@@ -241,6 +242,7 @@ func (w *Worker) loadKV(ctx context.Context, id string, st *seqState, bt []int32
 	resp, err := w.blend.Retrieve(rctx, &cbv1.RetrieveRequest{
 		RequestId: id, TraceContext: telemetry.InjectString(lctx), WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank),
 		BlockTable: bt, Matches: rpc.MatchesToProto(st.plan.Matches), FromToken: int32(st.loaded.To), ChunkSize: int32(st.plan.ChunkSize),
+		RegistrationToken: token,
 	})
 	if err != nil {
 		w.reuseFailed(st, sp, fmt.Errorf("retrieve: %w", err))
@@ -316,11 +318,18 @@ func (w *Worker) storeAsync(ctx context.Context, id string, tokens []int32, bt [
 	go func() {
 		defer func() { <-w.storeSem }()
 		defer w.markStored(id)
+		token := w.token()
+		if token == nil {
+			w.metrics.BlendFailure(metrics.BlendOpStore)
+			w.logger.Warn("store skipped: KV memory not registered with the blend server", "request_id", id)
+			return
+		}
 		sctx, cancel := context.WithTimeout(context.Background(), w.cfg.RPCTimeout)
 		defer cancel()
 		resp, err := w.blend.Store(sctx, &cbv1.StoreRequest{
 			RequestId: id, TraceContext: tc, WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank),
 			Tokens: tokens, BlockTable: bt, Document: document, Model: w.cfg.ModelName,
+			RegistrationToken: token,
 		})
 		if err != nil {
 			w.metrics.BlendFailure(metrics.BlendOpStore)

@@ -23,6 +23,7 @@ import (
 	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
+	"github.com/cacheblend/cacheblend/rpc/kvsock"
 	"github.com/cacheblend/cacheblend/telemetry"
 	"github.com/cacheblend/cacheblend/tokenizer"
 )
@@ -53,11 +54,18 @@ type Config struct {
 	Model model.Config
 	// NumBlocks and BlockSize size the paged KV pool; default 2048 × 16.
 	NumBlocks, BlockSize int
-	// ShmDir is where the KV shared-memory file lives; default /dev/shm.
+	// ShmDir is where the KV memory's fallback file is created (and
+	// unlinked at once) when the kernel has no memfd_create; default
+	// /dev/shm (kvcache.Create).
 	ShmDir string
-	// RegisterInterval is how often the worker (re-)registers its KV memory
-	// with the blend server through Deps.Blend (a blend restart is noticed
-	// within it); default 1 s.
+	// BlendKVSocket is the blend server's KV socket (package rpc/kvsock),
+	// on which the worker hands over its KV memory's descriptor; default
+	// kvsock.DefaultPath(). Used only with Deps.Blend.
+	BlendKVSocket string
+	// RegisterInterval is how long the worker waits between attempts to
+	// register its KV memory while the blend server is unreachable; a
+	// registration lasts while its socket connection does, so a blend
+	// restart is noticed at once and re-registered within it. Default 1 s.
 	RegisterInterval time.Duration
 	// RPCTimeout bounds each blend-server call; default 5 s.
 	RPCTimeout time.Duration
@@ -82,6 +90,9 @@ func (c Config) withDefaults() Config {
 	if c.BlockSize <= 0 {
 		c.BlockSize = DefaultBlockSize
 	}
+	if c.BlendKVSocket == "" {
+		c.BlendKVSocket = kvsock.DefaultPath()
+	}
 	if c.RegisterInterval <= 0 {
 		c.RegisterInterval = DefaultRegisterInterval
 	}
@@ -104,8 +115,9 @@ type Deps struct {
 	// component.Deps.WithDefaults.
 	component.Deps
 	// Blend is the blend server client: the worker registers its KV memory
-	// with it every Config.RegisterInterval, retrieves reused KV and stores
-	// prompts through it. The caller dials it (gRPC connects lazily, so the
+	// on the server's KV socket (Config.BlendKVSocket), then retrieves
+	// reused KV and stores prompts through this client with the
+	// registration's token. The caller dials it (gRPC connects lazily, so the
 	// blend server may come up later or restart) and closes it after
 	// Shutdown. nil disables reuse.
 	Blend cbv1.BlendServiceClient
@@ -114,8 +126,8 @@ type Deps struct {
 var _ component.Lifecycle = (*Worker)(nil)
 
 // Worker is the cb-worker process's component. Create it with New, then
-// Start; Shutdown stops it and removes the shared-memory file (the
-// lifecycle of component.Lifecycle). Its methods are safe for concurrent
+// Start; Shutdown stops it, ends its KV registration and closes the KV
+// memory (the lifecycle of component.Lifecycle). Its methods are safe for concurrent
 // use; Execute calls are serialized internally.
 type Worker struct {
 	cfg     Config
@@ -141,9 +153,9 @@ type Worker struct {
 	execMu sync.Mutex // serializes Execute
 	seqs   map[string]*seqState
 
-	regMu      sync.Mutex
-	registered bool
-	epoch      string
+	regMu  sync.Mutex
+	sess   *session       // the current KV registration; nil when not registered
+	sessWG sync.WaitGroup // the sessions' watchers
 
 	storeSem  chan struct{}
 	storeMu   sync.Mutex
@@ -151,6 +163,15 @@ type Worker struct {
 
 	bg   sync.WaitGroup
 	stop chan struct{} // closed by Shutdown: the registration loop exits
+}
+
+// session is one KV registration: the socket connection it lives on and
+// its token.
+type session struct {
+	conn  *kvsock.Conn
+	token []byte
+	epoch string
+	done  chan struct{} // closed when the connection ends (the server closed it)
 }
 
 // seqState is what the worker remembers of a request between steps.
@@ -186,11 +207,12 @@ func New(cfg Config, deps Deps) (*Worker, error) {
 	}, nil
 }
 
-// Start builds the model, creates the KV shared memory (removing files a
-// crashed worker left), starts the gRPC server and, with a blend client, the
-// registration loop; it returns once the gRPC address is bound. ctx bounds
-// the binding only. Starting twice or after Shutdown is an error; when Start
-// fails nothing is left running and the shared memory is removed.
+// Start builds the model, creates the KV memory (a sealed memfd, see
+// kvcache.Create; fallback files a crashed worker left are removed), starts
+// the gRPC server and, with a blend client, the registration loop; it
+// returns once the gRPC address is bound. ctx bounds the binding only.
+// Starting twice or after Shutdown is an error; when Start fails nothing is
+// left running and the KV memory is closed.
 func (w *Worker) Start(ctx context.Context) error {
 	w.lifeMu.Lock()
 	defer w.lifeMu.Unlock()
@@ -232,7 +254,7 @@ func (w *Worker) Start(ctx context.Context) error {
 			w.logger.Error("grpc server stopped", "err", err)
 		}
 	}(w.grpcSrv)
-	w.logger.Info("worker started", "addr", ln.Addr().String(), "shm", kv.Path(), "layers", m.Config().Layers,
+	w.logger.Info("worker started", "addr", ln.Addr().String(), "kv_memory", kv.Name(), "sealed", kv.Sealed(), "layers", m.Config().Layers,
 		"dim", m.Config().Dim, "blocks", w.cfg.NumBlocks, "block_size", w.cfg.BlockSize, "blend", w.blend != nil)
 	return nil
 }
@@ -247,14 +269,16 @@ func (w *Worker) Addr() string {
 	return w.ln.Addr().String()
 }
 
-// ShmPath is the KV shared-memory file's path ("" before Start).
-func (w *Worker) ShmPath() string {
+// KVMemory describes the KV memory ("memfd:cb-kv", or the fallback's
+// "unlinked file in DIR"; "" before Start). It is not a path: nothing on
+// the file system names the memory.
+func (w *Worker) KVMemory() string {
 	w.lifeMu.Lock()
 	defer w.lifeMu.Unlock()
 	if w.kv == nil {
 		return ""
 	}
-	return w.kv.Path()
+	return w.kv.Name()
 }
 
 // Model is the worker's model (nil before Start).
@@ -266,15 +290,27 @@ func (w *Worker) Model() *model.Model {
 
 // Registered reports whether the blend server currently has this worker's
 // KV memory registered.
-func (w *Worker) Registered() bool {
+func (w *Worker) Registered() bool { return w.token() != nil }
+
+// token is the current registration's token, nil when not registered.
+func (w *Worker) token() []byte {
 	w.regMu.Lock()
 	defer w.regMu.Unlock()
-	return w.registered
+	if w.sess == nil {
+		return nil
+	}
+	select {
+	case <-w.sess.done:
+		return nil
+	default:
+		return w.sess.token
+	}
 }
 
 // Shutdown stops serving (in-flight steps finish until ctx ends, then the
 // gRPC server is stopped), stops the registration loop, waits for pending
-// stores (until ctx ends), and removes the shared-memory file. It returns
+// stores (until ctx ends), ends the KV registration (UnregisterKV, then the
+// socket is closed) and closes the KV memory. It returns
 // an error wrapping ctx's when it had to cut steps or stores short. It does
 // not close the blend client (the caller's). Later calls return nil.
 func (w *Worker) Shutdown(ctx context.Context) error {
@@ -312,6 +348,7 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 		}
 	}
 	w.bg.Wait()
+	w.unregister()
 	w.lifeMu.Lock()
 	defer w.lifeMu.Unlock()
 	return errors.Join(append(errs, w.closeResources())...)
@@ -325,47 +362,94 @@ func (w *Worker) closeResources() error {
 	return errors.Join(errs...)
 }
 
-// registerLoop registers the KV memory at start and every RegisterInterval
-// (idempotent on the server), so a restarted blend server gets it back.
+// registerLoop registers the KV memory on the blend server's KV socket and
+// holds the registration: when the server closes the connection (it
+// restarted, or the registration was replaced) it registers again at once,
+// then every RegisterInterval until it succeeds. It returns on Shutdown,
+// leaving the registration to Shutdown (pending stores still need it).
 func (w *Worker) registerLoop() {
 	defer w.bg.Done()
-	t := time.NewTicker(w.cfg.RegisterInterval)
+	failing := false
+	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
-		w.register()
+		sess, err := w.register()
+		if err != nil {
+			w.metrics.BlendFailure(metrics.BlendOpRegister)
+			if !failing {
+				w.logger.Warn("KV memory not registered with the blend server; serving without reuse", "socket", w.cfg.BlendKVSocket, "err", err)
+			}
+			failing = true
+			t.Reset(w.cfg.RegisterInterval)
+			select {
+			case <-w.stop:
+				return
+			case <-t.C:
+			}
+			continue
+		}
+		failing = false
 		select {
 		case <-w.stop:
 			return
-		case <-t.C:
+		case <-sess.done:
 		}
+		w.regMu.Lock()
+		if w.sess == sess {
+			w.sess = nil
+		}
+		w.regMu.Unlock()
+		sess.conn.Close()
+		w.logger.Warn("the blend server ended the KV registration; registering again", "epoch", sess.epoch)
 	}
 }
 
-func (w *Worker) register() {
+// register hands the KV memory's descriptor to the blend server and
+// records the session.
+func (w *Worker) register() (*session, error) {
 	l := w.kv.Layout()
 	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.RPCTimeout)
 	defer cancel()
-	resp, err := w.blend.RegisterKV(ctx, &cbv1.RegisterKVRequest{
-		WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank), ShmPath: w.kv.Path(), Model: w.cfg.ModelName,
+	c, ans, err := kvsock.Register(ctx, w.cfg.BlendKVSocket, &cbv1.KVRegistration{
+		WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank), Model: w.cfg.ModelName,
 		Layout: &cbv1.KVLayout{NumLayers: int32(l.NumLayers), NumBlocks: int32(l.NumBlocks), BlockSize: int32(l.BlockSize),
 			KvHeads: int32(l.KVHeads), HeadDim: int32(l.HeadDim), RopeTheta: w.model.Config().RoPETheta},
+	}, w.kv.File())
+	if err != nil {
+		return nil, err
+	}
+	sess := &session{conn: c, token: ans.GetRegistrationToken(), epoch: ans.GetServerEpoch(), done: make(chan struct{})}
+	w.sessWG.Go(func() {
+		c.WaitClosed()
+		close(sess.done)
 	})
 	w.regMu.Lock()
-	was, prevEpoch := w.registered, w.epoch
-	if err != nil {
-		w.registered = false
-	} else {
-		w.registered = true
-		w.epoch = resp.GetServerEpoch()
-	}
+	w.sess = sess
 	w.regMu.Unlock()
-	switch {
-	case err != nil && was:
-		w.metrics.BlendFailure(metrics.BlendOpRegister)
-		w.logger.Warn("blend server unreachable; serving without reuse", "err", err)
-	case err != nil:
-		w.metrics.BlendFailure(metrics.BlendOpRegister)
-	case !was || prevEpoch != resp.GetServerEpoch():
-		w.logger.Info("registered KV memory with the blend server", "epoch", resp.GetServerEpoch(), "shm", w.kv.Path())
+	w.logger.Info("registered KV memory with the blend server", "epoch", sess.epoch, "socket", w.cfg.BlendKVSocket, "kv_memory", w.kv.Name())
+	return sess, nil
+}
+
+// unregister ends the current registration: UnregisterKV (bounded by 1 s),
+// then the connection is closed (which alone releases it on the server).
+func (w *Worker) unregister() {
+	w.regMu.Lock()
+	sess := w.sess
+	w.sess = nil
+	w.regMu.Unlock()
+	if sess != nil {
+		select {
+		case <-sess.done:
+		default:
+			ctx, cancel := context.WithTimeout(context.Background(), min(w.cfg.RPCTimeout, time.Second))
+			if _, err := w.blend.UnregisterKV(ctx, &cbv1.UnregisterKVRequest{
+				WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank), RegistrationToken: sess.token,
+			}); err != nil {
+				w.logger.Debug("unregister KV memory", "err", err)
+			}
+			cancel()
+		}
+		sess.conn.Close()
 	}
+	w.sessWG.Wait()
 }

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -24,6 +23,7 @@ import (
 	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
+	"github.com/cacheblend/cacheblend/rpc/kvsock"
 	"github.com/cacheblend/cacheblend/telemetry"
 	"github.com/cacheblend/cacheblend/tokenizer"
 )
@@ -62,12 +62,11 @@ func start(t *testing.T, cfg Config) *harness {
 	h := &harness{w: w, client: cbv1.NewWorkerServiceClient(conn), conn: conn, rec: rec, tp: tp}
 	t.Cleanup(func() {
 		conn.Close()
-		path := w.ShmPath()
 		if err := w.Shutdown(context.Background()); err != nil {
 			t.Error(err)
 		}
-		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("shared memory %s left after shutdown", path)
+		if ents, _ := os.ReadDir(cfg.ShmDir); len(ents) != 0 {
+			t.Errorf("files left in the KV memory's directory: %v", ents)
 		}
 		tp.Shutdown(context.Background())
 	})
@@ -269,19 +268,68 @@ func TestExecuteRejectsOversizedSteps(t *testing.T) {
 	}
 }
 
-// fakeBlend is a blend client that records RegisterKV calls; any other call
-// panics (the embedded interface is nil).
+// fakeBlend is a blend server for the registration: its KV socket
+// records the registrations (and their descriptors' sizes) and answers
+// each with a fresh token; as a client it records UnregisterKV calls. Any
+// other call panics (the embedded interface is nil).
 type fakeBlend struct {
 	cbv1.BlendServiceClient
-	mu   sync.Mutex
-	regs []*cbv1.RegisterKVRequest
+	ln *kvsock.Listener
+	wg sync.WaitGroup
+
+	mu     sync.Mutex
+	regs   []*cbv1.KVRegistration
+	sizes  []int64
+	tokens [][]byte
+	conns  []*kvsock.Conn
+	unregs []*cbv1.UnregisterKVRequest
 }
 
-func (f *fakeBlend) RegisterKV(_ context.Context, r *cbv1.RegisterKVRequest, _ ...grpc.CallOption) (*cbv1.RegisterKVResponse, error) {
+func newFakeBlend(t *testing.T) *fakeBlend {
+	t.Helper()
+	ln, err := kvsock.Listen("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeBlend{ln: ln}
+	f.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			var r cbv1.KVRegistration
+			files, err := c.Recv(time.Now().Add(5*time.Second), &r)
+			if err != nil || len(files) != 1 {
+				c.Close()
+				continue
+			}
+			st, _ := files[0].Stat()
+			files[0].Close()
+			tok := []byte(fmt.Sprintf("token-%032d", len(f.regs)))
+			f.mu.Lock()
+			f.regs, f.sizes, f.tokens, f.conns = append(f.regs, &r), append(f.sizes, st.Size()), append(f.tokens, tok), append(f.conns, c)
+			f.mu.Unlock()
+			c.Send(time.Now().Add(5*time.Second), &cbv1.KVRegistered{RegistrationToken: tok, ServerEpoch: "e1"}, nil)
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		f.wg.Wait()
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, c := range f.conns {
+			c.Close()
+		}
+	})
+	return f
+}
+
+func (f *fakeBlend) UnregisterKV(_ context.Context, r *cbv1.UnregisterKVRequest, _ ...grpc.CallOption) (*cbv1.UnregisterKVResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.regs = append(f.regs, r)
-	return &cbv1.RegisterKVResponse{ServerEpoch: "e1"}, nil
+	f.unregs = append(f.unregs, r)
+	return &cbv1.UnregisterKVResponse{}, nil
 }
 
 func (f *fakeBlend) registrations() int {
@@ -290,18 +338,38 @@ func (f *fakeBlend) registrations() int {
 	return len(f.regs)
 }
 
-// The worker registers (and re-registers) its KV memory through the blend
-// client it was given, follows the component lifecycle, and leaves the
-// client open for its owner.
-func TestBlendClientFromDepsAndLifecycle(t *testing.T) {
-	fb := &fakeBlend{}
-	cfg := Config{Model: smallModel, ShmDir: t.TempDir(), NumBlocks: 8, RegisterInterval: 10 * time.Millisecond}
+// dropLast closes the server side of the latest registration, as a blend
+// server that restarts does.
+func (f *fakeBlend) dropLast() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.conns[len(f.conns)-1].Close()
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// The worker registers its KV memory on the blend server's socket (the
+// descriptor, no path), registers again when the server drops the
+// connection, unregisters with its token on Shutdown, follows the
+// component lifecycle, and leaves the blend client open for its owner.
+func TestBlendRegistrationAndLifecycle(t *testing.T) {
+	fb := newFakeBlend(t)
+	cfg := Config{Model: smallModel, ShmDir: t.TempDir(), NumBlocks: 8, RegisterInterval: 10 * time.Millisecond, BlendKVSocket: fb.ln.Path()}
 	w, err := New(cfg, Deps{Blend: fb})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if w.Addr() != "" || w.ShmPath() != "" {
+	if w.Addr() != "" || w.KVMemory() != "" {
 		t.Fatal("bound before Start")
 	}
 	if err := w.Start(ctx); err != nil {
@@ -310,21 +378,42 @@ func TestBlendClientFromDepsAndLifecycle(t *testing.T) {
 	if err := w.Start(ctx); err == nil {
 		t.Fatal("second Start succeeded")
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for fb.registrations() < 2 || !w.Registered() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d registrations, registered %v", fb.registrations(), w.Registered())
-		}
-		time.Sleep(5 * time.Millisecond)
+	if w.KVMemory() != "memfd:cb-kv" {
+		t.Fatalf("KV memory %q", w.KVMemory())
 	}
+	waitUntil(t, "the registration", func() bool { return w.Registered() })
 	fb.mu.Lock()
-	r := fb.regs[0]
+	r, size := fb.regs[0], fb.sizes[0]
 	fb.mu.Unlock()
-	if r.GetShmPath() != w.ShmPath() || r.GetModel() != defaults.Model || r.GetWorkerId() == "" {
-		t.Fatalf("registration %+v", r)
+	l := w.kv.Layout()
+	if r.GetModel() != defaults.Model || r.GetWorkerId() == "" || size != l.Bytes() || int(r.GetLayout().GetNumBlocks()) != l.NumBlocks {
+		t.Fatalf("registration %+v of a %d-byte descriptor", r, size)
+	}
+	if string(w.token()) != string(fb.tokens[0]) {
+		t.Fatal("the worker does not use its registration's token")
+	}
+	// Held, not renewed: one registration while the connection lives.
+	time.Sleep(50 * time.Millisecond)
+	if n := fb.registrations(); n != 1 {
+		t.Fatalf("%d registrations while the first one lives", n)
+	}
+	// The server drops it (a restart): the worker registers again.
+	fb.dropLast()
+	waitUntil(t, "the second registration", func() bool { return fb.registrations() == 2 && w.Registered() })
+	if string(w.token()) != string(fb.tokens[1]) {
+		t.Fatal("the worker kept the old token")
 	}
 	if err := w.Shutdown(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if w.Registered() {
+		t.Fatal("registered after Shutdown")
+	}
+	fb.mu.Lock()
+	unregs := fb.unregs
+	fb.mu.Unlock()
+	if len(unregs) != 1 || string(unregs[0].GetRegistrationToken()) != string(fb.tokens[1]) || unregs[0].GetWorkerId() != r.GetWorkerId() {
+		t.Fatalf("unregistrations %v", unregs)
 	}
 	if err := w.Shutdown(ctx); err != nil {
 		t.Fatalf("second Shutdown: %v", err)
@@ -346,4 +435,46 @@ func TestBlendClientFromDepsAndLifecycle(t *testing.T) {
 	if err := w2.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Without a blend server listening the worker serves without reuse and
+// keeps trying; once the server is up it registers.
+func TestRegistersWhenTheBlendServerComesUp(t *testing.T) {
+	dir := t.TempDir()
+	os.Chmod(dir, 0o700)
+	path := dir + "/kv.sock"
+	cfg := Config{Model: smallModel, ShmDir: t.TempDir(), NumBlocks: 8, RegisterInterval: 10 * time.Millisecond, BlendKVSocket: path}
+	fb := &fakeBlend{}
+	w, err := New(cfg, Deps{Blend: fb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer w.Shutdown(context.Background())
+	time.Sleep(50 * time.Millisecond)
+	if w.Registered() {
+		t.Fatal("registered with no server")
+	}
+	ln, err := kvsock.Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var r cbv1.KVRegistration
+	files, err := c.Recv(time.Now().Add(5*time.Second), &r)
+	if err != nil || len(files) != 1 {
+		t.Fatalf("registration: %v, %d descriptors", err, len(files))
+	}
+	files[0].Close()
+	if err := c.Send(time.Now().Add(5*time.Second), &cbv1.KVRegistered{RegistrationToken: []byte("t")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the registration", func() bool { return w.Registered() })
 }

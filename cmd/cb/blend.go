@@ -9,6 +9,7 @@ import (
 	"github.com/cacheblend/cacheblend/blend"
 	"github.com/cacheblend/cacheblend/blend/fleet"
 	"github.com/cacheblend/cacheblend/defaults"
+	"github.com/cacheblend/cacheblend/rpc/kvsock"
 	"github.com/cacheblend/cacheblend/rpc/mtls"
 	"github.com/cacheblend/cacheblend/service"
 )
@@ -57,15 +58,16 @@ func newBlendCmd() *cobra.Command {
 				_ = srv.Shutdown(ctx)
 				return err
 			}
-			rt.Logger.Info("blend server started", "grpc", gaddr, "epoch", srv.Epoch(), "chunk_size", cfg.ChunkSize, "l2_dir", cfg.L2Dir,
+			rt.Logger.Info("blend server started", "grpc", gaddr, "kv_socket", srv.KVSocket(), "epoch", srv.Epoch(), "chunk_size", cfg.ChunkSize, "l2_dir", cfg.L2Dir,
 				"fleet", cfg.Fleet.URL != "")
-			announce("cb-blend", "grpc", gaddr, "metrics", "http://"+maddr.String()+"/metrics")
+			announce("cb-blend", "grpc", gaddr, "metrics", "http://"+maddr.String()+"/metrics", "kv_socket", srv.KVSocket())
 			return runUntilSignal(ctx, rt, srv)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Addr, "addr", "127.0.0.1:50051", "gRPC listen address (127.0.0.1:0 picks a free port)")
 	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:0", "address of /metrics and /health")
+	f.StringVar(&cfg.KVSocket, "kv-socket", kvsock.DefaultPath(), "Unix socket on which workers hand over their KV memory (its directory: this user's, mode 0700, created when missing)")
 	f.IntVar(&cfg.ChunkSize, "chunk-size", defaults.ChunkSize, "tokens per stored chunk")
 	f.Int64Var(&cfg.L1Bytes, "l1-bytes", blend.DefaultL1Bytes, "L1 (memory) budget in bytes; a hard bound, LRU eviction (the Go memory limit is set to 1.25× it + 256 MiB unless GOMEMLIMIT is set)")
 	f.StringVar(&cfg.L2Dir, "l2-dir", "", "L2 directory of chunk files (empty: no L2)")

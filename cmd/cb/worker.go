@@ -7,6 +7,7 @@ import (
 	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
+	"github.com/cacheblend/cacheblend/rpc/kvsock"
 	"github.com/cacheblend/cacheblend/rpc/mtls"
 	"github.com/cacheblend/cacheblend/service"
 	"github.com/cacheblend/cacheblend/worker"
@@ -24,7 +25,7 @@ func newWorkerCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "worker",
-		Short: "Run cb-worker: the model, the paged KV cache in shared memory, the CacheBlend connector (worker side)",
+		Short: "Run cb-worker: the model, the paged KV cache in shared memory (a memfd handed to cb blend), the CacheBlend connector (worker side)",
 		RunE: func(c *cobra.Command, _ []string) error {
 			ctx := c.Context()
 			id, err := tf.load(mtls.Worker)
@@ -58,7 +59,7 @@ func newWorkerCmd() *cobra.Command {
 				_ = w.Shutdown(ctx)
 				return err
 			}
-			announce("cb-worker", "grpc", w.Addr(), "metrics", "http://"+maddr.String()+"/metrics", "shm", w.ShmPath())
+			announce("cb-worker", "grpc", w.Addr(), "metrics", "http://"+maddr.String()+"/metrics", "kv_memory", w.KVMemory())
 			return runUntilSignal(ctx, rt, w)
 		},
 	}
@@ -66,11 +67,12 @@ func newWorkerCmd() *cobra.Command {
 	f.StringVar(&cfg.Addr, "addr", "127.0.0.1:50061", "gRPC listen address (127.0.0.1:0 picks a free port)")
 	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:0", "address of /metrics and /health")
 	f.StringVar(&blendAddr, "blend", "", "blend server gRPC address (empty: no KV reuse)")
+	f.StringVar(&cfg.BlendKVSocket, "blend-kv-socket", kvsock.DefaultPath(), "the blend server's KV socket (its --kv-socket), on which the worker hands over its KV memory")
 	f.StringVar(&cfg.WorkerID, "worker-id", "", "name of this worker at the blend server (default worker-<pid>)")
 	f.StringVar(&cfg.ModelName, "model", defaults.Model, "served model name")
 	f.IntVar(&cfg.NumBlocks, "num-blocks", worker.DefaultNumBlocks, "KV blocks in the pool")
 	f.IntVar(&cfg.BlockSize, "block-size", worker.DefaultBlockSize, "tokens per KV block")
-	f.StringVar(&cfg.ShmDir, "shm-dir", "", "directory of the KV shared-memory file (default /dev/shm)")
+	f.StringVar(&cfg.ShmDir, "shm-dir", "", "directory of the KV memory's unlinked fallback file when memfd_create is unavailable (default /dev/shm)")
 	d := model.DefaultConfig()
 	f.IntVar(&cfg.Model.Layers, "layers", d.Layers, "transformer layers")
 	f.IntVar(&cfg.Model.Dim, "dim", d.Dim, "model width")

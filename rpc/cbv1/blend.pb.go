@@ -115,33 +115,36 @@ func (x *KVLayout) GetRopeTheta() float64 {
 	return 0
 }
 
-type RegisterKVRequest struct {
+// KVRegistration is the one message a worker sends on the blend server's KV
+// socket (a SOCK_SEQPACKET Unix socket), with exactly one descriptor
+// attached (SCM_RIGHTS): its KV memory, a memfd or an unlinked file of
+// exactly the layout's size. There is no path.
+type KVRegistration struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	WorkerId string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
 	Rank     int32                  `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
-	ShmPath  string                 `protobuf:"bytes,3,opt,name=shm_path,json=shmPath,proto3" json:"shm_path,omitempty"`
-	Layout   *KVLayout              `protobuf:"bytes,4,opt,name=layout,proto3" json:"layout,omitempty"`
+	Layout   *KVLayout              `protobuf:"bytes,3,opt,name=layout,proto3" json:"layout,omitempty"`
 	// Identifies the model weights; chunks are only reused across workers of
 	// the same model.
-	Model         string `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
+	Model         string `protobuf:"bytes,4,opt,name=model,proto3" json:"model,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *RegisterKVRequest) Reset() {
-	*x = RegisterKVRequest{}
+func (x *KVRegistration) Reset() {
+	*x = KVRegistration{}
 	mi := &file_blend_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *RegisterKVRequest) String() string {
+func (x *KVRegistration) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*RegisterKVRequest) ProtoMessage() {}
+func (*KVRegistration) ProtoMessage() {}
 
-func (x *RegisterKVRequest) ProtoReflect() protoreflect.Message {
+func (x *KVRegistration) ProtoReflect() protoreflect.Message {
 	mi := &file_blend_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -153,69 +156,73 @@ func (x *RegisterKVRequest) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use RegisterKVRequest.ProtoReflect.Descriptor instead.
-func (*RegisterKVRequest) Descriptor() ([]byte, []int) {
+// Deprecated: Use KVRegistration.ProtoReflect.Descriptor instead.
+func (*KVRegistration) Descriptor() ([]byte, []int) {
 	return file_blend_proto_rawDescGZIP(), []int{1}
 }
 
-func (x *RegisterKVRequest) GetWorkerId() string {
+func (x *KVRegistration) GetWorkerId() string {
 	if x != nil {
 		return x.WorkerId
 	}
 	return ""
 }
 
-func (x *RegisterKVRequest) GetRank() int32 {
+func (x *KVRegistration) GetRank() int32 {
 	if x != nil {
 		return x.Rank
 	}
 	return 0
 }
 
-func (x *RegisterKVRequest) GetShmPath() string {
-	if x != nil {
-		return x.ShmPath
-	}
-	return ""
-}
-
-func (x *RegisterKVRequest) GetLayout() *KVLayout {
+func (x *KVRegistration) GetLayout() *KVLayout {
 	if x != nil {
 		return x.Layout
 	}
 	return nil
 }
 
-func (x *RegisterKVRequest) GetModel() string {
+func (x *KVRegistration) GetModel() string {
 	if x != nil {
 		return x.Model
 	}
 	return ""
 }
 
-type RegisterKVResponse struct {
+// KVRegistered is the server's one answer on the KV socket. The registration
+// lives as long as the connection: the worker keeps it open, the server
+// releases the mapping when it closes (and closes it when the registration
+// is replaced or unregistered).
+type KVRegistered struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// A number that changes every time the server (re)starts; a worker that
-	// sees it change re-registers.
-	ServerEpoch   string `protobuf:"bytes,1,opt,name=server_epoch,json=serverEpoch,proto3" json:"server_epoch,omitempty"`
+	// code is a gRPC status code: 0 (OK) with a token, otherwise the reason
+	// the registration was refused (PERMISSION_DENIED, INVALID_ARGUMENT,
+	// RESOURCE_EXHAUSTED, UNAVAILABLE) and a message.
+	Code    int32  `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// 32 random bytes binding the mapping to this connection's peer; Retrieve,
+	// Store and UnregisterKV must carry them.
+	RegistrationToken []byte `protobuf:"bytes,3,opt,name=registration_token,json=registrationToken,proto3" json:"registration_token,omitempty"`
+	// Random per server process start (for logs).
+	ServerEpoch   string `protobuf:"bytes,4,opt,name=server_epoch,json=serverEpoch,proto3" json:"server_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *RegisterKVResponse) Reset() {
-	*x = RegisterKVResponse{}
+func (x *KVRegistered) Reset() {
+	*x = KVRegistered{}
 	mi := &file_blend_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *RegisterKVResponse) String() string {
+func (x *KVRegistered) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*RegisterKVResponse) ProtoMessage() {}
+func (*KVRegistered) ProtoMessage() {}
 
-func (x *RegisterKVResponse) ProtoReflect() protoreflect.Message {
+func (x *KVRegistered) ProtoReflect() protoreflect.Message {
 	mi := &file_blend_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -227,16 +234,133 @@ func (x *RegisterKVResponse) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use RegisterKVResponse.ProtoReflect.Descriptor instead.
-func (*RegisterKVResponse) Descriptor() ([]byte, []int) {
+// Deprecated: Use KVRegistered.ProtoReflect.Descriptor instead.
+func (*KVRegistered) Descriptor() ([]byte, []int) {
 	return file_blend_proto_rawDescGZIP(), []int{2}
 }
 
-func (x *RegisterKVResponse) GetServerEpoch() string {
+func (x *KVRegistered) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *KVRegistered) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *KVRegistered) GetRegistrationToken() []byte {
+	if x != nil {
+		return x.RegistrationToken
+	}
+	return nil
+}
+
+func (x *KVRegistered) GetServerEpoch() string {
 	if x != nil {
 		return x.ServerEpoch
 	}
 	return ""
+}
+
+type UnregisterKVRequest struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId          string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	Rank              int32                  `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	RegistrationToken []byte                 `protobuf:"bytes,3,opt,name=registration_token,json=registrationToken,proto3" json:"registration_token,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *UnregisterKVRequest) Reset() {
+	*x = UnregisterKVRequest{}
+	mi := &file_blend_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnregisterKVRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnregisterKVRequest) ProtoMessage() {}
+
+func (x *UnregisterKVRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_blend_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnregisterKVRequest.ProtoReflect.Descriptor instead.
+func (*UnregisterKVRequest) Descriptor() ([]byte, []int) {
+	return file_blend_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *UnregisterKVRequest) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *UnregisterKVRequest) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *UnregisterKVRequest) GetRegistrationToken() []byte {
+	if x != nil {
+		return x.RegistrationToken
+	}
+	return nil
+}
+
+type UnregisterKVResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnregisterKVResponse) Reset() {
+	*x = UnregisterKVResponse{}
+	mi := &file_blend_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnregisterKVResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnregisterKVResponse) ProtoMessage() {}
+
+func (x *UnregisterKVResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_blend_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnregisterKVResponse.ProtoReflect.Descriptor instead.
+func (*UnregisterKVResponse) Descriptor() ([]byte, []int) {
+	return file_blend_proto_rawDescGZIP(), []int{4}
 }
 
 type LookupRequest struct {
@@ -252,7 +376,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_blend_proto_msgTypes[3]
+	mi := &file_blend_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -264,7 +388,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[3]
+	mi := &file_blend_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -277,7 +401,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{3}
+	return file_blend_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LookupRequest) GetRequestId() string {
@@ -335,7 +459,7 @@ type Match struct {
 
 func (x *Match) Reset() {
 	*x = Match{}
-	mi := &file_blend_proto_msgTypes[4]
+	mi := &file_blend_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -347,7 +471,7 @@ func (x *Match) String() string {
 func (*Match) ProtoMessage() {}
 
 func (x *Match) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[4]
+	mi := &file_blend_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -360,7 +484,7 @@ func (x *Match) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Match.ProtoReflect.Descriptor instead.
 func (*Match) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{4}
+	return file_blend_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Match) GetStoredSt() int32 {
@@ -436,7 +560,7 @@ type LookupResult struct {
 
 func (x *LookupResult) Reset() {
 	*x = LookupResult{}
-	mi := &file_blend_proto_msgTypes[5]
+	mi := &file_blend_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -448,7 +572,7 @@ func (x *LookupResult) String() string {
 func (*LookupResult) ProtoMessage() {}
 
 func (x *LookupResult) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[5]
+	mi := &file_blend_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -461,7 +585,7 @@ func (x *LookupResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResult.ProtoReflect.Descriptor instead.
 func (*LookupResult) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{5}
+	return file_blend_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *LookupResult) GetRequestedTokens() int32 {
@@ -587,15 +711,18 @@ type RetrieveRequest struct {
 	Matches    []*Match `protobuf:"bytes,6,rep,name=matches,proto3" json:"matches,omitempty"`
 	// Only positions >= from_token are written (the second pass of a request
 	// whose blocks arrived in two steps).
-	FromToken     int32 `protobuf:"varint,7,opt,name=from_token,json=fromToken,proto3" json:"from_token,omitempty"`
-	ChunkSize     int32 `protobuf:"varint,8,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	FromToken int32 `protobuf:"varint,7,opt,name=from_token,json=fromToken,proto3" json:"from_token,omitempty"`
+	ChunkSize int32 `protobuf:"varint,8,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
+	// The token of the worker's KV registration (KVRegistered); without the
+	// matching token the call is PERMISSION_DENIED.
+	RegistrationToken []byte `protobuf:"bytes,9,opt,name=registration_token,json=registrationToken,proto3" json:"registration_token,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *RetrieveRequest) Reset() {
 	*x = RetrieveRequest{}
-	mi := &file_blend_proto_msgTypes[6]
+	mi := &file_blend_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -607,7 +734,7 @@ func (x *RetrieveRequest) String() string {
 func (*RetrieveRequest) ProtoMessage() {}
 
 func (x *RetrieveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[6]
+	mi := &file_blend_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -620,7 +747,7 @@ func (x *RetrieveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetrieveRequest.ProtoReflect.Descriptor instead.
 func (*RetrieveRequest) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{6}
+	return file_blend_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RetrieveRequest) GetRequestId() string {
@@ -679,6 +806,13 @@ func (x *RetrieveRequest) GetChunkSize() int32 {
 	return 0
 }
 
+func (x *RetrieveRequest) GetRegistrationToken() []byte {
+	if x != nil {
+		return x.RegistrationToken
+	}
+	return nil
+}
+
 // Range is a half-open token range [start, end) of the current prompt.
 type Range struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -690,7 +824,7 @@ type Range struct {
 
 func (x *Range) Reset() {
 	*x = Range{}
-	mi := &file_blend_proto_msgTypes[7]
+	mi := &file_blend_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -702,7 +836,7 @@ func (x *Range) String() string {
 func (*Range) ProtoMessage() {}
 
 func (x *Range) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[7]
+	mi := &file_blend_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -715,7 +849,7 @@ func (x *Range) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Range.ProtoReflect.Descriptor instead.
 func (*Range) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{7}
+	return file_blend_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Range) GetStart() int32 {
@@ -750,7 +884,7 @@ type RetrieveResponse struct {
 
 func (x *RetrieveResponse) Reset() {
 	*x = RetrieveResponse{}
-	mi := &file_blend_proto_msgTypes[8]
+	mi := &file_blend_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -762,7 +896,7 @@ func (x *RetrieveResponse) String() string {
 func (*RetrieveResponse) ProtoMessage() {}
 
 func (x *RetrieveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[8]
+	mi := &file_blend_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -775,7 +909,7 @@ func (x *RetrieveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetrieveResponse.ProtoReflect.Descriptor instead.
 func (*RetrieveResponse) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{8}
+	return file_blend_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RetrieveResponse) GetScatteredTokens() int32 {
@@ -843,15 +977,18 @@ type StoreRequest struct {
 	Tokens       []int32                `protobuf:"varint,5,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
 	BlockTable   []int32                `protobuf:"varint,6,rep,packed,name=block_table,json=blockTable,proto3" json:"block_table,omitempty"`
 	// A document ingested on its own (POST /v1/documents), not a prompt.
-	Document      bool   `protobuf:"varint,7,opt,name=document,proto3" json:"document,omitempty"`
-	Model         string `protobuf:"bytes,8,opt,name=model,proto3" json:"model,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Document bool   `protobuf:"varint,7,opt,name=document,proto3" json:"document,omitempty"`
+	Model    string `protobuf:"bytes,8,opt,name=model,proto3" json:"model,omitempty"`
+	// The token of the worker's KV registration (KVRegistered); without the
+	// matching token the call is PERMISSION_DENIED.
+	RegistrationToken []byte `protobuf:"bytes,9,opt,name=registration_token,json=registrationToken,proto3" json:"registration_token,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *StoreRequest) Reset() {
 	*x = StoreRequest{}
-	mi := &file_blend_proto_msgTypes[9]
+	mi := &file_blend_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -863,7 +1000,7 @@ func (x *StoreRequest) String() string {
 func (*StoreRequest) ProtoMessage() {}
 
 func (x *StoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[9]
+	mi := &file_blend_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -876,7 +1013,7 @@ func (x *StoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreRequest.ProtoReflect.Descriptor instead.
 func (*StoreRequest) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{9}
+	return file_blend_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StoreRequest) GetRequestId() string {
@@ -935,6 +1072,13 @@ func (x *StoreRequest) GetModel() string {
 	return ""
 }
 
+func (x *StoreRequest) GetRegistrationToken() []byte {
+	if x != nil {
+		return x.RegistrationToken
+	}
+	return nil
+}
+
 type StoreResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	StoredChunks  int32                  `protobuf:"varint,1,opt,name=stored_chunks,json=storedChunks,proto3" json:"stored_chunks,omitempty"`
@@ -946,7 +1090,7 @@ type StoreResponse struct {
 
 func (x *StoreResponse) Reset() {
 	*x = StoreResponse{}
-	mi := &file_blend_proto_msgTypes[10]
+	mi := &file_blend_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -958,7 +1102,7 @@ func (x *StoreResponse) String() string {
 func (*StoreResponse) ProtoMessage() {}
 
 func (x *StoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[10]
+	mi := &file_blend_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -971,7 +1115,7 @@ func (x *StoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreResponse.ProtoReflect.Descriptor instead.
 func (*StoreResponse) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{10}
+	return file_blend_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StoreResponse) GetStoredChunks() int32 {
@@ -1010,15 +1154,22 @@ const file_blend_proto_rawDesc = "" +
 	"\bkv_heads\x18\x04 \x01(\x05R\akvHeads\x12\x19\n" +
 	"\bhead_dim\x18\x05 \x01(\x05R\aheadDim\x12\x1d\n" +
 	"\n" +
-	"rope_theta\x18\x06 \x01(\x01R\tropeTheta\"\xa6\x01\n" +
-	"\x11RegisterKVRequest\x12\x1b\n" +
+	"rope_theta\x18\x06 \x01(\x01R\tropeTheta\"\x88\x01\n" +
+	"\x0eKVRegistration\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x12\n" +
-	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x19\n" +
-	"\bshm_path\x18\x03 \x01(\tR\ashmPath\x12/\n" +
-	"\x06layout\x18\x04 \x01(\v2\x17.cacheblend.v1.KVLayoutR\x06layout\x12\x14\n" +
-	"\x05model\x18\x05 \x01(\tR\x05model\"7\n" +
-	"\x12RegisterKVResponse\x12!\n" +
-	"\fserver_epoch\x18\x01 \x01(\tR\vserverEpoch\"\xa0\x01\n" +
+	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12/\n" +
+	"\x06layout\x18\x03 \x01(\v2\x17.cacheblend.v1.KVLayoutR\x06layout\x12\x14\n" +
+	"\x05model\x18\x04 \x01(\tR\x05model\"\x8e\x01\n" +
+	"\fKVRegistered\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12-\n" +
+	"\x12registration_token\x18\x03 \x01(\fR\x11registrationToken\x12!\n" +
+	"\fserver_epoch\x18\x04 \x01(\tR\vserverEpoch\"u\n" +
+	"\x13UnregisterKVRequest\x12\x1b\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x12\n" +
+	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12-\n" +
+	"\x12registration_token\x18\x03 \x01(\fR\x11registrationToken\"\x16\n" +
+	"\x14UnregisterKVResponse\"\xa0\x01\n" +
 	"\rLookupRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1055,7 +1206,7 @@ const file_blend_proto_rawDesc = "" +
 	"\x05found\x18\x0e \x01(\x05R\x05found\x12\x1e\n" +
 	"\vper_rank_ok\x18\x0f \x01(\bR\tperRankOk\x12\x1d\n" +
 	"\n" +
-	"chunk_size\x18\x10 \x01(\x05R\tchunkSizeJ\x04\b\x11\x10\x12\"\x95\x02\n" +
+	"chunk_size\x18\x10 \x01(\x05R\tchunkSizeJ\x04\b\x11\x10\x12\"\xc4\x02\n" +
 	"\x0fRetrieveRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1068,7 +1219,8 @@ const file_blend_proto_rawDesc = "" +
 	"\n" +
 	"from_token\x18\a \x01(\x05R\tfromToken\x12\x1d\n" +
 	"\n" +
-	"chunk_size\x18\b \x01(\x05R\tchunkSize\"/\n" +
+	"chunk_size\x18\b \x01(\x05R\tchunkSize\x12-\n" +
+	"\x12registration_token\x18\t \x01(\fR\x11registrationToken\"/\n" +
 	"\x05Range\x12\x14\n" +
 	"\x05start\x18\x01 \x01(\x05R\x05start\x12\x10\n" +
 	"\x03end\x18\x02 \x01(\x05R\x03end\"\x9d\x02\n" +
@@ -1081,7 +1233,7 @@ const file_blend_proto_rawDesc = "" +
 	"\tn_shifted\x18\x05 \x01(\x05R\bnShifted\x12\x18\n" +
 	"\adropped\x18\x06 \x01(\x05R\adropped\x12.\n" +
 	"\amissing\x18\a \x03(\v2\x14.cacheblend.v1.RangeR\amissing\x12\x14\n" +
-	"\x05bytes\x18\b \x01(\x03R\x05bytes\"\xee\x01\n" +
+	"\x05bytes\x18\b \x01(\x03R\x05bytes\"\x9d\x02\n" +
 	"\fStoreRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1092,14 +1244,14 @@ const file_blend_proto_rawDesc = "" +
 	"\vblock_table\x18\x06 \x03(\x05R\n" +
 	"blockTable\x12\x1a\n" +
 	"\bdocument\x18\a \x01(\bR\bdocument\x12\x14\n" +
-	"\x05model\x18\b \x01(\tR\x05model\"q\n" +
+	"\x05model\x18\b \x01(\tR\x05model\x12-\n" +
+	"\x12registration_token\x18\t \x01(\fR\x11registrationToken\"q\n" +
 	"\rStoreResponse\x12#\n" +
 	"\rstored_chunks\x18\x01 \x01(\x05R\fstoredChunks\x12%\n" +
 	"\x0eskipped_chunks\x18\x02 \x01(\x05R\rskippedChunks\x12\x14\n" +
-	"\x05bytes\x18\x03 \x01(\x03R\x05bytes2\xb7\x02\n" +
-	"\fBlendService\x12Q\n" +
-	"\n" +
-	"RegisterKV\x12 .cacheblend.v1.RegisterKVRequest\x1a!.cacheblend.v1.RegisterKVResponse\x12C\n" +
+	"\x05bytes\x18\x03 \x01(\x03R\x05bytes2\xbd\x02\n" +
+	"\fBlendService\x12W\n" +
+	"\fUnregisterKV\x12\".cacheblend.v1.UnregisterKVRequest\x1a#.cacheblend.v1.UnregisterKVResponse\x12C\n" +
 	"\x06Lookup\x12\x1c.cacheblend.v1.LookupRequest\x1a\x1b.cacheblend.v1.LookupResult\x12K\n" +
 	"\bRetrieve\x12\x1e.cacheblend.v1.RetrieveRequest\x1a\x1f.cacheblend.v1.RetrieveResponse\x12B\n" +
 	"\x05Store\x12\x1b.cacheblend.v1.StoreRequest\x1a\x1c.cacheblend.v1.StoreResponseB+Z)github.com/cacheblend/cacheblend/rpc/cbv1b\x06proto3"
@@ -1116,33 +1268,35 @@ func file_blend_proto_rawDescGZIP() []byte {
 	return file_blend_proto_rawDescData
 }
 
-var file_blend_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_blend_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_blend_proto_goTypes = []any{
-	(*KVLayout)(nil),           // 0: cacheblend.v1.KVLayout
-	(*RegisterKVRequest)(nil),  // 1: cacheblend.v1.RegisterKVRequest
-	(*RegisterKVResponse)(nil), // 2: cacheblend.v1.RegisterKVResponse
-	(*LookupRequest)(nil),      // 3: cacheblend.v1.LookupRequest
-	(*Match)(nil),              // 4: cacheblend.v1.Match
-	(*LookupResult)(nil),       // 5: cacheblend.v1.LookupResult
-	(*RetrieveRequest)(nil),    // 6: cacheblend.v1.RetrieveRequest
-	(*Range)(nil),              // 7: cacheblend.v1.Range
-	(*RetrieveResponse)(nil),   // 8: cacheblend.v1.RetrieveResponse
-	(*StoreRequest)(nil),       // 9: cacheblend.v1.StoreRequest
-	(*StoreResponse)(nil),      // 10: cacheblend.v1.StoreResponse
+	(*KVLayout)(nil),             // 0: cacheblend.v1.KVLayout
+	(*KVRegistration)(nil),       // 1: cacheblend.v1.KVRegistration
+	(*KVRegistered)(nil),         // 2: cacheblend.v1.KVRegistered
+	(*UnregisterKVRequest)(nil),  // 3: cacheblend.v1.UnregisterKVRequest
+	(*UnregisterKVResponse)(nil), // 4: cacheblend.v1.UnregisterKVResponse
+	(*LookupRequest)(nil),        // 5: cacheblend.v1.LookupRequest
+	(*Match)(nil),                // 6: cacheblend.v1.Match
+	(*LookupResult)(nil),         // 7: cacheblend.v1.LookupResult
+	(*RetrieveRequest)(nil),      // 8: cacheblend.v1.RetrieveRequest
+	(*Range)(nil),                // 9: cacheblend.v1.Range
+	(*RetrieveResponse)(nil),     // 10: cacheblend.v1.RetrieveResponse
+	(*StoreRequest)(nil),         // 11: cacheblend.v1.StoreRequest
+	(*StoreResponse)(nil),        // 12: cacheblend.v1.StoreResponse
 }
 var file_blend_proto_depIdxs = []int32{
-	0,  // 0: cacheblend.v1.RegisterKVRequest.layout:type_name -> cacheblend.v1.KVLayout
-	4,  // 1: cacheblend.v1.LookupResult.matches:type_name -> cacheblend.v1.Match
-	4,  // 2: cacheblend.v1.RetrieveRequest.matches:type_name -> cacheblend.v1.Match
-	7,  // 3: cacheblend.v1.RetrieveResponse.missing:type_name -> cacheblend.v1.Range
-	1,  // 4: cacheblend.v1.BlendService.RegisterKV:input_type -> cacheblend.v1.RegisterKVRequest
-	3,  // 5: cacheblend.v1.BlendService.Lookup:input_type -> cacheblend.v1.LookupRequest
-	6,  // 6: cacheblend.v1.BlendService.Retrieve:input_type -> cacheblend.v1.RetrieveRequest
-	9,  // 7: cacheblend.v1.BlendService.Store:input_type -> cacheblend.v1.StoreRequest
-	2,  // 8: cacheblend.v1.BlendService.RegisterKV:output_type -> cacheblend.v1.RegisterKVResponse
-	5,  // 9: cacheblend.v1.BlendService.Lookup:output_type -> cacheblend.v1.LookupResult
-	8,  // 10: cacheblend.v1.BlendService.Retrieve:output_type -> cacheblend.v1.RetrieveResponse
-	10, // 11: cacheblend.v1.BlendService.Store:output_type -> cacheblend.v1.StoreResponse
+	0,  // 0: cacheblend.v1.KVRegistration.layout:type_name -> cacheblend.v1.KVLayout
+	6,  // 1: cacheblend.v1.LookupResult.matches:type_name -> cacheblend.v1.Match
+	6,  // 2: cacheblend.v1.RetrieveRequest.matches:type_name -> cacheblend.v1.Match
+	9,  // 3: cacheblend.v1.RetrieveResponse.missing:type_name -> cacheblend.v1.Range
+	3,  // 4: cacheblend.v1.BlendService.UnregisterKV:input_type -> cacheblend.v1.UnregisterKVRequest
+	5,  // 5: cacheblend.v1.BlendService.Lookup:input_type -> cacheblend.v1.LookupRequest
+	8,  // 6: cacheblend.v1.BlendService.Retrieve:input_type -> cacheblend.v1.RetrieveRequest
+	11, // 7: cacheblend.v1.BlendService.Store:input_type -> cacheblend.v1.StoreRequest
+	4,  // 8: cacheblend.v1.BlendService.UnregisterKV:output_type -> cacheblend.v1.UnregisterKVResponse
+	7,  // 9: cacheblend.v1.BlendService.Lookup:output_type -> cacheblend.v1.LookupResult
+	10, // 10: cacheblend.v1.BlendService.Retrieve:output_type -> cacheblend.v1.RetrieveResponse
+	12, // 11: cacheblend.v1.BlendService.Store:output_type -> cacheblend.v1.StoreResponse
 	8,  // [8:12] is the sub-list for method output_type
 	4,  // [4:8] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
@@ -1161,7 +1315,7 @@ func file_blend_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_blend_proto_rawDesc), len(file_blend_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,10 +27,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	BlendService_RegisterKV_FullMethodName = "/cacheblend.v1.BlendService/RegisterKV"
-	BlendService_Lookup_FullMethodName     = "/cacheblend.v1.BlendService/Lookup"
-	BlendService_Retrieve_FullMethodName   = "/cacheblend.v1.BlendService/Retrieve"
-	BlendService_Store_FullMethodName      = "/cacheblend.v1.BlendService/Store"
+	BlendService_UnregisterKV_FullMethodName = "/cacheblend.v1.BlendService/UnregisterKV"
+	BlendService_Lookup_FullMethodName       = "/cacheblend.v1.BlendService/Lookup"
+	BlendService_Retrieve_FullMethodName     = "/cacheblend.v1.BlendService/Retrieve"
+	BlendService_Store_FullMethodName        = "/cacheblend.v1.BlendService/Store"
 )
 
 // BlendServiceClient is the client API for BlendService service.
@@ -39,9 +39,15 @@ const (
 //
 // BlendService is the blend server (the LMCache analogue).
 type BlendServiceClient interface {
-	// RegisterKV registers (or re-registers) a worker's paged KV memory: the
-	// server maps the shared-memory file and scatters into it on Retrieve.
-	RegisterKV(ctx context.Context, in *RegisterKVRequest, opts ...grpc.CallOption) (*RegisterKVResponse, error)
+	// A worker's KV memory is registered over the blend server's Unix socket,
+	// not by an RPC: the worker sends a KVRegistration with the memory's
+	// descriptor (SCM_RIGHTS) and gets a KVRegistered with its registration
+	// token (docs/design.md §5). RegisterKV (field numbers and name) is gone:
+	// the server never opens a path a caller names.
+	//
+	// UnregisterKV releases a registration (the worker's, by its token); a
+	// registration also ends when its socket connection closes.
+	UnregisterKV(ctx context.Context, in *UnregisterKVRequest, opts ...grpc.CallOption) (*UnregisterKVResponse, error)
 	// Lookup runs the unified lookup of a prompt and answers when its result
 	// is ready, or DeadlineExceeded when the caller's deadline passes first.
 	// ResourceExhausted when the server's lookup queue is full.
@@ -62,10 +68,10 @@ func NewBlendServiceClient(cc grpc.ClientConnInterface) BlendServiceClient {
 	return &blendServiceClient{cc}
 }
 
-func (c *blendServiceClient) RegisterKV(ctx context.Context, in *RegisterKVRequest, opts ...grpc.CallOption) (*RegisterKVResponse, error) {
+func (c *blendServiceClient) UnregisterKV(ctx context.Context, in *UnregisterKVRequest, opts ...grpc.CallOption) (*UnregisterKVResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(RegisterKVResponse)
-	err := c.cc.Invoke(ctx, BlendService_RegisterKV_FullMethodName, in, out, cOpts...)
+	out := new(UnregisterKVResponse)
+	err := c.cc.Invoke(ctx, BlendService_UnregisterKV_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -108,9 +114,15 @@ func (c *blendServiceClient) Store(ctx context.Context, in *StoreRequest, opts .
 //
 // BlendService is the blend server (the LMCache analogue).
 type BlendServiceServer interface {
-	// RegisterKV registers (or re-registers) a worker's paged KV memory: the
-	// server maps the shared-memory file and scatters into it on Retrieve.
-	RegisterKV(context.Context, *RegisterKVRequest) (*RegisterKVResponse, error)
+	// A worker's KV memory is registered over the blend server's Unix socket,
+	// not by an RPC: the worker sends a KVRegistration with the memory's
+	// descriptor (SCM_RIGHTS) and gets a KVRegistered with its registration
+	// token (docs/design.md §5). RegisterKV (field numbers and name) is gone:
+	// the server never opens a path a caller names.
+	//
+	// UnregisterKV releases a registration (the worker's, by its token); a
+	// registration also ends when its socket connection closes.
+	UnregisterKV(context.Context, *UnregisterKVRequest) (*UnregisterKVResponse, error)
 	// Lookup runs the unified lookup of a prompt and answers when its result
 	// is ready, or DeadlineExceeded when the caller's deadline passes first.
 	// ResourceExhausted when the server's lookup queue is full.
@@ -131,8 +143,8 @@ type BlendServiceServer interface {
 // pointer dereference when methods are called.
 type UnimplementedBlendServiceServer struct{}
 
-func (UnimplementedBlendServiceServer) RegisterKV(context.Context, *RegisterKVRequest) (*RegisterKVResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method RegisterKV not implemented")
+func (UnimplementedBlendServiceServer) UnregisterKV(context.Context, *UnregisterKVRequest) (*UnregisterKVResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UnregisterKV not implemented")
 }
 func (UnimplementedBlendServiceServer) Lookup(context.Context, *LookupRequest) (*LookupResult, error) {
 	return nil, status.Error(codes.Unimplemented, "method Lookup not implemented")
@@ -164,20 +176,20 @@ func RegisterBlendServiceServer(s grpc.ServiceRegistrar, srv BlendServiceServer)
 	s.RegisterService(&BlendService_ServiceDesc, srv)
 }
 
-func _BlendService_RegisterKV_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(RegisterKVRequest)
+func _BlendService_UnregisterKV_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UnregisterKVRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
 	if interceptor == nil {
-		return srv.(BlendServiceServer).RegisterKV(ctx, in)
+		return srv.(BlendServiceServer).UnregisterKV(ctx, in)
 	}
 	info := &grpc.UnaryServerInfo{
 		Server:     srv,
-		FullMethod: BlendService_RegisterKV_FullMethodName,
+		FullMethod: BlendService_UnregisterKV_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(BlendServiceServer).RegisterKV(ctx, req.(*RegisterKVRequest))
+		return srv.(BlendServiceServer).UnregisterKV(ctx, req.(*UnregisterKVRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -244,8 +256,8 @@ var BlendService_ServiceDesc = grpc.ServiceDesc{
 	HandlerType: (*BlendServiceServer)(nil),
 	Methods: []grpc.MethodDesc{
 		{
-			MethodName: "RegisterKV",
-			Handler:    _BlendService_RegisterKV_Handler,
+			MethodName: "UnregisterKV",
+			Handler:    _BlendService_UnregisterKV_Handler,
 		},
 		{
 			MethodName: "Lookup",
