@@ -18,7 +18,8 @@ const (
 
 // Config holds the optional settings of a [Collector]. The zero value is usable: the
 // standard OTLP/HTTP and Jaeger query ports on the loopback interface, 16 MiB bodies,
-// 10000 traces and 1,000,000 spans.
+// 10000 traces, 1,000,000 spans and 256 MiB of spans (the store's other limits at their
+// defaults, see [StoreConfig]).
 type Config struct {
 	// OTLPAddr is the OTLP/HTTP listen address; "" means DefaultOTLPAddr. ":0" or
 	// "127.0.0.1:0" picks a free port (see [Collector.OTLPAddr]).
@@ -31,6 +32,9 @@ type Config struct {
 	// MaxTraces and MaxSpans bound the store; 0 means DefaultMaxTraces / DefaultMaxSpans.
 	MaxTraces int
 	MaxSpans  int
+	// MaxBytes is the store's memory budget (see StoreConfig.MaxBytes); 0 means
+	// DefaultMaxBytes. Request bodies are capped at it too.
+	MaxBytes int64
 }
 
 // Collector is the embedded collector of `cb traces`: an OTLP/HTTP receiver on one port
@@ -58,7 +62,7 @@ func New(cfg Config) *Collector {
 	if cfg.QueryAddr == "" {
 		cfg.QueryAddr = DefaultQueryAddr
 	}
-	store := NewStore(StoreConfig{MaxTraces: cfg.MaxTraces, MaxSpans: cfg.MaxSpans})
+	store := NewStore(StoreConfig{MaxTraces: cfg.MaxTraces, MaxSpans: cfg.MaxSpans, MaxBytes: cfg.MaxBytes})
 	return &Collector{
 		cfg:   cfg,
 		store: store,
