@@ -37,6 +37,7 @@ func newTracesCmd() *cobra.Command {
 	f.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", tracestore.DefaultMaxBodyBytes, "largest OTLP request body, before and after decompression")
 	f.IntVar(&cfg.MaxTraces, "max-traces", tracestore.DefaultMaxTraces, "traces kept (oldest evicted)")
 	f.IntVar(&cfg.MaxSpans, "max-spans", tracestore.DefaultMaxSpans, "spans kept (oldest traces evicted)")
+	f.Int64Var(&cfg.MaxBytes, "max-bytes", tracestore.DefaultMaxBytes, "memory budget of the stored spans in bytes, estimated (oldest traces evicted; request bodies capped at it)")
 	return withEnv(cmd)
 }
 
