@@ -189,7 +189,7 @@ func (c *converter) attrs(m pcommon.Map, isResource bool) (attrs, uint32) {
 			c.seen[k] = struct{}{}
 		case len(out) > linearScanMax:
 			if c.seen == nil {
-				c.seen = make(map[string]struct{})
+				c.seen = make(map[string]struct{}, min(n, limit))
 			}
 			for _, kv := range out {
 				c.seen[kv.key] = struct{}{}
