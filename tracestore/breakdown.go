@@ -159,6 +159,15 @@ func buildTree(spans []*span) *tree {
 		}
 		t.parent[i] = p
 	}
+	if t.root < 0 { // every span is on a parent cycle: take the best of them all
+		t.root = 0
+		for i := range spans {
+			if betterRoot(spans[i], spans[t.root]) {
+				t.root = i
+			}
+		}
+		t.parent[t.root] = -1
+	}
 	for i := range spans {
 		if i != t.root && t.parent[i] < 0 {
 			t.parent[i] = t.root

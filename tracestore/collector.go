@@ -33,7 +33,8 @@ const (
 
 // Config holds the optional settings of a [Collector]. The zero value is usable: the
 // standard OTLP/HTTP and Jaeger query ports on the loopback interface, 16 MiB bodies,
-// 10000 traces and 1,000,000 spans, and the Default* HTTP limits above.
+// 10000 traces, 1,000,000 spans and 256 MiB of spans (the store's other limits at their
+// defaults, see [StoreConfig]), and the Default* HTTP limits above.
 type Config struct {
 	// OTLPAddr is the OTLP/HTTP listen address; "" means DefaultOTLPAddr. ":0" or
 	// "127.0.0.1:0" picks a free port (see [Collector.OTLPAddr]).
@@ -48,6 +49,9 @@ type Config struct {
 	// [New].
 	MaxTraces int
 	MaxSpans  int
+	// MaxBytes is the store's memory budget (see StoreConfig.MaxBytes); 0 means
+	// DefaultMaxBytes. Request bodies are capped at it too.
+	MaxBytes int64
 
 	// ReadHeaderTimeout bounds reading a request's headers on either port; 0 means
 	// DefaultReadHeaderTimeout.
@@ -117,7 +121,7 @@ func New(cfg Config, deps component.Deps) (*Collector, error) {
 	if cfg.QueryAddr == "" {
 		cfg.QueryAddr = DefaultQueryAddr
 	}
-	store := NewStore(StoreConfig{MaxTraces: cfg.MaxTraces, MaxSpans: cfg.MaxSpans})
+	store := NewStore(StoreConfig{MaxTraces: cfg.MaxTraces, MaxSpans: cfg.MaxSpans, MaxBytes: cfg.MaxBytes})
 	return &Collector{
 		cfg:    cfg,
 		store:  store,

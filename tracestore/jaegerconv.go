@@ -2,9 +2,11 @@ package tracestore
 
 import (
 	"encoding/base64"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
@@ -56,8 +58,8 @@ func toJaegerSpan(sp *span, pid string) jaeger.Span {
 		Flags:         sp.flags & 0xff,
 		OperationName: sp.name,
 		References:    []jaeger.Reference{},
-		StartTime:     uint64(max(0, sp.start) / 1000),
-		Duration:      uint64(sp.duration() / 1000),
+		StartTime:     uint64(sp.start) / 1000, // OTLP's unsigned nanoseconds, as received
+		Duration:      sp.duration() / 1000,    // negative when the span ends before it starts
 		ProcessID:     pid,
 		Logs:          []jaeger.Log{},
 	}
@@ -71,11 +73,11 @@ func toJaegerSpan(sp *span, pid string) jaeger.Span {
 	if k := kindTag(sp.kind); k != "" {
 		extra = append(extra, jaeger.KeyValue{Key: "span.kind", Type: jaeger.TypeString, Value: k})
 	}
-	if sp.scopeName != "" {
-		extra = append(extra, jaeger.KeyValue{Key: "otel.scope.name", Type: jaeger.TypeString, Value: sp.scopeName})
+	if sp.scope.name != "" {
+		extra = append(extra, jaeger.KeyValue{Key: "otel.scope.name", Type: jaeger.TypeString, Value: sp.scope.name})
 	}
-	if sp.scopeVersion != "" {
-		extra = append(extra, jaeger.KeyValue{Key: "otel.scope.version", Type: jaeger.TypeString, Value: sp.scopeVersion})
+	if sp.scope.version != "" {
+		extra = append(extra, jaeger.KeyValue{Key: "otel.scope.version", Type: jaeger.TypeString, Value: sp.scope.version})
 	}
 	switch sp.status {
 	case ptrace.StatusCodeOk:
@@ -95,9 +97,40 @@ func toJaegerSpan(sp *span, pid string) jaeger.Span {
 	for _, ev := range sp.events {
 		fields := toTags(ev.attrs, nil)
 		fields = append([]jaeger.KeyValue{{Key: "event", Type: jaeger.TypeString, Value: ev.name}}, fields...)
-		js.Logs = append(js.Logs, jaeger.Log{Timestamp: uint64(max(0, ev.time) / 1000), Fields: fields})
+		js.Logs = append(js.Logs, jaeger.Log{Timestamp: uint64(ev.time) / 1000, Fields: fields})
 	}
+	js.Warnings = spanWarnings(sp)
 	return js
+}
+
+// spanWarnings flags what the span's data does not tell in full or looks wrong, as Jaeger
+// does in a span's warnings: a negative duration (shown as recorded, not repaired) and what
+// the sender or the store's limits left out.
+func spanWarnings(sp *span) []string {
+	var w []string
+	if d := sp.duration(); d < 0 {
+		w = append(w, fmt.Sprintf("negative duration: the span ends %s before it starts (clock trouble at the sender?)", time.Duration(-d)))
+	}
+	if sp.droppedAttrs > 0 {
+		w = append(w, fmt.Sprintf("%d attributes dropped (attribute limit or repeated keys)", sp.droppedAttrs))
+	}
+	var evDropped uint64
+	for _, ev := range sp.events {
+		evDropped += uint64(ev.droppedAttrs)
+	}
+	if evDropped > 0 {
+		w = append(w, fmt.Sprintf("%d event attributes dropped", evDropped))
+	}
+	if sp.droppedEvents > 0 {
+		w = append(w, fmt.Sprintf("%d events dropped", sp.droppedEvents))
+	}
+	if sp.droppedLinks > 0 {
+		w = append(w, fmt.Sprintf("%d links dropped", sp.droppedLinks))
+	}
+	if sp.truncated > 0 {
+		w = append(w, fmt.Sprintf("%d values truncated to the length limit", sp.truncated))
+	}
+	return w
 }
 
 // statusTag renders a status code as Jaeger's otel.status_code tag ("" for unset).

@@ -6,7 +6,8 @@ import (
 )
 
 // toPdata rebuilds OTLP data from stored spans: one ResourceSpans per distinct resource,
-// one ScopeSpans per instrumentation scope.
+// one ScopeSpans per instrumentation scope. Timestamps are as received; the dropped
+// counts are the sender's plus what the store's limits left out.
 func toPdata(spans []*span) ptrace.Traces {
 	td := ptrace.NewTraces()
 	type scopeKey struct {
@@ -22,14 +23,15 @@ func toPdata(spans []*span) ptrace.Traces {
 			ra := rs.Resource().Attributes()
 			ra.PutStr("service.name", sp.res.service)
 			putAttrs(ra, sp.res.attrs)
+			rs.Resource().SetDroppedAttributesCount(sp.res.droppedAttrs)
 			rsByRes[sp.res] = rs
 		}
-		k := scopeKey{sp.res, sp.scopeName, sp.scopeVersion}
+		k := scopeKey{sp.res, sp.scope.name, sp.scope.version}
 		ss, ok := ssByScope[k]
 		if !ok {
 			ss = rs.ScopeSpans().AppendEmpty()
-			ss.Scope().SetName(sp.scopeName)
-			ss.Scope().SetVersion(sp.scopeVersion)
+			ss.Scope().SetName(sp.scope.name)
+			ss.Scope().SetVersion(sp.scope.version)
 			ssByScope[k] = ss
 		}
 		ps := ss.Spans().AppendEmpty()
@@ -45,11 +47,15 @@ func toPdata(spans []*span) ptrace.Traces {
 		ps.Status().SetCode(sp.status)
 		ps.Status().SetMessage(sp.statusMsg)
 		putAttrs(ps.Attributes(), sp.attrs)
+		ps.SetDroppedAttributesCount(sp.droppedAttrs)
+		ps.SetDroppedEventsCount(sp.droppedEvents)
+		ps.SetDroppedLinksCount(sp.droppedLinks)
 		for _, ev := range sp.events {
 			pe := ps.Events().AppendEmpty()
 			pe.SetName(ev.name)
 			pe.SetTimestamp(pcommon.Timestamp(ev.time))
 			putAttrs(pe.Attributes(), ev.attrs)
+			pe.SetDroppedAttributesCount(ev.droppedAttrs)
 		}
 		for _, l := range sp.links {
 			pl := ps.Links().AppendEmpty()

@@ -132,23 +132,26 @@ func (s *Store) find(q jaeger.Query) []candidate {
 	var cands []candidate
 	s.mu.RLock()
 	if len(q.TraceIDs) > 0 {
+		seen := make(map[*traceRec]bool)
 		for _, id := range q.TraceIDs {
 			if tid, ok := parseTraceID(id); ok {
-				if rec := s.traces[tid]; rec != nil {
+				if rec := s.traces[tid]; rec != nil && !seen[rec] {
+					seen[rec] = true
 					cands = append(cands, candidate{rec.start, rec.spans})
 				}
 			}
 		}
+		slices.SortStableFunc(cands, func(a, b candidate) int { return cmp.Compare(b.start, a.start) })
+		if len(cands) > limit {
+			cands = cands[:limit]
+		}
 	} else {
-		for _, rec := range s.traces {
-			if matchTrace(rec, &q) {
-				cands = append(cands, candidate{rec.start, rec.spans})
+		// Newest first from the index: the search stops at limit matches.
+		for n := s.byStart.first(); n != nil && len(cands) < limit; n = n.next[0] {
+			if matchTrace(n.rec, &q) {
+				cands = append(cands, candidate{n.rec.start, n.rec.spans})
 			}
 		}
-	}
-	slices.SortFunc(cands, func(a, b candidate) int { return cmp.Compare(b.start, a.start) })
-	if len(cands) > limit {
-		cands = cands[:limit]
 	}
 	for i := range cands {
 		cands[i].spans = slices.Clone(cands[i].spans)
@@ -215,40 +218,4 @@ func spanHasTag(sp *span, key, want string) bool {
 		}
 	}
 	return false
-}
-
-// Requests returns a page of the request index, newest first (by root start), and the
-// number of traces in the store.
-func (s *Store) Requests(limit, offset int) ([]RequestSummary, int) {
-	s.mu.RLock()
-	cands := make([]candidate, 0, len(s.traces))
-	for _, rec := range s.traces {
-		cands = append(cands, candidate{start: rec.start, spans: rec.spans})
-	}
-	total := len(cands)
-	slices.SortFunc(cands, func(a, b candidate) int { return cmp.Compare(b.start, a.start) })
-	offset = min(max(offset, 0), len(cands))
-	cands = cands[offset:]
-	if limit > 0 && len(cands) > limit {
-		cands = cands[:limit]
-	}
-	for i := range cands {
-		cands[i].spans = slices.Clone(cands[i].spans)
-	}
-	s.mu.RUnlock()
-	out := make([]RequestSummary, 0, len(cands))
-	for _, c := range cands {
-		out = append(out, summarize(c.spans))
-	}
-	return out, total
-}
-
-// Request returns the request-index row of one trace; false when the id is malformed or
-// unknown.
-func (s *Store) Request(traceID string) (RequestSummary, bool) {
-	spans, ok := s.snapshot(traceID)
-	if !ok {
-		return RequestSummary{}, false
-	}
-	return summarize(spans), true
 }

@@ -22,6 +22,9 @@ import (
 // after decompression.
 const DefaultMaxBodyBytes = 16 << 20
 
+// RetryAfterSeconds is the Retry-After of a 429 answer (see ReceiverConfig.MaxInFlightBytes).
+const RetryAfterSeconds = 1
+
 // Content types of OTLP/HTTP.
 const (
 	ContentTypeProtobuf = "application/x-protobuf"
@@ -32,7 +35,15 @@ const (
 type ReceiverConfig struct {
 	// MaxBodyBytes caps a request body as received and again after decompression (a gzip
 	// bomb stops at the cap); larger requests get 413. 0 means DefaultMaxBodyBytes (16 MiB).
+	// It is lowered to the store's MaxBytes when that is smaller: a body the store could
+	// never hold is refused before it is decoded.
 	MaxBodyBytes int64
+	// MaxInFlightBytes caps the body bytes (as received plus decompressed) held at once by
+	// the requests being read, decoded and stored; decoding takes a few times as much
+	// again, for as long. A request that would exceed it gets 429 with Retry-After, which
+	// OTLP exporters retry. 0 means 4 × MaxBodyBytes (64 MiB by default); it is raised to
+	// at least 2 × MaxBodyBytes, so a request of the largest size always fits alone.
+	MaxInFlightBytes int64
 }
 
 // ReceiverStats counts the receiver's responses. The counters only go up.
@@ -49,6 +60,9 @@ type ReceiverStats struct {
 	UnsupportedMediaType uint64 `json:"unsupportedMediaType"`
 	// MethodNotAllowed counts 405 responses.
 	MethodNotAllowed uint64 `json:"methodNotAllowed"`
+	// TooManyRequests counts 429 responses: requests refused because MaxInFlightBytes were
+	// in flight.
+	TooManyRequests uint64 `json:"tooManyRequests"`
 }
 
 // Receiver is the OTLP/HTTP trace receiver: an http.Handler for POST /v1/traces that
@@ -57,22 +71,34 @@ type ReceiverStats struct {
 // specification says: 200 with an ExportTraceServiceResponse in the request's encoding
 // (with partial_success when spans were rejected); 4xx with a google.rpc.Status body: 400
 // for a body that does not decode, 405 for a method other than POST, 413 over the size
-// limit, 415 for an unsupported content type or encoding. Bad input never causes a 5xx or
-// a panic. Safe for concurrent use.
+// limit, 415 for an unsupported content type or encoding, 429 (with Retry-After) while
+// too many body bytes are in flight. Bad input never causes a 5xx or a panic. Safe for
+// concurrent use.
 type Receiver struct {
-	store   *Store
-	maxBody int64
+	store       *Store
+	maxBody     int64
+	maxInFlight int64
+	inFlight    atomic.Int64
 
-	requests, accepted, badRequest, tooLarge, unsupported, badMethod atomic.Uint64
+	requests, accepted, badRequest, tooLarge, unsupported, badMethod, busy atomic.Uint64
 }
 
-// NewReceiver returns a receiver that stores into store.
+// NewReceiver returns a receiver that stores into store, with cfg's limits (defaults for
+// fields left 0).
 func NewReceiver(store *Store, cfg ReceiverConfig) *Receiver {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
-	return &Receiver{store: store, maxBody: cfg.MaxBodyBytes}
+	cfg.MaxBodyBytes = min(cfg.MaxBodyBytes, store.Config().MaxBytes)
+	if cfg.MaxInFlightBytes <= 0 {
+		cfg.MaxInFlightBytes = 4 * cfg.MaxBodyBytes
+	}
+	cfg.MaxInFlightBytes = max(cfg.MaxInFlightBytes, 2*cfg.MaxBodyBytes)
+	return &Receiver{store: store, maxBody: cfg.MaxBodyBytes, maxInFlight: cfg.MaxInFlightBytes}
 }
+
+// Limits returns the body and in-flight limits in force (see [ReceiverConfig]).
+func (r *Receiver) Limits() (maxBodyBytes, maxInFlightBytes int64) { return r.maxBody, r.maxInFlight }
 
 // Stats returns the response counters.
 func (r *Receiver) Stats() ReceiverStats {
@@ -83,13 +109,54 @@ func (r *Receiver) Stats() ReceiverStats {
 		TooLarge:             r.tooLarge.Load(),
 		UnsupportedMediaType: r.unsupported.Load(),
 		MethodNotAllowed:     r.badMethod.Load(),
+		TooManyRequests:      r.busy.Load(),
 	}
 }
 
 var (
 	errTooLarge = errors.New("request body too large")
 	errEncoding = errors.New("unsupported content encoding")
+	errBusy     = errors.New("too many OTLP request bytes in flight; retry later")
 )
+
+// reservation is the share of MaxInFlightBytes one request holds.
+type reservation struct {
+	r    *Receiver
+	held int64
+}
+
+// take reserves n more bytes; false (nothing taken) when that would exceed the limit.
+func (rv *reservation) take(n int64) bool {
+	for {
+		cur := rv.r.inFlight.Load()
+		if cur+n > rv.r.maxInFlight {
+			return false
+		}
+		if rv.r.inFlight.CompareAndSwap(cur, cur+n) {
+			rv.held += n
+			return true
+		}
+	}
+}
+
+func (rv *reservation) release() {
+	rv.r.inFlight.Add(-rv.held)
+	rv.held = 0
+}
+
+// reservingReader reserves what it reads.
+type reservingReader struct {
+	rd io.Reader
+	rv *reservation
+}
+
+func (x reservingReader) Read(p []byte) (int, error) {
+	n, err := x.rd.Read(p)
+	if n > 0 && !x.rv.take(int64(n)) {
+		return 0, errBusy
+	}
+	return n, err
+}
 
 // ServeHTTP implements http.Handler.
 func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
@@ -105,8 +172,14 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			"unsupported content type %q; use %s or %s", req.Header.Get("Content-Type"), ContentTypeProtobuf, ContentTypeJSON)
 		return
 	}
-	body, err := r.readBody(w, req)
+	rv := &reservation{r: r}
+	defer rv.release() // after the spans are stored: the decoded request lives until then
+	body, err := r.readBody(w, req, rv)
 	switch {
+	case errors.Is(err, errBusy):
+		w.Header().Set("Retry-After", fmt.Sprint(RetryAfterSeconds))
+		r.fail(w, ct, http.StatusTooManyRequests, "%v", err)
+		return
 	case errors.Is(err, errTooLarge):
 		r.fail(w, ct, http.StatusRequestEntityTooLarge, "%v", err)
 		return
@@ -152,16 +225,30 @@ func mediaType(h string) string {
 	return strings.ToLower(mt)
 }
 
-// readBody reads the body, enforcing the size limit before and after decompression.
-func (r *Receiver) readBody(w http.ResponseWriter, req *http.Request) ([]byte, error) {
+// readBody reads the body, enforcing the size limit before and after decompression and
+// reserving the bytes it holds in rv.
+func (r *Receiver) readBody(w http.ResponseWriter, req *http.Request, rv *reservation) ([]byte, error) {
 	if req.ContentLength > r.maxBody {
 		return nil, fmt.Errorf("%w: %d bytes > limit %d", errTooLarge, req.ContentLength, r.maxBody)
 	}
-	raw, err := io.ReadAll(http.MaxBytesReader(w, req.Body, r.maxBody))
+	var body io.Reader = http.MaxBytesReader(w, req.Body, r.maxBody)
+	var raw []byte
+	if req.ContentLength >= 0 { // known length (the server holds the body to it): reserve it first
+		if !rv.take(req.ContentLength) {
+			return nil, errBusy
+		}
+		raw = make([]byte, 0, req.ContentLength+1) // +1: ReadAll needs room to see EOF
+	} else {
+		body = reservingReader{body, rv}
+	}
+	raw, err := readAll(raw, body)
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		switch {
+		case errors.As(err, &mbe):
 			return nil, fmt.Errorf("%w: over limit %d bytes", errTooLarge, r.maxBody)
+		case errors.Is(err, errBusy):
+			return nil, err
 		}
 		return nil, fmt.Errorf("read body: %w", err)
 	}
@@ -174,7 +261,10 @@ func (r *Receiver) readBody(w http.ResponseWriter, req *http.Request) ([]byte, e
 			return nil, fmt.Errorf("gzip: %w", err)
 		}
 		defer zr.Close()
-		out, err := io.ReadAll(io.LimitReader(zr, r.maxBody+1))
+		out, err := readAll(nil, reservingReader{io.LimitReader(zr, r.maxBody+1), rv})
+		if errors.Is(err, errBusy) {
+			return nil, err
+		}
 		if err != nil {
 			return nil, fmt.Errorf("gzip: %w", err)
 		}
@@ -184,6 +274,23 @@ func (r *Receiver) readBody(w http.ResponseWriter, req *http.Request) ([]byte, e
 		return out, nil
 	default:
 		return nil, fmt.Errorf("%w %q; use gzip or none", errEncoding, enc)
+	}
+}
+
+// readAll is io.ReadAll into buf (which may be preallocated).
+func readAll(buf []byte, rd io.Reader) ([]byte, error) {
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := rd.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
 	}
 }
 
@@ -223,6 +330,8 @@ func (r *Receiver) fail(w http.ResponseWriter, ct string, code int, format strin
 		r.unsupported.Add(1)
 	case http.StatusMethodNotAllowed:
 		r.badMethod.Add(1)
+	case http.StatusTooManyRequests:
+		r.busy.Add(1)
 	}
 	// The message may quote the body; protobuf strings must be valid UTF-8.
 	msg := strings.ToValidUTF8(fmt.Sprintf(format, args...), "\uFFFD")
@@ -256,6 +365,8 @@ func grpcCode(httpStatus int) int32 {
 		return 8 // RESOURCE_EXHAUSTED
 	case http.StatusMethodNotAllowed, http.StatusUnsupportedMediaType:
 		return 12 // UNIMPLEMENTED
+	case http.StatusTooManyRequests:
+		return 14 // UNAVAILABLE: retryable
 	}
 	return 2 // UNKNOWN
 }

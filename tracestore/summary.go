@@ -49,9 +49,43 @@ type RequestSummary struct {
 	NSpans   int      `json:"n_spans"`
 	// Error is true when any span has status ERROR or the root has error.type.
 	Error bool `json:"error"`
+	// NegativeSpans counts spans that end before they start (a clock problem at the
+	// sender); their durations, DurationMs included, are negative as recorded, never
+	// repaired.
+	NegativeSpans int `json:"negative_spans,omitempty"`
+	// Truncated is true when the store refused some of the trace's spans because the trace
+	// alone exceeded a store limit (MaxSpans or MaxBytes): the trace is incomplete.
+	Truncated bool `json:"truncated,omitempty"`
 }
 
+// clone returns a copy that shares nothing mutable with s.
+func (s RequestSummary) clone() RequestSummary {
+	cp := func(p *float64) *float64 {
+		if p == nil {
+			return nil
+		}
+		v := *p
+		return &v
+	}
+	cpi := func(p *int64) *int64 {
+		if p == nil {
+			return nil
+		}
+		v := *p
+		return &v
+	}
+	s.TTFTMs, s.HitRate = cp(s.TTFTMs), cp(s.HitRate)
+	s.PrefixHitTokens, s.NonPrefixHitTokens, s.RequestedTokens = cpi(s.PrefixHitTokens), cpi(s.NonPrefixHitTokens), cpi(s.RequestedTokens)
+	s.Services = slices.Clone(s.Services)
+	return s
+}
+
+// summarize computes the index row of one trace in O(n log n) for n spans (the tree's
+// children are sorted); no spans give the zero row.
 func summarize(spans []*span) RequestSummary {
+	if len(spans) == 0 {
+		return RequestSummary{}
+	}
 	t := buildTree(spans)
 	root := spans[t.root]
 	s := RequestSummary{
@@ -66,12 +100,17 @@ func summarize(spans []*span) RequestSummary {
 	if _, ok := root.attrs.get("error.type"); ok {
 		s.Error = true
 	}
+	services := make(map[string]struct{})
 	for _, sp := range spans {
-		if !slices.Contains(s.Services, sp.res.service) {
+		if _, seen := services[sp.res.service]; !seen {
+			services[sp.res.service] = struct{}{}
 			s.Services = append(s.Services, sp.res.service)
 		}
 		if sp.status == ptrace.StatusCodeError {
 			s.Error = true
+		}
+		if sp.end < sp.start {
+			s.NegativeSpans++
 		}
 	}
 	slices.Sort(s.Services)

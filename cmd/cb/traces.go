@@ -40,6 +40,7 @@ func newTracesCmd() *cobra.Command {
 	f.IntVar(&cfg.MaxSpans, "max-spans", tracestore.DefaultMaxSpans, "spans kept (oldest traces evicted)")
 	f.IntVar(&cfg.MaxConns, "max-conns", tracestore.DefaultMaxConns, "connections each port holds at once (the oldest idle or still-sending one makes room)")
 	f.DurationVar(&cfg.ReadTimeout, "read-timeout", tracestore.DefaultReadTimeout, "time to send a whole request, headers and body")
+	f.Int64Var(&cfg.MaxBytes, "max-bytes", tracestore.DefaultMaxBytes, "memory budget of the stored spans in bytes, estimated (oldest traces evicted; request bodies capped at it)")
 	return withEnv(cmd)
 }
 

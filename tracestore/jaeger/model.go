@@ -55,7 +55,10 @@ type Trace struct {
 	Warnings  []string           `json:"warnings"`
 }
 
-// Span is one span. StartTime is microseconds since the Unix epoch; Duration microseconds.
+// Span is one span. StartTime is microseconds since the Unix epoch; Duration microseconds,
+// negative when the span ends before it starts (as recorded; Jaeger's own model is
+// unsigned, so a negative value only comes from this package's server). Warnings lists
+// what looks wrong or incomplete in the span.
 type Span struct {
 	TraceID       string      `json:"traceID"`
 	SpanID        string      `json:"spanID"`
@@ -63,7 +66,7 @@ type Span struct {
 	OperationName string      `json:"operationName"`
 	References    []Reference `json:"references"`
 	StartTime     uint64      `json:"startTime"`
-	Duration      uint64      `json:"duration"`
+	Duration      int64       `json:"duration"`
 	Tags          []KeyValue  `json:"tags"`
 	Logs          []Log       `json:"logs"`
 	ProcessID     string      `json:"processID"`

@@ -118,8 +118,9 @@ function renderStats(st, total) {
   if (!st) return;
   const s = st.store;
   const parts = [
-    ['traces', s.traces], ['spans', s.spans], ['evicted traces', s.evictedTraces],
-    ['rejected spans', s.rejectedSpans],
+    ['traces', s.traces], ['spans', s.spans],
+    ['MiB of ' + (s.maxBytes / 1048576).toFixed(0) + ' MiB', (s.bytes / 1048576).toFixed(1)],
+    ['evicted traces', s.evictedTraces], ['rejected spans', s.rejectedSpans],
   ];
   if (st.receiver) parts.push(['OTLP requests', st.receiver.requests], ['bad requests',
     st.receiver.badRequest + st.receiver.tooLarge + st.receiver.unsupportedMediaType + st.receiver.methodNotAllowed]);
@@ -134,7 +135,7 @@ function renderList() {
   const q = $('#filter').value.trim().toLowerCase();
   const rows = state.requests.filter((r) => !q || [r.request_id, r.trace_id, r.root, ...(r.services || [])]
     .some((s) => (s || '').toLowerCase().includes(q)));
-  const maxDur = Math.max(1e-9, ...rows.map((r) => r.duration_ms));
+  const maxDur = Math.max(1e-9, ...rows.map((r) => Math.abs(r.duration_ms)));
   const tbody = $('#requests tbody');
   tbody.replaceChildren(...rows.map((r) => {
     const tr = h('tr', {
@@ -144,11 +145,15 @@ function renderList() {
       title: 'Open trace ' + r.trace_id,
     },
     h('td', { class: 'mono' }, fmtClock(r.start_us)),
-    h('td', { class: 'mono' }, r.request_id || '—', r.error ? h('span', { class: 'badge', text: 'error' }) : null),
+    h('td', { class: 'mono' }, r.request_id || '—', r.error ? h('span', { class: 'badge', text: 'error' }) : null,
+      r.negative_spans ? h('span', { class: 'badge', text: 'negative duration',
+        title: `${r.negative_spans} span(s) end before they start; durations shown as recorded` }) : null,
+      r.truncated ? h('span', { class: 'badge', text: 'truncated',
+        title: 'the collector refused spans of this trace (a store limit): it is incomplete' }) : null),
     h('td', { class: 'mono', title: r.trace_id }, r.trace_id.slice(0, 12) + '…'),
     h('td', {}, r.root),
     h('td', { class: 'num dur-cell' },
-      h('div', { class: 'dur-bar', style: { width: (100 * r.duration_ms / maxDur).toFixed(2) + '%' } }),
+      h('div', { class: 'dur-bar', style: { width: (100 * Math.max(0, r.duration_ms) / maxDur).toFixed(2) + '%' } }),
       h('span', { text: fmtDur(r.duration_ms) })),
     h('td', { class: 'num', title: r.ttft_source ? 'from ' + r.ttft_source : '' }, fmtDur(r.ttft_ms)),
     h('td', { class: 'num', title: hitTitle(r) }, fmtPct(r.hit_rate)),
