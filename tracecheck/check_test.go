@@ -119,7 +119,7 @@ func TestCheck(t *testing.T) {
 				drop(spanname.CBStartLoadKV, spanname.CBRetrieve, spanname.CBScatter, spanname.CBFullRecomp, spanname.CBCheck, spanname.CBPartial))},
 		{name: "coordinator instead of fingerprint match",
 			td: request(r1, edit(spanname.CBFingerprintMatch, func(d *tracetest.SpanDef) {
-				d.Name, d.Attrs = spanname.CBCoordinatorMatch, map[string]any{"request_id": "r1", "matches": int64(2)}
+				d.Name, d.Attrs = spanname.CBCoordinatorMatch, map[string]any{"request_id": "r1", "matches": int64(2), "timed_out": false}
 			}))},
 		{name: "a span that may not repeat, twice",
 			td: request(r1, add(tracetest.SpanDef{Name: spanname.CBClassify, Service: tracetest.Blend, Kind: ptrace.SpanKindInternal, Parent: spanname.CBLookup,
