@@ -1,7 +1,13 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -122,5 +128,97 @@ func TestFleetFaults(t *testing.T) {
 			t.Fatal("reuse through Redis did not resume after the restart")
 		}
 		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// TestUpNodes runs `cb up --nodes 2` as a user would: it starts redis-server
+// itself, two nodes share it (documents ingested through node 0 are reused
+// by node 1, as its blend server's metrics show), the endpoints file lists
+// the nodes and the Redis URL (mode 0600: the URL carries the password),
+// and SIGINT stops every process, redis-server included.
+func TestUpNodes(t *testing.T) {
+	dir := t.TempDir()
+	eps := filepath.Join(dir, "endpoints.json")
+	cmd := exec.Command(cbBin, "up", "--nodes", "2", "--api", "127.0.0.1:0", "--ui-addr", "127.0.0.1:0", "--endpoints-file", eps,
+		"--blend-arg=--coordinator-timeout=2s")
+	cmd.Env = append(os.Environ(), "OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=")
+	var out syncWriter
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-exited
+		}
+	}()
+	var b []byte
+	deadline := time.Now().Add(120 * time.Second)
+	for {
+		var err error
+		if b, err = os.ReadFile(eps); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no endpoints file:\n%s", tail(out.String(), 40))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if fi, err := os.Stat(eps); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("endpoints file mode: %v %v", fi.Mode(), err)
+	}
+	type ep struct {
+		API, GRPC, Metrics string
+		PID                int
+	}
+	var e struct {
+		Engine ep
+		Nodes  []struct{ Engine, Worker, Blend ep }
+		Redis  *struct {
+			URL string
+			PID int
+		}
+	}
+	if err := json.Unmarshal(b, &e); err != nil {
+		t.Fatalf("%v: %s", err, b)
+	}
+	if len(e.Nodes) != 2 || e.Redis == nil || !strings.HasPrefix(e.Redis.URL, "redis://") || e.Redis.PID == 0 ||
+		e.Nodes[0].Engine.API != e.Engine.API || e.Nodes[1].Engine.API == e.Engine.API {
+		t.Fatalf("endpoints %s", b)
+	}
+	a := &env{t: t, api: e.Nodes[0].Engine.API}
+	n1 := &env{t: t, api: e.Nodes[1].Engine.API}
+	a.ingest()
+	n1.chat("", ragPrompt(3, 1), 2)
+	metrics, err := httpGet(e.Nodes[1].Blend.Metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(metrics, `lmcache_blend_coordinator_matches_total{result="ok"} 1`) ||
+		strings.Contains(metrics, `lmcache_blend_remote_reads_total{result="hit"} 0`) {
+		t.Fatalf("node 1 did not reuse through Redis:\n%s", grepLines(metrics, "lmcache_blend_"))
+	}
+	pids := []int{e.Redis.PID}
+	for _, n := range e.Nodes {
+		pids = append(pids, n.Engine.PID, n.Worker.PID, n.Blend.PID)
+	}
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("cb up exited with %v:\n%s", err, tail(out.String(), 30))
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("cb up did not stop on SIGINT")
+	}
+	for _, pid := range pids {
+		if syscall.Kill(pid, 0) == nil {
+			t.Errorf("process %d still running after cb up stopped", pid)
+		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/cacheblend/cacheblend/internal/redisproc"
 	"github.com/cacheblend/cacheblend/rpc/mtls"
 )
 
@@ -45,6 +46,15 @@ type UpConfig struct {
 	// default DefaultTLSValidity. A stack running longer must be restarted
 	// (reconnections fail once they expire).
 	TLSValidity time.Duration
+	// Nodes is the number of nodes (engine + worker + blend server each)
+	// to start on loopback, sharing one fleet tier; <= 1 is one node. Node
+	// 0's engine listens on APIAddr, the others on free ports.
+	Nodes int
+	// RedisURL is the fleet tier every node's blend server joins
+	// (--redis-url). Empty with Nodes > 1: Up starts redis-server on a free
+	// loopback port with a random password (Debian package redis-server)
+	// and stops it at Shutdown.
+	RedisURL string
 }
 
 // DefaultTLSValidity is the validity of the certificates Up generates.
@@ -70,14 +80,35 @@ type Endpoints struct {
 	// MutualTLS reports whether the gRPC ports serve mutual TLS (callers
 	// need a certificate of the stack's CA naming an allowed role).
 	MutualTLS bool `json:"mutual_tls"`
+	// Nodes lists every node of a multi-node stack (node 0 is also the
+	// top-level engine, worker and blend).
+	Nodes []NodeEndpoints `json:"nodes,omitempty"`
+	// Redis is the fleet tier the nodes share.
+	Redis *RedisEndpoint `json:"redis,omitempty"`
+}
+
+// NodeEndpoints are one node's processes.
+type NodeEndpoints struct {
+	Engine Endpoint `json:"engine"`
+	Worker Endpoint `json:"worker"`
+	Blend  Endpoint `json:"blend"`
+}
+
+// RedisEndpoint is the fleet tier of a stack; URL carries its password
+// (the endpoints file is then written 0600).
+type RedisEndpoint struct {
+	URL string `json:"url"`
+	PID int    `json:"pid,omitempty"`
 }
 
 // Stack is a running blend + worker + engine, each its own OS process.
 type Stack struct {
 	sup    *Supervisor
 	eps    Endpoints
-	tlsDir string // "" when plaintext
-	kvDir  string // the blend server's KV socket directory, removed by Shutdown
+	tlsDir string            // "" when plaintext
+	kvDir  string            // the blend server's KV socket directory, removed by Shutdown
+	others []*Stack          // nodes 1.. of a multi-node stack
+	redis  *redisproc.Server // the fleet tier Up started, or nil
 }
 
 // Up starts cb blend, cb worker and cb engine (in that order, each waiting
@@ -92,6 +123,12 @@ type Stack struct {
 // written) and passes each process its --tls-cert, --tls-key and --tls-ca
 // before cfg's extra flags. Shutdown removes the directory.
 func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
+	if cfg.Nodes > 1 {
+		return upNodes(ctx, cfg)
+	}
+	if cfg.RedisURL != "" {
+		cfg.BlendArgs = append(slices.Clip(cfg.BlendArgs), "--redis-url", cfg.RedisURL)
+	}
 	if cfg.Exe == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -227,7 +264,11 @@ func (s *Stack) WriteEndpoints(path string) error {
 		os.Remove(tmp.Name())
 		return fmt.Errorf("stack: endpoints file: %w", err)
 	}
-	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
+	mode := os.FileMode(0o644)
+	if s.eps.Redis != nil {
+		mode = 0o600 // the Redis URL carries its password
+	}
+	if err := os.Chmod(tmp.Name(), mode); err != nil {
 		os.Remove(tmp.Name())
 		return err
 	}
@@ -240,9 +281,17 @@ func (s *Stack) WriteEndpoints(path string) error {
 func (s *Stack) TLSDir() string { return s.tlsDir }
 
 // Shutdown stops engine, worker and blend (in that order), then removes
-// the KV socket's directory and the certificates.
+// the KV socket's directory and the certificates; in a multi-node stack it
+// stops the other nodes, then the Redis server Up started.
 func (s *Stack) Shutdown(ctx context.Context) error {
-	err := s.sup.Shutdown(ctx)
+	var errs []error
+	for _, o := range s.others {
+		errs = append(errs, o.Shutdown(ctx))
+	}
+	err := errors.Join(append(errs, s.sup.Shutdown(ctx))...)
+	if s.redis != nil {
+		s.redis.Stop()
+	}
 	if s.kvDir != "" {
 		os.RemoveAll(s.kvDir)
 	}
@@ -292,4 +341,51 @@ func FreePorts(n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// upNodes starts cfg.Nodes single-node stacks sharing one fleet tier (the
+// Redis server at cfg.RedisURL, or one it starts) and returns node 0 holding
+// the others.
+func upNodes(ctx context.Context, cfg UpConfig) (*Stack, error) {
+	var rp *redisproc.Server
+	url := cfg.RedisURL
+	if url == "" {
+		var err error
+		if rp, err = redisproc.Start(ctx, redisproc.Options{}); err != nil {
+			return nil, fmt.Errorf("stack: fleet tier for %d nodes: %w", cfg.Nodes, err)
+		}
+		url = rp.URL()
+	}
+	var nodes []*Stack
+	fail := func(err error) (*Stack, error) {
+		for _, n := range nodes {
+			_ = n.Shutdown(context.Background())
+		}
+		if rp != nil {
+			rp.Stop()
+		}
+		return nil, err
+	}
+	for i := range cfg.Nodes {
+		nc := cfg
+		nc.Nodes, nc.RedisURL = 0, url
+		if i > 0 {
+			nc.APIAddr = "127.0.0.1:0"
+		}
+		n, err := Up(ctx, nc)
+		if err != nil {
+			return fail(fmt.Errorf("stack: node %d: %w", i, err))
+		}
+		nodes = append(nodes, n)
+	}
+	s := nodes[0]
+	s.others, s.redis = nodes[1:], rp
+	s.eps.Redis = &RedisEndpoint{URL: url}
+	if rp != nil {
+		s.eps.Redis.PID = rp.PID()
+	}
+	for _, n := range nodes {
+		s.eps.Nodes = append(s.eps.Nodes, NodeEndpoints{Engine: n.eps.Engine, Worker: n.eps.Worker, Blend: n.eps.Blend})
+	}
+	return s, nil
 }

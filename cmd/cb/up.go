@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"slices"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -27,6 +26,7 @@ type upFlags struct {
 	workerArgs    []string
 	blendArgs     []string
 	redisURL      string
+	nodes         int
 	plaintext     bool
 }
 
@@ -40,15 +40,8 @@ func (u *upFlags) register(cmd *cobra.Command, defaultAPI string) {
 	f.StringArrayVar(&u.workerArgs, "worker-arg", nil, "extra flag for cb worker (repeatable)")
 	f.StringArrayVar(&u.blendArgs, "blend-arg", nil, "extra flag for cb blend (repeatable)")
 	f.StringVar(&u.redisURL, "redis-url", "", "fleet tier shared with other nodes: passed to cb blend --redis-url")
+	f.IntVar(&u.nodes, "nodes", 1, "nodes to start on loopback (engine + worker + blend server each) sharing one fleet tier; without --redis-url, cb up starts redis-server on a free port with a random password")
 	f.BoolVar(&u.plaintext, "plaintext", false, "no mutual TLS between the processes: the worker's and the blend server's gRPC ports then admit any local process (default: a throw-away CA and a certificate per process, removed at exit)")
-}
-
-// blendArgsWithFleet is --blend-arg plus --redis-url when set.
-func (u *upFlags) blendArgsWithFleet() []string {
-	if u.redisURL == "" {
-		return u.blendArgs
-	}
-	return append(slices.Clip(u.blendArgs), "--redis-url", u.redisURL)
 }
 
 // running is a started stack and, unless spans go to an external OTLP
@@ -80,8 +73,8 @@ func startStack(ctx context.Context, u *upFlags) (*running, error) {
 	r := &running{}
 	cfg := stack.UpConfig{
 		APIAddr:    u.api,
-		EngineArgs: u.engineArgs, WorkerArgs: u.workerArgs, BlendArgs: u.blendArgsWithFleet(),
-		Plaintext: u.plaintext,
+		EngineArgs: u.engineArgs, WorkerArgs: u.workerArgs, BlendArgs: u.blendArgs,
+		Plaintext: u.plaintext, Nodes: u.nodes, RedisURL: u.redisURL,
 		// Export batches often so a request's trace is complete quickly.
 		Env: []string{"OTEL_BSP_SCHEDULE_DELAY=200"},
 	}
@@ -139,6 +132,12 @@ at exit. The worker admits only the engine, the blend server the engine and the 
 			}
 			eps := r.stack.Endpoints()
 			fmt.Printf("cacheblend is up: OpenAI API %s (metrics %s)\n", eps.Engine.API, eps.Engine.Metrics)
+			for i, n := range eps.Nodes[min(1, len(eps.Nodes)):] {
+				fmt.Printf("node %d: OpenAI API %s (metrics %s)\n", i+1, n.Engine.API, n.Engine.Metrics)
+			}
+			if eps.Redis != nil {
+				fmt.Println("fleet tier: Redis shared by the nodes (its URL is in the endpoints file)")
+			}
 			if r.queryURL != "" {
 				fmt.Printf("trace page: %s/\n", r.queryURL)
 			}

@@ -1,38 +1,24 @@
-// Package redistest starts real Redis servers (Debian's redis-server) for
-// tests: a single password-protected server or a 3-master cluster, on free
-// loopback ports, stopped at test cleanup. A missing redis-server fails the
-// test with the package to install (scripts/deps.sh installs it).
+// Package redistest starts real Redis servers (Debian's redis-server,
+// through package redisproc) for tests: a single password-protected server
+// or a 3-master cluster, on free loopback ports, stopped at test cleanup. A
+// missing redis-server fails the test with the package to install
+// (scripts/deps.sh installs it).
 package redistest
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cacheblend/cacheblend/internal/redisproc"
 )
 
 // Password is the password of the servers started here.
 const Password = "cb-test-secret"
-
-// Server is one running redis-server.
-type Server struct {
-	Addr string // 127.0.0.1:port
-	Port int
-	dir  string
-	args []string
-	cmd  *exec.Cmd
-	t    testing.TB
-}
-
-// URL is the server's redis:// URL with the password.
-func (s *Server) URL() string { return fmt.Sprintf("redis://:%s@%s", Password, s.Addr) }
 
 // Options change how a server is started.
 type Options struct {
@@ -43,123 +29,32 @@ type Options struct {
 	Cluster bool
 }
 
+// Server is one running redis-server of a test.
+type Server struct {
+	*redisproc.Server
+	t testing.TB
+}
+
 // Start starts a redis-server on a free loopback port; it stops at cleanup.
 func Start(t testing.TB, o Options) *Server {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
+	s, err := redisproc.Start(context.Background(), redisproc.Options{
+		Password: Password, MaxMemory: o.MaxMemory, Cluster: o.Cluster, Dir: t.TempDir(),
+	})
 	if err != nil {
-		t.Fatalf("redis-server not found (Debian package redis-server; scripts/deps.sh installs it): %v", err)
+		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	port := freePort(t)
-	args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--requirepass", Password, "--masterauth", Password, "--dir", dir, "--protected-mode", "yes"}
-	if o.MaxMemory != "" {
-		args = append(args, "--maxmemory", o.MaxMemory, "--maxmemory-policy", "allkeys-lru")
-	}
-	if o.Cluster {
-		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes.conf"),
-			"--cluster-node-timeout", "2000")
-	}
-	s := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), Port: port, dir: dir, args: append([]string{bin}, args...), t: t}
-	s.start()
 	t.Cleanup(s.Stop)
-	return s
+	return &Server{Server: s, t: t}
 }
 
-func (s *Server) start() {
+// Restart starts a killed server again on the same port (empty); a failure
+// fails the test.
+func (s *Server) Restart() {
 	s.t.Helper()
-	s.cmd = exec.Command(s.args[0], s.args[1:]...)
-	s.cmd.Dir = s.dir
-	if err := s.cmd.Start(); err != nil {
-		s.t.Fatalf("start redis-server: %v", err)
+	if err := s.Server.Restart(context.Background()); err != nil {
+		s.t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if err := s.ping(); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("redis-server on %s did not answer", s.Addr)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// Command runs one command (inline protocol, authenticated) and returns its
-// first reply line.
-func (s *Server) Command(args ...string) (string, error) {
-	c, err := net.DialTimeout("tcp", s.Addr, time.Second)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	w := bufio.NewWriter(c)
-	writeCmd(w, "AUTH", Password)
-	writeCmd(w, args...)
-	if err := w.Flush(); err != nil {
-		return "", err
-	}
-	r := bufio.NewReader(c)
-	if line, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(line, "+OK") {
-		return "", fmt.Errorf("auth: %q %v", line, err)
-	}
-	line, err := r.ReadString('\n')
-	return strings.TrimSpace(line), err
-}
-
-// writeCmd writes one command in the RESP array form (binary safe).
-func writeCmd(w *bufio.Writer, args ...string) {
-	fmt.Fprintf(w, "*%d\r\n", len(args))
-	for _, a := range args {
-		fmt.Fprintf(w, "$%d\r\n%s\r\n", len(a), a)
-	}
-}
-
-func (s *Server) ping() error {
-	line, err := s.Command("PING")
-	if err != nil {
-		return err
-	}
-	if line != "+PONG" {
-		return fmt.Errorf("ping: %q", line)
-	}
-	return nil
-}
-
-// Kill stops the server with SIGKILL (it loses every key).
-func (s *Server) Kill() {
-	if s.cmd != nil && s.cmd.Process != nil {
-		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
-		s.cmd = nil
-	}
-}
-
-// Restart starts a killed server again on the same port (empty).
-func (s *Server) Restart() { s.t.Helper(); s.Kill(); s.start() }
-
-// Pause stops the server with SIGSTOP; Resume continues it.
-func (s *Server) Pause()  { _ = s.cmd.Process.Signal(syscall.SIGSTOP) }
-func (s *Server) Resume() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }
-
-// Stop ends the server (SIGTERM, then SIGKILL after 5 s).
-func (s *Server) Stop() {
-	if s.cmd == nil || s.cmd.Process == nil {
-		return
-	}
-	_ = s.cmd.Process.Signal(syscall.SIGCONT)
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _ = s.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		_ = s.cmd.Process.Kill()
-		<-done
-	}
-	s.cmd = nil
 }
 
 // Cluster is a running 3-master Redis Cluster.
@@ -200,30 +95,17 @@ func StartCluster(t testing.TB) *Cluster {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for {
-		line, _ := c.Nodes[0].Command("CLUSTER", "INFO")
-		if strings.Contains(line, "cluster_state:ok") || clusterOK(c.Nodes[0]) {
-			return c
-		}
+	for !clusterOK(c.Nodes[0]) {
 		if time.Now().After(deadline) {
 			t.Fatal("redis cluster not ok in time")
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	return c
 }
 
 // clusterOK reads the whole CLUSTER INFO bulk reply.
 func clusterOK(s *Server) bool {
 	out, err := exec.Command("redis-cli", "-a", Password, "--no-auth-warning", "-p", strconv.Itoa(s.Port), "cluster", "info").Output()
 	return err == nil && strings.Contains(string(out), "cluster_state:ok")
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }

@@ -1,0 +1,215 @@
+// Package redisproc starts and stops a real redis-server process (Debian's
+// redis-server) on a free loopback port: for `cb up --nodes N` without
+// --redis-url, and for the tests (package redistest). A missing
+// redis-server is an error naming the Debian package.
+package redisproc
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// ErrNotInstalled is returned when redis-server is not on PATH.
+var ErrNotInstalled = errors.New("redisproc: redis-server not found on PATH (install the Debian package redis-server)")
+
+// Options change how a server is started. The zero value is a
+// password-protected server without persistence.
+type Options struct {
+	// Password is the server's password; "" generates a random one.
+	Password string
+	// MaxMemory, when set, is the maxmemory setting ("2mb"), with the
+	// allkeys-lru policy.
+	MaxMemory string
+	// Cluster starts the server in cluster mode.
+	Cluster bool
+	// Dir is the server's working directory; "" makes a temporary one,
+	// removed by Stop.
+	Dir string
+	// StartTimeout bounds the wait for the first PING; default 10 s.
+	StartTimeout time.Duration
+}
+
+// Server is one running redis-server. Its methods are not safe for
+// concurrent use.
+type Server struct {
+	// Addr is 127.0.0.1:Port.
+	Addr     string
+	Port     int
+	Password string
+	dir      string
+	ownDir   bool
+	args     []string
+	timeout  time.Duration
+	cmd      *exec.Cmd
+}
+
+// Start starts a redis-server listening on 127.0.0.1 on a free port.
+func Start(ctx context.Context, o Options) (*Server, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, ErrNotInstalled
+	}
+	if o.Password == "" {
+		var b [16]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return nil, fmt.Errorf("redisproc: password: %w", err)
+		}
+		o.Password = hex.EncodeToString(b[:])
+	}
+	if o.StartTimeout <= 0 {
+		o.StartTimeout = 10 * time.Second
+	}
+	s := &Server{Password: o.Password, dir: o.Dir, timeout: o.StartTimeout}
+	if s.dir == "" {
+		if s.dir, err = os.MkdirTemp("", "cb-redis-"); err != nil {
+			return nil, fmt.Errorf("redisproc: %w", err)
+		}
+		s.ownDir = true
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("redisproc: free port: %w", err)
+	}
+	s.Port = l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	s.Addr = "127.0.0.1:" + strconv.Itoa(s.Port)
+	s.args = []string{bin, "--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--requirepass", o.Password, "--masterauth", o.Password, "--dir", s.dir, "--protected-mode", "yes"}
+	if o.MaxMemory != "" {
+		s.args = append(s.args, "--maxmemory", o.MaxMemory, "--maxmemory-policy", "allkeys-lru")
+	}
+	if o.Cluster {
+		s.args = append(s.args, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(s.dir, "nodes.conf"),
+			"--cluster-node-timeout", "2000")
+	}
+	if err := s.start(ctx); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+// URL is the server's redis:// URL with its password.
+func (s *Server) URL() string { return fmt.Sprintf("redis://:%s@%s", s.Password, s.Addr) }
+
+func (s *Server) start(ctx context.Context) error {
+	s.cmd = exec.Command(s.args[0], s.args[1:]...)
+	s.cmd.Dir = s.dir
+	if err := s.cmd.Start(); err != nil {
+		return fmt.Errorf("redisproc: start redis-server: %w", err)
+	}
+	deadline := time.Now().Add(s.timeout)
+	for {
+		line, err := s.Command("PING")
+		if err == nil && line == "+PONG" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redisproc: redis-server on %s did not answer within %s", s.Addr, s.timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Command runs one command (authenticated) and returns its first reply
+// line.
+func (s *Server) Command(args ...string) (string, error) {
+	c, err := net.DialTimeout("tcp", s.Addr, time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	w := bufio.NewWriter(c)
+	writeCmd(w, "AUTH", s.Password)
+	writeCmd(w, args...)
+	if err := w.Flush(); err != nil {
+		return "", err
+	}
+	r := bufio.NewReader(c)
+	if line, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(line, "+OK") {
+		return "", fmt.Errorf("redisproc: auth: %q %v", line, err)
+	}
+	line, err := r.ReadString('\n')
+	return strings.TrimSpace(line), err
+}
+
+// writeCmd writes one command in the RESP array form (binary safe).
+func writeCmd(w *bufio.Writer, args ...string) {
+	fmt.Fprintf(w, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(w, "$%d\r\n%s\r\n", len(a), a)
+	}
+}
+
+// Kill stops the server with SIGKILL (it loses every key).
+func (s *Server) Kill() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+		s.cmd = nil
+	}
+}
+
+// Restart starts a killed (or running) server again on the same port,
+// empty.
+func (s *Server) Restart(ctx context.Context) error { s.Kill(); return s.start(ctx) }
+
+// Pause stops the server with SIGSTOP; Resume continues it.
+func (s *Server) Pause() {
+	if s.cmd != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGSTOP)
+	}
+}
+
+// Resume continues a paused server.
+func (s *Server) Resume() {
+	if s.cmd != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGCONT)
+	}
+}
+
+// PID is the server process's id (0 when not running).
+func (s *Server) PID() int {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
+// Stop ends the server (SIGTERM, then SIGKILL after 5 s) and removes the
+// directory Start made.
+func (s *Server) Stop() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGCONT)
+		_ = s.cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = s.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = s.cmd.Process.Kill()
+			<-done
+		}
+		s.cmd = nil
+	}
+	if s.ownDir {
+		os.RemoveAll(s.dir)
+	}
+}
