@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os/exec"
+	"regexp"
 	"testing"
 	"time"
 
@@ -253,4 +255,63 @@ func FuzzDecodeSequence(f *testing.F) {
 			t.Fatalf("inconsistent sequence %d keys %d tokens cs %d", len(s.Keys), len(s.Tokens), s.ChunkSize)
 		}
 	})
+}
+
+// TestMaxMemoryEvicts: a Redis whose maxmemory is far below what the tier
+// writes evicts (LRU); every chunk read back afterwards is either the very
+// chunk written or a counted miss, never another one.
+func TestMaxMemoryEvicts(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{MaxMemory: "2mb"})
+	tier := newTier(t, srv.URL(), Config{})
+	ns := Namespace(testModel, testLayout)
+	r := rand.New(rand.NewPCG(11, 12))
+	var written []*chunkstore.Chunk
+	for i := range 64 { // 64 chunks of 200 tokens, ~26 KiB each: ~1.7 MB of KV, plus the directory
+		toks := tokens(r, 200)
+		var k chunkstore.Key
+		k[0], k[1] = byte(i), 42
+		c, err := chunkstore.NewChunk(k, testModel, 0, testLayout, toks, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := range c.KV {
+			c.KV[j] = float32(i*7919 + j)
+		}
+		written = append(written, c)
+		if !tier.PutChunk(ns, c) {
+			t.Fatal("write dropped")
+		}
+		flush(t, tier)
+	}
+	for i := range 64 { // push more than maxmemory holds
+		var k chunkstore.Key
+		k[0], k[1] = byte(i), 43
+		c, _ := chunkstore.NewChunk(k, testModel, 0, testLayout, tokens(r, 200), 0)
+		tier.PutChunk(ns, c)
+	}
+	flush(t, tier)
+	info, err := exec.Command("redis-cli", "-a", redistest.Password, "--no-auth-warning", "-p", fmt.Sprint(srv.Port), "info", "stats").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`evicted_keys:[1-9]`).Match(info) {
+		t.Fatalf("Redis evicted nothing:\n%s", info)
+	}
+	keys := make([]chunkstore.Key, len(written))
+	for i, c := range written {
+		keys[i] = c.Key
+	}
+	got, st, err := tier.GetChunks(context.Background(), ns, keys, testLayout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range written {
+		if g := got[c.Key]; g != nil && (fmt.Sprint(g.KV) != fmt.Sprint(c.KV) || fmt.Sprint(g.Tokens) != fmt.Sprint(c.Tokens)) {
+			t.Fatalf("chunk %s served with other content after eviction", c.Key)
+		}
+	}
+	if st.Misses == 0 || st.Hits+st.Misses != len(keys) || st.Corrupt != 0 {
+		t.Fatalf("after eviction: %+v", st)
+	}
+	t.Logf("after eviction: %d of %d chunks still served, %d misses", st.Hits, len(keys), st.Misses)
 }
