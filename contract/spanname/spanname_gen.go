@@ -28,8 +28,18 @@ const (
 	// CBRequest is the span "cb.request" of cb-engine (kind internal, phase "schedule"), child of
 	// the SERVER span "{operation} {model}" (see [Server]); required.
 	//
-	// The CacheBlend request span. hit_rate = (prefix_hit_tokens + non_prefix_hit_tokens) /
-	// requested_tokens; the server computes the stats and the engine stamps them here.
+	// The CacheBlend request span. lookup says how the request's lookup ended: done (the blend
+	// server answered), skipped (no lookup: reuse off, "cacheblend": {"reuse": false}, or no blend
+	// server configured), unavailable (the blend server is down), timeout (no answer within the
+	// lookup timeout), error (any other failure), queue_full (the blend server refused it),
+	// abandoned (the request ended first). The engine stamps the statistics of the lookup result
+	// (hit statistics of zero when lookup is not done): hit_tokens = prefix_hit_tokens +
+	// non_prefix_hit_tokens; hit_rate = hit_tokens / requested_tokens; prefix_coverage_tokens is
+	// the prompt's leading tokens covered by stored prefix chunks (the prefix leg;
+	// prefix_hit_tokens is its usable part), n_non_prefix_tokens = requested_tokens -
+	// prefix_coverage_tokens is the non-prefix complement the non-prefix leg searches
+	// (non_prefix_hit_tokens is its reused part); fingerprint_hits, storage_hits and stale_chunks
+	// count chunks (fingerprint-matched, found in storage, indexed but gone).
 	CBRequest = "cb.request"
 
 	// CBSchedule is the span "cb.schedule" of cb-engine (kind internal, phase "schedule"), child of
@@ -39,9 +49,10 @@ const (
 	CBSchedule = "cb.schedule"
 
 	// CBLookupRPC is the span "cb.lookup.rpc" of cb-engine (kind client, phase "lookup"), child of
-	// [CBSchedule]; required.
+	// [CBSchedule]; required when [CBRequest] has lookup != "skipped", else optional.
 	//
-	// Lookup submit plus polls until the result is ready.
+	// The Lookup call until its outcome is back (n_polls: the steps the request waited). Present
+	// unless the lookup was skipped; a failed call carries error.type (the lookup reason).
 	CBLookupRPC = "cb.lookup.rpc"
 
 	// CBBuildMeta is the span "cb.build_meta" of cb-engine (kind internal, phase "schedule"), child
@@ -49,9 +60,11 @@ const (
 	CBBuildMeta = "cb.build_meta"
 
 	// CBLookup is the span "cb.lookup" of cb-blend (kind server, phase "lookup"), remote child of
-	// [CBLookupRPC] in cb-engine; required.
+	// [CBLookupRPC] in cb-engine; required when [CBRequest] has lookup == "done", else optional.
 	//
-	// Remote child; the parent context travels in the Lookup payload's trace_context.
+	// Remote child; the parent context travels in the Lookup payload's trace_context (and
+	// trace_state). Required when the lookup is done; a lookup that failed may or may not have
+	// reached the server. Carries the statistics the engine stamps on cb.request.
 	CBLookup = "cb.lookup"
 
 	// MPLookupPrefetch is the span "mp.lookup_prefetch" of cb-blend (kind internal, phase
@@ -104,13 +117,16 @@ const (
 	// CBRetrieve is the span "cb.retrieve" of cb-blend (kind server, phase "kv load"), remote child
 	// of [CBStartLoadKV] in cb-worker; required; may repeat.
 	//
-	// Remote child; the parent context travels in the Retrieve payload's trace_context.
+	// Remote child; the parent context travels in the Retrieve payload's trace_context (and
+	// trace_state). The totals of its copies (cb.scatter); scatter_ms is the wall time from the
+	// first copy's start to the last copy's end.
 	CBRetrieve = "cb.retrieve"
 
 	// CBScatter is the span "cb.scatter" of cb-blend (kind internal, phase "kv load"), child of
 	// [CBRetrieve]; required; may repeat.
 	//
-	// Token-granular copy into worker KV slots, re-RoPE folded in (n_shifted).
+	// Token-granular copy into worker KV slots, re-RoPE folded in: n_prefix_tokens written as
+	// stored, n_shifted_tokens re-RoPE'd; scatter_ms is the copy's duration.
 	CBScatter = "cb.scatter"
 
 	// CBModelForward is the span "cb.model_forward" of cb-worker (kind internal, phase "forward"),
@@ -137,10 +153,10 @@ const (
 	CBPartial = "cb.partial"
 
 	// CBStore is the span "cb.store" of cb-blend (kind server, phase "store"), remote child of
-	// [CBExecute] in cb-worker; optional.
+	// [CBExecute] in cb-worker; optional; asynchronous, may end after its parent.
 	//
-	// Storing a prefill's new chunks; asynchronous, so it may end after the request's root.
-	// Optional: the request's trace does not wait for it.
+	// Storing a prefill's new chunks; asynchronous (the worker does not wait for it), so it may end
+	// after its parent and the request's root. Optional: the request's trace does not wait for it.
 	CBStore = "cb.store"
 )
 
