@@ -240,12 +240,16 @@ func (x *RegisterKVResponse) GetServerEpoch() string {
 }
 
 type LookupRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	TraceContext  string                 `protobuf:"bytes,2,opt,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty"`
-	Tokens        []int32                `protobuf:"varint,3,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
-	WorldSize     int32                  `protobuf:"varint,4,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
-	Model         string                 `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	RequestId    string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	TraceContext string                 `protobuf:"bytes,2,opt,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty"`
+	Tokens       []int32                `protobuf:"varint,3,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	WorldSize    int32                  `protobuf:"varint,4,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	Model        string                 `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
+	// W3C tracestate that goes with trace_context (the caller's vendor
+	// entries), empty when there is none; ignored without a valid
+	// trace_context.
+	TraceState    string `protobuf:"bytes,20,opt,name=trace_state,json=traceState,proto3" json:"trace_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -311,6 +315,13 @@ func (x *LookupRequest) GetWorldSize() int32 {
 func (x *LookupRequest) GetModel() string {
 	if x != nil {
 		return x.Model
+	}
+	return ""
+}
+
+func (x *LookupRequest) GetTraceState() string {
+	if x != nil {
+		return x.TraceState
 	}
 	return ""
 }
@@ -430,8 +441,12 @@ type LookupResult struct {
 	Found              int32                  `protobuf:"varint,14,opt,name=found,proto3" json:"found,omitempty"`
 	PerRankOk          bool                   `protobuf:"varint,15,opt,name=per_rank_ok,json=perRankOk,proto3" json:"per_rank_ok,omitempty"`
 	ChunkSize          int32                  `protobuf:"varint,16,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The prompt's leading tokens covered by stored prefix chunks (the prefix
+	// leg, before classification; prefix_hit_tokens is its usable part). The
+	// non-prefix leg searches the complement, requested_tokens minus it.
+	PrefixCoverageTokens int32 `protobuf:"varint,20,opt,name=prefix_coverage_tokens,json=prefixCoverageTokens,proto3" json:"prefix_coverage_tokens,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *LookupResult) Reset() {
@@ -576,6 +591,13 @@ func (x *LookupResult) GetChunkSize() int32 {
 	return 0
 }
 
+func (x *LookupResult) GetPrefixCoverageTokens() int32 {
+	if x != nil {
+		return x.PrefixCoverageTokens
+	}
+	return 0
+}
+
 type RetrieveRequest struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	RequestId    string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -587,8 +609,12 @@ type RetrieveRequest struct {
 	Matches    []*Match `protobuf:"bytes,6,rep,name=matches,proto3" json:"matches,omitempty"`
 	// Only positions >= from_token are written (the second pass of a request
 	// whose blocks arrived in two steps).
-	FromToken     int32 `protobuf:"varint,7,opt,name=from_token,json=fromToken,proto3" json:"from_token,omitempty"`
-	ChunkSize     int32 `protobuf:"varint,8,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
+	FromToken int32 `protobuf:"varint,7,opt,name=from_token,json=fromToken,proto3" json:"from_token,omitempty"`
+	ChunkSize int32 `protobuf:"varint,8,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
+	// W3C tracestate that goes with trace_context (the caller's vendor
+	// entries), empty when there is none; ignored without a valid
+	// trace_context.
+	TraceState    string `protobuf:"bytes,20,opt,name=trace_state,json=traceState,proto3" json:"trace_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -677,6 +703,13 @@ func (x *RetrieveRequest) GetChunkSize() int32 {
 		return x.ChunkSize
 	}
 	return 0
+}
+
+func (x *RetrieveRequest) GetTraceState() string {
+	if x != nil {
+		return x.TraceState
+	}
+	return ""
 }
 
 // Range is a half-open token range [start, end) of the current prompt.
@@ -843,8 +876,12 @@ type StoreRequest struct {
 	Tokens       []int32                `protobuf:"varint,5,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
 	BlockTable   []int32                `protobuf:"varint,6,rep,packed,name=block_table,json=blockTable,proto3" json:"block_table,omitempty"`
 	// A document ingested on its own (POST /v1/documents), not a prompt.
-	Document      bool   `protobuf:"varint,7,opt,name=document,proto3" json:"document,omitempty"`
-	Model         string `protobuf:"bytes,8,opt,name=model,proto3" json:"model,omitempty"`
+	Document bool   `protobuf:"varint,7,opt,name=document,proto3" json:"document,omitempty"`
+	Model    string `protobuf:"bytes,8,opt,name=model,proto3" json:"model,omitempty"`
+	// W3C tracestate that goes with trace_context (the caller's vendor
+	// entries), empty when there is none; ignored without a valid
+	// trace_context.
+	TraceState    string `protobuf:"bytes,20,opt,name=trace_state,json=traceState,proto3" json:"trace_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -935,6 +972,13 @@ func (x *StoreRequest) GetModel() string {
 	return ""
 }
 
+func (x *StoreRequest) GetTraceState() string {
+	if x != nil {
+		return x.TraceState
+	}
+	return ""
+}
+
 type StoreResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	StoredChunks  int32                  `protobuf:"varint,1,opt,name=stored_chunks,json=storedChunks,proto3" json:"stored_chunks,omitempty"`
@@ -1018,7 +1062,7 @@ const file_blend_proto_rawDesc = "" +
 	"\x06layout\x18\x04 \x01(\v2\x17.cacheblend.v1.KVLayoutR\x06layout\x12\x14\n" +
 	"\x05model\x18\x05 \x01(\tR\x05model\"7\n" +
 	"\x12RegisterKVResponse\x12!\n" +
-	"\fserver_epoch\x18\x01 \x01(\tR\vserverEpoch\"\xa0\x01\n" +
+	"\fserver_epoch\x18\x01 \x01(\tR\vserverEpoch\"\xc1\x01\n" +
 	"\rLookupRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1026,7 +1070,9 @@ const file_blend_proto_rawDesc = "" +
 	"\x06tokens\x18\x03 \x03(\x05R\x06tokens\x12\x1d\n" +
 	"\n" +
 	"world_size\x18\x04 \x01(\x05R\tworldSize\x12\x14\n" +
-	"\x05model\x18\x05 \x01(\tR\x05model\"\xd2\x01\n" +
+	"\x05model\x18\x05 \x01(\tR\x05model\x12\x1f\n" +
+	"\vtrace_state\x18\x14 \x01(\tR\n" +
+	"traceState\"\xd2\x01\n" +
 	"\x05Match\x12\x1b\n" +
 	"\tstored_st\x18\x01 \x01(\x05R\bstoredSt\x12\x1b\n" +
 	"\tstored_ed\x18\x02 \x01(\x05R\bstoredEd\x12\x15\n" +
@@ -1035,7 +1081,7 @@ const file_blend_proto_rawDesc = "" +
 	"\x06prefix\x18\x05 \x01(\bR\x06prefix\x12\x1d\n" +
 	"\n" +
 	"chunk_keys\x18\x06 \x03(\fR\tchunkKeys\x12*\n" +
-	"\x11first_chunk_start\x18\a \x01(\x05R\x0ffirstChunkStart\"\xc4\x04\n" +
+	"\x11first_chunk_start\x18\a \x01(\x05R\x0ffirstChunkStart\"\xfa\x04\n" +
 	"\fLookupResult\x12)\n" +
 	"\x10requested_tokens\x18\x01 \x01(\x05R\x0frequestedTokens\x12*\n" +
 	"\x11prefix_hit_tokens\x18\x02 \x01(\x05R\x0fprefixHitTokens\x121\n" +
@@ -1055,7 +1101,8 @@ const file_blend_proto_rawDesc = "" +
 	"\x05found\x18\x0e \x01(\x05R\x05found\x12\x1e\n" +
 	"\vper_rank_ok\x18\x0f \x01(\bR\tperRankOk\x12\x1d\n" +
 	"\n" +
-	"chunk_size\x18\x10 \x01(\x05R\tchunkSizeJ\x04\b\x11\x10\x12\"\x95\x02\n" +
+	"chunk_size\x18\x10 \x01(\x05R\tchunkSize\x124\n" +
+	"\x16prefix_coverage_tokens\x18\x14 \x01(\x05R\x14prefixCoverageTokensJ\x04\b\x11\x10\x12\"\xb6\x02\n" +
 	"\x0fRetrieveRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1068,7 +1115,9 @@ const file_blend_proto_rawDesc = "" +
 	"\n" +
 	"from_token\x18\a \x01(\x05R\tfromToken\x12\x1d\n" +
 	"\n" +
-	"chunk_size\x18\b \x01(\x05R\tchunkSize\"/\n" +
+	"chunk_size\x18\b \x01(\x05R\tchunkSize\x12\x1f\n" +
+	"\vtrace_state\x18\x14 \x01(\tR\n" +
+	"traceState\"/\n" +
 	"\x05Range\x12\x14\n" +
 	"\x05start\x18\x01 \x01(\x05R\x05start\x12\x10\n" +
 	"\x03end\x18\x02 \x01(\x05R\x03end\"\x9d\x02\n" +
@@ -1081,7 +1130,7 @@ const file_blend_proto_rawDesc = "" +
 	"\tn_shifted\x18\x05 \x01(\x05R\bnShifted\x12\x18\n" +
 	"\adropped\x18\x06 \x01(\x05R\adropped\x12.\n" +
 	"\amissing\x18\a \x03(\v2\x14.cacheblend.v1.RangeR\amissing\x12\x14\n" +
-	"\x05bytes\x18\b \x01(\x03R\x05bytes\"\xee\x01\n" +
+	"\x05bytes\x18\b \x01(\x03R\x05bytes\"\x8f\x02\n" +
 	"\fStoreRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1092,7 +1141,9 @@ const file_blend_proto_rawDesc = "" +
 	"\vblock_table\x18\x06 \x03(\x05R\n" +
 	"blockTable\x12\x1a\n" +
 	"\bdocument\x18\a \x01(\bR\bdocument\x12\x14\n" +
-	"\x05model\x18\b \x01(\tR\x05model\"q\n" +
+	"\x05model\x18\b \x01(\tR\x05model\x12\x1f\n" +
+	"\vtrace_state\x18\x14 \x01(\tR\n" +
+	"traceState\"q\n" +
 	"\rStoreResponse\x12#\n" +
 	"\rstored_chunks\x18\x01 \x01(\x05R\fstoredChunks\x12%\n" +
 	"\x0eskipped_chunks\x18\x02 \x01(\x05R\rskippedChunks\x12\x14\n" +
