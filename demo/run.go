@@ -61,14 +61,14 @@ type Config struct {
 
 // Result is one request of the demo, as written to --json.
 type Result struct {
-	RequestID          string   `json:"request_id"`
-	TraceID            string   `json:"trace_id"`
-	FullTraceID        string   `json:"full_trace_id"`
-	Documents          []string `json:"documents"`
-	PromptTokens       int      `json:"prompt_tokens"`
-	TTFTReuse          float64  `json:"ttft_reuse_s"`
-	TTFTFull           float64  `json:"ttft_full_s"`
-	Speedup            float64  `json:"speedup"`
+	RequestID    string   `json:"request_id"`
+	TraceID      string   `json:"trace_id"`
+	FullTraceID  string   `json:"full_trace_id"`
+	Documents    []string `json:"documents"`
+	PromptTokens int      `json:"prompt_tokens"`
+	TTFTReuse    float64  `json:"ttft_reuse_s"`
+	TTFTFull     float64  `json:"ttft_full_s"`
+	Speedup      float64  `json:"speedup"`
 	// Lookup is how the reuse request's lookup ended (cb.request's lookup: "done" when the
 	// blend server answered), and the statistics cb.request carries, under the names of
 	// contract/spans.yaml; nil when the trace was not read.
