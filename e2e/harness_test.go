@@ -297,6 +297,24 @@ func (e *env) rawChat(body string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// rawChatTraced posts a raw chat completion body with a traceparent header
+// and returns status and body.
+func (e *env) rawChatTraced(traceparent, body string) (int, string) {
+	req, err := http.NewRequest(http.MethodPost, e.api+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		return 0, err.Error()
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("traceparent", traceparent)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
 // httpGet returns the body of a GET that answers 200.
 func httpGet(url string) (string, error) {
 	resp, err := http.Get(url)

@@ -22,6 +22,21 @@ import (
 	"github.com/cacheblend/cacheblend/tracestore/jaeger"
 )
 
+// settledTrace waits until the trace has every span named in want and its span count has
+// not changed for a second (every process's batches arrived), and returns it.
+func (e *env) settledTrace(traceID string, want ...string) *tracecheck.Trace {
+	e.t.Helper()
+	tr := e.trace(traceID, want...)
+	n, since := len(tr.Spans), time.Now()
+	for deadline := time.Now().Add(30 * time.Second); time.Since(since) < time.Second && time.Now().Before(deadline); {
+		time.Sleep(200 * time.Millisecond)
+		if tr = e.trace(traceID, want...); len(tr.Spans) != n {
+			n, since = len(tr.Spans), time.Now()
+		}
+	}
+	return tr
+}
+
 // checkContract fails the test when a trace breaks contract/spans.yaml.
 func checkContract(t *testing.T, tr *tracecheck.Trace) {
 	t.Helper()
@@ -132,7 +147,7 @@ func TestTracestateReachesEveryProcess(t *testing.T) {
 	if code != http.StatusOK {
 		t.Fatalf("chat: %d", code)
 	}
-	tr := e.trace(tp[3:35], "chat cb-llama", spanname.CBRequest, spanname.CBLookup, spanname.CBClassify, spanname.CBExecute,
+	tr := e.settledTrace(tp[3:35], "chat cb-llama", spanname.CBRequest, spanname.CBLookup, spanname.CBClassify, spanname.CBExecute,
 		spanname.CBRetrieve, spanname.CBScatter, spanname.CBPartial, spanname.CBStore)
 	checkContract(t, tr)
 	services := map[string]int{}

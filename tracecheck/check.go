@@ -63,8 +63,11 @@ func Check(traces []Trace, spec *contract.SpanSet) Report {
 //   - the root: exactly one span without a parent in the trace, and it is the contract's
 //     root (the engine's SERVER span for a request);
 //   - every required span present (required: true, or its `when` condition holds, unless
-//     an `alternative_to` sibling stands in); a span of the other trace kind is flagged; a
-//     span without may_repeat occurs at most once per parent;
+//     an `alternative_to` sibling stands in): a condition on the span's parent is checked
+//     under every instance of the parent (the span must be under each one that satisfies
+//     it), a condition on another span holds when any span of that name satisfies it; a
+//     span of the other trace kind is flagged; a span without may_repeat occurs at most
+//     once per parent;
 //   - each contract span with its service, kind and parent (by name; a remote parent in
 //     another service counts), and its required attributes present with the declared types
 //     (optional attributes, when present, too);
@@ -402,51 +405,8 @@ func (c *checker) presence() {
 			found[cs] = append(found[cs], i)
 		}
 	}
-	for k := range c.spec.Spans {
-		cs := &c.spec.Spans[k]
-		if cs.Trace != c.kind {
-			continue
-		}
-		if idx := found[cs]; len(idx) > 0 {
-			if !cs.MayRepeat {
-				perParent := map[string]int{}
-				for _, i := range idx {
-					perParent[c.t.Spans[i].ParentSpanID]++
-				}
-				for _, n := range perParent {
-					if n > 1 {
-						c.res.add(Violation{Rule: RuleRepeated, Span: cs.Name, Service: cs.Service,
-							Message: fmt.Sprintf("occurs %d times under one parent; the contract allows one", n)})
-						break
-					}
-				}
-			}
-			continue
-		}
-		if cs.Parent != "" {
-			// A child is required only under its parent; a missing parent is reported
-			// itself, with its subtree.
-			if parent, _ := c.spec.Lookup(cs.Parent); len(found[parent]) == 0 {
-				continue
-			}
-		}
-		required, why := c.required(cs, found)
-		if !required {
-			continue
-		}
-		for k2 := range c.spec.Spans {
-			alt := &c.spec.Spans[k2]
-			if alt.AlternativeTo == cs.Name && len(found[alt]) > 0 {
-				required = false
-			}
-		}
-		if !required {
-			continue
-		}
-		if c.relax {
-			continue
-		}
-		msg := "required span missing"
+	missing := func(cs *contract.Span, where, why string) {
+		msg := "required span missing" + where
 		if why != "" {
 			msg += " (" + why + ")"
 		}
@@ -455,9 +415,89 @@ func (c *checker) presence() {
 		}
 		c.res.add(Violation{Rule: RuleMissing, Span: cs.Name, Service: cs.Service, Message: msg})
 	}
+	for k := range c.spec.Spans {
+		cs := &c.spec.Spans[k]
+		if cs.Trace != c.kind {
+			continue
+		}
+		idx := found[cs]
+		if len(idx) > 0 && !cs.MayRepeat {
+			perParent := map[string]int{}
+			for _, i := range idx {
+				perParent[c.t.Spans[i].ParentSpanID]++
+			}
+			for _, n := range perParent {
+				if n > 1 {
+					c.res.add(Violation{Rule: RuleRepeated, Span: cs.Name, Service: cs.Service,
+						Message: fmt.Sprintf("occurs %d times under one parent; the contract allows one", n)})
+					break
+				}
+			}
+		}
+		var parent *contract.Span
+		if cs.Parent != "" {
+			// A child is required only under its parent; a missing parent is reported
+			// itself, with its subtree.
+			if parent, _ = c.spec.Lookup(cs.Parent); len(found[parent]) == 0 {
+				continue
+			}
+		}
+		if c.relax {
+			continue
+		}
+		if w := cs.When; w != nil && !cs.Required && parent != nil && w.Span == parent.Name {
+			// A condition on the parent is checked under every parent instance.
+			for _, pi := range found[parent] {
+				ok, why := c.holds(w, pi)
+				if ok && !c.hasChild(pi, cs, found) {
+					ps := &c.t.Spans[pi]
+					missing(cs, fmt.Sprintf(" under %s (span %s)", ps.Name, ps.SpanID), why)
+				}
+			}
+			continue
+		}
+		if len(idx) > 0 {
+			continue
+		}
+		required, why := c.required(cs, found)
+		if !required || c.alternativePresent(cs, found, nil) {
+			continue
+		}
+		missing(cs, "", why)
+	}
 }
 
-// required tells whether a contract span must be present, and why when conditional.
+// alternativePresent reports whether a span standing in for cs (alternative_to) is in
+// the trace, under the recorded span under when it is not nil.
+func (c *checker) alternativePresent(cs *contract.Span, found map[*contract.Span][]int, under *Span) bool {
+	for k := range c.spec.Spans {
+		alt := &c.spec.Spans[k]
+		if alt.AlternativeTo != cs.Name {
+			continue
+		}
+		for _, i := range found[alt] {
+			if under == nil || c.t.Spans[i].ParentSpanID == under.SpanID {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// hasChild reports whether the recorded span pi has a child of contract span cs (or of
+// an alternative to it).
+func (c *checker) hasChild(pi int, cs *contract.Span, found map[*contract.Span][]int) bool {
+	ps := &c.t.Spans[pi]
+	for _, i := range found[cs] {
+		if c.t.Spans[i].ParentSpanID == ps.SpanID {
+			return true
+		}
+	}
+	return c.alternativePresent(cs, found, ps)
+}
+
+// required tells whether a contract span must be present in the trace, and why when
+// conditional: required, or its condition holds on some span of the condition's name.
 func (c *checker) required(cs *contract.Span, found map[*contract.Span][]int) (bool, string) {
 	if cs.Required {
 		return true, ""
@@ -467,10 +507,20 @@ func (c *checker) required(cs *contract.Span, found map[*contract.Span][]int) (b
 		return false, ""
 	}
 	on, ok := c.spec.Lookup(w.Span)
-	if !ok || len(found[on]) == 0 {
+	if !ok {
 		return false, ""
 	}
-	v, ok := c.t.Spans[found[on][0]].Attributes[w.Attribute]
+	for _, i := range found[on] {
+		if ok, why := c.holds(w, i); ok {
+			return true, why
+		}
+	}
+	return false, ""
+}
+
+// holds evaluates a condition on the recorded span i, and says why it holds.
+func (c *checker) holds(w *contract.Condition, i int) (bool, string) {
+	v, ok := c.t.Spans[i].Attributes[w.Attribute]
 	if !ok {
 		return false, ""
 	}

@@ -91,7 +91,18 @@ func TestCheck(t *testing.T) {
 			td:   request(r1, drop(spanname.CBLookup, spanname.MPLookupPrefetch, spanname.CBFingerprintMatch, spanname.CBSparsePrefetch, spanname.CBL2Load, spanname.CBClassify)),
 			want: []string{"required-span cb.lookup"}},
 		{name: "wrong parent", td: request(r1, edit(spanname.CBScatter, func(d *tracetest.SpanDef) { d.Parent = spanname.CBLookup; d.StartMs, d.EndMs = 10, 12 })),
-			want: []string{"parent cb.scatter"}},
+			want: []string{"parent cb.scatter", "required-span cb.scatter"}}, // and none under the retrieve that wrote tokens
+		{name: "blended forward without its phases", td: request(r1, drop(spanname.CBPartial)), want: []string{"required-span cb.partial"}},
+		{name: "the server answered the load but left no cb.retrieve", td: request(r1, drop(spanname.CBRetrieve, spanname.CBScatter)),
+			want: []string{"required-span cb.retrieve"}},
+		{name: "a retrieve that wrote nothing has no copy", td: request(r1, setAttr(spanname.CBRetrieve, "scattered_tokens", int64(0)), drop(spanname.CBScatter))},
+		{name: "the load failed (blend server gone): computed in full",
+			td: request(r1, edit(spanname.CBStartLoadKV, func(d *tracetest.SpanDef) {
+				d.Attrs = map[string]any{"request_id": "r1", "error.type": "retrieve_failed"} // no answer from the server
+			}), drop(spanname.CBRetrieve, spanname.CBScatter,
+				spanname.CBFullRecomp, spanname.CBCheck, spanname.CBPartial), edit(spanname.CBModelForward, func(d *tracetest.SpanDef) {
+				d.Attrs = map[string]any{"request_id": "r1"}
+			}))},
 		{name: "wrong attribute type", td: request(r1, setAttr(spanname.CBLookupRPC, "n_polls", "3")), want: []string{"attribute-type cb.lookup.rpc"}},
 		{name: "double where int is declared", td: request(r1, setAttr(spanname.CBScatter, "dropped", 0.0)), want: []string{"attribute-type cb.scatter"}},
 		{name: "wrong optional attribute type", td: request(r1, setAttr("chat m1", "gen_ai.usage.output_tokens", "16")), want: []string{"attribute-type chat m1"}},
@@ -188,7 +199,7 @@ func TestCheck(t *testing.T) {
 			note: "the request failed (error.type=timeout)"},
 		{name: "lost parent",
 			td:   request(r1, edit(spanname.CBCheck, func(d *tracetest.SpanDef) { d.Parent = "never-exported" })),
-			want: []string{"parent cb.check"}},
+			want: []string{"parent cb.check", "required-span cb.check"}}, // and none under the blended forward
 		{name: "root is not the SERVER span",
 			td:   request(r1, drop("chat m1", spanname.EngineQueue, spanname.EnginePrefill, spanname.EngineDecode)),
 			want: []string{"root cb.request", "required-span {operation} {model}"}},
@@ -371,8 +382,10 @@ func TestCheckMayRepeat(t *testing.T) {
 	td := request(tracetest.Request{RequestID: "r1"},
 		add(tracetest.SpanDef{Name: spanname.CBStartLoadKV, Service: tracetest.Worker, Kind: ptrace.SpanKindClient, Parent: spanname.CBExecute,
 			StartMs: 50, EndMs: 60, Attrs: map[string]any{"request_id": "r1"}}),
+		// Parents name a span's first occurrence: this pass hangs under the first load and
+		// writes nothing itself (its copy below goes to the first retrieve).
 		add(tracetest.SpanDef{Name: spanname.CBRetrieve, Service: tracetest.Blend, Kind: ptrace.SpanKindServer, Parent: spanname.CBStartLoadKV,
-			StartMs: 52, EndMs: 56, Attrs: scatterAttrs()}),
+			StartMs: 52, EndMs: 56, Attrs: func() map[string]any { m := scatterAttrs(); m["scattered_tokens"] = int64(0); return m }()}),
 		add(tracetest.SpanDef{Name: spanname.CBScatter, Service: tracetest.Blend, Kind: ptrace.SpanKindInternal, Parent: spanname.CBRetrieve,
 			StartMs: 53, EndMs: 55, Attrs: scatterAttrs()}))
 	if rep := Check(FromPtrace(td), spec(t)); !rep.OK() {

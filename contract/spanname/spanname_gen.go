@@ -111,43 +111,50 @@ const (
 	// child of [CBExecute]; required when [CBRequest] has hit_rate > 0, else optional; may repeat.
 	//
 	// Asks the blend server to load the matched KV; may appear twice (blocks allocated partially,
-	// then fully). Required when the lookup found reusable tokens (hit_rate > 0).
+	// then fully). Required when the lookup found reusable tokens (hit_rate > 0). scattered_tokens
+	// and dropped are the server's answer; a load that got none (the blend server down or shutting
+	// down) carries error.type and the request is computed in full.
 	CBStartLoadKV = "cb.start_load_kv"
 
 	// CBRetrieve is the span "cb.retrieve" of cb-blend (kind server, phase "kv load"), remote child
-	// of [CBStartLoadKV] in cb-worker; required; may repeat.
+	// of [CBStartLoadKV] in cb-worker; required when the parent has scattered_tokens >= 0, else
+	// optional; may repeat.
 	//
 	// Remote child; the parent context travels in the Retrieve payload's trace_context (and
-	// trace_state). The totals of its copies (cb.scatter); scatter_ms is the wall time from the
-	// first copy's start to the last copy's end.
+	// trace_state). Under every cb.start_load_kv the server answered. The totals of its copies
+	// (cb.scatter); scatter_ms is the wall time from the first copy's start to the last copy's end.
 	CBRetrieve = "cb.retrieve"
 
 	// CBScatter is the span "cb.scatter" of cb-blend (kind internal, phase "kv load"), child of
-	// [CBRetrieve]; required; may repeat.
+	// [CBRetrieve]; required when the parent has scattered_tokens > 0, else optional; may repeat.
 	//
-	// Token-granular copy into worker KV slots, re-RoPE folded in: n_prefix_tokens written as
-	// stored, n_shifted_tokens re-RoPE'd; scatter_ms is the copy's duration.
+	// One copy into worker KV slots, token-granular, re-RoPE folded in: n_prefix_tokens written as
+	// stored, n_shifted_tokens re-RoPE'd; scatter_ms is the copy's duration. Under every
+	// cb.retrieve that wrote tokens (a pass whose window holds no slot copies nothing).
 	CBScatter = "cb.scatter"
 
 	// CBModelForward is the span "cb.model_forward" of cb-worker (kind internal, phase "forward"),
 	// child of [CBExecute]; required.
+	//
+	// The forward of one prompt chunk. A blended forward (reused KV loaded) carries reused_tokens
+	// (non-prefix tokens whose KV was loaded), prefix_tokens, new_tokens and imp_count.
 	CBModelForward = "cb.model_forward"
 
 	// CBFullRecomp is the span "cb.full_recomp" of cb-worker (kind internal, phase "forward"),
-	// child of [CBModelForward]; required when [CBRequest] has non_prefix_hit_tokens > 0, else
-	// optional.
+	// child of [CBModelForward]; required when the parent has reused_tokens > 0, else optional.
 	//
-	// Layers 0..cl-1, every non-prefix token recomputed; present when KV was reused off the prefix.
+	// Layers 0..cl-1, every non-prefix token recomputed; under every forward that reused KV off the
+	// prefix (reused_tokens > 0).
 	CBFullRecomp = "cb.full_recomp"
 
 	// CBCheck is the span "cb.check" of cb-worker (kind internal, phase "forward"), child of
-	// [CBModelForward]; required when [CBRequest] has non_prefix_hit_tokens > 0, else optional.
+	// [CBModelForward]; required when the parent has reused_tokens > 0, else optional.
 	//
 	// The check layer cl picks the important set.
 	CBCheck = "cb.check"
 
 	// CBPartial is the span "cb.partial" of cb-worker (kind internal, phase "forward"), child of
-	// [CBModelForward]; required when [CBRequest] has non_prefix_hit_tokens > 0, else optional.
+	// [CBModelForward]; required when the parent has reused_tokens > 0, else optional.
 	//
 	// Layers cl+1..L-1 over the important set only.
 	CBPartial = "cb.partial"

@@ -139,10 +139,12 @@ func (r Request) Defs() []SpanDef {
 			"found": int64(3), "stale": int64(0), "per_rank_ok": int64(1)})},
 		{spanname.CBBuildMeta, Engine, ptrace.SpanKindInternal, spanname.CBSchedule, 38, 40, with(map[string]any{})},
 		{spanname.CBExecute, Worker, ptrace.SpanKindServer, spanname.CBRequest, 42, 120, with(map[string]any{})},
-		{spanname.CBStartLoadKV, Worker, ptrace.SpanKindClient, spanname.CBExecute, 43, 61, with(map[string]any{})},
+		{spanname.CBStartLoadKV, Worker, ptrace.SpanKindClient, spanname.CBExecute, 43, 61, with(map[string]any{
+			"scattered_tokens": hits, "dropped": int64(0)})},
 		{spanname.CBRetrieve, Blend, ptrace.SpanKindServer, spanname.CBStartLoadKV, 44, 60, with(scatter(map[string]any{}))},
 		{spanname.CBScatter, Blend, ptrace.SpanKindInternal, spanname.CBRetrieve, 45, 59, with(scatter(map[string]any{}))},
-		{spanname.CBModelForward, Worker, ptrace.SpanKindInternal, spanname.CBExecute, 62, 119, with(map[string]any{})},
+		{spanname.CBModelForward, Worker, ptrace.SpanKindInternal, spanname.CBExecute, 62, 119, with(map[string]any{
+			"reused_tokens": r.NonPrefixHit, "prefix_tokens": r.PrefixHit, "new_tokens": r.PromptTokens - hits, "imp_count": int64(77)})},
 		{spanname.CBFullRecomp, Worker, ptrace.SpanKindInternal, spanname.CBModelForward, 62.5, 80, with(map[string]any{})},
 		{spanname.CBCheck, Worker, ptrace.SpanKindInternal, spanname.CBModelForward, 80, 84, with(map[string]any{
 			"imp_count": int64(77), "recomp_ratio": 0.15})},
@@ -158,6 +160,8 @@ func (r Request) Defs() []SpanDef {
 	out := defs[:0]
 	for _, d := range defs {
 		switch d.Name {
+		case spanname.CBModelForward:
+			d.Attrs = with(map[string]any{})
 		case spanname.CBLookupRPC:
 			if r.Lookup == "skipped" {
 				continue
