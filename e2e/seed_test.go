@@ -391,6 +391,8 @@ func checkRawTrace(t *testing.T, what string, spans []otlpSpan, spec *contract.S
 	services := map[string]bool{}
 	var req *otlpSpan
 	roots := 0
+	// The tightest margins seen (how far inside its parent the closest child lies), for the log.
+	margin := map[bool]int64{false: 1 << 62, true: 1 << 62} // by cross-process
 	for i := range spans {
 		s := &spans[i]
 		services[s.service] = true
@@ -409,6 +411,11 @@ func checkRawTrace(t *testing.T, what string, spans []otlpSpan, spec *contract.S
 			async := inContract && cs.Async
 			if !async && s.End > p.End+tol {
 				t.Errorf("%s: %s [%s] ends %d ns after its parent %s [%s]", what, s.Name, s.service, s.End-p.End, p.Name, p.service)
+			}
+			cross := p.service != s.service
+			margin[cross] = min(margin[cross], int64(s.Start)-int64(p.Start))
+			if !async {
+				margin[cross] = min(margin[cross], int64(p.End)-int64(s.End))
 			}
 		} else if root, _ := spec.Root(contract.TraceRequest); !inContract || cs != root {
 			// Only the engine's SERVER span may have its parent elsewhere: the
@@ -474,5 +481,6 @@ func checkRawTrace(t *testing.T, what string, spans []otlpSpan, spec *contract.S
 			t.Errorf("%s: no re-RoPE'd token (n_shifted_tokens) in any cb.scatter", what)
 		}
 	}
-	t.Logf("%s: %d spans from %d processes", what, len(spans), len(services))
+	t.Logf("%s: %d spans from %d processes; tightest child-in-parent margin %d ns in a process, %d ns across processes",
+		what, len(spans), len(services), margin[false], margin[true])
 }
