@@ -104,7 +104,7 @@ func TestSpanTree(t *testing.T) {
 		}
 	}
 	lk := one(t, spans, spanname.CBLookup, tid)
-	// The seed's statistics: the non-prefix leg searched the whole prompt (no prefix
+	// The lookup statistics: the non-prefix leg searched the whole prompt (no prefix
 	// coverage) and found the document.
 	for k, want := range map[attribute.Key]int64{
 		events.AttrRequestedTokens: promptN, events.AttrPrefixHitTokens: 0, events.AttrNonPrefixHitTokens: docLen,

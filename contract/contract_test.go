@@ -189,7 +189,7 @@ func TestSpanTree(t *testing.T) {
 	if cm.Required || cm.AlternativeTo != "cb.fingerprint_match" {
 		t.Errorf("cb.coordinator_match %+v", cm)
 	}
-	// The seed's names (token-granular scatter statistics) on cb.scatter and cb.retrieve.
+	// The contract's token-granular scatter statistics on cb.scatter and cb.retrieve.
 	for _, name := range []string{"cb.scatter", "cb.retrieve"} {
 		sc, _ := set.Lookup(name)
 		if got := sc.AttributeKeys(); !slices.Equal(got, []string{"dropped", "n_prefix_tokens", "n_shifted_tokens", "partial_blocks",

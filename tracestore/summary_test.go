@@ -7,7 +7,7 @@ import (
 )
 
 // TestSummaryLookupStatistics: the request index carries cb.request's lookup outcome and
-// the seed's statistics, for a request with a lookup and for one served without.
+// the lookup statistics, for a request with a lookup and for one served without.
 func TestSummaryLookupStatistics(t *testing.T) {
 	s := NewStore(StoreConfig{})
 	s.Add(tracetest.Request{RequestID: "reuse"}.Traces())

@@ -336,7 +336,7 @@ const crossProcessTolerance = 200 * time.Microsecond
 // requests (with reuse, and their full-prefill baselines) through the stack cb up starts,
 // and asserts on the raw nanosecond timestamps of every span: none ends before it starts,
 // synchronous children lie inside their parents (exactly within a process, within 200 µs
-// across processes; only the contract's async spans may end later), and the seed's
+// across processes; only the contract's async spans may end later), and the contract's
 // attributes are there.
 func TestRawOTLPJSONTimestamps(t *testing.T) {
 	rr := &rawReceiver{}
