@@ -49,9 +49,13 @@
 // Lookup statistics: requested_tokens is the prompt length;
 // prefix_hit_tokens = prefix_chunks × chunk_size; non_prefix_hit_tokens sums
 // the non-prefix matches (disjoint from the prefix); hit_rate is their sum
-// over requested_tokens. fingerprint_hits counts the distinct chunks the
-// non-prefix matches span, storage_hits the matched chunks (both legs) found
-// in storage, stale_chunks the matched chunks found in no tier.
+// over requested_tokens (hit_tokens). prefix_coverage_tokens is the leading
+// chunks found by the prefix leg before classification, × chunk_size: the
+// non-prefix leg searches its complement (n_non_prefix_tokens =
+// requested_tokens − prefix_coverage_tokens), so the two hit counts are
+// disjoint. fingerprint_hits counts the distinct chunks the non-prefix
+// matches span, storage_hits the matched chunks (both legs) found in
+// storage, stale_chunks the matched chunks found in no tier.
 //
 // Tensor parallelism: fingerprints are registered for rank 0's stores; a
 // store by rank r > 0 records, for each chunk, the rank-0 key it

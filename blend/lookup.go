@@ -20,7 +20,7 @@ const maxRequestID = 1024
 
 type lookupJob struct {
 	req       *cbv1.LookupRequest
-	tc        string    // trace context of the caller
+	tc, ts    string    // trace context (traceparent, tracestate) of the caller
 	submitted time.Time // wall clock of the Lookup call (the cb.lookup start)
 }
 
@@ -53,7 +53,8 @@ func (s *Server) lookupRPC(ctx context.Context, r *cbv1.LookupRequest) (*cbv1.Lo
 	if len(r.GetModel()) > chunkstore.MaxModelLen {
 		return nil, status.Errorf(codes.InvalidArgument, "lookup: model name of %d bytes", len(r.GetModel()))
 	}
-	job := &lookupJob{req: r, tc: traceContext(ctx, r.GetTraceContext()), submitted: time.Now()}
+	job := &lookupJob{req: r, submitted: time.Now()}
+	job.tc, job.ts = traceContext(ctx, r.GetTraceContext(), r.GetTraceState())
 	done := make(chan *cbv1.LookupResult, 1) // never blocks the pool
 	run := func() {
 		if ctx.Err() != nil {
@@ -89,7 +90,7 @@ func (s *Server) lookup(job *lookupJob) *cbv1.LookupResult {
 	id, toks, mdl := r.GetRequestId(), r.GetTokens(), r.GetModel()
 	ws := max(1, int(r.GetWorldSize()))
 	cs := s.cfg.ChunkSize
-	s.publish(events.Event{Type: events.LookupStart, RequestID: id, Time: job.submitted, TraceContext: job.tc,
+	s.publish(events.Event{Type: events.LookupStart, RequestID: id, Time: job.submitted, TraceContext: job.tc, TraceState: job.ts,
 		Attrs: []attribute.KeyValue{attribute.Int("world_size", ws), attribute.String("model", mdl)}})
 
 	// Prefix leg (mp.lookup_prefetch): the chain keys of the full chunks.
@@ -187,23 +188,28 @@ func (s *Server) lookup(job *lookupJob) *cbv1.LookupResult {
 		}
 	}
 	prefixHit := pc * cs
+	// The prefix leg covers the stored leading chunks; the non-prefix leg
+	// searched the complement (cur_st >= coverage), so the two hit counts
+	// are disjoint and add up.
+	coverage := prefixChunks * cs
 	res := &cbv1.LookupResult{
-		RequestedTokens:    int32(len(toks)),
-		PrefixHitTokens:    int32(prefixHit),
-		NonPrefixHitTokens: int32(nonPrefix),
-		HitRate:            float64(prefixHit+nonPrefix) / float64(len(toks)),
-		Matches:            rpc.MatchesToProto(matches),
-		PrefixChunks:       int32(pc),
-		FingerprintHits:    int32(fpKeys),
-		StorageHits:        int32(found),
-		StaleChunks:        int32(stale),
-		NProbes:            int32(fm.Stats.Probes),
-		TableHits:          int32(fm.Stats.TableHits),
-		L1Hits:             int32(ls.L1Hits),
-		L2Misses:           int32(ls.L2Misses),
-		Found:              int32(found),
-		PerRankOk:          perRankOK == found,
-		ChunkSize:          int32(cs),
+		RequestedTokens:      int32(len(toks)),
+		PrefixHitTokens:      int32(prefixHit),
+		NonPrefixHitTokens:   int32(nonPrefix),
+		HitRate:              float64(prefixHit+nonPrefix) / float64(len(toks)),
+		Matches:              rpc.MatchesToProto(matches),
+		PrefixChunks:         int32(pc),
+		FingerprintHits:      int32(fpKeys),
+		StorageHits:          int32(found),
+		StaleChunks:          int32(stale),
+		NProbes:              int32(fm.Stats.Probes),
+		TableHits:            int32(fm.Stats.TableHits),
+		L1Hits:               int32(ls.L1Hits),
+		L2Misses:             int32(ls.L2Misses),
+		Found:                int32(found),
+		PerRankOk:            perRankOK == found,
+		ChunkSize:            int32(cs),
+		PrefixCoverageTokens: int32(coverage),
 	}
 	s.publish(events.Event{Type: events.LookupEnd, RequestID: id, Attrs: []attribute.KeyValue{
 		events.AttrRequestedTokens.Int(len(toks)),
@@ -211,10 +217,13 @@ func (s *Server) lookup(job *lookupJob) *cbv1.LookupResult {
 		events.AttrNonPrefixHitTokens.Int(nonPrefix),
 		events.AttrHitTokens.Int(prefixHit + nonPrefix),
 		events.AttrHitRate.Float64(res.HitRate),
+		events.AttrPrefixCoverageTokens.Int(coverage),
+		events.AttrNNonPrefixTokens.Int(len(toks) - coverage),
 		events.AttrFingerprintHits.Int(fpKeys),
 		events.AttrStorageHits.Int(found),
 		events.AttrStaleChunks.Int(stale),
 		events.AttrPrefixChunks.Int(pc),
+		events.AttrLookup.String("done"),
 	}})
 	return res
 }

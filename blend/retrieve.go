@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc/codes"
@@ -27,6 +28,7 @@ type copyJob struct {
 	segs    []scatter.Segment
 	ranges  []reuseplan.Range // the writable current ranges, missing if the copy fails
 	ch      <-chan scatter.Result
+	start   time.Time // CB_SCATTER_START: the copy's submission
 	endSent atomic.Bool
 }
 
@@ -79,7 +81,8 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 	}
 	capacity := len(bt) * l.BlockSize
 	id := r.GetRequestId()
-	s.publish(events.Event{Type: events.RetrieveStart, RequestID: id, TraceContext: traceContext(ctx, r.GetTraceContext()),
+	tp, ts := traceContext(ctx, r.GetTraceContext(), r.GetTraceState())
+	s.publish(events.Event{Type: events.RetrieveStart, RequestID: id, TraceContext: tp, TraceState: ts,
 		Attrs: []attribute.KeyValue{
 			attribute.Int("from_token", from), attribute.Int("capacity_tokens", capacity),
 			attribute.Int("n_matches", len(r.GetMatches())), attribute.Int("rank", rank),
@@ -138,7 +141,8 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 	}
 	for _, cj := range copies {
 		cj.id = s.copyIDs.Add(1)
-		s.publish(events.Event{Type: events.ScatterStart, RequestID: id, CopyID: cj.id})
+		cj.start = time.Now()
+		s.publish(events.Event{Type: events.ScatterStart, RequestID: id, CopyID: cj.id, Time: cj.start})
 		cj.ch = s.pool.Submit(scatter.Job{
 			Dst: w.mem, BlockTable: bt, FromToken: from, RoPE: w.rope, Segments: cj.segs,
 			Done: func(res scatter.Result) {
@@ -149,9 +153,16 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 	// Wait for every copy, whatever ctx says: they write into the worker's
 	// memory, which the worker reuses once this call returns.
 	var st scatter.Stats
+	var first, last time.Time // the copies' wall time: scatter_ms of cb.retrieve
 	for _, cj := range copies {
 		res := <-cj.ch
 		s.publishScatterEnd(id, cj, res) // when the pool refused the job
+		if first.IsZero() || cj.start.Before(first) {
+			first = cj.start
+		}
+		if end := copyEnd(res); end.After(last) {
+			last = end
+		}
 		if res.Err != nil {
 			missing = append(missing, cj.ranges...)
 			s.logger.Warn("scatter failed", "request_id", id, "err", res.Err)
@@ -178,11 +189,27 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 	if writable > 0 && st.ScatteredTokens == 0 && missingTokens > 0 {
 		endErr = ErrRetrieveFailed
 	}
+	scatterMs := 0.0
+	if len(copies) > 0 {
+		scatterMs = float64(last.Sub(first)) / float64(time.Millisecond)
+	}
 	s.publish(events.Event{Type: events.RetrieveEnd, RequestID: id, Err: endErr, Attrs: []attribute.KeyValue{
-		events.AttrScatteredTokens.Int(int(resp.ScatteredTokens)), events.AttrDropped.Int(int(resp.Dropped)),
+		events.AttrScatteredTokens.Int(int(resp.ScatteredTokens)), events.AttrSlotWrites.Int(int(resp.SlotWrites)),
+		events.AttrPartialBlocks.Int(int(resp.PartialBlocks)), events.AttrNPrefixTokens.Int(int(resp.NPrefix)),
+		events.AttrNShiftedTokens.Int(int(resp.NShifted)), events.AttrDropped.Int(int(resp.Dropped)),
+		events.AttrScatterMs.Float64(scatterMs),
 		attribute.Int("missing_tokens", missingTokens), events.AttrBytes.Int64(resp.Bytes),
 	}})
 	return &resp, nil
+}
+
+// copyEnd is when a copy finished: its End, or now for a copy the pool
+// refused (it never ran, and this is when the retrieve learnt so).
+func copyEnd(res scatter.Result) time.Time {
+	if res.End.IsZero() {
+		return time.Now()
+	}
+	return res.End
 }
 
 // publishScatterEnd publishes a copy's CB_SCATTER_END once, at the time the
@@ -191,13 +218,13 @@ func (s *Server) publishScatterEnd(id string, cj *copyJob, res scatter.Result) {
 	if cj.endSent.Swap(true) {
 		return
 	}
-	s.publish(events.Event{Type: events.ScatterEnd, RequestID: id, CopyID: cj.id, Time: res.End, Err: res.Err,
+	s.publish(events.Event{Type: events.ScatterEnd, RequestID: id, CopyID: cj.id, Time: copyEnd(res), Err: res.Err,
 		Attrs: []attribute.KeyValue{
 			events.AttrScatteredTokens.Int(res.Stats.ScatteredTokens),
 			events.AttrSlotWrites.Int(res.Stats.SlotWrites),
 			events.AttrPartialBlocks.Int(res.Stats.PartialBlocks),
-			events.AttrNPrefix.Int(res.Stats.NPrefix),
-			events.AttrNShifted.Int(res.Stats.NShifted),
+			events.AttrNPrefixTokens.Int(res.Stats.NPrefix),
+			events.AttrNShiftedTokens.Int(res.Stats.NShifted),
 			events.AttrDropped.Int(res.Stats.Dropped),
 		}})
 }

@@ -609,12 +609,12 @@ func (v *service) Store(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.StoreR
 	return v.s.storeKV(ctx, r)
 }
 
-// traceContext is the payload's trace_context, or else the W3C context the
-// caller sent in gRPC metadata (extracted into ctx by
-// telemetry.UnaryServerInterceptor), or "".
-func traceContext(ctx context.Context, payload string) string {
+// traceContext is the payload's trace_context and trace_state, or else the
+// W3C context the caller sent in gRPC metadata (traceparent and tracestate,
+// extracted into ctx by telemetry.UnaryServerInterceptor), or "", "".
+func traceContext(ctx context.Context, payload, state string) (traceparent, tracestate string) {
 	if payload != "" {
-		return payload
+		return payload, state
 	}
-	return telemetry.InjectString(ctx)
+	return telemetry.InjectStrings(ctx)
 }

@@ -82,11 +82,12 @@ func TestSpanTree(t *testing.T) {
 	tid := trace.TraceID{0xa, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
 	lookupTC, lookupParent := remote(tid, 1)
 	loadTC, loadParent := remote(tid, 2)
-	res := e.lookup(&cbv1.LookupRequest{RequestId: "traced", TraceContext: lookupTC, Tokens: prompt, WorldSize: 1, Model: testModel})
-	if res.GetL2Misses() != 2 || res.GetNonPrefixHitTokens() != docLen {
+	const vendor = "congo=t61rcWkgMzE" // the caller's tracestate, carried by every span
+	res := e.lookup(&cbv1.LookupRequest{RequestId: "traced", TraceContext: lookupTC, TraceState: vendor, Tokens: prompt, WorldSize: 1, Model: testModel})
+	if res.GetL2Misses() != 2 || res.GetNonPrefixHitTokens() != docLen || res.GetPrefixCoverageTokens() != 0 {
 		t.Fatalf("lookup %+v", res)
 	}
-	if _, err := e.c.Retrieve(ctxT(t), &cbv1.RetrieveRequest{RequestId: "traced", TraceContext: loadTC, WorkerId: "w0", BlockTable: bt, Matches: res.GetMatches()}); err != nil {
+	if _, err := e.c.Retrieve(ctxT(t), &cbv1.RetrieveRequest{RequestId: "traced", TraceContext: loadTC, TraceState: vendor, WorkerId: "w0", BlockTable: bt, Matches: res.GetMatches()}); err != nil {
 		t.Fatal(err)
 	}
 	// Option B: no trace context anywhere.
@@ -97,7 +98,22 @@ func TestSpanTree(t *testing.T) {
 	e.shutdown() // drains the bus
 	spans := e.exp.GetSpans()
 
+	for _, s := range spans {
+		if s.SpanContext.TraceID() == tid && s.SpanContext.TraceState().String() != vendor {
+			t.Errorf("%s carries tracestate %q, want %q", s.Name, s.SpanContext.TraceState(), vendor)
+		}
+	}
 	lk := one(t, spans, spanname.CBLookup, tid)
+	// The lookup statistics: the non-prefix leg searched the whole prompt (no prefix
+	// coverage) and found the document.
+	for k, want := range map[attribute.Key]int64{
+		events.AttrRequestedTokens: promptN, events.AttrPrefixHitTokens: 0, events.AttrNonPrefixHitTokens: docLen,
+		events.AttrHitTokens: docLen, events.AttrPrefixCoverageTokens: 0, events.AttrNNonPrefixTokens: promptN,
+	} {
+		if got := intAttr(t, lk, k); got != want {
+			t.Errorf("cb.lookup %s = %d, want %d", k, got, want)
+		}
+	}
 	if lk.Parent.SpanID() != lookupParent.SpanID() || !lk.Parent.IsRemote() || lk.SpanKind != trace.SpanKindServer {
 		t.Errorf("cb.lookup parent %v remote %v kind %v", lk.Parent.SpanID(), lk.Parent.IsRemote(), lk.SpanKind)
 	}
@@ -151,14 +167,27 @@ func TestSpanTree(t *testing.T) {
 	sc := one(t, spans, spanname.CBScatter, tid)
 	for k, want := range map[attribute.Key]int64{
 		events.AttrScatteredTokens: docLen, events.AttrSlotWrites: docLen * 4, events.AttrPartialBlocks: 2,
-		events.AttrNPrefix: 0, events.AttrNShifted: docLen, events.AttrDropped: 0,
+		events.AttrNPrefixTokens: 0, events.AttrNShiftedTokens: docLen, events.AttrDropped: 0,
 	} {
 		if got := intAttr(t, sc, k); got != want {
 			t.Errorf("cb.scatter %s = %d, want %d", k, got, want)
 		}
 	}
-	if sc.EndTime.Before(sc.StartTime) || sc.EndTime.After(rt.EndTime) {
-		t.Errorf("cb.scatter [%v, %v] not inside cb.retrieve ending %v", sc.StartTime, sc.EndTime, rt.EndTime)
+	if sc.EndTime.Before(sc.StartTime) || sc.EndTime.After(rt.EndTime) || sc.StartTime.Before(rt.StartTime) {
+		t.Errorf("cb.scatter [%v, %v] not inside cb.retrieve [%v, %v]", sc.StartTime, sc.EndTime, rt.StartTime, rt.EndTime)
+	}
+	// cb.retrieve carries the totals of its copies under the same names.
+	for _, k := range []attribute.Key{events.AttrScatteredTokens, events.AttrSlotWrites, events.AttrPartialBlocks,
+		events.AttrNPrefixTokens, events.AttrNShiftedTokens, events.AttrDropped} {
+		if got, want := intAttr(t, rt, k), intAttr(t, sc, k); got != want {
+			t.Errorf("cb.retrieve %s = %d, its one copy's %d", k, got, want)
+		}
+	}
+	for _, s := range []tracetest.SpanStub{sc, rt} {
+		v, ok := attr(s, events.AttrScatterMs)
+		if ms := float64(sc.EndTime.Sub(sc.StartTime).Nanoseconds()) / 1e6; !ok || v.AsFloat64() <= 0 || v.AsFloat64() > ms+1e-9 {
+			t.Errorf("%s scatter_ms %v (copy %.3f ms)", s.Name, v.AsFloat64(), ms)
+		}
 	}
 
 	// Option B: a cb.request root with the trace id derived from the request id.
@@ -172,6 +201,12 @@ func TestSpanTree(t *testing.T) {
 	}
 	if v, _ := attr(root, events.AttrHitRate); v.AsFloat64() != 0.15 {
 		t.Errorf("cb.request hit_rate %v", v)
+	}
+	if v, _ := attr(root, events.AttrLookup); v.AsString() != "done" {
+		t.Errorf("cb.request lookup %v", v)
+	}
+	if got := intAttr(t, root, events.AttrNNonPrefixTokens); got != promptN {
+		t.Errorf("cb.request n_non_prefix_tokens %d", got)
 	}
 	lkB := one(t, spans, spanname.CBLookup, bid)
 	if got := children(spans, lkB); !slices.Equal(got, want) {

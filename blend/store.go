@@ -53,7 +53,8 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 	bt = bt[:(len(toks)+l.BlockSize-1)/l.BlockSize] // only the tokens' blocks are read
 	id := r.GetRequestId()
 	cs := s.cfg.ChunkSize
-	s.publish(events.Event{Type: events.StoreStart, RequestID: id, TraceContext: traceContext(ctx, r.GetTraceContext()),
+	tp, ts := traceContext(ctx, r.GetTraceContext(), r.GetTraceState())
+	s.publish(events.Event{Type: events.StoreStart, RequestID: id, TraceContext: tp, TraceState: ts,
 		Attrs: []attribute.KeyValue{events.AttrTokens.Int(len(toks)), attribute.Bool("document", r.GetDocument()), attribute.Int("rank", rank)}})
 
 	// Copy the KV out now: the engine frees the blocks once the worker

@@ -189,9 +189,38 @@ func TestSpanTree(t *testing.T) {
 	if cm.Required || cm.AlternativeTo != "cb.fingerprint_match" {
 		t.Errorf("cb.coordinator_match %+v", cm)
 	}
-	sc, _ := set.Lookup("cb.scatter")
-	if got := sc.AttributeKeys(); !slices.Equal(got, []string{"dropped", "n_prefix", "n_shifted", "partial_blocks", "request_id", "scattered_tokens", "slot_writes"}) {
-		t.Errorf("cb.scatter attributes %v", got)
+	// The contract's token-granular scatter statistics on cb.scatter and cb.retrieve.
+	for _, name := range []string{"cb.scatter", "cb.retrieve"} {
+		sc, _ := set.Lookup(name)
+		if got := sc.AttributeKeys(); !slices.Equal(got, []string{"dropped", "n_prefix_tokens", "n_shifted_tokens", "partial_blocks",
+			"request_id", "scatter_ms", "scattered_tokens", "slot_writes"}) {
+			t.Errorf("%s attributes %v", name, got)
+		}
+	}
+	req, _ := set.Lookup("cb.request")
+	if got := req.AttributeKeys(); !slices.Equal(got, []string{"fingerprint_hits", "hit_rate", "hit_tokens", "lookup", "model",
+		"n_non_prefix_tokens", "n_prompt_tokens", "non_prefix_hit_tokens", "prefix_coverage_tokens", "prefix_hit_tokens",
+		"request_id", "requested_tokens", "stale_chunks", "storage_hits", "world_size"}) {
+		t.Errorf("cb.request attributes %v", got)
+	}
+	// The lookup subtree is required by the lookup attribute of cb.request.
+	rpc, _ := set.Lookup("cb.lookup.rpc")
+	if rpc.Required || rpc.When == nil || rpc.When.HoldsText("skipped") || !rpc.When.HoldsText("timeout") || rpc.When.Holds(0) {
+		t.Errorf("cb.lookup.rpc condition %+v", rpc.When)
+	}
+	lk, _ := set.Lookup("cb.lookup")
+	if lk.Required || lk.When == nil || !lk.When.HoldsText("done") || lk.When.HoldsText("unavailable") {
+		t.Errorf("cb.lookup condition %+v", lk.When)
+	}
+	// Only asynchronous follow-up work may outlive its parent.
+	var async []string
+	for _, sp := range set.Spans {
+		if sp.Async {
+			async = append(async, sp.Name)
+		}
+	}
+	if !slices.Equal(async, []string{"cb.store"}) {
+		t.Errorf("async spans %v, want [cb.store]", async)
 	}
 	if got := len(set.Children("cb.lookup")); got != 5 {
 		t.Errorf("cb.lookup has %d children, want 5", got)
@@ -352,6 +381,12 @@ func TestParseSpansRejects(t *testing.T) {
 		{"no phase", "    phase: schedule\n", "", "no phase"},
 		{"unknown phase", "phase: schedule", "phase: compute", "phase \"compute\" is not one of"},
 		{"phase request off a root", "phase: schedule", "phase: request", "reserved for the root"},
+		{"string condition on a number", "attribute: n, op: gt, value: 0", "attribute: n, op: eq, value: done", "is a string but"},
+		{"string condition with an order", "attribute: n, op: gt, value: 0", "attribute: request_id, op: gt, value: done", "does not compare strings"},
+		{"condition value neither number nor string", "value: 0}", "value: true}", "not a number or a string"},
+		{"condition value a list", "value: 0}", "value: [0]}", "must be a number or a string"},
+		{"async root", "    phase: request\n", "    phase: request\n    async: true\n", "async needs a parent"},
+		{"async not a bool", "    remote_parent: true\n", "    remote_parent: true\n    async: maybe\n", "into bool"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

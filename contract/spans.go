@@ -1,10 +1,14 @@
 package contract
 
 import (
+	"fmt"
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
+
+	"gopkg.in/yaml.v3"
 )
 
 // SpanKind is the OpenTelemetry kind of a span.
@@ -75,33 +79,100 @@ const (
 )
 
 // Condition makes an optional span required: the span must be present exactly when the
-// numeric attribute Attribute of span Span (same trace) compares to Value with Op.
+// attribute Attribute of span Span (same trace) compares to Value with Op. A numeric Value
+// compares with an int or double attribute (any Op); a text Value with a string attribute
+// (eq or ne only).
 type Condition struct {
 	// Span is the name of the span carrying the attribute.
 	Span string `yaml:"span"`
-	// Attribute is an int or double attribute of that span.
+	// Attribute is an int, double or string attribute of that span.
 	Attribute string `yaml:"attribute"`
 	// Op is gt, ge, lt, le, eq or ne.
 	Op string `yaml:"op"`
-	// Value is the right-hand side.
-	Value float64 `yaml:"value"`
+	// Value is the right-hand side: a number, or a string for eq and ne.
+	Value CondValue `yaml:"value"`
 }
 
-// Holds reports whether v satisfies the condition (false for an unknown Op).
+// CondValue is the right-hand side of a [Condition]: a number, or a text when IsText.
+type CondValue struct {
+	// Number is the value of a numeric right-hand side.
+	Number float64
+	// Text is the value of a text right-hand side.
+	Text string
+	// IsText is true when the value is a text (a YAML string, e.g. `value: done`).
+	IsText bool
+}
+
+// Num returns a numeric condition value.
+func Num(f float64) CondValue { return CondValue{Number: f} }
+
+// Text returns a text condition value.
+func Text(s string) CondValue { return CondValue{Text: s, IsText: true} }
+
+// String renders the value as the contract writes it: a number, or a quoted text.
+func (v CondValue) String() string {
+	if v.IsText {
+		return strconv.Quote(v.Text)
+	}
+	return strconv.FormatFloat(v.Number, 'g', -1, 64)
+}
+
+// UnmarshalYAML reads a scalar: an int or float is a number, a string a text; anything
+// else (a bool, a null, a list, a map) is an error.
+func (v *CondValue) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: when.value must be a number or a string", n.Line)
+	}
+	switch n.ShortTag() {
+	case "!!int", "!!float":
+		f, err := strconv.ParseFloat(strings.ReplaceAll(n.Value, "_", ""), 64)
+		if err != nil {
+			return fmt.Errorf("line %d: when.value %q: %v", n.Line, n.Value, err)
+		}
+		*v = Num(f)
+	case "!!str":
+		*v = Text(n.Value)
+	default:
+		return fmt.Errorf("line %d: when.value %q is %s, not a number or a string", n.Line, n.Value, n.ShortTag())
+	}
+	return nil
+}
+
+// Holds reports whether the number v satisfies the condition (false for a text Value or an
+// unknown Op).
 func (c *Condition) Holds(v float64) bool {
+	if c.Value.IsText {
+		return false
+	}
+	w := c.Value.Number
 	switch c.Op {
 	case "gt":
-		return v > c.Value
+		return v > w
 	case "ge":
-		return v >= c.Value
+		return v >= w
 	case "lt":
-		return v < c.Value
+		return v < w
 	case "le":
-		return v <= c.Value
+		return v <= w
 	case "eq":
-		return v == c.Value
+		return v == w
 	case "ne":
-		return v != c.Value
+		return v != w
+	}
+	return false
+}
+
+// HoldsText reports whether the text s satisfies the condition (false for a numeric Value or
+// an Op other than eq and ne).
+func (c *Condition) HoldsText(s string) bool {
+	if !c.Value.IsText {
+		return false
+	}
+	switch c.Op {
+	case "eq":
+		return s == c.Value.Text
+	case "ne":
+		return s != c.Value.Text
 	}
 	return false
 }
@@ -132,6 +203,10 @@ type Span struct {
 	AlternativeTo string `yaml:"alternative_to"`
 	// MayRepeat is true when the span may occur more than once under one parent.
 	MayRepeat bool `yaml:"may_repeat"`
+	// Async is true for asynchronous follow-up work its parent does not wait for: the only
+	// spans that may end after their parent. Every other child lies inside its parent's
+	// interval (package tracecheck).
+	Async bool `yaml:"async"`
 	// Attributes are the required attributes and their types.
 	Attributes map[string]AttrType `yaml:"attributes"`
 	// OptionalAttributes may be present, with these types.
@@ -255,8 +330,10 @@ var (
 // ParseSpans parses and validates a spans file. Errors wrap [ErrInvalid] and list every
 // violation: unknown fields, duplicate names, unknown services or kinds, parents that do not
 // exist or belong to another trace, cycles, not exactly one root per trace, remote_parent not
-// matching a change of service, a missing or unknown phase (or phase request off a root), bad attribute keys or types, a cb.* span without request_id,
-// conditions or alternatives that reference nothing, patterns that do not compile.
+// matching a change of service, a missing or unknown phase (or phase request off a root), bad
+// attribute keys or types, a cb.* span without request_id, an async root, conditions that
+// reference nothing or compare a string with a number (or a string with an order), alternatives
+// that reference nothing, patterns that do not compile.
 func ParseSpans(data []byte) (*SpanSet, error) {
 	var set SpanSet
 	if err := decodeStrict(SpansFile, data, &set); err != nil {
@@ -349,6 +426,9 @@ func validateSpan(p *problems, set *SpanSet, sp *Span) {
 	}
 	if sp.Required && (sp.When != nil || sp.AlternativeTo != "") {
 		p.addf("%s: a required span takes no when or alternative_to", name)
+	}
+	if sp.Async && sp.Parent == "" {
+		p.addf("%s: async needs a parent (a root outlives nothing)", name)
 	}
 	for i, ev := range sp.Events {
 		if ev == "" || slices.Contains(sp.Events[:i], ev) {
@@ -456,9 +536,14 @@ func validateCondition(p *problems, set *SpanSet, sp *Span, c *Condition) {
 		p.addf("%s: when.span %q is in another trace", sp.Name, c.Span)
 	}
 	t, ok := other.AttributeType(c.Attribute)
-	if !ok {
+	switch {
+	case !ok:
 		p.addf("%s: when.attribute %q is not an attribute of %s", sp.Name, c.Attribute, c.Span)
-	} else if t != AttrInt && t != AttrDouble {
+	case c.Value.IsText && t != AttrString:
+		p.addf("%s: when.value %s is a string but when.attribute %q of %s is %s", sp.Name, c.Value, c.Attribute, c.Span, t)
+	case c.Value.IsText && c.Op != "eq" && c.Op != "ne":
+		p.addf("%s: when.op %q does not compare strings (eq or ne)", sp.Name, c.Op)
+	case !c.Value.IsText && t != AttrInt && t != AttrDouble:
 		p.addf("%s: when.attribute %q of %s is %s, not numeric", sp.Name, c.Attribute, c.Span, t)
 	}
 }

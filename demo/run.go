@@ -61,22 +61,34 @@ type Config struct {
 
 // Result is one request of the demo, as written to --json.
 type Result struct {
-	RequestID          string   `json:"request_id"`
-	TraceID            string   `json:"trace_id"`
-	FullTraceID        string   `json:"full_trace_id"`
-	Documents          []string `json:"documents"`
-	PromptTokens       int      `json:"prompt_tokens"`
-	TTFTReuse          float64  `json:"ttft_reuse_s"`
-	TTFTFull           float64  `json:"ttft_full_s"`
-	Speedup            float64  `json:"speedup"`
-	HitRate            *float64 `json:"hit_rate"`
-	PrefixHitTokens    *int64   `json:"prefix_hit_tokens"`
-	NonPrefixHitTokens *int64   `json:"non_prefix_hit_tokens"`
-	ImpCount           *int64   `json:"imp_count"`
-	Spans              int      `json:"spans"`
-	Services           []string `json:"services"`
-	// Check is "pass", "fail: …" or "not run: …".
+	RequestID    string   `json:"request_id"`
+	TraceID      string   `json:"trace_id"`
+	FullTraceID  string   `json:"full_trace_id"`
+	Documents    []string `json:"documents"`
+	PromptTokens int      `json:"prompt_tokens"`
+	TTFTReuse    float64  `json:"ttft_reuse_s"`
+	TTFTFull     float64  `json:"ttft_full_s"`
+	Speedup      float64  `json:"speedup"`
+	// Lookup is how the reuse request's lookup ended (cb.request's lookup: "done" when the
+	// blend server answered), and the statistics cb.request carries, under the names of
+	// contract/spans.yaml; nil when the trace was not read.
+	Lookup               string   `json:"lookup,omitempty"`
+	HitRate              *float64 `json:"hit_rate"`
+	HitTokens            *int64   `json:"hit_tokens"`
+	RequestedTokens      *int64   `json:"requested_tokens"`
+	PrefixHitTokens      *int64   `json:"prefix_hit_tokens"`
+	NonPrefixHitTokens   *int64   `json:"non_prefix_hit_tokens"`
+	PrefixCoverageTokens *int64   `json:"prefix_coverage_tokens"`
+	NNonPrefixTokens     *int64   `json:"n_non_prefix_tokens"`
+	ImpCount             *int64   `json:"imp_count"`
+	Spans                int      `json:"spans"`
+	Services             []string `json:"services"`
+	// Check is the verdict on the reuse request's trace: "pass", "fail: …" or "not run: …".
 	Check string `json:"check"`
+	// FullLookup is the baseline's lookup outcome ("skipped": reuse off) and FullCheck the
+	// verdict on its trace, like Check.
+	FullLookup string `json:"full_lookup,omitempty"`
+	FullCheck  string `json:"full_check"`
 
 	trace *tracecheck.Trace
 }
@@ -90,14 +102,15 @@ type Report struct {
 	UI string `json:"ui,omitempty"`
 }
 
-// ChecksPassed reports whether every request's trace passed the contract
-// check (false when the checks did not run).
+// ChecksPassed reports whether the traces of every request, with reuse and
+// its full-prefill baseline, passed the contract check (false when the
+// checks did not run).
 func (r *Report) ChecksPassed() bool {
 	if len(r.Requests) == 0 {
 		return false
 	}
 	for _, q := range r.Requests {
-		if q.Check != "pass" {
+		if q.Check != "pass" || q.FullCheck != "pass" {
 			return false
 		}
 	}
@@ -126,8 +139,8 @@ func Prompt(docs []Document, question string) string {
 }
 
 // Run ingests the sample documents and runs the requests, each with reuse
-// and as a full prefill, then reads every reuse request's trace and checks
-// it against contract/spans.yaml.
+// and as a full prefill, then reads the traces of both and checks them
+// against contract/spans.yaml.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.API == "" {
 		return nil, errors.New("demo: no engine API URL")
@@ -192,6 +205,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.QueryURL == "" {
 		for i := range rep.Requests {
 			rep.Requests[i].Check = "not run: no trace query URL"
+			rep.Requests[i].FullCheck = rep.Requests[i].Check
 		}
 		return rep, nil
 	}
@@ -205,8 +219,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 // process's batch has been exported.
 var expectedSpans = []string{spanname.CBRequest, spanname.CBLookup, spanname.CBExecute, spanname.CBScatter, spanname.CBPartial}
 
-// readTraces waits for each reuse request's trace to be complete in the
-// backend, then fills in its statistics and its contract check.
+// expectedBaselineSpans are what a complete full-prefill trace holds: no
+// lookup, no reuse.
+var expectedBaselineSpans = []string{spanname.CBRequest, spanname.CBExecute, spanname.CBModelForward}
+
+// readTraces waits for the traces of each request, with reuse and its
+// baseline, to be complete in the backend, then fills in the statistics
+// and the contract checks.
 func readTraces(ctx context.Context, cfg Config, rep *Report) error {
 	jc, err := jaeger.NewClient(cfg.QueryURL, jaeger.ClientConfig{HTTPClient: &http.Client{Timeout: 10 * time.Second}})
 	if err != nil {
@@ -218,37 +237,60 @@ func readTraces(ctx context.Context, cfg Config, rep *Report) error {
 	}
 	for i := range rep.Requests {
 		r := &rep.Requests[i]
-		tr, err := waitTrace(ctx, jc, r.TraceID, cfg.TraceWait)
+		tr, err := waitTrace(ctx, jc, r.TraceID, expectedSpans, cfg.TraceWait)
 		if err != nil {
 			r.Check = "not run: " + err.Error()
+		} else {
+			r.trace = tr
+			fill(r, tr)
+			r.Check = verdict(tr, spec)
+		}
+		full, err := waitTrace(ctx, jc, r.FullTraceID, expectedBaselineSpans, cfg.TraceWait)
+		if err != nil {
+			r.FullCheck = "not run: " + err.Error()
 			continue
 		}
-		r.trace = tr
-		fill(r, tr)
-		res := tracecheck.Check([]tracecheck.Trace{*tr}, spec)
-		if res.OK() {
-			r.Check = "pass"
-		} else {
-			var msgs []string
-			for _, t := range res.Traces {
-				for _, v := range t.Violations {
-					msgs = append(msgs, v.String())
-				}
-			}
-			r.Check = "fail: " + strings.Join(msgs, "; ")
-		}
+		r.FullLookup = stringAttr(full, spanname.CBRequest, "lookup")
+		r.FullCheck = verdict(full, spec)
 	}
 	return nil
 }
 
-func waitTrace(ctx context.Context, jc *jaeger.Client, traceID string, wait time.Duration) (*tracecheck.Trace, error) {
+// verdict checks one trace against the contract: "pass" or "fail: …".
+func verdict(tr *tracecheck.Trace, spec *contract.SpanSet) string {
+	res := tracecheck.Check([]tracecheck.Trace{*tr}, spec)
+	if res.OK() {
+		return "pass"
+	}
+	var msgs []string
+	for _, t := range res.Traces {
+		for _, v := range t.Violations {
+			msgs = append(msgs, v.String())
+		}
+	}
+	return "fail: " + strings.Join(msgs, "; ")
+}
+
+// stringAttr is the string attribute key of the first span named name, or "".
+func stringAttr(t *tracecheck.Trace, name, key string) string {
+	for i := range t.Spans {
+		if t.Spans[i].Name == name {
+			if v, ok := t.Spans[i].Attributes[key]; ok && v.Type == tracecheck.ValueString {
+				return v.Str
+			}
+		}
+	}
+	return ""
+}
+
+func waitTrace(ctx context.Context, jc *jaeger.Client, traceID string, want []string, wait time.Duration) (*tracecheck.Trace, error) {
 	deadline := time.Now().Add(wait)
 	var last error
 	for {
 		jt, err := jc.Trace(ctx, traceID)
 		if err == nil {
 			trs, cerr := tracecheck.FromJaeger(jt)
-			if cerr == nil && len(trs) == 1 && complete(&trs[0]) {
+			if cerr == nil && len(trs) == 1 && complete(&trs[0], want) {
 				return &trs[0], nil
 			}
 			last = fmt.Errorf("trace %s incomplete", traceID)
@@ -266,12 +308,12 @@ func waitTrace(ctx context.Context, jc *jaeger.Client, traceID string, wait time
 	}
 }
 
-func complete(t *tracecheck.Trace) bool {
+func complete(t *tracecheck.Trace, want []string) bool {
 	have := map[string]bool{}
 	for _, s := range t.Spans {
 		have[s.Name] = true
 	}
-	for _, n := range expectedSpans {
+	for _, n := range want {
 		if !have[n] {
 			return false
 		}
@@ -302,8 +344,15 @@ func fill(r *Result, t *tracecheck.Trace) {
 					r.HitRate = &f
 				}
 			}
+			r.HitTokens = intAttr(s, "hit_tokens")
+			r.RequestedTokens = intAttr(s, "requested_tokens")
 			r.PrefixHitTokens = intAttr(s, "prefix_hit_tokens")
 			r.NonPrefixHitTokens = intAttr(s, "non_prefix_hit_tokens")
+			r.PrefixCoverageTokens = intAttr(s, "prefix_coverage_tokens")
+			r.NNonPrefixTokens = intAttr(s, "n_non_prefix_tokens")
+			if v, ok := s.Attributes["lookup"]; ok {
+				r.Lookup = v.Str
+			}
 			if v, ok := s.Attributes["request_id"]; ok && v.Str != "" {
 				r.RequestID = v.Str
 			}
@@ -337,9 +386,10 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "\nWhere the time went — the slowest request with reuse (%s, trace %s):\n", slow.RequestID, slow.TraceID)
 		Waterfall(w, slow.trace, 48)
 	}
-	fmt.Fprintln(w, "\nTrace checks against contract/spans.yaml:")
+	fmt.Fprintln(w, "\nTrace checks against contract/spans.yaml (with reuse, then the full-prefill baseline):")
 	for i, q := range r.Requests {
 		fmt.Fprintf(w, "  %d. %s  %s\n", i+1, q.TraceID, q.Check)
+		fmt.Fprintf(w, "     %s  %s\n", q.FullTraceID, q.FullCheck)
 	}
 	if r.UI != "" {
 		fmt.Fprintf(w, "\nTrace page: %s\n", r.UI)

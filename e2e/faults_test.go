@@ -31,8 +31,17 @@ func TestBlendKilledRequestsStillServedThenReuseResumes(t *testing.T) {
 	if err := sup.Signal("cb-blend", syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	// Served while the blend server is down (or restarting).
+	// Served while the blend server is down (or restarting): a full prefill
+	// whose trace still meets the contract, cb.request saying why there was
+	// no lookup result.
 	e.chat("00-2bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", ragPrompt(1, 2), 2)
+	down := e.settledTrace("2bf92f3577b34da6a3ce929d0e0e4736", "chat cb-llama", spanname.CBRequest, spanname.CBExecute, spanname.EngineDecode)
+	checkContract(t, down)
+	lookup := strAttr(down, spanname.CBRequest, "lookup")
+	t.Logf("request served while the blend server was down: lookup %q", lookup)
+	if !slices.Contains([]string{"unavailable", "timeout", "error", "done"}, lookup) {
+		t.Errorf("cb.request lookup %q during the outage", lookup)
+	}
 
 	// cb up restarted it.
 	deadline := time.Now().Add(60 * time.Second)
@@ -62,7 +71,8 @@ func TestBlendKilledRequestsStillServedThenReuseResumes(t *testing.T) {
 	for i := 0; i < 20 && hit == 0; i++ {
 		tp := fmt.Sprintf("00-3bf92f3577b34da6a3ce929d0e00%04x-00f067aa0ba902b7-01", i)
 		e.chat(tp, ragPrompt(3, 0), 2)
-		tr := e.trace(tp[3:35], spanname.CBRequest, spanname.CBExecute)
+		tr := e.settledTrace(tp[3:35], spanname.CBRequest, spanname.CBExecute, spanname.EngineDecode)
+		checkContract(t, tr)
 		for _, s := range tr.Spans {
 			if s.Name == spanname.CBRequest {
 				hit, _ = s.Attributes["hit_rate"].Number()
@@ -234,7 +244,9 @@ func TestCollectorHangingDoesNotSlowRequests(t *testing.T) {
 	}
 	defer col.Shutdown(context.Background())
 	up := run("7bf92f3577b34da6a3ce929d0e00")
-	e.trace("7bf92f3577b34da6a3ce929d0e00"+fmt.Sprintf("%04x", n-1), "chat cb-llama", spanname.CBRequest, spanname.CBExecute)
+	// The requests served once the collector is back are traced in full.
+	checkContract(t, e.settledTrace("7bf92f3577b34da6a3ce929d0e00"+fmt.Sprintf("%04x", n-1), "chat cb-llama", spanname.CBRequest,
+		spanname.CBExecute, spanname.EngineDecode))
 	ph, pu := p99(hanging), p99(up)
 	t.Logf("p99 with the collector hanging %v, with it up %v (n=%d each)", ph, pu, n)
 	// A few milliseconds of noise on a loaded 2-core machine; a blocked
@@ -323,11 +335,23 @@ func holdsMemfd(t *testing.T, pid int) bool {
 // its spans.
 func TestSIGTERMUnderLoad(t *testing.T) {
 	e := startEnv(t, options{})
+	// Every request served during a fault carries a traceparent; their traces
+	// are checked against the contract at the end (failed requests need not
+	// have every span, but what they have must be true).
+	var faultTraces []string // read on this goroutine only
+	traceparent := func(phase, i int) string {
+		tp := fmt.Sprintf("00-c%dbf92f3577b34da6a3ce929d0e00%03x-00f067aa0ba902b7-01", phase, i)
+		faultTraces = append(faultTraces, tp[3:35])
+		return tp
+	}
+	phase := 0
 	inflight := func(n int) chan string {
 		out := make(chan string, n)
+		phase++
 		for i := range n {
+			tp := traceparent(phase, i)
 			go func() {
-				code, body := e.rawChat(fmt.Sprintf(`{"model":"cb-llama","max_tokens":60,"ignore_eos":true,"messages":[{"role":"user","content":"request %d"}]}`, i))
+				code, body := e.rawChatTraced(tp, fmt.Sprintf(`{"model":"cb-llama","max_tokens":60,"ignore_eos":true,"messages":[{"role":"user","content":"request %d"}]}`, i))
 				switch {
 				case code == 200:
 					out <- "ok"
@@ -383,9 +407,11 @@ func TestSIGTERMUnderLoad(t *testing.T) {
 	e.ingest()
 	bpid, _ := pidOf(t, e, "cb-blend")
 	ch = make(chan string, 3)
+	phase++
 	for i := range 3 {
+		tp := traceparent(phase, i)
 		go func() {
-			code, body := e.rawChat(fmt.Sprintf(`{"model":"cb-llama","max_tokens":20,"ignore_eos":true,"messages":[{"role":"user","content":%q}]}`, ragPrompt(i, i+2)))
+			code, body := e.rawChatTraced(tp, fmt.Sprintf(`{"model":"cb-llama","max_tokens":20,"ignore_eos":true,"messages":[{"role":"user","content":%q}]}`, ragPrompt(i, i+2)))
 			if code == 200 {
 				ch <- "ok"
 			} else {
@@ -423,7 +449,12 @@ func TestSIGTERMUnderLoad(t *testing.T) {
 	t.Logf("engine SIGTERM: %v", collect(ch, 3))
 	<-done
 	waitRestart(t, e, "cb-engine", epid)
-	e.trace("8bf92f3577b34da6a3ce929d0e000001", "chat cb-llama")
+	checkContract(t, e.settledTrace("8bf92f3577b34da6a3ce929d0e000001", "chat cb-llama"))
+	for _, id := range faultTraces {
+		tr := e.settledTrace(id, "chat cb-llama", spanname.CBRequest)
+		checkContract(t, tr)
+		t.Logf("trace %s: %d spans, lookup %q", id, len(tr.Spans), strAttr(tr, spanname.CBRequest, "lookup"))
+	}
 }
 
 // TestCollectorDownRequestsServed exports to a port nobody listens on:
@@ -467,5 +498,29 @@ func TestFullEventBusDropsWithoutBlocking(t *testing.T) {
 	t.Logf("event bus: %v published, %v dropped", published, dropped)
 	if dropped == 0 {
 		t.Fatalf("a one-slot bus dropped nothing:\n%s", grepLines(body, "event_bus"))
+	}
+}
+
+// TestLookupTimeoutServedInFull gives the engine a lookup timeout no lookup can meet: every
+// request is served by a full prefill and its trace meets the contract, cb.request saying
+// lookup=timeout with zero hit statistics, cb.lookup.rpc carrying the error, and no lookup
+// subtree required (the blend server sees only expired calls and does no work for them).
+func TestLookupTimeoutServedInFull(t *testing.T) {
+	e := startEnv(t, options{engineArgs: []string{"--lookup-timeout=1ns"}})
+	e.ingest()
+	for i := range 3 {
+		tp := fmt.Sprintf("00-abf92f3577b34da6a3ce929d0e00%04x-00f067aa0ba902b7-01", i)
+		e.chat(tp, ragPrompt(i, i+3), 2)
+		tr := e.settledTrace(tp[3:35], "chat cb-llama", spanname.CBRequest, spanname.CBLookupRPC, spanname.CBExecute, spanname.EngineDecode)
+		checkContract(t, tr)
+		if o := strAttr(tr, spanname.CBRequest, "lookup"); o != "timeout" {
+			t.Errorf("request %d: lookup %q, want timeout", i, o)
+		}
+		if et := strAttr(tr, spanname.CBLookupRPC, "error.type"); et != "timeout" {
+			t.Errorf("request %d: cb.lookup.rpc error.type %q", i, et)
+		}
+		if n := len(byName(tr)[spanname.CBLookup]); n != 0 {
+			t.Errorf("request %d: the blend server worked for an expired call (%d cb.lookup)", i, n)
+		}
 	}
 }

@@ -87,6 +87,11 @@ type options struct {
 	otlpEndpoint, otlpProtocol, queryURL string
 	engineArgs, workerArgs, blendArgs    []string
 	extraEnv                             []string
+	// engineEnv is added to the engine's environment only (after
+	// extraEnv), e.g. OTEL_SDK_DISABLED=true for an engine that does not
+	// trace: the processes are started through a wrapper script that sets
+	// it for `cb engine`.
+	engineEnv []string
 }
 
 // startEnv starts the collector (unless o.otlpEndpoint is set) and the
@@ -94,8 +99,12 @@ type options struct {
 func startEnv(t *testing.T, o options) *env {
 	t.Helper()
 	e := &env{t: t, logs: &syncWriter{}}
+	exe := cbBin
+	if len(o.engineEnv) > 0 {
+		exe = engineEnvWrapper(t, o.engineEnv)
+	}
 	cfg := stack.UpConfig{
-		Exe:        cbBin,
+		Exe:        exe,
 		APIAddr:    "127.0.0.1:0",
 		EngineArgs: o.engineArgs, WorkerArgs: o.workerArgs, BlendArgs: o.blendArgs,
 		Env:        append([]string{"OTEL_BSP_SCHEDULE_DELAY=100"}, o.extraEnv...),
@@ -139,6 +148,28 @@ func startEnv(t *testing.T, o options) *env {
 		}
 	})
 	return e
+}
+
+// engineEnvWrapper writes a script that runs cb with env added to the
+// environment of `cb engine` only (stack.UpConfig.Env reaches every process).
+// exec keeps the process id, so the supervisor's signals reach cb itself.
+func engineEnvWrapper(t *testing.T, env []string) string {
+	t.Helper()
+	var sb strings.Builder
+	sb.WriteString("#!/bin/sh\nif [ \"$1\" = engine ]; then\n")
+	for _, kv := range env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || strings.ContainsAny(k, " '\"$=") {
+			t.Fatalf("engineEnv %q: want KEY=value", kv)
+		}
+		fmt.Fprintf(&sb, "  export %s='%s'\n", k, strings.ReplaceAll(v, "'", `'\''`))
+	}
+	fmt.Fprintf(&sb, "fi\nexec '%s' \"$@\"\n", cbBin)
+	path := filepath.Join(t.TempDir(), "cb-engine-env")
+	if err := os.WriteFile(path, []byte(sb.String()), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 func tail(s string, n int) string {
@@ -258,6 +289,24 @@ func ragPrompt(order ...int) string {
 // rawChat posts a raw chat completion body and returns status and body.
 func (e *env) rawChat(body string) (int, string) {
 	resp, err := http.Post(e.api+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// rawChatTraced posts a raw chat completion body with a traceparent header
+// and returns status and body.
+func (e *env) rawChatTraced(traceparent, body string) (int, string) {
+	req, err := http.NewRequest(http.MethodPost, e.api+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		return 0, err.Error()
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("traceparent", traceparent)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, err.Error()
 	}

@@ -190,6 +190,11 @@ func TestDemoJSONChecksPass(t *testing.T) {
 			ImpCount           *int64   `json:"imp_count"`
 			Services           []string `json:"services"`
 			Check              string   `json:"check"`
+			FullCheck          string   `json:"full_check"`
+			Lookup             string   `json:"lookup"`
+			FullLookup         string   `json:"full_lookup"`
+			HitTokens          *int64   `json:"hit_tokens"`
+			NNonPrefixTokens   *int64   `json:"n_non_prefix_tokens"`
 			TTFTReuse          float64  `json:"ttft_reuse_s"`
 			TTFTFull           float64  `json:"ttft_full_s"`
 		} `json:"requests"`
@@ -206,8 +211,11 @@ func TestDemoJSONChecksPass(t *testing.T) {
 		t.Fatalf("report %s", b)
 	}
 	for i, r := range rep.Requests {
-		if r.Check != "pass" {
-			t.Errorf("request %d: check %q", i, r.Check)
+		if r.Check != "pass" || r.FullCheck != "pass" {
+			t.Errorf("request %d: check %q, baseline check %q", i, r.Check, r.FullCheck)
+		}
+		if r.Lookup != "done" || r.FullLookup != "skipped" || r.HitTokens == nil || *r.HitTokens <= 0 || r.NNonPrefixTokens == nil {
+			t.Errorf("request %d: lookup %q / %q, seed statistics %s", i, r.Lookup, r.FullLookup, b)
 		}
 		if r.HitRate == nil || *r.HitRate <= 0 || r.NonPrefixHitTokens == nil || *r.NonPrefixHitTokens <= 0 || r.ImpCount == nil || *r.ImpCount <= 0 {
 			t.Errorf("request %d: stats %s", i, b)

@@ -13,8 +13,10 @@
 //     [go.opentelemetry.io/otel/propagation.TextMapPropagator] built on it
 //     ([Propagator]), with helpers for HTTP headers ([InjectHTTP],
 //     [ExtractHTTP]), gRPC metadata ([MetadataCarrier] and the unary and
-//     stream interceptors) and the trace_context string field of the
-//     CacheBlend RPC payloads ([InjectString], [ExtractString]);
+//     stream interceptors) and the trace_context and trace_state string
+//     fields of the CacheBlend RPC payloads ([InjectStrings],
+//     [ExtractStrings], [SpanContextFromStrings]; [InjectString] and
+//     [ExtractString] for the traceparent alone);
 //   - deterministic trace ids derived from a request id, the "option B"
 //     fallback of the design ([TraceIDFromRequestID], [ContextWithTraceID],
 //     read back by id generators with [TraceIDFromContext]);

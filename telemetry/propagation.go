@@ -109,23 +109,63 @@ func ExtractHTTP(ctx context.Context, h http.Header) context.Context {
 
 // InjectString returns the W3C traceparent of the span context in ctx, for
 // the trace_context field of the CacheBlend RPC payloads, or "" when ctx
-// holds no valid span context. It is safe for concurrent use.
+// holds no valid span context. It carries no tracestate: payloads that have a
+// trace_state field use [InjectStrings]. It is safe for concurrent use.
 func InjectString(ctx context.Context) string {
 	return FormatTraceparent(trace.SpanContextFromContext(ctx))
+}
+
+// InjectStrings returns the W3C traceparent and tracestate of the span
+// context in ctx, for the trace_context and trace_state fields of the
+// CacheBlend RPC payloads: both "" when ctx holds no valid span context,
+// tracestate "" when the context has none. Together they carry the caller's
+// vendor entries to the far side. It is safe for concurrent use.
+func InjectStrings(ctx context.Context) (traceparent, tracestate string) {
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() {
+		return "", ""
+	}
+	return FormatTraceparent(sc), sc.TraceState().String()
 }
 
 // ExtractString returns ctx with the remote span context named by the
 // traceparent s, or ctx unchanged when s is empty or invalid (the receiver
 // then starts a new trace). It is safe for concurrent use.
 func ExtractString(ctx context.Context, s string) context.Context {
-	if s == "" {
-		return ctx
-	}
-	sc, err := ParseTraceparent(s)
-	if err != nil {
+	return ExtractStrings(ctx, s, "")
+}
+
+// ExtractStrings returns ctx with the remote span context named by the
+// traceparent tp and carrying the tracestate ts, or ctx unchanged when tp is
+// empty or invalid (the receiver then starts a new trace). An invalid ts is
+// dropped without affecting tp, as W3C Trace Context requires. It is safe for
+// concurrent use.
+func ExtractStrings(ctx context.Context, tp, ts string) context.Context {
+	sc, ok := SpanContextFromStrings(tp, ts)
+	if !ok {
 		return ctx
 	}
 	return trace.ContextWithRemoteSpanContext(ctx, sc)
+}
+
+// SpanContextFromStrings returns the remote span context of the W3C
+// traceparent tp (parsed strictly by [ParseTraceparent]) with the tracestate
+// ts, and whether tp was valid. An invalid or empty ts leaves the tracestate
+// empty. It is safe for concurrent use.
+func SpanContextFromStrings(tp, ts string) (trace.SpanContext, bool) {
+	if tp == "" {
+		return trace.SpanContext{}, false
+	}
+	sc, err := ParseTraceparent(tp)
+	if err != nil {
+		return trace.SpanContext{}, false
+	}
+	if ts != "" {
+		if state, err := trace.ParseTraceState(ts); err == nil {
+			sc = sc.WithTraceState(state)
+		}
+	}
+	return sc, true
 }
 
 // TraceIDFromRequestID derives a 128-bit trace id from a request id: the

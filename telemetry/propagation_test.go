@@ -110,6 +110,40 @@ func TestStringInjectExtract(t *testing.T) {
 	}
 }
 
+// TestStringsCarryTracestate: the payload pair (trace_context, trace_state) carries the
+// caller's vendor entries; an invalid tracestate is dropped, traceparent kept.
+func TestStringsCarryTracestate(t *testing.T) {
+	if tp, ts := InjectStrings(context.Background()); tp != "" || ts != "" {
+		t.Fatalf("no span: %q %q", tp, ts)
+	}
+	const vendor = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
+	h := http.Header{"Traceparent": {w3cExample}, "Tracestate": {vendor}}
+	ctx := ExtractHTTP(context.Background(), h)
+	tp, ts := InjectStrings(ctx)
+	if tp != w3cExample || ts != vendor {
+		t.Fatalf("InjectStrings = %q, %q", tp, ts)
+	}
+	got := trace.SpanContextFromContext(ExtractStrings(context.Background(), tp, ts))
+	if !got.IsValid() || !got.IsRemote() || got.TraceState().String() != vendor || got.TraceState().Get("congo") != "t61rcWkgMzE" {
+		t.Fatalf("extracted %v (tracestate %q)", got, got.TraceState())
+	}
+	// A child keeps its parent's tracestate: what the payload pair carries further.
+	if _, ts := InjectStrings(trace.ContextWithSpanContext(context.Background(), got)); ts != vendor {
+		t.Fatalf("re-injected tracestate %q", ts)
+	}
+	got = trace.SpanContextFromContext(ExtractStrings(context.Background(), tp, "not a valid=state=x"))
+	if !got.IsValid() || got.TraceState().Len() != 0 {
+		t.Fatalf("invalid tracestate: %v", got)
+	}
+	base := context.Background()
+	if ExtractStrings(base, "", vendor) != base || ExtractStrings(base, "garbage", vendor) != base {
+		t.Fatal("a tracestate without a valid traceparent changed the context")
+	}
+	if _, ok := SpanContextFromStrings("", vendor); ok {
+		t.Fatal("SpanContextFromStrings without traceparent")
+	}
+}
+
 func TestPropagatorFields(t *testing.T) {
 	p := Propagator()
 	if f := p.Fields(); len(f) != 2 || f[0] != "traceparent" || f[1] != "tracestate" {

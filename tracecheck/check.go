@@ -13,46 +13,40 @@ import (
 
 // Defaults of [Options].
 const (
-	DefaultCrossProcessTolerance = 5 * time.Millisecond
-	DefaultSameProcessTolerance  = 500 * time.Microsecond
-	DefaultHitRateTolerance      = 1e-6
+	// DefaultCrossProcessTolerance is how far a synchronous child recorded by another
+	// process may stick out of its parent: the clock skew between processes (here, of one
+	// host's wall clock read by different processes).
+	DefaultCrossProcessTolerance = 200 * time.Microsecond
+	// DefaultSameProcessTolerance is zero: within one process a synchronous child lies
+	// inside its parent exactly.
+	DefaultSameProcessTolerance = 0
+	DefaultHitRateTolerance     = 1e-6
 )
 
 // Options tune [CheckWith]. The zero value gives the defaults.
 type Options struct {
-	// CrossProcessTolerance is how far a child may stick out of its parent's interval when
-	// the two were recorded by different services (clock skew between hosts). 0 means
-	// DefaultCrossProcessTolerance (5 ms); negative means none.
+	// CrossProcessTolerance is how far a synchronous child may stick out of its parent's
+	// interval when the two were recorded by different services (clock skew between
+	// processes). 0 means DefaultCrossProcessTolerance (200 µs); negative means none.
 	CrossProcessTolerance time.Duration
-	// SameProcessTolerance is the same within one service. 0 means
-	// DefaultSameProcessTolerance (0.5 ms); negative means none.
+	// SameProcessTolerance is the same within one service. 0 and negative mean none (the
+	// default): a process reads one clock, so its children lie inside their parents.
 	SameProcessTolerance time.Duration
-	// HitRateTolerance bounds |hit_rate − (prefix_hit_tokens + non_prefix_hit_tokens) /
-	// requested_tokens| on cb.request. 0 means DefaultHitRateTolerance (1e-6).
+	// HitRateTolerance bounds |hit_rate − hit_tokens / requested_tokens| on cb.request and
+	// cb.lookup. 0 means DefaultHitRateTolerance (1e-6).
 	HitRateTolerance float64
-	// Detached names spans that may end after their parent (asynchronous work the request
-	// does not wait for). nil means {"cb.store"}; the contract documents it as ending after
-	// the request's root.
-	Detached []string
 }
 
 func (o Options) withDefaults() Options {
-	tol := func(d, def time.Duration) time.Duration {
-		switch {
-		case d == 0:
-			return def
-		case d < 0:
-			return 0
-		}
-		return d
+	switch {
+	case o.CrossProcessTolerance == 0:
+		o.CrossProcessTolerance = DefaultCrossProcessTolerance
+	case o.CrossProcessTolerance < 0:
+		o.CrossProcessTolerance = 0
 	}
-	o.CrossProcessTolerance = tol(o.CrossProcessTolerance, DefaultCrossProcessTolerance)
-	o.SameProcessTolerance = tol(o.SameProcessTolerance, DefaultSameProcessTolerance)
+	o.SameProcessTolerance = max(0, o.SameProcessTolerance)
 	if o.HitRateTolerance <= 0 {
 		o.HitRateTolerance = DefaultHitRateTolerance
-	}
-	if o.Detached == nil {
-		o.Detached = []string{spanname.CBStore}
 	}
 	return o
 }
@@ -69,15 +63,25 @@ func Check(traces []Trace, spec *contract.SpanSet) Report {
 //   - the root: exactly one span without a parent in the trace, and it is the contract's
 //     root (the engine's SERVER span for a request);
 //   - every required span present (required: true, or its `when` condition holds, unless
-//     an `alternative_to` sibling stands in); a span of the other trace kind is flagged; a
-//     span without may_repeat occurs at most once per parent;
+//     an `alternative_to` sibling stands in): a condition on the span's parent is checked
+//     under every instance of the parent (the span must be under each one that satisfies
+//     it), a condition on another span holds when any span of that name satisfies it; a
+//     span of the other trace kind is flagged; a span without may_repeat occurs at most
+//     once per parent;
 //   - each contract span with its service, kind and parent (by name; a remote parent in
 //     another service counts), and its required attributes present with the declared types
 //     (optional attributes, when present, too);
-//   - children inside their parent's interval, within the tolerance (cross-process or
-//     same-process), except the end of Detached spans; no span ends before it starts;
-//   - on cb.request, hit_rate == (prefix_hit_tokens + non_prefix_hit_tokens) /
-//     requested_tokens within the tolerance, and the hits do not exceed the request.
+//   - no span ends before it starts; a child starts no earlier than its parent and, unless
+//     the contract marks it async (asynchronous follow-up work such as cb.store), ends no
+//     later: exactly within one service, within CrossProcessTolerance across services (clock
+//     skew). A trace read at microsecond precision (Trace.Precision) gets the rounding of
+//     that representation on end comparisons, nothing more;
+//   - the lookup statistics of cb.request (and cb.lookup) add up: hit_tokens =
+//     prefix_hit_tokens + non_prefix_hit_tokens, hit_rate = hit_tokens / requested_tokens
+//     within the tolerance, prefix_coverage_tokens + n_non_prefix_tokens = requested_tokens,
+//     prefix_hit_tokens <= prefix_coverage_tokens, non_prefix_hit_tokens <=
+//     n_non_prefix_tokens, no negative count; on cb.request requested_tokens =
+//     n_prompt_tokens, and a request whose lookup is not done has zero hit statistics.
 //
 // A request whose root has status ERROR or an error.type attribute is not required to
 // have every span (the contract's required spans are those of a successful request). A
@@ -166,7 +170,7 @@ func checkTrace(t *Trace, spec *contract.SpanSet, opts *Options) TraceResult {
 		c.checkSpan(i)
 	}
 	c.presence()
-	c.hitRate()
+	c.lookupStats()
 	c.requestIDs()
 	return res
 }
@@ -300,6 +304,15 @@ func (c *checker) tolerance(a, b *Span) time.Duration {
 	return c.opts.SameProcessTolerance
 }
 
+// rounding is how early an end may read because of the trace's precision: a start and a
+// duration each truncated lose less than one unit each.
+func (c *checker) rounding() time.Duration {
+	if p := c.t.Precision; p > 0 {
+		return 2*p - 1
+	}
+	return 0
+}
+
 func (c *checker) checkSpan(i int) {
 	sp := &c.t.Spans[i]
 	v := func(rule Rule, format string, args ...any) {
@@ -308,6 +321,7 @@ func (c *checker) checkSpan(i int) {
 	if sp.End.Before(sp.Start) {
 		v(RuleInterval, "ends %s before it starts", sp.Start.Sub(sp.End))
 	}
+	cs := c.match[i]
 	p := c.parent(i)
 	if p >= 0 {
 		ps := &c.t.Spans[p]
@@ -315,11 +329,11 @@ func (c *checker) checkSpan(i int) {
 		if d := ps.Start.Sub(sp.Start); d > tol {
 			v(RuleInterval, "starts %s before its parent %s [%s] (tolerance %s)", d, ps.Name, ps.Service, tol)
 		}
-		if d := sp.End.Sub(ps.End); d > tol && !slices.Contains(c.opts.Detached, sp.Name) {
-			v(RuleInterval, "ends %s after its parent %s [%s] (tolerance %s)", d, ps.Name, ps.Service, tol)
+		async := cs != nil && cs.Async && cs.Trace == c.kind
+		if d := sp.End.Sub(ps.End); d > tol+c.rounding() && !async {
+			v(RuleInterval, "ends %s after its parent %s [%s] (tolerance %s; only async spans may outlive their parent)", d, ps.Name, ps.Service, tol)
 		}
 	}
-	cs := c.match[i]
 	if p < 0 && i != c.rootIx {
 		msg := "a second root: no parent"
 		if sp.ParentSpanID != "" {
@@ -391,51 +405,8 @@ func (c *checker) presence() {
 			found[cs] = append(found[cs], i)
 		}
 	}
-	for k := range c.spec.Spans {
-		cs := &c.spec.Spans[k]
-		if cs.Trace != c.kind {
-			continue
-		}
-		if idx := found[cs]; len(idx) > 0 {
-			if !cs.MayRepeat {
-				perParent := map[string]int{}
-				for _, i := range idx {
-					perParent[c.t.Spans[i].ParentSpanID]++
-				}
-				for _, n := range perParent {
-					if n > 1 {
-						c.res.add(Violation{Rule: RuleRepeated, Span: cs.Name, Service: cs.Service,
-							Message: fmt.Sprintf("occurs %d times under one parent; the contract allows one", n)})
-						break
-					}
-				}
-			}
-			continue
-		}
-		if cs.Parent != "" {
-			// A child is required only under its parent; a missing parent is reported
-			// itself, with its subtree.
-			if parent, _ := c.spec.Lookup(cs.Parent); len(found[parent]) == 0 {
-				continue
-			}
-		}
-		required, why := c.required(cs, found)
-		if !required {
-			continue
-		}
-		for k2 := range c.spec.Spans {
-			alt := &c.spec.Spans[k2]
-			if alt.AlternativeTo == cs.Name && len(found[alt]) > 0 {
-				required = false
-			}
-		}
-		if !required {
-			continue
-		}
-		if c.relax {
-			continue
-		}
-		msg := "required span missing"
+	missing := func(cs *contract.Span, where, why string) {
+		msg := "required span missing" + where
 		if why != "" {
 			msg += " (" + why + ")"
 		}
@@ -444,9 +415,89 @@ func (c *checker) presence() {
 		}
 		c.res.add(Violation{Rule: RuleMissing, Span: cs.Name, Service: cs.Service, Message: msg})
 	}
+	for k := range c.spec.Spans {
+		cs := &c.spec.Spans[k]
+		if cs.Trace != c.kind {
+			continue
+		}
+		idx := found[cs]
+		if len(idx) > 0 && !cs.MayRepeat {
+			perParent := map[string]int{}
+			for _, i := range idx {
+				perParent[c.t.Spans[i].ParentSpanID]++
+			}
+			for _, n := range perParent {
+				if n > 1 {
+					c.res.add(Violation{Rule: RuleRepeated, Span: cs.Name, Service: cs.Service,
+						Message: fmt.Sprintf("occurs %d times under one parent; the contract allows one", n)})
+					break
+				}
+			}
+		}
+		var parent *contract.Span
+		if cs.Parent != "" {
+			// A child is required only under its parent; a missing parent is reported
+			// itself, with its subtree.
+			if parent, _ = c.spec.Lookup(cs.Parent); len(found[parent]) == 0 {
+				continue
+			}
+		}
+		if c.relax {
+			continue
+		}
+		if w := cs.When; w != nil && !cs.Required && parent != nil && w.Span == parent.Name {
+			// A condition on the parent is checked under every parent instance.
+			for _, pi := range found[parent] {
+				ok, why := c.holds(w, pi)
+				if ok && !c.hasChild(pi, cs, found) {
+					ps := &c.t.Spans[pi]
+					missing(cs, fmt.Sprintf(" under %s (span %s)", ps.Name, ps.SpanID), why)
+				}
+			}
+			continue
+		}
+		if len(idx) > 0 {
+			continue
+		}
+		required, why := c.required(cs, found)
+		if !required || c.alternativePresent(cs, found, nil) {
+			continue
+		}
+		missing(cs, "", why)
+	}
 }
 
-// required tells whether a contract span must be present, and why when conditional.
+// alternativePresent reports whether a span standing in for cs (alternative_to) is in
+// the trace, under the recorded span under when it is not nil.
+func (c *checker) alternativePresent(cs *contract.Span, found map[*contract.Span][]int, under *Span) bool {
+	for k := range c.spec.Spans {
+		alt := &c.spec.Spans[k]
+		if alt.AlternativeTo != cs.Name {
+			continue
+		}
+		for _, i := range found[alt] {
+			if under == nil || c.t.Spans[i].ParentSpanID == under.SpanID {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// hasChild reports whether the recorded span pi has a child of contract span cs (or of
+// an alternative to it).
+func (c *checker) hasChild(pi int, cs *contract.Span, found map[*contract.Span][]int) bool {
+	ps := &c.t.Spans[pi]
+	for _, i := range found[cs] {
+		if c.t.Spans[i].ParentSpanID == ps.SpanID {
+			return true
+		}
+	}
+	return c.alternativePresent(cs, found, ps)
+}
+
+// required tells whether a contract span must be present in the trace, and why when
+// conditional: required, or its condition holds on some span of the condition's name.
 func (c *checker) required(cs *contract.Span, found map[*contract.Span][]int) (bool, string) {
 	if cs.Required {
 		return true, ""
@@ -456,56 +507,107 @@ func (c *checker) required(cs *contract.Span, found map[*contract.Span][]int) (b
 		return false, ""
 	}
 	on, ok := c.spec.Lookup(w.Span)
-	if !ok || len(found[on]) == 0 {
-		return false, ""
-	}
-	v, ok := c.t.Spans[found[on][0]].Attributes[w.Attribute]
 	if !ok {
 		return false, ""
 	}
-	n, ok := v.Number()
-	if !ok || !w.Holds(n) {
-		return false, ""
+	for _, i := range found[on] {
+		if ok, why := c.holds(w, i); ok {
+			return true, why
+		}
 	}
-	return true, fmt.Sprintf("%s.%s = %s %s %g", w.Span, w.Attribute, v.String(), w.Op, w.Value)
+	return false, ""
 }
 
-// hitRate checks hit_rate on cb.request against its parts.
-func (c *checker) hitRate() {
+// holds evaluates a condition on the recorded span i, and says why it holds.
+func (c *checker) holds(w *contract.Condition, i int) (bool, string) {
+	v, ok := c.t.Spans[i].Attributes[w.Attribute]
+	if !ok {
+		return false, ""
+	}
+	if w.Value.IsText {
+		if v.Type != ValueString || !w.HoldsText(v.Str) {
+			return false, ""
+		}
+	} else if n, ok := v.Number(); !ok || !w.Holds(n) {
+		return false, ""
+	}
+	return true, fmt.Sprintf("%s.%s = %s %s %s", w.Span, w.Attribute, v.String(), w.Op, w.Value)
+}
+
+// Lookup outcomes: the values of cb.request's lookup attribute (see contract/spans.yaml).
+const (
+	// LookupDone is a lookup the blend server answered.
+	LookupDone = "done"
+	// LookupSkipped is a request served without a lookup (reuse off, no blend server).
+	LookupSkipped = "skipped"
+)
+
+// lookupStats checks the statistics on cb.request and cb.lookup against each other.
+func (c *checker) lookupStats() {
 	for i := range c.t.Spans {
 		sp := &c.t.Spans[i]
-		if sp.Name != spanname.CBRequest {
-			continue
-		}
-		hr, ok1 := sp.Attributes["hit_rate"]
-		p, ok2 := sp.Attributes["prefix_hit_tokens"]
-		np, ok3 := sp.Attributes["non_prefix_hit_tokens"]
-		req, ok4 := sp.Attributes["requested_tokens"]
-		if !ok1 || !ok2 || !ok3 || !ok4 || p.Type != ValueInt || np.Type != ValueInt || req.Type != ValueInt {
-			continue // reported as missing or mistyped attributes
-		}
-		rate, ok := hr.Number()
-		if !ok {
+		if sp.Name != spanname.CBRequest && sp.Name != spanname.CBLookup {
 			continue
 		}
 		v := func(format string, args ...any) {
 			c.res.add(Violation{Rule: RuleHitRate, Span: sp.Name, SpanID: sp.SpanID, Service: sp.Service, Message: fmt.Sprintf(format, args...)})
 		}
-		hits := p.Int + np.Int
+		ints := map[string]int64{}
+		complete := true
+		for _, k := range []string{"requested_tokens", "prefix_hit_tokens", "non_prefix_hit_tokens", "hit_tokens",
+			"prefix_coverage_tokens", "n_non_prefix_tokens", "fingerprint_hits", "storage_hits", "stale_chunks"} {
+			a, ok := sp.Attributes[k]
+			if !ok || a.Type != ValueInt {
+				complete = false // reported as a missing or mistyped attribute
+				continue
+			}
+			if a.Int < 0 {
+				v("negative %s %d", k, a.Int)
+			}
+			ints[k] = a.Int
+		}
+		hr, ok := sp.Attributes["hit_rate"]
+		rate, isNum := hr.Number()
+		if !ok || !isNum || !complete {
+			continue
+		}
+		req, p, np, hits := ints["requested_tokens"], ints["prefix_hit_tokens"], ints["non_prefix_hit_tokens"], ints["hit_tokens"]
+		cov, nnp := ints["prefix_coverage_tokens"], ints["n_non_prefix_tokens"]
+		if hits != p+np {
+			v("hit_tokens %d, but prefix_hit_tokens %d + non_prefix_hit_tokens %d = %d", hits, p, np, p+np)
+		}
 		switch {
-		case p.Int < 0 || np.Int < 0 || req.Int < 0:
-			v("negative token count: prefix %d, non-prefix %d, requested %d", p.Int, np.Int, req.Int)
-		case hits > req.Int:
-			v("prefix_hit_tokens %d + non_prefix_hit_tokens %d exceed requested_tokens %d", p.Int, np.Int, req.Int)
-		case req.Int == 0:
+		case hits > req:
+			v("hit_tokens %d exceed requested_tokens %d", hits, req)
+		case req == 0:
 			if rate != 0 {
 				v("hit_rate %g with requested_tokens 0, want 0", rate)
 			}
 		default:
-			want := float64(hits) / float64(req.Int)
+			want := float64(hits) / float64(req)
 			if math.IsNaN(rate) || math.Abs(rate-want) > c.opts.HitRateTolerance {
-				v("hit_rate %g, but (prefix_hit_tokens %d + non_prefix_hit_tokens %d) / requested_tokens %d = %g",
-					rate, p.Int, np.Int, req.Int, want)
+				v("hit_rate %g, but hit_tokens %d / requested_tokens %d = %g", rate, hits, req, want)
+			}
+		}
+		if cov+nnp != req {
+			v("prefix_coverage_tokens %d + n_non_prefix_tokens %d != requested_tokens %d", cov, nnp, req)
+		}
+		if p > cov {
+			v("prefix_hit_tokens %d exceed prefix_coverage_tokens %d", p, cov)
+		}
+		if np > nnp {
+			v("non_prefix_hit_tokens %d exceed n_non_prefix_tokens %d", np, nnp)
+		}
+		if sp.Name != spanname.CBRequest {
+			continue
+		}
+		if n, ok := sp.Attributes["n_prompt_tokens"]; ok && n.Type == ValueInt && n.Int != req {
+			v("requested_tokens %d, but n_prompt_tokens %d", req, n.Int)
+		}
+		if lk, ok := sp.Attributes["lookup"]; ok && lk.Type == ValueString && lk.Str != LookupDone {
+			if hits != 0 || cov != 0 || ints["fingerprint_hits"] != 0 || ints["storage_hits"] != 0 || ints["stale_chunks"] != 0 {
+				v("lookup %q (no result), but hit statistics are not zero: hit_tokens %d, prefix_coverage_tokens %d, fingerprint_hits %d, storage_hits %d, stale_chunks %d",
+					lk.Str, hits, cov, ints["fingerprint_hits"], ints["storage_hits"], ints["stale_chunks"])
 			}
 		}
 	}

@@ -108,6 +108,7 @@ func fromPSpan(ps ptrace.Span, service string) Span {
 		Attributes:    fromPMap(ps.Attributes()),
 		Error:         ps.Status().Code() == ptrace.StatusCodeError,
 		StatusMessage: ps.Status().Message(),
+		TraceState:    ps.TraceState().AsRaw(),
 	}
 	if !pid.IsEmpty() {
 		sp.ParentSpanID = hexID(pid[:])
@@ -211,6 +212,7 @@ func ToPtrace(traces ...Trace) ptrace.Traces {
 				ps.Status().SetCode(ptrace.StatusCodeError)
 			}
 			ps.Status().SetMessage(sp.StatusMessage)
+			ps.TraceState().FromRaw(sp.TraceState)
 			toPMap(ps.Attributes(), sp.Attributes)
 			for _, ev := range sp.Events {
 				pe := ps.Events().AppendEmpty()
@@ -343,9 +345,10 @@ var jaegerSyntheticTags = map[string]bool{
 }
 
 // FromJaeger converts traces of the Jaeger model. Times have the microsecond precision of
-// that model. The tags span.kind, otel.status_code, otel.status_description, otel.scope.*,
-// w3c.tracestate, internal.span.format and a boolean error tag become span fields, not
-// attributes; logs become events (the "event" field naming them).
+// that model (each trace's Precision says so). The tags span.kind, otel.status_code,
+// otel.status_description, w3c.tracestate (TraceState), otel.scope.*, internal.span.format
+// and a boolean error tag become span fields, not attributes; logs become events (the
+// "event" field naming them).
 func FromJaeger(jts ...jaeger.Trace) ([]Trace, error) {
 	var all []Span
 	for ti := range jts {
@@ -359,7 +362,11 @@ func FromJaeger(jts ...jaeger.Trace) ([]Trace, error) {
 			all = append(all, sp)
 		}
 	}
-	return groupByTrace(all), nil
+	out := groupByTrace(all)
+	for i := range out {
+		out[i].Precision = time.Microsecond
+	}
+	return out, nil
 }
 
 func fromJaegerSpan(jt *jaeger.Trace, js *jaeger.Span) (Span, error) {
@@ -393,6 +400,9 @@ func fromJaegerSpan(jt *jaeger.Trace, js *jaeger.Span) (Span, error) {
 			continue
 		case "otel.status_description":
 			sp.StatusMessage = kv.AsString()
+			continue
+		case "w3c.tracestate":
+			sp.TraceState = kv.AsString()
 			continue
 		case "error":
 			if b, ok := kv.Value.(bool); ok || kv.Type == jaeger.TypeBool {

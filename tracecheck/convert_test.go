@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"reflect"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
@@ -86,6 +87,12 @@ func TestJaegerRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for i := range got {
+		if got[i].Precision != time.Microsecond {
+			t.Fatalf("trace %d read through the Jaeger API has precision %v, want 1µs", i, got[i].Precision)
+		}
+		want[i].Precision = time.Microsecond
+	}
 	if !reflect.DeepEqual(got, want) {
 		for i := range want[0].Spans {
 			if !reflect.DeepEqual(got[0].Spans[i], want[0].Spans[i]) {
@@ -109,6 +116,9 @@ func TestJaegerRoundTrip(t *testing.T) {
 	// In process, from the store, with full precision.
 	inProc := FromStore(store, jaeger.Query{})
 	listAsText(inProc)
+	for i := range want {
+		want[i].Precision = 0
+	}
 	if !reflect.DeepEqual(inProc, want) {
 		t.Fatal("FromStore differs from the exported data")
 	}

@@ -112,6 +112,8 @@ type Span struct {
 	// Error is true when the span's status is ERROR; StatusMessage is its description.
 	Error         bool
 	StatusMessage string
+	// TraceState is the span context's W3C tracestate ("" when empty).
+	TraceState string
 }
 
 // Duration is End - Start.
@@ -121,6 +123,11 @@ func (s *Span) Duration() time.Duration { return s.End.Sub(s.Start) }
 type Trace struct {
 	TraceID string
 	Spans   []Span
+	// Precision is the resolution the times were recorded in: 0 for nanoseconds (OTLP), a
+	// microsecond for traces read through the Jaeger model, whose start times and durations
+	// are each truncated to whole microseconds (so an end may read up to two microseconds
+	// early, and [CheckWith] allows that much rounding on end comparisons).
+	Precision time.Duration
 }
 
 // RequestID returns the request_id of the trace: cb.request's, else the first span's that

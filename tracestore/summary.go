@@ -39,11 +39,17 @@ type RequestSummary struct {
 	// sampled token). TTFTSource names which.
 	TTFTMs     *float64 `json:"ttft_ms"`
 	TTFTSource string   `json:"ttft_source,omitempty"`
-	// HitRate and the token counts come from cb.request; nil when absent.
-	HitRate            *float64 `json:"hit_rate"`
-	PrefixHitTokens    *int64   `json:"prefix_hit_tokens,omitempty"`
-	NonPrefixHitTokens *int64   `json:"non_prefix_hit_tokens,omitempty"`
-	RequestedTokens    *int64   `json:"requested_tokens,omitempty"`
+	// Lookup, HitRate and the token counts come from cb.request, under the names of
+	// contract/spans.yaml (Lookup: how the request's lookup ended, e.g. "done" or
+	// "skipped"); nil (or "") when absent.
+	Lookup               string   `json:"lookup,omitempty"`
+	HitRate              *float64 `json:"hit_rate"`
+	HitTokens            *int64   `json:"hit_tokens,omitempty"`
+	PrefixHitTokens      *int64   `json:"prefix_hit_tokens,omitempty"`
+	NonPrefixHitTokens   *int64   `json:"non_prefix_hit_tokens,omitempty"`
+	PrefixCoverageTokens *int64   `json:"prefix_coverage_tokens,omitempty"`
+	NNonPrefixTokens     *int64   `json:"n_non_prefix_tokens,omitempty"`
+	RequestedTokens      *int64   `json:"requested_tokens,omitempty"`
 	// Services that recorded spans, sorted.
 	Services []string `json:"services"`
 	NSpans   int      `json:"n_spans"`
@@ -154,8 +160,14 @@ func summarize(spans []*span) RequestSummary {
 			}
 			return nil
 		}
+		if v, ok := sp.attrs.get("lookup"); ok && v.t == valString {
+			s.Lookup = v.s
+		}
+		s.HitTokens = intAttr("hit_tokens")
 		s.PrefixHitTokens = intAttr("prefix_hit_tokens")
 		s.NonPrefixHitTokens = intAttr("non_prefix_hit_tokens")
+		s.PrefixCoverageTokens = intAttr("prefix_coverage_tokens")
+		s.NNonPrefixTokens = intAttr("n_non_prefix_tokens")
 		s.RequestedTokens = intAttr("requested_tokens")
 		break
 	}

@@ -178,7 +178,7 @@ func TestWebUIInChromium(t *testing.T) {
 	if err != nil {
 		t.Fatalf("reading the span detail: %v", err)
 	}
-	for _, want := range []string{spanname.CBScatter, "scattered_tokens", "768", "n_shifted", "cb-blend"} {
+	for _, want := range []string{spanname.CBScatter, "scattered_tokens", "768", "n_shifted_tokens", "cb-blend"} {
 		if !strings.Contains(detail, want) {
 			t.Fatalf("span detail lacks %q:\n%s", want, detail)
 		}

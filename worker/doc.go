@@ -8,8 +8,10 @@
 // prefill's KV to the blend server's Store without delaying the response.
 //
 // Spans: cb.execute is a remote child of the engine's cb.request (the step's
-// trace_context); cb.retrieve in cb-blend is a remote child of
-// cb.start_load_kv. When the blend server is unreachable, a request is
+// trace_context, with its trace_state); without one (the engine does not
+// trace) it is a root of the trace whose id is derived from the request id
+// (option B), where the blend server's spans of the request land too.
+// cb.retrieve in cb-blend is a remote child of cb.start_load_kv. When the blend server is unreachable, a request is
 // computed in full and the failure recorded: reuse failing never fails a
 // request.
 package worker

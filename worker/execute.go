@@ -126,8 +126,7 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 		out.Error = fmt.Sprintf("prefill chunk [%d,%d) outside the %d-token prompt", start, end, len(st.prompt))
 		return out
 	}
-	pctx := telemetry.ExtractString(ctx, sq.GetTraceContext())
-	pctx, exec := w.spans.Start(pctx, spanname.CBExecute, trace.WithSpanKind(trace.SpanKindServer),
+	pctx, exec := w.spans.Start(stepContext(ctx, sq), spanname.CBExecute, trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(attrRequestID.String(id), attribute.Int("start_pos", start), attribute.Int("n_tokens", end-start)))
 	defer exec.End()
 
@@ -186,6 +185,23 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 	return out
 }
 
+// stepContext is the parent context of a step's cb.execute: the engine's
+// cb.request when the step carries a valid trace_context (option A, with the
+// caller's tracestate from trace_state). Without one (the engine does not
+// trace) cb.execute is a root whose trace id is derived from the request id
+// (option B, telemetry.TraceIDFromRequestID), so the worker's spans land in
+// the trace the blend server opens for the same request; the tracer provider
+// honours it (telemetry/provider's id generator).
+func stepContext(ctx context.Context, sq *cbv1.SeqStep) context.Context {
+	if sc, ok := telemetry.SpanContextFromStrings(sq.GetTraceContext(), sq.GetTraceState()); ok {
+		return trace.ContextWithRemoteSpanContext(ctx, sc)
+	}
+	// No context from the engine: not the gRPC metadata's either (an
+	// Execute carries many requests), so a root of the request's own trace.
+	ctx = trace.ContextWithSpanContext(ctx, trace.SpanContext{})
+	return telemetry.ContextWithTraceID(ctx, telemetry.TraceIDFromRequestID(sq.GetRequestId()))
+}
+
 // phaseSpans records cb.full_recomp / cb.check / cb.partial with the
 // forward's own timestamps, and the phase histograms.
 func (w *Worker) phaseSpans(ctx context.Context, id string, s model.BlendStats) {
@@ -239,8 +255,9 @@ func (w *Worker) loadKV(ctx context.Context, id string, st *seqState, bt []int32
 	}
 	rctx, cancel := context.WithTimeout(lctx, w.cfg.RPCTimeout)
 	defer cancel()
+	tp, ts := telemetry.InjectStrings(lctx)
 	resp, err := w.blend.Retrieve(rctx, &cbv1.RetrieveRequest{
-		RequestId: id, TraceContext: telemetry.InjectString(lctx), WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank),
+		RequestId: id, TraceContext: tp, TraceState: ts, WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank),
 		BlockTable: bt, Matches: rpc.MatchesToProto(st.plan.Matches), FromToken: int32(st.loaded.To), ChunkSize: int32(st.plan.ChunkSize),
 		RegistrationToken: token,
 	})
@@ -314,7 +331,7 @@ func (w *Worker) storeAsync(ctx context.Context, id string, tokens []int32, bt [
 		w.markStored(id)
 		return
 	}
-	tc := telemetry.InjectString(ctx)
+	tc, ts := telemetry.InjectStrings(ctx)
 	go func() {
 		defer func() { <-w.storeSem }()
 		defer w.markStored(id)
@@ -327,7 +344,7 @@ func (w *Worker) storeAsync(ctx context.Context, id string, tokens []int32, bt [
 		sctx, cancel := context.WithTimeout(context.Background(), w.cfg.RPCTimeout)
 		defer cancel()
 		resp, err := w.blend.Store(sctx, &cbv1.StoreRequest{
-			RequestId: id, TraceContext: tc, WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank),
+			RequestId: id, TraceContext: tc, TraceState: ts, WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank),
 			Tokens: tokens, BlockTable: bt, Document: document, Model: w.cfg.ModelName,
 			RegistrationToken: token,
 		})

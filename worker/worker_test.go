@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -25,6 +26,7 @@ import (
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/rpc/kvsock"
 	"github.com/cacheblend/cacheblend/telemetry"
+	"github.com/cacheblend/cacheblend/telemetry/provider"
 	"github.com/cacheblend/cacheblend/tokenizer"
 )
 
@@ -44,7 +46,8 @@ type harness struct {
 func start(t *testing.T, cfg Config) *harness {
 	t.Helper()
 	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	// The id generator of every process's provider (telemetry/provider): option-B roots.
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(provider.NewIDGenerator(nil)))
 	cfg.Model = smallModel
 	cfg.ShmDir = t.TempDir()
 	cfg.NumBlocks = 64
@@ -209,6 +212,54 @@ func TestExecuteSpanIsRemoteChild(t *testing.T) {
 	}
 	if len(h.rec.Ended()) != n {
 		t.Fatal("sampled-out request recorded spans")
+	}
+}
+
+// TestExecuteOptionB: a step without a trace context (the engine does not trace) opens
+// cb.execute as a root of the trace derived from the request id, where the blend server's
+// spans of the request land too; a step with one and a trace_state carries the caller's
+// vendor entries to every worker span.
+func TestExecuteOptionB(t *testing.T) {
+	h := start(t, Config{})
+	p := prompt(20)
+	// gRPC metadata of the step call is not a request's context: ignored.
+	mdCtx := telemetry.InjectGRPC(trace.ContextWithSpanContext(context.Background(),
+		trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1}, SpanID: trace.SpanID{1}, TraceFlags: trace.FlagsSampled})))
+	_, err := h.client.Execute(mdCtx, &cbv1.ExecuteRequest{Seqs: []*cbv1.SeqStep{{
+		RequestId: "untraced-1", BlockTable: blocks(0, 2), Tokens: p, PromptTokens: p, IsPrefill: true, Sample: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := telemetry.TraceIDFromRequestID("untraced-1")
+	var exec sdktrace.ReadOnlySpan
+	for _, s := range h.rec.Ended() {
+		if s.SpanContext().TraceID() != want {
+			t.Errorf("%s in trace %s, want the derived %s", s.Name(), s.SpanContext().TraceID(), want)
+		}
+		if s.Name() == spanname.CBExecute {
+			exec = s
+		}
+	}
+	if exec == nil || exec.Parent().IsValid() {
+		t.Fatalf("cb.execute %v: want a root", exec)
+	}
+
+	caller := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	const vendor = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
+	n := len(h.rec.Ended())
+	_, err = h.client.Execute(context.Background(), &cbv1.ExecuteRequest{Seqs: []*cbv1.SeqStep{{
+		RequestId: "traced-1", TraceContext: caller, TraceState: vendor, BlockTable: blocks(2, 2), Tokens: p, PromptTokens: p, IsPrefill: true, Sample: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := h.rec.Ended()[n:]
+	if len(ended) == 0 {
+		t.Fatal("no spans")
+	}
+	for _, s := range ended {
+		if got := s.SpanContext().TraceState().String(); got != vendor {
+			t.Errorf("%s tracestate %q, want %q", s.Name(), got, vendor)
+		}
 	}
 }
 

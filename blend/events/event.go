@@ -140,6 +140,9 @@ type Event struct {
 	// CB_LOOKUP_START, CB_RETRIEVE_START and CB_STORE_START; empty when the
 	// peer sent none.
 	TraceContext string
+	// TraceState is the W3C tracestate the peer sent with TraceContext (its
+	// vendor entries), empty when none; the spans of the request carry it.
+	TraceState string
 	// Attrs are the stage's attributes (see the Attr* keys). START and END
 	// attributes are both copied onto the span.
 	Attrs []attribute.KeyValue
@@ -164,15 +167,20 @@ func (ev *Event) Attr(key attribute.Key) (attribute.Value, bool) {
 const (
 	AttrRequestID = attribute.Key("request_id")
 
-	// CB_LOOKUP_END (stamped on cb.lookup, and on the option-B cb.request root).
-	AttrRequestedTokens    = attribute.Key("requested_tokens")
-	AttrPrefixHitTokens    = attribute.Key("prefix_hit_tokens")
-	AttrNonPrefixHitTokens = attribute.Key("non_prefix_hit_tokens")
-	AttrHitTokens          = attribute.Key("hit_tokens")
-	AttrHitRate            = attribute.Key("hit_rate")
-	AttrFingerprintHits    = attribute.Key("fingerprint_hits")
-	AttrStorageHits        = attribute.Key("storage_hits")
-	AttrStaleChunks        = attribute.Key("stale_chunks")
+	// CB_LOOKUP_END (stamped on cb.lookup, and on the option-B cb.request root); the
+	// names and definitions of cb.request in contract/spans.yaml.
+	AttrRequestedTokens      = attribute.Key("requested_tokens")
+	AttrPrefixHitTokens      = attribute.Key("prefix_hit_tokens")
+	AttrNonPrefixHitTokens   = attribute.Key("non_prefix_hit_tokens")
+	AttrHitTokens            = attribute.Key("hit_tokens")
+	AttrHitRate              = attribute.Key("hit_rate")
+	AttrPrefixCoverageTokens = attribute.Key("prefix_coverage_tokens")
+	AttrNNonPrefixTokens     = attribute.Key("n_non_prefix_tokens")
+	AttrFingerprintHits      = attribute.Key("fingerprint_hits")
+	AttrStorageHits          = attribute.Key("storage_hits")
+	AttrStaleChunks          = attribute.Key("stale_chunks")
+	// AttrLookup is how the lookup ended, on the option-B cb.request root ("done").
+	AttrLookup = attribute.Key("lookup")
 
 	// CB_PREFIX_LOOKUP_END (mp.lookup_prefetch, also stamped on cb.lookup).
 	AttrPrefixChunks = attribute.Key("prefix_chunks")
@@ -203,9 +211,13 @@ const (
 	AttrScatteredTokens = attribute.Key("scattered_tokens")
 	AttrSlotWrites      = attribute.Key("slot_writes")
 	AttrPartialBlocks   = attribute.Key("partial_blocks")
-	AttrNPrefix         = attribute.Key("n_prefix")
-	AttrNShifted        = attribute.Key("n_shifted")
+	AttrNPrefixTokens   = attribute.Key("n_prefix_tokens")  // tokens written as stored
+	AttrNShiftedTokens  = attribute.Key("n_shifted_tokens") // tokens written re-RoPE'd
 	AttrDropped         = attribute.Key("dropped")
+	// AttrScatterMs is the copy's duration on cb.scatter (filled in from the event
+	// times), and on cb.retrieve the wall time from its first copy's start to its last
+	// copy's end.
+	AttrScatterMs = attribute.Key("scatter_ms")
 
 	// CB_STORE_END (cb.store).
 	AttrStoredChunks = attribute.Key("stored_chunks")

@@ -282,7 +282,7 @@ func intAttr(ev *Event, key attribute.Key) int64 {
 // sampledContext returns the span context of traceparent s when it is
 // valid and sampled, else the zero SpanContext.
 func sampledContext(s string) trace.SpanContext {
-	sc := parseTraceContext(s)
+	sc := parseTraceContext(s, "")
 	if !sc.IsValid() || !sc.IsSampled() {
 		return trace.SpanContext{}
 	}

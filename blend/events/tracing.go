@@ -66,7 +66,9 @@ type SpanDef struct {
 	// carries it already.
 	DurationMsAttr attribute.Key
 	// TraceContext makes a top-level span the remote child of the W3C
-	// traceparent in the START event's TraceContext, when that is valid. A
+	// traceparent in the START event's TraceContext (with the tracestate of
+	// its TraceState, which the span and its children carry), when that is
+	// valid. A
 	// valid but sampled-out context records nothing for the request. Without
 	// a valid context the span is the root of a new trace, unless
 	// RootFallback is set.
@@ -91,13 +93,14 @@ type SpanDef struct {
 func DefaultSpanDefs() []SpanDef {
 	lookupStats := []attribute.Key{
 		AttrRequestedTokens, AttrPrefixHitTokens, AttrNonPrefixHitTokens, AttrHitTokens,
-		AttrHitRate, AttrFingerprintHits, AttrStorageHits, AttrStaleChunks,
+		AttrHitRate, AttrPrefixCoverageTokens, AttrNNonPrefixTokens, AttrFingerprintHits,
+		AttrStorageHits, AttrStaleChunks,
 	}
 	return []SpanDef{
 		{
 			Name: spanname.CBLookup, Start: LookupStart, End: LookupEnd, Kind: trace.SpanKindServer,
 			EndAttrs:     append(append([]attribute.Key(nil), lookupStats...), AttrPrefixChunks),
-			StampRoot:    lookupStats,
+			StampRoot:    append(append([]attribute.Key(nil), lookupStats...), AttrLookup),
 			TraceContext: true, RootFallback: true,
 		},
 		{
@@ -130,7 +133,8 @@ func DefaultSpanDefs() []SpanDef {
 		},
 		{
 			Name: spanname.CBScatter, Start: ScatterStart, End: ScatterEnd, Parent: spanname.CBRetrieve, Async: true,
-			EndAttrs: []attribute.Key{AttrScatteredTokens, AttrSlotWrites, AttrPartialBlocks, AttrNPrefix, AttrNShifted, AttrDropped},
+			EndAttrs:       []attribute.Key{AttrScatteredTokens, AttrSlotWrites, AttrPartialBlocks, AttrNPrefixTokens, AttrNShiftedTokens, AttrDropped, AttrScatterMs},
+			DurationMsAttr: AttrScatterMs,
 		},
 		{
 			Name: spanname.CBStore, Start: StoreStart, End: StoreEnd, Kind: trace.SpanKindServer,
@@ -375,7 +379,7 @@ func (s *TracingSubscriber) startSpan(di int, ev *Event) {
 			parentCtx = parent.ctx
 		}
 	case d.TraceContext:
-		sc := parseTraceContext(ev.TraceContext)
+		sc := parseTraceContext(ev.TraceContext, ev.TraceState)
 		switch {
 		case sc.IsValid() && !sc.IsSampled():
 			r.sampledOut = true
@@ -620,15 +624,10 @@ func appendAttrs(dst, src []attribute.KeyValue, keys []attribute.Key) []attribut
 }
 
 // parseTraceContext returns the remote span context of the W3C traceparent
-// s (parsed strictly by telemetry.ParseTraceparent), or the zero (invalid)
-// span context when s is empty or malformed.
-func parseTraceContext(s string) trace.SpanContext {
-	if s == "" {
-		return trace.SpanContext{}
-	}
-	sc, err := telemetry.ParseTraceparent(s)
-	if err != nil {
-		return trace.SpanContext{}
-	}
+// tp (parsed strictly by telemetry.ParseTraceparent) carrying the tracestate
+// ts (dropped when invalid), or the zero (invalid) span context when tp is
+// empty or malformed.
+func parseTraceContext(tp, ts string) trace.SpanContext {
+	sc, _ := telemetry.SpanContextFromStrings(tp, ts)
 	return sc
 }

@@ -75,7 +75,7 @@ func scatterStart(req string, copyID uint64, us int) Event {
 func scatterEnd(req string, copyID uint64, us, tokens int) Event {
 	return Event{Type: ScatterEnd, RequestID: req, CopyID: copyID, Time: at(us), Attrs: []attribute.KeyValue{
 		AttrScatteredTokens.Int(tokens), AttrSlotWrites.Int(tokens), AttrPartialBlocks.Int(1),
-		AttrNPrefix.Int(tokens / 2), AttrNShifted.Int(tokens / 2), AttrDropped.Int(0)}}
+		AttrNPrefixTokens.Int(tokens / 2), AttrNShiftedTokens.Int(tokens / 2), AttrDropped.Int(0)}}
 }
 
 type tracingFixture struct {
@@ -254,7 +254,7 @@ func TestSpanTreeRemoteParents(t *testing.T) {
 		default:
 			t.Errorf("cb.scatter scattered_tokens = %v", tokens.Emit())
 		}
-		for _, k := range []attribute.Key{AttrSlotWrites, AttrPartialBlocks, AttrNPrefix, AttrNShifted, AttrDropped} {
+		for _, k := range []attribute.Key{AttrSlotWrites, AttrPartialBlocks, AttrNPrefixTokens, AttrNShiftedTokens, AttrDropped, AttrScatterMs} {
 			if _, ok := attrOf(s, k); !ok {
 				t.Errorf("cb.scatter lacks %s", k)
 			}

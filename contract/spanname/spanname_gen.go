@@ -28,8 +28,18 @@ const (
 	// CBRequest is the span "cb.request" of cb-engine (kind internal, phase "schedule"), child of
 	// the SERVER span "{operation} {model}" (see [Server]); required.
 	//
-	// The CacheBlend request span. hit_rate = (prefix_hit_tokens + non_prefix_hit_tokens) /
-	// requested_tokens; the server computes the stats and the engine stamps them here.
+	// The CacheBlend request span. lookup says how the request's lookup ended: done (the blend
+	// server answered), skipped (no lookup: reuse off, "cacheblend": {"reuse": false}, or no blend
+	// server configured), unavailable (the blend server is down), timeout (no answer within the
+	// lookup timeout), error (any other failure), queue_full (the blend server refused it),
+	// abandoned (the request ended first). The engine stamps the statistics of the lookup result
+	// (hit statistics of zero when lookup is not done): hit_tokens = prefix_hit_tokens +
+	// non_prefix_hit_tokens; hit_rate = hit_tokens / requested_tokens; prefix_coverage_tokens is
+	// the prompt's leading tokens covered by stored prefix chunks (the prefix leg;
+	// prefix_hit_tokens is its usable part), n_non_prefix_tokens = requested_tokens -
+	// prefix_coverage_tokens is the non-prefix complement the non-prefix leg searches
+	// (non_prefix_hit_tokens is its reused part); fingerprint_hits, storage_hits and stale_chunks
+	// count chunks (fingerprint-matched, found in storage, indexed but gone).
 	CBRequest = "cb.request"
 
 	// CBSchedule is the span "cb.schedule" of cb-engine (kind internal, phase "schedule"), child of
@@ -39,9 +49,10 @@ const (
 	CBSchedule = "cb.schedule"
 
 	// CBLookupRPC is the span "cb.lookup.rpc" of cb-engine (kind client, phase "lookup"), child of
-	// [CBSchedule]; required.
+	// [CBSchedule]; required when [CBRequest] has lookup != "skipped", else optional.
 	//
-	// Lookup submit plus polls until the result is ready.
+	// The Lookup call until its outcome is back (n_polls: the steps the request waited). Present
+	// unless the lookup was skipped; a failed call carries error.type (the lookup reason).
 	CBLookupRPC = "cb.lookup.rpc"
 
 	// CBBuildMeta is the span "cb.build_meta" of cb-engine (kind internal, phase "schedule"), child
@@ -49,9 +60,11 @@ const (
 	CBBuildMeta = "cb.build_meta"
 
 	// CBLookup is the span "cb.lookup" of cb-blend (kind server, phase "lookup"), remote child of
-	// [CBLookupRPC] in cb-engine; required.
+	// [CBLookupRPC] in cb-engine; required when [CBRequest] has lookup == "done", else optional.
 	//
-	// Remote child; the parent context travels in the Lookup payload's trace_context.
+	// Remote child; the parent context travels in the Lookup payload's trace_context (and
+	// trace_state). Required when the lookup is done; a lookup that failed may or may not have
+	// reached the server. Carries the statistics the engine stamps on cb.request.
 	CBLookup = "cb.lookup"
 
 	// MPLookupPrefetch is the span "mp.lookup_prefetch" of cb-blend (kind internal, phase
@@ -100,49 +113,59 @@ const (
 	// child of [CBExecute]; required when [CBRequest] has hit_rate > 0, else optional; may repeat.
 	//
 	// Asks the blend server to load the matched KV; may appear twice (blocks allocated partially,
-	// then fully). Required when the lookup found reusable tokens (hit_rate > 0).
+	// then fully). Required when the lookup found reusable tokens (hit_rate > 0). scattered_tokens
+	// and dropped are the server's answer; a load that got none (the blend server down or shutting
+	// down) carries error.type and the request is computed in full.
 	CBStartLoadKV = "cb.start_load_kv"
 
 	// CBRetrieve is the span "cb.retrieve" of cb-blend (kind server, phase "kv load"), remote child
-	// of [CBStartLoadKV] in cb-worker; required; may repeat.
+	// of [CBStartLoadKV] in cb-worker; required when the parent has scattered_tokens >= 0, else
+	// optional; may repeat.
 	//
-	// Remote child; the parent context travels in the Retrieve payload's trace_context.
+	// Remote child; the parent context travels in the Retrieve payload's trace_context (and
+	// trace_state). Under every cb.start_load_kv the server answered. The totals of its copies
+	// (cb.scatter); scatter_ms is the wall time from the first copy's start to the last copy's end.
 	CBRetrieve = "cb.retrieve"
 
 	// CBScatter is the span "cb.scatter" of cb-blend (kind internal, phase "kv load"), child of
-	// [CBRetrieve]; required; may repeat.
+	// [CBRetrieve]; required when the parent has scattered_tokens > 0, else optional; may repeat.
 	//
-	// Token-granular copy into worker KV slots, re-RoPE folded in (n_shifted).
+	// One copy into worker KV slots, token-granular, re-RoPE folded in: n_prefix_tokens written as
+	// stored, n_shifted_tokens re-RoPE'd; scatter_ms is the copy's duration. Under every
+	// cb.retrieve that wrote tokens (a pass whose window holds no slot copies nothing).
 	CBScatter = "cb.scatter"
 
 	// CBModelForward is the span "cb.model_forward" of cb-worker (kind internal, phase "forward"),
 	// child of [CBExecute]; required.
+	//
+	// The forward of one prompt chunk. A blended forward (reused KV loaded) carries reused_tokens
+	// (non-prefix tokens whose KV was loaded), prefix_tokens, new_tokens and imp_count.
 	CBModelForward = "cb.model_forward"
 
 	// CBFullRecomp is the span "cb.full_recomp" of cb-worker (kind internal, phase "forward"),
-	// child of [CBModelForward]; required when [CBRequest] has non_prefix_hit_tokens > 0, else
-	// optional.
+	// child of [CBModelForward]; required when the parent has reused_tokens > 0, else optional.
 	//
-	// Layers 0..cl-1, every non-prefix token recomputed; present when KV was reused off the prefix.
+	// Layers 0..cl-1, every non-prefix token recomputed; under every forward that reused KV off the
+	// prefix (reused_tokens > 0).
 	CBFullRecomp = "cb.full_recomp"
 
 	// CBCheck is the span "cb.check" of cb-worker (kind internal, phase "forward"), child of
-	// [CBModelForward]; required when [CBRequest] has non_prefix_hit_tokens > 0, else optional.
+	// [CBModelForward]; required when the parent has reused_tokens > 0, else optional.
 	//
 	// The check layer cl picks the important set.
 	CBCheck = "cb.check"
 
 	// CBPartial is the span "cb.partial" of cb-worker (kind internal, phase "forward"), child of
-	// [CBModelForward]; required when [CBRequest] has non_prefix_hit_tokens > 0, else optional.
+	// [CBModelForward]; required when the parent has reused_tokens > 0, else optional.
 	//
 	// Layers cl+1..L-1 over the important set only.
 	CBPartial = "cb.partial"
 
 	// CBStore is the span "cb.store" of cb-blend (kind server, phase "store"), remote child of
-	// [CBExecute] in cb-worker; optional.
+	// [CBExecute] in cb-worker; optional; asynchronous, may end after its parent.
 	//
-	// Storing a prefill's new chunks; asynchronous, so it may end after the request's root.
-	// Optional: the request's trace does not wait for it.
+	// Storing a prefill's new chunks; asynchronous (the worker does not wait for it), so it may end
+	// after its parent and the request's root. Optional: the request's trace does not wait for it.
 	CBStore = "cb.store"
 )
 

@@ -30,5 +30,7 @@
 // Spans (docs/design.md, engine side): cb.request (a child of the context given
 // with the request) ⊃ cb.schedule ⊃ {cb.lookup.rpc, cb.build_meta}; the
 // worker's cb.execute is a remote child of cb.request through
-// SeqStep.trace_context.
+// SeqStep.trace_context (and trace_state). cb.request carries the lookup
+// outcome (lookup: done, skipped, a fallback reason, abandoned) and the
+// statistics of contract/spans.yaml, zero hit statistics without a result.
 package scheduler

@@ -19,11 +19,24 @@ import (
 )
 
 // Fallback reasons (the reason label of cb_engine_lookup_fallbacks_total).
+// They are lookup outcomes too.
 const (
 	FallbackError       = "error"
 	FallbackTimeout     = "timeout"
 	FallbackUnavailable = "unavailable"
 	FallbackQueueFull   = "queue_full"
+)
+
+// Lookup outcomes other than the fallback reasons: the lookup attribute of
+// cb.request (contract/spans.yaml) says how the request's lookup ended.
+const (
+	// LookupDone is a lookup the blend server answered.
+	LookupDone = "done"
+	// LookupSkipped is a request served without a lookup: reuse off
+	// (Request.NoReuse) or no blend server configured.
+	LookupSkipped = "skipped"
+	// LookupAbandoned is a request that ended before its lookup did.
+	LookupAbandoned = "abandoned"
 )
 
 // errLookupTimeout is recorded on cb.lookup.rpc when LookupTimeout passed
@@ -79,12 +92,63 @@ func (s *Scheduler) firstSights(now time.Time) {
 		}
 		sq.schedCtx, sq.schedSpan = s.spans.Start(sq.reqCtx, spanname.CBSchedule,
 			trace.WithAttributes(attribute.String("request_id", sq.id)))
-		if s.lookups.blend == nil || sq.req.NoReuse {
+		if !s.looksUp(sq) {
+			s.stampLookup(sq, LookupSkipped, nil)
 			continue
 		}
 		ctx, span := s.spans.Start(sq.schedCtx, spanname.CBLookupRPC, trace.WithSpanKind(trace.SpanKindClient),
 			trace.WithAttributes(attribute.String("request_id", sq.id)))
 		sq.lk = &lookup{deadline: now.Add(s.cfg.LookupTimeout), ctx: ctx, span: span}
+	}
+}
+
+// looksUp reports whether the request asks the blend server for reuse.
+func (s *Scheduler) looksUp(sq *seq) bool {
+	return s.lookups.blend != nil && !sq.req.NoReuse && !sq.req.Document
+}
+
+// stampLookup records the lookup outcome of a request and stamps it on
+// cb.request with the statistics of contract/spans.yaml: those of res for a
+// done lookup, zero hit statistics otherwise. Called with Scheduler.mu held;
+// the span is written after the lock.
+func (s *Scheduler) stampLookup(sq *seq, outcome string, res *cbv1.LookupResult) {
+	sq.lookupOut = outcome
+	attrs := lookupAttrs(outcome, res, len(sq.req.Prompt))
+	span := sq.reqSpan
+	s.defer_(func() { span.SetAttributes(attrs...) })
+}
+
+// lookupAttrs are the cb.request attributes of a lookup outcome (see
+// contract/spans.yaml for the definitions). Without a result every hit
+// statistic is zero, the whole prompt is requested and, with no prefix
+// coverage, all of it is the non-prefix complement.
+func lookupAttrs(outcome string, res *cbv1.LookupResult, nPrompt int) []attribute.KeyValue {
+	requested, prefix, nonPrefix, coverage := nPrompt, 0, 0, 0
+	hitRate := 0.0
+	var fpHits, storageHits, stale, prefixChunks int
+	if outcome == LookupDone && res != nil {
+		requested = int(res.GetRequestedTokens())
+		prefix, nonPrefix = int(res.GetPrefixHitTokens()), int(res.GetNonPrefixHitTokens())
+		hitRate = res.GetHitRate()
+		// A server that does not report the coverage covers at least its
+		// usable prefix.
+		coverage = max(int(res.GetPrefixCoverageTokens()), prefix)
+		fpHits, storageHits, stale = int(res.GetFingerprintHits()), int(res.GetStorageHits()), int(res.GetStaleChunks())
+		prefixChunks = int(res.GetPrefixChunks())
+	}
+	return []attribute.KeyValue{
+		attribute.String("lookup", outcome),
+		attribute.Float64("hit_rate", hitRate),
+		attribute.Int("hit_tokens", prefix+nonPrefix),
+		attribute.Int("requested_tokens", requested),
+		attribute.Int("prefix_hit_tokens", prefix),
+		attribute.Int("non_prefix_hit_tokens", nonPrefix),
+		attribute.Int("prefix_coverage_tokens", coverage),
+		attribute.Int("n_non_prefix_tokens", requested-coverage),
+		attribute.Int("fingerprint_hits", fpHits),
+		attribute.Int("storage_hits", storageHits),
+		attribute.Int("stale_chunks", stale),
+		attribute.Int("prefix_chunks", prefixChunks),
 	}
 }
 
@@ -134,8 +198,9 @@ func (s *Scheduler) launch(sq *seq, lk *lookup) {
 	ctx, cancel := context.WithDeadline(s.loopCtx, lk.deadline)
 	lk.cancel = cancel
 	ctx = telemetry.InjectGRPC(trace.ContextWithSpanContext(ctx, trace.SpanContextFromContext(lk.ctx)))
+	tp, ts := telemetry.InjectStrings(lk.ctx)
 	req := &cbv1.LookupRequest{
-		RequestId: sq.id, TraceContext: telemetry.InjectString(lk.ctx),
+		RequestId: sq.id, TraceContext: tp, TraceState: ts,
 		Tokens: sq.req.Prompt, WorldSize: WorldSize, Model: s.cfg.Model,
 	}
 	d.calls.Go(func() {
@@ -174,27 +239,24 @@ func fallbackReason(err error) string {
 	return FallbackError
 }
 
-// lookupFailed falls back to a full prefill; cb.lookup.rpc ends at end.
+// lookupFailed falls back to a full prefill: cb.lookup.rpc ends at end with
+// the reason as its error, and cb.request says lookup=reason with zero hit
+// statistics.
 func (s *Scheduler) lookupFailed(sq *seq, reason string, err error, end time.Time) {
 	lk := sq.lk
 	lk.done = true
 	if lk.cancel != nil {
 		lk.cancel()
 	}
-	n := len(sq.tokens)
 	waited := lk.waited
 	span := lk.span
 	s.defer_(func() {
 		span.SetAttributes(attribute.Int("n_polls", waited))
 		span.SetError(reason, err)
 		span.End(trace.WithTimestamp(end))
-		sq.reqSpan.SetAttributes(
-			attribute.String("cb.fallback", reason),
-			attribute.Float64("hit_rate", 0),
-			attribute.Int("prefix_hit_tokens", 0),
-			attribute.Int("non_prefix_hit_tokens", 0),
-			attribute.Int("requested_tokens", n),
-		)
+	})
+	s.stampLookup(sq, reason, nil)
+	s.defer_(func() {
 		sq.h.update(func(r *Result) { r.Fallback = reason })
 		if s.deps.OnFallback != nil {
 			s.deps.OnFallback(reason)
@@ -202,8 +264,8 @@ func (s *Scheduler) lookupFailed(sq *seq, reason string, err error, end time.Tim
 	})
 }
 
-// lookupReady keeps the result for the admission; cb.lookup.rpc ends at
-// end.
+// lookupReady keeps the result for the admission and stamps its statistics
+// on cb.request; cb.lookup.rpc ends at end.
 func (s *Scheduler) lookupReady(sq *seq, res *cbv1.LookupResult, end time.Time) {
 	lk := sq.lk
 	lk.done, lk.result = true, res
@@ -217,16 +279,9 @@ func (s *Scheduler) lookupReady(sq *seq, res *cbv1.LookupResult, end time.Time) 
 			attribute.Int("n_matches", len(res.GetMatches())),
 		)
 		span.End(trace.WithTimestamp(end))
-		sq.reqSpan.SetAttributes(
-			attribute.Float64("hit_rate", res.GetHitRate()),
-			attribute.Int("prefix_hit_tokens", int(res.GetPrefixHitTokens())),
-			attribute.Int("non_prefix_hit_tokens", int(res.GetNonPrefixHitTokens())),
-			attribute.Int("requested_tokens", int(res.GetRequestedTokens())),
-			attribute.Int("prefix_chunks", int(res.GetPrefixChunks())),
-			attribute.Int("stale_chunks", int(res.GetStaleChunks())),
-		)
 		sq.h.update(func(r *Result) { r.Lookup = res })
 	})
+	s.stampLookup(sq, LookupDone, res)
 }
 
 // abandonLookup ends the lookup of a request that finished before it: the
@@ -246,6 +301,7 @@ func (s *Scheduler) abandonLookup(sq *seq, err error) {
 		span.SetError(errorType(err), err)
 		span.End(trace.WithTimestamp(end))
 	})
+	s.stampLookup(sq, LookupAbandoned, nil)
 }
 
 // planOf builds the request's reuse plan from its lookup result, given the

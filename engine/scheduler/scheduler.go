@@ -61,6 +61,8 @@ type seq struct {
 	schedCtx  context.Context
 	schedSpan *telemetry.Span
 	traceCtx  string // traceparent for SeqStep.trace_context
+	traceSt   string // tracestate for SeqStep.trace_state
+	lookupOut string // the lookup outcome stamped on cb.request ("" until stamped)
 
 	lk   *lookup
 	plan *cbv1.CBPlan
@@ -330,7 +332,7 @@ func (s *Scheduler) Submit(r *Request) (*Handle, error) {
 		reqCtx:     ctx,
 	}
 	if r.Document {
-		sq.traceCtx = telemetry.InjectString(ctx)
+		sq.traceCtx, sq.traceSt = telemetry.InjectStrings(ctx)
 	} else {
 		sq.reqCtx, sq.reqSpan = s.spans.Start(ctx, spanname.CBRequest, trace.WithAttributes(
 			attribute.String("request_id", r.ID),
@@ -338,7 +340,7 @@ func (s *Scheduler) Submit(r *Request) (*Handle, error) {
 			attribute.Int("world_size", WorldSize),
 			attribute.Int("n_prompt_tokens", len(r.Prompt)),
 		))
-		sq.traceCtx = telemetry.InjectString(sq.reqCtx)
+		sq.traceCtx, sq.traceSt = telemetry.InjectStrings(sq.reqCtx)
 	}
 	s.waiting = append(s.waiting, sq)
 	s.byID[r.ID] = sq
@@ -511,6 +513,15 @@ func (s *Scheduler) finish(sq *seq, reason string, err error, now time.Time) {
 		sq.stopWatch()
 	}
 	s.abandonLookup(sq, err)
+	if sq.reqSpan != nil && sq.lookupOut == "" {
+		// Finished before the loop decided its lookup (never seen, or a lookup
+		// never opened): the statistics are stamped all the same.
+		out := LookupAbandoned
+		if !s.looksUp(sq) {
+			out = LookupSkipped
+		}
+		s.stampLookup(sq, out, nil)
+	}
 	s.defer_(func() {
 		if sq.schedSpan != nil && !sq.admitted {
 			sq.schedSpan.SetError(errorType(err), err)
@@ -713,6 +724,7 @@ func (s *Scheduler) buildExecute(batch []item, now time.Time) *cbv1.ExecuteReque
 		st := &cbv1.SeqStep{
 			RequestId:    sq.id,
 			TraceContext: sq.traceCtx,
+			TraceState:   sq.traceSt,
 			BlockTable:   slices.Clone(sq.blocks),
 			Tokens:       slices.Clone(sq.tokens[sq.computed : sq.computed+it.n]),
 			StartPos:     int32(sq.computed),

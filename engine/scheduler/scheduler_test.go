@@ -373,6 +373,8 @@ func prefixResult(n, from, to int) func([]int32) *cbv1.LookupResult {
 				ChunkKeys: [][]byte{testKey(1)}})
 		}
 		r.HitRate = float64(n+to-from) / float64(len(tokens))
+		r.PrefixCoverageTokens = int32(n)
+		r.FingerprintHits, r.StorageHits, r.StaleChunks = 1, 2, 0
 		return r
 	}
 }
@@ -434,7 +436,9 @@ func TestLookupDeferralAndPlan(t *testing.T) {
 	attrs := attrMap(req.Attributes())
 	for k, want := range map[string]any{"request_id": "cb1", "model": DefaultModel, "world_size": int64(1),
 		"n_prompt_tokens": int64(400), "prefix_hit_tokens": int64(100), "non_prefix_hit_tokens": int64(100),
-		"requested_tokens": int64(400), "hit_rate": 0.5} {
+		"requested_tokens": int64(400), "hit_rate": 0.5, "lookup": LookupDone, "hit_tokens": int64(200),
+		"prefix_coverage_tokens": int64(100), "n_non_prefix_tokens": int64(300), "fingerprint_hits": int64(1),
+		"storage_hits": int64(2), "stale_chunks": int64(0)} {
 		if attrs[k] != want {
 			t.Errorf("cb.request %s = %v, want %v", k, attrs[k], want)
 		}
@@ -540,11 +544,56 @@ func TestLookupFallbacks(t *testing.T) {
 			if rpc == nil || rpc.Status().Code != codes.Error || attrMap(rpc.Attributes())["error.type"] != tc.reason {
 				t.Fatalf("cb.lookup.rpc should record the error: %+v", rpc)
 			}
-			if req == nil || req.Status().Code == codes.Error || attrMap(req.Attributes())["cb.fallback"] != tc.reason {
+			if req == nil || req.Status().Code == codes.Error {
 				t.Fatalf("cb.request: %+v", req)
 			}
+			wantNoLookup(t, req, tc.reason, 50)
 		})
 	}
+}
+
+// wantNoLookup checks the cb.request of a request served without a lookup result: the
+// outcome in lookup, zero hit statistics, the whole prompt requested and non-prefix.
+func wantNoLookup(t *testing.T, req sdktrace.ReadOnlySpan, outcome string, n int64) {
+	t.Helper()
+	if req == nil {
+		t.Fatal("no cb.request")
+	}
+	attrs := attrMap(req.Attributes())
+	for k, want := range map[string]any{"lookup": outcome, "hit_rate": 0.0, "hit_tokens": int64(0), "requested_tokens": n,
+		"prefix_hit_tokens": int64(0), "non_prefix_hit_tokens": int64(0), "prefix_coverage_tokens": int64(0),
+		"n_non_prefix_tokens": n, "fingerprint_hits": int64(0), "storage_hits": int64(0), "stale_chunks": int64(0)} {
+		if attrs[k] != want {
+			t.Errorf("cb.request %s = %v, want %v", k, attrs[k], want)
+		}
+	}
+}
+
+// TestLookupOutcomeOfAnAbandonedRequest: a request canceled while its lookup is pending
+// still carries the statistics, with lookup=abandoned.
+func TestLookupOutcomeOfAnAbandonedRequest(t *testing.T) {
+	h := newHarness(t, opts{blend: &enginetest.Blend{Hold: []string{"gone"}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	hd, err := h.s.Submit(&Request{ID: "gone", Prompt: prompt(30, 2), MaxTokens: 2, Ctx: ctx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(h.blend.Lookups()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	res, _ := hd.Wait(context.Background())
+	if res.Err == nil {
+		t.Fatalf("canceled request finished: %+v", res)
+	}
+	var req sdktrace.ReadOnlySpan
+	for _, s := range h.rec.Ended() {
+		if s.Name() == spanname.CBRequest {
+			req = s
+		}
+	}
+	wantNoLookup(t, req, LookupAbandoned, 30)
 }
 
 func TestStoreKeepsBlocksUntilReported(t *testing.T) {
@@ -843,6 +892,7 @@ func TestScheduleSpansWithoutLookup(t *testing.T) {
 	if sched == nil || meta == nil || byName[spanname.CBLookupRPC] != nil {
 		t.Fatalf("spans %v", names(h.rec.Ended()))
 	}
+	wantNoLookup(t, byName[spanname.CBRequest], LookupSkipped, 40)
 	if sched.EndTime().Before(sched.StartTime()) || meta.EndTime().Before(meta.StartTime()) ||
 		meta.StartTime().Before(sched.StartTime()) || sched.EndTime().Before(meta.EndTime()) {
 		t.Fatalf("cb.schedule [%v, %v] ⊃ cb.build_meta [%v, %v] violated", sched.StartTime(), sched.EndTime(), meta.StartTime(), meta.EndTime())

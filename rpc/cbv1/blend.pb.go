@@ -364,12 +364,16 @@ func (*UnregisterKVResponse) Descriptor() ([]byte, []int) {
 }
 
 type LookupRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	TraceContext  string                 `protobuf:"bytes,2,opt,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty"`
-	Tokens        []int32                `protobuf:"varint,3,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
-	WorldSize     int32                  `protobuf:"varint,4,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
-	Model         string                 `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	RequestId    string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	TraceContext string                 `protobuf:"bytes,2,opt,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty"`
+	Tokens       []int32                `protobuf:"varint,3,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	WorldSize    int32                  `protobuf:"varint,4,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	Model        string                 `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
+	// W3C tracestate that goes with trace_context (the caller's vendor
+	// entries), empty when there is none; ignored without a valid
+	// trace_context.
+	TraceState    string `protobuf:"bytes,20,opt,name=trace_state,json=traceState,proto3" json:"trace_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -435,6 +439,13 @@ func (x *LookupRequest) GetWorldSize() int32 {
 func (x *LookupRequest) GetModel() string {
 	if x != nil {
 		return x.Model
+	}
+	return ""
+}
+
+func (x *LookupRequest) GetTraceState() string {
+	if x != nil {
+		return x.TraceState
 	}
 	return ""
 }
@@ -554,8 +565,12 @@ type LookupResult struct {
 	Found              int32                  `protobuf:"varint,14,opt,name=found,proto3" json:"found,omitempty"`
 	PerRankOk          bool                   `protobuf:"varint,15,opt,name=per_rank_ok,json=perRankOk,proto3" json:"per_rank_ok,omitempty"`
 	ChunkSize          int32                  `protobuf:"varint,16,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The prompt's leading tokens covered by stored prefix chunks (the prefix
+	// leg, before classification; prefix_hit_tokens is its usable part). The
+	// non-prefix leg searches the complement, requested_tokens minus it.
+	PrefixCoverageTokens int32 `protobuf:"varint,20,opt,name=prefix_coverage_tokens,json=prefixCoverageTokens,proto3" json:"prefix_coverage_tokens,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *LookupResult) Reset() {
@@ -700,6 +715,13 @@ func (x *LookupResult) GetChunkSize() int32 {
 	return 0
 }
 
+func (x *LookupResult) GetPrefixCoverageTokens() int32 {
+	if x != nil {
+		return x.PrefixCoverageTokens
+	}
+	return 0
+}
+
 type RetrieveRequest struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	RequestId    string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -716,8 +738,12 @@ type RetrieveRequest struct {
 	// The token of the worker's KV registration (KVRegistered); without the
 	// matching token the call is PERMISSION_DENIED.
 	RegistrationToken []byte `protobuf:"bytes,9,opt,name=registration_token,json=registrationToken,proto3" json:"registration_token,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// W3C tracestate that goes with trace_context (the caller's vendor
+	// entries), empty when there is none; ignored without a valid
+	// trace_context.
+	TraceState    string `protobuf:"bytes,20,opt,name=trace_state,json=traceState,proto3" json:"trace_state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RetrieveRequest) Reset() {
@@ -811,6 +837,13 @@ func (x *RetrieveRequest) GetRegistrationToken() []byte {
 		return x.RegistrationToken
 	}
 	return nil
+}
+
+func (x *RetrieveRequest) GetTraceState() string {
+	if x != nil {
+		return x.TraceState
+	}
+	return ""
 }
 
 // Range is a half-open token range [start, end) of the current prompt.
@@ -982,8 +1015,12 @@ type StoreRequest struct {
 	// The token of the worker's KV registration (KVRegistered); without the
 	// matching token the call is PERMISSION_DENIED.
 	RegistrationToken []byte `protobuf:"bytes,9,opt,name=registration_token,json=registrationToken,proto3" json:"registration_token,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// W3C tracestate that goes with trace_context (the caller's vendor
+	// entries), empty when there is none; ignored without a valid
+	// trace_context.
+	TraceState    string `protobuf:"bytes,20,opt,name=trace_state,json=traceState,proto3" json:"trace_state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StoreRequest) Reset() {
@@ -1079,6 +1116,13 @@ func (x *StoreRequest) GetRegistrationToken() []byte {
 	return nil
 }
 
+func (x *StoreRequest) GetTraceState() string {
+	if x != nil {
+		return x.TraceState
+	}
+	return ""
+}
+
 type StoreResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	StoredChunks  int32                  `protobuf:"varint,1,opt,name=stored_chunks,json=storedChunks,proto3" json:"stored_chunks,omitempty"`
@@ -1169,7 +1213,7 @@ const file_blend_proto_rawDesc = "" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12-\n" +
 	"\x12registration_token\x18\x03 \x01(\fR\x11registrationToken\"\x16\n" +
-	"\x14UnregisterKVResponse\"\xa0\x01\n" +
+	"\x14UnregisterKVResponse\"\xc1\x01\n" +
 	"\rLookupRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1177,7 +1221,9 @@ const file_blend_proto_rawDesc = "" +
 	"\x06tokens\x18\x03 \x03(\x05R\x06tokens\x12\x1d\n" +
 	"\n" +
 	"world_size\x18\x04 \x01(\x05R\tworldSize\x12\x14\n" +
-	"\x05model\x18\x05 \x01(\tR\x05model\"\xd2\x01\n" +
+	"\x05model\x18\x05 \x01(\tR\x05model\x12\x1f\n" +
+	"\vtrace_state\x18\x14 \x01(\tR\n" +
+	"traceState\"\xd2\x01\n" +
 	"\x05Match\x12\x1b\n" +
 	"\tstored_st\x18\x01 \x01(\x05R\bstoredSt\x12\x1b\n" +
 	"\tstored_ed\x18\x02 \x01(\x05R\bstoredEd\x12\x15\n" +
@@ -1186,7 +1232,7 @@ const file_blend_proto_rawDesc = "" +
 	"\x06prefix\x18\x05 \x01(\bR\x06prefix\x12\x1d\n" +
 	"\n" +
 	"chunk_keys\x18\x06 \x03(\fR\tchunkKeys\x12*\n" +
-	"\x11first_chunk_start\x18\a \x01(\x05R\x0ffirstChunkStart\"\xc4\x04\n" +
+	"\x11first_chunk_start\x18\a \x01(\x05R\x0ffirstChunkStart\"\xfa\x04\n" +
 	"\fLookupResult\x12)\n" +
 	"\x10requested_tokens\x18\x01 \x01(\x05R\x0frequestedTokens\x12*\n" +
 	"\x11prefix_hit_tokens\x18\x02 \x01(\x05R\x0fprefixHitTokens\x121\n" +
@@ -1206,7 +1252,8 @@ const file_blend_proto_rawDesc = "" +
 	"\x05found\x18\x0e \x01(\x05R\x05found\x12\x1e\n" +
 	"\vper_rank_ok\x18\x0f \x01(\bR\tperRankOk\x12\x1d\n" +
 	"\n" +
-	"chunk_size\x18\x10 \x01(\x05R\tchunkSizeJ\x04\b\x11\x10\x12\"\xc4\x02\n" +
+	"chunk_size\x18\x10 \x01(\x05R\tchunkSize\x124\n" +
+	"\x16prefix_coverage_tokens\x18\x14 \x01(\x05R\x14prefixCoverageTokensJ\x04\b\x11\x10\x12\"\xe5\x02\n" +
 	"\x0fRetrieveRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1220,7 +1267,9 @@ const file_blend_proto_rawDesc = "" +
 	"from_token\x18\a \x01(\x05R\tfromToken\x12\x1d\n" +
 	"\n" +
 	"chunk_size\x18\b \x01(\x05R\tchunkSize\x12-\n" +
-	"\x12registration_token\x18\t \x01(\fR\x11registrationToken\"/\n" +
+	"\x12registration_token\x18\t \x01(\fR\x11registrationToken\x12\x1f\n" +
+	"\vtrace_state\x18\x14 \x01(\tR\n" +
+	"traceState\"/\n" +
 	"\x05Range\x12\x14\n" +
 	"\x05start\x18\x01 \x01(\x05R\x05start\x12\x10\n" +
 	"\x03end\x18\x02 \x01(\x05R\x03end\"\x9d\x02\n" +
@@ -1233,7 +1282,7 @@ const file_blend_proto_rawDesc = "" +
 	"\tn_shifted\x18\x05 \x01(\x05R\bnShifted\x12\x18\n" +
 	"\adropped\x18\x06 \x01(\x05R\adropped\x12.\n" +
 	"\amissing\x18\a \x03(\v2\x14.cacheblend.v1.RangeR\amissing\x12\x14\n" +
-	"\x05bytes\x18\b \x01(\x03R\x05bytes\"\x9d\x02\n" +
+	"\x05bytes\x18\b \x01(\x03R\x05bytes\"\xbe\x02\n" +
 	"\fStoreRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1245,7 +1294,9 @@ const file_blend_proto_rawDesc = "" +
 	"blockTable\x12\x1a\n" +
 	"\bdocument\x18\a \x01(\bR\bdocument\x12\x14\n" +
 	"\x05model\x18\b \x01(\tR\x05model\x12-\n" +
-	"\x12registration_token\x18\t \x01(\fR\x11registrationToken\"q\n" +
+	"\x12registration_token\x18\t \x01(\fR\x11registrationToken\x12\x1f\n" +
+	"\vtrace_state\x18\x14 \x01(\tR\n" +
+	"traceState\"q\n" +
 	"\rStoreResponse\x12#\n" +
 	"\rstored_chunks\x18\x01 \x01(\x05R\fstoredChunks\x12%\n" +
 	"\x0eskipped_chunks\x18\x02 \x01(\x05R\rskippedChunks\x12\x14\n" +

@@ -319,6 +319,8 @@ type SeqStep struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// traceparent of the engine's cb.request span: cb.execute is its child.
+	// Empty when the engine does not trace: the worker then derives the trace id
+	// from request_id (option B, docs/design.md §6).
 	TraceContext string `protobuf:"bytes,2,opt,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty"`
 	// The request's whole block table so far.
 	BlockTable []int32 `protobuf:"varint,3,rep,packed,name=block_table,json=blockTable,proto3" json:"block_table,omitempty"`
@@ -334,8 +336,11 @@ type SeqStep struct {
 	CbPlan   *CBPlan         `protobuf:"bytes,10,opt,name=cb_plan,json=cbPlan,proto3" json:"cb_plan,omitempty"`
 	// Store the prompt's KV in the blend server after its prefill; the engine
 	// keeps the blocks until the worker reports the store done.
-	Store         bool `protobuf:"varint,11,opt,name=store,proto3" json:"store,omitempty"`
-	Document      bool `protobuf:"varint,12,opt,name=document,proto3" json:"document,omitempty"`
+	Store    bool `protobuf:"varint,11,opt,name=store,proto3" json:"store,omitempty"`
+	Document bool `protobuf:"varint,12,opt,name=document,proto3" json:"document,omitempty"`
+	// W3C tracestate of trace_context: the caller's vendor entries, carried to
+	// every span of the request (ignored without a valid trace_context).
+	TraceState    string `protobuf:"bytes,20,opt,name=trace_state,json=traceState,proto3" json:"trace_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -452,6 +457,13 @@ func (x *SeqStep) GetDocument() bool {
 		return x.Document
 	}
 	return false
+}
+
+func (x *SeqStep) GetTraceState() string {
+	if x != nil {
+		return x.TraceState
+	}
+	return ""
 }
 
 type ExecuteRequest struct {
@@ -684,7 +696,7 @@ const file_worker_proto_rawDesc = "" +
 	"\amatches\x18\x02 \x03(\v2\x14.cacheblend.v1.MatchR\amatches\x12\x1d\n" +
 	"\n" +
 	"chunk_size\x18\x03 \x01(\x05R\tchunkSize\x12!\n" +
-	"\frecomp_ratio\x18\x04 \x01(\x01R\vrecompRatio\"\x9c\x03\n" +
+	"\frecomp_ratio\x18\x04 \x01(\x01R\vrecompRatio\"\xbd\x03\n" +
 	"\aSeqStep\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -701,7 +713,9 @@ const file_worker_proto_rawDesc = "" +
 	"\acb_plan\x18\n" +
 	" \x01(\v2\x15.cacheblend.v1.CBPlanR\x06cbPlan\x12\x14\n" +
 	"\x05store\x18\v \x01(\bR\x05store\x12\x1a\n" +
-	"\bdocument\x18\f \x01(\bR\bdocument\"\x87\x01\n" +
+	"\bdocument\x18\f \x01(\bR\bdocument\x12\x1f\n" +
+	"\vtrace_state\x18\x14 \x01(\tR\n" +
+	"traceState\"\x87\x01\n" +
 	"\x0eExecuteRequest\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\x04R\x06stepId\x12*\n" +
 	"\x04seqs\x18\x02 \x03(\v2\x16.cacheblend.v1.SeqStepR\x04seqs\x120\n" +

@@ -33,6 +33,12 @@ type Request struct {
 	NonPrefixHit int64
 	OutputTokens int64
 	L2Misses     int64
+	// Lookup is how the request's lookup ended (cb.request's lookup attribute): "done" by
+	// default. Any other outcome ("skipped", "unavailable", "timeout", …) serves the request
+	// by a full prefill: cb.request carries zero hit statistics, the blend server's spans and
+	// the KV load and blended forward are absent, and so is cb.lookup.rpc when skipped (it
+	// carries error.type otherwise).
+	Lookup string
 	// Scale multiplies every offset and duration (default 1: a 180 ms request).
 	Scale float64
 }
@@ -59,6 +65,12 @@ func (r Request) withDefaults() Request {
 	if r.Scale == 0 {
 		r.Scale = 1
 	}
+	if r.Lookup == "" {
+		r.Lookup = "done"
+	}
+	if r.Lookup != "done" {
+		r.PrefixHit, r.NonPrefixHit = 0, 0
+	}
 	return r
 }
 
@@ -80,24 +92,42 @@ type SpanDef struct {
 func (r Request) Defs() []SpanDef {
 	r = r.withDefaults()
 	rid := r.RequestID
-	hit := float64(r.PrefixHit+r.NonPrefixHit) / float64(r.PromptTokens)
+	hits := r.PrefixHit + r.NonPrefixHit
+	hit := float64(hits) / float64(r.PromptTokens)
+	coverage := r.PrefixHit // every stored prefix chunk usable
+	done := r.Lookup == "done"
+	fpHits, storageHits := int64(2), int64(3)
+	if !done {
+		fpHits, storageHits = 0, 0
+	}
+	// The lookup statistics of cb.request and cb.lookup (contract/spans.yaml).
+	stats := func(m map[string]any) map[string]any {
+		m["hit_rate"], m["hit_tokens"], m["requested_tokens"] = hit, hits, r.PromptTokens
+		m["prefix_hit_tokens"], m["non_prefix_hit_tokens"] = r.PrefixHit, r.NonPrefixHit
+		m["prefix_coverage_tokens"], m["n_non_prefix_tokens"] = coverage, r.PromptTokens-coverage
+		m["fingerprint_hits"], m["storage_hits"], m["stale_chunks"] = fpHits, storageHits, int64(0)
+		return m
+	}
+	scatter := func(m map[string]any) map[string]any {
+		m["scattered_tokens"], m["slot_writes"], m["partial_blocks"] = hits, hits, int64(1)
+		m["n_prefix_tokens"], m["n_shifted_tokens"], m["dropped"], m["scatter_ms"] = r.PrefixHit, r.NonPrefixHit, int64(0), 14.0
+		return m
+	}
 	with := func(m map[string]any) map[string]any {
 		m["request_id"] = rid
 		return m
 	}
 	root := spanname.Server("chat", r.Model)
-	return []SpanDef{
+	defs := []SpanDef{
 		{root, Engine, ptrace.SpanKindServer, "", 0, 180, map[string]any{
 			"gen_ai.operation.name": "chat", "gen_ai.request.model": r.Model, "request_id": rid,
 			"gen_ai.usage.input_tokens": r.PromptTokens, "gen_ai.usage.output_tokens": r.OutputTokens}},
 		{spanname.EngineQueue, Engine, ptrace.SpanKindInternal, root, 0.2, 3, nil},
-		{spanname.CBRequest, Engine, ptrace.SpanKindInternal, root, 2, 122, with(map[string]any{
-			"model": r.Model, "world_size": int64(1), "n_prompt_tokens": r.PromptTokens,
-			"hit_rate": hit, "prefix_hit_tokens": r.PrefixHit, "non_prefix_hit_tokens": r.NonPrefixHit,
-			"requested_tokens": r.PromptTokens})},
+		{spanname.CBRequest, Engine, ptrace.SpanKindInternal, root, 2, 122, with(stats(map[string]any{
+			"model": r.Model, "world_size": int64(1), "n_prompt_tokens": r.PromptTokens, "lookup": r.Lookup}))},
 		{spanname.CBSchedule, Engine, ptrace.SpanKindInternal, spanname.CBRequest, 3, 41, with(map[string]any{})},
 		{spanname.CBLookupRPC, Engine, ptrace.SpanKindClient, spanname.CBSchedule, 4, 37, with(map[string]any{"n_polls": int64(3)})},
-		{spanname.CBLookup, Blend, ptrace.SpanKindServer, spanname.CBLookupRPC, 5.5, 33, with(map[string]any{"prefix_chunks": int64(1)})},
+		{spanname.CBLookup, Blend, ptrace.SpanKindServer, spanname.CBLookupRPC, 5.5, 33, with(stats(map[string]any{"prefix_chunks": int64(1)}))},
 		{spanname.MPLookupPrefetch, Blend, ptrace.SpanKindInternal, spanname.CBLookup, 6, 8.5, with(map[string]any{"prefix_chunks": int64(1)})},
 		{spanname.CBFingerprintMatch, Blend, ptrace.SpanKindInternal, spanname.CBLookup, 8.5, 15, with(map[string]any{
 			"n_probes": r.PromptTokens - 256, "table_hits": int64(3), "matches": int64(2)})},
@@ -109,12 +139,12 @@ func (r Request) Defs() []SpanDef {
 			"found": int64(3), "stale": int64(0), "per_rank_ok": int64(1)})},
 		{spanname.CBBuildMeta, Engine, ptrace.SpanKindInternal, spanname.CBSchedule, 38, 40, with(map[string]any{})},
 		{spanname.CBExecute, Worker, ptrace.SpanKindServer, spanname.CBRequest, 42, 120, with(map[string]any{})},
-		{spanname.CBStartLoadKV, Worker, ptrace.SpanKindClient, spanname.CBExecute, 43, 61, with(map[string]any{})},
-		{spanname.CBRetrieve, Blend, ptrace.SpanKindServer, spanname.CBStartLoadKV, 44, 60, with(map[string]any{})},
-		{spanname.CBScatter, Blend, ptrace.SpanKindInternal, spanname.CBRetrieve, 45, 59, with(map[string]any{
-			"scattered_tokens": r.PrefixHit + r.NonPrefixHit, "slot_writes": r.PrefixHit + r.NonPrefixHit,
-			"partial_blocks": int64(1), "n_prefix": r.PrefixHit, "n_shifted": r.NonPrefixHit, "dropped": int64(0)})},
-		{spanname.CBModelForward, Worker, ptrace.SpanKindInternal, spanname.CBExecute, 62, 119, with(map[string]any{})},
+		{spanname.CBStartLoadKV, Worker, ptrace.SpanKindClient, spanname.CBExecute, 43, 61, with(map[string]any{
+			"scattered_tokens": hits, "dropped": int64(0)})},
+		{spanname.CBRetrieve, Blend, ptrace.SpanKindServer, spanname.CBStartLoadKV, 44, 60, with(scatter(map[string]any{}))},
+		{spanname.CBScatter, Blend, ptrace.SpanKindInternal, spanname.CBRetrieve, 45, 59, with(scatter(map[string]any{}))},
+		{spanname.CBModelForward, Worker, ptrace.SpanKindInternal, spanname.CBExecute, 62, 119, with(map[string]any{
+			"reused_tokens": r.NonPrefixHit, "prefix_tokens": r.PrefixHit, "new_tokens": r.PromptTokens - hits, "imp_count": int64(77)})},
 		{spanname.CBFullRecomp, Worker, ptrace.SpanKindInternal, spanname.CBModelForward, 62.5, 80, with(map[string]any{})},
 		{spanname.CBCheck, Worker, ptrace.SpanKindInternal, spanname.CBModelForward, 80, 84, with(map[string]any{
 			"imp_count": int64(77), "recomp_ratio": 0.15})},
@@ -123,6 +153,28 @@ func (r Request) Defs() []SpanDef {
 		{spanname.EnginePrefill, Engine, ptrace.SpanKindInternal, root, 41, 124, nil},
 		{spanname.EngineDecode, Engine, ptrace.SpanKindInternal, root, 124, 179.5, nil},
 	}
+	if done {
+		return defs
+	}
+	// Served without a lookup result: a full prefill.
+	out := defs[:0]
+	for _, d := range defs {
+		switch d.Name {
+		case spanname.CBModelForward:
+			d.Attrs = with(map[string]any{})
+		case spanname.CBLookupRPC:
+			if r.Lookup == "skipped" {
+				continue
+			}
+			d.Attrs["error.type"] = r.Lookup
+		case spanname.CBLookup, spanname.MPLookupPrefetch, spanname.CBFingerprintMatch, spanname.CBSparsePrefetch,
+			spanname.CBL2Load, spanname.CBClassify, spanname.CBStartLoadKV, spanname.CBRetrieve, spanname.CBScatter,
+			spanname.CBFullRecomp, spanname.CBCheck, spanname.CBPartial:
+			continue
+		}
+		out = append(out, d)
+	}
+	return out
 }
 
 // TraceID returns the deterministic trace id of a request id.

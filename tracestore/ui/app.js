@@ -164,9 +164,15 @@ function renderList() {
   $('#empty').hidden = state.requests.length > 0;
 }
 
+// hitTitle explains cb.request's hit statistics (contract/spans.yaml names): the two legs
+// and what each searched, or why there was no lookup result.
 function hitTitle(r) {
   if (r.requested_tokens === undefined || r.requested_tokens === null) return '';
-  return `prefix ${r.prefix_hit_tokens ?? '?'} + non-prefix ${r.non_prefix_hit_tokens ?? '?'} of ${r.requested_tokens} tokens`;
+  if (r.lookup && r.lookup !== 'done') return `no lookup result (lookup: ${r.lookup}); ${r.requested_tokens} tokens computed`;
+  const cov = r.prefix_coverage_tokens ?? '?';
+  const rest = r.n_non_prefix_tokens ?? '?';
+  return `hit ${r.hit_tokens ?? '?'} of ${r.requested_tokens} tokens: prefix ${r.prefix_hit_tokens ?? '?'} of ${cov} covered` +
+    ` + non-prefix ${r.non_prefix_hit_tokens ?? '?'} of ${rest}`;
 }
 
 // ---------------------------------------------------------------- one trace

@@ -143,6 +143,9 @@ func summary(set *contract.SpanSet, sp *contract.Span, idents map[string]string)
 	if sp.MayRepeat {
 		b.WriteString("; may repeat")
 	}
+	if sp.Async {
+		b.WriteString("; asynchronous, may end after its parent")
+	}
 	b.WriteString(".")
 	return b.String()
 }
