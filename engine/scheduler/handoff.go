@@ -114,15 +114,21 @@ func (s *Scheduler) pullDone(o pullOutcome) {
 	sent := len(sq.blocks) - sq.committed
 	bytes, at := o.bytes, o.at
 	sq.h.update(func(r *Result) {
-		if r.Transfer != nil {
-			r.Transfer.End, r.Transfer.Bytes, r.Transfer.Done = at, bytes, true
+		if r.Transfer != nil { // copied, never changed in place: snapshots share it
+			t := *r.Transfer
+			t.End, t.Bytes, t.Done = at, bytes, true
 			if o.err == nil {
-				r.Transfer.Sent = sent
+				t.Sent = sent
 			}
+			r.Transfer = &t
 		}
 	})
 	if o.err != nil {
-		s.finish(sq, "", fmt.Errorf("%w: %w", ErrHandoff, o.err), o.at)
+		err := fmt.Errorf("%w: %w", ErrHandoff, o.err)
+		if sq.reqCtx.Err() != nil { // the request's own end stopped the pull
+			err = ErrCanceled
+		}
+		s.finish(sq, "", err, o.at)
 		return
 	}
 	s.pulling = slices.DeleteFunc(s.pulling, func(x *seq) bool { return x == sq })

@@ -138,7 +138,8 @@ type Result struct {
 	// Fallback is the reason the request was scheduled without a lookup
 	// result ("error", "timeout", "unavailable", "queue_full"), or "".
 	Fallback string
-	// Transfer is the KV pull of a Prefilled request, nil otherwise.
+	// Transfer is the KV pull of a Prefilled request, nil otherwise. It is
+	// shared by snapshots: read it, never change it.
 	Transfer *Transfer
 }
 

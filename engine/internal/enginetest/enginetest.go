@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -64,8 +65,10 @@ type Worker struct {
 	gate      chan struct{} // when set, Execute waits for a value
 	infoCalls int
 	keeps     map[string]keep // hand-overs kept (HandoffSecret)
-	released  []string        // keeps ended, for the next response
-	finished  [][]string      // finished ids of every step
+	sources   map[string]*Worker
+	pullHook  func(ctx context.Context) error
+	released  []string   // keeps ended, for the next response
+	finished  [][]string // finished ids of every step
 }
 
 // keep is a hand-over the double keeps: the prompt's block table and
@@ -212,6 +215,44 @@ func (w *Worker) Kept(id string) bool {
 	defer w.mu.Unlock()
 	_, ok := w.keeps[id]
 	return ok
+}
+
+// AddSource makes addr (a PullKV source address) name the double src.
+func (w *Worker) AddSource(addr string, src *Worker) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.sources == nil {
+		w.sources = map[string]*Worker{}
+	}
+	w.sources[addr] = src
+}
+
+// SetPullHook makes PullKV call hook first and fail with its error.
+func (w *Worker) SetPullHook(hook func(ctx context.Context) error) {
+	w.mu.Lock()
+	w.pullHook = hook
+	w.mu.Unlock()
+}
+
+// PullKV implements cbv1.WorkerServiceServer: it copies the kept KV of
+// the source double (AddSource) with CopyKV; 4 bytes per position.
+func (w *Worker) PullKV(ctx context.Context, req *cbv1.PullKVRequest) (*cbv1.PullKVResponse, error) {
+	w.mu.Lock()
+	src, hook := w.sources[req.GetSource()], w.pullHook
+	w.mu.Unlock()
+	if hook != nil {
+		if err := hook(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if src == nil {
+		return nil, status.Errorf(codes.Unavailable, "no worker at %s", req.GetSource())
+	}
+	n, err := w.CopyKV(src, req.GetRequestId(), req.GetBlockTable(), int(req.GetFromBlock()))
+	if err != nil {
+		return nil, status.Error(codes.NotFound, err.Error())
+	}
+	return &cbv1.PullKVResponse{Bytes: int64(n) * 4, Blocks: int32(len(req.GetBlockTable()) - int(req.GetFromBlock()))}, nil
 }
 
 // Finished returns every finished request id the steps carried.
