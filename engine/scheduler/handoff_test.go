@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/engine/internal/enginetest"
 )
 
@@ -20,7 +21,7 @@ type pd struct {
 }
 
 func newPD(t *testing.T, dcfg Config) *pd {
-	return &pd{p: newHarness(t, opts{}), d: newHarness(t, opts{cfg: dcfg})}
+	return &pd{p: newHarness(t, opts{}), d: newHarness(t, opts{cfg: dcfg, blend: &enginetest.Blend{}})}
 }
 
 // prefill runs the prefill half of a hand-over and returns its first token.
@@ -68,6 +69,14 @@ func TestHandoffMatchesOneEngine(t *testing.T) {
 	steps := x.d.worker.SeqSteps("h1")
 	if steps[0].GetIsPrefill() || len(steps[0].GetPromptTokens()) != 100 || steps[0].GetStartPos() != 100 || steps[0].GetTokens()[0] != first {
 		t.Fatalf("decode side's first step %v", steps[0])
+	}
+	if n := x.d.blend.LookupsFor("h1"); n != 0 {
+		t.Errorf("the decode side looked the taken-over request up %d times", n)
+	}
+	for _, sp := range x.d.rec.Ended() {
+		if sp.Name() == spanname.CBSchedule || sp.Name() == spanname.CBRequest || sp.Name() == spanname.CBLookupRPC {
+			t.Errorf("the decode side recorded %s for a taken-over request", sp.Name())
+		}
 	}
 	waitFor(t, "prefill side's blocks freed", func() bool {
 		st := checkKV(t, x.p.s)
