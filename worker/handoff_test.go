@@ -3,6 +3,7 @@ package worker
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -372,5 +373,80 @@ func TestKeepRefusals(t *testing.T) {
 	}
 	if resp.Outputs[0].Error == "" {
 		t.Error("rng_draws beyond the positions accepted")
+	}
+}
+
+// BenchmarkKVHandOver: a decode worker pulling a 2,048-token prompt's KV
+// (default model: 12 layers, 2 KV heads × 64: 6 KiB per token, 12 MiB)
+// from a prefill worker over loopback gRPC, plaintext and mutual TLS.
+func BenchmarkKVHandOver(b *testing.B) {
+	dir := filepath.Join(b.TempDir(), "tls")
+	if err := mtls.WriteDir(dir, mtls.DefaultHosts, time.Hour); err != nil {
+		b.Fatal(err)
+	}
+	id, err := mtls.Load(mtls.DirFiles(dir, mtls.Worker), mtls.Worker)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		deps func() Deps
+	}{
+		{"in-process copy", nil},
+		{"plaintext", func() Deps { return Deps{Deps: component.Deps{Registerer: prometheus.NewRegistry()}} }},
+		{"mutual TLS", func() Deps {
+			return Deps{Deps: component.Deps{Registerer: prometheus.NewRegistry(), GRPCServerOptions: id.ServerOptionsFor(mtls.WorkerPolicy())},
+				DialPeer: func(addr string) (*grpc.ClientConn, error) { return rpc.Dial(addr, id.DialOption(mtls.Worker)) }}
+		}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			if tc.deps == nil { // the ceiling: pack and unpack in one process, no network
+				w, err := New(Config{NumBlocks: 384, ShmDir: b.TempDir()}, Deps{Deps: component.Deps{Registerer: prometheus.NewRegistry()}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := w.Start(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+				defer w.Shutdown(context.Background())
+				const n = 2048
+				b.SetBytes(int64(n) * w.kv.Layout().TokenBytes())
+				for b.Loop() {
+					for first := 0; first < n/16; first += 10 {
+						cnt := min(10, n/16-first)
+						unpackBlocks(w.kv, blocks(128, n/16), first, cnt, n, packBlocks(w.kv, blocks(0, n/16), first, cnt, n))
+					}
+				}
+				return
+			}
+			start := func() *Worker {
+				w, err := New(Config{NumBlocks: 384, ShmDir: b.TempDir()}, tc.deps())
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := w.Start(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { w.Shutdown(context.Background()) })
+				return w
+			}
+			a, d := start(), start()
+			const n = 2048
+			bt := blocks(0, n/16)
+			// The KV content does not matter for the copy: keep the
+			// (zero) memory directly instead of prefilling.
+			b.SetBytes(int64(n) * a.kv.Layout().TokenBytes())
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				rid := fmt.Sprintf("b%d", i)
+				if err := a.keepKV(rid, secret, bt, n); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := d.PullKV(context.Background(), &cbv1.PullKVRequest{RequestId: rid, Source: a.Addr(), Secret: secret,
+					BlockTable: blocks(128, n/16), NTokens: n}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
