@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/contract/spanname"
@@ -449,4 +450,45 @@ func BenchmarkKVHandOver(b *testing.B) {
 			}
 		})
 	}
+}
+
+// FuzzCheckPull: a PullKV request from the wire (any bytes) never panics
+// the check, and one it accepts is within the worker's pool and layout.
+func FuzzCheckPull(f *testing.F) {
+	w, err := New(Config{Model: smallModel, ShmDir: f.TempDir(), NumBlocks: 64}, Deps{Deps: component.Deps{Registerer: prometheus.NewRegistry()}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	if err := w.Start(context.Background()); err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { w.Shutdown(context.Background()) })
+	seed, _ := proto.Marshal(&cbv1.PullKVRequest{RequestId: "r", Source: "127.0.0.1:1", Secret: secret, BlockTable: blocks(3, 3), FromBlock: 1, NTokens: 40})
+	f.Add(seed)
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var req cbv1.PullKVRequest
+		if proto.Unmarshal(b, &req) != nil {
+			return
+		}
+		if w.checkPull(&req) != nil {
+			return
+		}
+		bt, n := req.GetBlockTable(), int(req.GetNTokens())
+		if n < 1 || n > smallModel.MaxPositions || len(bt) != (n+15)/16 || int(req.GetFromBlock()) > len(bt) || req.GetFromBlock() < 0 {
+			t.Fatalf("accepted %v", &req)
+		}
+		seen := map[int32]bool{}
+		for _, x := range bt {
+			if x < 0 || x >= 64 || seen[x] {
+				t.Fatalf("accepted block table %v", bt)
+			}
+			seen[x] = true
+		}
+		// Every message size the pull would accept fits the table.
+		l := w.kv.Layout()
+		if got := chunkBytes(l, 0, len(bt), n); got != n*int(l.TokenBytes()) {
+			t.Fatalf("chunk bytes %d for %d tokens", got, n)
+		}
+	})
 }

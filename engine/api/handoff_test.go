@@ -153,3 +153,20 @@ func FuzzParseDecodeEngine(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseKVReport: the decode engine's report headers never panic the
+// parser, and what it accepts is within bounds.
+func FuzzParseKVReport(f *testing.F) {
+	f.Add("6144", "3", "5")
+	f.Add("-1", "x", "")
+	f.Fuzz(func(t *testing.T, b, s, d string) {
+		h := http.Header{}
+		h.Set(HeaderKVBytes, b)
+		h.Set(HeaderKVBlocksSent, s)
+		h.Set(HeaderKVBlocksDeduped, d)
+		r, ok := ParseKVReport(h)
+		if ok && (r.Bytes < 0 || r.Bytes > 1<<50 || r.BlocksSent < 0 || r.BlocksSent > 1<<30 || r.BlocksDeduped < 0 || r.BlocksDeduped > 1<<30) {
+			t.Fatalf("accepted %+v", r)
+		}
+	})
+}
