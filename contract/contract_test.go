@@ -165,7 +165,7 @@ func TestSpanTree(t *testing.T) {
 			t.Errorf("%s: no request_id", sp.Name)
 		}
 	}
-	if want := []string{"cb.lookup", "cb.execute", "cb.retrieve", "cb.store"}; !slices.Equal(remote, want) {
+	if want := []string{"cb.lookup", "cb.execute", "cb.retrieve", "cb.store", "kv.receive"}; !slices.Equal(remote, want) {
 		t.Errorf("remote children %v, want %v", remote, want)
 	}
 	for name, parent := range map[string]string{

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -76,6 +77,20 @@ type Config struct {
 	// refused (see package httpserve). Default 4096 (about 95 MB of memory
 	// when every one is held by a slow client).
 	MaxConns int
+	// Role is the engine's part in prefill/decode disaggregation
+	// (docs/design.md §9): RoleBoth (default) serves every request whole;
+	// RolePrefill also hands requests naming a decode engine
+	// (X-CB-Decode-Engine) over after their first token; RoleDecode also
+	// takes over requests a prefill engine hands over (X-CB-Handoff).
+	Role string
+	// WorkerAdvertise is the address of this engine's worker as the decode
+	// engines' workers reach it (host:port; they read the handed-over KV
+	// from its KVTransferService). Required with RolePrefill.
+	WorkerAdvertise string
+	// HandoffSources, when not empty, lists the prefill workers (host:port,
+	// as their engines advertise them) a decode engine takes requests over
+	// from; a hand-over naming another is refused (400). Empty: any.
+	HandoffSources []string
 	// CaptureContent records prompts and completions as events of the
 	// SERVER span (GenAI content capture). Off by default: no prompt or
 	// completion text reaches spans, logs or metrics unless opted in
@@ -99,6 +114,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.RequestTimeout <= 0 {
 		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if c.Role == "" {
+		c.Role = RoleBoth
 	}
 	l := c.httpLimits().WithDefaults(httpserve.Limits{MaxConns: DefaultMaxConns})
 	c.ReadHeaderTimeout, c.ReadTimeout, c.WriteTimeout, c.IdleTimeout = l.ReadHeaderTimeout, l.ReadTimeout, l.WriteTimeout, l.IdleTimeout
@@ -144,4 +162,8 @@ type Deps struct {
 	Gatherer prometheus.Gatherer
 	// Tokenizer; nil: tokenizer.Tokenizer (byte-level).
 	Tokenizer Tokenizer
+	// HTTPClient makes a prefill engine's calls to decode engines; nil: a
+	// client with a 5 s connect timeout and no overall timeout (the
+	// request's RequestTimeout bounds each call).
+	HTTPClient *http.Client
 }

@@ -28,4 +28,20 @@
 // Head sampling is the tracer provider's (OTEL_TRACES_SAMPLER); the decision
 // travels to the worker and the blend server in the trace flags of the
 // trace_context fields.
+//
+// Prefill/decode disaggregation (Config.Role, handoff.go, docs/design.md
+// §9): a prefill engine serves a generation request carrying
+// X-CB-Decode-Engine by prefilling it (CacheBlend reuse included), sampling
+// the first token and forwarding the request to that decode engine with
+// X-CB-Handoff (where its worker keeps the prompt's KV, under which secret,
+// the first token and the prompt's digest), under a kv.transfer CLIENT span;
+// it relays the decode engine's answer. A decode engine takes such a
+// request over under the same request id: its scheduler takes the prompt's
+// blocks from its prefix cache by chain hash, its worker pulls the rest from
+// the prefill worker (PullKV → ReadKV), and it decodes and streams from the
+// first token, reporting the transfer in X-CB-KV-Bytes, X-CB-KV-Blocks-Sent
+// and X-CB-KV-Blocks-Deduped. Failures are OpenAI-shaped: 400 wrong_role,
+// invalid_handoff, handoff_mismatch; 503 decode_unavailable (nothing was
+// streamed: the caller may try another decode engine) and
+// kv_transfer_failed.
 package engine

@@ -15,9 +15,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cacheblend/cacheblend/component"
+	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
 	"github.com/cacheblend/cacheblend/httpserve"
 	"github.com/cacheblend/cacheblend/metrics"
+	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
 	"github.com/cacheblend/cacheblend/tokenizer"
 )
@@ -39,6 +41,8 @@ type Engine struct {
 	log      *slog.Logger
 	tok      Tokenizer
 	handler  http.Handler
+	worker   cbv1.WorkerServiceClient // the worker: steps (through the scheduler) and KV pulls
+	client   *http.Client             // calls to decode engines
 	created  int64
 
 	mu        sync.Mutex
@@ -55,8 +59,20 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 		return nil, errors.New("engine: a worker client is required")
 	}
 	cfg = cfg.withDefaults()
+	switch cfg.Role {
+	case RoleBoth, RoleDecode:
+	case RolePrefill:
+		if err := api.ValidHostPort(cfg.WorkerAdvertise); err != nil {
+			return nil, fmt.Errorf("engine: role prefill needs the worker's address for the decode workers (WorkerAdvertise): %w", err)
+		}
+	default:
+		return nil, fmt.Errorf("engine: role %q, want %s, %s or %s", cfg.Role, RoleBoth, RolePrefill, RoleDecode)
+	}
 	deps.Deps = deps.Deps.WithDefaults()
-	e := &Engine{cfg: cfg, tok: deps.Tokenizer, log: deps.Logger, created: time.Now().Unix()}
+	e := &Engine{cfg: cfg, tok: deps.Tokenizer, log: deps.Logger, created: time.Now().Unix(), worker: deps.Worker, client: deps.HTTPClient}
+	if e.client == nil {
+		e.client = defaultHTTPClient()
+	}
 	if e.tok == nil {
 		e.tok = tokenizer.Tokenizer{}
 	}
@@ -213,6 +229,20 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 		return fmt.Errorf("engine: shutdown: %w", schedErr)
 	}
 	return nil
+}
+
+// Role returns the engine's role: RoleBoth, RolePrefill or RoleDecode.
+func (e *Engine) Role() string { return e.cfg.Role }
+
+// defaultHTTPClient is the client of a prefill engine's calls to decode
+// engines: 5 s to connect, keep-alive connections, no overall timeout.
+func defaultHTTPClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+	}}
 }
 
 // newID returns prefix followed by 24 random hex digits.

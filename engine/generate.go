@@ -44,6 +44,10 @@ func promptParam(name string) string { return operationOf(name).promptParam }
 func (e *Engine) serveGenerate(w *statusWriter, r *http.Request, opName, route string, t0 time.Time) {
 	op := operationOf(opName)
 	rec := &genRecord{op: op.name, id: newID(op.idPrefix), t0: t0}
+	ho, hoErr := handoffOf(r) // decode side: the request keeps the prefill engine's id
+	if ho != nil {
+		rec.id = ho.ID
+	}
 	w.Header().Set("X-Request-Id", rec.id)
 
 	// Auth and body come first: the span is named after the model in the body.
@@ -59,6 +63,10 @@ func (e *Engine) serveGenerate(w *statusWriter, r *http.Request, opName, route s
 	defer func() { e.endGenerate(ctx, span, rec, w) }()
 
 	g, prompt, promptText, apiErr, cause := e.admitGeneration(rec, body, apiErr)
+	var decodeURL string
+	if apiErr == nil {
+		decodeURL, apiErr = e.checkHandoff(r, ho, hoErr, prompt)
+	}
 	if apiErr != nil {
 		rec.fail(w, apiErr, cause)
 		return
@@ -74,15 +82,26 @@ func (e *Engine) serveGenerate(w *statusWriter, r *http.Request, opName, route s
 	if g.Seed != nil {
 		sampling.Seed = uint64(*g.Seed)
 	}
-	h, err := e.sched.Submit(&scheduler.Request{
+	req := &scheduler.Request{
 		ID: rec.id, Prompt: prompt, MaxTokens: rec.maxTokens, Sampling: sampling,
 		IgnoreEOS: g.IgnoreEOS, NoReuse: g.NoReuse, OnToken: ts.push, Ctx: reqCtx,
-	})
+	}
+	if decodeURL != "" { // prefill side: prefill, first token, hand over, relay
+		e.handOver(w, r, ctx, reqCtx, rec, g, req, body, route, decodeURL)
+		return
+	}
+	if ho != nil { // decode side: pull the prompt's KV, then decode
+		req.Prefilled = e.prefilled(ho)
+	}
+	h, err := e.sched.Submit(req)
 	if err != nil {
 		rec.fail(w, e.submitError(err, op.promptParam), err)
 		return
 	}
 	rec.h = h
+	if ho != nil && !e.awaitTransfer(w, r, reqCtx, rec) {
+		return
+	}
 	echo := ""
 	if g.Echo {
 		echo = promptText

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 
 	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
@@ -68,6 +69,11 @@ func resultError(r *http.Request, reqCtx context.Context, res scheduler.Result) 
 		return shuttingDown(), err
 	case errors.Is(err, scheduler.ErrStoreTimeout):
 		return api.Timeout("the store was not confirmed"), err
+	case errors.Is(err, scheduler.ErrHandoff):
+		return &api.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "kv_transfer_failed",
+			Message: "The prompt's KV could not be pulled from the prefill engine's worker: " +
+				strings.TrimPrefix(err.Error(), scheduler.ErrHandoff.Error()+": "),
+			ErrorType: api.ErrorTypeWorkerUnavailable}, err
 	case errors.As(err, &we):
 		return api.Internal(we.Msg), err
 	default:

@@ -217,10 +217,10 @@ func (e *Engine) serveHealth(w *statusWriter, _ *http.Request, _ string, _ time.
 	e.mu.Unlock()
 	switch {
 	case down:
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "shutting down"})
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "shutting down", "role": e.cfg.Role})
 	case !ready:
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "worker unavailable"})
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "worker unavailable", "role": e.cfg.Role})
 	default:
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "role": e.cfg.Role})
 	}
 }

@@ -165,12 +165,14 @@ func (e *Engine) engineSpans(ctx context.Context, rec *genRecord, res scheduler.
 	if len(res.TokenTimes) > 0 {
 		prefillEnd = res.TokenTimes[0]
 	}
-	_, p := e.spans.Start(ctx, spanname.EnginePrefill, trace.WithTimestamp(res.Admitted), trace.WithAttributes(
-		attribute.Int("n_prompt_tokens", res.PromptTokens),
-		attribute.Int("cached_tokens", res.CachedTokens),
-		attribute.Int("reused_tokens", res.ReusedTokens),
-	))
-	p.End(trace.WithTimestamp(prefillEnd))
+	if res.Transfer == nil { // a request taken over was prefilled by another engine
+		_, p := e.spans.Start(ctx, spanname.EnginePrefill, trace.WithTimestamp(res.Admitted), trace.WithAttributes(
+			attribute.Int("n_prompt_tokens", res.PromptTokens),
+			attribute.Int("cached_tokens", res.CachedTokens),
+			attribute.Int("reused_tokens", res.ReusedTokens),
+		))
+		p.End(trace.WithTimestamp(prefillEnd))
+	}
 	if len(res.TokenTimes) < 2 {
 		return
 	}

@@ -262,6 +262,24 @@ func (a *Allocator) Free(blocks []int32) error {
 	return nil
 }
 
+// Ref takes one more reference on each of blocks, which must all be used
+// (hold a reference already): a second owner of the same blocks, released
+// by its own Free. An id outside the pool or without a reference is an
+// error wrapping [ErrBadBlock], and then no reference is taken.
+func (a *Allocator) Ref(blocks []int32) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, b := range blocks {
+		if b < 0 || int(b) >= len(a.refs) || a.refs[b] == 0 {
+			return fmt.Errorf("%w: reference on unreferenced or unknown block %d", ErrBadBlock, b)
+		}
+	}
+	for _, b := range blocks {
+		a.refs[b]++
+	}
+	return nil
+}
+
 // Stats returns a snapshot of the block states and counters.
 func (a *Allocator) Stats() AllocatorStats {
 	a.mu.Lock()

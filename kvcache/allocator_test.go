@@ -263,3 +263,39 @@ func BenchmarkChainHashes1536(b *testing.B) {
 		_ = ChainHashes(nil, toks, 16)
 	}
 }
+
+// TestRef: a second owner keeps blocks used until both released them.
+func TestRef(t *testing.T) {
+	a, err := NewAllocator(4, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := a.Allocate(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Ref(got); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(got); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Stats(); st.Used != 2 {
+		t.Fatalf("after the first owner's free: %+v", st)
+	}
+	if err := a.Free(got); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Stats(); st.Used != 0 || st.Free != 4 {
+		t.Fatalf("after both frees: %+v", st)
+	}
+	if err := a.Ref([]int32{0}); err == nil {
+		t.Error("reference on a free block taken")
+	}
+	if err := a.Ref([]int32{9}); err == nil {
+		t.Error("reference on a block outside the pool taken")
+	}
+	if st := a.Stats(); st.Used != 0 {
+		t.Fatalf("refused Ref changed the pool: %+v", st)
+	}
+}

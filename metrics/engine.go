@@ -67,6 +67,7 @@ type EngineMetrics struct {
 	fallbacksIn                                      *instrument
 	fallbacks                                        [len(fallbackReasons)]*series
 	kv                                               kvTransfer
+	handoff                                          kvHandoff
 
 	statsMu sync.Mutex // serialises SetEngine so its check-then-set is atomic
 
@@ -106,6 +107,7 @@ func NewEngineMetrics(reg prometheus.Registerer, opts ...Option) (*EngineMetrics
 		genTokens:    b.counter("cb_engine_generation_tokens_total"),
 		fallbacksIn:  instrumentOf(b.counter("cb_engine_lookup_fallbacks_total")),
 		kv:           newKVTransfer(b),
+		handoff:      newKVHandoff(b),
 	}
 	b.enumSeries(m.fallbacks[:], m.fallbacksIn, fallbackReasons[:])
 	m.waiting = b.gaugeSeries("cb_engine_requests_waiting")

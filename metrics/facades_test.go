@@ -772,6 +772,8 @@ func TestEnumsMatchTheContract(t *testing.T) {
 		{"cb_worker_blend_failures_total", "op", blendOpNames[:]},
 		{"lmcache_blend_chunks_evicted_total", "tier", tierNames[:]},
 		{"cb_engine_lookup_fallbacks_total", "reason", fallbackReasons[:]},
+		{"cb_kv_handoff_bytes_total", "direction", handoffDirectionNames[:]},
+		{"cb_worker_kv_handoffs", "state", handoffStateNames[:]},
 	} {
 		in, ok := set.Lookup(tc.metric)
 		if !ok {
@@ -791,6 +793,8 @@ func TestEnumsMatchTheContract(t *testing.T) {
 		KVLoad.String(): "load", KVStore.String(): "store", KVDirection(200).String(): "KVDirection(200)",
 		BlendOpRegister.String(): "register", BlendOpRetrieve.String(): "retrieve", BlendOpStore.String(): "store",
 		BlendOp(3).String(): "BlendOp(3)", TierL1.String(): "l1", TierL2.String(): "l2", Tier(2).String(): "Tier(2)",
+		HandoffSent.String(): "sent", HandoffReceived.String(): "received", HandoffDirection(2).String(): "HandoffDirection(2)",
+		HandoffKept.String(): "kept", HandoffPulling.String(): "pulling", HandoffState(2).String(): "HandoffState(2)",
 	} {
 		if got != want {
 			t.Errorf("String() = %q, want %q", got, want)

@@ -126,3 +126,45 @@ func pick[E labelEnum](in *instrument, ss []*series, e E) *series {
 		Reason: ReasonNotAllowed, Want: in.policies[0].allowedList})
 	return nil
 }
+
+// HandoffDirection is the direction label of the prefill/decode hand-over instruments
+// (cb_kv_handoff_bytes_total, cb_kv_handoff_blocks_total, cb_kv_handoffs_total): the prefill
+// engine records HandoffSent, the decode engine HandoffReceived. The zero value is
+// HandoffSent. A value other than the constants (only made by converting an integer) is
+// refused by the methods taking it, see Registry. Values are plain integers, safe to copy and
+// to share between goroutines.
+type HandoffDirection uint8
+
+// Hand-over directions, in contract order.
+const (
+	// HandoffSent is "sent": recorded by the prefill engine that handed a request over.
+	HandoffSent HandoffDirection = iota
+	// HandoffReceived is "received": recorded by the decode engine that took it over.
+	HandoffReceived
+)
+
+var handoffDirectionNames = [...]string{"sent", "received"}
+
+// String returns the label value, "sent" or "received", or "HandoffDirection(n)" for a value
+// that is not one of the constants.
+func (d HandoffDirection) String() string {
+	return enumName(handoffDirectionNames[:], "HandoffDirection", d)
+}
+
+// HandoffState is the state label of cb_worker_kv_handoffs. The zero value is HandoffKept. A
+// value other than the constants is refused by the methods taking it, see Registry.
+type HandoffState uint8
+
+// Hand-over states of a worker, in contract order.
+const (
+	// HandoffKept is "kept": prompts whose KV a prefill worker keeps for a decode worker.
+	HandoffKept HandoffState = iota
+	// HandoffPulling is "pulling": reads a decode worker runs from a prefill worker.
+	HandoffPulling
+)
+
+var handoffStateNames = [...]string{"kept", "pulling"}
+
+// String returns the label value, "kept" or "pulling", or "HandoffState(n)" for a value that
+// is not one of the constants.
+func (s HandoffState) String() string { return enumName(handoffStateNames[:], "HandoffState", s) }

@@ -23,6 +23,8 @@ type WorkerMetrics struct {
 	failuresIn *instrument
 	failures   [len(blendOpNames)]*series
 	kv         kvTransfer
+	handoffsIn *instrument
+	handoffs   [len(handoffStateNames)]*series
 }
 
 // NewWorkerMetrics registers the worker's contract instruments on reg and resolves all their
@@ -47,6 +49,10 @@ func NewWorkerMetrics(reg prometheus.Registerer, opts ...Option) (*WorkerMetrics
 		b.enumSeries(m.forward[:], h.in, forwardPhaseNames[:])
 	}
 	b.enumSeries(m.failures[:], m.failuresIn, blendOpNames[:])
+	if g := b.gauge("cb_worker_kv_handoffs"); g != nil {
+		m.handoffsIn = g.in
+		b.enumSeries(m.handoffs[:], g.in, handoffStateNames[:])
+	}
 	if b.err != nil {
 		return nil, fmt.Errorf("metrics: worker: %w", b.err)
 	}

@@ -218,6 +218,7 @@ func TestPhaseFromContract(t *testing.T) {
 		spanname.CBModelForward: "forward", spanname.CBFullRecomp: "forward", spanname.CBCheck: "forward",
 		spanname.CBPartial: "forward",
 		spanname.CBStore:   "store", spanname.CBStorePreComputed: "store",
+		spanname.KVTransfer: "kv load", spanname.KVReceive: "kv load", spanname.KVSend: "kv load",
 	}
 	set, err := contract.Spans()
 	if err != nil {

@@ -14,4 +14,14 @@
 // cb.retrieve in cb-blend is a remote child of cb.start_load_kv. When the blend server is unreachable, a request is
 // computed in full and the failure recorded: reuse failing never fails a
 // request.
+//
+// Prefill/decode hand-over (handoff.go, docs/design.md §9): a prefill
+// worker keeps a handed-over prompt's blocks (the step carried a
+// handoff_secret) for one read by a decode worker through its
+// KVTransferService (ReadKV, kv.send; under mutual TLS only the cb-worker
+// role may call it); a decode worker pulls them into the blocks its engine
+// allocated (PullKV, kv.receive). Every field of both calls and of every
+// streamed message is bounded by the KV layout before use; a finished id
+// stops a pull before the step's sequences run, so its blocks are never
+// written after the engine reused them.
 package worker

@@ -44,6 +44,10 @@ func (s *service) Execute(ctx context.Context, req *cbv1.ExecuteRequest) (*cbv1.
 	return s.w.Execute(ctx, req)
 }
 
+func (s *service) PullKV(ctx context.Context, req *cbv1.PullKVRequest) (*cbv1.PullKVResponse, error) {
+	return s.w.PullKV(ctx, req)
+}
+
 var attrRequestID = attribute.Key("request_id")
 
 // Execute runs one scheduler step: drops finished requests, runs every
@@ -57,6 +61,9 @@ func (w *Worker) Execute(ctx context.Context, req *cbv1.ExecuteRequest) (*cbv1.E
 	}
 	w.execMu.Lock()
 	defer w.execMu.Unlock()
+	// Hand-overs of finished requests stop first: their blocks may be
+	// reused by this step's sequences.
+	w.stopHandoffs(req.GetFinishedRequestIds())
 	for _, id := range req.GetFinishedRequestIds() {
 		delete(w.seqs, id)
 	}
@@ -81,6 +88,7 @@ func (w *Worker) Execute(ctx context.Context, req *cbv1.ExecuteRequest) (*cbv1.E
 	w.storeMu.Lock()
 	resp.StoredRequestIds, w.storeDone = w.storeDone, nil
 	w.storeMu.Unlock()
+	resp.HandoffReleasedIds = w.takeReleased()
 	return resp, nil
 }
 
@@ -94,6 +102,11 @@ func (w *Worker) state(sq *cbv1.SeqStep) (*seqState, error) {
 		st = &seqState{
 			prompt: slices.Clone(sq.GetPromptTokens()),
 			rng:    rand.New(rand.NewPCG(p.GetSeed(), p.GetSeed()^0x9e3779b97f4a7c15)),
+		}
+		// A request handed over from another worker continues its sampler
+		// (checkSeq bounds the draws); model.Sample draws once per token.
+		for range sq.GetRngDraws() {
+			st.rng.Float64()
 		}
 		if sq.GetCbPlan() != nil {
 			plan, err := rpc.PlanFromProto(sq.GetCbPlan())
@@ -176,6 +189,14 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 	if sq.GetSample() {
 		out.HasToken = true
 		out.Token = model.Sample(logits, sampling(sq.GetSampling()), st.rng)
+		if secret := sq.GetHandoffSecret(); len(secret) > 0 {
+			// Handed over to a decode engine: keep the prompt's KV for its
+			// read; this worker computes nothing more for the request.
+			if err := w.keepKV(id, secret, bt, len(st.prompt)); err != nil {
+				return &cbv1.SeqOutput{RequestId: id, Error: "hand-over: " + err.Error()}
+			}
+			delete(w.seqs, id)
+		}
 	}
 	if sq.GetStore() && end == len(st.prompt) && w.blend != nil {
 		w.storeAsync(pctx, id, st.prompt, slices.Clone(bt), sq.GetDocument())
@@ -289,8 +310,16 @@ func (w *Worker) decode(seqs []*cbv1.SeqStep) []*cbv1.SeqOutput {
 	for i, sq := range seqs {
 		outs[i] = &cbv1.SeqOutput{RequestId: sq.GetRequestId()}
 		if w.seqs[sq.GetRequestId()] == nil {
-			outs[i].Error = "decode for an unknown request (no prefill seen)"
-			continue
+			if len(sq.GetPromptTokens()) == 0 {
+				outs[i].Error = "decode for an unknown request (no prefill seen)"
+				continue
+			}
+			// A request handed over by a prefill engine: its prompt's KV
+			// was pulled into the block table; its first step is a decode.
+			if _, err := w.state(sq); err != nil {
+				outs[i].Error = err.Error()
+				continue
+			}
 		}
 		if len(sq.GetTokens()) != 1 {
 			outs[i].Error = fmt.Sprintf("decode step carries %d tokens, want 1", len(sq.GetTokens()))

@@ -65,6 +65,12 @@ func (w *Worker) checkSeq(sq *cbv1.SeqStep) error {
 	if n := len(sq.GetPromptTokens()); n > maxPos {
 		return fmt.Errorf("prompt of %d tokens, the model has %d positions", n, maxPos)
 	}
+	if d := sq.GetRngDraws(); d > uint32(maxPos) {
+		return fmt.Errorf("rng_draws %d beyond the model's %d positions", d, maxPos)
+	}
+	if s := sq.GetHandoffSecret(); len(s) > 0 && (len(s) != SecretBytes || !sq.GetSample()) {
+		return fmt.Errorf("handoff_secret of %d bytes on a step that samples: %v (want %d bytes on a sampling step)", len(s), sq.GetSample(), SecretBytes)
+	}
 	bt := sq.GetBlockTable()
 	if len(bt) > w.cfg.NumBlocks {
 		return fmt.Errorf("block table of %d blocks, the pool has %d", len(bt), w.cfg.NumBlocks)

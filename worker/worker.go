@@ -72,6 +72,22 @@ type Config struct {
 	// MaxPendingStores bounds the stores in flight; a store beyond it is
 	// skipped and counted (the request is unaffected). Default 64.
 	MaxPendingStores int
+	// KeepTimeout is how long a prefill worker keeps a handed-over prompt's
+	// KV for its read (docs/design.md §9); past it the keep is released
+	// (and a read in progress stops). Default 30 s.
+	KeepTimeout time.Duration
+	// MaxKeeps bounds the hand-overs kept at once; the step that would keep
+	// one more fails that request. Default 256.
+	MaxKeeps int
+	// MaxPulls bounds the pulls a decode worker runs at once
+	// (ResourceExhausted beyond). Default 8.
+	MaxPulls int
+	// PullTimeout bounds one pull. Default 60 s.
+	PullTimeout time.Duration
+	// KVSendRate, when positive, paces each hand-over read this worker
+	// serves to that many bytes per second (a cap on the KV transfer's share
+	// of the network). Default 0: unpaced.
+	KVSendRate int64
 }
 
 func (c Config) withDefaults() Config {
@@ -102,6 +118,18 @@ func (c Config) withDefaults() Config {
 	if c.MaxPendingStores <= 0 {
 		c.MaxPendingStores = DefaultMaxPendingStores
 	}
+	if c.KeepTimeout <= 0 {
+		c.KeepTimeout = DefaultKeepTimeout
+	}
+	if c.MaxKeeps <= 0 {
+		c.MaxKeeps = DefaultMaxKeeps
+	}
+	if c.MaxPulls <= 0 {
+		c.MaxPulls = DefaultMaxPulls
+	}
+	if c.PullTimeout <= 0 {
+		c.PullTimeout = DefaultPullTimeout
+	}
 	return c
 }
 
@@ -121,6 +149,11 @@ type Deps struct {
 	// blend server may come up later or restart) and closes it after
 	// Shutdown. nil disables reuse.
 	Blend cbv1.BlendServiceClient
+	// DialPeer dials another worker's gRPC address (a decode worker pulling
+	// a handed-over prompt's KV from a prefill worker): with mutual TLS,
+	// expecting the cb-worker role. nil: plaintext rpc.Dial. The worker
+	// keeps at most a few connections open and closes them at Shutdown.
+	DialPeer func(addr string) (*grpc.ClientConn, error)
 }
 
 var _ component.Lifecycle = (*Worker)(nil)
@@ -163,6 +196,9 @@ type Worker struct {
 
 	bg   sync.WaitGroup
 	stop chan struct{} // closed by Shutdown: the registration loop exits
+
+	ho   *handoffs                                   // prefill/decode hand-overs (handoff.go)
+	dial func(addr string) (*grpc.ClientConn, error) // Deps.DialPeer
 }
 
 // session is one KV registration: the socket connection it lives on and
@@ -204,6 +240,8 @@ func New(cfg Config, deps Deps) (*Worker, error) {
 		seqs:     make(map[string]*seqState),
 		storeSem: make(chan struct{}, cfg.MaxPendingStores),
 		stop:     make(chan struct{}),
+		ho:       newHandoffs(),
+		dial:     deps.DialPeer,
 	}, nil
 }
 
@@ -241,6 +279,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.ln = ln
 	w.grpcSrv = rpc.NewServer(w.grpcOpts...)
 	cbv1.RegisterWorkerServiceServer(w.grpcSrv, &service{w: w})
+	cbv1.RegisterKVTransferServiceServer(w.grpcSrv, &kvService{w: w})
 	w.health = health.NewServer()
 	healthpb.RegisterHealthServer(w.grpcSrv, w.health)
 	if w.blend != nil {
@@ -327,6 +366,7 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	if hs != nil {
 		hs.Shutdown()
 	}
+	w.closeHandoffs() // reads and pulls stop at once
 	if srv != nil {
 		done := make(chan struct{})
 		go func() { srv.GracefulStop(); close(done) }()

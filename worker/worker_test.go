@@ -43,7 +43,10 @@ type harness struct {
 	tp     *sdktrace.TracerProvider
 }
 
-func start(t *testing.T, cfg Config) *harness {
+func start(t *testing.T, cfg Config) *harness { return startWith(t, cfg, nil) }
+
+// startWith is start with a last change to the configuration.
+func startWith(t *testing.T, cfg Config, mut func(*Config)) *harness {
 	t.Helper()
 	rec := tracetest.NewSpanRecorder()
 	// The id generator of every process's provider (telemetry/provider): option-B roots.
@@ -51,6 +54,9 @@ func start(t *testing.T, cfg Config) *harness {
 	cfg.Model = smallModel
 	cfg.ShmDir = t.TempDir()
 	cfg.NumBlocks = 64
+	if mut != nil {
+		mut(&cfg)
+	}
 	w, err := New(cfg, Deps{Deps: component.Deps{TracerProvider: tp, Registerer: prometheus.NewRegistry()}})
 	if err != nil {
 		t.Fatal(err)
@@ -88,11 +94,17 @@ func prompt(n int) []int32 {
 // chunk tokens, then decode steps; it returns the sampled tokens.
 func generate(t *testing.T, h *harness, id string, p []int32, chunk, n int, bt []int32) []int32 {
 	t.Helper()
+	return generateS(t, h, id, p, chunk, n, bt, nil)
+}
+
+// generateS is generate with sampling parameters.
+func generateS(t *testing.T, h *harness, id string, p []int32, chunk, n int, bt []int32, sampling *cbv1.SamplingParams) []int32 {
+	t.Helper()
 	ctx := context.Background()
 	var out []int32
 	for s := 0; s < len(p); s += chunk {
 		e := min(s+chunk, len(p))
-		sq := &cbv1.SeqStep{RequestId: id, BlockTable: bt, Tokens: p[s:e], StartPos: int32(s), IsPrefill: true, Sample: e == len(p)}
+		sq := &cbv1.SeqStep{RequestId: id, BlockTable: bt, Tokens: p[s:e], StartPos: int32(s), IsPrefill: true, Sample: e == len(p), Sampling: sampling}
 		if s == 0 {
 			sq.PromptTokens = p
 		}
@@ -109,7 +121,7 @@ func generate(t *testing.T, h *harness, id string, p []int32, chunk, n int, bt [
 	for len(out) < n {
 		pos := len(p) + len(out) - 1
 		resp, err := h.client.Execute(ctx, &cbv1.ExecuteRequest{Seqs: []*cbv1.SeqStep{{
-			RequestId: id, BlockTable: bt, Tokens: []int32{out[len(out)-1]}, StartPos: int32(pos), Sample: true}}})
+			RequestId: id, BlockTable: bt, Tokens: []int32{out[len(out)-1]}, StartPos: int32(pos), Sample: true, Sampling: sampling}}})
 		if err != nil {
 			t.Fatal(err)
 		}

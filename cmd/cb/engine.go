@@ -28,6 +28,9 @@ func newEngineCmd() *cobra.Command {
 		Short: "Run cb-engine: the OpenAI-compatible API, the continuous-batching scheduler and the CacheBlend connector (scheduler side)",
 		RunE: func(c *cobra.Command, _ []string) error {
 			ctx := c.Context()
+			if cfg.WorkerAdvertise == "" {
+				cfg.WorkerAdvertise = workerAddr
+			}
 			id, err := tf.load(mtls.Engine)
 			if err != nil {
 				return err
@@ -63,7 +66,7 @@ func newEngineCmd() *cobra.Command {
 				return err
 			}
 			api := "http://" + eng.Addr()
-			rt.Logger.Info("engine started", "api", api, "worker", workerAddr, "blend", blendAddr, "model", cfg.Model)
+			rt.Logger.Info("engine started", "api", api, "worker", workerAddr, "blend", blendAddr, "model", cfg.Model, "role", eng.Role())
 			announce("cb-engine", "api", api, "metrics", api+"/metrics")
 			return runUntilSignal(ctx, rt, eng)
 		},
@@ -73,6 +76,11 @@ func newEngineCmd() *cobra.Command {
 	f.StringVar(&workerAddr, "worker", "127.0.0.1:50061", "cb-worker gRPC address")
 	f.StringVar(&blendAddr, "blend", "", "cb-blend gRPC address (empty: no CacheBlend reuse)")
 	f.StringVar(&cfg.Model, "model", defaults.Model, "served model name")
+	f.StringVar(&cfg.Role, "role", engine.RoleBoth, "prefill/decode disaggregation: both (every request whole), prefill (also hands requests with X-CB-Decode-Engine over after their first token), decode (also takes requests over from prefill engines)")
+	f.StringVar(&cfg.WorkerAdvertise, "worker-advertise", "", "role prefill: the worker's address as decode engines' workers reach it (default --worker)")
+	f.StringSliceVar(&cfg.HandoffSources, "handoff-source", nil, "role decode: a prefill worker (host:port) to take requests over from; repeatable (none: any)")
+	f.DurationVar(&cfg.HandoffTimeout, "handoff-timeout", scheduler.DefaultHandoffTimeout, "role prefill: release a handed-over request's blocks after this when the worker never reports the read")
+	f.IntVar(&cfg.MaxTransfers, "max-transfers", scheduler.DefaultMaxTransfers, "role decode: KV pulls in flight")
 	f.StringVar(&cfg.APIKey, "api-key", "", "require this bearer key on /v1/* (empty: no auth)")
 	f.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", engine.DefaultMaxBodyBytes, "largest request body (413 beyond)")
 	f.IntVar(&cfg.MaxQueue, "max-queue", scheduler.DefaultMaxQueue, "waiting requests before 429")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 
 	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/model"
@@ -38,7 +39,13 @@ func newWorkerCmd() *cobra.Command {
 			}
 			logTLS(rt.Logger, id, true)
 			deps := worker.Deps{Deps: rt.Deps()}
-			deps.GRPCServerOptions = serverOptions(id, mtls.WorkerCallers...)
+			if id != nil {
+				// WorkerService: the engine; KVTransferService: other workers.
+				deps.GRPCServerOptions = id.ServerOptionsFor(mtls.WorkerPolicy())
+			}
+			deps.DialPeer = func(addr string) (*grpc.ClientConn, error) {
+				return rpc.Dial(addr, dialOptions(id, mtls.Worker)...)
+			}
 			if blendAddr != "" {
 				bconn, err := rpc.Dial(blendAddr, dialOptions(id, mtls.Blend)...)
 				if err != nil {
@@ -72,6 +79,8 @@ func newWorkerCmd() *cobra.Command {
 	f.StringVar(&cfg.ModelName, "model", defaults.Model, "served model name")
 	f.IntVar(&cfg.NumBlocks, "num-blocks", worker.DefaultNumBlocks, "KV blocks in the pool")
 	f.IntVar(&cfg.BlockSize, "block-size", worker.DefaultBlockSize, "tokens per KV block")
+	f.DurationVar(&cfg.KeepTimeout, "kv-keep-timeout", worker.DefaultKeepTimeout, "prefill role: how long a handed-over prompt's KV is kept for the decode worker's read")
+	f.Int64Var(&cfg.KVSendRate, "kv-send-rate", 0, "prefill role: pace each hand-over read served to this many bytes/s (0: unpaced)")
 	f.StringVar(&cfg.ShmDir, "shm-dir", "", "directory of the KV memory's unlinked fallback file when memfd_create is unavailable (default /dev/shm)")
 	d := model.DefaultConfig()
 	f.IntVar(&cfg.Model.Layers, "layers", d.Layers, "transformer layers")

@@ -167,6 +167,35 @@ const (
 	// Storing a prefill's new chunks; asynchronous (the worker does not wait for it), so it may end
 	// after its parent and the request's root. Optional: the request's trace does not wait for it.
 	CBStore = "cb.store"
+
+	// KVTransfer is the span "kv.transfer" of cb-engine (kind client, phase "kv load"), child of
+	// the SERVER span "{operation} {model}" (see [Server]); optional.
+	//
+	// The prefill engine hands the request over to the decode engine named by the caller (header
+	// X-CB-Decode-Engine): one HTTP call carrying the request, the first token and the prompt's KV
+	// handle (header X-CB-Handoff), whose answer is relayed to the caller. bytes, blocks_sent and
+	// blocks_deduped are the decode side's report (response headers X-CB-KV-Bytes,
+	// X-CB-KV-Blocks-Sent, X-CB-KV-Blocks-Deduped): blocks it already held by prefix hash (its
+	// prefix cache) are not sent. Spans the decode engine's SERVER span, so it lasts until the
+	// relayed answer ends; its own time is the hand-over's overhead.
+	KVTransfer = "kv.transfer"
+
+	// KVReceive is the span "kv.receive" of cb-worker (kind server, phase "kv load"), remote child
+	// of the SERVER span "{operation} {model}" (see [Server]) in cb-engine; required when
+	// [KVTransfer] has blocks_sent > 0, else optional.
+	//
+	// The decode engine's worker pulling the blocks the decode engine's prefix cache lacks (PullKV
+	// from its engine, parent context in the payload's trace_context) into the blocks the engine
+	// allocated.
+	KVReceive = "kv.receive"
+
+	// KVSend is the span "kv.send" of cb-worker (kind server, phase "kv load"), child of
+	// [KVReceive]; required when [KVTransfer] has blocks_sent > 0, else optional.
+	//
+	// The prefill engine's worker streaming the kept blocks (ReadKV, worker to worker over mutual
+	// TLS) to the decode engine's worker. Its parent is in another process of the same service
+	// (another node's cb-worker), which the contract does not mark remote_parent.
+	KVSend = "kv.send"
 )
 
 // Span names of the ingest trace, in the order of contract/spans.yaml.

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"slices"
 	"time"
 
 	"github.com/cacheblend/cacheblend/kvcache"
@@ -22,14 +23,15 @@ type storeHold struct {
 type blockManager struct {
 	pool      *kvcache.Allocator // nil until the worker answered Info
 	holds     map[string]*storeHold
-	evictions uint64 // evictions of pools dropped with a failed worker
-	hitNum    uint64 // admitted prompt tokens served from cached or reused KV
-	hitDen    uint64 // admitted prompt tokens
+	handoffs  map[string]*storeHold // blocks of handed-over requests, until the worker's keep ends
+	evictions uint64                // evictions of pools dropped with a failed worker
+	hitNum    uint64                // admitted prompt tokens served from cached or reused KV
+	hitDen    uint64                // admitted prompt tokens
 	errs      []error
 }
 
 func newBlockManager() *blockManager {
-	return &blockManager{holds: make(map[string]*storeHold)}
+	return &blockManager{holds: make(map[string]*storeHold), handoffs: make(map[string]*storeHold)}
 }
 
 // reset drops the pool and every hold (the worker's memory is gone).
@@ -39,12 +41,14 @@ func (b *blockManager) reset() {
 	}
 	b.pool = nil
 	clear(b.holds)
+	clear(b.handoffs)
 }
 
 // stats fills the KV part of st.
 func (b *blockManager) stats(st *Stats) {
 	st.Evictions += b.evictions
 	st.StoresPending = len(b.holds)
+	st.HandoffsHeld = len(b.handoffs)
 	if b.hitDen > 0 {
 		st.PrefixHitRatio = min(1, float64(b.hitNum)/float64(b.hitDen))
 	}
@@ -98,9 +102,14 @@ func (b *blockManager) grow(sq *seq, tokens int) error {
 // whole prompt: the last token is always computed) and returns them with
 // the tokens they cover.
 func (b *blockManager) acquirePrefix(sq *seq) (blocks []int32, local int) {
+	return b.acquire(sq, (len(sq.tokens)-1)/b.pool.BlockSize())
+}
+
+// acquire takes the blocks of sq's longest cached prefix of at most maxHit
+// blocks (none for a NoReuse request).
+func (b *blockManager) acquire(sq *seq, maxHit int) (blocks []int32, local int) {
 	bs := b.pool.BlockSize()
 	sq.hashes = kvcache.ChainHashes(sq.hashes, sq.tokens, bs)
-	maxHit := (len(sq.tokens) - 1) / bs
 	if sq.req.NoReuse {
 		maxHit = 0
 	}
@@ -154,6 +163,48 @@ func (b *blockManager) storeDone(id string) *storeHold {
 	return h
 }
 
+// holdHandoff holds blocks (a reference of their own) for the hand-over
+// of request id until handoffDone, at most until deadline.
+func (b *blockManager) holdHandoff(id string, blocks []int32, deadline time.Time) error {
+	if err := b.pool.Ref(blocks); err != nil {
+		return err
+	}
+	if old, ok := b.handoffs[id]; ok { // cannot happen: ids are unique in flight
+		b.free(old.blocks...)
+	}
+	b.handoffs[id] = &storeHold{blocks: [][]int32{slices.Clone(blocks)}, deadline: deadline}
+	return nil
+}
+
+// handoffDone frees what the hand-over of id held; false when nothing.
+func (b *blockManager) handoffDone(id string) bool {
+	h, ok := b.handoffs[id]
+	if !ok {
+		return false
+	}
+	delete(b.handoffs, id)
+	b.free(h.blocks...)
+	return true
+}
+
+// expireHandoffs frees the hand-over holds past their deadline and returns
+// their ids.
+func (b *blockManager) expireHandoffs(now time.Time) []string {
+	var out []string
+	for id, h := range b.handoffs {
+		if now.Before(h.deadline) {
+			continue
+		}
+		delete(b.handoffs, id)
+		b.free(h.blocks...)
+		out = append(out, id)
+	}
+	return out
+}
+
+// polling reports whether a store or a hand-over awaits the worker's report.
+func (b *blockManager) polling() bool { return len(b.holds) > 0 || len(b.handoffs) > 0 }
+
 // expire frees the holds past their deadline and returns their ids and
 // holds.
 func (b *blockManager) expire(now time.Time) map[string]*storeHold {
@@ -175,9 +226,11 @@ func (b *blockManager) expire(now time.Time) map[string]*storeHold {
 // nextDeadline is the earliest hold deadline, if any.
 func (b *blockManager) nextDeadline() (time.Time, bool) {
 	var at time.Time
-	for _, h := range b.holds {
-		if at.IsZero() || h.deadline.Before(at) {
-			at = h.deadline
+	for _, m := range []map[string]*storeHold{b.holds, b.handoffs} {
+		for _, h := range m {
+			if at.IsZero() || h.deadline.Before(at) {
+				at = h.deadline
+			}
 		}
 	}
 	return at, !at.IsZero()

@@ -23,6 +23,8 @@ const (
 	DefaultInfoTimeout         = 2 * time.Second
 	DefaultStoreTimeout        = 60 * time.Second
 	DefaultStorePollInterval   = 20 * time.Millisecond
+	DefaultMaxTransfers        = 4
+	DefaultHandoffTimeout      = 60 * time.Second
 	DefaultRecompRatio         = defaults.RecompRatio // 0.15
 	DefaultModel               = defaults.Model       // "cb-llama"
 )
@@ -66,6 +68,14 @@ type Config struct {
 	// RecompRatio is the CacheBlend recompute ratio put in CB plans.
 	// Default 0.15.
 	RecompRatio float64
+	// MaxTransfers bounds the KV pulls of Prefilled requests in flight;
+	// further ones wait in the queue. Default 4.
+	MaxTransfers int
+	// HandoffTimeout bounds how long the blocks of a handed-over request
+	// (Request.HandoffSecret) stay held for the decode side's read when the
+	// worker does not report the keep's end. It should exceed the worker's
+	// keep timeout (30 s by default). Default 60 s.
+	HandoffTimeout time.Duration
 	// DisableStore stops asking the worker to store prompts in the blend
 	// server after their prefill (documents are always stored). Prompts are
 	// stored by default when a blend client is configured.
@@ -90,6 +100,8 @@ func (c Config) withDefaults() Config {
 	def(&c.MaxRunning, DefaultMaxRunning)
 	def(&c.StepTokenBudget, DefaultStepTokenBudget)
 	def(&c.MaxLookupRPCs, DefaultMaxLookupRPCs)
+	def(&c.MaxTransfers, DefaultMaxTransfers)
+	defDur(&c.HandoffTimeout, DefaultHandoffTimeout)
 	defDur(&c.LookupTimeout, DefaultLookupTimeout)
 	defDur(&c.StepTimeout, DefaultStepTimeout)
 	defDur(&c.WorkerRetryInterval, DefaultWorkerRetryInterval)
@@ -139,6 +151,8 @@ var (
 	// ErrStoreTimeout: a document's store was not reported done within
 	// StoreTimeout.
 	ErrStoreTimeout = errors.New("scheduler: store not confirmed in time")
+	// ErrHandoff: the KV pull of a Prefilled request failed.
+	ErrHandoff = errors.New("scheduler: KV hand-over failed")
 )
 
 // WorkerError is a failure the worker reported for one sequence

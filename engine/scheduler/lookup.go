@@ -87,7 +87,7 @@ func (s *Scheduler) firstSights(now time.Time) {
 			continue
 		}
 		sq.seen = true
-		if sq.req.Document {
+		if sq.req.Document || sq.req.Prefilled != nil { // no lookup, no cb.schedule
 			continue
 		}
 		sq.schedCtx, sq.schedSpan = s.spans.Start(sq.reqCtx, spanname.CBSchedule,

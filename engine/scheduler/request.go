@@ -14,7 +14,49 @@ const (
 	FinishStop   = "stop"   // EOS sampled or OnToken asked to stop
 	FinishLength = "length" // MaxTokens or the model's positions reached
 	FinishStored = "stored" // a document's prefill and store are done
+	// FinishHandoff: a request with a HandoffSecret sampled its first token;
+	// its worker keeps the prompt's KV for the decode engine.
+	FinishHandoff = "handoff"
 )
+
+// SecretBytes is the length of Request.HandoffSecret.
+const SecretBytes = 32
+
+// Prefilled is the decode half of a prefill/decode hand-over
+// (docs/design.md §9): the prompt was prefilled by another engine, whose
+// worker keeps its KV, and its first token sampled there.
+type Prefilled struct {
+	// FirstToken is the token the prefill engine sampled; it is the
+	// request's first output token here.
+	FirstToken int32
+	// RNGDraws is the number of samples drawn for the request on the
+	// prefill worker (SeqStep.rng_draws): 1 for a sampled first token.
+	RNGDraws uint32
+	// Pull copies the prompt's KV into blockTable (ceil(prompt/block size)
+	// blocks) from block fromBlock on; the blocks before it were found in
+	// this engine's prefix cache (by chain hash) and are not sent. It is
+	// called once, when the request is admitted and unless every block was
+	// found, on a goroutine of its own and without the scheduler's lock,
+	// with a context derived from Request.Ctx that ends when the request is
+	// dropped; it returns the bytes moved. On error the request fails with
+	// ErrHandoff.
+	Pull func(ctx context.Context, blockTable []int32, fromBlock int) (bytes int64, err error)
+}
+
+// Transfer describes the KV hand-over of a request: on the decode side its
+// pull, in Result.Transfer.
+type Transfer struct {
+	// Blocks is the prompt's blocks; Deduped those found in the prefix
+	// cache (not sent); Sent those pulled.
+	Blocks, Deduped, Sent int
+	// Bytes is the KV pulled.
+	Bytes int64
+	// Start and End bound the pull (End zero until it ended).
+	Start, End time.Time
+	// Done is set once the pull succeeded (the request then runs) or
+	// failed (the request then fails).
+	Done bool
+}
 
 // Request is one generation (or document ingest) handed to [Scheduler.Submit].
 // The scheduler never modifies it.
@@ -40,6 +82,21 @@ type Request struct {
 	// the request finishes (reason "stored") when the worker reports the
 	// store done. No lookup is made for it.
 	Document bool
+	// HandoffSecret, when set (SecretBytes bytes), hands the request over
+	// to a decode engine after its prefill (prefill role): it is prefilled
+	// as usual (CacheBlend reuse included), its first token is sampled, and
+	// it finishes with reason FinishHandoff while its worker keeps the
+	// prompt's KV for a decode worker to read with this secret. The
+	// scheduler holds the prompt's blocks until the worker reports the
+	// keep ended (read, dropped through ReleaseHandoff, or expired), at
+	// most HandoffTimeout. Set MaxTokens to 1.
+	HandoffSecret []byte
+	// Prefilled, when set, makes the request the decode half of a
+	// hand-over (decode role): no lookup and no cb.request span; on
+	// admission the scheduler takes the prompt's blocks (its prefix cache
+	// first), pulls the rest, registers them in the prefix cache, and the
+	// request continues with Prefilled.FirstToken as its first token.
+	Prefilled *Prefilled
 	// OnToken, when set, is called with every sampled token except an
 	// end-of-sequence one, in order, on the step loop's goroutine but
 	// without the scheduler's lock, before the next step is scheduled;
@@ -81,6 +138,9 @@ type Result struct {
 	// Fallback is the reason the request was scheduled without a lookup
 	// result ("error", "timeout", "unavailable", "queue_full"), or "".
 	Fallback string
+	// Transfer is the KV pull of a Prefilled request, nil otherwise. It is
+	// shared by snapshots: read it, never change it.
+	Transfer *Transfer
 }
 
 // Handle follows one submitted request. Its methods are safe for

@@ -31,6 +31,7 @@ const (
 	stWaiting seqState = iota
 	stRunning
 	stStoring // a document whose prefill is done, waiting for its store report
+	stPulling // a Prefilled request whose KV is being pulled
 	stDone
 )
 
@@ -64,9 +65,10 @@ type seq struct {
 	traceSt   string // tracestate for SeqStep.trace_state
 	lookupOut string // the lookup outcome stamped on cb.request ("" until stamped)
 
-	lk   *lookup
-	plan *cbv1.CBPlan
-	meta *buildMeta // cb.build_meta until the first step metadata is built
+	lk         *lookup
+	pullCancel context.CancelFunc // of a Prefilled request's pull in flight
+	plan       *cbv1.CBPlan
+	meta       *buildMeta // cb.build_meta until the first step metadata is built
 }
 
 // item is one sequence's share of a step.
@@ -96,6 +98,11 @@ type Stats struct {
 	WorkerReady bool
 	// StoresPending counts requests whose store report is awaited.
 	StoresPending int
+	// Transferring counts Prefilled requests whose KV is being pulled.
+	Transferring int
+	// HandoffsHeld counts handed-over requests whose blocks are held until
+	// the worker reports the keep's end.
+	HandoffsHeld int
 }
 
 // Scheduler is the step loop. Create it with [New], then Start; Submit
@@ -123,6 +130,9 @@ type Scheduler struct {
 	batchTokens     int
 	after           []func() // run after mu is released
 	lookups         *lookupDriver
+	pulling         []*seq           // Prefilled requests whose pull is in flight
+	pullOutcomes    chan pullOutcome // finished pulls, drained by the loop
+	pullCalls       sync.WaitGroup
 
 	wake       chan struct{}
 	loopCtx    context.Context
@@ -149,6 +159,7 @@ func New(cfg Config, deps Deps) (*Scheduler, error) {
 		loopDone: make(chan struct{}),
 		lookups:  newLookupDriver(deps.Blend, cfg.MaxLookupRPCs),
 	}
+	s.pullOutcomes = make(chan pullOutcome, cfg.MaxTransfers)
 	if s.spans == nil {
 		s.spans = telemetry.NewSpans(nil, "github.com/cacheblend/cacheblend/engine/scheduler", nil)
 	}
@@ -213,6 +224,7 @@ func (s *Scheduler) Shutdown(ctx context.Context) error {
 		<-s.loopDone
 	}
 	s.lookups.calls.Wait()
+	s.pullCalls.Wait()
 	return err
 }
 
@@ -239,7 +251,7 @@ func (s *Scheduler) Abort(err error) {
 
 // liveSeqs lists every unfinished request in a deterministic order.
 func (s *Scheduler) liveSeqs() []*seq {
-	out := slices.Concat(s.running, s.waiting)
+	out := slices.Concat(s.running, s.waiting, s.pulling)
 	for _, sq := range s.byID {
 		if sq.state == stStoring {
 			out = append(out, sq)
@@ -261,12 +273,13 @@ func (s *Scheduler) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := Stats{
-		Waiting:     len(s.waiting),
-		Running:     len(s.running),
-		Preemptions: s.preemptions,
-		BatchTokens: s.batchTokens,
-		Steps:       s.stepID,
-		WorkerReady: s.ready,
+		Waiting:      len(s.waiting),
+		Running:      len(s.running),
+		Preemptions:  s.preemptions,
+		BatchTokens:  s.batchTokens,
+		Steps:        s.stepID,
+		WorkerReady:  s.ready,
+		Transferring: len(s.pulling),
 	}
 	s.blocks.stats(&st)
 	return st
@@ -281,6 +294,12 @@ func (s *Scheduler) Submit(r *Request) (*Handle, error) {
 	}
 	if !r.Document && r.MaxTokens < 1 {
 		return nil, fmt.Errorf("%w: max tokens %d < 1", ErrBadRequest, r.MaxTokens)
+	}
+	if n := len(r.HandoffSecret); n != 0 && (n != SecretBytes || r.Document || r.Prefilled != nil) {
+		return nil, fmt.Errorf("%w: a hand-over secret of %d bytes (want %d, on a generation that is not Prefilled)", ErrBadRequest, n, SecretBytes)
+	}
+	if p := r.Prefilled; p != nil && (p.Pull == nil || r.Document || p.FirstToken < 0) {
+		return nil, fmt.Errorf("%w: a Prefilled request needs a Pull and a first token, and is no document", ErrBadRequest)
 	}
 	ctx := r.Ctx
 	if ctx == nil {
@@ -316,6 +335,9 @@ func (s *Scheduler) Submit(r *Request) (*Handle, error) {
 				return nil, fmt.Errorf("%w: token %d at position %d is outside the vocabulary [0, %d)", ErrBadRequest, t, i, v)
 			}
 		}
+		if p := r.Prefilled; p != nil && p.FirstToken >= v {
+			return nil, fmt.Errorf("%w: first token %d is outside the vocabulary [0, %d)", ErrBadRequest, p.FirstToken, v)
+		}
 	}
 
 	if len(s.waiting) >= s.cfg.MaxQueue {
@@ -331,7 +353,7 @@ func (s *Scheduler) Submit(r *Request) (*Handle, error) {
 		prefillEnd: len(r.Prompt),
 		reqCtx:     ctx,
 	}
-	if r.Document {
+	if r.Document || r.Prefilled != nil {
 		sq.traceCtx, sq.traceSt = telemetry.InjectStrings(ctx)
 	} else {
 		sq.reqCtx, sq.reqSpan = s.spans.Start(ctx, spanname.CBRequest, trace.WithAttributes(
@@ -403,6 +425,7 @@ func (s *Scheduler) run() {
 		s.expireStores(now)
 		s.firstSights(now)
 		s.driveLookups(now)
+		s.drivePulls()
 		batch := s.schedule(now)
 		req := s.buildExecute(batch, now)
 		if req != nil {
@@ -484,6 +507,11 @@ func (s *Scheduler) expireStores(now time.Time) {
 			s.log.Warn("store not reported done in time; blocks released", "request_id", id, "timeout", s.cfg.StoreTimeout.String())
 		})
 	}
+	for _, id := range s.blocks.expireHandoffs(now) {
+		s.defer_(func() {
+			s.log.Warn("hand-over keep not reported ended in time; blocks released", "request_id", id, "timeout", s.cfg.HandoffTimeout.String())
+		})
+	}
 }
 
 // finish ends sq with reason (success) or err.
@@ -496,6 +524,12 @@ func (s *Scheduler) finish(sq *seq, reason string, err error, now time.Time) {
 		s.waiting = slices.DeleteFunc(s.waiting, func(x *seq) bool { return x == sq })
 	case stRunning:
 		s.running = slices.DeleteFunc(s.running, func(x *seq) bool { return x == sq })
+	case stPulling:
+		s.pulling = slices.DeleteFunc(s.pulling, func(x *seq) bool { return x == sq })
+		sq.pullCancel()
+		// The worker stops a pull still writing before the next step's
+		// sequences run (and so before these blocks serve another request).
+		s.pendingFinished = append(s.pendingFinished, sq.id)
 	}
 	if sq.state == stStoring {
 		if hold, ok := s.blocks.holds[sq.id]; ok && hold.doc == sq {
@@ -540,8 +574,8 @@ func (s *Scheduler) finish(sq *seq, reason string, err error, now time.Time) {
 }
 
 // ErrorType names a request error for span error.type attributes:
-// canceled, worker_unavailable, shutdown, timeout, worker_error or internal
-// ("" for nil).
+// canceled, worker_unavailable, shutdown, timeout, kv_transfer_failed,
+// worker_error or internal ("" for nil).
 func ErrorType(err error) string { return errorType(err) }
 
 func errorType(err error) string {
@@ -557,6 +591,8 @@ func errorType(err error) string {
 		return "shutdown"
 	case errors.Is(err, ErrStoreTimeout):
 		return "timeout"
+	case errors.Is(err, ErrHandoff):
+		return "kv_transfer_failed"
 	case errors.As(err, &we):
 		return "worker_error"
 	default:
@@ -623,6 +659,13 @@ func (s *Scheduler) schedule(now time.Time) []item {
 		sq := s.waiting[i]
 		if sq.lk != nil && !sq.lk.done {
 			i++ // deferred until its lookup is ready
+			continue
+		}
+		if sq.req.Prefilled != nil && !sq.resumed {
+			if len(s.pulling) >= s.cfg.MaxTransfers || !s.startPull(sq, now) {
+				break // first come, first served
+			}
+			s.waiting = slices.Delete(s.waiting, i, i+1)
 			continue
 		}
 		n, ok := s.admit(sq, budget, now)
@@ -709,11 +752,11 @@ func (s *Scheduler) admit(sq *seq, budget int, now time.Time) (int, bool) {
 // buildExecute turns the batch into the step request; nil when there is
 // nothing to send (no batch, no finished ids, no store report due).
 func (s *Scheduler) buildExecute(batch []item, now time.Time) *cbv1.ExecuteRequest {
-	storePoll := len(s.blocks.holds) > 0 && !now.Before(s.nextStorePoll)
+	storePoll := s.blocks.polling() && !now.Before(s.nextStorePoll)
 	if len(batch) == 0 && len(s.pendingFinished) == 0 && !storePoll {
 		return nil
 	}
-	if len(s.blocks.holds) > 0 {
+	if s.blocks.polling() {
 		s.nextStorePoll = now.Add(s.cfg.StorePollInterval)
 	}
 	s.stepID++
@@ -736,6 +779,12 @@ func (s *Scheduler) buildExecute(batch []item, now time.Time) *cbv1.ExecuteReque
 		if !sq.started {
 			st.PromptTokens = slices.Clone(sq.tokens[:sq.prefillEnd])
 			sq.started = true
+			if p := sq.req.Prefilled; p != nil && !sq.resumed {
+				st.RngDraws = p.RNGDraws
+			}
+		}
+		if it.sample && len(sq.req.HandoffSecret) > 0 {
+			st.HandoffSecret = sq.req.HandoffSecret
 		}
 		if st.IsPrefill && sq.plan != nil {
 			st.CbPlan = sq.plan
@@ -820,6 +869,9 @@ func (s *Scheduler) applyStep(batch []item, resp *cbv1.ExecuteResponse, err erro
 	for _, id := range resp.GetStoredRequestIds() {
 		s.storeDone(id, now)
 	}
+	for _, id := range resp.GetHandoffReleasedIds() {
+		s.blocks.handoffDone(id)
+	}
 }
 
 func (s *Scheduler) appendToken(sq *seq, tok int32, now time.Time) {
@@ -829,6 +881,10 @@ func (s *Scheduler) appendToken(sq *seq, tok int32, now time.Time) {
 		r.Tokens = append(r.Tokens, tok)
 		r.TokenTimes = append(r.TokenTimes, now)
 	})
+	if len(sq.req.HandoffSecret) > 0 {
+		s.handedOff(sq, now)
+		return
+	}
 	eos := !sq.req.IgnoreEOS && s.info != nil && tok == s.info.GetEos()
 	last := nOut >= sq.req.MaxTokens
 	switch {
@@ -910,7 +966,7 @@ func (s *Scheduler) nextWake(now time.Time) time.Time {
 	if at, ok := s.blocks.nextDeadline(); ok {
 		earlier(at)
 	}
-	if len(s.blocks.holds) > 0 {
+	if s.blocks.polling() {
 		earlier(s.nextStorePoll)
 	}
 	return at

@@ -23,6 +23,318 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type PullKVRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// traceparent of the decode engine's SERVER span: kv.receive is its child.
+	TraceContext string `protobuf:"bytes,2,opt,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty"`
+	// The prefill engine's worker, host:port (from the X-CB-Handoff header).
+	Source string `protobuf:"bytes,3,opt,name=source,proto3" json:"source,omitempty"`
+	// The hand-over's secret (32 bytes) the prefill worker keeps the KV under.
+	Secret []byte `protobuf:"bytes,4,opt,name=secret,proto3" json:"secret,omitempty"`
+	// The decode engine's blocks for the whole prompt: ceil(n_tokens /
+	// block_size) distinct blocks of the pool.
+	BlockTable []int32 `protobuf:"varint,5,rep,packed,name=block_table,json=blockTable,proto3" json:"block_table,omitempty"`
+	// The first block to pull: the blocks before it are already in the decode
+	// worker's memory (the decode engine's prefix cache held them).
+	FromBlock int32 `protobuf:"varint,6,opt,name=from_block,json=fromBlock,proto3" json:"from_block,omitempty"`
+	// The prompt's length in tokens.
+	NTokens       int32 `protobuf:"varint,7,opt,name=n_tokens,json=nTokens,proto3" json:"n_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullKVRequest) Reset() {
+	*x = PullKVRequest{}
+	mi := &file_worker_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullKVRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullKVRequest) ProtoMessage() {}
+
+func (x *PullKVRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullKVRequest.ProtoReflect.Descriptor instead.
+func (*PullKVRequest) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PullKVRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *PullKVRequest) GetTraceContext() string {
+	if x != nil {
+		return x.TraceContext
+	}
+	return ""
+}
+
+func (x *PullKVRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *PullKVRequest) GetSecret() []byte {
+	if x != nil {
+		return x.Secret
+	}
+	return nil
+}
+
+func (x *PullKVRequest) GetBlockTable() []int32 {
+	if x != nil {
+		return x.BlockTable
+	}
+	return nil
+}
+
+func (x *PullKVRequest) GetFromBlock() int32 {
+	if x != nil {
+		return x.FromBlock
+	}
+	return 0
+}
+
+func (x *PullKVRequest) GetNTokens() int32 {
+	if x != nil {
+		return x.NTokens
+	}
+	return 0
+}
+
+type PullKVResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Bytes         int64                  `protobuf:"varint,1,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Blocks        int32                  `protobuf:"varint,2,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullKVResponse) Reset() {
+	*x = PullKVResponse{}
+	mi := &file_worker_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullKVResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullKVResponse) ProtoMessage() {}
+
+func (x *PullKVResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullKVResponse.ProtoReflect.Descriptor instead.
+func (*PullKVResponse) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PullKVResponse) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *PullKVResponse) GetBlocks() int32 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+type ReadKVRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// traceparent of the reader's kv.receive span: kv.send is its child.
+	TraceContext string `protobuf:"bytes,2,opt,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty"`
+	Secret       []byte `protobuf:"bytes,3,opt,name=secret,proto3" json:"secret,omitempty"`
+	FromBlock    int32  `protobuf:"varint,4,opt,name=from_block,json=fromBlock,proto3" json:"from_block,omitempty"`
+	NTokens      int32  `protobuf:"varint,5,opt,name=n_tokens,json=nTokens,proto3" json:"n_tokens,omitempty"`
+	// The reader's KV layout and model: the blocks are copied as they are, so
+	// layers, block size, KV heads and head dimension must match the
+	// keeper's (num_blocks may differ).
+	Layout        *KVLayout `protobuf:"bytes,6,opt,name=layout,proto3" json:"layout,omitempty"`
+	Model         string    `protobuf:"bytes,7,opt,name=model,proto3" json:"model,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadKVRequest) Reset() {
+	*x = ReadKVRequest{}
+	mi := &file_worker_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadKVRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadKVRequest) ProtoMessage() {}
+
+func (x *ReadKVRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadKVRequest.ProtoReflect.Descriptor instead.
+func (*ReadKVRequest) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ReadKVRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ReadKVRequest) GetTraceContext() string {
+	if x != nil {
+		return x.TraceContext
+	}
+	return ""
+}
+
+func (x *ReadKVRequest) GetSecret() []byte {
+	if x != nil {
+		return x.Secret
+	}
+	return nil
+}
+
+func (x *ReadKVRequest) GetFromBlock() int32 {
+	if x != nil {
+		return x.FromBlock
+	}
+	return 0
+}
+
+func (x *ReadKVRequest) GetNTokens() int32 {
+	if x != nil {
+		return x.NTokens
+	}
+	return 0
+}
+
+func (x *ReadKVRequest) GetLayout() *KVLayout {
+	if x != nil {
+		return x.Layout
+	}
+	return nil
+}
+
+func (x *ReadKVRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+// KVBlocks carries n_blocks consecutive blocks of the request's block table
+// from first_block on: for each layer, K then V, for each block the vectors
+// of its tokens (block_size, fewer in the prompt's last block), float32
+// little-endian, kv_heads * head_dim per token.
+type KVBlocks struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	FirstBlock    int32                  `protobuf:"varint,1,opt,name=first_block,json=firstBlock,proto3" json:"first_block,omitempty"`
+	NBlocks       int32                  `protobuf:"varint,2,opt,name=n_blocks,json=nBlocks,proto3" json:"n_blocks,omitempty"`
+	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KVBlocks) Reset() {
+	*x = KVBlocks{}
+	mi := &file_worker_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KVBlocks) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KVBlocks) ProtoMessage() {}
+
+func (x *KVBlocks) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KVBlocks.ProtoReflect.Descriptor instead.
+func (*KVBlocks) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *KVBlocks) GetFirstBlock() int32 {
+	if x != nil {
+		return x.FirstBlock
+	}
+	return 0
+}
+
+func (x *KVBlocks) GetNBlocks() int32 {
+	if x != nil {
+		return x.NBlocks
+	}
+	return 0
+}
+
+func (x *KVBlocks) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 type InfoRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -31,7 +343,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_worker_proto_msgTypes[0]
+	mi := &file_worker_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -43,7 +355,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[0]
+	mi := &file_worker_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -56,7 +368,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{0}
+	return file_worker_proto_rawDescGZIP(), []int{4}
 }
 
 type InfoResponse struct {
@@ -80,7 +392,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_worker_proto_msgTypes[1]
+	mi := &file_worker_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -92,7 +404,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[1]
+	mi := &file_worker_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -105,7 +417,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{1}
+	return file_worker_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *InfoResponse) GetModel() string {
@@ -196,7 +508,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_worker_proto_msgTypes[2]
+	mi := &file_worker_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -208,7 +520,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[2]
+	mi := &file_worker_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -221,7 +533,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{2}
+	return file_worker_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SamplingParams) GetTemperature() float64 {
@@ -259,7 +571,7 @@ type CBPlan struct {
 
 func (x *CBPlan) Reset() {
 	*x = CBPlan{}
-	mi := &file_worker_proto_msgTypes[3]
+	mi := &file_worker_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -271,7 +583,7 @@ func (x *CBPlan) String() string {
 func (*CBPlan) ProtoMessage() {}
 
 func (x *CBPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[3]
+	mi := &file_worker_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -284,7 +596,7 @@ func (x *CBPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CBPlan.ProtoReflect.Descriptor instead.
 func (*CBPlan) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{3}
+	return file_worker_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CBPlan) GetPrefixHitTokens() int32 {
@@ -338,6 +650,18 @@ type SeqStep struct {
 	// keeps the blocks until the worker reports the store done.
 	Store    bool `protobuf:"varint,11,opt,name=store,proto3" json:"store,omitempty"`
 	Document bool `protobuf:"varint,12,opt,name=document,proto3" json:"document,omitempty"`
+	// Prefill role: set on the step that samples the first token of a request
+	// handed over to a decode engine. After sampling, the worker keeps the
+	// prompt's KV (this step's block table) for a decode worker to read with
+	// this secret (32 bytes, KVTransferService.ReadKV) and forgets the
+	// request's other state; it reports the keep's end in
+	// ExecuteResponse.handoff_released_ids.
+	HandoffSecret []byte `protobuf:"bytes,13,opt,name=handoff_secret,json=handoffSecret,proto3" json:"handoff_secret,omitempty"`
+	// Decode role: samples already drawn for this request on another worker
+	// (the prefill worker's first token). On the request's first step the
+	// worker advances its sampler by as many draws, so that seeded sampling
+	// continues as on one worker.
+	RngDraws uint32 `protobuf:"varint,14,opt,name=rng_draws,json=rngDraws,proto3" json:"rng_draws,omitempty"`
 	// W3C tracestate of trace_context: the caller's vendor entries, carried to
 	// every span of the request (ignored without a valid trace_context).
 	TraceState    string `protobuf:"bytes,20,opt,name=trace_state,json=traceState,proto3" json:"trace_state,omitempty"`
@@ -347,7 +671,7 @@ type SeqStep struct {
 
 func (x *SeqStep) Reset() {
 	*x = SeqStep{}
-	mi := &file_worker_proto_msgTypes[4]
+	mi := &file_worker_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -359,7 +683,7 @@ func (x *SeqStep) String() string {
 func (*SeqStep) ProtoMessage() {}
 
 func (x *SeqStep) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[4]
+	mi := &file_worker_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -372,7 +696,7 @@ func (x *SeqStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeqStep.ProtoReflect.Descriptor instead.
 func (*SeqStep) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{4}
+	return file_worker_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SeqStep) GetRequestId() string {
@@ -459,6 +783,20 @@ func (x *SeqStep) GetDocument() bool {
 	return false
 }
 
+func (x *SeqStep) GetHandoffSecret() []byte {
+	if x != nil {
+		return x.HandoffSecret
+	}
+	return nil
+}
+
+func (x *SeqStep) GetRngDraws() uint32 {
+	if x != nil {
+		return x.RngDraws
+	}
+	return 0
+}
+
 func (x *SeqStep) GetTraceState() string {
 	if x != nil {
 		return x.TraceState
@@ -470,7 +808,10 @@ type ExecuteRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	StepId uint64                 `protobuf:"varint,1,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
 	Seqs   []*SeqStep             `protobuf:"bytes,2,rep,name=seqs,proto3" json:"seqs,omitempty"`
-	// Requests that ended: the worker drops their state.
+	// Requests that ended: the worker drops their state, its KV keep (prefill
+	// role; reported in handoff_released_ids) and stops a pull in progress
+	// (decode role) before the step's sequences run, so their blocks may be
+	// reused by this very step.
 	FinishedRequestIds []string `protobuf:"bytes,3,rep,name=finished_request_ids,json=finishedRequestIds,proto3" json:"finished_request_ids,omitempty"`
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache
@@ -478,7 +819,7 @@ type ExecuteRequest struct {
 
 func (x *ExecuteRequest) Reset() {
 	*x = ExecuteRequest{}
-	mi := &file_worker_proto_msgTypes[5]
+	mi := &file_worker_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +831,7 @@ func (x *ExecuteRequest) String() string {
 func (*ExecuteRequest) ProtoMessage() {}
 
 func (x *ExecuteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[5]
+	mi := &file_worker_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +844,7 @@ func (x *ExecuteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecuteRequest.ProtoReflect.Descriptor instead.
 func (*ExecuteRequest) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{5}
+	return file_worker_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExecuteRequest) GetStepId() uint64 {
@@ -542,7 +883,7 @@ type SeqOutput struct {
 
 func (x *SeqOutput) Reset() {
 	*x = SeqOutput{}
-	mi := &file_worker_proto_msgTypes[6]
+	mi := &file_worker_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -554,7 +895,7 @@ func (x *SeqOutput) String() string {
 func (*SeqOutput) ProtoMessage() {}
 
 func (x *SeqOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[6]
+	mi := &file_worker_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -567,7 +908,7 @@ func (x *SeqOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeqOutput.ProtoReflect.Descriptor instead.
 func (*SeqOutput) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{6}
+	return file_worker_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SeqOutput) GetRequestId() string {
@@ -617,13 +958,16 @@ type ExecuteResponse struct {
 	Outputs []*SeqOutput           `protobuf:"bytes,1,rep,name=outputs,proto3" json:"outputs,omitempty"`
 	// Requests whose KV store finished (or failed): their blocks may be freed.
 	StoredRequestIds []string `protobuf:"bytes,2,rep,name=stored_request_ids,json=storedRequestIds,proto3" json:"stored_request_ids,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Hand-overs whose kept KV was read, dropped (finished_request_ids) or
+	// expired: the prefill engine may free their blocks.
+	HandoffReleasedIds []string `protobuf:"bytes,3,rep,name=handoff_released_ids,json=handoffReleasedIds,proto3" json:"handoff_released_ids,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ExecuteResponse) Reset() {
 	*x = ExecuteResponse{}
-	mi := &file_worker_proto_msgTypes[7]
+	mi := &file_worker_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -635,7 +979,7 @@ func (x *ExecuteResponse) String() string {
 func (*ExecuteResponse) ProtoMessage() {}
 
 func (x *ExecuteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[7]
+	mi := &file_worker_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -648,7 +992,7 @@ func (x *ExecuteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecuteResponse.ProtoReflect.Descriptor instead.
 func (*ExecuteResponse) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{7}
+	return file_worker_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExecuteResponse) GetOutputs() []*SeqOutput {
@@ -665,11 +1009,47 @@ func (x *ExecuteResponse) GetStoredRequestIds() []string {
 	return nil
 }
 
+func (x *ExecuteResponse) GetHandoffReleasedIds() []string {
+	if x != nil {
+		return x.HandoffReleasedIds
+	}
+	return nil
+}
+
 var File_worker_proto protoreflect.FileDescriptor
 
 const file_worker_proto_rawDesc = "" +
 	"\n" +
-	"\fworker.proto\x12\rcacheblend.v1\x1a\vblend.proto\"\r\n" +
+	"\fworker.proto\x12\rcacheblend.v1\x1a\vblend.proto\"\xde\x01\n" +
+	"\rPullKVRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
+	"\rtrace_context\x18\x02 \x01(\tR\ftraceContext\x12\x16\n" +
+	"\x06source\x18\x03 \x01(\tR\x06source\x12\x16\n" +
+	"\x06secret\x18\x04 \x01(\fR\x06secret\x12\x1f\n" +
+	"\vblock_table\x18\x05 \x03(\x05R\n" +
+	"blockTable\x12\x1d\n" +
+	"\n" +
+	"from_block\x18\x06 \x01(\x05R\tfromBlock\x12\x19\n" +
+	"\bn_tokens\x18\a \x01(\x05R\anTokens\">\n" +
+	"\x0ePullKVResponse\x12\x14\n" +
+	"\x05bytes\x18\x01 \x01(\x03R\x05bytes\x12\x16\n" +
+	"\x06blocks\x18\x02 \x01(\x05R\x06blocks\"\xec\x01\n" +
+	"\rReadKVRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
+	"\rtrace_context\x18\x02 \x01(\tR\ftraceContext\x12\x16\n" +
+	"\x06secret\x18\x03 \x01(\fR\x06secret\x12\x1d\n" +
+	"\n" +
+	"from_block\x18\x04 \x01(\x05R\tfromBlock\x12\x19\n" +
+	"\bn_tokens\x18\x05 \x01(\x05R\anTokens\x12/\n" +
+	"\x06layout\x18\x06 \x01(\v2\x17.cacheblend.v1.KVLayoutR\x06layout\x12\x14\n" +
+	"\x05model\x18\a \x01(\tR\x05model\"Z\n" +
+	"\bKVBlocks\x12\x1f\n" +
+	"\vfirst_block\x18\x01 \x01(\x05R\n" +
+	"firstBlock\x12\x19\n" +
+	"\bn_blocks\x18\x02 \x01(\x05R\anBlocks\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\"\r\n" +
 	"\vInfoRequest\"\xc9\x02\n" +
 	"\fInfoResponse\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
@@ -696,7 +1076,7 @@ const file_worker_proto_rawDesc = "" +
 	"\amatches\x18\x02 \x03(\v2\x14.cacheblend.v1.MatchR\amatches\x12\x1d\n" +
 	"\n" +
 	"chunk_size\x18\x03 \x01(\x05R\tchunkSize\x12!\n" +
-	"\frecomp_ratio\x18\x04 \x01(\x01R\vrecompRatio\"\xbd\x03\n" +
+	"\frecomp_ratio\x18\x04 \x01(\x01R\vrecompRatio\"\x81\x04\n" +
 	"\aSeqStep\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -713,7 +1093,9 @@ const file_worker_proto_rawDesc = "" +
 	"\acb_plan\x18\n" +
 	" \x01(\v2\x15.cacheblend.v1.CBPlanR\x06cbPlan\x12\x14\n" +
 	"\x05store\x18\v \x01(\bR\x05store\x12\x1a\n" +
-	"\bdocument\x18\f \x01(\bR\bdocument\x12\x1f\n" +
+	"\bdocument\x18\f \x01(\bR\bdocument\x12%\n" +
+	"\x0ehandoff_secret\x18\r \x01(\fR\rhandoffSecret\x12\x1b\n" +
+	"\trng_draws\x18\x0e \x01(\rR\brngDraws\x12\x1f\n" +
 	"\vtrace_state\x18\x14 \x01(\tR\n" +
 	"traceState\"\x87\x01\n" +
 	"\x0eExecuteRequest\x12\x17\n" +
@@ -727,13 +1109,17 @@ const file_worker_proto_rawDesc = "" +
 	"\x05token\x18\x03 \x01(\x05R\x05token\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12\x1b\n" +
 	"\timp_count\x18\x05 \x01(\x05R\bimpCount\x12#\n" +
-	"\rreused_tokens\x18\x06 \x01(\x05R\freusedTokens\"s\n" +
+	"\rreused_tokens\x18\x06 \x01(\x05R\freusedTokens\"\xa5\x01\n" +
 	"\x0fExecuteResponse\x122\n" +
 	"\aoutputs\x18\x01 \x03(\v2\x18.cacheblend.v1.SeqOutputR\aoutputs\x12,\n" +
-	"\x12stored_request_ids\x18\x02 \x03(\tR\x10storedRequestIds2\x9a\x01\n" +
+	"\x12stored_request_ids\x18\x02 \x03(\tR\x10storedRequestIds\x120\n" +
+	"\x14handoff_released_ids\x18\x03 \x03(\tR\x12handoffReleasedIds2\xe1\x01\n" +
 	"\rWorkerService\x12?\n" +
 	"\x04Info\x12\x1a.cacheblend.v1.InfoRequest\x1a\x1b.cacheblend.v1.InfoResponse\x12H\n" +
-	"\aExecute\x12\x1d.cacheblend.v1.ExecuteRequest\x1a\x1e.cacheblend.v1.ExecuteResponseB+Z)github.com/cacheblend/cacheblend/rpc/cbv1b\x06proto3"
+	"\aExecute\x12\x1d.cacheblend.v1.ExecuteRequest\x1a\x1e.cacheblend.v1.ExecuteResponse\x12E\n" +
+	"\x06PullKV\x12\x1c.cacheblend.v1.PullKVRequest\x1a\x1d.cacheblend.v1.PullKVResponse2V\n" +
+	"\x11KVTransferService\x12A\n" +
+	"\x06ReadKV\x12\x1c.cacheblend.v1.ReadKVRequest\x1a\x17.cacheblend.v1.KVBlocks0\x01B+Z)github.com/cacheblend/cacheblend/rpc/cbv1b\x06proto3"
 
 var (
 	file_worker_proto_rawDescOnce sync.Once
@@ -747,33 +1133,43 @@ func file_worker_proto_rawDescGZIP() []byte {
 	return file_worker_proto_rawDescData
 }
 
-var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_worker_proto_goTypes = []any{
-	(*InfoRequest)(nil),     // 0: cacheblend.v1.InfoRequest
-	(*InfoResponse)(nil),    // 1: cacheblend.v1.InfoResponse
-	(*SamplingParams)(nil),  // 2: cacheblend.v1.SamplingParams
-	(*CBPlan)(nil),          // 3: cacheblend.v1.CBPlan
-	(*SeqStep)(nil),         // 4: cacheblend.v1.SeqStep
-	(*ExecuteRequest)(nil),  // 5: cacheblend.v1.ExecuteRequest
-	(*SeqOutput)(nil),       // 6: cacheblend.v1.SeqOutput
-	(*ExecuteResponse)(nil), // 7: cacheblend.v1.ExecuteResponse
-	(*Match)(nil),           // 8: cacheblend.v1.Match
+	(*PullKVRequest)(nil),   // 0: cacheblend.v1.PullKVRequest
+	(*PullKVResponse)(nil),  // 1: cacheblend.v1.PullKVResponse
+	(*ReadKVRequest)(nil),   // 2: cacheblend.v1.ReadKVRequest
+	(*KVBlocks)(nil),        // 3: cacheblend.v1.KVBlocks
+	(*InfoRequest)(nil),     // 4: cacheblend.v1.InfoRequest
+	(*InfoResponse)(nil),    // 5: cacheblend.v1.InfoResponse
+	(*SamplingParams)(nil),  // 6: cacheblend.v1.SamplingParams
+	(*CBPlan)(nil),          // 7: cacheblend.v1.CBPlan
+	(*SeqStep)(nil),         // 8: cacheblend.v1.SeqStep
+	(*ExecuteRequest)(nil),  // 9: cacheblend.v1.ExecuteRequest
+	(*SeqOutput)(nil),       // 10: cacheblend.v1.SeqOutput
+	(*ExecuteResponse)(nil), // 11: cacheblend.v1.ExecuteResponse
+	(*KVLayout)(nil),        // 12: cacheblend.v1.KVLayout
+	(*Match)(nil),           // 13: cacheblend.v1.Match
 }
 var file_worker_proto_depIdxs = []int32{
-	8, // 0: cacheblend.v1.CBPlan.matches:type_name -> cacheblend.v1.Match
-	2, // 1: cacheblend.v1.SeqStep.sampling:type_name -> cacheblend.v1.SamplingParams
-	3, // 2: cacheblend.v1.SeqStep.cb_plan:type_name -> cacheblend.v1.CBPlan
-	4, // 3: cacheblend.v1.ExecuteRequest.seqs:type_name -> cacheblend.v1.SeqStep
-	6, // 4: cacheblend.v1.ExecuteResponse.outputs:type_name -> cacheblend.v1.SeqOutput
-	0, // 5: cacheblend.v1.WorkerService.Info:input_type -> cacheblend.v1.InfoRequest
-	5, // 6: cacheblend.v1.WorkerService.Execute:input_type -> cacheblend.v1.ExecuteRequest
-	1, // 7: cacheblend.v1.WorkerService.Info:output_type -> cacheblend.v1.InfoResponse
-	7, // 8: cacheblend.v1.WorkerService.Execute:output_type -> cacheblend.v1.ExecuteResponse
-	7, // [7:9] is the sub-list for method output_type
-	5, // [5:7] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	12, // 0: cacheblend.v1.ReadKVRequest.layout:type_name -> cacheblend.v1.KVLayout
+	13, // 1: cacheblend.v1.CBPlan.matches:type_name -> cacheblend.v1.Match
+	6,  // 2: cacheblend.v1.SeqStep.sampling:type_name -> cacheblend.v1.SamplingParams
+	7,  // 3: cacheblend.v1.SeqStep.cb_plan:type_name -> cacheblend.v1.CBPlan
+	8,  // 4: cacheblend.v1.ExecuteRequest.seqs:type_name -> cacheblend.v1.SeqStep
+	10, // 5: cacheblend.v1.ExecuteResponse.outputs:type_name -> cacheblend.v1.SeqOutput
+	4,  // 6: cacheblend.v1.WorkerService.Info:input_type -> cacheblend.v1.InfoRequest
+	9,  // 7: cacheblend.v1.WorkerService.Execute:input_type -> cacheblend.v1.ExecuteRequest
+	0,  // 8: cacheblend.v1.WorkerService.PullKV:input_type -> cacheblend.v1.PullKVRequest
+	2,  // 9: cacheblend.v1.KVTransferService.ReadKV:input_type -> cacheblend.v1.ReadKVRequest
+	5,  // 10: cacheblend.v1.WorkerService.Info:output_type -> cacheblend.v1.InfoResponse
+	11, // 11: cacheblend.v1.WorkerService.Execute:output_type -> cacheblend.v1.ExecuteResponse
+	1,  // 12: cacheblend.v1.WorkerService.PullKV:output_type -> cacheblend.v1.PullKVResponse
+	3,  // 13: cacheblend.v1.KVTransferService.ReadKV:output_type -> cacheblend.v1.KVBlocks
+	10, // [10:14] is the sub-list for method output_type
+	6,  // [6:10] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_worker_proto_init() }
@@ -788,9 +1184,9 @@ func file_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_worker_proto_rawDesc), len(file_worker_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   12,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_worker_proto_goTypes,
 		DependencyIndexes: file_worker_proto_depIdxs,

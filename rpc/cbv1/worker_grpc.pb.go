@@ -23,6 +23,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	WorkerService_Info_FullMethodName    = "/cacheblend.v1.WorkerService/Info"
 	WorkerService_Execute_FullMethodName = "/cacheblend.v1.WorkerService/Execute"
+	WorkerService_PullKV_FullMethodName  = "/cacheblend.v1.WorkerService/PullKV"
 )
 
 // WorkerServiceClient is the client API for WorkerService service.
@@ -35,6 +36,11 @@ type WorkerServiceClient interface {
 	Info(ctx context.Context, in *InfoRequest, opts ...grpc.CallOption) (*InfoResponse, error)
 	// Execute runs one scheduler step and returns the sampled tokens.
 	Execute(ctx context.Context, in *ExecuteRequest, opts ...grpc.CallOption) (*ExecuteResponse, error)
+	// PullKV (decode role) copies a handed-over prompt's KV from the prefill
+	// engine's worker (its KVTransferService.ReadKV) into the blocks the decode
+	// engine allocated, and returns when every block is written or the pull
+	// failed. Called by the decode engine only.
+	PullKV(ctx context.Context, in *PullKVRequest, opts ...grpc.CallOption) (*PullKVResponse, error)
 }
 
 type workerServiceClient struct {
@@ -65,6 +71,16 @@ func (c *workerServiceClient) Execute(ctx context.Context, in *ExecuteRequest, o
 	return out, nil
 }
 
+func (c *workerServiceClient) PullKV(ctx context.Context, in *PullKVRequest, opts ...grpc.CallOption) (*PullKVResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PullKVResponse)
+	err := c.cc.Invoke(ctx, WorkerService_PullKV_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkerServiceServer is the server API for WorkerService service.
 // All implementations must embed UnimplementedWorkerServiceServer
 // for forward compatibility.
@@ -75,6 +91,11 @@ type WorkerServiceServer interface {
 	Info(context.Context, *InfoRequest) (*InfoResponse, error)
 	// Execute runs one scheduler step and returns the sampled tokens.
 	Execute(context.Context, *ExecuteRequest) (*ExecuteResponse, error)
+	// PullKV (decode role) copies a handed-over prompt's KV from the prefill
+	// engine's worker (its KVTransferService.ReadKV) into the blocks the decode
+	// engine allocated, and returns when every block is written or the pull
+	// failed. Called by the decode engine only.
+	PullKV(context.Context, *PullKVRequest) (*PullKVResponse, error)
 	mustEmbedUnimplementedWorkerServiceServer()
 }
 
@@ -90,6 +111,9 @@ func (UnimplementedWorkerServiceServer) Info(context.Context, *InfoRequest) (*In
 }
 func (UnimplementedWorkerServiceServer) Execute(context.Context, *ExecuteRequest) (*ExecuteResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Execute not implemented")
+}
+func (UnimplementedWorkerServiceServer) PullKV(context.Context, *PullKVRequest) (*PullKVResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PullKV not implemented")
 }
 func (UnimplementedWorkerServiceServer) mustEmbedUnimplementedWorkerServiceServer() {}
 func (UnimplementedWorkerServiceServer) testEmbeddedByValue()                       {}
@@ -148,6 +172,24 @@ func _WorkerService_Execute_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkerService_PullKV_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PullKVRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServiceServer).PullKV(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkerService_PullKV_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServiceServer).PullKV(ctx, req.(*PullKVRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkerService_ServiceDesc is the grpc.ServiceDesc for WorkerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -163,7 +205,130 @@ var WorkerService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Execute",
 			Handler:    _WorkerService_Execute_Handler,
 		},
+		{
+			MethodName: "PullKV",
+			Handler:    _WorkerService_PullKV_Handler,
+		},
 	},
 	Streams:  []grpc.StreamDesc{},
+	Metadata: "worker.proto",
+}
+
+const (
+	KVTransferService_ReadKV_FullMethodName = "/cacheblend.v1.KVTransferService/ReadKV"
+)
+
+// KVTransferServiceClient is the client API for KVTransferService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// KVTransferService is the worker-to-worker side of a prefill/decode
+// hand-over (docs/design.md §9): a decode engine's worker reads the KV a
+// prefill engine's worker keeps for a handed-over request. Under mutual TLS
+// only the cb-worker role may call it (rpc/mtls.KVTransferCallers).
+type KVTransferServiceClient interface {
+	// ReadKV streams the kept blocks of one request from from_block on, then
+	// releases the keep (one read per hand-over).
+	ReadKV(ctx context.Context, in *ReadKVRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[KVBlocks], error)
+}
+
+type kVTransferServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewKVTransferServiceClient(cc grpc.ClientConnInterface) KVTransferServiceClient {
+	return &kVTransferServiceClient{cc}
+}
+
+func (c *kVTransferServiceClient) ReadKV(ctx context.Context, in *ReadKVRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[KVBlocks], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &KVTransferService_ServiceDesc.Streams[0], KVTransferService_ReadKV_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReadKVRequest, KVBlocks]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type KVTransferService_ReadKVClient = grpc.ServerStreamingClient[KVBlocks]
+
+// KVTransferServiceServer is the server API for KVTransferService service.
+// All implementations must embed UnimplementedKVTransferServiceServer
+// for forward compatibility.
+//
+// KVTransferService is the worker-to-worker side of a prefill/decode
+// hand-over (docs/design.md §9): a decode engine's worker reads the KV a
+// prefill engine's worker keeps for a handed-over request. Under mutual TLS
+// only the cb-worker role may call it (rpc/mtls.KVTransferCallers).
+type KVTransferServiceServer interface {
+	// ReadKV streams the kept blocks of one request from from_block on, then
+	// releases the keep (one read per hand-over).
+	ReadKV(*ReadKVRequest, grpc.ServerStreamingServer[KVBlocks]) error
+	mustEmbedUnimplementedKVTransferServiceServer()
+}
+
+// UnimplementedKVTransferServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedKVTransferServiceServer struct{}
+
+func (UnimplementedKVTransferServiceServer) ReadKV(*ReadKVRequest, grpc.ServerStreamingServer[KVBlocks]) error {
+	return status.Error(codes.Unimplemented, "method ReadKV not implemented")
+}
+func (UnimplementedKVTransferServiceServer) mustEmbedUnimplementedKVTransferServiceServer() {}
+func (UnimplementedKVTransferServiceServer) testEmbeddedByValue()                           {}
+
+// UnsafeKVTransferServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to KVTransferServiceServer will
+// result in compilation errors.
+type UnsafeKVTransferServiceServer interface {
+	mustEmbedUnimplementedKVTransferServiceServer()
+}
+
+func RegisterKVTransferServiceServer(s grpc.ServiceRegistrar, srv KVTransferServiceServer) {
+	// If the following call panics, it indicates UnimplementedKVTransferServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&KVTransferService_ServiceDesc, srv)
+}
+
+func _KVTransferService_ReadKV_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ReadKVRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(KVTransferServiceServer).ReadKV(m, &grpc.GenericServerStream[ReadKVRequest, KVBlocks]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type KVTransferService_ReadKVServer = grpc.ServerStreamingServer[KVBlocks]
+
+// KVTransferService_ServiceDesc is the grpc.ServiceDesc for KVTransferService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var KVTransferService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "cacheblend.v1.KVTransferService",
+	HandlerType: (*KVTransferServiceServer)(nil),
+	Methods:     []grpc.MethodDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "ReadKV",
+			Handler:       _KVTransferService_ReadKV_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "worker.proto",
 }

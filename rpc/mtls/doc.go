@@ -18,7 +18,12 @@
 //     [StreamServerInterceptor]) on every method of the server: the role of
 //     the caller's verified certificate must be one of the server's allowed
 //     roles ([WorkerCallers]: the engine; [BlendCallers]: the engine and the
-//     worker). Otherwise the call ends with codes.PermissionDenied
+//     worker), per service where a [Policy] says so: the worker serves
+//     [WorkerPolicy] ([Identity.ServerOptionsFor]), under which its
+//     WorkerService (steps, PullKV) admits only the engine and its
+//     KVTransferService (ReadKV, the KV of a prefill/decode hand-over) only
+//     other workers ([KVTransferCallers]). Otherwise the call ends with
+//     codes.PermissionDenied
 //     (codes.Unauthenticated when the connection carries no verified
 //     certificate at all).
 //  3. At start-up [Load] refuses a certificate that does not chain to the

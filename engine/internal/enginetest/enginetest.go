@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -63,13 +64,25 @@ type Worker struct {
 	infoErr   error
 	gate      chan struct{} // when set, Execute waits for a value
 	infoCalls int
+	keeps     map[string]keep // hand-overs kept (HandoffSecret)
+	sources   map[string]*Worker
+	pullHook  func(ctx context.Context) error
+	released  []string   // keeps ended, for the next response
+	finished  [][]string // finished ids of every step
+}
+
+// keep is a hand-over the double keeps: the prompt's block table and
+// length.
+type keep struct {
+	bt []int32
+	n  int
 }
 
 // NewWorker returns a worker double with a pool of numBlocks blocks of
 // blockSize tokens and maxPositions positions.
 func NewWorker(numBlocks, blockSize, maxPositions int32) *Worker {
 	return &Worker{NumBlocks: numBlocks, BlockSize: blockSize, MaxPositions: maxPositions,
-		slots: map[int]int32{}, state: map[string][]int32{}, pending: map[string]int{}}
+		slots: map[int]int32{}, state: map[string][]int32{}, pending: map[string]int{}, keeps: map[string]keep{}}
 }
 
 // Info implements cbv1.WorkerServiceServer.
@@ -169,7 +182,12 @@ func (w *Worker) Execute(ctx context.Context, req *cbv1.ExecuteRequest) (*cbv1.E
 	}
 	for _, id := range req.GetFinishedRequestIds() {
 		delete(w.state, id)
+		if _, ok := w.keeps[id]; ok {
+			delete(w.keeps, id)
+			w.released = append(w.released, id)
+		}
 	}
+	w.finished = append(w.finished, slices.Clone(req.GetFinishedRequestIds()))
 	for _, s := range req.GetSeqs() {
 		out := w.step(s)
 		resp.Outputs = append(resp.Outputs, out)
@@ -181,8 +199,102 @@ func (w *Worker) Execute(ctx context.Context, req *cbv1.ExecuteRequest) (*cbv1.E
 				w.pending[s.GetRequestId()] = w.StoreDelaySteps - 1
 			}
 		}
+		if len(s.GetHandoffSecret()) > 0 && out.GetHasToken() {
+			w.keeps[s.GetRequestId()] = keep{bt: slices.Clone(s.GetBlockTable()), n: len(w.state[s.GetRequestId()])}
+			delete(w.state, s.GetRequestId())
+		}
 	}
+	resp.HandoffReleasedIds, w.released = w.released, nil
 	return resp, nil
+}
+
+// Kept reports whether the double keeps the KV of request id for a
+// hand-over.
+func (w *Worker) Kept(id string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, ok := w.keeps[id]
+	return ok
+}
+
+// AddSource makes addr (a PullKV source address) name the double src.
+func (w *Worker) AddSource(addr string, src *Worker) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.sources == nil {
+		w.sources = map[string]*Worker{}
+	}
+	w.sources[addr] = src
+}
+
+// SetPullHook makes PullKV call hook first and fail with its error.
+func (w *Worker) SetPullHook(hook func(ctx context.Context) error) {
+	w.mu.Lock()
+	w.pullHook = hook
+	w.mu.Unlock()
+}
+
+// PullKV implements cbv1.WorkerServiceServer: it copies the kept KV of
+// the source double (AddSource) with CopyKV; 4 bytes per position.
+func (w *Worker) PullKV(ctx context.Context, req *cbv1.PullKVRequest) (*cbv1.PullKVResponse, error) {
+	w.mu.Lock()
+	src, hook := w.sources[req.GetSource()], w.pullHook
+	w.mu.Unlock()
+	if hook != nil {
+		if err := hook(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if src == nil {
+		return nil, status.Errorf(codes.Unavailable, "no worker at %s", req.GetSource())
+	}
+	n, err := w.CopyKV(src, req.GetRequestId(), req.GetBlockTable(), int(req.GetFromBlock()))
+	if err != nil {
+		return nil, status.Error(codes.NotFound, err.Error())
+	}
+	return &cbv1.PullKVResponse{Bytes: int64(n) * 4, Blocks: int32(len(req.GetBlockTable()) - int(req.GetFromBlock()))}, nil
+}
+
+// Finished returns every finished request id the steps carried.
+func (w *Worker) Finished() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Concat(w.finished...)
+}
+
+// CopyKV is a hand-over's pull: it copies the positions of the kept
+// prompt of request id in src from block from on into dst's blocks bt,
+// releases the keep (reported in src's next response) and returns the
+// positions copied. It fails when src keeps nothing for id.
+func (w *Worker) CopyKV(src *Worker, id string, bt []int32, from int) (int, error) {
+	src.mu.Lock()
+	k, ok := src.keeps[id]
+	vals := map[int]int32{}
+	if ok {
+		for pos := from * int(src.BlockSize); pos < k.n; pos++ {
+			sl, ok := src.slot(k.bt, pos)
+			if !ok {
+				break
+			}
+			vals[pos] = src.slots[sl]
+		}
+		delete(src.keeps, id)
+		src.released = append(src.released, id)
+	}
+	src.mu.Unlock()
+	if !ok {
+		return 0, fmt.Errorf("no KV kept for %s", id)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for pos, t := range vals {
+		sl, ok := w.slot(bt, pos)
+		if !ok {
+			return 0, fmt.Errorf("position %d has no block", pos)
+		}
+		w.slots[sl] = t
+	}
+	return len(vals), nil
 }
 
 func (w *Worker) slot(bt []int32, pos int) (int, bool) {

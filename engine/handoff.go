@@ -1,0 +1,315 @@
+package engine
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/cacheblend/cacheblend/contract/spanname"
+	"github.com/cacheblend/cacheblend/engine/api"
+	"github.com/cacheblend/cacheblend/engine/scheduler"
+	"github.com/cacheblend/cacheblend/metrics"
+	"github.com/cacheblend/cacheblend/rpc/cbv1"
+	"github.com/cacheblend/cacheblend/telemetry"
+)
+
+// Roles of an engine in prefill/decode disaggregation (Config.Role,
+// docs/design.md §9).
+const (
+	// RoleBoth serves every request whole (prefill and decode); it refuses
+	// the hand-over headers.
+	RoleBoth = "both"
+	// RolePrefill serves requests whole and, for a request naming a decode
+	// engine (api.HeaderDecodeEngine), runs the prefill with CacheBlend
+	// reuse, samples the first token and hands the request over.
+	RolePrefill = "prefill"
+	// RoleDecode serves requests whole and takes over requests a prefill
+	// engine hands over (api.HeaderHandoff).
+	RoleDecode = "decode"
+)
+
+// maxRelayBytes bounds a non-streamed answer relayed from a decode engine;
+// maxRelayLine bounds one line of a relayed event stream.
+const (
+	maxRelayBytes = 64 << 20
+	maxRelayLine  = 1 << 20
+)
+
+// handoffOf parses the request's hand-over header (decode side): nil, nil
+// when there is none.
+func handoffOf(r *http.Request) (*api.Handoff, error) {
+	v := r.Header.Get(api.HeaderHandoff)
+	if v == "" {
+		return nil, nil
+	}
+	h, err := api.ParseHandoff(v)
+	if err != nil {
+		return nil, err
+	}
+	return &h, nil
+}
+
+// wrongRole is the 400 of a hand-over header sent to an engine of another
+// role.
+func wrongRole(header, role, want string) *api.Error {
+	return &api.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "wrong_role",
+		Message:   fmt.Sprintf("Header %s needs an engine with role %s; this engine's role is %s.", header, want, role),
+		ErrorType: api.ErrorTypeInvalidRequest}
+}
+
+// badHandoff is the 400 of a malformed or mismatched hand-over.
+func badHandoff(code, format string, args ...any) *api.Error {
+	return &api.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: code,
+		Message: fmt.Sprintf(format, args...), ErrorType: api.ErrorTypeInvalidRequest}
+}
+
+// decodeUnavailable is the 503 of a decode engine that could not be
+// reached or went away before answering: nothing was sent to the caller,
+// which may retry with another decode engine.
+func decodeUnavailable(err error) *api.Error {
+	return &api.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "decode_unavailable",
+		Message: "The decode engine is unavailable: " + err.Error(), ErrorType: api.ErrorTypeWorkerUnavailable}
+}
+
+// checkHandoff checks the hand-over headers of a decoded request against
+// the engine's role; decodeURL is the decode engine to hand over to
+// (prefill side), ho the hand-over to take over (decode side).
+func (e *Engine) checkHandoff(r *http.Request, ho *api.Handoff, hoErr error, prompt []int32) (decodeURL string, _ *api.Error) {
+	dh := r.Header.Get(api.HeaderDecodeEngine)
+	taking := ho != nil || hoErr != nil
+	switch {
+	case dh != "" && taking:
+		return "", badHandoff("invalid_handoff", "Headers %s and %s exclude each other.", api.HeaderDecodeEngine, api.HeaderHandoff)
+	case taking && e.cfg.Role != RoleDecode:
+		return "", wrongRole(api.HeaderHandoff, e.cfg.Role, RoleDecode)
+	case dh != "" && e.cfg.Role != RolePrefill:
+		return "", wrongRole(api.HeaderDecodeEngine, e.cfg.Role, RolePrefill)
+	case hoErr != nil:
+		return "", badHandoff("invalid_handoff", "Header %s: %v.", api.HeaderHandoff, hoErr)
+	case ho != nil:
+		if ho.N != len(prompt) || ho.Digest != api.PromptDigest(prompt) {
+			return "", badHandoff("handoff_mismatch", "The prompt (%d tokens here) is not the one the prefill engine handed over (%d tokens).", len(prompt), ho.N)
+		}
+		if len(e.cfg.HandoffSources) > 0 && !slices.Contains(e.cfg.HandoffSources, ho.Worker) {
+			return "", badHandoff("invalid_handoff", "Prefill worker %s is not among this engine's hand-over sources.", ho.Worker)
+		}
+		return "", nil
+	case dh != "":
+		u, err := api.ParseDecodeEngine(dh)
+		if err != nil {
+			return "", badHandoff("invalid_handoff", "Header %s: %v.", api.HeaderDecodeEngine, err)
+		}
+		return u, nil
+	}
+	return "", nil
+}
+
+// prefilled is the scheduler's view of a hand-over to take over: its pull
+// asks the engine's worker to read the KV from the prefill worker.
+func (e *Engine) prefilled(ho *api.Handoff) *scheduler.Prefilled {
+	return &scheduler.Prefilled{FirstToken: ho.FirstToken, RNGDraws: ho.Draws,
+		Pull: func(ctx context.Context, bt []int32, from int) (int64, error) {
+			resp, err := e.worker.PullKV(ctx, &cbv1.PullKVRequest{
+				RequestId: ho.ID, TraceContext: telemetry.InjectString(ctx), Source: ho.Worker, Secret: ho.Secret,
+				BlockTable: bt, FromBlock: int32(from), NTokens: int32(ho.N),
+			})
+			return resp.GetBytes(), err
+		}}
+}
+
+// awaitTransfer waits, on the decode side, until the request's KV has been
+// pulled, then puts the transfer's report in the answer's headers and
+// records it. It answers the error and returns false when the hand-over
+// failed (nothing was written yet, so the status is the error's).
+func (e *Engine) awaitTransfer(w *statusWriter, r *http.Request, reqCtx context.Context, rec *genRecord) bool {
+	h := rec.h
+	var res scheduler.Result
+	for {
+		res = h.Snapshot()
+		if res.Done || (res.Transfer != nil && res.Transfer.Done) || reqCtx.Err() != nil {
+			break
+		}
+		select {
+		case <-h.Changed():
+		case <-h.Done():
+		case <-reqCtx.Done():
+		}
+	}
+	rep := metrics.KVHandoff{Direction: metrics.HandoffReceived, OK: res.Err == nil && res.Transfer != nil && res.Transfer.Done}
+	if t := res.Transfer; t != nil {
+		rep.Bytes, rep.BlocksSent, rep.BlocksDeduped = t.Bytes, int64(t.Sent), int64(t.Deduped)
+		api.KVReport{Bytes: t.Bytes, BlocksSent: t.Sent, BlocksDeduped: t.Deduped}.Set(w.Header())
+	}
+	e.metrics.RecordKVHandoff(rep)
+	if !rep.OK && (res.Done || reqCtx.Err() != nil) {
+		apiErr, cause := resultError(r, reqCtx, res)
+		rec.fail(w, apiErr, cause)
+		return false
+	}
+	return true
+}
+
+// handOver serves a request on the prefill side: it prefills it (with
+// CacheBlend reuse), samples the first token, and hands it over to the
+// decode engine at decodeURL, whose answer it relays. The blocks stay held
+// until the worker reports the keep's end (the decode worker read it, or
+// ReleaseHandoff dropped it).
+func (e *Engine) handOver(w *statusWriter, r *http.Request, ctx, reqCtx context.Context, rec *genRecord, g *api.Generation,
+	req *scheduler.Request, body []byte, route, decodeURL string) {
+	secret := make([]byte, scheduler.SecretBytes)
+	_, _ = rand.Read(secret)
+	req.MaxTokens, req.HandoffSecret, req.OnToken = 1, secret, nil
+	h, err := e.sched.Submit(req)
+	if err != nil {
+		rec.fail(w, e.submitError(err, operationOf(rec.op).promptParam), err)
+		return
+	}
+	rec.h = h
+	res := wait(reqCtx, h)
+	if !res.Done || res.Err != nil {
+		apiErr, cause := resultError(r, reqCtx, res)
+		rec.fail(w, apiErr, cause)
+		return
+	}
+	defer e.sched.ReleaseHandoff(rec.id) // a no-op once the decode worker read the KV
+	ho := api.Handoff{ID: rec.id, Worker: e.cfg.WorkerAdvertise, Secret: secret, FirstToken: res.Tokens[0],
+		N: len(req.Prompt), Digest: api.PromptDigest(req.Prompt)}
+	if g.Temperature > 0 { // the worker drew once for the first token (model.Sample)
+		ho.Draws = 1
+	}
+	tctx, span := e.spans.Start(ctx, spanname.KVTransfer, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
+		attribute.String("request_id", rec.id), attribute.String("decode_engine", decodeURL)))
+	defer span.End()
+	out, err := http.NewRequestWithContext(tctx, http.MethodPost, decodeURL+route, bytes.NewReader(body))
+	if err != nil {
+		e.handOverFailed(w, span, rec, api.Internal(err.Error()), err)
+		return
+	}
+	out.Header.Set("Content-Type", "application/json")
+	if a := r.Header.Get("Authorization"); a != "" {
+		out.Header.Set("Authorization", a)
+	}
+	out.Header.Set(api.HeaderHandoff, ho.String())
+	telemetry.InjectHTTP(tctx, out.Header)
+	resp, err := e.client.Do(out)
+	if err != nil {
+		apiErr := decodeUnavailable(err)
+		if reqCtx.Err() != nil {
+			apiErr, _ = resultError(r, reqCtx, scheduler.Result{})
+		}
+		e.handOverFailed(w, span, rec, apiErr, err)
+		return
+	}
+	defer resp.Body.Close()
+	kv, reported := api.ParseKVReport(resp.Header)
+	span.SetAttributes(attribute.Int64("bytes", kv.Bytes), attribute.Int("blocks_sent", kv.BlocksSent),
+		attribute.Int("blocks_deduped", kv.BlocksDeduped), attribute.Int("blocks", kv.BlocksSent+kv.BlocksDeduped),
+		attribute.Int("http.response.status_code", resp.StatusCode))
+	e.metrics.RecordKVHandoff(metrics.KVHandoff{Direction: metrics.HandoffSent, Bytes: kv.Bytes, BlocksSent: int64(kv.BlocksSent),
+		BlocksDeduped: int64(kv.BlocksDeduped), OK: reported && resp.StatusCode == http.StatusOK})
+	e.relay(w, resp, rec, g.Stream)
+	if rec.apiErr != nil && rec.status >= 500 {
+		span.SetError(rec.apiErr.ErrorType, rec.cause)
+	}
+}
+
+// handOverFailed answers a hand-over that reached no decode engine.
+func (e *Engine) handOverFailed(w *statusWriter, span *telemetry.Span, rec *genRecord, apiErr *api.Error, err error) {
+	span.SetAttributes(attribute.Int64("bytes", 0), attribute.Int("blocks_sent", 0), attribute.Int("blocks_deduped", 0))
+	span.SetError(apiErr.Code, err)
+	e.metrics.RecordKVHandoff(metrics.KVHandoff{Direction: metrics.HandoffSent})
+	rec.fail(w, apiErr, err)
+}
+
+// relayedError is the API error recorded for a decode engine's error
+// answer of status (its body is relayed as it is).
+func relayedError(status int) *api.Error {
+	et := api.ErrorTypeInternal
+	switch status {
+	case http.StatusBadRequest, http.StatusMethodNotAllowed:
+		et = api.ErrorTypeInvalidRequest
+	case http.StatusUnauthorized:
+		et = api.ErrorTypeUnauthorized
+	case http.StatusNotFound:
+		et = api.ErrorTypeNotFound
+	case http.StatusRequestEntityTooLarge:
+		et = api.ErrorTypePayloadTooLarge
+	case http.StatusTooManyRequests:
+		et = api.ErrorTypeQueueFull
+	case http.StatusServiceUnavailable, http.StatusBadGateway:
+		et = api.ErrorTypeWorkerUnavailable
+	case http.StatusGatewayTimeout, http.StatusRequestTimeout:
+		et = api.ErrorTypeTimeout
+	}
+	return &api.Error{Status: status, Type: "server_error", Message: fmt.Sprintf("The decode engine answered %d.", status), ErrorType: et}
+}
+
+// relay copies the decode engine's answer to the caller: status, content
+// headers and body; an event stream event by event, each flushed. A stream
+// the decode engine breaks off ends with an OpenAI error event and
+// [DONE]; a caller that goes away stops the relay (and so the decode
+// engine's request).
+func (e *Engine) relay(w *statusWriter, resp *http.Response, rec *genRecord, stream bool) {
+	for _, k := range []string{"Content-Type", "Cache-Control", "X-Accel-Buffering", api.HeaderKVBytes, api.HeaderKVBlocksSent, api.HeaderKVBlocksDeduped} {
+		if v := resp.Header.Get(k); v != "" {
+			w.Header().Set(k, v)
+		}
+	}
+	w.Header().Del("Content-Length")
+	rec.status = resp.StatusCode
+	if resp.StatusCode != http.StatusOK {
+		rec.apiErr = relayedError(resp.StatusCode)
+	}
+	w.WriteHeader(resp.StatusCode)
+	events := resp.StatusCode == http.StatusOK && stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	if !events {
+		_, err := io.Copy(w, io.LimitReader(resp.Body, maxRelayBytes))
+		if err != nil {
+			rec.apiErr, rec.cause = decodeUnavailable(err), err
+		}
+		return
+	}
+	out := &sseWriter{w: w, rc: http.NewResponseController(w)}
+	br := bufio.NewReaderSize(resp.Body, 64<<10)
+	var line []byte
+	for {
+		chunk, err := br.ReadSlice('\n')
+		line = append(line, chunk...)
+		if len(line) > maxRelayLine {
+			err = fmt.Errorf("a stream line beyond %d bytes", maxRelayLine)
+		} else if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if err == nil {
+			out.raw(string(line))
+			line = line[:0]
+			if out.err != nil {
+				rec.apiErr, rec.status, rec.cause = api.Canceled(), api.StatusClientClosedRequest, out.err
+				return
+			}
+			continue
+		}
+		if errors.Is(err, io.EOF) && len(line) == 0 {
+			return // the stream ended after its last event
+		}
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		// Broken off: a partial line is dropped, the caller gets an error.
+		apiErr := decodeUnavailable(fmt.Errorf("its stream broke off: %w", err))
+		rec.apiErr, rec.cause = apiErr, err
+		out.send(apiErr.Body())
+		out.raw("data: [DONE]\n\n")
+		return
+	}
+}
