@@ -218,6 +218,7 @@ func TestPhaseFromContract(t *testing.T) {
 		spanname.CBModelForward: "forward", spanname.CBFullRecomp: "forward", spanname.CBCheck: "forward",
 		spanname.CBPartial: "forward",
 		spanname.CBStore:   "store", spanname.CBStorePreComputed: "store",
+		spanname.GatewayRequest: "request", spanname.GatewayAttempt: "route",
 	}
 	set, err := contract.Spans()
 	if err != nil {
