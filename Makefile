@@ -17,7 +17,7 @@ unit:
 
 # Fuzz the parsers of outside input, FUZZTIME each (CI: 30s).
 FUZZTIME ?= 30s
-FUZZ_TARGETS = ./reuseplan:FuzzValidateSegments ./blend/fleet:FuzzDecodeSequence ./telemetry:FuzzParseTraceparent ./engine/api:FuzzDecode ./tracestore:FuzzOTLPReceiver ./blend/chunkstore:FuzzDecodeChunk
+FUZZ_TARGETS = ./reuseplan:FuzzValidateSegments ./blend/fleet:FuzzDecodeSequence ./telemetry:FuzzParseTraceparent ./engine/api:FuzzDecode ./tracestore:FuzzOTLPReceiver ./blend/chunkstore:FuzzDecodeChunk ./gateway:FuzzParseEngineGauges ./gateway:FuzzSSE
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

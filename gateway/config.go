@@ -31,7 +31,7 @@ const (
 	DefaultAddr              = "127.0.0.1:8080"
 	DefaultPolicy            = PolicyKVAware
 	DefaultAlpha             = 0.1
-	DefaultSpreadMargin      = 2.0
+	DefaultSpreadMargin      = 4.0
 	DefaultMaxInFlight       = 128
 	DefaultMaxQueue          = 512
 	DefaultQueueTimeout      = 30 * time.Second
@@ -66,7 +66,8 @@ type Config struct {
 	// Alpha·load. Default 0.1: a fully reused prompt outweighs ten requests of load.
 	Alpha float64
 	// SpreadMargin is the load (in requests) by which the kv-aware choice may exceed the least
-	// loaded engine before the request is spread to a less loaded one. Default 2.
+	// loaded engine before the request is spread to a less loaded one. Default 4: a queue
+	// imbalance of a few requests costs less than recomputing a prompt that is held.
 	SpreadMargin float64
 	// MaxInFlight caps the requests the gateway has in flight on one engine; beyond it, a
 	// request waits in the gateway's queue. Default 128.

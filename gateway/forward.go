@@ -44,6 +44,7 @@ type record struct {
 	engine       string
 	decision     Decision
 	cand         Candidate
+	cands        []Candidate
 	attempts     int
 	queueWait    time.Duration
 	requestID    string
@@ -151,7 +152,7 @@ func (g *Gateway) serveDocuments(w *statusWriter, r *http.Request, route string,
 		toks[i] = tok.Encode(d.Text)
 		rec.promptTokens += len(toks[i])
 	}
-	job := &routeJob{req: &RouteRequest{Operation: "documents", PromptTokens: max(1, rec.promptTokens)}, exclude: map[int]bool{}}
+	job := &routeJob{req: &RouteRequest{Operation: "documents", PromptTokens: max(1, rec.promptTokens)}, units: len(toks), exclude: map[int]bool{}}
 	job.hits = g.expectedHits(func(x *reuseIndex) int {
 		n := 0
 		for _, t := range toks {
@@ -183,7 +184,7 @@ func (g *Gateway) dispatch(ctx context.Context, w *statusWriter, r *http.Request
 		rec.queueWait += l.waited
 		g.metrics.QueueWait(l.waited)
 		rec.attempts++
-		rec.routed, rec.engine, rec.decision, rec.cand = true, l.u.name, l.decision, l.cand
+		rec.routed, rec.engine, rec.decision, rec.cand, rec.cands = true, l.u.name, l.decision, l.cand, l.all
 		g.metrics.RouteDecision(g.policyName, l.u.name, l.decision.Reason, rec.promptTokens, min(l.cand.ExpectedHitTokens, rec.promptTokens))
 		register(l.u)
 		fail := g.attempt(reqCtx, w, r, rec, l, body, path)
@@ -558,6 +559,17 @@ func (g *Gateway) finish(ctx context.Context, span *telemetry.Span, rec *record,
 	}
 	if rec.hasTTFT {
 		attrs = append(attrs, slog.Float64("ttft_s", rec.ttft.Seconds()))
+	}
+	if len(rec.cands) > 0 {
+		// What the policy saw: engine load/expected hit tokens per candidate.
+		var sb strings.Builder
+		for i, c := range rec.cands {
+			if i > 0 {
+				sb.WriteByte(' ')
+			}
+			fmt.Fprintf(&sb, "%s load=%.2f hit=%d", c.Name, c.Load, c.ExpectedHitTokens)
+		}
+		attrs = append(attrs, slog.String("candidates", sb.String()))
 	}
 	if rec.apiErr != nil {
 		attrs = append(attrs, slog.String("error", rec.apiErr.Message))

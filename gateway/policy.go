@@ -44,9 +44,10 @@ type Candidate struct {
 	// KVUsed is the fraction of the engine's KV blocks in use (cb_engine_kv_blocks
 	// {state="used"} / cb_engine_kv_pool_blocks), 0 when unknown.
 	KVUsed float64
-	// Load is the load the built-in policies compare: InFlight plus the requests the engine
-	// reported that are not the gateway's (max(0, waiting + running − the gateway's in
-	// flight at that scrape)), plus KVUsed.
+	// Load is the load the built-in policies compare: the engine requests the gateway has in
+	// flight (a document ingest counts one per document) plus those the engine reported that
+	// are not the gateway's (max(0, waiting + running − the gateway's at that scrape)), plus
+	// KVUsed.
 	Load float64
 	// ExpectedHitTokens is how many prompt tokens the engine is expected to reuse, learned
 	// from the prompts and documents the gateway routed there.
@@ -170,7 +171,7 @@ func (p kvAware) Choose(r *RouteRequest, c []Candidate, seq uint64) Decision {
 	}
 	reason := ReasonLoad
 	switch {
-	case c[chosen].ExpectedHitTokens < maxHit:
+	case 10*c[chosen].ExpectedHitTokens < 9*maxHit: // passed over at least a tenth more reuse
 		reason = ReasonSpread
 	case maxHit > 0:
 		reason = ReasonReuse

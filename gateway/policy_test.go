@@ -21,7 +21,7 @@ func TestKVAwarePrefersReuse(t *testing.T) {
 }
 
 func TestKVAwareSpreadsBeyondTheMargin(t *testing.T) {
-	p := newPolicy(PolicyKVAware, DefaultAlpha, DefaultSpreadMargin)
+	p := newPolicy(PolicyKVAware, DefaultAlpha, 2)
 	r := &RouteRequest{Operation: "chat", PromptTokens: 1000}
 	// b holds the prompt but has 3 requests more than a: beyond the margin of 2.
 	c := []Candidate{

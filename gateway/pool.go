@@ -31,8 +31,9 @@ type upstream struct {
 	checked   bool // a health check has completed
 	reason    string
 	gauges    engineGauges
-	gwAtPoll  int // the gateway's in-flight requests when the gauges were read
-	inFlight  int
+	gwAtPoll  int // the gateway's in-flight units when the gauges were read
+	inFlight  int // requests the gateway has in flight on the engine
+	units     int // the engine requests they make (a document ingest makes one per document)
 	recent    float64
 	recentAt  time.Time
 	downSince time.Time
@@ -60,9 +61,11 @@ func (u *upstream) candidate(now time.Time, hits int) Candidate {
 }
 
 // load is the load the policies compare (pool lock held): the gateway's in-flight requests
-// plus those the engine reported that were not the gateway's, plus the used KV fraction.
+// plus those the engine reported that were not the gateway's (its waiting and running requests
+// beyond the engine requests the gateway had in flight when they were read), plus the used KV
+// fraction.
 func (u *upstream) load() float64 {
-	l := float64(u.inFlight)
+	l := float64(u.units)
 	if g := u.gauges; g.Has {
 		l += float64(max(0, g.Waiting+g.Running-u.gwAtPoll))
 		if g.KVPool > 0 {
@@ -83,14 +86,17 @@ func (u *upstream) decayed(now time.Time) float64 {
 // lease is a slot on an engine held by one attempt; release it once.
 type lease struct {
 	u        *upstream
+	units    int
 	decision Decision
 	cand     Candidate
+	all      []Candidate // every candidate of the decision
 	waited   time.Duration
 	once     sync.Once
 }
 
 // routeJob is one request asking for a slot.
 type routeJob struct {
+	units   int // engine requests it makes (documents: one per document), at least 1
 	req     *RouteRequest
 	hits    []int        // expected hit tokens per engine
 	exclude map[int]bool // engines that failed this request
@@ -152,9 +158,10 @@ func (p *pool) decide(j *routeJob, now time.Time) *lease {
 	}
 	u := ups[d.Index]
 	u.inFlight++
+	u.units += max(1, j.units)
 	u.recent = u.decayed(now) + 1
 	u.recentAt = now
-	return &lease{u: u, decision: d, cand: cands[d.Index]}
+	return &lease{u: u, units: max(1, j.units), decision: d, cand: cands[d.Index], all: cands}
 }
 
 // acquire returns a lease on an engine for the job: at once when an eligible engine has a free
@@ -210,6 +217,7 @@ func (p *pool) release(l *lease) {
 	l.once.Do(func() {
 		p.mu.Lock()
 		l.u.inFlight--
+		l.u.units -= l.units
 		p.dispatch()
 		p.mu.Unlock()
 	})
@@ -262,7 +270,7 @@ func (p *pool) setHealth(u *upstream, up bool, reason string, g *engineGauges) b
 	}
 	u.up, u.reason = up, reason
 	if g != nil {
-		u.gauges, u.gwAtPoll = *g, u.inFlight
+		u.gauges, u.gwAtPoll = *g, u.units
 	}
 	if changed {
 		p.dispatch()
