@@ -179,7 +179,7 @@ func TestUpNodes(t *testing.T) {
 		Gateway *ep
 		Engine  ep
 		Nodes   []struct{ Engine, Worker, Blend ep }
-		Redis  *struct {
+		Redis   *struct {
 			URL string
 			PID int
 		}

@@ -301,7 +301,7 @@ func TestGatewayEngineKilledUnderLoad(t *testing.T) {
 			defer wg.Done()
 			for i := range next {
 				results[i], errs[i] = c.ChatStream(context.Background(), apiclient.ChatRequest{Model: "cb-llama",
-					Content: demo.Prompt([]demo.Document{{Text: docs[i%len(docs)].text}}, fmt.Sprintf("Question %d?", i)),
+					Content:   demo.Prompt([]demo.Document{{Text: docs[i%len(docs)].text}}, fmt.Sprintf("Question %d?", i)),
 					MaxTokens: 24, IgnoreEOS: true, Timeout: 90 * time.Second})
 			}
 		}()
