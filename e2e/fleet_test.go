@@ -135,8 +135,9 @@ func TestFleetFaults(t *testing.T) {
 // itself, two nodes share it (documents ingested through node 0 are reused
 // by node 1, as its blend server's metrics show), a gateway in front of
 // both engines serves --api, the endpoints file lists the gateway, the
-// nodes and the Redis URL (mode 0600: the URL carries the password), and
-// SIGINT stops every process, the gateway and redis-server included.
+// nodes and the Redis URL (mode 0600: the URL carries the password), cb
+// load runs unchanged against the gateway, and SIGINT stops every process,
+// the gateway and redis-server included.
 func TestUpNodes(t *testing.T) {
 	dir := t.TempDir()
 	eps := filepath.Join(dir, "endpoints.json")
@@ -207,6 +208,13 @@ func TestUpNodes(t *testing.T) {
 	if !strings.Contains(metrics, `lmcache_blend_coordinator_matches_total{result="ok"} 1`) ||
 		strings.Contains(metrics, `lmcache_blend_remote_reads_total{result="hit"} 0`) {
 		t.Fatalf("node 1 did not reuse through Redis:\n%s", grepLines(metrics, "lmcache_blend_"))
+	}
+	// cb load works unchanged against the gateway: its cross-check reads the gateway's
+	// /metrics (exit 1 on a failed request or a mismatch).
+	load := exec.Command(cbBin, "load", "--api", e.Gateway.API, "--requests", "12", "--concurrency", "4",
+		"--docs", "1", "--max-tokens", "4", "--ingest")
+	if out, err := load.CombinedOutput(); err != nil || !strings.Contains(string(out), "requests: counted 12 (0 with error_type), sent 12: OK") {
+		t.Fatalf("cb load against the gateway: %v\n%s", err, out)
 	}
 	pids := []int{e.Redis.PID, e.Gateway.PID}
 	for _, n := range e.Nodes {
