@@ -120,3 +120,32 @@ func commonPrefix(a, b []int32) int {
 	}
 	return n
 }
+
+// BenchmarkExpectedHits: the routing cost of kv-aware per request and engine — matching a
+// 1,500-token prompt against an engine's reuse index holding 2,000 prompts: one that holds
+// the prompt's document, and one that does not (every offset probed).
+func BenchmarkExpectedHits(b *testing.B) {
+	x := newReuseIndex("m", 256, DefaultIndexBytes, DefaultIndexSequences)
+	for i := range 2000 {
+		x.Register(chat(randomText(uint64(1000+i), 1500)))
+	}
+	for _, bc := range []struct {
+		name   string
+		prompt []int32
+		min    int
+	}{
+		{"held", chat(randomText(1500, 1500)[:1400] + " a question of this request?"), 1300},
+		{"not-held", chat(randomText(99999, 1500)), 0},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			if n := x.Match(bc.prompt); n < bc.min || bc.min == 0 && n > 0 {
+				b.Fatalf("matched %d", n)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				x.Match(bc.prompt)
+			}
+			b.ReportMetric(float64(len(bc.prompt))*float64(b.N)/b.Elapsed().Seconds()/1e6, "Mtokens/s")
+		})
+	}
+}
