@@ -42,7 +42,9 @@
 // 503, 429, a non-streamed body cut short, or a stream lost (or opened with an unavailable
 // worker's error event) before its first content event, which the gateway holds back — is
 // retried on another engine (each engine once per request); an engine that failed this way
-// is taken out of routing until its next health check passes. A stream lost after it began
+// is taken out of routing until its next health check passes, and the attempts on it whose
+// response has not begun (e.g. on a hung engine, when its health check fails) are cut and fail
+// over too. A stream lost after it began
 // ends with an OpenAI-shaped error event (code engine_lost) and data: [DONE].
 //
 // # Trace and metrics

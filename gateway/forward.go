@@ -53,11 +53,22 @@ type record struct {
 	outputTokens int
 	contentEvts  int
 
+	// onCommit, when set, runs once before the first byte of an engine's response is written.
+	onCommit func()
+
 	// The last retryable failure's response, sent when no engine is left.
 	lastFail   string
 	lastStatus int
 	lastHeader http.Header
 	lastBody   []byte
+}
+
+// commit runs onCommit once: the response is about to be written.
+func (rec *record) commit() {
+	if f := rec.onCommit; f != nil {
+		rec.onCommit = nil
+		f()
+	}
 }
 
 // fail records apiErr and sends it, unless the client is gone (499).
@@ -252,7 +263,13 @@ func (g *Gateway) attempt(ctx context.Context, w *statusWriter, r *http.Request,
 		attribute.String("http.request.method", r.Method),
 		attribute.String("server.address", u.name),
 	))
+	// The attempt is cut when the engine is taken out of routing before its response began
+	// (a failed health check, or another request's failed attempt): it fails over.
+	actx, cancel := context.WithCancelCause(actx)
+	defer cancel(nil)
+	rec.onCommit = g.pool.track(u, cancel)
 	fail, errType, err := g.forward(actx, w, r, rec, u, l.decision.Header, body, path, span)
+	rec.commit()
 	switch {
 	case fail != "":
 		span.SetError(fail, err)
@@ -300,7 +317,7 @@ func (g *Gateway) forward(ctx context.Context, w *statusWriter, r *http.Request,
 	telemetry.InjectHTTP(ctx, req.Header)
 	resp, err := g.client.Do(req)
 	if err != nil {
-		if ctx.Err() != nil {
+		if clientDone(ctx) {
 			g.clientGone(r, rec, ctx)
 			return "", rec.errType, err
 		}
@@ -323,6 +340,12 @@ func (g *Gateway) forward(ctx context.Context, w *statusWriter, r *http.Request,
 	return g.relayWhole(ctx, w, r, rec, u, resp)
 }
 
+// clientDone reports whether ctx ended because the client went away or the request timed
+// out, not because the gateway cut the attempt (errEngineDown).
+func clientDone(ctx context.Context) bool {
+	return ctx.Err() != nil && !errors.Is(context.Cause(ctx), errEngineDown)
+}
+
 // clientGone records a request whose context ended under an attempt: 504 after the request
 // timeout (sent when nothing was written yet), else 499.
 func (g *Gateway) clientGone(r *http.Request, rec *record, ctx context.Context) {
@@ -340,12 +363,13 @@ func (g *Gateway) relayWhole(ctx context.Context, w *statusWriter, r *http.Reque
 	limit := g.cfg.MaxBufferedBody
 	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
-		if ctx.Err() != nil {
+		if clientDone(ctx) {
 			g.clientGone(r, rec, ctx)
 			return "", rec.errType, err
 		}
 		return failUnreachable, "", err
 	}
+	rec.commit()
 	h := w.Header()
 	copyHeaders(h, resp.Header)
 	h.Set(HeaderEngine, u.name)
@@ -399,7 +423,7 @@ func (g *Gateway) relayStream(ctx context.Context, w *statusWriter, r *http.Requ
 	for {
 		ev, err := sr.next()
 		if err != nil {
-			if ctx.Err() != nil {
+			if clientDone(ctx) {
 				g.clientGone(r, rec, ctx)
 				return "", rec.errType, err
 			}
@@ -420,6 +444,7 @@ func (g *Gateway) relayStream(ctx context.Context, w *statusWriter, r *http.Requ
 				pending = append(pending, ev.Raw...)
 				continue
 			}
+			rec.commit()
 			h := w.Header()
 			copyHeaders(h, resp.Header)
 			h.Del("Content-Length")

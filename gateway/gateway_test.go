@@ -351,3 +351,34 @@ func TestStreamIsFlushedAsItComes(t *testing.T) {
 		t.Fatalf("%d events", events)
 	}
 }
+
+func TestHungEngineTakenOutOfRoutingFailsOver(t *testing.T) {
+	hung, good := newFakeEngine(t), newFakeEngine(t)
+	hold := make(chan struct{})
+	defer close(hold)
+	hung.set(func(f *fakeEngine) { f.hold = hold })
+	tg := startGateway(t, Config{Policy: PolicyRoundRobin, HealthInterval: 50 * time.Millisecond}, hung, good)
+	done := make(chan string, 2)
+	for range 2 { // round-robin: one of them waits on the hung engine
+		go func() {
+			status, hdr, _ := tg.post(t, RouteChat, chatBody("x", true), nil)
+			done <- fmt.Sprint(status, " ", hdr.Get(HeaderEngine))
+		}()
+	}
+	time.Sleep(200 * time.Millisecond)
+	// Its health check fails: the attempt waiting on it is cut and fails over.
+	hung.set(func(f *fakeEngine) { f.health = 503 })
+	for range 2 {
+		select {
+		case got := <-done:
+			if got != "200 "+good.name {
+				t.Fatalf("got %s, want 200 from %s", got, good.name)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a request hangs on the engine taken out of routing")
+		}
+	}
+	if len(tg.metric(t, "cb_gateway_failovers_total", hung.name, `reason="unreachable"`)) != 1 {
+		t.Fatalf("failovers %v", tg.metric(t, "cb_gateway_failovers_total"))
+	}
+}

@@ -39,7 +39,7 @@ type Candidate struct {
 	// InFlight is the requests the gateway has in flight on the engine.
 	InFlight int
 	// Waiting and Running are the engine's own gauges (cb_engine_requests_waiting,
-	// cb_engine_requests_running) from its last /metrics, less the gateway's requests then.
+	// cb_engine_requests_running) from its last /metrics.
 	Waiting, Running int
 	// KVUsed is the fraction of the engine's KV blocks in use (cb_engine_kv_blocks
 	// {state="used"} / cb_engine_kv_pool_blocks), 0 when unknown.

@@ -18,6 +18,9 @@ var (
 	errQueueFull = errors.New("gateway: queue full")
 	// errQueueTimeout: the request waited QueueTimeout without a free engine slot.
 	errQueueTimeout = errors.New("gateway: no engine slot within the queue timeout")
+	// errEngineDown cuts the attempts whose response has not begun on an engine taken out of
+	// routing: they fail over.
+	errEngineDown = errors.New("gateway: the engine was taken out of routing")
 )
 
 // upstream is one engine. Its fields after mu are guarded by the pool's mutex.
@@ -36,7 +39,7 @@ type upstream struct {
 	units     int // the engine requests they make (a document ingest makes one per document)
 	recent    float64
 	recentAt  time.Time
-	downSince time.Time
+	pending   map[*context.CancelCauseFunc]struct{} // attempts whose response has not begun
 }
 
 func newUpstream(i int, base string, idx *reuseIndex) *upstream {
@@ -266,7 +269,10 @@ func (p *pool) setHealth(u *upstream, up bool, reason string, g *engineGauges) b
 	changed := u.up != up || !u.checked
 	u.checked = true
 	if u.up && !up {
-		u.downSince = time.Now()
+		for c := range u.pending {
+			(*c)(errEngineDown)
+		}
+		clear(u.pending)
 	}
 	u.up, u.reason = up, reason
 	if g != nil {
@@ -276,6 +282,24 @@ func (p *pool) setHealth(u *upstream, up bool, reason string, g *engineGauges) b
 		p.dispatch()
 	}
 	return changed
+}
+
+// track records an attempt on u whose response has not begun, to be cut (cancel with
+// errEngineDown) when u is taken out of routing; the returned function forgets it (call it
+// when the response begins, and at the latest when the attempt ends).
+func (p *pool) track(u *upstream, cancel context.CancelCauseFunc) (untrack func()) {
+	key := &cancel
+	p.mu.Lock()
+	if u.pending == nil {
+		u.pending = map[*context.CancelCauseFunc]struct{}{}
+	}
+	u.pending[key] = struct{}{}
+	p.mu.Unlock()
+	return func() {
+		p.mu.Lock()
+		delete(u.pending, key)
+		p.mu.Unlock()
+	}
 }
 
 // close fails every waiter and refuses new requests.
