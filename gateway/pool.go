@@ -30,16 +30,16 @@ type upstream struct {
 	name  string // host:port, the route.engine attribute and the engine label
 	index *reuseIndex
 
-	up        bool
-	checked   bool // a health check has completed
-	reason    string
-	gauges    engineGauges
-	gwAtPoll  int // the gateway's in-flight units when the gauges were read
-	inFlight  int // requests the gateway has in flight on the engine
-	units     int // the engine requests they make (a document ingest makes one per document)
-	recent    float64
-	recentAt  time.Time
-	pending   map[*context.CancelCauseFunc]struct{} // attempts whose response has not begun
+	up       bool
+	checked  bool // a health check has completed
+	reason   string
+	gauges   engineGauges
+	gwAtPoll int // the gateway's in-flight units when the gauges were read
+	inFlight int // requests the gateway has in flight on the engine
+	units    int // the engine requests they make (a document ingest makes one per document)
+	recent   float64
+	recentAt time.Time
+	pending  map[*context.CancelCauseFunc]struct{} // attempts whose response has not begun
 }
 
 func newUpstream(i int, base string, idx *reuseIndex) *upstream {
