@@ -288,7 +288,7 @@ func TestParseInstrumentsRejects(t *testing.T) {
 		{"duplicate allowed value", "[chat]", "[chat, chat]", "twice"},
 		{"other reserved", "[chat]", "[chat, _other]", "reserved"},
 		{"duplicate label", "        allowed: [chat]", "        allowed: [chat]\n      - key: op\n        capped: true", "twice"},
-		{"unknown owner", "[engine]", "[gateway]", "owner"},
+		{"unknown owner", "[engine]", "[router]", "owner"},
 		{"no owners", "    owners: [engine]\n", "", "no owners"},
 		{"empty help", "help: X.", "help: \"\"", "empty help"},
 		{"help with newline", "help: X.", "help: \"a\\nb\"", "one line"},
@@ -392,6 +392,62 @@ func TestParseSpansRejects(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			doc := strings.Replace(goodSpans, tc.old, tc.new, 1)
 			if doc == goodSpans {
+				t.Fatal("test case did not change the document")
+			}
+			_, err := ParseSpans([]byte(doc))
+			if err == nil {
+				t.Fatalf("accepted:\n%s", doc)
+			}
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q: want ErrInvalid mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// goodCaller is goodSpans with a caller service above its root.
+var goodCaller = strings.Replace(goodSpans, "services: [a, b]", "services: [a, b, gw]", 1) + `  - name: gw.in
+    service: gw
+    kind: server
+    phase: request
+    caller: true
+    required: false
+  - name: gw.out
+    service: gw
+    kind: client
+    phase: route
+    parent: gw.in
+    caller: true
+    required: true
+    calls: [root]
+`
+
+func TestCallerSpans(t *testing.T) {
+	set, err := ParseSpans([]byte(goodCaller))
+	if err != nil {
+		t.Fatalf("base document: %v", err)
+	}
+	if root, ok := set.Root(TraceRequest); !ok || root.Name != "root" {
+		t.Fatalf("root %+v: a caller span is never a trace's root", root)
+	}
+	if out, _ := set.Lookup("gw.out"); !out.Caller || !slices.Equal(out.Calls, []string{"root"}) {
+		t.Fatalf("gw.out %+v", out)
+	}
+	tests := []struct {
+		name, old, new, want string
+	}{
+		{"calls a non-root", "calls: [root]", "calls: [cb.child]", "not the root"},
+		{"calls nothing", "calls: [root]", "calls: [nowhere]", "does not exist"},
+		{"calls twice", "calls: [root]", "calls: [root, root]", "twice"},
+		{"calls own service", "  - name: root\n    service: a", "  - name: root\n    service: gw", "own service"},
+		{"calls without caller", "    caller: true\n    required: true\n    calls", "    required: true\n    calls", "not a caller"},
+		{"caller parent of a contract span", "    parent: root\n", "    parent: gw.in\n", "caller span"},
+		{"caller with when", "    caller: true\n    required: false\n", "    caller: true\n    required: false\n    when: {span: cb.child, attribute: n, op: gt, value: 0}\n", "no when"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			doc := strings.Replace(goodCaller, tc.old, tc.new, 1)
+			if doc == goodCaller {
 				t.Fatal("test case did not change the document")
 			}
 			_, err := ParseSpans([]byte(doc))

@@ -24,6 +24,8 @@ const (
 	OwnerWorker  = "worker"
 	OwnerBlend   = "blend"
 	OwnerProcess = "process"
+	// OwnerGateway is the gateway's facade (cb gateway).
+	OwnerGateway = "gateway"
 )
 
 // MaxLabels is the most label keys an instrument may declare.
@@ -64,7 +66,8 @@ type Instrument struct {
 	Help string `yaml:"help"`
 	// Unit is the UCUM-style unit: s, By, 1, GBy/s, or a {annotation}.
 	Unit string `yaml:"unit"`
-	// Owners lists the facades registering the instrument (engine, worker, blend, process).
+	// Owners lists the facades registering the instrument (engine, worker, blend, process,
+	// gateway).
 	Owners []string `yaml:"owners"`
 	// Exemplars is true when observations carry trace exemplars (histograms only).
 	Exemplars bool `yaml:"exemplars"`
@@ -224,7 +227,7 @@ var (
 	metricNameRE = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
 	labelKeyRE   = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 	annotationRE = regexp.MustCompile(`^\{[a-z][a-z_]*\}$`)
-	knownOwners  = []string{OwnerEngine, OwnerWorker, OwnerBlend, OwnerProcess}
+	knownOwners  = []string{OwnerEngine, OwnerWorker, OwnerBlend, OwnerProcess, OwnerGateway}
 )
 
 func validateInstrument(p *problems, in *Instrument) {

@@ -61,13 +61,16 @@ const (
 	PhaseForward Phase = "forward"
 	// PhaseStore is storing KV chunks.
 	PhaseStore Phase = "store"
+	// PhaseRoute is a gateway forwarding the request to an engine (its CLIENT span's time not
+	// covered by the engine).
+	PhaseRoute Phase = "route"
 )
 
 // Phases returns every phase of the contract, in the order of a request. Each call returns a
 // new slice.
 func Phases() []Phase {
 	return []Phase{PhaseRequest, PhaseQueue, PhasePrefill, PhaseDecode, PhaseSchedule, PhaseLookup,
-		PhaseL2Load, PhaseExecute, PhaseKVLoad, PhaseForward, PhaseStore}
+		PhaseL2Load, PhaseExecute, PhaseKVLoad, PhaseForward, PhaseStore, PhaseRoute}
 }
 
 // Traces of the contract.
@@ -215,6 +218,14 @@ type Span struct {
 	Events []string `yaml:"events"`
 	// Note is free documentation.
 	Note string `yaml:"note"`
+	// Caller marks a span of an optional caller above the roots of the traces (the gateway):
+	// when a trace has it, it sits above the contract's root, which is then a remote child of
+	// a caller span whose Calls names it. A caller span's Parent is another caller span, or
+	// empty for the caller's own root; caller spans count for no trace's root.
+	Caller bool `yaml:"caller"`
+	// Calls, on a caller span, names the roots of traces (non-caller spans without a parent)
+	// that may be its remote children.
+	Calls []string `yaml:"calls"`
 
 	re *regexp.Regexp
 }
@@ -283,10 +294,11 @@ func (s *SpanSet) Match(recorded string) (*Span, bool) {
 	return nil, false
 }
 
-// Root returns the root span of the named trace (TraceRequest or TraceIngest).
+// Root returns the root span of the named trace (TraceRequest or TraceIngest); a caller span
+// (Span.Caller) is never a root.
 func (s *SpanSet) Root(trace string) (*Span, bool) {
 	for i := range s.Spans {
-		if s.Spans[i].Trace == trace && s.Spans[i].Parent == "" {
+		if s.Spans[i].Trace == trace && s.Spans[i].Parent == "" && !s.Spans[i].Caller {
 			return &s.Spans[i], true
 		}
 	}
@@ -333,7 +345,8 @@ var (
 // matching a change of service, a missing or unknown phase (or phase request off a root), bad
 // attribute keys or types, a cb.* span without request_id, an async root, conditions that
 // reference nothing or compare a string with a number (or a string with an order), alternatives
-// that reference nothing, patterns that do not compile.
+// that reference nothing, patterns that do not compile, caller spans whose parent is no caller
+// or whose calls name no root in another service.
 func ParseSpans(data []byte) (*SpanSet, error) {
 	var set SpanSet
 	if err := decodeStrict(SpansFile, data, &set); err != nil {
@@ -455,13 +468,20 @@ func validateTree(p *problems, set *SpanSet) {
 		if sp.Name == "" {
 			continue
 		}
+		if sp.Caller || len(sp.Calls) > 0 {
+			validateCaller(p, set, sp)
+		}
 		if sp.Parent == "" {
-			roots[sp.Trace] = append(roots[sp.Trace], sp.Name)
+			if !sp.Caller {
+				roots[sp.Trace] = append(roots[sp.Trace], sp.Name)
+			}
 			if sp.RemoteParent {
 				p.addf("%s: a root has no remote parent", sp.Name)
 			}
 		} else if parent, ok := set.Lookup(sp.Parent); !ok {
 			p.addf("%s: parent %q does not exist", sp.Name, sp.Parent)
+		} else if parent.Caller != sp.Caller {
+			p.addf("%s: parent %q is a caller span and %s is not, or the other way round (a trace's root is a remote child of a caller through calls)", sp.Name, sp.Parent, sp.Name)
 		} else {
 			if parent.Trace != sp.Trace {
 				p.addf("%s: parent %q belongs to trace %q, not %q", sp.Name, sp.Parent, parent.Trace, sp.Trace)
@@ -516,6 +536,30 @@ func validateTree(p *problems, set *SpanSet) {
 				break
 			}
 			cur = next
+		}
+	}
+}
+
+// validateCaller checks a caller span (Span.Caller) and its calls.
+func validateCaller(p *problems, set *SpanSet, sp *Span) {
+	if !sp.Caller {
+		p.addf("%s: calls on a span that is not a caller", sp.Name)
+		return
+	}
+	if sp.When != nil || sp.AlternativeTo != "" {
+		p.addf("%s: a caller span takes no when or alternative_to", sp.Name)
+	}
+	for i, name := range sp.Calls {
+		callee, ok := set.Lookup(name)
+		switch {
+		case !ok:
+			p.addf("%s: calls %q, which does not exist", sp.Name, name)
+		case callee.Caller || callee.Parent != "":
+			p.addf("%s: calls %q, which is not the root of a trace", sp.Name, name)
+		case callee.Service == sp.Service:
+			p.addf("%s: calls %q in its own service %s (a call crosses processes)", sp.Name, name, sp.Service)
+		case slices.Contains(sp.Calls[:i], name):
+			p.addf("%s: calls %q twice", sp.Name, name)
 		}
 	}
 }

@@ -133,9 +133,11 @@ func TestFleetFaults(t *testing.T) {
 
 // TestUpNodes runs `cb up --nodes 2` as a user would: it starts redis-server
 // itself, two nodes share it (documents ingested through node 0 are reused
-// by node 1, as its blend server's metrics show), the endpoints file lists
-// the nodes and the Redis URL (mode 0600: the URL carries the password),
-// and SIGINT stops every process, redis-server included.
+// by node 1, as its blend server's metrics show), a gateway in front of
+// both engines serves --api, the endpoints file lists the gateway, the
+// nodes and the Redis URL (mode 0600: the URL carries the password), cb
+// load runs unchanged against the gateway, and SIGINT stops every process,
+// the gateway and redis-server included.
 func TestUpNodes(t *testing.T) {
 	dir := t.TempDir()
 	eps := filepath.Join(dir, "endpoints.json")
@@ -175,9 +177,10 @@ func TestUpNodes(t *testing.T) {
 		PID                int
 	}
 	var e struct {
-		Engine ep
-		Nodes  []struct{ Engine, Worker, Blend ep }
-		Redis  *struct {
+		Gateway *ep
+		Engine  ep
+		Nodes   []struct{ Engine, Worker, Blend ep }
+		Redis   *struct {
 			URL string
 			PID int
 		}
@@ -186,8 +189,13 @@ func TestUpNodes(t *testing.T) {
 		t.Fatalf("%v: %s", err, b)
 	}
 	if len(e.Nodes) != 2 || e.Redis == nil || !strings.HasPrefix(e.Redis.URL, "redis://") || e.Redis.PID == 0 ||
-		e.Nodes[0].Engine.API != e.Engine.API || e.Nodes[1].Engine.API == e.Engine.API {
+		e.Nodes[0].Engine.API != e.Engine.API || e.Nodes[1].Engine.API == e.Engine.API ||
+		e.Gateway == nil || e.Gateway.API == e.Engine.API || e.Gateway.PID == 0 || e.Gateway.Metrics != e.Gateway.API+"/metrics" {
 		t.Fatalf("endpoints %s", b)
+	}
+	// The gateway on --api serves both nodes' engines.
+	if h, err := httpGet(e.Gateway.API + "/health"); err != nil || strings.Count(h, `"up":true`) != 2 {
+		t.Fatalf("gateway health %q %v", h, err)
 	}
 	a := &env{t: t, api: e.Nodes[0].Engine.API}
 	n1 := &env{t: t, api: e.Nodes[1].Engine.API}
@@ -201,7 +209,14 @@ func TestUpNodes(t *testing.T) {
 		strings.Contains(metrics, `lmcache_blend_remote_reads_total{result="hit"} 0`) {
 		t.Fatalf("node 1 did not reuse through Redis:\n%s", grepLines(metrics, "lmcache_blend_"))
 	}
-	pids := []int{e.Redis.PID}
+	// cb load works unchanged against the gateway: its cross-check reads the gateway's
+	// /metrics (exit 1 on a failed request or a mismatch).
+	load := exec.Command(cbBin, "load", "--api", e.Gateway.API, "--requests", "12", "--concurrency", "4",
+		"--docs", "1", "--max-tokens", "4", "--ingest")
+	if out, err := load.CombinedOutput(); err != nil || !strings.Contains(string(out), "requests: counted 12 (0 with error_type), sent 12: OK") {
+		t.Fatalf("cb load against the gateway: %v\n%s", err, out)
+	}
+	pids := []int{e.Redis.PID, e.Gateway.PID}
 	for _, n := range e.Nodes {
 		pids = append(pids, n.Engine.PID, n.Worker.PID, n.Blend.PID)
 	}

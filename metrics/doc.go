@@ -12,8 +12,10 @@
 //     a lower one. Histograms refuse negative and non-finite observations.
 //   - Typed facades, one per process role: [EngineMetrics] (GenAI request latencies, HTTP,
 //     scheduler gauges, KV transfer), [WorkerMetrics], [BlendMetrics] (every lmcache_blend_*
-//     instrument) and [ProcessMetrics] (build info, trace exporter totals). Each registers
-//     exactly the contract instruments it owns.
+//     instrument), [ProcessMetrics] (build info, trace exporter totals) and [GatewayMetrics]
+//     (cb gateway: the GenAI request histograms as seen at the gateway, routing, failovers,
+//     queue, per-engine health and load). Each registers exactly the contract instruments it
+//     owns.
 //
 // Errors are returned only where series are resolved: the Registry's instrument getters, the
 // Series methods and the facade constructors. The constructors resolve every series whose

@@ -64,7 +64,7 @@ func exercise(t testing.TB, e *EngineMetrics, w *WorkerMetrics, b *BlendMetrics,
 func allFacades(t testing.TB) map[string]*prometheus.Registry {
 	t.Helper()
 	regs := map[string]*prometheus.Registry{}
-	for _, o := range []string{contract.OwnerEngine, contract.OwnerWorker, contract.OwnerBlend, contract.OwnerProcess} {
+	for _, o := range []string{contract.OwnerEngine, contract.OwnerWorker, contract.OwnerBlend, contract.OwnerProcess, contract.OwnerGateway} {
 		regs[o] = prometheus.NewRegistry()
 	}
 	e, err := NewEngineMetrics(regs[contract.OwnerEngine])
@@ -85,6 +85,11 @@ func allFacades(t testing.TB) map[string]*prometheus.Registry {
 		t.Fatal(err)
 	}
 	exercise(t, e, w, b, p)
+	g, err := NewGatewayMetrics(regs[contract.OwnerGateway])
+	if err != nil {
+		t.Fatal(err)
+	}
+	exerciseGateway(t, g)
 	return regs
 }
 
@@ -592,6 +597,11 @@ func TestFacadesShareOneRegistry(t *testing.T) {
 		t.Fatal(err)
 	}
 	exercise(t, e, w, b, p)
+	g, err := NewGatewayMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exerciseGateway(t, g)
 	fams := gather(t, reg)
 	if v := value(fams, "cb_kv_transfer_bytes_total", map[string]string{"direction": "load"}); v != 4096 {
 		t.Errorf("load bytes %v", v)
@@ -680,7 +690,7 @@ func TestWorkerBlendProcess(t *testing.T) {
 		t.Errorf("process Refused = %d, want 1", st.Refused)
 	}
 	var le *LabelError
-	if _, err := NewProcessMetrics(prometheus.NewRegistry(), BuildInfo{Service: "cb-gateway"}, nil); !errors.As(err, &le) {
+	if _, err := NewProcessMetrics(prometheus.NewRegistry(), BuildInfo{Service: "cb-router"}, nil); !errors.As(err, &le) {
 		t.Errorf("unknown service: %v", err)
 	}
 	wreg := prometheus.NewRegistry()
@@ -912,6 +922,9 @@ func TestFreshFacadesStartAtZero(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := NewProcessMetrics(reg, BuildInfo{Service: "cb-blend", Version: "v1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewGatewayMetrics(reg); err != nil {
 		t.Fatal(err)
 	}
 	fams := parseText(t, func() string { b, _ := scrape(t, reg, acceptText); return b }())

@@ -9,7 +9,7 @@ import (
 
 // BuildInfo labels cb_build_info.
 type BuildInfo struct {
-	// Service is "cb-engine", "cb-worker", "cb-blend" or "cb-traces".
+	// Service is "cb-engine", "cb-worker", "cb-blend", "cb-traces" or "cb-gateway".
 	Service string
 	// Version is the build version (a capped label; "" allowed).
 	Version string

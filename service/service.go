@@ -32,7 +32,7 @@ var Version = "0.1.0"
 // Options configure a Runtime. The zero value of every field but ServiceName
 // is valid.
 type Options struct {
-	// ServiceName is cb-engine, cb-worker, cb-blend or cb-traces.
+	// ServiceName is cb-engine, cb-worker, cb-blend, cb-traces or cb-gateway.
 	ServiceName string
 	// OTLPEndpoint overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT when non-empty
 	// (the --otlp-traces-endpoint flag). A bare host:port or a URL without a

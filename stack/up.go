@@ -53,9 +53,15 @@ type UpConfig struct {
 	// (reconnections fail once they expire).
 	TLSValidity time.Duration
 	// Nodes is the number of nodes (engine + worker + blend server each)
-	// to start on loopback, sharing one fleet tier; <= 1 is one node. Node
-	// 0's engine listens on APIAddr, the others on free ports.
+	// to start on loopback, sharing one fleet tier; <= 1 is one node. With
+	// more than one, a gateway (cb gateway) in front of the nodes' engines
+	// listens on APIAddr and every engine on a free port (unless NoGateway:
+	// then node 0's engine listens on APIAddr).
 	Nodes int
+	// GatewayArgs are extra flags for cb gateway (e.g. --policy).
+	GatewayArgs []string
+	// NoGateway starts no gateway in front of a multi-node stack.
+	NoGateway bool
 	// RedisURL is the fleet tier every node's blend server joins
 	// (--redis-url). Empty with Nodes > 1: Up starts redis-server on a free
 	// loopback port with a random password (Debian package redis-server)
@@ -79,6 +85,9 @@ type Endpoint struct {
 
 // Endpoints is the endpoints file: one entry per process.
 type Endpoints struct {
+	// Gateway is the gateway in front of a multi-node stack's engines (its
+	// OpenAI API is the stack's), nil without one.
+	Gateway   *Endpoint `json:"gateway,omitempty"`
 	Engine    Endpoint  `json:"engine"`
 	Worker    Endpoint  `json:"worker"`
 	Blend     Endpoint  `json:"blend"`
@@ -107,8 +116,18 @@ type RedisEndpoint struct {
 	PID int    `json:"pid,omitempty"`
 }
 
+// API returns the stack's OpenAI API: the gateway's when there is one,
+// else the engine's.
+func (e Endpoints) API() string {
+	if e.Gateway != nil {
+		return e.Gateway.API
+	}
+	return e.Engine.API
+}
+
 // Stack is a running blend + worker + engine, each its own OS process.
 type Stack struct {
+	gw     *Supervisor // the gateway of a multi-node stack, or nil
 	sup    *Supervisor
 	eps    Endpoints
 	tlsDir string            // "" when plaintext
@@ -292,9 +311,13 @@ func (s *Stack) TLSDir() string { return s.tlsDir }
 
 // Shutdown stops engine, worker and blend (in that order), then removes
 // the KV socket's directory and the certificates; in a multi-node stack it
-// stops the other nodes, then the Redis server Up started.
+// stops the gateway first, then the other nodes, then the Redis server Up
+// started.
 func (s *Stack) Shutdown(ctx context.Context) error {
 	var errs []error
+	if s.gw != nil {
+		errs = append(errs, s.gw.Shutdown(ctx))
+	}
 	for _, o := range s.others {
 		errs = append(errs, o.Shutdown(ctx))
 	}
@@ -354,9 +377,20 @@ func FreePorts(n int) ([]int, error) {
 }
 
 // upNodes starts cfg.Nodes single-node stacks sharing one fleet tier (the
-// Redis server at cfg.RedisURL, or one it starts) and returns node 0 holding
-// the others.
+// Redis server at cfg.RedisURL, or one it starts) and, unless NoGateway, a
+// gateway on cfg.APIAddr in front of their engines; it returns node 0
+// holding the others and the gateway.
 func upNodes(ctx context.Context, cfg UpConfig) (*Stack, error) {
+	if cfg.Exe == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("stack: find cb binary: %w", err)
+		}
+		cfg.Exe = exe
+	}
+	if cfg.APIAddr == "" {
+		cfg.APIAddr = "127.0.0.1:8000"
+	}
 	var rp *redisproc.Server
 	url := cfg.RedisURL
 	if url == "" {
@@ -379,8 +413,14 @@ func upNodes(ctx context.Context, cfg UpConfig) (*Stack, error) {
 	for i := range cfg.Nodes {
 		nc := cfg
 		nc.Nodes, nc.RedisURL = 0, url
-		if i > 0 {
-			nc.APIAddr = "127.0.0.1:0"
+		if i > 0 || !cfg.NoGateway {
+			// A port of its own, kept when the engine is restarted (the gateway
+			// has its URL).
+			ports, err := FreePorts(1)
+			if err != nil {
+				return fail(err)
+			}
+			nc.APIAddr = "127.0.0.1:" + strconv.Itoa(ports[0])
 		}
 		n, err := Up(ctx, nc)
 		if err != nil {
@@ -397,5 +437,36 @@ func upNodes(ctx context.Context, cfg UpConfig) (*Stack, error) {
 	for _, n := range nodes {
 		s.eps.Nodes = append(s.eps.Nodes, NodeEndpoints{Engine: n.eps.Engine, Worker: n.eps.Worker, Blend: n.eps.Blend})
 	}
+	if cfg.NoGateway {
+		return s, nil
+	}
+	if err := s.startGateway(ctx, cfg); err != nil {
+		_ = s.Shutdown(context.Background())
+		return nil, fmt.Errorf("stack: gateway: %w", err)
+	}
 	return s, nil
+}
+
+// startGateway starts cb gateway on cfg.APIAddr in front of the nodes'
+// engines and waits until it is healthy.
+func (s *Stack) startGateway(ctx context.Context, cfg UpConfig) error {
+	env := append([]string(nil), cfg.Env...)
+	if cfg.OTLPEndpoint != "" {
+		proto := cfg.OTLPProtocol
+		if proto == "" {
+			proto = "http/protobuf"
+		}
+		env = append(env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="+cfg.OTLPEndpoint, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="+proto)
+	}
+	args := []string{"gateway", "--addr", cfg.APIAddr}
+	for _, n := range s.eps.Nodes {
+		args = append(args, "--engine", n.Engine.API)
+	}
+	s.gw = NewSupervisor(cfg.Supervisor)
+	r, err := s.gw.Start(ctx, Spec{Name: "cb-gateway", Path: cfg.Exe, Env: env, Args: append(args, cfg.GatewayArgs...)})
+	if err != nil {
+		return err
+	}
+	s.eps.Gateway = &Endpoint{API: r.Values["api"], Metrics: r.Values["metrics"], PID: r.PID}
+	return WaitHealthy(ctx, s.eps.Gateway.API+"/health", s.gw.cfg.ReadyTimeout)
 }

@@ -61,7 +61,10 @@ func Check(traces []Trace, spec *contract.SpanSet) Report {
 //   - one trace id: every span carries the trace's id, span ids are unique, and a request's
 //     spans (by request_id) are not split over several traces;
 //   - the root: exactly one span without a parent in the trace, and it is the contract's
-//     root (the engine's SERVER span for a request);
+//     root (the engine's SERVER span for a request), or a caller above it: a span outside
+//     the contract (a load generator) or a caller span of the contract (the gateway's,
+//     contract.Span.Caller), the contract's root then a remote child of a caller span that
+//     names it in its calls;
 //   - every required span present (required: true, or its `when` condition holds, unless
 //     an `alternative_to` sibling stands in): a condition on the span's parent is checked
 //     under every instance of the parent (the span must be under each one that satisfies
@@ -248,10 +251,12 @@ func (c *checker) classify(root int) {
 	for i := range c.t.Spans {
 		if cs, ok := c.spec.Match(c.t.Spans[i].Name); ok {
 			c.match[i] = cs
-			count[cs.Trace]++
+			if !cs.Caller { // a caller belongs to whichever trace it calls
+				count[cs.Trace]++
+			}
 		}
 	}
-	if cs := c.match[root]; cs != nil && cs.Parent == "" {
+	if cs := c.match[root]; cs != nil && cs.Parent == "" && !cs.Caller {
 		c.kind = cs.Trace
 		return
 	}
@@ -269,24 +274,28 @@ func (c *checker) checkRoot(root int) {
 		return
 	}
 	sp := &c.t.Spans[root]
-	if c.match[root] == nil {
-		// A caller that traces too (a load generator, a gateway) may sit above the
+	if c.match[root] == nil || c.match[root].Caller {
+		// A caller that traces too (a load generator, the gateway) may sit above the
 		// contract's root: fine when the contract root's ancestors are all outside the
-		// contract.
+		// contract or caller spans (checkSpan checks the caller span's calls).
 		for i := range c.t.Spans {
 			if c.match[i] != want {
 				continue
 			}
 			outside := true
 			for p, steps := c.parent(i), 0; p >= 0 && steps < len(c.t.Spans); p, steps = c.parent(p), steps+1 {
-				if c.match[p] != nil {
+				if c.match[p] != nil && !c.match[p].Caller {
 					outside = false
 					break
 				}
 			}
 			if outside {
-				c.res.Notes = append(c.res.Notes, fmt.Sprintf("the request's root %q [%s] has a caller outside the contract: %q [%s]",
-					c.t.Spans[i].Name, c.t.Spans[i].Service, sp.Name, sp.Service))
+				what := "a caller outside the contract"
+				if c.match[root] != nil {
+					what = "the contract's caller above it"
+				}
+				c.res.Notes = append(c.res.Notes, fmt.Sprintf("the request's root %q [%s] has %s: %q [%s]",
+					c.t.Spans[i].Name, c.t.Spans[i].Service, what, sp.Name, sp.Service))
 				return
 			}
 		}
@@ -348,7 +357,7 @@ func (c *checker) checkSpan(i int) {
 	if cs == nil {
 		return
 	}
-	if cs.Trace != c.kind {
+	if cs.Trace != c.kind && !cs.Caller {
 		v(RuleWrongTrace, "belongs to the %s trace, found in a %s trace", cs.Trace, c.kind)
 		return
 	}
@@ -362,6 +371,13 @@ func (c *checker) checkSpan(i int) {
 		if want, _ := c.spec.Lookup(cs.Parent); c.match[p] != want {
 			ps := &c.t.Spans[p]
 			v(RuleParent, "parent is %s [%s], want %s [%s]", ps.Name, ps.Service, want.Name, want.Service)
+		}
+	}
+	if cs.Parent == "" && !cs.Caller && p >= 0 {
+		// A trace's root under a caller span: the caller must name it in its calls.
+		if pc := c.match[p]; pc != nil && pc.Caller && !slices.Contains(pc.Calls, cs.Name) {
+			ps := &c.t.Spans[p]
+			v(RuleParent, "parent is the caller span %s [%s], which calls only %q", ps.Name, ps.Service, pc.Calls)
 		}
 	}
 	for _, key := range cs.AttributeKeys() {
@@ -401,7 +417,7 @@ func typeMatches(v Value, t contract.AttrType) bool {
 func (c *checker) presence() {
 	found := map[*contract.Span][]int{}
 	for i, cs := range c.match {
-		if cs != nil && cs.Trace == c.kind {
+		if cs != nil && (cs.Trace == c.kind || cs.Caller) {
 			found[cs] = append(found[cs], i)
 		}
 	}
@@ -417,7 +433,7 @@ func (c *checker) presence() {
 	}
 	for k := range c.spec.Spans {
 		cs := &c.spec.Spans[k]
-		if cs.Trace != c.kind {
+		if cs.Trace != c.kind && !cs.Caller {
 			continue
 		}
 		idx := found[cs]

@@ -219,6 +219,7 @@ func TestPhaseFromContract(t *testing.T) {
 		spanname.CBPartial: "forward",
 		spanname.CBStore:   "store", spanname.CBStorePreComputed: "store",
 		spanname.KVTransfer: "kv load", spanname.KVReceive: "kv load", spanname.KVSend: "kv load",
+		spanname.GatewayRequest: "request", spanname.GatewayAttempt: "route",
 	}
 	set, err := contract.Spans()
 	if err != nil {

@@ -48,7 +48,7 @@ exits with --exit (status 1 when a check fails).`,
 				_ = r.Shutdown(sctx)
 			}()
 			eps := r.stack.Endpoints()
-			cfg.API = eps.Engine.API
+			cfg.API = eps.API()
 			cfg.QueryURL = r.queryURL
 			if checkURL != "" {
 				cfg.QueryURL = checkURL

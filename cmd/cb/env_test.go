@@ -57,9 +57,27 @@ func TestApplyEnvPrecedence(t *testing.T) {
 
 func TestEverySubcommandIsRegistered(t *testing.T) {
 	root := newRoot()
-	for _, name := range []string{"engine", "worker", "blend", "traces", "check", "up", "demo", "load", "slo-rules", "certs"} {
+	for _, name := range []string{"engine", "worker", "blend", "traces", "check", "up", "demo", "load", "slo-rules", "certs", "gateway"} {
 		if c, _, err := root.Find([]string{name}); err != nil || c.Name() != name {
 			t.Errorf("subcommand %s missing", name)
 		}
+	}
+}
+
+// CB_GATEWAY_ENGINE sets the repeatable --engine flag (comma-separated URLs).
+func TestGatewayEnginesFromEnvironment(t *testing.T) {
+	t.Setenv("CB_GATEWAY_ENGINE", "http://127.0.0.1:8001,http://127.0.0.1:8002")
+	cmd := newGatewayCmd()
+	var got []string
+	cmd.RunE = func(c *cobra.Command, _ []string) error {
+		got, _ = c.Flags().GetStringSlice("engine")
+		return nil
+	}
+	cmd.SetArgs(nil)
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0] != "http://127.0.0.1:8001" || got[1] != "http://127.0.0.1:8002" {
+		t.Fatalf("engines %v", got)
 	}
 }

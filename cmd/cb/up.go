@@ -25,6 +25,8 @@ type upFlags struct {
 	engineArgs    []string
 	workerArgs    []string
 	blendArgs     []string
+	gatewayArgs   []string
+	noGateway     bool
 	redisURL      string
 	nodes         int
 	plaintext     bool
@@ -32,15 +34,17 @@ type upFlags struct {
 
 func (u *upFlags) register(cmd *cobra.Command, defaultAPI string) {
 	f := cmd.Flags()
-	f.StringVar(&u.api, "api", defaultAPI, "address of the engine's OpenAI API")
+	f.StringVar(&u.api, "api", defaultAPI, "address of the OpenAI API: the engine's, or with --nodes N the gateway's")
 	f.StringVar(&u.endpointsFile, "endpoints-file", "", "write the processes' endpoints as JSON to this file once all are healthy")
 	f.StringVar(&u.otlpAddr, "otlp-addr", "127.0.0.1:0", "embedded collector's OTLP/HTTP address (when OTEL_EXPORTER_OTLP_ENDPOINT is unset)")
 	f.StringVar(&u.uiAddr, "ui-addr", "127.0.0.1:16686", "embedded collector's query API and trace page address")
 	f.StringArrayVar(&u.engineArgs, "engine-arg", nil, "extra flag for cb engine (repeatable), e.g. --engine-arg=--api-key=secret")
 	f.StringArrayVar(&u.workerArgs, "worker-arg", nil, "extra flag for cb worker (repeatable)")
 	f.StringArrayVar(&u.blendArgs, "blend-arg", nil, "extra flag for cb blend (repeatable)")
+	f.StringArrayVar(&u.gatewayArgs, "gateway-arg", nil, "extra flag for cb gateway with --nodes N (repeatable), e.g. --gateway-arg=--policy=least-loaded")
+	f.BoolVar(&u.noGateway, "no-gateway", false, "with --nodes N, start no gateway: node 0's engine listens on --api")
 	f.StringVar(&u.redisURL, "redis-url", "", "fleet tier shared with other nodes: passed to cb blend --redis-url")
-	f.IntVar(&u.nodes, "nodes", 1, "nodes to start on loopback (engine + worker + blend server each) sharing one fleet tier; without --redis-url, cb up starts redis-server on a free port with a random password")
+	f.IntVar(&u.nodes, "nodes", 1, "nodes to start on loopback (engine + worker + blend server each) sharing one fleet tier, behind a gateway (cb gateway) on --api; without --redis-url, cb up starts redis-server on a free port with a random password")
 	f.BoolVar(&u.plaintext, "plaintext", false, "no mutual TLS between the processes: the worker's and the blend server's gRPC ports then admit any local process (default: a throw-away CA and a certificate per process, removed at exit)")
 }
 
@@ -74,6 +78,7 @@ func startStack(ctx context.Context, u *upFlags) (*running, error) {
 	cfg := stack.UpConfig{
 		APIAddr:    u.api,
 		EngineArgs: u.engineArgs, WorkerArgs: u.workerArgs, BlendArgs: u.blendArgs,
+		GatewayArgs: u.gatewayArgs, NoGateway: u.noGateway,
 		Plaintext: u.plaintext, Nodes: u.nodes, RedisURL: u.redisURL,
 		// Export batches often so a request's trace is complete quickly.
 		Env: []string{"OTEL_BSP_SCHEDULE_DELAY=200"},
@@ -122,7 +127,11 @@ Every gRPC hop (engine→worker, engine→blend, worker→blend) is mutual TLS: 
 throw-away CA and one certificate per process (ECDSA P-256, valid 7 days, the CA key never written)
 in a private temporary directory, passes them as --tls-cert/--tls-key/--tls-ca, and removes them
 at exit. The worker admits only the engine, the blend server the engine and the worker.
---plaintext turns this off.`,
+--plaintext turns this off.
+
+With --nodes N, N nodes (blend server, worker and engine each) share one fleet tier (Redis), and
+a gateway (cb gateway, kv-aware routing by default; --gateway-arg=--policy=...) listens on --api
+in front of their engines, which listen on free ports (listed in the endpoints file).`,
 		RunE: func(c *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(c.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -131,9 +140,16 @@ at exit. The worker admits only the engine, the blend server the engine and the 
 				return err
 			}
 			eps := r.stack.Endpoints()
-			fmt.Printf("cacheblend is up: OpenAI API %s (metrics %s)\n", eps.Engine.API, eps.Engine.Metrics)
-			for i, n := range eps.Nodes[min(1, len(eps.Nodes)):] {
-				fmt.Printf("node %d: OpenAI API %s (metrics %s)\n", i+1, n.Engine.API, n.Engine.Metrics)
+			if gw := eps.Gateway; gw != nil {
+				fmt.Printf("cacheblend is up: OpenAI API %s (gateway in front of %d nodes; metrics %s)\n", gw.API, len(eps.Nodes), gw.Metrics)
+				for i, n := range eps.Nodes {
+					fmt.Printf("node %d: engine %s (metrics %s)\n", i, n.Engine.API, n.Engine.Metrics)
+				}
+			} else {
+				fmt.Printf("cacheblend is up: OpenAI API %s (metrics %s)\n", eps.Engine.API, eps.Engine.Metrics)
+				for i, n := range eps.Nodes[min(1, len(eps.Nodes)):] {
+					fmt.Printf("node %d: OpenAI API %s (metrics %s)\n", i+1, n.Engine.API, n.Engine.Metrics)
+				}
 			}
 			if eps.Redis != nil {
 				fmt.Println("fleet tier: Redis shared by the nodes (its URL is in the endpoints file)")

@@ -196,6 +196,25 @@ const (
 	// TLS) to the decode engine's worker. Its parent is in another process of the same service
 	// (another node's cb-worker), which the contract does not mark remote_parent.
 	KVSend = "kv.send"
+
+	// GatewayRequest is the span "gateway.request" of cb-gateway (kind server, phase "request"), an
+	// optional caller above the roots of the traces; optional.
+	//
+	// The gateway's SERVER span: the child of the caller's traceparent when valid, else the root of
+	// the trace. It carries the routing decision of the last attempt: the engine (host:port; empty
+	// when none could be reached), the policy, the engine's score and the prompt tokens the gateway
+	// expected it to reuse.
+	GatewayRequest = "gateway.request"
+
+	// GatewayAttempt is the span "gateway.attempt" of cb-gateway (kind client, phase "route"),
+	// child of [GatewayRequest]; required; may repeat; remote parent of the SERVER span
+	// "{operation} {model}" (see [Server]) or [CBStorePreComputed].
+	//
+	// One forwarding attempt to an engine, whose traceparent the forwarded request carries: the
+	// engine's SERVER span (or, for a document ingest, its cb.store_pre_computed spans) is its
+	// remote child. A failed attempt (engine unreachable, 503 or 429 before anything was streamed)
+	// is followed by another on the next engine.
+	GatewayAttempt = "gateway.attempt"
 )
 
 // Span names of the ingest trace, in the order of contract/spans.yaml.

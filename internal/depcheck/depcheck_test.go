@@ -60,6 +60,8 @@ func TestForbiddenDeps(t *testing.T) {
 			"the engine uses the byte tokenizer (package tokenizer) and the tracing API (package telemetry) only"},
 		{module + "/blend/...", []string{model, gonum},
 			"the blend server uses RoPE (package rope), not the model"},
+		{module + "/gateway", []string{model, gonum, otelSDK, exporters, provider},
+			"the gateway routes with the byte tokenizer and the fingerprint table; it runs no model and takes its tracer provider as component.Deps"},
 		{module + "/component", []string{otelSDK, exporters, provider, model, gonum},
 			"every component (the engine included) takes its process-wide collaborators as component.Deps; it is API only"},
 		{module + "/telemetry", []string{otelSDK, exporters},

@@ -113,6 +113,8 @@ func summary(set *contract.SpanSet, sp *contract.Span, idents map[string]string)
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s is the span %q of %s (kind %s, phase %q), ", idents[sp.Name], sp.Name, sp.Service, sp.Kind, sp.Phase)
 	switch parent, ok := set.Lookup(sp.Parent); {
+	case sp.Parent == "" && sp.Caller:
+		b.WriteString("an optional caller above the roots of the traces")
 	case sp.Parent == "":
 		fmt.Fprintf(&b, "the root of the %s trace", sp.Trace)
 	case !ok:
@@ -145,6 +147,13 @@ func summary(set *contract.SpanSet, sp *contract.Span, idents map[string]string)
 	}
 	if sp.Async {
 		b.WriteString("; asynchronous, may end after its parent")
+	}
+	if len(sp.Calls) > 0 {
+		refs := make([]string, len(sp.Calls))
+		for i, c := range sp.Calls {
+			refs[i] = spanRef(set, c, idents)
+		}
+		fmt.Fprintf(&b, "; remote parent of %s", strings.Join(refs, " or "))
 	}
 	b.WriteString(".")
 	return b.String()

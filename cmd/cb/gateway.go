@@ -1,0 +1,84 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cacheblend/cacheblend/defaults"
+	"github.com/cacheblend/cacheblend/gateway"
+	"github.com/cacheblend/cacheblend/service"
+)
+
+func init() { subcommands = append(subcommands, newGatewayCmd) }
+
+func newGatewayCmd() *cobra.Command {
+	var (
+		cfg  gateway.Config
+		otlp string
+	)
+	cmd := &cobra.Command{
+		Use:   "gateway",
+		Short: "Run cb-gateway: an OpenAI-compatible front that routes each request to one of N engines (kv-aware, least-loaded or round-robin) with health checks and failover",
+		Long: `Run cb-gateway: an OpenAI-compatible front (the engine's API, errors, streaming, API key,
+/metrics, /health) that forwards each request to one of the engines given by --engine.
+
+Policies (--policy): kv-aware (default) scores each engine by the part of the prompt it is
+expected to reuse (learned from the prompts and documents the gateway routed there) against its
+load (waiting and running requests and used KV blocks from the engine's /metrics, plus the
+gateway's own requests in flight): score = expected_hit_tokens/prompt_tokens − alpha·load; when
+the best engine's load exceeds the least loaded one's by more than --spread-margin the request
+is spread to a less loaded engine. least-loaded takes the lowest load, round-robin rotates.
+
+Engines are health-checked every --health-interval; a request that an engine fails before
+anything was streamed (unreachable, 503, 429) is retried on another; with no engine up the
+answer is 503 with Retry-After; when every engine has --max-in-flight requests, requests wait
+in a queue of --max-queue (full: 429 with Retry-After).`,
+		RunE: func(c *cobra.Command, _ []string) error {
+			ctx := c.Context()
+			if len(cfg.Engines) == 0 {
+				return fmt.Errorf("cb gateway: give at least one --engine URL")
+			}
+			rt, err := service.New(ctx, service.Options{ServiceName: "cb-gateway", OTLPEndpoint: otlp})
+			if err != nil {
+				return err
+			}
+			gw, err := gateway.New(cfg, gateway.Deps{Deps: rt.Deps(), Gatherer: rt.Gatherer()})
+			if err != nil {
+				return err
+			}
+			if err := gw.Start(ctx); err != nil {
+				return err
+			}
+			api := "http://" + gw.Addr()
+			rt.Logger.Info("gateway started", "api", api, "engines", strings.Join(gw.Engines(), ","), "policy", cfg.Policy)
+			announce("cb-gateway", "api", api, "metrics", api+"/metrics")
+			return runUntilSignal(ctx, rt, gw)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Addr, "addr", gateway.DefaultAddr, "OpenAI API listen address (also /metrics and /health)")
+	f.StringSliceVar(&cfg.Engines, "engine", nil, "engine base URL, e.g. http://127.0.0.1:8000 (repeatable, or comma-separated)")
+	f.StringVar(&cfg.Policy, "policy", gateway.DefaultPolicy, "routing policy: "+strings.Join(gateway.Policies(), ", "))
+	f.Float64Var(&cfg.Alpha, "alpha", gateway.DefaultAlpha, "kv-aware: weight of an engine's load (requests) against the reused fraction of the prompt")
+	f.Float64Var(&cfg.SpreadMargin, "spread-margin", gateway.DefaultSpreadMargin, "kv-aware: spread to a less loaded engine when the best one's load exceeds the least loaded one's by more than this (requests)")
+	f.IntVar(&cfg.MaxInFlight, "max-in-flight", gateway.DefaultMaxInFlight, "requests in flight per engine; beyond, requests wait in the gateway's queue")
+	f.IntVar(&cfg.MaxQueue, "max-queue", gateway.DefaultMaxQueue, "requests waiting for an engine slot before 429")
+	f.DurationVar(&cfg.QueueTimeout, "queue-timeout", gateway.DefaultQueueTimeout, "longest wait in the queue (then 503 with Retry-After)")
+	f.DurationVar(&cfg.HealthInterval, "health-interval", gateway.DefaultHealthInterval, "period of the engines' health checks (GET /health and /metrics)")
+	f.IntVar(&cfg.IndexBytes, "index-bytes", gateway.DefaultIndexBytes, "kv-aware: bytes of each engine's reuse index (least recently used prompts evicted beyond)")
+	f.IntVar(&cfg.IndexSequences, "index-sequences", gateway.DefaultIndexSequences, "kv-aware: prompts and documents per engine's reuse index")
+	f.IntVar(&cfg.ChunkSize, "chunk-size", defaults.ChunkSize, "chunk of the reuse index in tokens (the engines' chunk size)")
+	f.StringVar(&cfg.APIKey, "api-key", "", "require this bearer key on /v1/* (empty: no auth)")
+	f.StringVar(&cfg.EngineAPIKey, "engine-api-key", "", "send this bearer key to the engines (empty: forward the client's Authorization header)")
+	f.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body (413 beyond)")
+	f.DurationVar(&cfg.RequestTimeout, "request-timeout", gateway.DefaultRequestTimeout, "longest request, queue and attempts included (504 beyond)")
+	f.IntVar(&cfg.MaxConns, "max-conns", gateway.DefaultMaxConns, "connections held at once; at the cap the oldest idle or still-sending one is closed, or the new one refused when all are being served")
+	f.DurationVar(&cfg.ReadHeaderTimeout, "read-header-timeout", gateway.DefaultReadHeaderTimeout, "time to send a request's headers")
+	f.DurationVar(&cfg.ReadTimeout, "read-timeout", gateway.DefaultReadTimeout, "time to send a whole request, headers and body (408 beyond)")
+	f.DurationVar(&cfg.WriteTimeout, "write-timeout", gateway.DefaultWriteTimeout, "time a client may take to accept each write of a response (renewed per write: streams are not cut)")
+	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", gateway.DefaultIdleTimeout, "close a keep-alive connection idle this long")
+	f.StringVar(&otlp, "otlp-traces-endpoint", "", "OTLP traces endpoint (overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
+	return withEnv(cmd)
+}

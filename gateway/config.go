@@ -1,0 +1,229 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cacheblend/cacheblend/component"
+	"github.com/cacheblend/cacheblend/defaults"
+	"github.com/cacheblend/cacheblend/httpserve"
+)
+
+// Routing policies (Config.Policy, the route.policy attribute and the policy label).
+const (
+	PolicyKVAware     = "kv-aware"
+	PolicyLeastLoaded = "least-loaded"
+	PolicyRoundRobin  = "round-robin"
+)
+
+// Policies lists the built-in routing policies, the default first.
+func Policies() []string { return []string{PolicyKVAware, PolicyLeastLoaded, PolicyRoundRobin} }
+
+// Defaults applied to zero fields of [Config].
+const (
+	DefaultAddr              = "127.0.0.1:8080"
+	DefaultPolicy            = PolicyKVAware
+	DefaultAlpha             = 0.1
+	DefaultSpreadMargin      = 4.0
+	DefaultMaxInFlight       = 128
+	DefaultMaxQueue          = 512
+	DefaultQueueTimeout      = 30 * time.Second
+	DefaultHealthInterval    = time.Second
+	DefaultIndexBytes        = 64 << 20
+	DefaultIndexSequences    = 16384
+	DefaultMaxBodyBytes      = 1 << 20
+	DefaultRequestTimeout    = 10 * time.Minute
+	DefaultMaxBufferedBody   = 16 << 20
+	DefaultReadHeaderTimeout = httpserve.DefaultReadHeaderTimeout // 10 s
+	DefaultReadTimeout       = httpserve.DefaultReadTimeout       // 30 s
+	DefaultWriteTimeout      = httpserve.DefaultWriteTimeout      // 30 s
+	DefaultIdleTimeout       = httpserve.DefaultIdleTimeout       // 60 s
+	DefaultMaxHeaderBytes    = httpserve.DefaultMaxHeaderBytes    // 64 KiB
+	DefaultMaxConns          = 4096
+)
+
+// Config holds the gateway's settings. Every zero field takes its documented default; Engines
+// is required. A Config is a plain value, read once by New.
+type Config struct {
+	// Addr is the listen address of the OpenAI API (also /metrics and /health). Default
+	// "127.0.0.1:8080"; ":0" picks a free port (see Gateway.Addr).
+	Addr string
+	// Engines are the base URLs of the engines to forward to ("http://127.0.0.1:8000"; a bare
+	// host:port gets http://). At least one; no duplicates.
+	Engines []string
+	// Policy is the routing policy: PolicyKVAware (default), PolicyLeastLoaded or
+	// PolicyRoundRobin. Deps.Policy, when set, replaces it.
+	Policy string
+	// Alpha is the weight of an engine's load against the fraction of the prompt it is
+	// expected to reuse in the kv-aware score: score = expected_hit_tokens/prompt_tokens −
+	// Alpha·load. Default 0.1: a fully reused prompt outweighs ten requests of load.
+	Alpha float64
+	// SpreadMargin is the load (in requests) by which the kv-aware choice may exceed the least
+	// loaded engine before the request is spread to a less loaded one. Default 4: a queue
+	// imbalance of a few requests costs less than recomputing a prompt that is held.
+	SpreadMargin float64
+	// MaxInFlight caps the requests the gateway has in flight on one engine; beyond it, a
+	// request waits in the gateway's queue. Default 128.
+	MaxInFlight int
+	// MaxQueue bounds the requests waiting for an engine slot; beyond it a request gets 429
+	// with Retry-After. Default 512.
+	MaxQueue int
+	// QueueTimeout bounds the wait in the queue (then 503 with Retry-After). Default 30 s.
+	QueueTimeout time.Duration
+	// HealthInterval is the period of the health checks (GET /health and /metrics of every
+	// engine, each bounded by the interval). Default 1 s.
+	HealthInterval time.Duration
+	// IndexBytes and IndexSequences bound each engine's reuse index (the prompts and documents
+	// routed there): beyond either, the least recently used registrations are evicted.
+	// Defaults 64 MiB and 16384.
+	IndexBytes, IndexSequences int
+	// ChunkSize is the chunk of the reuse index in tokens (the engines' chunk). Default
+	// defaults.ChunkSize (256).
+	ChunkSize int
+	// Model names the chunk keys of the reuse index. Default defaults.Model.
+	Model string
+	// APIKey, when set, is required as "Authorization: Bearer <key>" on every /v1/ route (401
+	// otherwise). /health and /metrics stay open.
+	APIKey string
+	// EngineAPIKey, when set, is sent to the engines as "Authorization: Bearer <key>";
+	// otherwise the client's Authorization header is forwarded as it came.
+	EngineAPIKey string
+	// MaxBodyBytes bounds a request body (413 beyond). Default 1 MiB.
+	MaxBodyBytes int64
+	// RequestTimeout bounds one request from receipt to its end, queue and attempts included
+	// (504 beyond). Default 10 min.
+	RequestTimeout time.Duration
+	// MaxBufferedBody is the largest non-streamed engine response the gateway holds back
+	// until it is complete (so that an engine lost in the middle can still be failed over);
+	// a larger one is streamed through. Default 16 MiB.
+	MaxBufferedBody int64
+	// HTTP limits of the API server, as engine.Config's: header, read, write (renewed before
+	// every write: streams are never cut) and idle timeouts, header bytes, connections.
+	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// MaxHeaderBytes bounds a request's header block. Default 64 KiB.
+	MaxHeaderBytes int
+	// MaxConns caps the connections the API holds at once (see package httpserve). Default
+	// 4096.
+	MaxConns int
+}
+
+// withDefaults returns c with defaults applied and the engine URLs normalized, or an error.
+func (c Config) withDefaults() (Config, error) {
+	if c.Addr == "" {
+		c.Addr = DefaultAddr
+	}
+	if c.Policy == "" {
+		c.Policy = DefaultPolicy
+	}
+	if !slices.Contains(Policies(), c.Policy) {
+		return c, fmt.Errorf("gateway: policy %q is not one of %s", c.Policy, strings.Join(Policies(), ", "))
+	}
+	if c.Alpha <= 0 {
+		c.Alpha = DefaultAlpha
+	}
+	if c.SpreadMargin <= 0 {
+		c.SpreadMargin = DefaultSpreadMargin
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.MaxQueue <= 0 {
+		c.MaxQueue = DefaultMaxQueue
+	}
+	if c.QueueTimeout <= 0 {
+		c.QueueTimeout = DefaultQueueTimeout
+	}
+	if c.HealthInterval <= 0 {
+		c.HealthInterval = DefaultHealthInterval
+	}
+	if c.IndexBytes <= 0 {
+		c.IndexBytes = DefaultIndexBytes
+	}
+	if c.IndexSequences <= 0 {
+		c.IndexSequences = DefaultIndexSequences
+	}
+	if c.ChunkSize <= 0 {
+		c.ChunkSize = defaults.ChunkSize
+	}
+	if c.Model == "" {
+		c.Model = defaults.Model
+	}
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.RequestTimeout <= 0 {
+		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if c.MaxBufferedBody <= 0 {
+		c.MaxBufferedBody = DefaultMaxBufferedBody
+	}
+	l := c.httpLimits().WithDefaults(httpserve.Limits{MaxConns: DefaultMaxConns})
+	c.ReadHeaderTimeout, c.ReadTimeout, c.WriteTimeout, c.IdleTimeout = l.ReadHeaderTimeout, l.ReadTimeout, l.WriteTimeout, l.IdleTimeout
+	c.MaxHeaderBytes, c.MaxConns = l.MaxHeaderBytes, l.MaxConns
+	if len(c.Engines) == 0 {
+		return c, errors.New("gateway: at least one engine URL is required")
+	}
+	engines := make([]string, 0, len(c.Engines))
+	for _, e := range c.Engines {
+		u, err := normalizeEngineURL(e)
+		if err != nil {
+			return c, err
+		}
+		if slices.Contains(engines, u) {
+			return c, fmt.Errorf("gateway: engine %s given twice", u)
+		}
+		engines = append(engines, u)
+	}
+	c.Engines = engines
+	return c, nil
+}
+
+// normalizeEngineURL turns "host:port" or "http://host:port[/]" into "http://host:port".
+func normalizeEngineURL(s string) (string, error) {
+	s = strings.TrimSpace(s)
+	if !strings.Contains(s, "://") {
+		s = "http://" + s
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return "", fmt.Errorf("gateway: engine URL %q: %w", s, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return "", fmt.Errorf("gateway: engine URL %q: want http(s)://host:port[/path]", s)
+	}
+	return strings.TrimRight(u.String(), "/"), nil
+}
+
+// httpLimits returns the API server's limits of c.
+func (c Config) httpLimits() httpserve.Limits {
+	return httpserve.Limits{
+		ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout, WriteTimeout: c.WriteTimeout,
+		IdleTimeout: c.IdleTimeout, MaxHeaderBytes: c.MaxHeaderBytes, MaxConns: c.MaxConns,
+	}
+}
+
+// Deps are the gateway's collaborators: the process-wide ones of component.Deps, and optional
+// replacements for tests and extensions.
+type Deps struct {
+	// Deps are the tracer provider (the gateway's spans; head sampling is its sampler's), the
+	// registerer of the gateway's instruments, the logger of the per-request JSON lines and
+	// the span profile, each with the default of component.Deps.WithDefaults.
+	component.Deps
+	// Gatherer is served on /metrics; nil: the Registerer when it is also a Gatherer.
+	Gatherer prometheus.Gatherer
+	// Transport carries the requests to the engines (forwarding and health checks); nil: a
+	// transport of its own with keep-alive connections to every engine.
+	Transport http.RoundTripper
+	// Policy, when set, replaces the built-in policy named by Config.Policy: the extension
+	// point for other routing (e.g. prefill/decode disaggregation, whose policy sets the decode
+	// engine in Decision.Header). Its Name is the route.policy attribute and, when it is not
+	// a built-in name, the metrics' policy label records the request as Config.Policy.
+	Policy Policy
+}

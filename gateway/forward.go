@@ -1,0 +1,641 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/cacheblend/cacheblend/contract/spanname"
+	"github.com/cacheblend/cacheblend/engine/api"
+	"github.com/cacheblend/cacheblend/metrics"
+	"github.com/cacheblend/cacheblend/telemetry"
+	"github.com/cacheblend/cacheblend/tokenizer"
+)
+
+// Failover reasons (the result and reason labels; an attempt that ends with one of them, before
+// anything was written to the client, is retried on another engine).
+const (
+	failUnreachable = "unreachable" // no response (refused, reset, lost before the first content)
+	failUnavailable = "unavailable" // 503, or an error event of an unavailable worker first
+	failQueueFull   = "queue_full"  // 429
+)
+
+// record is what the gateway learns of one request, for its span, metrics and log line.
+type record struct {
+	op, model, route string
+	t0               time.Time
+	stream           bool
+	status           int
+	errType          string
+	apiErr           *api.Error
+
+	promptTokens int
+	routed       bool // a decision was made
+	engine       string
+	decision     Decision
+	cand         Candidate
+	cands        []Candidate
+	attempts     int
+	queueWait    time.Duration
+	requestID    string
+	hasTTFT      bool
+	ttft         time.Duration
+	outputTokens int
+	contentEvts  int
+
+	// onCommit, when set, runs once before the first byte of an engine's response is written.
+	onCommit func()
+
+	// The last retryable failure's response, sent when no engine is left.
+	lastFail   string
+	lastStatus int
+	lastHeader http.Header
+	lastBody   []byte
+}
+
+// commit runs onCommit once: the response is about to be written.
+func (rec *record) commit() {
+	if f := rec.onCommit; f != nil {
+		rec.onCommit = nil
+		f()
+	}
+}
+
+// fail records apiErr and sends it, unless the client is gone (499).
+func (rec *record) fail(w http.ResponseWriter, apiErr *api.Error) {
+	rec.apiErr, rec.status, rec.errType = apiErr, apiErr.Status, apiErr.ErrorType
+	if apiErr.Status != api.StatusClientClosedRequest {
+		apiErr.Write(w)
+	}
+}
+
+// serveGenerate serves POST /v1/chat/completions and /v1/completions: authenticate, read and
+// decode the body (the engine's decoder: a bad request is answered here with the engine's
+// error), tokenize the prompt as the engine does, route it and forward it.
+func (g *Gateway) serveGenerate(w *statusWriter, r *http.Request, op, route string, t0 time.Time) {
+	rec := &record{op: op, route: route, t0: t0}
+	ctx, span := g.startSpan(r, rec)
+	defer func() { g.finish(ctx, span, rec, w) }()
+	if apiErr := g.authorize(r); apiErr != nil {
+		rec.fail(w, apiErr)
+		return
+	}
+	body, apiErr := g.readBody(w, r)
+	if apiErr != nil {
+		rec.fail(w, apiErr)
+		return
+	}
+	rec.model = api.ModelOf(body)
+	decode := api.DecodeChat
+	if op == api.OperationTextCompletion {
+		decode = api.DecodeCompletion
+	}
+	gen, apiErr := decode(body)
+	if apiErr != nil {
+		rec.fail(w, apiErr)
+		return
+	}
+	rec.stream = gen.Stream
+	tokens := promptTokens(gen)
+	rec.promptTokens = len(tokens)
+	job := &routeJob{req: &RouteRequest{Operation: op, PromptTokens: max(1, len(tokens))}, exclude: map[int]bool{}}
+	job.hits = g.expectedHits(func(x *reuseIndex) int { return x.Match(tokens) })
+	g.dispatch(ctx, w, r, rec, job, body, route, func(u *upstream) { u.index.Register(tokens) })
+}
+
+// promptTokens returns the prompt's tokens as the engine builds them: BOS and the byte tokens
+// of the chat template (api.ChatPrompt) or of the completion prompt, or the prompt's token ids.
+func promptTokens(g *api.Generation) []int32 {
+	var tok tokenizer.Tokenizer
+	switch {
+	case g.Operation == api.OperationChat:
+		return tok.AppendEncode([]int32{tokenizer.BOS}, api.ChatPrompt(g.Messages))
+	case g.PromptTokens != nil:
+		return g.PromptTokens
+	}
+	return tok.AppendEncode([]int32{tokenizer.BOS}, g.Prompt)
+}
+
+// expectedHits returns, per engine, the tokens match expects it to reuse.
+func (g *Gateway) expectedHits(match func(*reuseIndex) int) []int {
+	hits := make([]int, len(g.pool.engines))
+	for i, u := range g.pool.engines {
+		hits[i] = match(u.index)
+	}
+	return hits
+}
+
+// serveDocuments serves POST /v1/documents: the documents go to one engine (chosen by the
+// policy, by the reuse of the documents and the load), which ingests them; on success they
+// are registered in that engine's reuse index.
+func (g *Gateway) serveDocuments(w *statusWriter, r *http.Request, route string, t0 time.Time) {
+	rec := &record{route: route, t0: t0}
+	ctx, span := g.startSpan(r, rec)
+	defer func() { g.finish(ctx, span, rec, w) }()
+	if apiErr := g.authorize(r); apiErr != nil {
+		rec.fail(w, apiErr)
+		return
+	}
+	body, apiErr := g.readBody(w, r)
+	if apiErr != nil {
+		rec.fail(w, apiErr)
+		return
+	}
+	docs, apiErr := api.DecodeDocuments(body)
+	if apiErr != nil {
+		rec.fail(w, apiErr)
+		return
+	}
+	rec.model = docs.Model
+	var tok tokenizer.Tokenizer
+	toks := make([][]int32, len(docs.Docs))
+	for i, d := range docs.Docs {
+		toks[i] = tok.Encode(d.Text)
+		rec.promptTokens += len(toks[i])
+	}
+	job := &routeJob{req: &RouteRequest{Operation: "documents", PromptTokens: max(1, rec.promptTokens)}, units: len(toks), exclude: map[int]bool{}}
+	job.hits = g.expectedHits(func(x *reuseIndex) int {
+		n := 0
+		for _, t := range toks {
+			n += x.Match(t)
+		}
+		return n
+	})
+	g.dispatch(ctx, w, r, rec, job, body, route, func(u *upstream) {
+		for _, t := range toks {
+			u.index.Register(t)
+		}
+	})
+}
+
+// dispatch routes the request and forwards it, failing over to another engine while attempts
+// fail before anything was written to the client. register records the request in the chosen
+// engine's reuse index when it is routed there.
+func (g *Gateway) dispatch(ctx context.Context, w *statusWriter, r *http.Request, rec *record, job *routeJob, body []byte, path string, register func(*upstream)) {
+	reqCtx, cancel := context.WithTimeout(ctx, g.cfg.RequestTimeout)
+	defer cancel()
+	for {
+		qctx, qcancel := context.WithTimeout(reqCtx, g.cfg.QueueTimeout)
+		l, err := g.pool.acquire(qctx, job)
+		qcancel()
+		if err != nil {
+			g.refuse(w, r, rec, reqCtx, err)
+			return
+		}
+		rec.queueWait += l.waited
+		g.metrics.QueueWait(l.waited)
+		rec.attempts++
+		rec.routed, rec.engine, rec.decision, rec.cand, rec.cands = true, l.u.name, l.decision, l.cand, l.all
+		g.metrics.RouteDecision(g.policyName, l.u.name, l.decision.Reason, rec.promptTokens, min(l.cand.ExpectedHitTokens, rec.promptTokens))
+		register(l.u)
+		fail := g.attempt(reqCtx, w, r, rec, l, body, path)
+		g.pool.release(l)
+		if fail == "" {
+			if !w.wrote && rec.apiErr != nil && rec.apiErr.Status != api.StatusClientClosedRequest {
+				rec.apiErr.Write(w) // the request timed out before the engine answered
+			}
+			return
+		}
+		g.metrics.Failover(l.u.name, fail)
+		job.exclude[l.u.i] = true
+		if fail != failQueueFull {
+			g.markDown(l.u, "request failed: "+fail)
+		}
+	}
+}
+
+// refuse answers a request the pool could not route.
+func (g *Gateway) refuse(w *statusWriter, r *http.Request, rec *record, reqCtx context.Context, err error) {
+	ra := retryAfter(g.cfg.HealthInterval)
+	switch {
+	case errors.Is(err, errQueueFull):
+		g.metrics.Rejection("queue_full")
+		w.Header().Set("Retry-After", ra)
+		rec.fail(w, queueFull(g.cfg.MaxQueue))
+	case errors.Is(err, errQueueTimeout) && reqCtx.Err() == nil:
+		g.metrics.Rejection("queue_timeout")
+		w.Header().Set("Retry-After", ra)
+		rec.fail(w, queueTimeout(g.cfg.QueueTimeout))
+	case errors.Is(err, errNoEngine) && rec.lastStatus != 0:
+		// Every engine that could be tried failed; send the last one's answer.
+		g.metrics.Rejection("no_engine")
+		copyHeaders(w.Header(), rec.lastHeader)
+		w.Header().Set(HeaderEngine, rec.engine)
+		if w.Header().Get("Retry-After") == "" {
+			w.Header().Set("Retry-After", ra)
+		}
+		w.WriteHeader(rec.lastStatus)
+		_, _ = w.Write(rec.lastBody)
+		rec.status, rec.errType = rec.lastStatus, errorTypeOfStatus(rec.lastStatus)
+	case errors.Is(err, errNoEngine):
+		g.metrics.Rejection("no_engine")
+		w.Header().Set("Retry-After", ra)
+		detail := "no engine is up"
+		if rec.lastFail != "" {
+			detail = fmt.Sprintf("every engine tried failed (last: %s %s)", rec.engine, rec.lastFail)
+		}
+		rec.fail(w, noEngine(detail))
+	case r.Context().Err() == nil && errors.Is(reqCtx.Err(), context.DeadlineExceeded):
+		rec.fail(w, api.Timeout("it ran past the request timeout"))
+	default:
+		rec.fail(w, api.Canceled())
+	}
+}
+
+// attempt forwards the request to the lease's engine and relays the answer. It returns a
+// failover reason when the engine failed before anything was written to the client (the
+// caller tries another engine), else "" (the request is answered, or the client is gone).
+func (g *Gateway) attempt(ctx context.Context, w *statusWriter, r *http.Request, rec *record, l *lease, body []byte, path string) string {
+	u := l.u
+	actx, span := g.spans.Start(ctx, spanname.GatewayAttempt, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
+		attribute.String("route.engine", u.name),
+		attribute.Int("route.attempt", rec.attempts),
+		attribute.String("http.request.method", r.Method),
+		attribute.String("server.address", u.name),
+	))
+	// The attempt is cut when the engine is taken out of routing before its response began
+	// (a failed health check, or another request's failed attempt): it fails over.
+	actx, cancel := context.WithCancelCause(actx)
+	defer cancel(nil)
+	rec.onCommit = g.pool.track(u, cancel)
+	fail, errType, err := g.forward(actx, w, r, rec, u, l.decision.Header, body, path, span)
+	rec.commit()
+	switch {
+	case fail != "":
+		span.SetError(fail, err)
+		g.metrics.Attempt(u.name, fail)
+		rec.lastFail = fail
+		if fail == failUnreachable {
+			rec.lastStatus, rec.lastHeader, rec.lastBody = 0, nil, nil
+		}
+	case errType == "broken":
+		span.SetError(api.ErrorTypeWorkerUnavailable, err)
+		g.metrics.Attempt(u.name, "broken")
+	default:
+		g.metrics.Attempt(u.name, "ok")
+		if errType != "" {
+			span.SetAttributes(telemetry.ErrorTypeKey.String(errType))
+		}
+	}
+	span.End()
+	return fail
+}
+
+// forward sends one attempt and relays the response. It returns the failover reason (nothing
+// written), or errType "broken" when the engine was lost after the response began.
+func (g *Gateway) forward(ctx context.Context, w *statusWriter, r *http.Request, rec *record, u *upstream, extra http.Header, body []byte, path string, span *telemetry.Span) (fail, errType string, err error) {
+	req, err := http.NewRequestWithContext(ctx, r.Method, u.url+path, bytes.NewReader(body))
+	if err != nil {
+		return failUnreachable, "", err
+	}
+	for _, k := range []string{"Content-Type", "Accept", "Accept-Encoding", "User-Agent"} {
+		if v := r.Header.Values(k); len(v) > 0 {
+			req.Header[k] = v
+		}
+	}
+	if req.Header.Get("Content-Type") == "" && len(body) > 0 {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if g.cfg.EngineAPIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+g.cfg.EngineAPIKey)
+	} else if v := r.Header.Values("Authorization"); len(v) > 0 {
+		req.Header["Authorization"] = v
+	}
+	for k, v := range extra {
+		req.Header[k] = v
+	}
+	telemetry.InjectHTTP(ctx, req.Header)
+	resp, err := g.client.Do(req)
+	if err != nil {
+		if clientDone(ctx) {
+			g.clientGone(r, rec, ctx)
+			return "", rec.errType, err
+		}
+		return failUnreachable, "", err
+	}
+	defer resp.Body.Close()
+	span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
+	switch resp.StatusCode {
+	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
+		b, _ := drain(resp.Body, 64<<10)
+		rec.lastStatus, rec.lastHeader, rec.lastBody = resp.StatusCode, resp.Header.Clone(), b
+		if resp.StatusCode == http.StatusTooManyRequests {
+			return failQueueFull, "", fmt.Errorf("engine %s: %s", u.name, resp.Status)
+		}
+		return failUnavailable, "", fmt.Errorf("engine %s: %s", u.name, resp.Status)
+	}
+	if resp.StatusCode == http.StatusOK && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		return g.relayStream(ctx, w, r, rec, u, resp)
+	}
+	return g.relayWhole(ctx, w, r, rec, u, resp)
+}
+
+// clientDone reports whether ctx ended because the client went away or the request timed
+// out, not because the gateway cut the attempt (errEngineDown).
+func clientDone(ctx context.Context) bool {
+	return ctx.Err() != nil && !errors.Is(context.Cause(ctx), errEngineDown)
+}
+
+// clientGone records a request whose context ended under an attempt: 504 after the request
+// timeout (sent when nothing was written yet), else 499.
+func (g *Gateway) clientGone(r *http.Request, rec *record, ctx context.Context) {
+	if r.Context().Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		rec.apiErr = api.Timeout("it ran past the request timeout")
+	} else {
+		rec.apiErr = api.Canceled()
+	}
+	rec.status, rec.errType = rec.apiErr.Status, rec.apiErr.ErrorType
+}
+
+// relayWhole relays a non-streamed response. A body up to MaxBufferedBody is read in full
+// before anything is written, so an engine lost in the middle is failed over.
+func (g *Gateway) relayWhole(ctx context.Context, w *statusWriter, r *http.Request, rec *record, u *upstream, resp *http.Response) (string, string, error) {
+	limit := g.cfg.MaxBufferedBody
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		if clientDone(ctx) {
+			g.clientGone(r, rec, ctx)
+			return "", rec.errType, err
+		}
+		return failUnreachable, "", err
+	}
+	rec.commit()
+	h := w.Header()
+	copyHeaders(h, resp.Header)
+	h.Set(HeaderEngine, u.name)
+	rec.requestID = resp.Header.Get("X-Request-Id")
+	rec.status = resp.StatusCode
+	rec.errType = errorTypeOfStatus(resp.StatusCode)
+	if int64(len(b)) <= limit {
+		h.Set("Content-Length", fmt.Sprint(len(b)))
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, werr := w.Write(b)
+	if int64(len(b)) > limit && werr == nil {
+		_, err = io.Copy(w, resp.Body)
+	}
+	if resp.StatusCode == http.StatusOK && rec.op != "" {
+		var out struct {
+			Usage *struct {
+				CompletionTokens int `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		if json.Unmarshal(b, &out) == nil && out.Usage != nil && out.Usage.CompletionTokens >= 0 {
+			rec.outputTokens = out.Usage.CompletionTokens
+		}
+	}
+	if werr != nil {
+		rec.status, rec.errType = api.StatusClientClosedRequest, api.ErrorTypeCanceled
+		return "", rec.errType, werr
+	}
+	if err != nil {
+		rec.errType = api.ErrorTypeWorkerUnavailable
+		return "", "broken", err
+	}
+	return "", rec.errType, nil
+}
+
+// relayStream relays a streamed response (server-sent events). Events before the first one
+// with content (the chat role event) are held back: an engine lost before it, or one that
+// sends an error event of an unavailable worker first, is failed over as if it had never
+// answered. From the first content on every event is passed through and flushed; an engine
+// lost later ends the stream with an error event and [DONE].
+func (g *Gateway) relayStream(ctx context.Context, w *statusWriter, r *http.Request, rec *record, u *upstream, resp *http.Response) (string, string, error) {
+	sr := newSSEReader(resp.Body)
+	var pending []byte
+	committed := false
+	write := func(b []byte) error {
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+		return w.FlushError()
+	}
+	for {
+		ev, err := sr.next()
+		if err != nil {
+			if clientDone(ctx) {
+				g.clientGone(r, rec, ctx)
+				return "", rec.errType, err
+			}
+			if !committed {
+				return failUnreachable, "", fmt.Errorf("engine %s: stream lost before it began: %w", u.name, err)
+			}
+			lost := engineLost(u.name)
+			b, _ := json.Marshal(lost.Body())
+			_ = write(fmt.Appendf(nil, "data: %s\n\ndata: [DONE]\n\n", b))
+			rec.errType, rec.apiErr = lost.ErrorType, lost
+			return "", "broken", fmt.Errorf("engine %s: stream lost: %w", u.name, err)
+		}
+		if !committed {
+			if ev.Error && (ev.Code == "worker_unavailable" || ev.Code == "shutting_down") {
+				return failUnavailable, "", fmt.Errorf("engine %s: error event %s before the stream began", u.name, ev.Code)
+			}
+			if !(ev.Content || ev.Finish || ev.Usage || ev.Done || ev.Error) {
+				pending = append(pending, ev.Raw...)
+				continue
+			}
+			rec.commit()
+			h := w.Header()
+			copyHeaders(h, resp.Header)
+			h.Del("Content-Length")
+			h.Set(HeaderEngine, u.name)
+			rec.requestID = resp.Header.Get("X-Request-Id")
+			rec.status = http.StatusOK
+			w.WriteHeader(http.StatusOK)
+			committed = true
+			if err := write(pending); err != nil {
+				rec.status, rec.errType = api.StatusClientClosedRequest, api.ErrorTypeCanceled
+				return "", rec.errType, err
+			}
+		}
+		if ev.Content {
+			if !rec.hasTTFT {
+				rec.hasTTFT, rec.ttft = true, time.Since(rec.t0)
+			}
+			rec.contentEvts++
+		}
+		if ev.Usage {
+			rec.outputTokens = ev.CompletionTokens
+		}
+		if ev.Error {
+			rec.errType = errorTypeOfCode(ev.Code)
+		}
+		if err := write(ev.Raw); err != nil {
+			rec.status, rec.errType = api.StatusClientClosedRequest, api.ErrorTypeCanceled
+			return "", rec.errType, err
+		}
+		if ev.Done {
+			_, _ = drain(resp.Body, 4096)
+			return "", rec.errType, nil
+		}
+	}
+}
+
+// hopByHop are the headers a proxy does not pass on.
+var hopByHop = map[string]bool{
+	"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
+	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true,
+}
+
+// copyHeaders copies src's end-to-end headers into dst.
+func copyHeaders(dst, src http.Header) {
+	for k, v := range src {
+		if !hopByHop[http.CanonicalHeaderKey(k)] {
+			dst[k] = append([]string(nil), v...)
+		}
+	}
+}
+
+// drain reads at most limit bytes of r and returns them.
+func drain(r io.Reader, limit int64) ([]byte, error) {
+	return io.ReadAll(io.LimitReader(r, limit))
+}
+
+// startSpan opens the request's SERVER span, gateway.request, a child of the caller's
+// traceparent when it is valid.
+func (g *Gateway) startSpan(r *http.Request, rec *record) (context.Context, *telemetry.Span) {
+	attrs := []attribute.KeyValue{
+		attribute.String("http.request.method", r.Method),
+		attribute.String("http.route", rec.route),
+		attribute.String("route.policy", g.policy.Name()),
+	}
+	if rec.op != "" {
+		attrs = append(attrs, attribute.String("gen_ai.operation.name", rec.op))
+	}
+	parent := telemetry.ExtractHTTP(r.Context(), r.Header)
+	return g.spans.Start(parent, spanname.GatewayRequest, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithTimestamp(rec.t0), trace.WithAttributes(attrs...))
+}
+
+// finish records the request: the SERVER span's routing attributes and status, the metrics,
+// and one JSON log line (inside the span), then ends the span.
+func (g *Gateway) finish(ctx context.Context, span *telemetry.Span, rec *record, w *statusWriter) {
+	end := time.Now()
+	status := rec.status
+	if status == 0 {
+		status = w.status
+	}
+	if status == 0 {
+		status = http.StatusOK
+	}
+	if rec.errType == "" && status >= 400 {
+		rec.errType = errorTypeOfStatus(status)
+	}
+	expected := min(rec.cand.ExpectedHitTokens, rec.promptTokens)
+	span.SetAttributes(
+		attribute.String("route.engine", rec.engine),
+		attribute.Float64("route.score", rec.decision.Score),
+		attribute.Int("route.expected_hit_tokens", expected),
+		attribute.Int("route.prompt_tokens", rec.promptTokens),
+		attribute.Int("route.attempts", rec.attempts),
+		attribute.Float64("route.queue_wait_ms", float64(rec.queueWait.Microseconds())/1000),
+		attribute.Int("http.response.status_code", status),
+	)
+	if rec.routed {
+		span.SetAttributes(attribute.String("route.reason", rec.decision.Reason))
+	}
+	switch {
+	case status >= 500 || rec.errType == api.ErrorTypeWorkerUnavailable:
+		var cause error
+		if rec.apiErr != nil {
+			cause = errors.New(rec.apiErr.Message)
+		}
+		span.SetError(rec.errType, cause)
+	case rec.errType != "":
+		span.SetAttributes(telemetry.ErrorTypeKey.String(rec.errType))
+	}
+	out := rec.outputTokens
+	if out == 0 {
+		out = rec.contentEvts
+	}
+	g.metrics.RecordRequest(ctx, metrics.GatewayRequestRecord{
+		Operation: rec.op, Model: rec.model, Policy: g.policyName, Engine: rec.engine, Status: status,
+		ErrorType: rec.errType, E2E: end.Sub(rec.t0), TTFT: min(rec.ttft, end.Sub(rec.t0)), HasTTFT: rec.hasTTFT, OutputTokens: out,
+	})
+	level := slog.LevelInfo
+	if status >= 500 {
+		level = slog.LevelError
+	}
+	attrs := []slog.Attr{
+		slog.String("route", rec.route),
+		slog.String("request_id", rec.requestID),
+		slog.Int("status", status),
+		slog.String("error_type", rec.errType),
+		slog.String("engine", rec.engine),
+		slog.String("policy", g.policy.Name()),
+		slog.String("reason", rec.decision.Reason),
+		slog.Float64("score", rec.decision.Score),
+		slog.Int("expected_hit_tokens", expected),
+		slog.Int("prompt_tokens", rec.promptTokens),
+		slog.Int("attempts", rec.attempts),
+		slog.Float64("queue_wait_s", rec.queueWait.Seconds()),
+		slog.Float64("duration_s", end.Sub(rec.t0).Seconds()),
+		slog.Bool("stream", rec.stream),
+	}
+	if rec.hasTTFT {
+		attrs = append(attrs, slog.Float64("ttft_s", rec.ttft.Seconds()))
+	}
+	if len(rec.cands) > 0 {
+		// What the policy saw: engine load/expected hit tokens per candidate.
+		var sb strings.Builder
+		for i, c := range rec.cands {
+			if i > 0 {
+				sb.WriteByte(' ')
+			}
+			fmt.Fprintf(&sb, "%s load=%.2f hit=%d", c.Name, c.Load, c.ExpectedHitTokens)
+		}
+		attrs = append(attrs, slog.String("candidates", sb.String()))
+	}
+	if rec.apiErr != nil {
+		attrs = append(attrs, slog.String("error", rec.apiErr.Message))
+	}
+	g.log.LogAttrs(ctx, level, "request", attrs...)
+	span.End(trace.WithTimestamp(end))
+}
+
+// serveModels forwards GET /v1/models (and /v1/models/{model}) to an engine that is up, the
+// least loaded first, failing over to the others.
+func (g *Gateway) serveModels(w *statusWriter, r *http.Request, _ string, _ time.Time) {
+	if apiErr := g.authorize(r); apiErr != nil {
+		apiErr.Write(w)
+		return
+	}
+	snap := g.pool.snapshot()
+	order := make([]int, 0, len(snap))
+	for i, s := range snap {
+		if s.up {
+			order = append(order, i)
+		}
+	}
+	for i := 1; i < len(order); i++ { // few engines: insertion sort by load
+		for j := i; j > 0 && snap[order[j]].load < snap[order[j-1]].load; j-- {
+			order[j], order[j-1] = order[j-1], order[j]
+		}
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.RequestTimeout)
+	defer cancel()
+	rec := &record{t0: time.Now()}
+	for _, i := range order {
+		u := g.pool.engines[i]
+		rec.engine = u.name
+		fail, _, _ := g.forward(ctx, w, r, rec, u, nil, nil, r.URL.Path, nil)
+		if fail == "" {
+			return
+		}
+		if fail != failQueueFull {
+			g.markDown(u, "request failed: "+fail)
+		}
+	}
+	w.Header().Set("Retry-After", retryAfter(g.cfg.HealthInterval))
+	noEngine("no engine is up").Write(w)
+}

@@ -1,0 +1,330 @@
+package gateway
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"math"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// Errors of pool.acquire.
+var (
+	// errNoEngine: no engine is healthy (or every healthy one failed this request already).
+	errNoEngine = errors.New("gateway: no engine can serve the request")
+	// errQueueFull: the queue of waiting requests is full.
+	errQueueFull = errors.New("gateway: queue full")
+	// errQueueTimeout: the request waited QueueTimeout without a free engine slot.
+	errQueueTimeout = errors.New("gateway: no engine slot within the queue timeout")
+	// errEngineDown cuts the attempts whose response has not begun on an engine taken out of
+	// routing: they fail over.
+	errEngineDown = errors.New("gateway: the engine was taken out of routing")
+)
+
+// upstream is one engine. Its fields after mu are guarded by the pool's mutex.
+type upstream struct {
+	i     int
+	url   string // base URL
+	name  string // host:port, the route.engine attribute and the engine label
+	index *reuseIndex
+
+	up       bool
+	checked  bool // a health check has completed
+	reason   string
+	gauges   engineGauges
+	gwAtPoll int // the gateway's in-flight units when the gauges were read
+	inFlight int // requests the gateway has in flight on the engine
+	units    int // the engine requests they make (a document ingest makes one per document)
+	recent   float64
+	recentAt time.Time
+	pending  map[*context.CancelCauseFunc]struct{} // attempts whose response has not begun
+}
+
+func newUpstream(i int, base string, idx *reuseIndex) *upstream {
+	name := base
+	if u, err := url.Parse(base); err == nil && u.Host != "" {
+		name = u.Host
+	}
+	return &upstream{i: i, url: base, name: name, index: idx}
+}
+
+// candidate returns the engine as a policy sees it (pool lock held).
+func (u *upstream) candidate(now time.Time, hits int) Candidate {
+	c := Candidate{Name: u.name, URL: u.url, InFlight: u.inFlight, ExpectedHitTokens: hits, Recent: u.decayed(now)}
+	if g := u.gauges; g.Has {
+		c.Waiting, c.Running = g.Waiting, g.Running
+		if g.KVPool > 0 {
+			c.KVUsed = math.Min(1, float64(g.KVUsed)/float64(g.KVPool))
+		}
+	}
+	c.Load = u.load()
+	return c
+}
+
+// load is the load the policies compare (pool lock held): the gateway's in-flight requests
+// plus those the engine reported that were not the gateway's (its waiting and running requests
+// beyond the engine requests the gateway had in flight when they were read), plus the used KV
+// fraction.
+func (u *upstream) load() float64 {
+	l := float64(u.units)
+	if g := u.gauges; g.Has {
+		l += float64(max(0, g.Waiting+g.Running-u.gwAtPoll))
+		if g.KVPool > 0 {
+			l += math.Min(1, float64(g.KVUsed)/float64(g.KVPool))
+		}
+	}
+	return l
+}
+
+// decayed returns the recent-requests count decayed to now (pool lock held).
+func (u *upstream) decayed(now time.Time) float64 {
+	if u.recentAt.IsZero() {
+		return 0
+	}
+	return u.recent * math.Pow(decay, now.Sub(u.recentAt).Seconds())
+}
+
+// lease is a slot on an engine held by one attempt; release it once.
+type lease struct {
+	u        *upstream
+	units    int
+	decision Decision
+	cand     Candidate
+	all      []Candidate // every candidate of the decision
+	waited   time.Duration
+	once     sync.Once
+}
+
+// routeJob is one request asking for a slot.
+type routeJob struct {
+	units   int // engine requests it makes (documents: one per document), at least 1
+	req     *RouteRequest
+	hits    []int        // expected hit tokens per engine
+	exclude map[int]bool // engines that failed this request
+}
+
+// waiter is a queued routeJob.
+type waiter struct {
+	job   *routeJob
+	ready chan struct{} // closed when lease or err is set
+	lease *lease
+	err   error
+}
+
+// pool holds the engines, their state, and the queue of requests waiting for a slot.
+type pool struct {
+	engines     []*upstream
+	policy      Policy
+	maxInFlight int
+	maxQueue    int
+	onQueue     func(n int) // reports the queue length after each change
+
+	mu      sync.Mutex
+	waiters list.List // of *waiter, oldest first
+	seq     uint64
+	closed  bool
+}
+
+// eligible reports whether engine u can take the job at all (healthy, not excluded); pool
+// lock held.
+func (p *pool) eligible(u *upstream, j *routeJob) bool { return u.up && !j.exclude[u.i] }
+
+// anyEligible reports whether some engine is eligible for the job; pool lock held.
+func (p *pool) anyEligible(j *routeJob) bool {
+	for _, u := range p.engines {
+		if p.eligible(u, j) {
+			return true
+		}
+	}
+	return false
+}
+
+// decide routes the job if an eligible engine has a free slot; pool lock held.
+func (p *pool) decide(j *routeJob, now time.Time) *lease {
+	cands := make([]Candidate, 0, len(p.engines))
+	ups := make([]*upstream, 0, len(p.engines))
+	for _, u := range p.engines {
+		if p.eligible(u, j) && u.inFlight < p.maxInFlight {
+			cands = append(cands, u.candidate(now, j.hits[u.i]))
+			ups = append(ups, u)
+		}
+	}
+	if len(cands) == 0 {
+		return nil
+	}
+	d := p.policy.Choose(j.req, cands, p.seq)
+	p.seq++
+	if d.Index < 0 || d.Index >= len(cands) {
+		d.Index = 0
+	}
+	u := ups[d.Index]
+	u.inFlight++
+	u.units += max(1, j.units)
+	u.recent = u.decayed(now) + 1
+	u.recentAt = now
+	return &lease{u: u, units: max(1, j.units), decision: d, cand: cands[d.Index], all: cands}
+}
+
+// acquire returns a lease on an engine for the job: at once when an eligible engine has a free
+// slot and nobody waits, else after waiting in the queue (FIFO) until one frees up, ctx ends
+// (errQueueTimeout when its deadline passed, else ctx's error) or no engine is eligible any
+// more (errNoEngine). A full queue is errQueueFull.
+func (p *pool) acquire(ctx context.Context, j *routeJob) (*lease, error) {
+	t0 := time.Now()
+	p.mu.Lock()
+	if p.closed || !p.anyEligible(j) {
+		p.mu.Unlock()
+		return nil, errNoEngine
+	}
+	if p.waiters.Len() == 0 {
+		if l := p.decide(j, t0); l != nil {
+			p.mu.Unlock()
+			return l, nil
+		}
+	}
+	if p.waiters.Len() >= p.maxQueue {
+		p.mu.Unlock()
+		return nil, errQueueFull
+	}
+	w := &waiter{job: j, ready: make(chan struct{})}
+	el := p.waiters.PushBack(w)
+	p.notifyQueue()
+	p.mu.Unlock()
+
+	select {
+	case <-w.ready:
+	case <-ctx.Done():
+		p.mu.Lock()
+		select {
+		case <-w.ready: // granted meanwhile: keep it
+		default:
+			p.waiters.Remove(el)
+			p.notifyQueue()
+			w.err = errQueueTimeout
+			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				w.err = ctx.Err()
+			}
+		}
+		p.mu.Unlock()
+	}
+	if w.lease != nil {
+		w.lease.waited = time.Since(t0)
+	}
+	return w.lease, w.err
+}
+
+// release frees the lease's slot and hands it to the queue. Idempotent.
+func (p *pool) release(l *lease) {
+	l.once.Do(func() {
+		p.mu.Lock()
+		l.u.inFlight--
+		l.u.units -= l.units
+		p.dispatch()
+		p.mu.Unlock()
+	})
+}
+
+// dispatch serves the queue in order while slots are free; waiters no engine can serve any
+// more fail with errNoEngine. Pool lock held.
+func (p *pool) dispatch() {
+	now := time.Now()
+	changed := false
+	for el := p.waiters.Front(); el != nil; {
+		w := el.Value.(*waiter)
+		next := el.Next()
+		switch {
+		case p.closed || !p.anyEligible(w.job):
+			w.err = errNoEngine
+		default:
+			if w.lease = p.decide(w.job, now); w.lease == nil {
+				next = nil // FIFO: the head waits for the next free slot
+			}
+		}
+		if w.lease != nil || w.err != nil {
+			p.waiters.Remove(el)
+			close(w.ready)
+			changed = true
+		}
+		el = next
+	}
+	if changed {
+		p.notifyQueue()
+	}
+}
+
+// notifyQueue reports the queue length; pool lock held.
+func (p *pool) notifyQueue() {
+	if p.onQueue != nil {
+		p.onQueue(p.waiters.Len())
+	}
+}
+
+// setHealth records the outcome of a health check (or of a failed attempt: up false) and
+// serves the queue when an engine came up or went down. It returns whether the state changed.
+func (p *pool) setHealth(u *upstream, up bool, reason string, g *engineGauges) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	changed := u.up != up || !u.checked
+	u.checked = true
+	if u.up && !up {
+		for c := range u.pending {
+			(*c)(errEngineDown)
+		}
+		clear(u.pending)
+	}
+	u.up, u.reason = up, reason
+	if g != nil {
+		u.gauges, u.gwAtPoll = *g, u.units
+	}
+	if changed {
+		p.dispatch()
+	}
+	return changed
+}
+
+// track records an attempt on u whose response has not begun, to be cut (cancel with
+// errEngineDown) when u is taken out of routing; the returned function forgets it (call it
+// when the response begins, and at the latest when the attempt ends).
+func (p *pool) track(u *upstream, cancel context.CancelCauseFunc) (untrack func()) {
+	key := &cancel
+	p.mu.Lock()
+	if u.pending == nil {
+		u.pending = map[*context.CancelCauseFunc]struct{}{}
+	}
+	u.pending[key] = struct{}{}
+	p.mu.Unlock()
+	return func() {
+		p.mu.Lock()
+		delete(u.pending, key)
+		p.mu.Unlock()
+	}
+}
+
+// close fails every waiter and refuses new requests.
+func (p *pool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	p.dispatch()
+}
+
+// snapshot returns, per engine, its health, in-flight count and load.
+func (p *pool) snapshot() []engineState {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]engineState, len(p.engines))
+	for i, u := range p.engines {
+		out[i] = engineState{up: u.up, reason: u.reason, inFlight: u.inFlight, load: u.load()}
+	}
+	return out
+}
+
+// engineState is one engine in a pool snapshot.
+type engineState struct {
+	up       bool
+	reason   string
+	inFlight int
+	load     float64
+}
