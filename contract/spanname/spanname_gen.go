@@ -57,6 +57,10 @@ const (
 
 	// CBBuildMeta is the span "cb.build_meta" of cb-engine (kind internal, phase "schedule"), child
 	// of [CBSchedule]; required.
+	//
+	// The reuse plan and the step metadata of the request's first admission: n_matches is the
+	// plan's matches after clipping to the engine's own prefix cache (0: nothing to load, so no
+	// cb.start_load_kv).
 	CBBuildMeta = "cb.build_meta"
 
 	// CBLookup is the span "cb.lookup" of cb-blend (kind server, phase "lookup"), remote child of
@@ -110,7 +114,8 @@ const (
 	CBExecute = "cb.execute"
 
 	// CBStartLoadKV is the span "cb.start_load_kv" of cb-worker (kind client, phase "kv load"),
-	// child of [CBExecute]; required when [CBRequest] has hit_rate > 0, else optional; may repeat.
+	// child of [CBExecute]; required when [CBBuildMeta] has n_matches > 0, else optional; may
+	// repeat.
 	//
 	// Asks the blend server to load the matched KV; may appear twice (blocks allocated partially,
 	// then fully). Required when the lookup found reusable tokens (hit_rate > 0). scattered_tokens
