@@ -56,8 +56,17 @@ type Config struct {
 	// "127.0.0.1:8080"; ":0" picks a free port (see Gateway.Addr).
 	Addr string
 	// Engines are the base URLs of the engines to forward to ("http://127.0.0.1:8000"; a bare
-	// host:port gets http://). At least one; no duplicates.
+	// host:port gets http://). At least one, unless Prefill and Decode are given; no
+	// duplicates.
 	Engines []string
+	// Prefill and Decode, given together instead of Engines, route with prefill/decode
+	// disaggregation (docs/design.md §9): a generation request goes to a prefill engine
+	// (cb engine --role prefill), chosen by Policy like Engines (the CacheBlend reuse happens
+	// there), with header X-CB-Decode-Engine naming a decode engine (--role decode), the least
+	// loaded of the healthy ones; a 503 decode_unavailable before anything was streamed is
+	// retried with another decode engine. Document ingests and /v1/models go to the prefill
+	// engines. After New, Engines holds the prefill engines.
+	Prefill, Decode []string
 	// Policy is the routing policy: PolicyKVAware (default), PolicyLeastLoaded or
 	// PolicyRoundRobin. Deps.Policy, when set, replaces it.
 	Policy string
@@ -167,21 +176,44 @@ func (c Config) withDefaults() (Config, error) {
 	l := c.httpLimits().WithDefaults(httpserve.Limits{MaxConns: DefaultMaxConns})
 	c.ReadHeaderTimeout, c.ReadTimeout, c.WriteTimeout, c.IdleTimeout = l.ReadHeaderTimeout, l.ReadTimeout, l.WriteTimeout, l.IdleTimeout
 	c.MaxHeaderBytes, c.MaxConns = l.MaxHeaderBytes, l.MaxConns
+	if len(c.Prefill) > 0 || len(c.Decode) > 0 {
+		switch {
+		case len(c.Engines) > 0:
+			return c, errors.New("gateway: give either engines or prefill and decode engines, not both")
+		case len(c.Prefill) == 0 || len(c.Decode) == 0:
+			return c, errors.New("gateway: prefill/decode routing needs at least one prefill and one decode engine")
+		}
+		c.Engines = c.Prefill
+	}
 	if len(c.Engines) == 0 {
 		return c, errors.New("gateway: at least one engine URL is required")
 	}
-	engines := make([]string, 0, len(c.Engines))
-	for _, e := range c.Engines {
-		u, err := normalizeEngineURL(e)
-		if err != nil {
+	var seen []string
+	norm := func(list []string) ([]string, error) {
+		out := make([]string, 0, len(list))
+		for _, e := range list {
+			u, err := normalizeEngineURL(e)
+			if err != nil {
+				return nil, err
+			}
+			if slices.Contains(seen, u) {
+				return nil, fmt.Errorf("gateway: engine %s given twice", u)
+			}
+			seen = append(seen, u)
+			out = append(out, u)
+		}
+		return out, nil
+	}
+	var err error
+	if c.Engines, err = norm(c.Engines); err != nil {
+		return c, err
+	}
+	if len(c.Decode) > 0 {
+		c.Prefill = c.Engines
+		if c.Decode, err = norm(c.Decode); err != nil {
 			return c, err
 		}
-		if slices.Contains(engines, u) {
-			return c, fmt.Errorf("gateway: engine %s given twice", u)
-		}
-		engines = append(engines, u)
 	}
-	c.Engines = engines
 	return c, nil
 }
 

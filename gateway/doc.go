@@ -33,8 +33,17 @@
 // candidates. When none has a free slot the request waits in a bounded FIFO queue
 // (Config.MaxQueue; full: 429 with Retry-After; Config.QueueTimeout: 503 with Retry-After);
 // when no engine is healthy it gets 503 with Retry-After at once. [Policy] is the extension
-// point for other routing (Deps.Policy): a disaggregated prefill/decode policy would pick the
-// prefill engine and name the decode engine in Decision.Header.
+// point for other routing (Deps.Policy); a policy may add headers to the forwarded request
+// (Decision.Header).
+//
+// # Prefill/decode routing
+//
+// With Config.Prefill and Config.Decode (cb gateway --prefill/--decode) the policy chooses
+// among the prefill engines, and a generation also takes a slot on the least loaded healthy
+// decode engine (a second pool, health-checked alike), named in the forwarded request's
+// X-CB-Decode-Engine header (docs/design.md §9). A 503 decode_unavailable before anything was
+// written to the client takes that decode engine out of routing and retries on the same
+// prefill engine with another one. route.decode_engine names it on both spans.
 //
 // # Failover
 //

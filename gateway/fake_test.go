@@ -28,6 +28,7 @@ const (
 	answerDieBeforeText // stream: the role event, then the connection is cut
 	answerDieAfterText  // stream: the role event and one content event, then the cut
 	answerErrorEvent    // stream: headers, then an error event of an unavailable worker
+	answerDecode503     // 503 decode_unavailable (set by fakeEngine.badDecode)
 )
 
 // fakeEngine is an httptest server speaking the engine's API: /health, /metrics with the load
@@ -46,6 +47,8 @@ type fakeEngine struct {
 	documents   int
 	traceparent []string
 	auth        []string
+	decodeHdr   []string // X-CB-Decode-Engine of each generation
+	badDecode   string   // a generation handed over to this decode URL gets 503 decode_unavailable
 }
 
 func newFakeEngine(t *testing.T) *fakeEngine {
@@ -103,6 +106,11 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	f.requests++
 	f.traceparent = append(f.traceparent, r.Header.Get("Traceparent"))
 	f.auth = append(f.auth, r.Header.Get("Authorization"))
+	dh := r.Header.Get("X-Cb-Decode-Engine")
+	f.decodeHdr = append(f.decodeHdr, dh)
+	if dh != "" && dh == f.badDecode {
+		answer = answerDecode503
+	}
 	f.mu.Unlock()
 	w.Header().Set("X-Request-Id", "chatcmpl-"+f.name)
 	switch answer {
@@ -110,6 +118,11 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusServiceUnavailable)
 		io.WriteString(w, `{"error":{"message":"The model worker is unavailable","type":"server_error","param":null,"code":"worker_unavailable"}}`)
+		return
+	case answerDecode503:
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, `{"error":{"message":"The decode engine is unavailable","type":"server_error","param":null,"code":"decode_unavailable"}}`)
 		return
 	case answer429:
 		w.Header().Set("Content-Type", "application/json")

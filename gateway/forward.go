@@ -28,6 +28,10 @@ const (
 	failUnreachable = "unreachable" // no response (refused, reset, lost before the first content)
 	failUnavailable = "unavailable" // 503, or an error event of an unavailable worker first
 	failQueueFull   = "queue_full"  // 429
+	// failDecode: the prefill engine answered 503 decode_unavailable (or opened its stream
+	// with that error event): the decode engine it was given failed; the request is retried
+	// on the same prefill engine with another decode engine.
+	failDecode = "decode_unavailable"
 )
 
 // record is what the gateway learns of one request, for its span, metrics and log line.
@@ -42,6 +46,7 @@ type record struct {
 	promptTokens int
 	routed       bool // a decision was made
 	engine       string
+	decodeEngine string // with prefill/decode routing: the decode engine of the last attempt
 	decision     Decision
 	cand         Candidate
 	cands        []Candidate
@@ -108,7 +113,7 @@ func (g *Gateway) serveGenerate(w *statusWriter, r *http.Request, op, route stri
 	rec.stream = gen.Stream
 	tokens := promptTokens(gen)
 	rec.promptTokens = len(tokens)
-	job := &routeJob{req: &RouteRequest{Operation: op, PromptTokens: max(1, len(tokens))}, exclude: map[int]bool{}}
+	job := &routeJob{req: &RouteRequest{Operation: op, PromptTokens: max(1, len(tokens))}, exclude: map[int]bool{}, handOver: g.decode != nil}
 	job.hits = g.expectedHits(func(x *reuseIndex) int { return x.Match(tokens) })
 	g.dispatch(ctx, w, r, rec, job, body, route, func(u *upstream) { u.index.Register(tokens) })
 }
@@ -184,9 +189,21 @@ func (g *Gateway) serveDocuments(w *statusWriter, r *http.Request, route string,
 func (g *Gateway) dispatch(ctx context.Context, w *statusWriter, r *http.Request, rec *record, job *routeJob, body []byte, path string, register func(*upstream)) {
 	reqCtx, cancel := context.WithTimeout(ctx, g.cfg.RequestTimeout)
 	defer cancel()
+	var djob *routeJob // the decode engine's job of a hand-over
+	if job.handOver {
+		djob = &routeJob{req: job.req, hits: make([]int, len(g.decode.engines)), exclude: map[int]bool{}}
+	}
 	for {
 		qctx, qcancel := context.WithTimeout(reqCtx, g.cfg.QueueTimeout)
 		l, err := g.pool.acquire(qctx, job)
+		var dl *lease
+		if err == nil && djob != nil {
+			// The decode engine: least loaded among the healthy ones not failed for this
+			// request, from its own pool (slots, queue).
+			if dl, err = g.decode.acquire(qctx, djob); err != nil {
+				g.pool.release(l)
+			}
+		}
 		qcancel()
 		if err != nil {
 			g.refuse(w, r, rec, reqCtx, err)
@@ -198,8 +215,27 @@ func (g *Gateway) dispatch(ctx context.Context, w *statusWriter, r *http.Request
 		rec.routed, rec.engine, rec.decision, rec.cand, rec.cands = true, l.u.name, l.decision, l.cand, l.all
 		g.metrics.RouteDecision(g.policyName, l.u.name, l.decision.Reason, rec.promptTokens, min(l.cand.ExpectedHitTokens, rec.promptTokens))
 		register(l.u)
-		fail := g.attempt(reqCtx, w, r, rec, l, body, path)
+		extra := l.decision.Header
+		if dl != nil {
+			rec.decodeEngine = dl.u.name
+			extra = extra.Clone()
+			if extra == nil {
+				extra = http.Header{}
+			}
+			extra.Set(api.HeaderDecodeEngine, dl.u.url)
+		}
+		fail := g.attempt(reqCtx, w, r, rec, l, extra, body, path)
 		g.pool.release(l)
+		if dl != nil {
+			g.decode.release(dl)
+		}
+		if fail == failDecode && dl != nil {
+			// The decode engine failed: another one, on the same prefill engine.
+			g.metrics.Failover(dl.u.name, failUnavailable)
+			djob.exclude[dl.u.i] = true
+			g.markDownIn(g.decode, dl.u, "hand-over failed: "+failDecode)
+			continue
+		}
 		if fail == "" {
 			if !w.wrote && rec.apiErr != nil && rec.apiErr.Status != api.StatusClientClosedRequest {
 				rec.apiErr.Write(w) // the request timed out before the engine answered
@@ -255,25 +291,33 @@ func (g *Gateway) refuse(w *statusWriter, r *http.Request, rec *record, reqCtx c
 // attempt forwards the request to the lease's engine and relays the answer. It returns a
 // failover reason when the engine failed before anything was written to the client (the
 // caller tries another engine), else "" (the request is answered, or the client is gone).
-func (g *Gateway) attempt(ctx context.Context, w *statusWriter, r *http.Request, rec *record, l *lease, body []byte, path string) string {
+func (g *Gateway) attempt(ctx context.Context, w *statusWriter, r *http.Request, rec *record, l *lease, extra http.Header, body []byte, path string) string {
 	u := l.u
-	actx, span := g.spans.Start(ctx, spanname.GatewayAttempt, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
+	attrs := []attribute.KeyValue{
 		attribute.String("route.engine", u.name),
 		attribute.Int("route.attempt", rec.attempts),
 		attribute.String("http.request.method", r.Method),
 		attribute.String("server.address", u.name),
-	))
+	}
+	if extra.Get(api.HeaderDecodeEngine) != "" {
+		attrs = append(attrs, attribute.String("route.decode_engine", rec.decodeEngine))
+	}
+	actx, span := g.spans.Start(ctx, spanname.GatewayAttempt, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 	// The attempt is cut when the engine is taken out of routing before its response began
 	// (a failed health check, or another request's failed attempt): it fails over.
 	actx, cancel := context.WithCancelCause(actx)
 	defer cancel(nil)
 	rec.onCommit = g.pool.track(u, cancel)
-	fail, errType, err := g.forward(actx, w, r, rec, u, l.decision.Header, body, path, span)
+	fail, errType, err := g.forward(actx, w, r, rec, u, extra, body, path, span)
 	rec.commit()
 	switch {
 	case fail != "":
 		span.SetError(fail, err)
-		g.metrics.Attempt(u.name, fail)
+		result := fail
+		if fail == failDecode {
+			result = failUnavailable // the prefill engine answered 503
+		}
+		g.metrics.Attempt(u.name, result)
 		rec.lastFail = fail
 		if fail == failUnreachable {
 			rec.lastStatus, rec.lastHeader, rec.lastBody = 0, nil, nil
@@ -331,6 +375,9 @@ func (g *Gateway) forward(ctx context.Context, w *statusWriter, r *http.Request,
 		rec.lastStatus, rec.lastHeader, rec.lastBody = resp.StatusCode, resp.Header.Clone(), b
 		if resp.StatusCode == http.StatusTooManyRequests {
 			return failQueueFull, "", fmt.Errorf("engine %s: %s", u.name, resp.Status)
+		}
+		if extra.Get(api.HeaderDecodeEngine) != "" && errorCode(b) == failDecode {
+			return failDecode, "", fmt.Errorf("engine %s: %s decode_unavailable (decode engine %s)", u.name, resp.Status, rec.decodeEngine)
 		}
 		return failUnavailable, "", fmt.Errorf("engine %s: %s", u.name, resp.Status)
 	}
@@ -440,6 +487,13 @@ func (g *Gateway) relayStream(ctx context.Context, w *statusWriter, r *http.Requ
 			if ev.Error && (ev.Code == "worker_unavailable" || ev.Code == "shutting_down") {
 				return failUnavailable, "", fmt.Errorf("engine %s: error event %s before the stream began", u.name, ev.Code)
 			}
+			if ev.Error && ev.Code == failDecode && rec.decodeEngine != "" {
+				e := &api.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: failDecode,
+					Message: "The decode engine " + rec.decodeEngine + " is unavailable.", ErrorType: api.ErrorTypeWorkerUnavailable}
+				eb, _ := json.Marshal(e.Body())
+				rec.lastStatus, rec.lastHeader, rec.lastBody = e.Status, http.Header{"Content-Type": {"application/json"}}, eb
+				return failDecode, "", fmt.Errorf("engine %s: error event %s before the stream began", u.name, ev.Code)
+			}
 			if !(ev.Content || ev.Finish || ev.Usage || ev.Done || ev.Error) {
 				pending = append(pending, ev.Raw...)
 				continue
@@ -479,6 +533,15 @@ func (g *Gateway) relayStream(ctx context.Context, w *statusWriter, r *http.Requ
 			return "", rec.errType, nil
 		}
 	}
+}
+
+// errorCode returns the code of an OpenAI-shaped error body, "" when it has none.
+func errorCode(b []byte) string {
+	var eb api.ErrorBody
+	if json.Unmarshal(b, &eb) != nil || eb.Error.Code == nil {
+		return ""
+	}
+	return *eb.Error.Code
 }
 
 // hopByHop are the headers a proxy does not pass on.
@@ -544,6 +607,9 @@ func (g *Gateway) finish(ctx context.Context, span *telemetry.Span, rec *record,
 	if rec.routed {
 		span.SetAttributes(attribute.String("route.reason", rec.decision.Reason))
 	}
+	if rec.decodeEngine != "" {
+		span.SetAttributes(attribute.String("route.decode_engine", rec.decodeEngine))
+	}
 	switch {
 	case status >= 500 || rec.errType == api.ErrorTypeWorkerUnavailable:
 		var cause error
@@ -572,6 +638,7 @@ func (g *Gateway) finish(ctx context.Context, span *telemetry.Span, rec *record,
 		slog.Int("status", status),
 		slog.String("error_type", rec.errType),
 		slog.String("engine", rec.engine),
+		slog.String("decode_engine", rec.decodeEngine),
 		slog.String("policy", g.policy.Name()),
 		slog.String("reason", rec.decision.Reason),
 		slog.Float64("score", rec.decision.Score),

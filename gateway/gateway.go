@@ -32,6 +32,7 @@ type Gateway struct {
 	policy     Policy
 	policyName string // the metrics' policy label
 	pool       *pool
+	decode     *pool        // the decode engines (least-loaded) with Config.Decode, else nil
 	client     *http.Client // forwarding (no timeout: requests are bounded by their context)
 	probe      *http.Client // health checks
 	metrics    *metrics.GatewayMetrics
@@ -91,6 +92,14 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	g.pool = &pool{policy: g.policy, maxInFlight: cfg.MaxInFlight, maxQueue: cfg.MaxQueue, onQueue: m.SetQueueWaiting}
 	for i, u := range cfg.Engines {
 		g.pool.engines = append(g.pool.engines, newUpstream(i, u, newReuseIndex(cfg.Model, cfg.ChunkSize, cfg.IndexBytes, cfg.IndexSequences)))
+	}
+	if len(cfg.Decode) > 0 {
+		// Decode engines: the least loaded healthy one; nothing is registered in their
+		// (empty) reuse indexes, the prompt's reuse happens on the prefill engine.
+		g.decode = &pool{policy: leastLoaded{}, maxInFlight: cfg.MaxInFlight, maxQueue: cfg.MaxQueue}
+		for i, u := range cfg.Decode {
+			g.decode.engines = append(g.decode.engines, newUpstream(i, u, newReuseIndex(cfg.Model, cfg.ChunkSize, 0, 1)))
+		}
 	}
 	g.handler = g.routes()
 	return g, nil
@@ -153,8 +162,21 @@ func (g *Gateway) Addr() string {
 	return g.lis.Addr().String()
 }
 
-// Engines returns the engines' base URLs, in the order of Config.Engines.
+// Engines returns the engines' base URLs, in the order of Config.Engines (with prefill/decode
+// routing: the prefill engines).
 func (g *Gateway) Engines() []string { return slices.Clone(g.cfg.Engines) }
+
+// DecodeEngines returns the decode engines' base URLs (Config.Decode), nil without
+// prefill/decode routing.
+func (g *Gateway) DecodeEngines() []string { return slices.Clone(g.cfg.Decode) }
+
+// pools returns the engine pools: the (prefill) engines, and the decode engines if any.
+func (g *Gateway) pools() []*pool {
+	if g.decode != nil {
+		return []*pool{g.pool, g.decode}
+	}
+	return []*pool{g.pool}
+}
 
 // Shutdown stops accepting connections, fails the requests waiting in the queue (503), lets the
 // requests in flight finish until ctx ends, then closes the connections and stops the health
@@ -168,7 +190,9 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 	g.shutdown = true
 	srv, done, stop, checkDone := g.srv, g.serveDone, g.stopCheck, g.checkDone
 	g.mu.Unlock()
-	g.pool.close()
+	for _, p := range g.pools() {
+		p.close()
+	}
 	var err error
 	if srv != nil {
 		if err = srv.Shutdown(ctx); err != nil {
@@ -205,12 +229,14 @@ func (g *Gateway) healthLoop(ctx context.Context, done chan struct{}) {
 // checkAll checks every engine concurrently and waits for the checks.
 func (g *Gateway) checkAll(ctx context.Context) {
 	var wg sync.WaitGroup
-	for _, u := range g.pool.engines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			g.check(ctx, u)
-		}()
+	for _, p := range g.pools() {
+		for _, u := range p.engines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				g.check(ctx, p, u)
+			}()
+		}
 	}
 	wg.Wait()
 	g.refreshEngineMetrics()
@@ -218,7 +244,7 @@ func (g *Gateway) checkAll(ctx context.Context) {
 
 // check runs one health check of u: GET /health must answer 200; GET /metrics gives its load
 // gauges (a failure there keeps the engine up with its last gauges).
-func (g *Gateway) check(ctx context.Context, u *upstream) {
+func (g *Gateway) check(ctx context.Context, p *pool, u *upstream) {
 	ok, reason := g.probeHealth(ctx, u)
 	var gauges *engineGauges
 	if ok {
@@ -227,7 +253,7 @@ func (g *Gateway) check(ctx context.Context, u *upstream) {
 		}
 	}
 	g.metrics.HealthCheck(u.name, ok)
-	if g.pool.setHealth(u, ok, reason, gauges) {
+	if p.setHealth(u, ok, reason, gauges) {
 		if ok {
 			g.log.Info("engine up", "engine", u.name)
 		} else {
@@ -275,17 +301,22 @@ func (g *Gateway) probeMetrics(ctx context.Context, u *upstream) (engineGauges, 
 
 // refreshEngineMetrics sets the per-engine gauges.
 func (g *Gateway) refreshEngineMetrics() {
-	for i, s := range g.pool.snapshot() {
-		u := g.pool.engines[i]
-		seqs, bytes := u.index.Stats()
-		g.metrics.SetEngine(u.name, metrics.GatewayEngineStats{Up: s.up, InFlight: s.inFlight, Load: s.load,
-			IndexSequences: seqs, IndexBytes: bytes})
+	for _, p := range g.pools() {
+		for i, s := range p.snapshot() {
+			u := p.engines[i]
+			seqs, bytes := u.index.Stats()
+			g.metrics.SetEngine(u.name, metrics.GatewayEngineStats{Up: s.up, InFlight: s.inFlight, Load: s.load,
+				IndexSequences: seqs, IndexBytes: bytes})
+		}
 	}
 }
 
 // markDown takes u out of routing after a failed attempt, until a health check passes.
-func (g *Gateway) markDown(u *upstream, reason string) {
-	if g.pool.setHealth(u, false, reason, nil) {
+func (g *Gateway) markDown(u *upstream, reason string) { g.markDownIn(g.pool, u, reason) }
+
+// markDownIn is markDown for an engine of pool p.
+func (g *Gateway) markDownIn(p *pool, u *upstream, reason string) {
+	if p.setHealth(u, false, reason, nil) {
 		g.log.Warn("engine down", "engine", u.name, "reason", reason)
 	}
 }

@@ -103,6 +103,9 @@ type routeJob struct {
 	req     *RouteRequest
 	hits    []int        // expected hit tokens per engine
 	exclude map[int]bool // engines that failed this request
+	// handOver: a generation request with prefill/decode routing, which also takes a decode
+	// engine.
+	handOver bool
 }
 
 // waiter is a queued routeJob.

@@ -58,6 +58,13 @@ type UpConfig struct {
 	// listens on APIAddr and every engine on a free port (unless NoGateway:
 	// then node 0's engine listens on APIAddr).
 	Nodes int
+	// PrefillNodes and DecodeNodes, both positive, start a disaggregated fleet instead of
+	// Nodes (docs/design.md §9): PrefillNodes nodes whose engines run with --role prefill,
+	// then DecodeNodes with --role decode, sharing one fleet tier and one CA (TLSDir, or one
+	// generated for all of them: a decode node's worker reads the prefill node's worker over
+	// mutual TLS), every engine on a free port picked up front (a restarted engine keeps its
+	// URL), and a gateway on APIAddr given --prefill and --decode.
+	PrefillNodes, DecodeNodes int
 	// GatewayArgs are extra flags for cb gateway (e.g. --policy).
 	GatewayArgs []string
 	// NoGateway starts no gateway in front of a multi-node stack.
@@ -104,6 +111,9 @@ type Endpoints struct {
 
 // NodeEndpoints are one node's processes.
 type NodeEndpoints struct {
+	// Role is the engine's role in a disaggregated fleet ("prefill" or "decode"), empty
+	// otherwise.
+	Role   string   `json:"role,omitempty"`
 	Engine Endpoint `json:"engine"`
 	Worker Endpoint `json:"worker"`
 	Blend  Endpoint `json:"blend"`
@@ -149,6 +159,12 @@ type Stack struct {
 // written) and passes each process its --tls-cert, --tls-key and --tls-ca
 // before cfg's extra flags. Shutdown removes the directory.
 func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
+	if cfg.PrefillNodes > 0 || cfg.DecodeNodes > 0 {
+		if cfg.PrefillNodes <= 0 || cfg.DecodeNodes <= 0 {
+			return nil, errors.New("stack: a disaggregated fleet needs at least one prefill and one decode node")
+		}
+		return upNodes(ctx, cfg)
+	}
 	if cfg.Nodes > 1 {
 		return upNodes(ctx, cfg)
 	}
@@ -391,12 +407,30 @@ func upNodes(ctx context.Context, cfg UpConfig) (*Stack, error) {
 	if cfg.APIAddr == "" {
 		cfg.APIAddr = "127.0.0.1:8000"
 	}
+	// The nodes' roles: "" for every node of Nodes, else prefill then decode.
+	roles := make([]string, cfg.Nodes)
+	if cfg.PrefillNodes > 0 {
+		roles = slices.Concat(slices.Repeat([]string{"prefill"}, cfg.PrefillNodes), slices.Repeat([]string{"decode"}, cfg.DecodeNodes))
+	}
+	// One CA for all the nodes (their workers may call each other), removed with the stack
+	// when generated here.
+	tlsDir, ownTLS := cfg.TLSDir, false
+	if !cfg.Plaintext && tlsDir == "" {
+		var err error
+		if tlsDir, err = makeCerts(cfg.TLSValidity); err != nil {
+			return nil, err
+		}
+		ownTLS = true
+	}
 	var rp *redisproc.Server
 	url := cfg.RedisURL
 	if url == "" {
 		var err error
 		if rp, err = redisproc.Start(ctx, redisproc.Options{}); err != nil {
-			return nil, fmt.Errorf("stack: fleet tier for %d nodes: %w", cfg.Nodes, err)
+			if ownTLS {
+				os.RemoveAll(tlsDir)
+			}
+			return nil, fmt.Errorf("stack: fleet tier for %d nodes: %w", len(roles), err)
 		}
 		url = rp.URL()
 	}
@@ -408,11 +442,17 @@ func upNodes(ctx context.Context, cfg UpConfig) (*Stack, error) {
 		if rp != nil {
 			rp.Stop()
 		}
+		if ownTLS {
+			os.RemoveAll(tlsDir)
+		}
 		return nil, err
 	}
-	for i := range cfg.Nodes {
+	for i, role := range roles {
 		nc := cfg
-		nc.Nodes, nc.RedisURL = 0, url
+		nc.Nodes, nc.PrefillNodes, nc.DecodeNodes, nc.RedisURL, nc.TLSDir = 0, 0, 0, url, tlsDir
+		if role != "" {
+			nc.EngineArgs = append(slices.Clip(cfg.EngineArgs), "--role", role)
+		}
 		if i > 0 || !cfg.NoGateway {
 			// A port of its own, kept when the engine is restarted (the gateway
 			// has its URL).
@@ -424,18 +464,19 @@ func upNodes(ctx context.Context, cfg UpConfig) (*Stack, error) {
 		}
 		n, err := Up(ctx, nc)
 		if err != nil {
-			return fail(fmt.Errorf("stack: node %d: %w", i, err))
+			return fail(fmt.Errorf("stack: node %d %s: %w", i, role, err))
 		}
 		nodes = append(nodes, n)
 	}
 	s := nodes[0]
 	s.others, s.redis = nodes[1:], rp
+	s.ownTLS = ownTLS // the head removes the shared certificates after the other nodes stopped
 	s.eps.Redis = &RedisEndpoint{URL: url}
 	if rp != nil {
 		s.eps.Redis.PID = rp.PID()
 	}
-	for _, n := range nodes {
-		s.eps.Nodes = append(s.eps.Nodes, NodeEndpoints{Engine: n.eps.Engine, Worker: n.eps.Worker, Blend: n.eps.Blend})
+	for i, n := range nodes {
+		s.eps.Nodes = append(s.eps.Nodes, NodeEndpoints{Role: roles[i], Engine: n.eps.Engine, Worker: n.eps.Worker, Blend: n.eps.Blend})
 	}
 	if cfg.NoGateway {
 		return s, nil
@@ -460,7 +501,11 @@ func (s *Stack) startGateway(ctx context.Context, cfg UpConfig) error {
 	}
 	args := []string{"gateway", "--addr", cfg.APIAddr}
 	for _, n := range s.eps.Nodes {
-		args = append(args, "--engine", n.Engine.API)
+		flag := "--engine"
+		if n.Role != "" {
+			flag = "--" + n.Role // --prefill or --decode
+		}
+		args = append(args, flag, n.Engine.API)
 	}
 	s.gw = NewSupervisor(cfg.Supervisor)
 	r, err := s.gw.Start(ctx, Spec{Name: "cb-gateway", Path: cfg.Exe, Env: env, Args: append(args, cfg.GatewayArgs...)})

@@ -34,11 +34,16 @@ is spread to a less loaded engine. least-loaded takes the lowest load, round-rob
 Engines are health-checked every --health-interval; a request that an engine fails before
 anything was streamed (unreachable, 503, 429) is retried on another; with no engine up the
 answer is 503 with Retry-After; when every engine has --max-in-flight requests, requests wait
-in a queue of --max-queue (full: 429 with Retry-After).`,
+in a queue of --max-queue (full: 429 with Retry-After).
+
+Prefill/decode disaggregation: with --prefill and --decode (instead of --engine) a generation
+request goes to a prefill engine chosen by --policy (the CacheBlend reuse happens there) with
+header X-CB-Decode-Engine naming the least loaded healthy decode engine; a 503
+decode_unavailable before anything was streamed is retried with another decode engine.`,
 		RunE: func(c *cobra.Command, _ []string) error {
 			ctx := c.Context()
-			if len(cfg.Engines) == 0 {
-				return fmt.Errorf("cb gateway: give at least one --engine URL")
+			if len(cfg.Engines) == 0 && (len(cfg.Prefill) == 0 || len(cfg.Decode) == 0) {
+				return fmt.Errorf("cb gateway: give at least one --engine URL, or --prefill and --decode URLs")
 			}
 			rt, err := service.New(ctx, service.Options{ServiceName: "cb-gateway", OTLPEndpoint: otlp})
 			if err != nil {
@@ -52,7 +57,8 @@ in a queue of --max-queue (full: 429 with Retry-After).`,
 				return err
 			}
 			api := "http://" + gw.Addr()
-			rt.Logger.Info("gateway started", "api", api, "engines", strings.Join(gw.Engines(), ","), "policy", cfg.Policy)
+			rt.Logger.Info("gateway started", "api", api, "engines", strings.Join(gw.Engines(), ","),
+				"decode_engines", strings.Join(gw.DecodeEngines(), ","), "policy", cfg.Policy)
 			announce("cb-gateway", "api", api, "metrics", api+"/metrics")
 			return runUntilSignal(ctx, rt, gw)
 		},
@@ -60,6 +66,8 @@ in a queue of --max-queue (full: 429 with Retry-After).`,
 	f := cmd.Flags()
 	f.StringVar(&cfg.Addr, "addr", gateway.DefaultAddr, "OpenAI API listen address (also /metrics and /health)")
 	f.StringSliceVar(&cfg.Engines, "engine", nil, "engine base URL, e.g. http://127.0.0.1:8000 (repeatable, or comma-separated)")
+	f.StringSliceVar(&cfg.Prefill, "prefill", nil, "prefill engine base URL (cb engine --role prefill; repeatable); with --decode, instead of --engine: prefill/decode routing")
+	f.StringSliceVar(&cfg.Decode, "decode", nil, "decode engine base URL (cb engine --role decode; repeatable): named in X-CB-Decode-Engine, the least loaded healthy one")
 	f.StringVar(&cfg.Policy, "policy", gateway.DefaultPolicy, "routing policy: "+strings.Join(gateway.Policies(), ", "))
 	f.Float64Var(&cfg.Alpha, "alpha", gateway.DefaultAlpha, "kv-aware: weight of an engine's load (requests) against the reused fraction of the prompt")
 	f.Float64Var(&cfg.SpreadMargin, "spread-margin", gateway.DefaultSpreadMargin, "kv-aware: spread to a less loaded engine when the best one's load exceeds the least loaded one's by more than this (requests)")

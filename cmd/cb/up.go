@@ -29,6 +29,8 @@ type upFlags struct {
 	noGateway     bool
 	redisURL      string
 	nodes         int
+	prefillNodes  int // cb up only: a disaggregated fleet
+	decodeNodes   int
 	plaintext     bool
 }
 
@@ -80,6 +82,7 @@ func startStack(ctx context.Context, u *upFlags) (*running, error) {
 		EngineArgs: u.engineArgs, WorkerArgs: u.workerArgs, BlendArgs: u.blendArgs,
 		GatewayArgs: u.gatewayArgs, NoGateway: u.noGateway,
 		Plaintext: u.plaintext, Nodes: u.nodes, RedisURL: u.redisURL,
+		PrefillNodes: u.prefillNodes, DecodeNodes: u.decodeNodes,
 		// Export batches often so a request's trace is complete quickly.
 		Env: []string{"OTEL_BSP_SCHEDULE_DELAY=200"},
 	}
@@ -131,7 +134,13 @@ at exit. The worker admits only the engine, the blend server the engine and the 
 
 With --nodes N, N nodes (blend server, worker and engine each) share one fleet tier (Redis), and
 a gateway (cb gateway, kv-aware routing by default; --gateway-arg=--policy=...) listens on --api
-in front of their engines, which listen on free ports (listed in the endpoints file).`,
+in front of their engines, which listen on free ports (listed in the endpoints file).
+
+With --prefill-nodes P --decode-nodes D, P nodes whose engines run with --role prefill and D
+with --role decode (one CA for all: the decode workers read the prefill workers' KV over mutual
+TLS) share the fleet tier, and the gateway on --api routes with --prefill/--decode: each
+generation to a prefill engine (kv-aware), handed over to the least loaded decode engine. The
+endpoints file gives each node's role.`,
 		RunE: func(c *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(c.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -143,7 +152,11 @@ in front of their engines, which listen on free ports (listed in the endpoints f
 			if gw := eps.Gateway; gw != nil {
 				fmt.Printf("cacheblend is up: OpenAI API %s (gateway in front of %d nodes; metrics %s)\n", gw.API, len(eps.Nodes), gw.Metrics)
 				for i, n := range eps.Nodes {
-					fmt.Printf("node %d: engine %s (metrics %s)\n", i, n.Engine.API, n.Engine.Metrics)
+					role := ""
+					if n.Role != "" {
+						role = " (" + n.Role + ")"
+					}
+					fmt.Printf("node %d%s: engine %s (metrics %s)\n", i, role, n.Engine.API, n.Engine.Metrics)
 				}
 			} else {
 				fmt.Printf("cacheblend is up: OpenAI API %s (metrics %s)\n", eps.Engine.API, eps.Engine.Metrics)
@@ -169,5 +182,7 @@ in front of their engines, which listen on free ports (listed in the endpoints f
 		},
 	}
 	u.register(cmd, "127.0.0.1:8000")
+	cmd.Flags().IntVar(&u.prefillNodes, "prefill-nodes", 0, "with --decode-nodes: start this many prefill nodes (cb engine --role prefill) behind the gateway, instead of --nodes")
+	cmd.Flags().IntVar(&u.decodeNodes, "decode-nodes", 0, "with --prefill-nodes: start this many decode nodes (cb engine --role decode), named to the prefill engines by the gateway")
 	return withEnv(cmd)
 }

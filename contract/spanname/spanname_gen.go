@@ -208,7 +208,9 @@ const (
 	// The gateway's SERVER span: the child of the caller's traceparent when valid, else the root of
 	// the trace. It carries the routing decision of the last attempt: the engine (host:port; empty
 	// when none could be reached), the policy, the engine's score and the prompt tokens the gateway
-	// expected it to reuse.
+	// expected it to reuse. With prefill/decode routing (cb gateway --prefill/--decode)
+	// route.engine is the prefill engine and route.decode_engine the decode engine named in
+	// X-CB-Decode-Engine; the trace continues prefill SERVER → kv.transfer → decode SERVER.
 	GatewayRequest = "gateway.request"
 
 	// GatewayAttempt is the span "gateway.attempt" of cb-gateway (kind client, phase "route"),
@@ -218,7 +220,9 @@ const (
 	// One forwarding attempt to an engine, whose traceparent the forwarded request carries: the
 	// engine's SERVER span (or, for a document ingest, its cb.store_pre_computed spans) is its
 	// remote child. A failed attempt (engine unreachable, 503 or 429 before anything was streamed)
-	// is followed by another on the next engine.
+	// is followed by another on the next engine; with prefill/decode routing a 503
+	// decode_unavailable is followed by another on the same prefill engine with another decode
+	// engine (route.decode_engine).
 	GatewayAttempt = "gateway.attempt"
 )
 
