@@ -39,6 +39,9 @@ type ChatResult struct {
 	// RequestID is the engine's X-Request-Id, else the first chunk's id; "" when neither
 	// was received.
 	RequestID string
+	// Engine is the gateway's X-Cb-Engine response header: the host:port of the engine
+	// (node) that served the request; "" when the request went to an engine directly.
+	Engine string
 	// Status is the HTTP status; 0 when no response was received.
 	Status int
 	// TTFT is the time from just before the request was sent to the first non-empty
@@ -104,6 +107,7 @@ func (c *Client) ChatStream(ctx context.Context, q ChatRequest) (ChatResult, err
 	defer resp.Body.Close()
 	res.Status = resp.StatusCode
 	res.RequestID = resp.Header.Get("X-Request-Id")
+	res.Engine = resp.Header.Get("X-Cb-Engine")
 	if resp.StatusCode != http.StatusOK {
 		return fail(KindHTTP(resp.StatusCode), httpError(resp))
 	}

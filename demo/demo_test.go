@@ -1,6 +1,7 @@
 package demo
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -51,5 +52,55 @@ func TestWaterfallTreeAndBars(t *testing.T) {
 	}
 	if !strings.Contains(lines[0], "|██████████|") || !strings.Contains(lines[1], "|█████     |") || !strings.Contains(lines[2], "|     █████|") {
 		t.Fatalf("bars:\n%s", sb.String())
+	}
+}
+
+// TestNodeSummaryAndRouting: behind the gateway (cb demo --nodes N) the report
+// names the node of every request and each node's token-weighted hit rate, in
+// the table and in --json.
+func TestNodeSummaryAndRouting(t *testing.T) {
+	i64 := func(n int64) *int64 { return &n }
+	rep := &Report{Requests: []Result{
+		{RequestID: "r1", Engine: "127.0.0.1:8001", FullEngine: "127.0.0.1:8002", HitTokens: i64(0), RequestedTokens: i64(100)},
+		{RequestID: "r2", Engine: "127.0.0.1:8001", FullEngine: "127.0.0.1:8001", HitTokens: i64(90), RequestedTokens: i64(100)},
+		{RequestID: "r3", Engine: "127.0.0.1:8002", FullEngine: "127.0.0.1:8002"},
+	}}
+	rep.Summarize()
+	if len(rep.Nodes) != 2 {
+		t.Fatalf("nodes = %+v", rep.Nodes)
+	}
+	a, b := rep.Nodes[0], rep.Nodes[1]
+	if a.Engine != "127.0.0.1:8001" || a.Requests != 2 || a.FullRequests != 1 || a.HitRate == nil || *a.HitRate != 0.45 {
+		t.Fatalf("node 1 = %+v", a)
+	}
+	if b.Engine != "127.0.0.1:8002" || b.Requests != 1 || b.FullRequests != 2 || b.HitRate != nil {
+		t.Fatalf("node 2 = %+v", b)
+	}
+	var sb strings.Builder
+	rep.Print(&sb)
+	out := sb.String()
+	for _, want := range []string{"node", "Routing", "127.0.0.1:8001", "45.0%", "90/200"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	path := t.TempDir() + "/demo.json"
+	if err := rep.WriteJSON(path); err != nil {
+		t.Fatal(err)
+	}
+	b2, _ := os.ReadFile(path)
+	for _, want := range []string{`"engine": "127.0.0.1:8001"`, `"nodes": [`, `"hit_rate": 0.45`} {
+		if !strings.Contains(string(b2), want) {
+			t.Errorf("JSON lacks %s:\n%s", want, b2)
+		}
+	}
+
+	// Without a gateway: no node column, no routing table.
+	one := &Report{Requests: []Result{{RequestID: "r1"}}}
+	one.Summarize()
+	sb.Reset()
+	one.Print(&sb)
+	if one.Nodes != nil || strings.Contains(sb.String(), "Routing") {
+		t.Fatalf("single engine report shows routing:\n%s", sb.String())
 	}
 }

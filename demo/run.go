@@ -1,6 +1,7 @@
 package demo
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -83,6 +84,12 @@ type Result struct {
 	ImpCount             *int64   `json:"imp_count"`
 	Spans                int      `json:"spans"`
 	Services             []string `json:"services"`
+	// Engine and FullEngine are the nodes that served the request with
+	// reuse and its full-prefill baseline (the gateway's X-Cb-Engine:
+	// the engine's host:port, also its service.instance.id on the trace
+	// page); "" without a gateway.
+	Engine     string `json:"engine,omitempty"`
+	FullEngine string `json:"full_engine,omitempty"`
 	// Check is the verdict on the reuse request's trace: "pass", "fail: …" or "not run: …".
 	Check string `json:"check"`
 	// FullLookup is the baseline's lookup outcome ("skipped": reuse off) and FullCheck the
@@ -96,10 +103,65 @@ type Result struct {
 // Report is the demo's outcome.
 type Report struct {
 	Requests []Result `json:"requests"`
+	// Nodes are the per-node totals of the requests with reuse, by engine,
+	// when the demo ran through a gateway (cb demo --nodes N).
+	Nodes []NodeStats `json:"nodes,omitempty"`
 	// Endpoints is filled by the caller (the stack's endpoints file).
 	Endpoints any `json:"endpoints,omitempty"`
 	// UI is the trace page URL, when known.
 	UI string `json:"ui,omitempty"`
+}
+
+// NodeStats is one node's share of the demo's requests with reuse.
+type NodeStats struct {
+	// Engine is the node's engine host:port (X-Cb-Engine).
+	Engine string `json:"engine"`
+	// Requests with reuse it served, and FullRequests full-prefill baselines.
+	Requests     int `json:"requests"`
+	FullRequests int `json:"full_requests"`
+	// HitTokens over RequestedTokens of its requests with reuse (from their
+	// traces); HitRate is nil when no trace reported them.
+	HitTokens       int64    `json:"hit_tokens"`
+	RequestedTokens int64    `json:"requested_tokens"`
+	HitRate         *float64 `json:"hit_rate"`
+}
+
+// Summarize fills Nodes from Requests: the routing of every request and
+// each node's token-weighted hit rate. No-op when no request carries an
+// engine (no gateway).
+func (r *Report) Summarize() {
+	r.Nodes = nil
+	by := map[string]*NodeStats{}
+	get := func(e string) *NodeStats {
+		n := by[e]
+		if n == nil {
+			n = &NodeStats{Engine: e}
+			by[e] = n
+		}
+		return n
+	}
+	for _, q := range r.Requests {
+		if q.FullEngine != "" {
+			get(q.FullEngine).FullRequests++
+		}
+		if q.Engine == "" {
+			continue
+		}
+		n := get(q.Engine)
+		n.Requests++
+		if q.HitTokens != nil && q.RequestedTokens != nil {
+			n.HitTokens += *q.HitTokens
+			n.RequestedTokens += *q.RequestedTokens
+		}
+	}
+	for _, n := range by {
+		if n.RequestedTokens > 0 {
+			f := float64(n.HitTokens) / float64(n.RequestedTokens)
+			n.HitRate = &f
+		}
+		r.Nodes = append(r.Nodes, *n)
+	}
+	slices.SortFunc(r.Nodes, func(a, b NodeStats) int { return strings.Compare(a.Engine, b.Engine) })
 }
 
 // ChecksPassed reports whether the traces of every request, with reuse and
@@ -199,6 +261,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			PromptTokens: reuse.PromptTokens,
 			TTFTReuse:    reuse.TTFT.Seconds(), TTFTFull: full.TTFT.Seconds(),
 			Speedup: full.TTFT.Seconds() / reuse.TTFT.Seconds(),
+			Engine:  reuse.Engine, FullEngine: full.Engine,
 		})
 	}
 	bar.done()
@@ -207,11 +270,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			rep.Requests[i].Check = "not run: no trace query URL"
 			rep.Requests[i].FullCheck = rep.Requests[i].Check
 		}
+		rep.Summarize()
 		return rep, nil
 	}
 	if err := readTraces(ctx, cfg, rep); err != nil {
 		return rep, err
 	}
+	rep.Summarize()
 	return rep, nil
 }
 
@@ -369,12 +434,27 @@ func fill(r *Result, t *tracecheck.Trace) {
 // Print writes the human report: the table, the text waterfall of the
 // slowest request, and the check verdicts.
 func (r *Report) Print(w io.Writer) {
-	fmt.Fprintf(w, "\n%-4s %-26s %10s %10s %8s %8s %8s %10s %5s %6s %-8s\n",
-		"#", "request", "ttft reuse", "ttft full", "speedup", "hit", "prefix", "non-prefix", "imp", "spans", "services")
+	routed := len(r.Nodes) > 0
+	node := func(e string) string {
+		if !routed {
+			return ""
+		}
+		return fmt.Sprintf(" %-21s", cmp.Or(e, "-"))
+	}
+	fmt.Fprintf(w, "\n%-4s %-26s %10s %10s %8s %8s %8s %10s %5s %6s %-8s%s\n",
+		"#", "request", "ttft reuse", "ttft full", "speedup", "hit", "prefix", "non-prefix", "imp", "spans", "services", node("node"))
 	for i, q := range r.Requests {
-		fmt.Fprintf(w, "%-4d %-26s %9.0fms %9.0fms %7.2fx %8s %8s %10s %5s %6d %-8d\n",
+		fmt.Fprintf(w, "%-4d %-26s %9.0fms %9.0fms %7.2fx %8s %8s %10s %5s %6d %-8d%s\n",
 			i+1, short(q.RequestID, 26), q.TTFTReuse*1000, q.TTFTFull*1000, q.Speedup,
-			pct(q.HitRate), num(q.PrefixHitTokens), num(q.NonPrefixHitTokens), num(q.ImpCount), q.Spans, len(q.Services))
+			pct(q.HitRate), num(q.PrefixHitTokens), num(q.NonPrefixHitTokens), num(q.ImpCount), q.Spans, len(q.Services), node(q.Engine))
+	}
+	if routed {
+		fmt.Fprintln(w, "\nRouting — the node (engine) that served each request with reuse, and its hit rate:")
+		fmt.Fprintf(w, "  %-21s %8s %8s %12s %8s\n", "node", "requests", "baseline", "hit tokens", "hit")
+		for _, n := range r.Nodes {
+			fmt.Fprintf(w, "  %-21s %8d %8d %12s %8s\n", n.Engine, n.Requests, n.FullRequests,
+				fmt.Sprintf("%d/%d", n.HitTokens, n.RequestedTokens), pct(n.HitRate))
+		}
 	}
 	var slow *Result
 	for i := range r.Requests {

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	dto "github.com/prometheus/client_model/go"
+	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
@@ -34,6 +35,12 @@ var Version = "0.1.0"
 type Options struct {
 	// ServiceName is cb-engine, cb-worker, cb-blend, cb-traces or cb-gateway.
 	ServiceName string
+	// InstanceID is the resource's service.instance.id unless
+	// OTEL_RESOURCE_ATTRIBUTES sets one; empty: a random UUID. The cb
+	// processes pass [InstanceID] of their main listen address, so the
+	// trace page tells the processes of one service on several nodes (or
+	// the prefill and the decode engine) apart by host:port.
+	InstanceID string
 	// OTLPEndpoint overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT when non-empty
 	// (the --otlp-traces-endpoint flag). A bare host:port or a URL without a
 	// path gets /v1/traces appended for the HTTP protocols.
@@ -105,6 +112,9 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	if cfg.ServiceVersion == "" {
 		cfg.ServiceVersion = Version
 	}
+	if cfg.InstanceID == "" && !hasAttr(cfg.ResourceAttributes, "service.instance.id") {
+		cfg.InstanceID = opts.InstanceID
+	}
 	if opts.OTLPEndpoint != "" {
 		ep, err := NormalizeEndpoint(opts.OTLPEndpoint, cfg.Protocol)
 		if err != nil {
@@ -136,6 +146,35 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	}
 	return &Runtime{Name: opts.ServiceName, Telemetry: tp, Registry: reg, Logger: logger, Process: pm,
 		httpLimits: opts.HTTP.WithDefaults(httpserve.Limits{MaxConns: DefaultMaxConns})}, nil
+}
+
+func hasAttr(attrs []attribute.KeyValue, key attribute.Key) bool {
+	for _, kv := range attrs {
+		if kv.Key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// InstanceID returns a process's service.instance.id from its main listen
+// address: host:port, with an unspecified or empty host (":8000",
+// "0.0.0.0:8000") replaced by the host name, and a port chosen at listen time
+// (":0") replaced by "pid<process id>". "" when addr is not host:port.
+func InstanceID(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		if h, err := os.Hostname(); err == nil && h != "" {
+			host = h
+		}
+	}
+	if port == "0" {
+		port = fmt.Sprintf("pid%d", os.Getpid())
+	}
+	return net.JoinHostPort(host, port)
 }
 
 // Deps returns the runtime's collaborators in the shape every component's

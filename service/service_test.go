@@ -3,8 +3,11 @@ package service
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 
@@ -88,5 +91,52 @@ func TestRuntimeDeps(t *testing.T) {
 	}
 	if d.Spans("x").Profiling() {
 		t.Fatal("span helper profiles with CB_PROFILE off")
+	}
+}
+
+// TestInstanceID: a process's service.instance.id is its listen address
+// (node-qualified lanes on the trace page), unless OTEL_RESOURCE_ATTRIBUTES
+// sets one.
+func TestInstanceID(t *testing.T) {
+	host, _ := os.Hostname()
+	for addr, want := range map[string]string{
+		"127.0.0.1:8001": "127.0.0.1:8001",
+		":8001":          net.JoinHostPort(host, "8001"),
+		"0.0.0.0:8001":   net.JoinHostPort(host, "8001"),
+		"127.0.0.1:0":    fmt.Sprintf("127.0.0.1:pid%d", os.Getpid()),
+		"nonsense":       "",
+	} {
+		if got := InstanceID(addr); got != want {
+			t.Errorf("InstanceID(%q) = %q, want %q", addr, got, want)
+		}
+	}
+	for env, want := range map[string]string{
+		"":                               "127.0.0.1:8001",
+		"service.instance.id=node-1,a=b": "node-1",
+		"deployment.environment=dev,x=y": "127.0.0.1:8001",
+	} {
+		getenv := func(k string) string {
+			if k == "OTEL_RESOURCE_ATTRIBUTES" {
+				return env
+			}
+			return ""
+		}
+		rt, err := New(context.Background(), Options{ServiceName: "cb-engine", InstanceID: "127.0.0.1:8001", Getenv: getenv, LogOutput: io.Discard})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := rt.Telemetry.Config()
+		rt.Shutdown(context.Background())
+		got := cfg.InstanceID
+		if got == "" {
+			for _, kv := range cfg.ResourceAttributes {
+				if kv.Key == "service.instance.id" {
+					got = kv.Value.AsString()
+				}
+			}
+		}
+		if got != want {
+			t.Errorf("OTEL_RESOURCE_ATTRIBUTES=%q: service.instance.id = %q, want %q", env, got, want)
+		}
 	}
 }

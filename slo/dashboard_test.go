@@ -33,6 +33,7 @@ type target struct {
 
 type panel struct {
 	ID         int            `json:"id"`
+	Repeat     string         `json:"repeat"`
 	Type       string         `json:"type"`
 	Title      string         `json:"title"`
 	GridPos    *gridPos       `json:"gridPos"`
@@ -109,8 +110,9 @@ func TestDashboardShape(t *testing.T) {
 	if d.UID == "" || d.Title == "" || d.SchemaVersion < 36 || d.Time.From == "" {
 		t.Fatalf("dashboard header: uid %q title %q schemaVersion %d time %+v", d.UID, d.Title, d.SchemaVersion, d.Time)
 	}
-	if len(d.Templating.List) != 1 || d.Templating.List[0].Name != "datasource" || d.Templating.List[0].Type != "datasource" || d.Templating.List[0].Query != "prometheus" {
-		t.Fatalf("templating: want one Prometheus datasource variable named datasource, got %+v", d.Templating.List)
+	if len(d.Templating.List) != 2 || d.Templating.List[0].Name != "datasource" || d.Templating.List[0].Type != "datasource" || d.Templating.List[0].Query != "prometheus" ||
+		d.Templating.List[1].Name != "node" || d.Templating.List[1].Type != "query" || !strings.Contains(d.Templating.List[1].Query, "instance") {
+		t.Fatalf("templating: want a Prometheus datasource variable named datasource and a node variable over the engines' instances, got %+v", d.Templating.List)
 	}
 	known := []string{"row", "timeseries", "stat", "table", "text"}
 	ids := map[int]bool{}
@@ -276,6 +278,52 @@ func TestDashboardQueriesTheContract(t *testing.T) {
 	}
 	if exemplarPanels < 4 {
 		t.Errorf("%d exemplar panels, want TTFT, TPOT, duration, blend and worker latency", exemplarPanels)
+	}
+}
+
+// The per-node row (cb up --nodes N) repeats by the node variable and holds the
+// request rate, TTFT p95, hit rate and KV blocks of that node's engine, each
+// query selecting instance=~"$node".
+func TestDashboardPerNodeRow(t *testing.T) {
+	d := loadDashboard(t)
+	at := slices.IndexFunc(d.Panels, func(p panel) bool { return p.Type == "row" && p.Repeat == "node" })
+	if at < 0 {
+		t.Fatal("no row repeated by the node variable")
+	}
+	row := d.Panels[at]
+	var inRow []panel
+	for _, p := range d.Panels[at+1:] {
+		if p.Type == "row" {
+			break
+		}
+		inRow = append(inRow, p)
+	}
+	want := map[string]string{
+		"Request rate": "gen_ai_server_request_duration_seconds_count",
+		"TTFT p95":     "gen_ai_server_time_to_first_token_seconds_bucket",
+		"Hit rate":     "cb_engine_prefix_cache_hit_ratio",
+		"KV blocks":    "cb_engine_kv_blocks",
+	}
+	for title, metric := range want {
+		i := slices.IndexFunc(inRow, func(p panel) bool { return strings.HasPrefix(p.Title, title) })
+		if i < 0 {
+			t.Errorf("row %q: no %s panel", row.Title, title)
+			continue
+		}
+		p := inRow[i]
+		found := false
+		for _, tg := range p.Targets {
+			if !strings.Contains(tg.Expr, `instance=~"$node"`) {
+				t.Errorf("panel %q %s: %q does not select instance=~\"$node\"", p.Title, tg.RefID, tg.Expr)
+			}
+			found = found || slices.Contains(metricNames(tg.Expr), metric)
+		}
+		if !found {
+			t.Errorf("panel %q does not query %s", p.Title, metric)
+		}
+		if p.GridPos == nil || p.GridPos.Y != row.GridPos.Y+1 {
+			t.Errorf("panel %q at %+v, want on the row's first line", p.Title, p.GridPos)
+		}
 	}
 }
 

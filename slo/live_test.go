@@ -272,9 +272,11 @@ func waitFor(t *testing.T, p *promServer, timeout time.Duration, what string, co
 // rateInterval replaces Grafana's $__rate_interval in dashboard expressions.
 const rateInterval = "1m"
 
-// grafanaExpr turns a dashboard expression into plain PromQL; any other $variable is an error.
+// grafanaExpr turns a dashboard expression into plain PromQL ($node, the per-node row's
+// variable, becomes every instance); any other $variable is an error.
 func grafanaExpr(expr string) (string, error) {
 	out := strings.ReplaceAll(expr, "$__rate_interval", rateInterval)
+	out = strings.ReplaceAll(out, `"$node"`, `".+"`)
 	if i := strings.Index(out, "$"); i >= 0 {
 		return "", fmt.Errorf("unsupported variable at %q", out[i:])
 	}

@@ -44,7 +44,11 @@ type Breakdown struct {
 	DurationNs int64 `json:"durationNs"`
 	// Spans in depth-first order, children by start time.
 	Spans []SpanTiming `json:"spans"`
-	// Groups aggregate Spans by service and phase, largest attributed time first.
+	// Lanes are the process instances that recorded Spans, one per distinct
+	// (service, instance), in order of their first span's start.
+	Lanes []Lane `json:"lanes"`
+	// Groups aggregate Spans by process instance and phase, largest
+	// attributed time first.
 	Groups []GroupTiming `json:"groups"`
 	// CriticalPath in time order.
 	CriticalPath []PathSegment `json:"criticalPath"`
@@ -58,6 +62,10 @@ type SpanTiming struct {
 	ParentID string `json:"parentID,omitempty"`
 	Name     string `json:"name"`
 	Service  string `json:"service"`
+	// Instance is the service.instance.id of the span's process ("" when it
+	// set none) and Lane the label of its lane (see [LaneName]).
+	Instance string `json:"instance,omitempty"`
+	Lane     string `json:"lane"`
 	Kind     string `json:"kind,omitempty"`
 	Phase    string `json:"phase"`
 	Depth    int    `json:"depth"`
@@ -75,9 +83,34 @@ type SpanTiming struct {
 	Error          bool    `json:"error,omitempty"`
 }
 
-// GroupTiming is the total of the spans of one service and phase.
+// Lane is one process instance of a [Breakdown]: the two engines of a
+// disaggregated request (prefill and decode, both cb-engine) or the engines of
+// two nodes are two lanes.
+type Lane struct {
+	// Name is [LaneName] of Service and Instance; unique in a Breakdown.
+	Name     string `json:"name"`
+	Service  string `json:"service"`
+	Instance string `json:"instance,omitempty"`
+	// Spans is the number of spans the instance recorded in the trace.
+	Spans int `json:"spans"`
+}
+
+// LaneName labels a process instance: "service@instance", or the service
+// alone when the process exported no service.instance.id. cb processes set
+// service.instance.id to the host:port of their main listener, so the label
+// is node-qualified (cb-engine@127.0.0.1:8001).
+func LaneName(service, instance string) string {
+	if instance == "" {
+		return service
+	}
+	return service + "@" + instance
+}
+
+// GroupTiming is the total of the spans of one process instance and phase.
 type GroupTiming struct {
 	Service      string  `json:"service"`
+	Instance     string  `json:"instance,omitempty"`
+	Lane         string  `json:"lane"`
 	Phase        string  `json:"phase"`
 	Spans        int     `json:"spans"`
 	SelfNs       int64   `json:"selfNs"`
@@ -93,6 +126,7 @@ type PathSegment struct {
 	SpanID  string `json:"spanID"`
 	Name    string `json:"name"`
 	Service string `json:"service"`
+	Lane    string `json:"lane"`
 	StartNs int64  `json:"startNs"`
 	EndNs   int64  `json:"endNs"`
 }
@@ -279,12 +313,16 @@ func computeBreakdown(spans []*span) Breakdown {
 		bd.RequestID = rid
 	}
 	groups := map[[2]string]*GroupTiming{}
+	lanes := map[string]int{} // lane name -> index in bd.Lanes
+	laneStart := []int64{}
 	for _, v := range order {
 		sp := spans[v]
 		st := SpanTiming{
 			SpanID:         sp.spanID.String(),
 			Name:           sp.name,
 			Service:        sp.res.service,
+			Instance:       sp.res.instance,
+			Lane:           LaneName(sp.res.service, sp.res.instance),
 			Kind:           kindTag(sp.kind),
 			Phase:          Phase(sp.name, v == t.root),
 			Depth:          depth[v],
@@ -305,10 +343,18 @@ func computeBreakdown(spans []*span) Breakdown {
 			bd.Detached++
 		}
 		bd.Spans = append(bd.Spans, st)
-		k := [2]string{st.Service, st.Phase}
+		if i, ok := lanes[st.Lane]; ok {
+			bd.Lanes[i].Spans++
+			laneStart[i] = min(laneStart[i], sp.start)
+		} else {
+			lanes[st.Lane] = len(bd.Lanes)
+			bd.Lanes = append(bd.Lanes, Lane{Name: st.Lane, Service: st.Service, Instance: st.Instance, Spans: 1})
+			laneStart = append(laneStart, sp.start)
+		}
+		k := [2]string{st.Lane, st.Phase}
 		g := groups[k]
 		if g == nil {
-			g = &GroupTiming{Service: st.Service, Phase: st.Phase}
+			g = &GroupTiming{Service: st.Service, Instance: st.Instance, Lane: st.Lane, Phase: st.Phase}
 			groups[k] = g
 		}
 		g.Spans++
@@ -323,12 +369,20 @@ func computeBreakdown(spans []*span) Breakdown {
 		bd.Groups = append(bd.Groups, *g)
 	}
 	slices.SortFunc(bd.Groups, func(a, b GroupTiming) int {
-		return cmp.Or(cmp.Compare(b.AttributedNs, a.AttributedNs), strings.Compare(a.Service, b.Service), strings.Compare(a.Phase, b.Phase))
+		return cmp.Or(cmp.Compare(b.AttributedNs, a.AttributedNs), strings.Compare(a.Lane, b.Lane), strings.Compare(a.Phase, b.Phase))
+	})
+	start := make(map[string]int64, len(bd.Lanes))
+	for name, i := range lanes {
+		start[name] = laneStart[i]
+	}
+	slices.SortStableFunc(bd.Lanes, func(a, b Lane) int {
+		return cmp.Or(cmp.Compare(start[a.Name], start[b.Name]), strings.Compare(a.Name, b.Name))
 	})
 	for _, seg := range path {
 		sp := spans[seg.v]
 		bd.CriticalPath = append(bd.CriticalPath, PathSegment{
 			SpanID: sp.spanID.String(), Name: sp.name, Service: sp.res.service,
+			Lane:    LaneName(sp.res.service, sp.res.instance),
 			StartNs: seg.start - base, EndNs: seg.end - base,
 		})
 	}

@@ -253,3 +253,46 @@ func TestPhaseFromContract(t *testing.T) {
 		t.Errorf("root phase %q", got)
 	}
 }
+
+// TestBreakdownLanesPerInstance: two processes of one service (the prefill and
+// the decode engine of a disaggregated request, or the engines of two nodes)
+// are two lanes, and their time is grouped apart.
+func TestBreakdownLanesPerInstance(t *testing.T) {
+	r := tracetest.Request{RequestID: "pd", Start: t0, Instances: map[string]string{"decode": "127.0.0.1:8002"}}
+	defs := []tracetest.SpanDef{
+		{Name: "root", Service: tracetest.Engine, StartMs: 0, EndMs: 100},
+		{Name: "prefill", Service: tracetest.Engine, Parent: "root", StartMs: 0, EndMs: 40},
+		{Name: "decode", Service: tracetest.Engine, Parent: "root", StartMs: 40, EndMs: 100},
+		{Name: "store", Service: tracetest.Blend, Parent: "prefill", StartMs: 10, EndMs: 20},
+	}
+	for i := range defs {
+		if defs[i].Name != "decode" {
+			r.Instances[defs[i].Name] = map[string]string{tracetest.Engine: "127.0.0.1:8001", tracetest.Blend: ""}[defs[i].Service]
+		}
+	}
+	bd := computeBreakdown(spansOf(t, tracetest.Build(r, defs)))
+	var lanes []string
+	for _, l := range bd.Lanes {
+		lanes = append(lanes, fmt.Sprintf("%s/%s/%d", l.Name, l.Service, l.Spans))
+	}
+	// The blend span has no instance of its own in r.Instances: tracetest's default.
+	want := []string{"cb-engine@127.0.0.1:8001/cb-engine/2", "cb-blend@cb-blend-0/cb-blend/1", "cb-engine@127.0.0.1:8002/cb-engine/1"}
+	if fmt.Sprint(lanes) != fmt.Sprint(want) {
+		t.Fatalf("lanes = %v, want %v", lanes, want)
+	}
+	perLane := map[string]float64{}
+	for _, g := range bd.Groups {
+		perLane[g.Lane] += g.AttributedNs
+	}
+	if !approx(perLane["cb-engine@127.0.0.1:8002"], float64(ms(60)), 1) || !approx(perLane["cb-engine@127.0.0.1:8001"], float64(ms(30)), 1) {
+		t.Fatalf("attributed time per lane = %v, want 60 ms on the decode engine, 30 ms on the prefill engine", perLane)
+	}
+	for _, s := range bd.Spans {
+		if s.Name == "decode" && (s.Instance != "127.0.0.1:8002" || s.Lane != "cb-engine@127.0.0.1:8002") {
+			t.Fatalf("decode span: instance %q lane %q", s.Instance, s.Lane)
+		}
+	}
+	if LaneName("svc", "") != "svc" {
+		t.Fatal(`LaneName without an instance is the service`)
+	}
+}

@@ -85,9 +85,14 @@ func (c *converter) resource(pr pcommon.Resource) *resource {
 	r := &resource{service: UnknownService}
 	m := pr.Attributes()
 	for k, v := range m.All() {
-		if k == "service.name" && v.Type() == pcommon.ValueTypeStr && v.Str() != "" {
+		if v.Type() != pcommon.ValueTypeStr || v.Str() == "" {
+			continue
+		}
+		switch k {
+		case "service.name":
 			r.service = c.str(v.Str())
-			break
+		case "service.instance.id":
+			r.instance = c.str(v.Str())
 		}
 	}
 	var dropped uint32

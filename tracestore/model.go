@@ -75,7 +75,8 @@ func (a attrs) get(key string) (value, bool) {
 // resource is shared by the spans of one ResourceSpans.
 type resource struct {
 	service      string
-	attrs        attrs // without service.name
+	instance     string // service.instance.id; "" when the process set none
+	attrs        attrs  // without service.name
 	droppedAttrs uint32
 	size         int64 // estimate(), charged once to each trace that holds one of its spans
 }

@@ -119,6 +119,7 @@ func TestWebUIInChromium(t *testing.T) {
 	}
 	type pageData struct {
 		Lanes      []string `json:"lanes"`
+		LaneNames  []string `json:"laneNames"`
 		Rows       int      `json:"rows"`
 		Critical   int      `json:"critical"`
 		GroupTexts []string `json:"groupTexts"`
@@ -128,6 +129,7 @@ func TestWebUIInChromium(t *testing.T) {
 	}
 	pd, err := chromedp.Run(ctx, chromedp.Evaluate[pageData](`({
 		lanes: [...document.querySelectorAll('#lanes .lane')].map(l => l.dataset.service),
+		laneNames: [...document.querySelectorAll('#lanes .lane')].map(l => l.dataset.lane),
 		rows: document.querySelectorAll('#waterfall .wf-row').length,
 		critical: document.querySelectorAll('#waterfall .wf-row.on-critical').length,
 		groupTexts: [...document.querySelectorAll('#breakdown tbody tr.group td.ms')].map(td => td.textContent),
@@ -140,6 +142,10 @@ func TestWebUIInChromium(t *testing.T) {
 	}
 	if strings.Join(pd.Lanes, ",") != "cb-engine,cb-worker,cb-blend" {
 		t.Fatalf("lanes = %v, want one per process", pd.Lanes)
+	}
+	// Lanes are process instances, labelled with service.instance.id.
+	if strings.Join(pd.LaneNames, ",") != "cb-engine@cb-engine-0,cb-worker@cb-worker-0,cb-blend@cb-blend-0" {
+		t.Fatalf("lane names = %v, want node-qualified instances", pd.LaneNames)
 	}
 	if pd.Rows != 22 {
 		t.Fatalf("waterfall rows = %d, want 22", pd.Rows)

@@ -37,7 +37,7 @@ func newBlendCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			rt, err := service.New(ctx, service.Options{ServiceName: "cb-blend", OTLPEndpoint: otlp})
+			rt, err := service.New(ctx, service.Options{ServiceName: "cb-blend", OTLPEndpoint: otlp, InstanceID: service.InstanceID(cfg.Addr)})
 			if err != nil {
 				return err
 			}

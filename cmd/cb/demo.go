@@ -30,7 +30,9 @@ func newDemoCmd() *cobra.Command {
 requests (documents in varying order and positions, then a question) once with CacheBlend reuse and
 once as a full prefill, and print a table per request (TTFT with and without reuse, speedup, hit rate,
 prefix / non-prefix hit tokens, imp_count, spans, services), the text waterfall of the slowest request,
-the contract check of every trace, and the URL of the trace page. It keeps running until Ctrl-C, or
+the contract check of every trace, and the URL of the trace page. With --nodes N the requests go
+through the gateway: the table names the node (X-Cb-Engine) that served each request, and a routing
+table gives each node's requests and hit rate. It keeps running until Ctrl-C, or
 exits with --exit (status 1 when a check fails).`,
 		RunE: func(c *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(c.Context(), os.Interrupt, syscall.SIGTERM)

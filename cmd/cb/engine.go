@@ -35,7 +35,7 @@ func newEngineCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			rt, err := service.New(ctx, service.Options{ServiceName: "cb-engine", OTLPEndpoint: otlp})
+			rt, err := service.New(ctx, service.Options{ServiceName: "cb-engine", OTLPEndpoint: otlp, InstanceID: service.InstanceID(cfg.Addr)})
 			if err != nil {
 				return err
 			}

@@ -45,7 +45,7 @@ decode_unavailable before anything was streamed is retried with another decode e
 			if len(cfg.Engines) == 0 && (len(cfg.Prefill) == 0 || len(cfg.Decode) == 0) {
 				return fmt.Errorf("cb gateway: give at least one --engine URL, or --prefill and --decode URLs")
 			}
-			rt, err := service.New(ctx, service.Options{ServiceName: "cb-gateway", OTLPEndpoint: otlp})
+			rt, err := service.New(ctx, service.Options{ServiceName: "cb-gateway", OTLPEndpoint: otlp, InstanceID: service.InstanceID(cfg.Addr)})
 			if err != nil {
 				return err
 			}

@@ -33,7 +33,7 @@ func newWorkerCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			rt, err := service.New(ctx, service.Options{ServiceName: "cb-worker", OTLPEndpoint: otlp})
+			rt, err := service.New(ctx, service.Options{ServiceName: "cb-worker", OTLPEndpoint: otlp, InstanceID: service.InstanceID(cfg.Addr)})
 			if err != nil {
 				return err
 			}

@@ -41,6 +41,11 @@ type Request struct {
 	Lookup string
 	// Scale multiplies every offset and duration (default 1: a 180 ms request).
 	Scale float64
+	// Instances maps a span name to the service.instance.id of the process
+	// recording it; default the span's service + "-0". Two spans of one
+	// service with different instances come from two processes (the prefill
+	// and the decode engine of a disaggregated request, two nodes).
+	Instances map[string]string
 }
 
 func (r Request) withDefaults() Request {
@@ -206,22 +211,26 @@ func (r Request) Traces() ptrace.Traces { return Build(r, r.Defs()) }
 func Build(r Request, defs []SpanDef) ptrace.Traces {
 	r = r.withDefaults()
 	td := ptrace.NewTraces()
-	bySvc := map[string]ptrace.SpanSlice{}
+	bySvc := map[[2]string]ptrace.SpanSlice{}
 	tid := TraceID(r.RequestID)
 	seen := map[string]int{}
 	at := func(ms float64) pcommon.Timestamp {
 		return pcommon.NewTimestampFromTime(r.Start.Add(time.Duration(ms * r.Scale * float64(time.Millisecond))))
 	}
 	for _, d := range defs {
-		ss, ok := bySvc[d.Service]
+		inst := r.Instances[d.Name]
+		if inst == "" {
+			inst = d.Service + "-0"
+		}
+		ss, ok := bySvc[[2]string{d.Service, inst}]
 		if !ok {
 			rs := td.ResourceSpans().AppendEmpty()
 			rs.Resource().Attributes().PutStr("service.name", d.Service)
-			rs.Resource().Attributes().PutStr("service.instance.id", d.Service+"-0")
+			rs.Resource().Attributes().PutStr("service.instance.id", inst)
 			sc := rs.ScopeSpans().AppendEmpty()
 			sc.Scope().SetName("github.com/cacheblend/cacheblend/" + d.Service)
 			ss = sc.Spans()
-			bySvc[d.Service] = ss
+			bySvc[[2]string{d.Service, inst}] = ss
 		}
 		sp := ss.AppendEmpty()
 		sp.SetTraceID(tid)

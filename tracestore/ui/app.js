@@ -76,8 +76,15 @@ function fill(el, ...children) {
   el.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
 }
 
-function chip(service) {
-  return h('span', { class: 'chip' }, h('span', { class: 'dot', style: { background: colorOf(service) } }), service);
+function chip(service, instance) {
+  return h('span', { class: 'chip' }, h('span', { class: 'dot', style: { background: colorOf(service) } }), service,
+    instance ? h('span', { class: 'muted instance', text: '@' + instance }) : null);
+}
+
+// laneOrder sorts lanes (process instances) by service, then by their first span.
+function laneOrder(lanes) {
+  const first = new Map(lanes.map((l, i) => [l.name, i]));
+  return lanes.slice().sort((a, b) => serviceOrder(a.service, b.service) || first.get(a.name) - first.get(b.name));
 }
 
 async function api(path) {
@@ -157,7 +164,7 @@ function renderList() {
       h('span', { text: fmtDur(r.duration_ms) })),
     h('td', { class: 'num', title: r.ttft_source ? 'from ' + r.ttft_source : '' }, fmtDur(r.ttft_ms)),
     h('td', { class: 'num', title: hitTitle(r) }, fmtPct(r.hit_rate)),
-    h('td', {}, (r.services || []).slice().sort(serviceOrder).map(chip)),
+    h('td', {}, (r.services || []).slice().sort(serviceOrder).map((svc) => chip(svc))),
     h('td', { class: 'num' }, String(r.n_spans)));
     return tr;
   }));
@@ -189,6 +196,9 @@ async function loadTrace(id) {
 function renderTrace({ trace, bd, summary }) {
   const jspans = new Map(trace.spans.map((s) => [s.spanID, s]));
   const services = [...new Set(bd.spans.map((s) => s.service))].sort(serviceOrder);
+  // One lane per process instance: the prefill and the decode engine, or the engines of two
+  // nodes, share a service name but not a lane.
+  const lanes = laneOrder(bd.lanes || services.map((svc) => ({ name: svc, service: svc })));
 
   // The time axis covers every span, also those sticking out of the root (clock skew, async).
   let lo = 0, hi = bd.durationNs;
@@ -198,15 +208,15 @@ function renderTrace({ trace, bd, summary }) {
 
   $('#trace-title').replaceChildren(bd.requestID ? 'Request ' + bd.requestID : 'Trace',
     h('span', { class: 'muted', text: '  ' + bd.rootName }));
-  renderFacts(bd, summary, services);
-  $('#legend').replaceChildren(...services.map(chip));
-  renderLanes(bd, services, pct);
+  renderFacts(bd, summary, lanes);
+  $('#legend').replaceChildren(...services.map((svc) => chip(svc)));
+  renderLanes(bd, lanes, pct);
   renderWaterfall(bd, jspans, trace, pct, lo, hi);
   renderBreakdown(bd);
   renderSpanTimes(bd);
 }
 
-function renderFacts(bd, s, services) {
+function renderFacts(bd, s, lanes) {
   const fact = (label, value, props) => h('div', {}, h('dt', { text: label }), h('dd', props || {}, value));
   const facts = [
     fact('Request id', bd.requestID || '—', { class: 'mono' }),
@@ -217,15 +227,16 @@ function renderFacts(bd, s, services) {
     fact('TTFT', s ? fmtDur(s.ttft_ms) + (s.ttft_source ? ` (${s.ttft_source})` : '') : '—'),
     fact('Hit rate', s && s.hit_rate !== null ? fmtPct(s.hit_rate) + (hitTitle(s) ? ' — ' + hitTitle(s) : '') : '—'),
     fact('Spans', String(bd.spans.length)),
-    fact('Processes', String(services.length)),
+    fact('Processes', String(lanes.length)),
   ];
   if (bd.detached) facts.push(fact('Detached spans', `${bd.detached} (parent missing; shown under the root)`));
   $('#trace-facts').replaceChildren(...facts);
 }
 
-function renderLanes(bd, services, pct) {
-  const lanes = services.map((svc) => {
-    const spans = bd.spans.filter((s) => s.service === svc).sort((a, b) => a.startNs - b.startNs);
+function renderLanes(bd, laneList, pct) {
+  const lanes = laneList.map((lane) => {
+    const svc = lane.service;
+    const spans = bd.spans.filter((s) => (s.lane || s.service) === lane.name).sort((a, b) => a.startNs - b.startNs);
     // Greedy packing: each span goes to the first row that is free at its start.
     const rowsEnd = [];
     const placed = spans.map((s) => {
@@ -245,8 +256,9 @@ function renderLanes(bd, services, pct) {
         },
         onclick: () => selectSpan(s.spanID, true),
       }, s.name)));
-    return h('div', { class: 'lane', dataset: { service: svc } },
-      h('div', { class: 'lane-label' }, h('span', { class: 'dot', style: { background: colorOf(svc) } }), svc,
+    return h('div', { class: 'lane', dataset: { service: svc, instance: lane.instance || '', lane: lane.name } },
+      h('div', { class: 'lane-label', title: lane.name }, h('span', { class: 'dot', style: { background: colorOf(svc) } }), svc,
+        lane.instance ? h('span', { class: 'muted instance', text: '@' + lane.instance }) : null,
         h('span', { class: 'muted', text: `${spans.length}` })),
       track);
   });
@@ -296,7 +308,7 @@ function renderWaterfall(bd, jspans, trace, pct, lo, hi) {
     return h('div', {
       class: 'wf-row' + (segs.length ? ' on-critical' : ''),
       dataset: { spanId: s.spanID, service: s.service },
-      title: `${s.name} (${s.service})\nduration ${fmtDur(s.durationNs / 1e6)} · self ${fmtDur(s.selfNs / 1e6)} · critical ${fmtDur(s.criticalNs / 1e6)}`,
+      title: `${s.name} (${s.lane || s.service})\nduration ${fmtDur(s.durationNs / 1e6)} · self ${fmtDur(s.selfNs / 1e6)} · critical ${fmtDur(s.criticalNs / 1e6)}`,
       onclick: () => selectSpan(s.spanID, false),
     },
     h('div', { class: 'wf-label', style: { paddingLeft: (8 + 14 * s.depth) + 'px' } },
@@ -339,7 +351,7 @@ function renderDetail(spanID) {
   const proc = trace.processes[js.processID];
   const ptags = proc ? h('table', {}, (proc.tags || []).map((t) => kv(t.key, String(t.value), t.type))) : null;
   fill(panel,
-    h('h3', { text: s.name }), chip(s.service),
+    h('h3', { text: s.name }), chip(s.service, s.instance),
     s.detached ? h('p', { class: 'detached', text: 'Its parent is not in the trace; shown under the root.' }) : null,
     h('h4', { text: 'Timing' }), timing,
     h('h4', { text: `Attributes (${(js.tags || []).length})` }), tags,
@@ -351,9 +363,9 @@ function renderBreakdown(bd) {
   const total = bd.groups.reduce((a, g) => a + g.attributedNs, 0);
   const maxFrac = Math.max(1e-9, ...bd.groups.map((g) => g.fraction));
   $('#breakdown tbody').replaceChildren(...bd.groups.map((g) => h('tr', {
-    class: 'group', dataset: { ns: String(g.attributedNs), service: g.service, phase: g.phase },
+    class: 'group', dataset: { ns: String(g.attributedNs), service: g.service, lane: g.lane || g.service, phase: g.phase },
   },
-  h('td', {}, chip(g.service)),
+  h('td', {}, chip(g.service, g.instance)),
   h('td', { text: g.phase }),
   h('td', { class: 'num', text: String(g.spans) }),
   h('td', { class: 'num ms', text: msFixed(g.attributedNs) }),
@@ -392,7 +404,7 @@ function renderSpanTimes(bd) {
   $('#span-times tbody').replaceChildren(...spans.map((s) => h('tr', {
     onclick: () => selectSpan(s.spanID, true), style: { cursor: 'pointer' },
   },
-  h('td', {}, s.name), h('td', {}, chip(s.service)), h('td', { text: s.phase }),
+  h('td', {}, s.name), h('td', {}, chip(s.service, s.instance)), h('td', { text: s.phase }),
   h('td', { class: 'num', text: msFixed(s.durationNs) }), h('td', { class: 'num', text: msFixed(s.selfNs) }),
   h('td', { class: 'num', text: msFixed(s.attributedNs) }), h('td', { class: 'num', text: msFixed(s.criticalNs) }))));
 }
