@@ -36,6 +36,9 @@ const (
 
 // record is what the gateway learns of one request, for its span, metrics and log line.
 type record struct {
+	// detach stops the current attempt's upstream call from following the client (see
+	// forward); nil outside an attempt.
+	detach           func()
 	op, model, route string
 	t0               time.Time
 	stream           bool
@@ -338,7 +341,20 @@ func (g *Gateway) attempt(ctx context.Context, w *statusWriter, r *http.Request,
 // forward sends one attempt and relays the response. It returns the failover reason (nothing
 // written), or errType "broken" when the engine was lost after the response began.
 func (g *Gateway) forward(ctx context.Context, w *statusWriter, r *http.Request, rec *record, u *upstream, extra http.Header, body []byte, path string, span *telemetry.Span) (fail, errType string, err error) {
-	req, err := http.NewRequestWithContext(ctx, r.Method, u.url+path, bytes.NewReader(body))
+	// The upstream call follows ctx (the client leaving, the attempt cut) until the last event
+	// of a stream has been relayed; from then on (detach) the call only reads the engine's end
+	// of the response, bounded by trailerWait, so that a client leaving right after [DONE]
+	// does not end the attempt before the engine has finished answering.
+	upCtx, upCancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer upCancel(nil)
+	stopFollow := context.AfterFunc(ctx, func() { upCancel(context.Cause(ctx)) })
+	defer stopFollow()
+	rec.detach = func() {
+		if stopFollow() {
+			time.AfterFunc(trailerWait, func() { upCancel(errTrailerWait) })
+		}
+	}
+	req, err := http.NewRequestWithContext(upCtx, r.Method, u.url+path, bytes.NewReader(body))
 	if err != nil {
 		return failUnreachable, "", err
 	}
@@ -529,6 +545,9 @@ func (g *Gateway) relayStream(ctx context.Context, w *statusWriter, r *http.Requ
 			return "", rec.errType, err
 		}
 		if ev.Done {
+			if rec.detach != nil {
+				rec.detach()
+			}
 			_, _ = drain(resp.Body, 4096)
 			return "", rec.errType, nil
 		}
@@ -543,6 +562,12 @@ func errorCode(b []byte) string {
 	}
 	return *eb.Error.Code
 }
+
+// trailerWait bounds the read of a stream's end after its last event was relayed.
+const trailerWait = 5 * time.Second
+
+// errTrailerWait cuts an upstream call whose end did not come within trailerWait.
+var errTrailerWait = errors.New("gateway: the engine's stream did not end after its last event")
 
 // hopByHop are the headers a proxy does not pass on.
 var hopByHop = map[string]bool{
