@@ -1,12 +1,8 @@
 package engine
 
 import (
-	"crypto/subtle"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -135,48 +131,12 @@ func (e *Engine) routes() http.Handler {
 	})
 }
 
-// authorize checks the API key of a /v1/ request.
-func (e *Engine) authorize(r *http.Request) *api.Error {
-	if e.cfg.APIKey == "" {
-		return nil
-	}
-	h := r.Header.Get("Authorization")
-	if h == "" {
-		return api.Unauthorized("You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.")
-	}
-	scheme, key, ok := strings.Cut(h, " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return api.Unauthorized("Malformed Authorization header; expected 'Bearer <key>'.")
-	}
-	if subtle.ConstantTimeCompare([]byte(strings.TrimSpace(key)), []byte(e.cfg.APIKey)) != 1 {
-		return api.Unauthorized("Incorrect API key provided.")
-	}
-	return nil
-}
+// authorize checks the API key of a /v1/ request (api.Authorize).
+func (e *Engine) authorize(r *http.Request) *api.Error { return api.Authorize(r, e.cfg.APIKey) }
 
-// readBody reads a request body of at most MaxBodyBytes. The server's
-// ReadTimeout bounds the read: a body that has not arrived by then is a 408
-// (the connection is closed after it). A connection closed under the read
-// (evicted at the connection cap while still sending) is a 499, not sent.
+// readBody reads a request body within the limits of the server (api.ReadBody).
 func (e *Engine) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *api.Error) {
-	if r.ContentLength > e.cfg.MaxBodyBytes {
-		return nil, api.PayloadTooLarge(e.cfg.MaxBodyBytes)
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, e.cfg.MaxBodyBytes))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, api.PayloadTooLarge(e.cfg.MaxBodyBytes)
-		}
-		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
-			return nil, api.RequestTimeout(e.cfg.ReadTimeout)
-		}
-		if errors.Is(err, net.ErrClosed) { // evicted at the connection cap
-			return nil, api.Canceled()
-		}
-		return nil, api.BadRequest("", "Could not read the request body: %v.", err)
-	}
-	return body, nil
+	return api.ReadBody(w, r, e.cfg.MaxBodyBytes, e.cfg.ReadTimeout)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -1,12 +1,8 @@
 package gateway
 
 import (
-	"crypto/subtle"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -135,46 +131,12 @@ func (g *Gateway) routes() http.Handler {
 	})
 }
 
-// authorize checks the API key of a /v1/ request.
-func (g *Gateway) authorize(r *http.Request) *api.Error {
-	if g.cfg.APIKey == "" {
-		return nil
-	}
-	h := r.Header.Get("Authorization")
-	if h == "" {
-		return api.Unauthorized("You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.")
-	}
-	scheme, key, ok := strings.Cut(h, " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return api.Unauthorized("Malformed Authorization header; expected 'Bearer <key>'.")
-	}
-	if subtle.ConstantTimeCompare([]byte(strings.TrimSpace(key)), []byte(g.cfg.APIKey)) != 1 {
-		return api.Unauthorized("Incorrect API key provided.")
-	}
-	return nil
-}
+// authorize checks the API key of a /v1/ request (api.Authorize).
+func (g *Gateway) authorize(r *http.Request) *api.Error { return api.Authorize(r, g.cfg.APIKey) }
 
-// readBody reads a request body of at most MaxBodyBytes (413 beyond; 408 when it does not
-// arrive within the server's ReadTimeout; 499 when the connection was closed under it).
+// readBody reads a request body within the limits of the server (api.ReadBody).
 func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *api.Error) {
-	if r.ContentLength > g.cfg.MaxBodyBytes {
-		return nil, api.PayloadTooLarge(g.cfg.MaxBodyBytes)
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.cfg.MaxBodyBytes))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, api.PayloadTooLarge(g.cfg.MaxBodyBytes)
-		}
-		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
-			return nil, api.RequestTimeout(g.cfg.ReadTimeout)
-		}
-		if errors.Is(err, net.ErrClosed) {
-			return nil, api.Canceled()
-		}
-		return nil, api.BadRequest("", "Could not read the request body: %v.", err)
-	}
-	return body, nil
+	return api.ReadBody(w, r, g.cfg.MaxBodyBytes, g.cfg.ReadTimeout)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
