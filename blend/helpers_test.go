@@ -6,6 +6,7 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -25,7 +26,13 @@ import (
 	"github.com/cacheblend/cacheblend/rpc/kvsock"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if path := os.Getenv("CB_KVSOCK_CHILD"); path != "" {
+		kvsockPeer(path) // a child process of TestKVSocketRefusesAnotherUser
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
 
 const (
 	testModel = "m-test"

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"github.com/cacheblend/cacheblend/internal/fdlimit"
 	"io"
 	"net"
 	"net/http"
@@ -9,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -41,14 +41,8 @@ func procStat(t *testing.T, pid int) (rssKB, fds int) {
 // its connection cap (4,096) of descriptors, its memory stays bounded, and
 // the blend process reports healthy.
 func TestSlowBodyAttackOnEngineProcess(t *testing.T) {
-	if testing.Short() {
-		t.Skip("5,000 connections")
-	}
 	const attackers, maxConns = 5000, 4096
-	var rl syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur < attackers+1000 {
-		t.Skipf("open-file limit %d too low for %d client connections", rl.Cur, attackers)
-	}
+	raiseFileLimit(t, attackers+1000) // before the stack starts: its processes inherit it
 	e := startEnv(t, options{workerArgs: []string{"--layers=4", "--dim=64", "--heads=4", "--kv-heads=2", "--ffn-dim=128"}})
 	eps := e.stack.Endpoints()
 	if body, err := httpGet(strings.TrimSuffix(eps.Blend.Metrics, "/metrics") + "/health"); err != nil || body != "ok\n" {
@@ -160,5 +154,14 @@ func TestSlowBodyAttackOnEngineProcess(t *testing.T) {
 	}
 	if _, err := httpGet(strings.TrimSuffix(eps.Blend.Metrics, "/metrics") + "/health"); err != nil {
 		t.Fatalf("blend /health after the attack: %v", err)
+	}
+}
+
+// raiseFileLimit makes room for need open files in this process (and the
+// processes it starts), or fails the test.
+func raiseFileLimit(t *testing.T, need uint64) {
+	t.Helper()
+	if _, err := fdlimit.Raise(need); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -25,7 +25,7 @@ func goList(t *testing.T, args ...string) []string {
 	t.Helper()
 	gotool, err := exec.LookPath("go")
 	if err != nil {
-		t.Skipf("no go command: %v", err)
+		t.Fatalf("no go command on PATH: %v", err)
 	}
 	cmd := exec.Command(gotool, append([]string{"list"}, args...)...)
 	var stderr bytes.Buffer
