@@ -47,7 +47,7 @@ func (e *Engine) serveDocuments(w *statusWriter, r *http.Request, _ string, t0 t
 		if err.Status != api.StatusClientClosedRequest {
 			err.Write(w)
 		} else {
-			w.status = err.Status
+			w.Status = err.Status
 		}
 	}
 

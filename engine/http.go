@@ -11,124 +11,42 @@ import (
 	"github.com/cacheblend/cacheblend/metrics"
 )
 
-// Route templates (the http_route label).
+// Route templates (the http_route label): the API's, see package api.
 const (
-	RouteChat        = "/v1/chat/completions"
-	RouteCompletions = "/v1/completions"
-	RouteModels      = "/v1/models"
-	RouteModel       = "/v1/models/{model}"
-	RouteDocuments   = "/v1/documents"
-	RouteHealth      = "/health"
-	RouteMetrics     = "/metrics"
+	RouteChat        = api.RouteChat
+	RouteCompletions = api.RouteCompletions
+	RouteModels      = api.RouteModels
+	RouteModel       = api.RouteModel
+	RouteDocuments   = api.RouteDocuments
+	RouteHealth      = api.RouteHealth
+	RouteMetrics     = api.RouteMetrics
 	// RouteUnmatched labels requests to unknown paths.
-	RouteUnmatched = "unmatched"
+	RouteUnmatched = api.RouteUnmatched
 )
 
-// statusWriter records the status a handler sent, and renews the
-// connection's write deadline (Config.WriteTimeout) before every write, so
-// that a client that stops reading is cut after WriteTimeout while a long
-// generation or stream never is.
-type statusWriter struct {
-	http.ResponseWriter
-	status       int
-	rc           *http.ResponseController // of ResponseWriter
-	writeTimeout time.Duration
-}
-
-// renew moves the write deadline WriteTimeout ahead (a no-op where the
-// writer has no deadline, e.g. in tests).
-func (w *statusWriter) renew() {
-	if w.rc != nil && w.writeTimeout > 0 {
-		_ = w.rc.SetWriteDeadline(time.Now().Add(w.writeTimeout))
-	}
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.renew()
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	w.renew()
-	return w.ResponseWriter.Write(b)
-}
-
-// Flush implements http.Flusher (server-sent events).
-func (w *statusWriter) Flush() { _ = w.FlushError() }
-
-// FlushError flushes and reports a failed write (the client went away or
-// stopped reading); http.ResponseController.Flush uses it.
-func (w *statusWriter) FlushError() error {
-	w.renew()
-	if w.rc == nil {
-		if f, ok := w.ResponseWriter.(http.Flusher); ok {
-			f.Flush()
-		}
-		return nil
-	}
-	return w.rc.Flush()
-}
-
-// Unwrap lets http.ResponseController reach the underlying writer.
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// handlerFunc serves one route; it may set w.status to a status it could not
-// send (499: the client went away).
-type handlerFunc func(w *statusWriter, r *http.Request, route string, t0 time.Time)
+// statusWriter is the API writer (api.StatusWriter).
+type statusWriter = api.StatusWriter
 
 // routes builds the engine's handler: routing, the HTTP duration metric, and
 // OpenAI-shaped 404/405 errors.
 func (e *Engine) routes() http.Handler {
 	metricsHandler := metrics.Handler(e.gatherer, e.refreshMetrics)
-	type entry struct {
-		method string
-		h      handlerFunc
-	}
-	table := map[string]entry{
-		RouteChat: {http.MethodPost, func(w *statusWriter, r *http.Request, route string, t0 time.Time) {
+	table := map[string]api.Route{
+		RouteChat: {Method: http.MethodPost, Handler: func(w *statusWriter, r *http.Request, route string, t0 time.Time) {
 			e.serveGenerate(w, r, api.OperationChat, route, t0)
 		}},
-		RouteCompletions: {http.MethodPost, func(w *statusWriter, r *http.Request, route string, t0 time.Time) {
+		RouteCompletions: {Method: http.MethodPost, Handler: func(w *statusWriter, r *http.Request, route string, t0 time.Time) {
 			e.serveGenerate(w, r, api.OperationTextCompletion, route, t0)
 		}},
-		RouteModels:    {http.MethodGet, e.serveModels},
-		RouteModel:     {http.MethodGet, e.serveModels},
-		RouteDocuments: {http.MethodPost, e.serveDocuments},
-		RouteHealth:    {http.MethodGet, e.serveHealth},
-		RouteMetrics: {http.MethodGet, func(w *statusWriter, r *http.Request, _ string, _ time.Time) {
+		RouteModels:    {Method: http.MethodGet, Handler: e.serveModels},
+		RouteModel:     {Method: http.MethodGet, Handler: e.serveModels},
+		RouteDocuments: {Method: http.MethodPost, Handler: e.serveDocuments},
+		RouteHealth:    {Method: http.MethodGet, Handler: e.serveHealth},
+		RouteMetrics: {Method: http.MethodGet, Handler: func(w *statusWriter, r *http.Request, _ string, _ time.Time) {
 			metricsHandler.ServeHTTP(w, r)
 		}},
 	}
-	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		t0 := time.Now()
-		w := &statusWriter{ResponseWriter: rw, rc: http.NewResponseController(rw), writeTimeout: e.cfg.WriteTimeout}
-		route := r.URL.Path
-		if strings.HasPrefix(route, RouteModels+"/") {
-			route = RouteModel
-		}
-		ent, ok := table[route]
-		switch {
-		case !ok:
-			route = RouteUnmatched
-			api.RouteNotFound(r.Method, r.URL.Path).Write(w)
-		case r.Method != ent.method && !(ent.method == http.MethodGet && r.Method == http.MethodHead):
-			w.Header().Set("Allow", ent.method)
-			api.MethodNotAllowed(r.Method, r.URL.Path).Write(w)
-		default:
-			ent.h(w, r, route, t0)
-		}
-		status := w.status
-		if status == 0 {
-			status = http.StatusOK
-		}
-		e.metrics.RecordHTTP(r.Method, route, status, time.Since(t0).Seconds())
-	})
+	return api.Routes(table, e.cfg.WriteTimeout, e.metrics.RecordHTTP)
 }
 
 // authorize checks the API key of a /v1/ request (api.Authorize).

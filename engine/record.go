@@ -54,7 +54,7 @@ func (e *Engine) endGenerate(ctx context.Context, span *telemetry.Span, rec *gen
 	}
 	status := rec.status
 	if status == 0 {
-		status = w.status
+		status = w.Status
 	}
 	errType := ""
 	if rec.apiErr != nil {

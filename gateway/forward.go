@@ -240,7 +240,7 @@ func (g *Gateway) dispatch(ctx context.Context, w *statusWriter, r *http.Request
 			continue
 		}
 		if fail == "" {
-			if !w.wrote && rec.apiErr != nil && rec.apiErr.Status != api.StatusClientClosedRequest {
+			if !w.Wrote() && rec.apiErr != nil && rec.apiErr.Status != api.StatusClientClosedRequest {
 				rec.apiErr.Write(w) // the request timed out before the engine answered
 			}
 			return
@@ -611,7 +611,7 @@ func (g *Gateway) finish(ctx context.Context, span *telemetry.Span, rec *record,
 	end := time.Now()
 	status := rec.status
 	if status == 0 {
-		status = w.status
+		status = w.Status
 	}
 	if status == 0 {
 		status = http.StatusOK

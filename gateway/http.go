@@ -4,131 +4,51 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/metrics"
 )
 
-// Route templates (the http_route label), the engine's.
+// Route templates (the http_route label): the API's, see package api.
 const (
-	RouteChat        = "/v1/chat/completions"
-	RouteCompletions = "/v1/completions"
-	RouteModels      = "/v1/models"
-	RouteModel       = "/v1/models/{model}"
-	RouteDocuments   = "/v1/documents"
-	RouteHealth      = "/health"
-	RouteMetrics     = "/metrics"
+	RouteChat        = api.RouteChat
+	RouteCompletions = api.RouteCompletions
+	RouteModels      = api.RouteModels
+	RouteModel       = api.RouteModel
+	RouteDocuments   = api.RouteDocuments
+	RouteHealth      = api.RouteHealth
+	RouteMetrics     = api.RouteMetrics
 	// RouteUnmatched labels requests to unknown paths.
-	RouteUnmatched = "unmatched"
+	RouteUnmatched = api.RouteUnmatched
 )
 
 // HeaderEngine is the response header naming the engine (host:port) that answered.
 const HeaderEngine = "X-Cb-Engine"
 
-// statusWriter records the status a handler sent and whether anything was written, and
-// renews the connection's write deadline (Config.WriteTimeout) before every write, so that a
-// client that stops reading is cut after WriteTimeout while a long stream never is.
-type statusWriter struct {
-	http.ResponseWriter
-	status       int
-	wrote        bool
-	rc           *http.ResponseController
-	writeTimeout time.Duration
-}
-
-func (w *statusWriter) renew() {
-	if w.rc != nil && w.writeTimeout > 0 {
-		_ = w.rc.SetWriteDeadline(time.Now().Add(w.writeTimeout))
-	}
-}
-
-// WriteHeader implements http.ResponseWriter.
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.wrote = true
-	w.renew()
-	w.ResponseWriter.WriteHeader(code)
-}
-
-// Write implements http.ResponseWriter.
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	w.wrote = true
-	w.renew()
-	return w.ResponseWriter.Write(b)
-}
-
-// FlushError flushes and reports a failed write (the client went away).
-func (w *statusWriter) FlushError() error {
-	w.renew()
-	if w.rc == nil {
-		if f, ok := w.ResponseWriter.(http.Flusher); ok {
-			f.Flush()
-		}
-		return nil
-	}
-	return w.rc.Flush()
-}
-
-// Flush implements http.Flusher.
-func (w *statusWriter) Flush() { _ = w.FlushError() }
-
-// Unwrap lets http.ResponseController reach the underlying writer.
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+// statusWriter is the API writer (api.StatusWriter).
+type statusWriter = api.StatusWriter
 
 // routes builds the gateway's handler: routing, the HTTP duration metric, OpenAI-shaped
 // 404/405 errors.
 func (g *Gateway) routes() http.Handler {
 	metricsHandler := metrics.Handler(g.gatherer, g.refreshEngineMetrics)
-	type entry struct {
-		method string
-		h      func(w *statusWriter, r *http.Request, route string, t0 time.Time)
-	}
-	table := map[string]entry{
-		RouteChat: {http.MethodPost, func(w *statusWriter, r *http.Request, route string, t0 time.Time) {
+	table := map[string]api.Route{
+		RouteChat: {Method: http.MethodPost, Handler: func(w *statusWriter, r *http.Request, route string, t0 time.Time) {
 			g.serveGenerate(w, r, api.OperationChat, route, t0)
 		}},
-		RouteCompletions: {http.MethodPost, func(w *statusWriter, r *http.Request, route string, t0 time.Time) {
+		RouteCompletions: {Method: http.MethodPost, Handler: func(w *statusWriter, r *http.Request, route string, t0 time.Time) {
 			g.serveGenerate(w, r, api.OperationTextCompletion, route, t0)
 		}},
-		RouteDocuments: {http.MethodPost, g.serveDocuments},
-		RouteModels:    {http.MethodGet, g.serveModels},
-		RouteModel:     {http.MethodGet, g.serveModels},
-		RouteHealth:    {http.MethodGet, g.serveHealth},
-		RouteMetrics: {http.MethodGet, func(w *statusWriter, r *http.Request, _ string, _ time.Time) {
+		RouteDocuments: {Method: http.MethodPost, Handler: g.serveDocuments},
+		RouteModels:    {Method: http.MethodGet, Handler: g.serveModels},
+		RouteModel:     {Method: http.MethodGet, Handler: g.serveModels},
+		RouteHealth:    {Method: http.MethodGet, Handler: g.serveHealth},
+		RouteMetrics: {Method: http.MethodGet, Handler: func(w *statusWriter, r *http.Request, _ string, _ time.Time) {
 			metricsHandler.ServeHTTP(w, r)
 		}},
 	}
-	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		t0 := time.Now()
-		w := &statusWriter{ResponseWriter: rw, rc: http.NewResponseController(rw), writeTimeout: g.cfg.WriteTimeout}
-		route := r.URL.Path
-		if strings.HasPrefix(route, RouteModels+"/") {
-			route = RouteModel
-		}
-		ent, ok := table[route]
-		switch {
-		case !ok:
-			route = RouteUnmatched
-			api.RouteNotFound(r.Method, r.URL.Path).Write(w)
-		case r.Method != ent.method && !(ent.method == http.MethodGet && r.Method == http.MethodHead):
-			w.Header().Set("Allow", ent.method)
-			api.MethodNotAllowed(r.Method, r.URL.Path).Write(w)
-		default:
-			ent.h(w, r, route, t0)
-		}
-		status := w.status
-		if status == 0 {
-			status = http.StatusOK
-		}
-		g.metrics.RecordHTTP(r.Method, route, status, time.Since(t0).Seconds())
-	})
+	return api.Routes(table, g.cfg.WriteTimeout, g.metrics.RecordHTTP)
 }
 
 // authorize checks the API key of a /v1/ request (api.Authorize).
