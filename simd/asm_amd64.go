@@ -1,0 +1,157 @@
+//go:build amd64 && !noasm
+
+package simd
+
+import "golang.org/x/sys/cpu"
+
+//go:noescape
+func peakFMA512(n int)
+
+//go:noescape
+func peakFMA256(n int)
+
+//go:noescape
+func dot512(a, b *float32, n int) float32
+
+//go:noescape
+func dot256(a, b *float32, n int) float32
+
+//go:noescape
+func axpy512(alpha float32, x, y *float32, n int)
+
+//go:noescape
+func axpy256(alpha float32, x, y *float32, n int)
+
+//go:noescape
+func scale512(x *float32, n int, s float32)
+
+//go:noescape
+func scale256(x *float32, n int, s float32)
+
+//go:noescape
+func sumsq512(x *float32, n int) float32
+
+//go:noescape
+func sumsq256(x *float32, n int) float32
+
+//go:noescape
+func mulScale512(dst, x, gain *float32, n int, s float32)
+
+//go:noescape
+func mulScale256(dst, x, gain *float32, n int, s float32)
+
+//go:noescape
+func maxf512(x *float32, n int) float32
+
+//go:noescape
+func maxf256(x *float32, n int) float32
+
+//go:noescape
+func expSum512(x *float32, n int, k, off float32) float32
+
+//go:noescape
+func expSum256(x *float32, n int, k, off float32) float32
+
+//go:noescape
+func swiglu512(dst, gate, up *float32, n int)
+
+//go:noescape
+func swiglu256(dst, gate, up *float32, n int)
+
+// asmKernel is the signature of the generated micro-kernels.
+type asmKernel func(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)
+
+var (
+	kerns512 = []asmKernel{nil, kern512_1, kern512_2, kern512_3, kern512_4, kern512_5, kern512_6,
+		kern512_7, kern512_8, kern512_9, kern512_10, kern512_11, kern512_12}
+	kerns256 = []asmKernel{nil, kern256_1, kern256_2, kern256_3, kern256_4, kern256_5, kern256_6}
+)
+
+// registerAsm fills the AVX-512 and AVX2 tables the CPU supports.
+func registerAsm() {
+	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
+		impls[AVX2] = asmImpl(AVX2, 16, kerns256, peakFMA256, 24*8*2,
+			dot256, axpy256, scale256, sumsq256, mulScale256, maxf256, expSum256, swiglu256)
+	}
+	if cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512DQ && cpu.X86.HasFMA {
+		impls[AVX512] = asmImpl(AVX512, 32, kerns512, peakFMA512, 24*16*2,
+			dot512, axpy512, scale512, sumsq512, mulScale512, maxf512, expSum512, swiglu512)
+	}
+}
+
+// asmImpl wraps the pointer-based assembly in the slice-based table.
+func asmImpl(l Level, nr int, ks []asmKernel, peak func(int), peakFLOP float64,
+	dot func(a, b *float32, n int) float32,
+	axpy func(alpha float32, x, y *float32, n int),
+	scale func(x *float32, n int, s float32),
+	sumsq func(x *float32, n int) float32,
+	mulScale func(dst, x, g *float32, n int, s float32),
+	maxf func(x *float32, n int) float32,
+	expSum func(x *float32, n int, k, off float32) float32,
+	swiglu func(dst, g, u *float32, n int),
+) *impl {
+	im := &impl{level: l, nr: nr, mrMax: len(ks) - 1, peak: peak, peakFLOP: peakFLOP}
+	im.kern = make([]kernelFn, len(ks))
+	for mr := 1; mr < len(ks); mr++ {
+		k := ks[mr]
+		im.kern[mr] = func(kk int, a, b []float32, ldb int, c []float32, ldc int, acc bool) {
+			flag := 0
+			if acc {
+				flag = 1
+			}
+			var ap, bp *float32
+			if kk > 0 {
+				ap, bp = &a[0], &b[0]
+			}
+			k(kk, ap, bp, ldb, &c[0], ldc, flag)
+		}
+	}
+	im.dot = func(a, b []float32) float32 {
+		if len(a) == 0 {
+			return 0
+		}
+		return dot(&a[0], &b[:len(a)][0], len(a))
+	}
+	im.axpy = func(alpha float32, x, y []float32) {
+		if len(x) == 0 {
+			return
+		}
+		axpy(alpha, &x[0], &y[:len(x)][0], len(x))
+	}
+	im.scale = func(x []float32, s float32) {
+		if len(x) > 0 {
+			scale(&x[0], len(x), s)
+		}
+	}
+	im.sumsq = func(x []float32) float32 {
+		if len(x) == 0 {
+			return 0
+		}
+		return sumsq(&x[0], len(x))
+	}
+	im.mulScale = func(dst, x, g []float32, s float32) {
+		if len(g) == 0 {
+			return
+		}
+		mulScale(&dst[:len(g)][0], &x[:len(g)][0], &g[0], len(g), s)
+	}
+	im.maxf = func(x []float32) float32 {
+		if len(x) == 0 {
+			return negInf
+		}
+		return maxf(&x[0], len(x))
+	}
+	im.expSum = func(x []float32, k, off float32) float32 {
+		if len(x) == 0 {
+			return 0
+		}
+		return expSum(&x[0], len(x), k, off)
+	}
+	im.swiglu = func(dst, g, u []float32) {
+		if len(g) == 0 {
+			return
+		}
+		swiglu(&dst[:len(g)][0], &g[0], &u[:len(g)][0], len(g))
+	}
+	return im
+}

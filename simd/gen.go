@@ -1,0 +1,526 @@
+//go:build ignore
+
+// gen writes kernels_amd64.s, the Go assembly of package simd, for two
+// vector widths: AVX-512 (16 floats, 32 zmm registers) and AVX2+FMA (8
+// floats, 16 ymm registers). Run it with `go generate ./simd`.
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+)
+
+// isa describes one vector width.
+type isa struct {
+	name  string // symbol suffix: 512 or 256
+	reg   string // Z or Y
+	lanes int    // floats per vector
+	nregs int    // vector registers
+	mrMax int    // micro-kernel rows
+	nrVec int    // vectors per micro-kernel row (32 or 16 floats)
+}
+
+var (
+	avx512 = isa{"512", "Z", 16, 32, 12, 2}
+	avx2   = isa{"256", "Y", 8, 16, 6, 2}
+)
+
+var out bytes.Buffer
+
+func p(format string, args ...any) { fmt.Fprintf(&out, format+"\n", args...) }
+
+func (s isa) r(i int) string { return fmt.Sprintf("%s%d", s.reg, i) }
+func (s isa) x(i int) string { return fmt.Sprintf("X%d", i) }
+func (s isa) bytes() int     { return 4 * s.lanes }
+
+// zero clears register i.
+func (s isa) zero(i int) {
+	if s.reg == "Z" {
+		p("\tVPXORD %s, %s, %s", s.r(i), s.r(i), s.r(i))
+	} else {
+		p("\tVXORPS %s, %s, %s", s.r(i), s.r(i), s.r(i))
+	}
+}
+
+// bcastConst broadcasts the float32 with bits v into register i.
+func (s isa) bcastConst(i int, v uint32) {
+	p("\tMOVL $0x%08x, AX", v)
+	p("\tVMOVD AX, X%d", i)
+	p("\tVBROADCASTSS X%d, %s", i, s.r(i))
+}
+
+// hsum reduces register i to its lane sum in X(i) (clobbers register t).
+func (s isa) hsum(i, t int) {
+	if s.reg == "Z" {
+		p("\tVEXTRACTF64X4 $1, Z%d, Y%d", i, t)
+		p("\tVADDPS Y%d, Y%d, Y%d", t, i, i)
+	}
+	p("\tVEXTRACTF128 $1, Y%d, X%d", i, t)
+	p("\tVADDPS X%d, X%d, X%d", t, i, i)
+	p("\tVHADDPS X%d, X%d, X%d", i, i, i)
+	p("\tVHADDPS X%d, X%d, X%d", i, i, i)
+}
+
+// peak: 12 independent FMA chains, unrolled twice (24 FMAs per iteration).
+func (s isa) peak() {
+	p("// func peakFMA%s(n int)", s.name)
+	p("TEXT ·peakFMA%s(SB), NOSPLIT, $0-8", s.name)
+	p("\tMOVQ n+0(FP), CX")
+	for i := range 14 {
+		s.zero(i)
+	}
+	p("\tTESTQ CX, CX")
+	p("\tJZ peak%sdone", s.name)
+	p("peak%sloop:", s.name)
+	for range 2 {
+		for i := range 12 {
+			p("\tVFMADD231PS %s, %s, %s", s.r(12), s.r(13), s.r(i))
+		}
+	}
+	p("\tDECQ CX")
+	p("\tJNZ peak%sloop", s.name)
+	p("peak%sdone:", s.name)
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+// kernel: c[mr×(nrVec·lanes)] (+)= a·b with a packed [k][mr] and b rows of
+// nrVec·lanes floats at stride ldb (floats).
+func (s isa) kernel(mr int) {
+	nv := s.nrVec
+	bReg := s.nregs - 4 // nv B registers, then two broadcast registers
+	p("// func kern%s_%d(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)", s.name, mr)
+	p("TEXT ·kern%s_%d(SB), NOSPLIT, $0-56", s.name, mr)
+	p("\tMOVQ k+0(FP), CX")
+	p("\tMOVQ a+8(FP), SI")
+	p("\tMOVQ b+16(FP), DI")
+	p("\tMOVQ ldb+24(FP), DX")
+	p("\tSHLQ $2, DX")
+	p("\tMOVQ c+32(FP), R8")
+	p("\tMOVQ ldc+40(FP), R9")
+	p("\tSHLQ $2, R9")
+	p("\tMOVQ acc+48(FP), R10")
+	for i := range mr * nv {
+		s.zero(i)
+	}
+	lbl := fmt.Sprintf("k%s_%d", s.name, mr)
+	p("\tTESTQ CX, CX")
+	p("\tJZ %sstore", lbl)
+	p("%sloop:", lbl)
+	for v := range nv {
+		p("\tVMOVUPS %d(DI), %s", v*s.bytes(), s.r(bReg+v))
+	}
+	p("\tADDQ DX, DI")
+	for i := range mr {
+		bc := bReg + nv + i%2
+		p("\tVBROADCASTSS %d(SI), %s", 4*i, s.r(bc))
+		for v := range nv {
+			p("\tVFMADD231PS %s, %s, %s", s.r(bReg+v), s.r(bc), s.r(i*nv+v))
+		}
+	}
+	p("\tADDQ $%d, SI", 4*mr)
+	p("\tDECQ CX")
+	p("\tJNZ %sloop", lbl)
+	p("%sstore:", lbl)
+	p("\tTESTQ R10, R10")
+	p("\tJZ %snoacc", lbl)
+	for i := range mr {
+		for v := range nv {
+			p("\tVADDPS %d(R8), %s, %s", v*s.bytes(), s.r(i*nv+v), s.r(i*nv+v))
+		}
+		if i < mr-1 {
+			p("\tADDQ R9, R8")
+		}
+	}
+	p("\tMOVQ c+32(FP), R8")
+	p("%snoacc:", lbl)
+	for i := range mr {
+		for v := range nv {
+			p("\tVMOVUPS %s, %d(R8)", s.r(i*nv+v), v*s.bytes())
+		}
+		if i < mr-1 {
+			p("\tADDQ R9, R8")
+		}
+	}
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+// loop emits a vector loop over n floats (CX), 1 vector per iteration,
+// then a scalar tail: body(vec bool) emits one step on register width
+// (vec) or scalar (X registers, 4 bytes). Pointers in ptrs advance.
+func (s isa) loop(name string, ptrs []string, body func(vec bool)) {
+	p("\tMOVQ CX, BX")
+	p("\tSHRQ $%d, BX", log2(s.lanes))
+	p("\tANDQ $%d, CX", s.lanes-1)
+	p("\tTESTQ BX, BX")
+	p("\tJZ %svtail", name)
+	p("%svloop:", name)
+	body(true)
+	for _, r := range ptrs {
+		p("\tADDQ $%d, %s", s.bytes(), r)
+	}
+	p("\tDECQ BX")
+	p("\tJNZ %svloop", name)
+	p("%svtail:", name)
+	p("\tTESTQ CX, CX")
+	p("\tJZ %sdone", name)
+	p("%sstail:", name)
+	body(false)
+	for _, r := range ptrs {
+		p("\tADDQ $4, %s", r)
+	}
+	p("\tDECQ CX")
+	p("\tJNZ %sstail", name)
+	p("%sdone:", name)
+}
+
+func log2(n int) int {
+	l := 0
+	for 1<<l < n {
+		l++
+	}
+	return l
+}
+
+// v returns register i at vector width, or its X form when scalar.
+func (s isa) v(i int, vec bool) string {
+	if vec {
+		return s.r(i)
+	}
+	return s.x(i)
+}
+
+// sfx is the instruction suffix: PS for vectors, SS for scalars.
+func sfx(vec bool) string {
+	if vec {
+		return "PS"
+	}
+	return "SS"
+}
+
+func (s isa) dot() {
+	p("// func dot%s(a, b *float32, n int) float32", s.name)
+	p("TEXT ·dot%s(SB), NOSPLIT, $0-28", s.name)
+	p("\tMOVQ a+0(FP), SI")
+	p("\tMOVQ b+8(FP), DI")
+	p("\tMOVQ n+16(FP), CX")
+	for i := range 4 {
+		s.zero(i)
+	}
+	// Four vectors per iteration while at least 4·lanes remain.
+	n := "dot" + s.name
+	p("%sq:", n)
+	p("\tCMPQ CX, $%d", 4*s.lanes)
+	p("\tJLT %sr", n)
+	for i := range 4 {
+		p("\tVMOVUPS %d(SI), %s", i*s.bytes(), s.r(4+i))
+		p("\tVFMADD231PS %d(DI), %s, %s", i*s.bytes(), s.r(4+i), s.r(i))
+	}
+	p("\tADDQ $%d, SI", 4*s.bytes())
+	p("\tADDQ $%d, DI", 4*s.bytes())
+	p("\tSUBQ $%d, CX", 4*s.lanes)
+	p("\tJMP %sq", n)
+	p("%sr:", n)
+	p("\tVXORPS X6, X6, X6")
+	s.loop(n, []string{"SI", "DI"}, func(vec bool) {
+		if vec {
+			p("\tVMOVUPS (SI), %s", s.r(4))
+			p("\tVFMADD231PS (DI), %s, %s", s.r(4), s.r(0))
+		} else {
+			p("\tVMOVSS (SI), X4")
+			p("\tVMOVSS (DI), X5")
+			p("\tVFMADD231SS X5, X4, X6")
+		}
+	})
+	p("\tVADDPS %s, %s, %s", s.r(1), s.r(0), s.r(0))
+	p("\tVADDPS %s, %s, %s", s.r(3), s.r(2), s.r(2))
+	p("\tVADDPS %s, %s, %s", s.r(2), s.r(0), s.r(0))
+	s.hsum(0, 1)
+	p("\tVADDSS X6, X0, X0")
+	p("\tVMOVSS X0, ret+24(FP)")
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+func (s isa) axpy() {
+	p("// func axpy%s(alpha float32, x, y *float32, n int)", s.name)
+	p("TEXT ·axpy%s(SB), NOSPLIT, $0-32", s.name)
+	p("\tVBROADCASTSS alpha+0(FP), %s", s.r(0))
+	p("\tMOVQ x+8(FP), SI")
+	p("\tMOVQ y+16(FP), DI")
+	p("\tMOVQ n+24(FP), CX")
+	s.loop("axpy"+s.name, []string{"SI", "DI"}, func(vec bool) {
+		if vec {
+			p("\tVMOVUPS (DI), %s", s.r(1))
+			p("\tVFMADD231PS (SI), %s, %s", s.r(0), s.r(1))
+			p("\tVMOVUPS %s, (DI)", s.r(1))
+		} else {
+			p("\tVMOVSS (DI), X1")
+			p("\tVMOVSS (SI), X2")
+			p("\tVFMADD231SS X2, X0, X1")
+			p("\tVMOVSS X1, (DI)")
+		}
+	})
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+func (s isa) scale() {
+	p("// func scale%s(x *float32, n int, s float32)", s.name)
+	p("TEXT ·scale%s(SB), NOSPLIT, $0-20", s.name)
+	p("\tMOVQ x+0(FP), SI")
+	p("\tMOVQ n+8(FP), CX")
+	p("\tVBROADCASTSS s+16(FP), %s", s.r(0))
+	s.loop("scale"+s.name, []string{"SI"}, func(vec bool) {
+		p("\tVMUL%s (SI), %s, %s", sfx(vec), s.v(0, vec), s.v(1, vec))
+		p("\tVMOV%s %s, (SI)", map[bool]string{true: "UPS", false: "SS"}[vec], s.v(1, vec))
+	})
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+func (s isa) sumsq() {
+	p("// func sumsq%s(x *float32, n int) float32", s.name)
+	p("TEXT ·sumsq%s(SB), NOSPLIT, $0-20", s.name)
+	p("\tMOVQ x+0(FP), SI")
+	p("\tMOVQ n+8(FP), CX")
+	s.zero(0)
+	s.zero(6)
+	s.loop("sumsq"+s.name, []string{"SI"}, func(vec bool) {
+		if vec {
+			p("\tVMOVUPS (SI), %s", s.r(1))
+			p("\tVFMADD231PS %s, %s, %s", s.r(1), s.r(1), s.r(0))
+		} else {
+			p("\tVMOVSS (SI), X1")
+			p("\tVFMADD231SS X1, X1, X6")
+		}
+	})
+	s.hsum(0, 1)
+	p("\tVADDSS X6, X0, X0")
+	p("\tVMOVSS X0, ret+16(FP)")
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+func (s isa) mulScale() {
+	p("// func mulScale%s(dst, x, gain *float32, n int, s float32)", s.name)
+	p("TEXT ·mulScale%s(SB), NOSPLIT, $0-36", s.name)
+	p("\tMOVQ dst+0(FP), DI")
+	p("\tMOVQ x+8(FP), SI")
+	p("\tMOVQ gain+16(FP), DX")
+	p("\tMOVQ n+24(FP), CX")
+	p("\tVBROADCASTSS s+32(FP), %s", s.r(0))
+	s.loop("mulscale"+s.name, []string{"DI", "SI", "DX"}, func(vec bool) {
+		mov := map[bool]string{true: "VMOVUPS", false: "VMOVSS"}[vec]
+		p("\t%s (SI), %s", mov, s.v(1, vec))
+		p("\tVMUL%s %s, %s, %s", sfx(vec), s.v(0, vec), s.v(1, vec), s.v(1, vec))
+		p("\t%s (DX), %s", mov, s.v(2, vec))
+		p("\tVMUL%s %s, %s, %s", sfx(vec), s.v(2, vec), s.v(1, vec), s.v(1, vec))
+		p("\t%s %s, (DI)", mov, s.v(1, vec))
+	})
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+func (s isa) maxf() {
+	p("// func maxf%s(x *float32, n int) float32", s.name)
+	p("TEXT ·maxf%s(SB), NOSPLIT, $0-20", s.name)
+	p("\tMOVQ x+0(FP), SI")
+	p("\tMOVQ n+8(FP), CX")
+	s.bcastConst(0, 0xff800000) // -Inf
+	p("\tVMOVAPS X0, X6")
+	s.loop("maxf"+s.name, []string{"SI"}, func(vec bool) {
+		if vec {
+			p("\tVMAXPS (SI), %s, %s", s.r(0), s.r(0))
+		} else {
+			p("\tVMAXSS (SI), X6, X6")
+		}
+	})
+	if s.reg == "Z" {
+		p("\tVEXTRACTF64X4 $1, Z0, Y1")
+		p("\tVMAXPS Y1, Y0, Y0")
+	}
+	p("\tVEXTRACTF128 $1, Y0, X1")
+	p("\tVMAXPS X1, X0, X0")
+	p("\tVPERMILPS $0x4e, X0, X1")
+	p("\tVMAXPS X1, X0, X0")
+	p("\tVPERMILPS $0xb1, X0, X1")
+	p("\tVMAXPS X1, X0, X0")
+	p("\tVMAXSS X6, X0, X0")
+	p("\tVMOVSS X0, ret+16(FP)")
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+// Registers of the exp2 constants (see expConsts).
+const (
+	rC5 = iota + 7
+	rC4
+	rC3
+	rC2
+	rC1
+	rOne
+	rLo
+	rHi
+	rBias
+)
+
+// expConsts loads the exp2 polynomial and clamps into registers 7..15.
+func (s isa) expConsts() {
+	s.bcastConst(rC5, 0x3aaec482) // 1.3333558e-3
+	s.bcastConst(rC4, 0x3c1d9539) // 9.6181291e-3
+	s.bcastConst(rC3, 0x3d635847) // 5.5504109e-2
+	s.bcastConst(rC2, 0x3e75fdf0) // 2.4022651e-1
+	s.bcastConst(rC1, 0x3f317218) // 6.9314718e-1
+	s.bcastConst(rOne, 0x3f800000)
+	s.bcastConst(rLo, 0xc2fc0000) // -126
+	s.bcastConst(rHi, 0x42fc0000) // 126
+	p("\tMOVL $127, AX")
+	p("\tVMOVD AX, X%d", rBias)
+	p("\tVPBROADCASTD X%d, %s", rBias, s.r(rBias))
+}
+
+// exp2 replaces register t by 2^t (clamped to [-126, 126]); registers
+// t+1 and t+2 are scratch. vec selects the full width or one lane.
+func (s isa) exp2(t int, vec bool) {
+	r := func(i int) string { return s.v(i, vec) }
+	// Packed forms work for one lane too (the upper lanes are ignored).
+	w := func(i int) string {
+		if vec {
+			return s.r(i)
+		}
+		return s.x(i)
+	}
+	_ = r
+	p("\tVMAXPS %s, %s, %s", w(rLo), w(t), w(t))
+	p("\tVMINPS %s, %s, %s", w(rHi), w(t), w(t))
+	p("\tVCVTPS2DQ %s, %s", w(t), w(t+1)) // n (round to nearest)
+	p("\tVCVTDQ2PS %s, %s", w(t+1), w(t+2))
+	p("\tVSUBPS %s, %s, %s", w(t+2), w(t), w(t)) // f = t - n
+	p("\tVMOVAPS %s, %s", w(rC5), w(t+2))
+	p("\tVFMADD213PS %s, %s, %s", w(rC4), w(t), w(t+2))
+	p("\tVFMADD213PS %s, %s, %s", w(rC3), w(t), w(t+2))
+	p("\tVFMADD213PS %s, %s, %s", w(rC2), w(t), w(t+2))
+	p("\tVFMADD213PS %s, %s, %s", w(rC1), w(t), w(t+2))
+	p("\tVFMADD213PS %s, %s, %s", w(rOne), w(t), w(t+2)) // p(f)
+	p("\tVPADDD %s, %s, %s", w(rBias), w(t+1), w(t+1))
+	p("\tVPSLLD $23, %s, %s", w(t+1), w(t+1)) // 2^n
+	p("\tVMULPS %s, %s, %s", w(t+1), w(t+2), w(t))
+}
+
+func (s isa) expSum() {
+	p("// func expSum%s(x *float32, n int, k, off float32) float32", s.name)
+	p("TEXT ·expSum%s(SB), NOSPLIT, $0-28", s.name)
+	p("\tMOVQ x+0(FP), SI")
+	p("\tMOVQ n+8(FP), CX")
+	s.expConsts()
+	p("\tVBROADCASTSS k+16(FP), %s", s.r(5))
+	p("\tVBROADCASTSS off+20(FP), %s", s.r(6))
+	s.zero(0)
+	p("\tVXORPS X4, X4, X4")
+	s.loop("expsum"+s.name, []string{"SI"}, func(vec bool) {
+		w := func(i int) string {
+			if vec {
+				return s.r(i)
+			}
+			return s.x(i)
+		}
+		if vec {
+			p("\tVMOVUPS (SI), %s", s.r(1))
+		} else {
+			p("\tVMOVSS (SI), X1")
+		}
+		p("\tVFMSUB213PS %s, %s, %s", w(6), w(5), w(1)) // x·k − off
+		s.exp2(1, vec)
+		if vec {
+			p("\tVMOVUPS %s, (SI)", s.r(1))
+			p("\tVADDPS %s, %s, %s", s.r(1), s.r(0), s.r(0))
+		} else {
+			p("\tVMOVSS X1, (SI)")
+			p("\tVADDSS X1, X4, X4")
+		}
+	})
+	s.hsum(0, 1)
+	p("\tVADDSS X4, X0, X0")
+	p("\tVMOVSS X0, ret+24(FP)")
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+func (s isa) swiglu() {
+	p("// func swiglu%s(dst, gate, up *float32, n int)", s.name)
+	p("TEXT ·swiglu%s(SB), NOSPLIT, $0-32", s.name)
+	p("\tMOVQ dst+0(FP), DI")
+	p("\tMOVQ gate+8(FP), SI")
+	p("\tMOVQ up+16(FP), DX")
+	p("\tMOVQ n+24(FP), CX")
+	s.expConsts()
+	s.bcastConst(6, 0xbfb8aa3b) // -log2(e)
+	s.loop("swiglu"+s.name, []string{"DI", "SI", "DX"}, func(vec bool) {
+		w := func(i int) string {
+			if vec {
+				return s.r(i)
+			}
+			return s.x(i)
+		}
+		mov := map[bool]string{true: "VMOVUPS", false: "VMOVSS"}[vec]
+		p("\t%s (SI), %s", mov, w(0))
+		p("\tVMULPS %s, %s, %s", w(6), w(0), w(1)) // -g·log2e
+		s.exp2(1, vec)
+		p("\tVADDPS %s, %s, %s", w(rOne), w(1), w(1))
+		p("\tVDIVPS %s, %s, %s", w(1), w(0), w(0)) // g/(1+e^-g)
+		p("\t%s (DX), %s", mov, w(2))
+		p("\tVMULPS %s, %s, %s", w(2), w(0), w(0))
+		p("\t%s %s, (DI)", mov, w(0))
+	})
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+func main() {
+	p("// Code generated by gen.go; DO NOT EDIT.")
+	p("")
+	p("//go:build amd64 && !noasm")
+	p("")
+	p("#include \"textflag.h\"")
+	p("")
+	for _, s := range []isa{avx512, avx2} {
+		s.peak()
+		for mr := 1; mr <= s.mrMax; mr++ {
+			s.kernel(mr)
+		}
+		s.dot()
+		s.axpy()
+		s.scale()
+		s.sumsq()
+		s.mulScale()
+		s.maxf()
+		s.expSum()
+		s.swiglu()
+	}
+	var decl bytes.Buffer
+	fmt.Fprintf(&decl, "// Code generated by gen.go; DO NOT EDIT.\n\n//go:build amd64 && !noasm\n\npackage simd\n")
+	for _, s := range []isa{avx512, avx2} {
+		for mr := 1; mr <= s.mrMax; mr++ {
+			fmt.Fprintf(&decl, "\n// kern%s_%d is the %d-row micro-kernel of kernels_amd64.s.\n//\n//go:noescape\nfunc kern%s_%d(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)\n", s.name, mr, mr, s.name, mr)
+		}
+	}
+	for name, data := range map[string][]byte{"kernels_amd64.s": out.Bytes(), "kernels_amd64.go": decl.Bytes()} {
+		if err := os.WriteFile(name, data, 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+}

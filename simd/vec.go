@@ -1,0 +1,54 @@
+package simd
+
+import "math"
+
+// Dot is Σ a[i]·b[i] over len(a) (b at least as long).
+func Dot(a, b []float32) float32 { return cur.Load().dot(a, b[:len(a)]) }
+
+// Axpy adds alpha·x to y element-wise (y at least as long as x).
+func Axpy(alpha float32, x, y []float32) { cur.Load().axpy(alpha, x, y[:len(x)]) }
+
+// Scale multiplies every element of x by s.
+func Scale(x []float32, s float32) { cur.Load().scale(x, s) }
+
+// SumSquares is Σ x[i]².
+func SumSquares(x []float32) float32 { return cur.Load().sumsq(x) }
+
+// MulScale writes x[i]·s·g[i] into dst[i] for i < len(g) (dst and x at
+// least as long as g).
+func MulScale(dst, x, g []float32, s float32) {
+	cur.Load().mulScale(dst[:len(g)], x[:len(g)], g, s)
+}
+
+// RMSNorm writes x/rms(x)·gain into dst (x and dst at least len(gain)):
+// rms(x) = √(Σx²/n + eps).
+func RMSNorm(dst, x, gain []float32, eps float64) {
+	im := cur.Load()
+	x = x[:len(gain)]
+	if len(x) == 0 {
+		return
+	}
+	ss := im.sumsq(x)
+	inv := float32(1 / math.Sqrt(float64(ss)/float64(len(x))+eps))
+	im.mulScale(dst[:len(gain)], x, gain, inv)
+}
+
+// Max is the largest element of x (-Inf when x is empty).
+func Max(x []float32) float32 { return cur.Load().maxf(x) }
+
+// ExpSum replaces every x[i] by 2^(x[i]·k − off) and returns their sum:
+// with k = scale·log2(e) and off = max·k it is the numerator of a softmax.
+// The exponent is clamped to [-126, 126] (relative error below 6e-6).
+func ExpSum(x []float32, k, off float32) float32 { return cur.Load().expSum(x, k, off) }
+
+// SwiGLU writes silu(g[i])·u[i] = g[i]/(1+e^−g[i])·u[i] into dst[i] for
+// i < len(g).
+func SwiGLU(dst, g, u []float32) { cur.Load().swiglu(dst[:len(g)], g, u[:len(g)]) }
+
+// PeakLoop runs n iterations of the current level's peak loop (independent
+// FMA chains at its widest vector width) and returns the FLOPs it did.
+func PeakLoop(n int) float64 {
+	im := cur.Load()
+	im.peak(n)
+	return float64(n) * im.peakFLOP
+}
