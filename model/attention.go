@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/simd"
 )
 
 // Attention tiling: a task covers at most maxTile consecutive query rows of
@@ -46,7 +47,7 @@ func (m *Model) attention(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat
 
 // attnDirect is the attention of sequences with few query rows (decode):
 // it reads every context token's K and V once, straight from the cache
-// slots, and serves all query heads with gonum's dot and axpy kernels. With
+// slots, and serves all query heads with simd's dot and axpy kernels. With
 // at least as many sequences as threads a task is one sequence over all KV
 // heads, so each token's K/V row is read contiguously (the loop is bound by
 // memory latency, and whole rows let the prefetcher stream blocks); with
@@ -80,7 +81,7 @@ func (m *Model) attnDirect(ws *workspace, kv *kvcache.Memory, l int, att, qkv ma
 					}
 					row := qkv.row(s.r0 + r)
 					for h := g * grp; h < (g+1)*grp; h++ {
-						sc[(r*nh+h-h0)*ctx+t] = blasImpl.Sdot(hd, row[h*hd:(h+1)*hd], 1, k, 1)
+						sc[(r*nh+h-h0)*ctx+t] = simd.Dot(row[h*hd:(h+1)*hd], k)
 					}
 				}
 			}
@@ -104,7 +105,7 @@ func (m *Model) attnDirect(ws *workspace, kv *kvcache.Memory, l int, att, qkv ma
 					orow := att.row(s.r0 + r)
 					for h := g * grp; h < (g+1)*grp; h++ {
 						if pt := sc[(r*nh+h-h0)*ctx+t]; pt != 0 {
-							blasImpl.Saxpy(hd, pt, v, 1, orow[h*hd:(h+1)*hd], 1)
+							simd.Axpy(pt, v, orow[h*hd:(h+1)*hd])
 						}
 					}
 				}
@@ -113,26 +114,24 @@ func (m *Model) attnDirect(ws *workspace, kv *kvcache.Memory, l int, att, qkv ma
 		for r := range pos {
 			orow := att.row(s.r0 + r)
 			for h := h0; h < h0+nh; h++ {
-				o := orow[h*hd : (h+1)*hd]
-				inv := invs[r*nh+h-h0]
-				for j := range o {
-					o[j] *= inv
-				}
+				simd.Scale(orow[h*hd:(h+1)*hd], invs[r*nh+h-h0])
 			}
 		}
 	})
 }
 
 // attnGathered is the attention of sequences with many query rows (prefill,
-// blend): their K and V are gathered once per layer so that scores and
-// weighted values become matrix multiplies.
+// blend): their K and V are gathered once per layer into contiguous
+// buffers, and every task (a tile of query rows and one query head) runs
+// simd.Attention, the fused flash-style kernel (scores, online softmax and
+// weighted values block by block, matrix multiplies on the SIMD kernels).
 func (m *Model) attnGathered(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat, b *batch, seqs []int) {
 	hd, kvh, kvd := m.headDim, m.cfg.KVHeads, m.kvDim
 	kPlane, vPlane := kv.K(l), kv.V(l)
 
-	// Gather every sequence's K and V, transposed to [kvh][hd][ctx], into
-	// contiguous buffers: scores are then axpys and the weighted sum of
-	// values dot products, both along the context.
+	// Gather every sequence's K transposed to [kvh][hd][ctx] (scores are
+	// q·Kᵀ with K as the right operand) and V as [kvh][ctx][hd] (the right
+	// operand of the weighted sum).
 	total := 0
 	for _, si := range seqs {
 		total += b.seqs[si].ctx * kvd
@@ -174,10 +173,7 @@ func (m *Model) attnGathered(ws *workspace, kv *kvcache.Memory, l int, att, qkv 
 			}
 			vsrc := vPlane[slot*kvd : (slot+1)*kvd]
 			for h := range kvh {
-				base := h*hd*ctx + t
-				for dd, v := range vsrc[h*hd : (h+1)*hd] {
-					vv[base+dd*ctx] = v
-				}
+				copy(vv[(h*ctx+t)*hd:(h*ctx+t+1)*hd], vsrc[h*hd:(h+1)*hd])
 			}
 		}
 	})
@@ -200,6 +196,10 @@ func (m *Model) attnGathered(ws *workspace, kv *kvcache.Memory, l int, att, qkv 
 	}
 	heads := m.cfg.Heads
 	scale := float32(1 / math.Sqrt(float64(hd)))
+	lims := ws.int(intLim, len(b.pos))
+	for i, p := range b.pos {
+		lims[i] = p + 1
+	}
 	parallel(m.cfg.Threads, len(tiles)*heads, func(w, ti int) {
 		// Latest (most expensive) tiles first, so the cheap ones balance
 		// the threads at the end.
@@ -208,26 +208,10 @@ func (m *Model) attnGathered(ws *workspace, kv *kvcache.Memory, l int, att, qkv 
 		g := qh / m.group
 		ctx := b.seqs[seqs[tk.seq]].ctx
 		nr := tk.r1 - tk.r0
-		ctxT := b.pos[tk.r1-1] + 1
-		kt := mat{data: ktAll[offs[tk.seq]+g*hd*ctx : offs[tk.seq]+(g+1)*hd*ctx], rows: hd, cols: ctx, stride: ctx}
-		vt := mat{data: vAll[offs[tk.seq]+g*hd*ctx : offs[tk.seq]+(g+1)*hd*ctx], rows: hd, cols: ctx, stride: ctx}
+		base := offs[tk.seq] + g*hd*ctx
 		q := qkv.view(tk.r0, qh*hd, nr, hd)
-		sc := dense(ws.worker(w, nr*ctxT), nr, ctxT)
-		for c0 := 0; c0 < ctxT; c0 += tileCols {
-			nc := min(tileCols, ctxT-c0)
-			gemmTile(sc.view(0, c0, nr, nc), q, kt.view(0, c0, hd, nc), false, false)
-		}
-		var inv [maxTile]float32
-		for i := range nr {
-			inv[i] = softmaxPrefix(sc.row(i), b.pos[tk.r0+i]+1, scale)
-		}
 		o := att.view(tk.r0, qh*hd, nr, hd)
-		gemmTile(o, sc, vt.view(0, 0, hd, ctxT), true, false)
-		for i := range nr {
-			r := o.row(i)
-			for j := range r {
-				r[j] *= inv[i]
-			}
-		}
+		simd.Attention(nr, hd, q.data, q.stride, ktAll[base:base+hd*ctx], ctx, vAll[base:base+ctx*hd], hd,
+			lims[tk.r0:tk.r1], scale, o.data, o.stride)
 	})
 }

@@ -5,11 +5,11 @@ import (
 	"github.com/cacheblend/cacheblend/reuseplan"
 	"math/rand/v2"
 	"syscall"
+	"runtime"
 	"testing"
 	"time"
 
-	"gonum.org/v1/gonum/blas"
-	"gonum.org/v1/gonum/blas/blas32"
+	"github.com/cacheblend/cacheblend/simd"
 )
 
 // cpuTime is the process's user+system CPU time (to tell a slow kernel from
@@ -31,13 +31,40 @@ func randMat(seed uint64, n int) []float32 {
 	return x
 }
 
-// BenchmarkMatMul compares our pure-Go kernel with gonum's blas32.Gemm on
-// the default model's projection shapes (M tokens × K in → N out): "ours"
-// is matMulGo (transposed weight, 2×4 register tile, our fan-out), "gonum"
-// is blas32.Gemm on the whole problem (gonum's own parallelism), and
-// "forward" is what the model runs: gonum's serial kernel on tiles spread
-// by our fan-out.
+// measurePeak runs simd's peak loop (independent FMA chains at the widest
+// vector width of the current level) on one goroutine for about 200 ms of
+// CPU and returns GFLOP per CPU-second: the per-core peak every kernel
+// figure is divided by.
+func measurePeak() float64 {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	simd.PeakLoop(1 << 16)
+	var flops float64
+	c0 := cpuTime()
+	for cpuTime()-c0 < 200*time.Millisecond {
+		flops += simd.PeakLoop(1 << 20)
+	}
+	return flops / (cpuTime() - c0).Seconds() / 1e9
+}
+
+// reportFLOPs adds GFLOP/s (wall, all threads), GFLOP per CPU-second and
+// its fraction of peak (per CPU-second, so a busy machine or a second
+// thread does not inflate it).
+func reportFLOPs(b *testing.B, flopsPerOp, peak float64, cpu0 time.Duration) {
+	g := flopsPerOp * float64(b.N) / (cpuTime() - cpu0).Seconds() / 1e9
+	b.ReportMetric(flopsPerOp*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+	b.ReportMetric(g, "GFLOP/cpu-s")
+	b.ReportMetric(g/peak, "of_peak")
+}
+
+// BenchmarkMatMul is the forward's matrix multiply (gemm: tiles on the
+// model's threads, simd's kernel, weights packed at load) on the default
+// model's projection shapes (M tokens × K in → N out) at prefill (1,536)
+// and decode (16, 1) sizes; "go/" runs the same with the pure-Go kernels
+// (simd level off). Each reports GFLOP per CPU-second and its fraction of
+// the per-core peak measured at the start of the run.
 func BenchmarkMatMul(b *testing.B) {
+	peak := measurePeak()
 	cfg := DefaultConfig()
 	hd := cfg.Dim / cfg.Heads
 	qkv := (cfg.Heads + 2*cfg.KVHeads) * hd
@@ -46,7 +73,7 @@ func BenchmarkMatMul(b *testing.B) {
 		m, k, n int
 	}
 	var shapes []shape
-	for _, m := range []int{1536, 16, 1} {
+	for _, m := range []int{1536, 256, 16, 1} {
 		shapes = append(shapes,
 			shape{fmt.Sprintf("qkv_m%d", m), m, cfg.Dim, qkv},
 			shape{fmt.Sprintf("gateup_m%d", m), m, cfg.Dim, 2 * cfg.FFNDim},
@@ -54,53 +81,33 @@ func BenchmarkMatMul(b *testing.B) {
 		)
 	}
 	threads := cfg.Threads
-	for _, s := range shapes {
-		a := randMat(1, s.m*s.k)
-		w := randMat(2, s.k*s.n) // [k × n]
-		wt := make([]float32, s.n*s.k)
-		for i := range s.k {
-			for j := range s.n {
-				wt[j*s.k+i] = w[i*s.n+j]
-			}
+	for _, level := range []simd.Level{simd.Current(), simd.Generic} {
+		prefix := "simd/"
+		if level == simd.Generic {
+			prefix = "go/"
 		}
-		c := make([]float32, s.m*s.n)
-		flops := 2 * float64(s.m) * float64(s.k) * float64(s.n)
-		// GFLOP/s is wall-clock throughput on all threads; GFLOP/cpu-s is
-		// per CPU-second consumed (kernel efficiency, robust to a busy
-		// machine).
-		var cpu0 time.Duration
-		start := func(b *testing.B) {
-			b.ReportAllocs()
-			cpu0 = cpuTime()
+		for _, s := range shapes {
+			if level == simd.Generic && s.m == 256 {
+				continue
+			}
+			b.Run(prefix+s.name, func(b *testing.B) {
+				prev, err := simd.SetLevel(level)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer simd.SetLevel(prev)
+				a := randMat(1, s.m*s.k)
+				w := randMat(2, s.k*s.n) // [k × n]
+				pw := weight(w, simd.PackB(s.k, s.n, w, s.n, false), s.k, s.n)
+				c := make([]float32, s.m*s.n)
+				b.ReportAllocs()
+				cpu0 := cpuTime()
+				for b.Loop() {
+					gemm(threads, dense(c, s.m, s.n), dense(a, s.m, s.k), pw, false, false)
+				}
+				reportFLOPs(b, 2*float64(s.m)*float64(s.k)*float64(s.n), peak, cpu0)
+			})
 		}
-		report := func(b *testing.B) {
-			b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
-			b.ReportMetric(flops*float64(b.N)/(cpuTime()-cpu0).Seconds()/1e9, "GFLOP/cpu-s")
-		}
-		b.Run("ours/"+s.name, func(b *testing.B) {
-			start(b)
-			for b.Loop() {
-				matMulGo(threads, dense(c, s.m, s.n), dense(a, s.m, s.k), dense(wt, s.n, s.k), false)
-			}
-			report(b)
-		})
-		b.Run("gonum/"+s.name, func(b *testing.B) {
-			start(b)
-			A := blas32.General{Rows: s.m, Cols: s.k, Stride: s.k, Data: a}
-			W := blas32.General{Rows: s.k, Cols: s.n, Stride: s.n, Data: w}
-			C := blas32.General{Rows: s.m, Cols: s.n, Stride: s.n, Data: c}
-			for b.Loop() {
-				blas32.Gemm(blas.NoTrans, blas.NoTrans, 1, A, W, 0, C)
-			}
-			report(b)
-		})
-		b.Run("forward/"+s.name, func(b *testing.B) {
-			start(b)
-			for b.Loop() {
-				gemm(threads, dense(c, s.m, s.n), dense(a, s.m, s.k), dense(w, s.k, s.n), false, false)
-			}
-			report(b)
-		})
 	}
 }
 

@@ -74,6 +74,7 @@ const (
 	intSlotImp
 	intOrder
 	intImp
+	intLim
 	numInts
 )
 
@@ -269,7 +270,7 @@ func (m *Model) logits(ws *workspace, out, x mat) {
 	for i := range x.rows {
 		rmsNorm(h.row(i), x.row(i), m.finalNorm)
 	}
-	gemm(m.cfg.Threads, out, h, dense(m.embed, m.cfg.Vocab, m.cfg.Dim), true, false)
+	gemm(m.cfg.Threads, out, h, weightT(m.embed, m.embedPacked, m.cfg.Vocab, m.cfg.Dim), true, false)
 }
 
 // rowChunks runs fn over [0, n) in chunks of rows on the model's threads.
@@ -297,7 +298,7 @@ func (m *Model) layer(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch)
 	h := dense(ws.f32(bufH, n*d), n, d)
 	m.normRows(h, x, lw.attnNorm)
 	qkv := dense(ws.f32(bufQKV, n*m.qkvDim), n, m.qkvDim)
-	gemm(m.cfg.Threads, qkv, h, dense(lw.wqkv, d, m.qkvDim), false, false)
+	gemm(m.cfg.Threads, qkv, h, weight(lw.wqkv, m.packed[l].qkv, d, m.qkvDim), false, false)
 	m.ropeAndStore(kv, l, qkv, b, true)
 	m.attendAndMLP(ws, kv, l, x, qkv, b)
 }
@@ -331,23 +332,20 @@ func (m *Model) attendAndMLP(ws *workspace, kv *kvcache.Memory, l int, x, qkv ma
 	lw := &m.layers[l]
 	att := dense(ws.f32(bufAtt, n*m.qDim), n, m.qDim)
 	m.attention(ws, kv, l, att, qkv, b)
-	gemm(m.cfg.Threads, x, att, dense(lw.wo, m.qDim, d), false, true)
+	gemm(m.cfg.Threads, x, att, weight(lw.wo, m.packed[l].wo, m.qDim, d), false, true)
 
 	h := dense(ws.f32(bufH, n*d), n, d)
 	m.normRows(h, x, lw.mlpNorm)
 	gu := dense(ws.f32(bufGU, n*2*f), n, 2*f)
-	gemm(m.cfg.Threads, gu, h, dense(lw.wgu, d, 2*f), false, false)
+	gemm(m.cfg.Threads, gu, h, weight(lw.wgu, m.packed[l].gu, d, 2*f), false, false)
 	act := dense(ws.f32(bufAct, n*f), n, f)
 	m.rowChunks(n, func(r0, r1 int) {
 		for i := r0; i < r1; i++ {
 			g := gu.row(i)
 			up := g[f : 2*f]
 			g = g[:f]
-			a := act.row(i)[:f]
-			for j, gv := range g {
-				a[j] = silu(gv) * up[j]
-			}
+			swiglu(act.row(i)[:f], g, up)
 		}
 	})
-	gemm(m.cfg.Threads, x, act, dense(lw.wdown, f, d), false, true)
+	gemm(m.cfg.Threads, x, act, weight(lw.wdown, m.packed[l].down, f, d), false, true)
 }

@@ -1,10 +1,11 @@
 package model
 
 import (
-	"fmt"
 	"math"
 	"sync/atomic"
 	"testing"
+
+	"github.com/cacheblend/cacheblend/simd"
 )
 
 // naive computes c = a·b (b [k×n]) in float64.
@@ -22,11 +23,21 @@ func naive(a []float32, b []float32, m, k, n int) []float64 {
 	return c
 }
 
-func TestMatMulKernels(t *testing.T) {
-	shapes := [][3]int{{1, 1, 1}, {1, 64, 200}, {3, 5, 7}, {65, 33, 130}, {130, 64, 197}, {7, 0, 5}}
-	for _, s := range shapes {
-		m, k, n := s[0], s[1], s[2]
-		t.Run(fmt.Sprintf("%dx%dx%d", m, k, n), func(t *testing.T) {
+func TestGemmTiles(t *testing.T) {
+	tests := []struct {
+		name    string
+		m, k, n int
+	}{
+		{"1x1x1", 1, 1, 1},
+		{"row", 1, 64, 200},
+		{"odd", 3, 5, 7},
+		{"tile_edges", 97, 33, 130},
+		{"two_row_tiles", 193, 64, 197},
+		{"k0", 7, 0, 5},
+	}
+	for _, tc := range tests {
+		m, k, n := tc.m, tc.k, tc.n
+		t.Run(tc.name, func(t *testing.T) {
 			a, b := randMat(1, m*k), randMat(2, k*n)
 			bt := make([]float32, n*k)
 			for i := range k {
@@ -35,39 +46,46 @@ func TestMatMulKernels(t *testing.T) {
 				}
 			}
 			want := naive(a, b, m, k, n)
-			check := func(name string, c []float32, extra float64) {
+			check := func(name string, c []float32, factor float64) {
 				t.Helper()
 				for i := range c {
-					if d := math.Abs(float64(c[i]) - want[i] - extra); d > 1e-3*(1+math.Abs(want[i])) {
-						t.Fatalf("%s: element %d = %g, want %g", name, i, c[i], want[i]+extra)
+					if d := math.Abs(float64(c[i]) - factor*want[i]); d > 1e-3*(1+math.Abs(factor*want[i])) {
+						t.Fatalf("%s: element %d = %g, want %g", name, i, c[i], factor*want[i])
 					}
 				}
 			}
+			pb := simd.PackB(k, n, b, n, false)
+			pbt := simd.PackB(k, n, bt, k, true)
 			for _, threads := range []int{1, 2, 3} {
 				c := make([]float32, m*n)
 				gemm(threads, dense(c, m, n), dense(a, m, k), dense(b, k, n), false, false)
-				check("gemm", c, 0)
+				check("gemm", c, 1)
 				gemm(threads, dense(c, m, n), dense(a, m, k), dense(b, k, n), false, true)
-				for i := range want {
-					want[i] *= 2
-				}
-				check("gemm acc", c, 0)
-				for i := range want {
-					want[i] /= 2
-				}
+				check("gemm acc", c, 2)
 				clear(c)
 				gemm(threads, dense(c, m, n), dense(a, m, k), dense(bt, n, k), true, false)
-				check("gemm transB", c, 0)
-				for i := range c {
-					c[i] = 1
+				check("gemm transB", c, 1)
+				clear(c)
+				gemm(threads, dense(c, m, n), dense(a, m, k), weight(b, pb, k, n), false, false)
+				check("gemm packed", c, 1)
+				gemm(threads, dense(c, m, n), dense(a, m, k), weightT(bt, pbt, n, k), true, true)
+				check("gemm packed transB acc", c, 2)
+				if n > 32 {
+					// A column view starting on a panel keeps the packed form.
+					clear(c)
+					w := weight(b, pb, k, n).view(0, 32, k, n-32)
+					if w.pk == nil || w.pkOff != 32 {
+						t.Fatalf("view dropped the packed form: %+v", w.pkOff)
+					}
+					gemm(threads, dense(c, m, n).view(0, 32, m, n-32), dense(a, m, k), w, false, false)
+					for i := range m {
+						for j := 32; j < n; j++ {
+							if d := math.Abs(float64(c[i*n+j]) - want[i*n+j]); d > 1e-3*(1+math.Abs(want[i*n+j])) {
+								t.Fatalf("packed view: c[%d,%d] = %g, want %g", i, j, c[i*n+j], want[i*n+j])
+							}
+						}
+					}
 				}
-				matMulGo(threads, dense(c, m, n), dense(a, m, k), dense(bt, n, k), false)
-				check("ours", c, 0)
-				for i := range c {
-					c[i] = 1
-				}
-				matMulGo(threads, dense(c, m, n), dense(a, m, k), dense(bt, n, k), true)
-				check("ours acc", c, 1)
 			}
 		})
 	}
@@ -96,21 +114,7 @@ func TestParallelRunsEveryTaskOnce(t *testing.T) {
 	}
 }
 
-func TestExpf(t *testing.T) {
-	var worst float64
-	for x := float32(-87); x <= 88; x += 0.01 {
-		want := math.Exp(float64(x))
-		if rel := math.Abs(float64(expf(x))-want) / want; rel > worst {
-			worst = rel
-		}
-	}
-	if worst > 1e-5 {
-		t.Fatalf("expf worst relative error %g", worst)
-	}
-	if expf(-200) != 0 || !math.IsInf(float64(expf(200)), 1) {
-		t.Fatal("expf saturation")
-	}
-	// The inlined softmax uses the same approximation.
+func TestSoftmaxPrefix(t *testing.T) {
 	row := []float32{0, -1, -3, 2, 99}
 	inv := softmaxPrefix(row, 4, 1)
 	sum := 0.0

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/cacheblend/cacheblend/rope"
+	"github.com/cacheblend/cacheblend/simd"
 )
 
 // layerWeights holds one transformer layer. Matrices are row-major
@@ -40,6 +41,9 @@ type Model struct {
 
 	rope  *rope.RoPE
 	table rope.Table
+
+	packed      []packedLayer // per layer, see packWeights
+	embedPacked *simd.PackedB // the LM head Eᵀ
 
 	pool sync.Pool // *workspace
 }
@@ -109,6 +113,7 @@ func New(cfg Config) (*Model, error) {
 		lw.wdown = normal(cfg.FFNDim*d, resid/math.Sqrt(float64(cfg.FFNDim)))
 	}
 	m.finalNorm = gains(d)
+	m.packWeights()
 	return m, nil
 }
 
