@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"github.com/cacheblend/cacheblend/reuseplan"
 	"math/rand/v2"
-	"syscall"
 	"runtime"
+	"syscall"
 	"testing"
 	"time"
 
