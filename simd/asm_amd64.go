@@ -65,22 +65,29 @@ var (
 	kerns512 = []asmKernel{nil, kern512_1, kern512_2, kern512_3, kern512_4, kern512_5, kern512_6,
 		kern512_7, kern512_8, kern512_9, kern512_10, kern512_11, kern512_12}
 	kerns256 = []asmKernel{nil, kern256_1, kern256_2, kern256_3, kern256_4, kern256_5, kern256_6}
+
+	kernsU512 = []asmKernelU{nil, kernu512_1, kernu512_2, kernu512_3, kernu512_4, kernu512_5, kernu512_6,
+		kernu512_7, kernu512_8, kernu512_9, kernu512_10, kernu512_11, kernu512_12}
+	kernsU256 = []asmKernelU{nil, kernu256_1, kernu256_2, kernu256_3, kernu256_4, kernu256_5, kernu256_6}
 )
+
+// asmKernelU is the signature of the generated in-place-A micro-kernels.
+type asmKernelU func(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)
 
 // registerAsm fills the AVX-512 and AVX2 tables the CPU supports.
 func registerAsm() {
 	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
-		impls[AVX2] = asmImpl(AVX2, 16, kerns256, peakFMA256, 24*8*2,
+		impls[AVX2] = asmImpl(AVX2, 16, kerns256, kernsU256, peakFMA256, 24*8*2,
 			dot256, axpy256, scale256, sumsq256, mulScale256, maxf256, expSum256, swiglu256)
 	}
 	if cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512DQ && cpu.X86.HasFMA {
-		impls[AVX512] = asmImpl(AVX512, 32, kerns512, peakFMA512, 24*16*2,
+		impls[AVX512] = asmImpl(AVX512, 32, kerns512, kernsU512, peakFMA512, 24*16*2,
 			dot512, axpy512, scale512, sumsq512, mulScale512, maxf512, expSum512, swiglu512)
 	}
 }
 
 // asmImpl wraps the pointer-based assembly in the slice-based table.
-func asmImpl(l Level, nr int, ks []asmKernel, peak func(int), peakFLOP float64,
+func asmImpl(l Level, nr int, ks []asmKernel, kus []asmKernelU, peak func(int), peakFLOP float64,
 	dot func(a, b *float32, n int) float32,
 	axpy func(alpha float32, x, y *float32, n int),
 	scale func(x *float32, n int, s float32),
@@ -92,6 +99,21 @@ func asmImpl(l Level, nr int, ks []asmKernel, peak func(int), peakFLOP float64,
 ) *impl {
 	im := &impl{level: l, nr: nr, mrMax: len(ks) - 1, peak: peak, peakFLOP: peakFLOP}
 	im.kern = make([]kernelFn, len(ks))
+	im.kernU = make([]kernelUFn, len(ks))
+	for mr := 1; mr < len(kus); mr++ {
+		k := kus[mr]
+		im.kernU[mr] = func(kk int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, acc bool) {
+			flag := 0
+			if acc {
+				flag = 1
+			}
+			var ap, bp *float32
+			if kk > 0 {
+				ap, bp = &a[0], &b[0]
+			}
+			k(kk, ap, lda, bp, ldb, &c[0], ldc, flag)
+		}
+	}
 	for mr := 1; mr < len(ks); mr++ {
 		k := ks[mr]
 		im.kern[mr] = func(kk int, a, b []float32, ldb int, c []float32, ldc int, acc bool) {

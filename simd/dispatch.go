@@ -34,12 +34,17 @@ func (l Level) String() string {
 // holds k rows of nr floats at stride ldb, c has stride ldc.
 type kernelFn func(k int, a, b []float32, ldb int, c []float32, ldc int, acc bool)
 
+// kernelUFn is kernelFn with a read in place: row i of the tile at
+// a[i*lda:], element p at a[i*lda+p].
+type kernelUFn func(k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, acc bool)
+
 // impl is one level's dispatch table.
 type impl struct {
 	level    Level
 	nr       int        // micro-tile width in floats
 	mrMax    int        // micro-tile rows
-	kern     []kernelFn // index mr in [1, mrMax]
+	kern     []kernelFn  // index mr in [1, mrMax]
+	kernU    []kernelUFn // the same, A unpacked
 	peak     func(n int)
 	peakFLOP float64 // FLOPs of one peak iteration
 

@@ -17,6 +17,10 @@ const (
 	// fewer (decode), B's rows are read in place unless B is transposed or
 	// a panel is partial.
 	packBRows = 48
+	// packAPanels: an A block is packed when more than this many B panels
+	// use it; otherwise (a product one or two panels wide, such as the
+	// attention's weighted sum) the micro-kernel reads A's rows in place.
+	packAPanels = 2
 )
 
 // gemmBuf is the packing scratch of one Gemm call.
@@ -94,11 +98,19 @@ func packA(dst, a []float32, lda, i0, mc, pc, kc, mr int) {
 	}
 }
 
-// micro runs one mr×panelW tile as panelW/nr micro-kernel calls.
-func micro(im *impl, mr, kc int, a, b []float32, ldb int, c []float32, ldc int, acc bool) {
-	k := im.kern[mr]
+// micro runs one mr×panelW tile as panelW/nr micro-kernel calls; lda is 0
+// for a packed A panel, else A's row stride.
+func micro(im *impl, mr, kc int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, acc bool) {
+	if lda == 0 {
+		k := im.kern[mr]
+		for h := 0; h < panelW; h += im.nr {
+			k(kc, a, b[h:], ldb, c[h:], ldc, acc)
+		}
+		return
+	}
+	k := im.kernU[mr]
 	for h := 0; h < panelW; h += im.nr {
-		k(kc, a, b[h:], ldb, c[h:], ldc, acc)
+		k(kc, a, lda, b[h:], ldb, c[h:], ldc, acc)
 	}
 }
 
@@ -135,11 +147,15 @@ func gemm(m, n, k int, a []float32, lda int, b bOperand, c []float32, ldc int, a
 					packPanel(bp[(jr/panelW)*kc*panelW:], &b, pc, kc, jc+jr, min(panelW, nc-jr))
 				}
 			}
+			inPlace := (nc+panelW-1)/panelW <= packAPanels
 			for ic := 0; ic < m; ic += mcMax {
 				mc := min(mcMax, m-ic)
-				buf.a = grow(buf.a, mc*kc)
-				ap := buf.a
-				packA(ap, a, lda, ic, mc, pc, kc, im.mrMax)
+				var ap []float32
+				if !inPlace {
+					buf.a = grow(buf.a, mc*kc)
+					ap = buf.a
+					packA(ap, a, lda, ic, mc, pc, kc, im.mrMax)
+				}
 				for jr := 0; jr < nc; jr += panelW {
 					nr := min(panelW, nc-jr)
 					var bpan []float32
@@ -161,14 +177,21 @@ func gemm(m, n, k int, a []float32, lda int, b bOperand, c []float32, ldc int, a
 					}
 					for ir := 0; ir < mc; ir += im.mrMax {
 						mr := min(im.mrMax, mc-ir)
-						apan := ap[ir*kc : ir*kc+mr*kc]
+						var apan []float32
+						alda := 0
+						if inPlace {
+							apan = a[(ic+ir)*lda+pc : (ic+ir+mr-1)*lda+pc+kc]
+							alda = lda
+						} else {
+							apan = ap[ir*kc : ir*kc+mr*kc]
+						}
 						crow := (ic+ir)*ldc + jc + jr
 						if nr == panelW {
-							micro(im, mr, kc, apan, bpan, ldb, c[crow:], ldc, accum)
+							micro(im, mr, kc, apan, alda, bpan, ldb, c[crow:], ldc, accum)
 							continue
 						}
 						t := buf.tmp[:mr*panelW]
-						micro(im, mr, kc, apan, bpan, ldb, t, panelW, false)
+						micro(im, mr, kc, apan, alda, bpan, ldb, t, panelW, false)
 						for i := range mr {
 							dst := c[crow+i*ldc : crow+i*ldc+nr]
 							src := t[i*panelW : i*panelW+nr]

@@ -149,6 +149,86 @@ func (s isa) kernel(mr int) {
 	p("")
 }
 
+// kernelU is kernel with A read in place: row i of a at a+i*lda (floats),
+// element p at +4p bytes.
+func (s isa) kernelU(mr int) {
+	nv := s.nrVec
+	bReg := s.nregs - 4
+	bases := []string{"SI", "R12", "R13", "BX"}
+	p("// func kernu%s_%d(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)", s.name, mr)
+	p("TEXT ·kernu%s_%d(SB), NOSPLIT, $0-64", s.name, mr)
+	p("\tMOVQ k+0(FP), CX")
+	p("\tMOVQ a+8(FP), SI")
+	p("\tMOVQ lda+16(FP), R11")
+	p("\tSHLQ $2, R11")
+	p("\tMOVQ b+24(FP), DI")
+	p("\tMOVQ ldb+32(FP), DX")
+	p("\tSHLQ $2, DX")
+	p("\tMOVQ c+40(FP), R8")
+	p("\tMOVQ ldc+48(FP), R9")
+	p("\tSHLQ $2, R9")
+	p("\tMOVQ acc+56(FP), R10")
+	nb := (mr + 2) / 3
+	for i := 1; i < nb; i++ {
+		p("\tLEAQ (%s)(R11*2), %s", bases[i-1], bases[i])
+		p("\tADDQ R11, %s", bases[i])
+	}
+	for i := range mr * nv {
+		s.zero(i)
+	}
+	lbl := fmt.Sprintf("ku%s_%d", s.name, mr)
+	p("\tTESTQ CX, CX")
+	p("\tJZ %sstore", lbl)
+	p("%sloop:", lbl)
+	for v := range nv {
+		p("\tVMOVUPS %d(DI), %s", v*s.bytes(), s.r(bReg+v))
+	}
+	p("\tADDQ DX, DI")
+	for i := range mr {
+		bc := bReg + nv + i%2
+		addr := "(" + bases[i/3] + ")"
+		switch i % 3 {
+		case 1:
+			addr += "(R11*1)"
+		case 2:
+			addr += "(R11*2)"
+		}
+		p("\tVBROADCASTSS %s, %s", addr, s.r(bc))
+		for v := range nv {
+			p("\tVFMADD231PS %s, %s, %s", s.r(bReg+v), s.r(bc), s.r(i*nv+v))
+		}
+	}
+	for i := range nb {
+		p("\tADDQ $4, %s", bases[i])
+	}
+	p("\tDECQ CX")
+	p("\tJNZ %sloop", lbl)
+	p("%sstore:", lbl)
+	p("\tTESTQ R10, R10")
+	p("\tJZ %snoacc", lbl)
+	for i := range mr {
+		for v := range nv {
+			p("\tVADDPS %d(R8), %s, %s", v*s.bytes(), s.r(i*nv+v), s.r(i*nv+v))
+		}
+		if i < mr-1 {
+			p("\tADDQ R9, R8")
+		}
+	}
+	p("\tMOVQ c+40(FP), R8")
+	p("%snoacc:", lbl)
+	for i := range mr {
+		for v := range nv {
+			p("\tVMOVUPS %s, %d(R8)", s.r(i*nv+v), v*s.bytes())
+		}
+		if i < mr-1 {
+			p("\tADDQ R9, R8")
+		}
+	}
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
 // loop emits a vector loop over n floats (CX), 1 vector per iteration,
 // then a scalar tail: body(vec bool) emits one step on register width
 // (vec) or scalar (X registers, 4 bytes). Pointers in ptrs advance.
@@ -500,6 +580,7 @@ func main() {
 		s.peak()
 		for mr := 1; mr <= s.mrMax; mr++ {
 			s.kernel(mr)
+			s.kernelU(mr)
 		}
 		s.dot()
 		s.axpy()
@@ -515,6 +596,7 @@ func main() {
 	for _, s := range []isa{avx512, avx2} {
 		for mr := 1; mr <= s.mrMax; mr++ {
 			fmt.Fprintf(&decl, "\n// kern%s_%d is the %d-row micro-kernel of kernels_amd64.s.\n//\n//go:noescape\nfunc kern%s_%d(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)\n", s.name, mr, mr, s.name, mr)
+			fmt.Fprintf(&decl, "\n// kernu%s_%d is kern%s_%d reading A in place (rows at stride lda).\n//\n//go:noescape\nfunc kernu%s_%d(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)\n", s.name, mr, s.name, mr, s.name, mr)
 		}
 	}
 	for name, data := range map[string][]byte{"kernels_amd64.s": out.Bytes(), "kernels_amd64.go": decl.Bytes()} {

@@ -14,24 +14,28 @@ func genericImpl() *impl {
 		dot: dotGo, axpy: axpyGo, scale: scaleGo, sumsq: sumsqGo, mulScale: mulScaleGo,
 		maxf: maxGo, expSum: expSumGo, swiglu: swigluGo}
 	im.kern = make([]kernelFn, im.mrMax+1)
+	im.kernU = make([]kernelUFn, im.mrMax+1)
 	for mr := 1; mr <= im.mrMax; mr++ {
 		im.kern[mr] = func(k int, a, b []float32, ldb int, c []float32, ldc int, acc bool) {
-			kernGo(mr, k, a, b, ldb, c, ldc, acc)
+			kernGo(mr, k, a, mr, 1, b, ldb, c, ldc, acc)
+		}
+		im.kernU[mr] = func(k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, acc bool) {
+			kernGo(mr, k, a, 1, lda, b, ldb, c, ldc, acc)
 		}
 	}
 	return im
 }
 
-// kernGo is the pure-Go micro-kernel: c[mr×16] (+)= a·b, a packed [k][mr],
-// in 2×4 register tiles.
-func kernGo(mr, k int, a, b []float32, ldb int, c []float32, ldc int, acc bool) {
-	a = a[:k*mr]
+// kernGo is the pure-Go micro-kernel: c[mr×16] (+)= a·b in 2×4 register
+// tiles, element (i, p) of a at a[p*ps+i*is] (packed: ps = mr, is = 1; in
+// place: ps = 1, is = lda).
+func kernGo(mr, k int, a []float32, ps, is int, b []float32, ldb int, c []float32, ldc int, acc bool) {
 	i := 0
 	for ; i+2 <= mr; i += 2 {
 		for j := 0; j < genericNR; j += 4 {
 			var s00, s01, s02, s03, s10, s11, s12, s13 float32
 			for p := range k {
-				x0, x1 := a[p*mr+i], a[p*mr+i+1]
+				x0, x1 := a[p*ps+i*is], a[p*ps+(i+1)*is]
 				bb := b[p*ldb+j : p*ldb+j+4 : p*ldb+j+4]
 				s00 += x0 * bb[0]
 				s01 += x0 * bb[1]
@@ -62,7 +66,7 @@ func kernGo(mr, k int, a, b []float32, ldb int, c []float32, ldc int, acc bool) 
 		for j := 0; j < genericNR; j += 4 {
 			var s0, s1, s2, s3 float32
 			for p := range k {
-				x := a[p*mr+i]
+				x := a[p*ps+i*is]
 				bb := b[p*ldb+j : p*ldb+j+4 : p*ldb+j+4]
 				s0 += x * bb[0]
 				s1 += x * bb[1]

@@ -9,87 +9,177 @@ package simd
 //go:noescape
 func kern512_1(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)
 
+// kernu512_1 is kern512_1 reading A in place (rows at stride lda).
+//
+//go:noescape
+func kernu512_1(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)
+
 // kern512_2 is the 2-row micro-kernel of kernels_amd64.s.
 //
 //go:noescape
 func kern512_2(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)
+
+// kernu512_2 is kern512_2 reading A in place (rows at stride lda).
+//
+//go:noescape
+func kernu512_2(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)
 
 // kern512_3 is the 3-row micro-kernel of kernels_amd64.s.
 //
 //go:noescape
 func kern512_3(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)
 
+// kernu512_3 is kern512_3 reading A in place (rows at stride lda).
+//
+//go:noescape
+func kernu512_3(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)
+
 // kern512_4 is the 4-row micro-kernel of kernels_amd64.s.
 //
 //go:noescape
 func kern512_4(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)
+
+// kernu512_4 is kern512_4 reading A in place (rows at stride lda).
+//
+//go:noescape
+func kernu512_4(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)
 
 // kern512_5 is the 5-row micro-kernel of kernels_amd64.s.
 //
 //go:noescape
 func kern512_5(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)
 
+// kernu512_5 is kern512_5 reading A in place (rows at stride lda).
+//
+//go:noescape
+func kernu512_5(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)
+
 // kern512_6 is the 6-row micro-kernel of kernels_amd64.s.
 //
 //go:noescape
 func kern512_6(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)
+
+// kernu512_6 is kern512_6 reading A in place (rows at stride lda).
+//
+//go:noescape
+func kernu512_6(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)
 
 // kern512_7 is the 7-row micro-kernel of kernels_amd64.s.
 //
 //go:noescape
 func kern512_7(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)
 
+// kernu512_7 is kern512_7 reading A in place (rows at stride lda).
+//
+//go:noescape
+func kernu512_7(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)
+
 // kern512_8 is the 8-row micro-kernel of kernels_amd64.s.
 //
 //go:noescape
 func kern512_8(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)
+
+// kernu512_8 is kern512_8 reading A in place (rows at stride lda).
+//
+//go:noescape
+func kernu512_8(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)
 
 // kern512_9 is the 9-row micro-kernel of kernels_amd64.s.
 //
 //go:noescape
 func kern512_9(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)
 
+// kernu512_9 is kern512_9 reading A in place (rows at stride lda).
+//
+//go:noescape
+func kernu512_9(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)
+
 // kern512_10 is the 10-row micro-kernel of kernels_amd64.s.
 //
 //go:noescape
 func kern512_10(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)
+
+// kernu512_10 is kern512_10 reading A in place (rows at stride lda).
+//
+//go:noescape
+func kernu512_10(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)
 
 // kern512_11 is the 11-row micro-kernel of kernels_amd64.s.
 //
 //go:noescape
 func kern512_11(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)
 
+// kernu512_11 is kern512_11 reading A in place (rows at stride lda).
+//
+//go:noescape
+func kernu512_11(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)
+
 // kern512_12 is the 12-row micro-kernel of kernels_amd64.s.
 //
 //go:noescape
 func kern512_12(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)
+
+// kernu512_12 is kern512_12 reading A in place (rows at stride lda).
+//
+//go:noescape
+func kernu512_12(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)
 
 // kern256_1 is the 1-row micro-kernel of kernels_amd64.s.
 //
 //go:noescape
 func kern256_1(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)
 
+// kernu256_1 is kern256_1 reading A in place (rows at stride lda).
+//
+//go:noescape
+func kernu256_1(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)
+
 // kern256_2 is the 2-row micro-kernel of kernels_amd64.s.
 //
 //go:noescape
 func kern256_2(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)
+
+// kernu256_2 is kern256_2 reading A in place (rows at stride lda).
+//
+//go:noescape
+func kernu256_2(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)
 
 // kern256_3 is the 3-row micro-kernel of kernels_amd64.s.
 //
 //go:noescape
 func kern256_3(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)
 
+// kernu256_3 is kern256_3 reading A in place (rows at stride lda).
+//
+//go:noescape
+func kernu256_3(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)
+
 // kern256_4 is the 4-row micro-kernel of kernels_amd64.s.
 //
 //go:noescape
 func kern256_4(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)
+
+// kernu256_4 is kern256_4 reading A in place (rows at stride lda).
+//
+//go:noescape
+func kernu256_4(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)
 
 // kern256_5 is the 5-row micro-kernel of kernels_amd64.s.
 //
 //go:noescape
 func kern256_5(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)
 
+// kernu256_5 is kern256_5 reading A in place (rows at stride lda).
+//
+//go:noescape
+func kernu256_5(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)
+
 // kern256_6 is the 6-row micro-kernel of kernels_amd64.s.
 //
 //go:noescape
 func kern256_6(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)
+
+// kernu256_6 is kern256_6 reading A in place (rows at stride lda).
+//
+//go:noescape
+func kernu256_6(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)
