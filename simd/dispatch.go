@@ -41,8 +41,8 @@ type kernelUFn func(k int, a []float32, lda int, b []float32, ldb int, c []float
 // impl is one level's dispatch table.
 type impl struct {
 	level    Level
-	nr       int        // micro-tile width in floats
-	mrMax    int        // micro-tile rows
+	nr       int         // micro-tile width in floats
+	mrMax    int         // micro-tile rows
 	kern     []kernelFn  // index mr in [1, mrMax]
 	kernU    []kernelUFn // the same, A unpacked
 	peak     func(n int)
