@@ -46,12 +46,12 @@ func (m *Model) attention(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat
 }
 
 // attnDirect is the attention of sequences with few query rows (decode):
-// it reads every context token's K and V once, straight from the cache
-// slots, and serves all query heads with simd's dot and axpy kernels. With
-// at least as many sequences as threads a task is one sequence over all KV
-// heads, so each token's K/V row is read contiguously (the loop is bound by
-// memory latency, and whole rows let the prefetcher stream blocks); with
-// fewer sequences a task is one sequence and one KV head, to use every core.
+// it reads K and V straight from the cache slots, a run of consecutive
+// slots (a block) at a time: simd.DotRows scores one query head against
+// the run's keys and simd.AxpyRows adds the run's weighted values, both
+// over rows at the cache's stride. With at least as many sequences as
+// threads a task is one sequence over all KV heads; with fewer, a task is
+// one sequence and one KV head, to use every core.
 func (m *Model) attnDirect(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat, b *batch, seqs []int) {
 	hd, kvd, grp, kvh := m.headDim, m.kvDim, m.group, m.cfg.KVHeads
 	kPlane, vPlane := kv.K(l), kv.V(l)
@@ -63,61 +63,43 @@ func (m *Model) attnDirect(ws *workspace, kv *kvcache.Memory, l int, att, qkv ma
 	gPer := kvh / split
 	parallel(m.cfg.Threads, len(seqs)*split, func(w, ti int) {
 		s := b.seqs[seqs[ti/split]]
-		g0 := (ti % split) * gPer
-		g1 := g0 + gPer
-		h0 := g0 * grp
+		h0 := (ti % split) * gPer * grp
 		nh := gPer * grp
-		nr := s.r1 - s.r0
-		ctx := s.ctx
-		pos := b.pos[s.r0:s.r1]
-		sc := ws.worker(w, nr*nh*ctx)
-		for t := range ctx {
-			base := s.slots[t] * kvd
-			for g := g0; g < g1; g++ {
-				k := kPlane[base+g*hd : base+(g+1)*hd]
-				for r, p := range pos {
-					if t > p {
-						continue
-					}
-					row := qkv.row(s.r0 + r)
-					for h := g * grp; h < (g+1)*grp; h++ {
-						sc[(r*nh+h-h0)*ctx+t] = simd.Dot(row[h*hd:(h+1)*hd], k)
-					}
-				}
-			}
-		}
-		var invs [directRows * maxGroupHeads]float32
-		for r, p := range pos {
+		sc := ws.worker(w, s.ctx)
+		for r, p := range b.pos[s.r0:s.r1] {
+			row := qkv.row(s.r0 + r)
 			orow := att.row(s.r0 + r)
+			n := p + 1
 			for h := h0; h < h0+nh; h++ {
-				invs[r*nh+h-h0] = softmaxPrefix(sc[(r*nh+h-h0)*ctx:(r*nh+h-h0+1)*ctx], p+1, scale)
-				clear(orow[h*hd : (h+1)*hd])
-			}
-		}
-		for t := range ctx {
-			base := s.slots[t] * kvd
-			for g := g0; g < g1; g++ {
-				v := vPlane[base+g*hd : base+(g+1)*hd]
-				for r, p := range pos {
-					if t > p {
-						continue
-					}
-					orow := att.row(s.r0 + r)
-					for h := g * grp; h < (g+1)*grp; h++ {
-						if pt := sc[(r*nh+h-h0)*ctx+t]; pt != 0 {
-							simd.Axpy(pt, v, orow[h*hd:(h+1)*hd])
-						}
-					}
+				off := (h / grp) * hd
+				q := row[h*hd : (h+1)*hd]
+				for t := 0; t < n; {
+					run := slotRun(s.slots, t, n)
+					simd.DotRows(sc[t:t+run], q, kPlane[s.slots[t]*kvd+off:], kvd)
+					t += run
 				}
-			}
-		}
-		for r := range pos {
-			orow := att.row(s.r0 + r)
-			for h := h0; h < h0+nh; h++ {
-				simd.Scale(orow[h*hd:(h+1)*hd], invs[r*nh+h-h0])
+				inv := softmaxPrefix(sc[:n], n, scale)
+				o := orow[h*hd : (h+1)*hd]
+				clear(o)
+				for t := 0; t < n; {
+					run := slotRun(s.slots, t, n)
+					simd.AxpyRows(o, sc[t:t+run], vPlane[s.slots[t]*kvd+off:], kvd)
+					t += run
+				}
+				simd.Scale(o, inv)
 			}
 		}
 	})
+}
+
+// slotRun is the number of positions from t (below n) whose slots follow
+// slots[t] consecutively.
+func slotRun(slots []int, t, n int) int {
+	r := 1
+	for t+r < n && slots[t+r] == slots[t]+r {
+		r++
+	}
+	return r
 }
 
 // attnGathered is the attention of sequences with many query rows (prefill,

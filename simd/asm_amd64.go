@@ -17,6 +17,18 @@ func dot512(a, b *float32, n int) float32
 func dot256(a, b *float32, n int) float32
 
 //go:noescape
+func dotRows512(dst, q, k *float32, ldk, n, hd int)
+
+//go:noescape
+func dotRows256(dst, q, k *float32, ldk, n, hd int)
+
+//go:noescape
+func axpyRows512(out, w, v *float32, ldv, n, hd int)
+
+//go:noescape
+func axpyRows256(out, w, v *float32, ldv, n, hd int)
+
+//go:noescape
 func axpy512(alpha float32, x, y *float32, n int)
 
 //go:noescape
@@ -78,17 +90,19 @@ type asmKernelU func(k int, a *float32, lda int, b *float32, ldb int, c *float32
 func registerAsm() {
 	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
 		impls[AVX2] = asmImpl(AVX2, 16, kerns256, kernsU256, peakFMA256, 24*8*2,
-			dot256, axpy256, scale256, sumsq256, mulScale256, maxf256, expSum256, swiglu256)
+			dot256, dotRows256, axpyRows256, axpy256, scale256, sumsq256, mulScale256, maxf256, expSum256, swiglu256)
 	}
 	if cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512DQ && cpu.X86.HasFMA {
 		impls[AVX512] = asmImpl(AVX512, 32, kerns512, kernsU512, peakFMA512, 24*16*2,
-			dot512, axpy512, scale512, sumsq512, mulScale512, maxf512, expSum512, swiglu512)
+			dot512, dotRows512, axpyRows512, axpy512, scale512, sumsq512, mulScale512, maxf512, expSum512, swiglu512)
 	}
 }
 
 // asmImpl wraps the pointer-based assembly in the slice-based table.
 func asmImpl(l Level, nr int, ks []asmKernel, kus []asmKernelU, peak func(int), peakFLOP float64,
 	dot func(a, b *float32, n int) float32,
+	dotRows func(dst, q, k *float32, ldk, n, hd int),
+	axpyRows func(out, w, v *float32, ldv, n, hd int),
 	axpy func(alpha float32, x, y *float32, n int),
 	scale func(x *float32, n int, s float32),
 	sumsq func(x *float32, n int) float32,
@@ -127,6 +141,21 @@ func asmImpl(l Level, nr int, ks []asmKernel, kus []asmKernelU, peak func(int), 
 			}
 			k(kk, ap, bp, ldb, &c[0], ldc, flag)
 		}
+	}
+	im.dotRows = func(dst, q, k []float32, ldk int) {
+		if len(dst) == 0 || len(q) == 0 {
+			clear(dst)
+			return
+		}
+		_ = k[(len(dst)-1)*ldk+len(q)-1]
+		dotRows(&dst[0], &q[0], &k[0], ldk, len(dst), len(q))
+	}
+	im.axpyRows = func(out, w, v []float32, ldv int) {
+		if len(w) == 0 || len(out) == 0 {
+			return
+		}
+		_ = v[(len(w)-1)*ldv+len(out)-1]
+		axpyRows(&out[0], &w[0], &v[0], ldv, len(w), len(out))
 	}
 	im.dot = func(a, b []float32) float32 {
 		if len(a) == 0 {

@@ -49,6 +49,8 @@ type impl struct {
 	peakFLOP float64 // FLOPs of one peak iteration
 
 	dot      func(a, b []float32) float32
+	dotRows  func(dst, q, k []float32, ldk int)
+	axpyRows func(out, w, v []float32, ldv int)
 	axpy     func(alpha float32, x, y []float32)
 	scale    func(x []float32, s float32)
 	sumsq    func(x []float32) float32

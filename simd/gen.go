@@ -86,124 +86,120 @@ func (s isa) peak() {
 	p("")
 }
 
-// kernel: c[mr×(nrVec·lanes)] (+)= a·b with a packed [k][mr] and b rows of
-// nrVec·lanes floats at stride ldb (floats).
-func (s isa) kernel(mr int) {
+// kernel: c[mr×(nrVec·lanes)] (+)= a·b with a packed [k][mr] (or, when
+// inPlace, row i at a+i*lda) and b rows of nrVec·lanes floats at stride ldb
+// (floats). Short tiles (mr·nrVec < 8) keep several accumulator sets, one
+// per k step of an unrolled loop, so that enough independent FMA chains
+// hide the FMA latency; the sets are added at the end.
+func (s isa) kernel(mr int, inPlace bool) {
 	nv := s.nrVec
 	bReg := s.nregs - 4 // nv B registers, then two broadcast registers
-	p("// func kern%s_%d(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)", s.name, mr)
-	p("TEXT ·kern%s_%d(SB), NOSPLIT, $0-56", s.name, mr)
-	p("\tMOVQ k+0(FP), CX")
-	p("\tMOVQ a+8(FP), SI")
-	p("\tMOVQ b+16(FP), DI")
-	p("\tMOVQ ldb+24(FP), DX")
-	p("\tSHLQ $2, DX")
-	p("\tMOVQ c+32(FP), R8")
-	p("\tMOVQ ldc+40(FP), R9")
-	p("\tSHLQ $2, R9")
-	p("\tMOVQ acc+48(FP), R10")
-	for i := range mr * nv {
-		s.zero(i)
+	sets := 1
+	for mr*nv*sets < 8 && mr*nv*sets*2 <= bReg {
+		sets *= 2
 	}
-	lbl := fmt.Sprintf("k%s_%d", s.name, mr)
-	p("\tTESTQ CX, CX")
-	p("\tJZ %sstore", lbl)
-	p("%sloop:", lbl)
-	for v := range nv {
-		p("\tVMOVUPS %d(DI), %s", v*s.bytes(), s.r(bReg+v))
-	}
-	p("\tADDQ DX, DI")
-	for i := range mr {
-		bc := bReg + nv + i%2
-		p("\tVBROADCASTSS %d(SI), %s", 4*i, s.r(bc))
-		for v := range nv {
-			p("\tVFMADD231PS %s, %s, %s", s.r(bReg+v), s.r(bc), s.r(i*nv+v))
-		}
-	}
-	p("\tADDQ $%d, SI", 4*mr)
-	p("\tDECQ CX")
-	p("\tJNZ %sloop", lbl)
-	p("%sstore:", lbl)
-	p("\tTESTQ R10, R10")
-	p("\tJZ %snoacc", lbl)
-	for i := range mr {
-		for v := range nv {
-			p("\tVADDPS %d(R8), %s, %s", v*s.bytes(), s.r(i*nv+v), s.r(i*nv+v))
-		}
-		if i < mr-1 {
-			p("\tADDQ R9, R8")
-		}
-	}
-	p("\tMOVQ c+32(FP), R8")
-	p("%snoacc:", lbl)
-	for i := range mr {
-		for v := range nv {
-			p("\tVMOVUPS %s, %d(R8)", s.r(i*nv+v), v*s.bytes())
-		}
-		if i < mr-1 {
-			p("\tADDQ R9, R8")
-		}
-	}
-	p("\tVZEROUPPER")
-	p("\tRET")
-	p("")
-}
-
-// kernelU is kernel with A read in place: row i of a at a+i*lda (floats),
-// element p at +4p bytes.
-func (s isa) kernelU(mr int) {
-	nv := s.nrVec
-	bReg := s.nregs - 4
+	name, lbl := fmt.Sprintf("kern%s_%d", s.name, mr), fmt.Sprintf("k%s_%d", s.name, mr)
 	bases := []string{"SI", "R12", "R13", "BX"}
-	p("// func kernu%s_%d(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)", s.name, mr)
-	p("TEXT ·kernu%s_%d(SB), NOSPLIT, $0-64", s.name, mr)
-	p("\tMOVQ k+0(FP), CX")
-	p("\tMOVQ a+8(FP), SI")
-	p("\tMOVQ lda+16(FP), R11")
-	p("\tSHLQ $2, R11")
-	p("\tMOVQ b+24(FP), DI")
-	p("\tMOVQ ldb+32(FP), DX")
-	p("\tSHLQ $2, DX")
-	p("\tMOVQ c+40(FP), R8")
-	p("\tMOVQ ldc+48(FP), R9")
-	p("\tSHLQ $2, R9")
-	p("\tMOVQ acc+56(FP), R10")
-	nb := (mr + 2) / 3
-	for i := 1; i < nb; i++ {
-		p("\tLEAQ (%s)(R11*2), %s", bases[i-1], bases[i])
-		p("\tADDQ R11, %s", bases[i])
+	cOff := 32
+	if inPlace {
+		name, lbl = fmt.Sprintf("kernu%s_%d", s.name, mr), fmt.Sprintf("ku%s_%d", s.name, mr)
+		cOff = 40
+		p("// func %s(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc int)", name)
+		p("TEXT ·%s(SB), NOSPLIT, $0-64", name)
+		p("\tMOVQ k+0(FP), CX")
+		p("\tMOVQ a+8(FP), SI")
+		p("\tMOVQ lda+16(FP), R11")
+		p("\tSHLQ $2, R11")
+		p("\tMOVQ b+24(FP), DI")
+		p("\tMOVQ ldb+32(FP), DX")
+		p("\tSHLQ $2, DX")
+		p("\tMOVQ c+40(FP), R8")
+		p("\tMOVQ ldc+48(FP), R9")
+		p("\tSHLQ $2, R9")
+		p("\tMOVQ acc+56(FP), R10")
+		for i := 1; i < (mr+2)/3; i++ {
+			p("\tLEAQ (%s)(R11*2), %s", bases[i-1], bases[i])
+			p("\tADDQ R11, %s", bases[i])
+		}
+	} else {
+		p("// func %s(k int, a, b *float32, ldb int, c *float32, ldc int, acc int)", name)
+		p("TEXT ·%s(SB), NOSPLIT, $0-56", name)
+		p("\tMOVQ k+0(FP), CX")
+		p("\tMOVQ a+8(FP), SI")
+		p("\tMOVQ b+16(FP), DI")
+		p("\tMOVQ ldb+24(FP), DX")
+		p("\tSHLQ $2, DX")
+		p("\tMOVQ c+32(FP), R8")
+		p("\tMOVQ ldc+40(FP), R9")
+		p("\tSHLQ $2, R9")
+		p("\tMOVQ acc+48(FP), R10")
 	}
-	for i := range mr * nv {
+	for i := range mr * nv * sets {
 		s.zero(i)
 	}
-	lbl := fmt.Sprintf("ku%s_%d", s.name, mr)
-	p("\tTESTQ CX, CX")
-	p("\tJZ %sstore", lbl)
-	p("%sloop:", lbl)
-	for v := range nv {
-		p("\tVMOVUPS %d(DI), %s", v*s.bytes(), s.r(bReg+v))
-	}
-	p("\tADDQ DX, DI")
-	for i := range mr {
-		bc := bReg + nv + i%2
-		addr := "(" + bases[i/3] + ")"
+	// aAddr is the address of A's element (row i, k step u) from the
+	// current position.
+	aAddr := func(i, u int) string {
+		if !inPlace {
+			return fmt.Sprintf("%d(SI)", 4*(u*mr+i))
+		}
+		addr := fmt.Sprintf("%d(%s)", 4*u, bases[i/3])
 		switch i % 3 {
 		case 1:
 			addr += "(R11*1)"
 		case 2:
 			addr += "(R11*2)"
 		}
-		p("\tVBROADCASTSS %s, %s", addr, s.r(bc))
-		for v := range nv {
-			p("\tVFMADD231PS %s, %s, %s", s.r(bReg+v), s.r(bc), s.r(i*nv+v))
+		return addr
+	}
+	advanceA := func(steps int) {
+		if !inPlace {
+			p("\tADDQ $%d, SI", 4*mr*steps)
+			return
+		}
+		for i := range (mr + 2) / 3 {
+			p("\tADDQ $%d, %s", 4*steps, bases[i])
 		}
 	}
-	for i := range nb {
-		p("\tADDQ $4, %s", bases[i])
+	step := func(u, set int) {
+		for v := range nv {
+			p("\tVMOVUPS %d(DI), %s", v*s.bytes(), s.r(bReg+v))
+		}
+		p("\tADDQ DX, DI")
+		for i := range mr {
+			bc := bReg + nv + i%2
+			p("\tVBROADCASTSS %s, %s", aAddr(i, u), s.r(bc))
+			for v := range nv {
+				p("\tVFMADD231PS %s, %s, %s", s.r(bReg+v), s.r(bc), s.r(set*mr*nv+i*nv+v))
+			}
+		}
 	}
+	if sets > 1 {
+		p("\tCMPQ CX, $%d", sets)
+		p("\tJLT %srest", lbl)
+		p("%sunrolled:", lbl)
+		for u := range sets {
+			step(u, u)
+		}
+		advanceA(sets)
+		p("\tSUBQ $%d, CX", sets)
+		p("\tCMPQ CX, $%d", sets)
+		p("\tJGE %sunrolled", lbl)
+		p("%srest:", lbl)
+	}
+	p("\tTESTQ CX, CX")
+	p("\tJZ %ssum", lbl)
+	p("%sloop:", lbl)
+	step(0, 0)
+	advanceA(1)
 	p("\tDECQ CX")
 	p("\tJNZ %sloop", lbl)
-	p("%sstore:", lbl)
+	p("%ssum:", lbl)
+	for set := 1; set < sets; set++ {
+		for i := range mr * nv {
+			p("\tVADDPS %s, %s, %s", s.r(set*mr*nv+i), s.r(i), s.r(i))
+		}
+	}
 	p("\tTESTQ R10, R10")
 	p("\tJZ %snoacc", lbl)
 	for i := range mr {
@@ -214,7 +210,7 @@ func (s isa) kernelU(mr int) {
 			p("\tADDQ R9, R8")
 		}
 	}
-	p("\tMOVQ c+40(FP), R8")
+	p("\tMOVQ c+%d(FP), R8", cOff)
 	p("%snoacc:", lbl)
 	for i := range mr {
 		for v := range nv {
@@ -322,6 +318,127 @@ func (s isa) dot() {
 	s.hsum(0, 1)
 	p("\tVADDSS X6, X0, X0")
 	p("\tVMOVSS X0, ret+24(FP)")
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+// dotRows: dst[t] = q·k[t*ldk:][:hd] for t < n.
+func (s isa) dotRows() {
+	p("// func dotRows%s(dst, q, k *float32, ldk, n, hd int)", s.name)
+	p("TEXT ·dotRows%s(SB), NOSPLIT, $0-48", s.name)
+	p("\tMOVQ dst+0(FP), DI")
+	p("\tMOVQ q+8(FP), SI")
+	p("\tMOVQ k+16(FP), DX")
+	p("\tMOVQ ldk+24(FP), R8")
+	p("\tSHLQ $2, R8")
+	p("\tMOVQ n+32(FP), R9")
+	p("\tMOVQ hd+40(FP), R10")
+	n := "dotrows" + s.name
+	p("\tTESTQ R9, R9")
+	p("\tJZ %send", n)
+	p("%srow:", n)
+	s.zero(0)
+	p("\tVXORPS X6, X6, X6")
+	p("\tMOVQ SI, AX")
+	p("\tMOVQ DX, R11")
+	p("\tMOVQ R10, CX")
+	s.loop(n, []string{"AX", "R11"}, func(vec bool) {
+		if vec {
+			p("\tVMOVUPS (AX), %s", s.r(1))
+			p("\tVFMADD231PS (R11), %s, %s", s.r(1), s.r(0))
+		} else {
+			p("\tVMOVSS (AX), X4")
+			p("\tVMOVSS (R11), X5")
+			p("\tVFMADD231SS X5, X4, X6")
+		}
+	})
+	s.hsum(0, 1)
+	p("\tVADDSS X6, X0, X0")
+	p("\tVMOVSS X0, (DI)")
+	p("\tADDQ $4, DI")
+	p("\tADDQ R8, DX")
+	p("\tDECQ R9")
+	p("\tJNZ %srow", n)
+	p("%send:", n)
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
+// axpyRows: out[:hd] += Σ_t w[t]·v[t*ldv:][:hd] for t < n, one vector
+// chunk of out at a time, accumulated in registers over t.
+func (s isa) axpyRows() {
+	p("// func axpyRows%s(out, w, v *float32, ldv, n, hd int)", s.name)
+	p("TEXT ·axpyRows%s(SB), NOSPLIT, $0-48", s.name)
+	p("\tMOVQ out+0(FP), DI")
+	p("\tMOVQ v+16(FP), DX")
+	p("\tMOVQ ldv+24(FP), R8")
+	p("\tSHLQ $2, R8")
+	p("\tMOVQ n+32(FP), R9")
+	p("\tMOVQ hd+40(FP), R10")
+	n := "axpyrows" + s.name
+	p("\tTESTQ R9, R9")
+	p("\tJZ %send", n)
+	// Vector chunks.
+	p("\tMOVQ R10, BX")
+	p("\tSHRQ $%d, BX", log2(s.lanes))
+	p("\tANDQ $%d, R10", s.lanes-1)
+	p("\tTESTQ BX, BX")
+	p("\tJZ %sscalar", n)
+	p("%schunk:", n)
+	p("\tMOVQ w+8(FP), SI")
+	p("\tMOVQ DX, R11")
+	p("\tMOVQ R9, CX")
+	s.zero(0)
+	s.zero(1)
+	p("\tSHRQ $1, CX")
+	p("\tJZ %sodd", n)
+	p("%spair:", n)
+	p("\tVBROADCASTSS (SI), %s", s.r(2))
+	p("\tVFMADD231PS (R11), %s, %s", s.r(2), s.r(0))
+	p("\tADDQ R8, R11")
+	p("\tVBROADCASTSS 4(SI), %s", s.r(3))
+	p("\tVFMADD231PS (R11), %s, %s", s.r(3), s.r(1))
+	p("\tADDQ R8, R11")
+	p("\tADDQ $8, SI")
+	p("\tDECQ CX")
+	p("\tJNZ %spair", n)
+	p("%sodd:", n)
+	p("\tTESTQ $1, R9")
+	p("\tJZ %sflush", n)
+	p("\tVBROADCASTSS (SI), %s", s.r(2))
+	p("\tVFMADD231PS (R11), %s, %s", s.r(2), s.r(0))
+	p("%sflush:", n)
+	p("\tVADDPS %s, %s, %s", s.r(1), s.r(0), s.r(0))
+	p("\tVADDPS (DI), %s, %s", s.r(0), s.r(0))
+	p("\tVMOVUPS %s, (DI)", s.r(0))
+	p("\tADDQ $%d, DI", s.bytes())
+	p("\tADDQ $%d, DX", s.bytes())
+	p("\tDECQ BX")
+	p("\tJNZ %schunk", n)
+	// Scalar tail elements, one at a time over all t.
+	p("%sscalar:", n)
+	p("\tTESTQ R10, R10")
+	p("\tJZ %send", n)
+	p("%selem:", n)
+	p("\tMOVQ w+8(FP), SI")
+	p("\tMOVQ DX, R11")
+	p("\tMOVQ R9, CX")
+	p("\tVMOVSS (DI), X0")
+	p("%selemt:", n)
+	p("\tVMOVSS (SI), X2")
+	p("\tVFMADD231SS (R11), X2, X0")
+	p("\tADDQ R8, R11")
+	p("\tADDQ $4, SI")
+	p("\tDECQ CX")
+	p("\tJNZ %selemt", n)
+	p("\tVMOVSS X0, (DI)")
+	p("\tADDQ $4, DI")
+	p("\tADDQ $4, DX")
+	p("\tDECQ R10")
+	p("\tJNZ %selem", n)
+	p("%send:", n)
 	p("\tVZEROUPPER")
 	p("\tRET")
 	p("")
@@ -579,10 +696,12 @@ func main() {
 	for _, s := range []isa{avx512, avx2} {
 		s.peak()
 		for mr := 1; mr <= s.mrMax; mr++ {
-			s.kernel(mr)
-			s.kernelU(mr)
+			s.kernel(mr, false)
+			s.kernel(mr, true)
 		}
 		s.dot()
+		s.dotRows()
+		s.axpyRows()
 		s.axpy()
 		s.scale()
 		s.sumsq()

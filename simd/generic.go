@@ -11,7 +11,7 @@ const genericNR = 16
 // against, and the kernels of CPUs without AVX2.
 func genericImpl() *impl {
 	im := &impl{level: Generic, nr: genericNR, mrMax: 4, peak: peakGo, peakFLOP: 8 * 2,
-		dot: dotGo, axpy: axpyGo, scale: scaleGo, sumsq: sumsqGo, mulScale: mulScaleGo,
+		dot: dotGo, dotRows: dotRowsGo, axpyRows: axpyRowsGo, axpy: axpyGo, scale: scaleGo, sumsq: sumsqGo, mulScale: mulScaleGo,
 		maxf: maxGo, expSum: expSumGo, swiglu: swigluGo}
 	im.kern = make([]kernelFn, im.mrMax+1)
 	im.kernU = make([]kernelUFn, im.mrMax+1)
@@ -121,6 +121,18 @@ func dotGo(a, b []float32) float32 {
 		s0 += a[i] * b[i]
 	}
 	return (s0 + s1) + (s2 + s3)
+}
+
+func dotRowsGo(dst, q, k []float32, ldk int) {
+	for t := range dst {
+		dst[t] = dotGo(q, k[t*ldk:t*ldk+len(q)])
+	}
+}
+
+func axpyRowsGo(out, w, v []float32, ldv int) {
+	for t, wt := range w {
+		axpyGo(wt, v[t*ldv:t*ldv+len(out)], out)
+	}
 }
 
 func axpyGo(alpha float32, x, y []float32) {

@@ -385,3 +385,54 @@ func TestPeakLoop(t *testing.T) {
 		})
 	}
 }
+
+func TestRowKernels(t *testing.T) {
+	tests := []struct {
+		name       string
+		n, hd, ld  int
+		sliceStart int
+	}{
+		{"empty", 0, 32, 64, 0},
+		{"one_row", 1, 32, 32, 0},
+		{"block16_hd32", 16, 32, 64, 0},
+		{"odd_rows", 17, 32, 96, 1},
+		{"hd16", 5, 16, 16, 3},
+		{"hd24_tail", 9, 24, 40, 0},
+		{"hd7", 4, 7, 7, 2},
+		{"hd64", 33, 64, 128, 0},
+	}
+	for _, l := range append([]Level{Generic}, levels(t)...) {
+		for _, tc := range tests {
+			t.Run(fmt.Sprintf("%v/%s", l, tc.name), func(t *testing.T) {
+				q := randVec(1, tc.hd)
+				rows := randVec(2, tc.sliceStart+max(0, (tc.n-1)*tc.ld+tc.hd))[tc.sliceStart:]
+				w := randVec(3, tc.n)
+				out := randVec(4, tc.hd)
+				want := make([]float64, tc.hd)
+				for d := range want {
+					want[d] = float64(out[d])
+				}
+				dst := make([]float32, tc.n)
+				withLevel(t, l, func() {
+					DotRows(dst, q, rows, tc.ld)
+					AxpyRows(out, w, rows, tc.ld)
+				})
+				for r := range tc.n {
+					var s float64
+					for d := range tc.hd {
+						s += float64(q[d]) * float64(rows[r*tc.ld+d])
+						want[d] += float64(w[r]) * float64(rows[r*tc.ld+d])
+					}
+					if !closeTo(float64(dst[r]), s, 1e-5) {
+						t.Fatalf("DotRows[%d] = %g, want %g", r, dst[r], s)
+					}
+				}
+				for d := range tc.hd {
+					if !closeTo(float64(out[d]), want[d], 1e-5) {
+						t.Fatalf("AxpyRows[%d] = %g, want %g", d, out[d], want[d])
+					}
+				}
+			})
+		}
+	}
+}

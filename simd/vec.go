@@ -5,6 +5,15 @@ import "math"
 // Dot is Σ a[i]·b[i] over len(a) (b at least as long).
 func Dot(a, b []float32) float32 { return cur.Load().dot(a, b[:len(a)]) }
 
+// DotRows writes q·k[t*ldk:][:len(q)] into dst[t] for every t < len(dst):
+// the scores of one query against keys stored as rows at stride ldk (a
+// run of cache slots).
+func DotRows(dst, q, k []float32, ldk int) { cur.Load().dotRows(dst, q, k, ldk) }
+
+// AxpyRows adds Σ_t w[t]·v[t*ldv:][:len(out)] to out over t < len(w): the
+// weighted sum of values stored as rows at stride ldv.
+func AxpyRows(out, w, v []float32, ldv int) { cur.Load().axpyRows(out, w, v, ldv) }
+
 // Axpy adds alpha·x to y element-wise (y at least as long as x).
 func Axpy(alpha float32, x, y []float32) { cur.Load().axpy(alpha, x, y[:len(x)]) }
 
