@@ -65,28 +65,55 @@ func (m *Model) attnDirect(ws *workspace, kv *kvcache.Memory, l int, att, qkv ma
 		s := b.seqs[seqs[ti/split]]
 		h0 := (ti % split) * gPer * grp
 		nh := gPer * grp
-		sc := ws.worker(w, s.ctx)
-		for r, p := range b.pos[s.r0:s.r1] {
-			row := qkv.row(s.r0 + r)
+		pos := b.pos[s.r0:s.r1]
+		ctx := s.ctx
+		// sc[(r*nh+h-h0)*ctx+t]: score of row r, head h, position t.
+		sc := ws.worker(w, len(pos)*nh*ctx)
+		for t := 0; t < ctx; {
+			run := slotRun(s.slots, t, ctx)
+			base := s.slots[t] * kvd
+			for r, p := range pos {
+				n := min(run, p+1-t)
+				if n <= 0 {
+					continue
+				}
+				row := qkv.row(s.r0 + r)
+				for h := h0; h < h0+nh; h++ {
+					i := (r*nh + h - h0) * ctx
+					simd.DotRows(sc[i+t:i+t+n], row[h*hd:(h+1)*hd], kPlane[base+(h/grp)*hd:], kvd)
+				}
+			}
+			t += run
+		}
+		var invs [directRows * maxGroupHeads]float32
+		for r, p := range pos {
 			orow := att.row(s.r0 + r)
-			n := p + 1
 			for h := h0; h < h0+nh; h++ {
-				off := (h / grp) * hd
-				q := row[h*hd : (h+1)*hd]
-				for t := 0; t < n; {
-					run := slotRun(s.slots, t, n)
-					simd.DotRows(sc[t:t+run], q, kPlane[s.slots[t]*kvd+off:], kvd)
-					t += run
+				i := (r*nh + h - h0) * ctx
+				invs[r*nh+h-h0] = softmaxPrefix(sc[i:i+p+1], p+1, scale)
+				clear(orow[h*hd : (h+1)*hd])
+			}
+		}
+		for t := 0; t < ctx; {
+			run := slotRun(s.slots, t, ctx)
+			base := s.slots[t] * kvd
+			for r, p := range pos {
+				n := min(run, p+1-t)
+				if n <= 0 {
+					continue
 				}
-				inv := softmaxPrefix(sc[:n], n, scale)
-				o := orow[h*hd : (h+1)*hd]
-				clear(o)
-				for t := 0; t < n; {
-					run := slotRun(s.slots, t, n)
-					simd.AxpyRows(o, sc[t:t+run], vPlane[s.slots[t]*kvd+off:], kvd)
-					t += run
+				orow := att.row(s.r0 + r)
+				for h := h0; h < h0+nh; h++ {
+					i := (r*nh + h - h0) * ctx
+					simd.AxpyRows(orow[h*hd:(h+1)*hd], sc[i+t:i+t+n], vPlane[base+(h/grp)*hd:], kvd)
 				}
-				simd.Scale(o, inv)
+			}
+			t += run
+		}
+		for r := range pos {
+			orow := att.row(s.r0 + r)
+			for h := h0; h < h0+nh; h++ {
+				simd.Scale(orow[h*hd:(h+1)*hd], invs[r*nh+h-h0])
 			}
 		}
 	})
