@@ -10,7 +10,10 @@
 // [0, maxPos) so the model's forward pass rotates bit for bit as RotateHeads
 // would, without a Sincos per token.
 //
-// The package is a leaf: it imports only the standard library, so the blend
-// server links it without the model. Every value is immutable after
-// construction and safe for concurrent use.
+// The rotations run on the vector kernels of package simd (AVX-512, AVX2 or
+// pure Go; every level gives the same bits, since no product is fused).
+// The package is a leaf apart from simd (itself a leaf over the standard
+// library and golang.org/x/sys/cpu), so the blend server links it without
+// the model. Every value is immutable after construction and safe for
+// concurrent use.
 package rope

@@ -1,6 +1,10 @@
 package rope
 
-import "math"
+import (
+	"math"
+
+	"github.com/cacheblend/cacheblend/simd"
+)
 
 // DefaultTheta is the rotary base [New] uses when given theta <= 0 (the
 // Llama default).
@@ -49,12 +53,7 @@ func (r *RoPE) RotateHeads(x []float32, pos int) {
 		sinv[i], cosv[i] = math.Sincos(p * r.invFreq[i])
 	}
 	for h := 0; h+r.headDim <= len(x); h += r.headDim {
-		v := x[h : h+r.headDim]
-		for i := range half {
-			a, b := float64(v[i]), float64(v[i+half])
-			v[i] = float32(a*cosv[i] - b*sinv[i])
-			v[i+half] = float32(a*sinv[i] + b*cosv[i])
-		}
+		simd.RotateF64(x[h:h+half], x[h+half:h+r.headDim], cosv, sinv)
 	}
 }
 
@@ -63,8 +62,9 @@ func (r *RoPE) RotateHeads(x []float32, pos int) {
 //
 // Shift is the blend server's re-RoPE hot path: the angles are computed in
 // float64 once per call and the rotation itself runs in float32 over every
-// head of x (which may hold many tokens), so its result may differ from
-// RotateHeads in the last bits (well under 1e-6 relative).
+// head of x (which may hold many tokens) on simd's vector kernel (the same
+// bits on every SIMD level), so its result may differ from RotateHeads in
+// the last bits (well under 1e-6 relative).
 func (r *RoPE) Shift(x []float32, from, to int) {
 	if from == to {
 		return
@@ -84,16 +84,7 @@ func (r *RoPE) Shift(x []float32, from, to int) {
 	}
 	hd := r.headDim
 	for h := 0; h+hd <= len(x); h += hd {
-		lo := x[h : h+half : h+half]
-		hi := x[h+half : h+hd : h+hd]
-		hi = hi[:len(lo)]
-		cv, sv := cosv[:len(lo)], sinv[:len(lo)]
-		for i, a := range lo {
-			b := hi[i]
-			c, s := cv[i], sv[i]
-			lo[i] = a*c - b*s
-			hi[i] = a*s + b*c
-		}
+		simd.Rotate(x[h:h+half], x[h+half:h+hd], cosv, sinv)
 	}
 }
 
@@ -134,13 +125,6 @@ func (t Table) Rotate(x []float32, pos int) {
 	sinv := t.sin[pos*half : pos*half+half]
 	hd := 2 * half
 	for h := 0; h+hd <= len(x); h += hd {
-		lo := x[h : h+half : h+half]
-		hi := x[h+half : h+hd : h+hd]
-		for i, c := range cosv {
-			s := sinv[i]
-			a, b := float64(lo[i]), float64(hi[i])
-			lo[i] = float32(a*c - b*s)
-			hi[i] = float32(a*s + b*c)
-		}
+		simd.RotateF64(x[h:h+half], x[h+half:h+hd], cosv, sinv)
 	}
 }

@@ -29,6 +29,18 @@ func axpyRows512(out, w, v *float32, ldv, n, hd int)
 func axpyRows256(out, w, v *float32, ldv, n, hd int)
 
 //go:noescape
+func rotF32512(lo, hi *float32, cos, sin *float32, n int)
+
+//go:noescape
+func rotF32256(lo, hi *float32, cos, sin *float32, n int)
+
+//go:noescape
+func rotF64512(lo, hi *float32, cos, sin *float64, n int)
+
+//go:noescape
+func rotF64256(lo, hi *float32, cos, sin *float64, n int)
+
+//go:noescape
 func axpy512(alpha float32, x, y *float32, n int)
 
 //go:noescape
@@ -90,11 +102,11 @@ type asmKernelU func(k int, a *float32, lda int, b *float32, ldb int, c *float32
 func registerAsm() {
 	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
 		impls[AVX2] = asmImpl(AVX2, 16, kerns256, kernsU256, peakFMA256, 24*8*2,
-			dot256, dotRows256, axpyRows256, axpy256, scale256, sumsq256, mulScale256, maxf256, expSum256, swiglu256)
+			dot256, dotRows256, axpyRows256, axpy256, scale256, sumsq256, mulScale256, maxf256, expSum256, swiglu256, rotF32256, rotF64256)
 	}
 	if cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512DQ && cpu.X86.HasFMA {
 		impls[AVX512] = asmImpl(AVX512, 32, kerns512, kernsU512, peakFMA512, 24*16*2,
-			dot512, dotRows512, axpyRows512, axpy512, scale512, sumsq512, mulScale512, maxf512, expSum512, swiglu512)
+			dot512, dotRows512, axpyRows512, axpy512, scale512, sumsq512, mulScale512, maxf512, expSum512, swiglu512, rotF32512, rotF64512)
 	}
 }
 
@@ -110,6 +122,8 @@ func asmImpl(l Level, nr int, ks []asmKernel, kus []asmKernelU, peak func(int), 
 	maxf func(x *float32, n int) float32,
 	expSum func(x *float32, n int, k, off float32) float32,
 	swiglu func(dst, g, u *float32, n int),
+	rotF32 func(lo, hi *float32, cos, sin *float32, n int),
+	rotF64 func(lo, hi *float32, cos, sin *float64, n int),
 ) *impl {
 	im := &impl{level: l, nr: nr, mrMax: len(ks) - 1, peak: peak, peakFLOP: peakFLOP}
 	im.kern = make([]kernelFn, len(ks))
@@ -156,6 +170,20 @@ func asmImpl(l Level, nr int, ks []asmKernel, kus []asmKernelU, peak func(int), 
 		}
 		_ = v[(len(w)-1)*ldv+len(out)-1]
 		axpyRows(&out[0], &w[0], &v[0], ldv, len(w), len(out))
+	}
+	im.rotF32 = func(lo, hi, cos, sin []float32) {
+		if len(lo) == 0 {
+			return
+		}
+		n := len(lo)
+		rotF32(&lo[0], &hi[:n][0], &cos[:n][0], &sin[:n][0], n)
+	}
+	im.rotF64 = func(lo, hi []float32, cos, sin []float64) {
+		if len(lo) == 0 {
+			return
+		}
+		n := len(lo)
+		rotF64(&lo[0], &hi[:n][0], &cos[:n][0], &sin[:n][0], n)
 	}
 	im.dot = func(a, b []float32) float32 {
 		if len(a) == 0 {

@@ -12,7 +12,7 @@ const genericNR = 16
 func genericImpl() *impl {
 	im := &impl{level: Generic, nr: genericNR, mrMax: 4, peak: peakGo, peakFLOP: 8 * 2,
 		dot: dotGo, dotRows: dotRowsGo, axpyRows: axpyRowsGo, axpy: axpyGo, scale: scaleGo, sumsq: sumsqGo, mulScale: mulScaleGo,
-		maxf: maxGo, expSum: expSumGo, swiglu: swigluGo}
+		maxf: maxGo, expSum: expSumGo, swiglu: swigluGo, rotF32: rotF32Go, rotF64: rotF64Go}
 	im.kern = make([]kernelFn, im.mrMax+1)
 	im.kernU = make([]kernelUFn, im.mrMax+1)
 	for mr := 1; mr <= im.mrMax; mr++ {
@@ -227,5 +227,29 @@ func swigluGo(dst, g, u []float32) {
 	dst = dst[:len(g)]
 	for i, gv := range g {
 		dst[i] = gv / (1 + exp2Go(-gv*log2e)) * u[i]
+	}
+}
+
+func rotF32Go(lo, hi, cos, sin []float32) {
+	hi = hi[:len(lo)]
+	cos = cos[:len(lo)]
+	sin = sin[:len(lo)]
+	for i, a := range lo {
+		b := hi[i]
+		c, s := cos[i], sin[i]
+		lo[i] = a*c - b*s
+		hi[i] = a*s + b*c
+	}
+}
+
+func rotF64Go(lo, hi []float32, cos, sin []float64) {
+	hi = hi[:len(lo)]
+	cos = cos[:len(lo)]
+	sin = sin[:len(lo)]
+	for i := range lo {
+		a, b := float64(lo[i]), float64(hi[i])
+		c, s := cos[i], sin[i]
+		lo[i] = float32(a*c - b*s)
+		hi[i] = float32(a*s + b*c)
 	}
 }

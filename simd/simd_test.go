@@ -436,3 +436,45 @@ func TestRowKernels(t *testing.T) {
 		}
 	}
 }
+
+func TestRotate(t *testing.T) {
+	for _, n := range []int{0, 1, 3, 4, 7, 8, 15, 16, 17, 32, 33, 64, 100} {
+		t.Run(fmt.Sprintf("n%d", n), func(t *testing.T) {
+			lo, hi := randVec(1, n+1)[1:], randVec(2, n)
+			cos32, sin32 := make([]float32, n), make([]float32, n)
+			cos64, sin64 := make([]float64, n), make([]float64, n)
+			for i := range n {
+				a := 0.37 * float64(i+1)
+				sin64[i], cos64[i] = math.Sincos(a)
+				sin32[i], cos32[i] = float32(sin64[i]), float32(cos64[i])
+			}
+			wantLo32, wantHi32 := append([]float32(nil), lo...), append([]float32(nil), hi...)
+			rotF32Go(wantLo32, wantHi32, cos32, sin32)
+			wantLo64, wantHi64 := append([]float32(nil), lo...), append([]float32(nil), hi...)
+			rotF64Go(wantLo64, wantHi64, cos64, sin64)
+			for _, l := range append([]Level{Generic}, levels(t)...) {
+				withLevel(t, l, func() {
+					l32, h32 := append([]float32(nil), lo...), append([]float32(nil), hi...)
+					Rotate(l32, h32, cos32, sin32)
+					l64, h64 := append([]float32(nil), lo...), append([]float32(nil), hi...)
+					RotateF64(l64, h64, cos64, sin64)
+					for i := range n {
+						if l32[i] != wantLo32[i] || h32[i] != wantHi32[i] {
+							t.Fatalf("%v: Rotate[%d] = (%g, %g), want (%g, %g) bit for bit", l, i, l32[i], h32[i], wantLo32[i], wantHi32[i])
+						}
+						if l64[i] != wantLo64[i] || h64[i] != wantHi64[i] {
+							t.Fatalf("%v: RotateF64[%d] = (%g, %g), want (%g, %g) bit for bit", l, i, l64[i], h64[i], wantLo64[i], wantHi64[i])
+						}
+					}
+				})
+			}
+			// The rotation itself is right (float64 reference).
+			for i := range n {
+				a, b := float64(lo[i]), float64(hi[i])
+				if !closeTo(float64(wantLo64[i]), a*cos64[i]-b*sin64[i], 1e-6) {
+					t.Fatalf("rotation %d wrong", i)
+				}
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@
 // nor gonum; package telemetry is the OpenTelemetry API layer (no SDK, no
 // exporter) and only process setup imports telemetry/provider; component
 // (the shared Deps and lifecycle) links no SDK, exporter or model; tokenizer,
-// rope, defaults and contract/spanname are leaf packages. The test fails
-// when a change breaks a rule.
+// defaults and contract/spanname are leaf packages, simd (the compute
+// kernels) links only golang.org/x/sys/cpu and rope only simd. The test
+// fails when a change breaks a rule.
 package depcheck
