@@ -102,11 +102,11 @@ type asmKernelU func(k int, a *float32, lda int, b *float32, ldb int, c *float32
 func registerAsm() {
 	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
 		impls[AVX2] = asmImpl(AVX2, 16, kerns256, kernsU256, peakFMA256, 24*8*2,
-			dot256, dotRows256, axpyRows256, axpy256, scale256, sumsq256, mulScale256, maxf256, expSum256, swiglu256, rotF32256, rotF64256)
+			dot256, dotRows256, axpyRows256, axpy256, scale256, sumsq256, mulScale256, maxf256, expSum256, swiglu256)
 	}
 	if cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512DQ && cpu.X86.HasFMA {
 		impls[AVX512] = asmImpl(AVX512, 32, kerns512, kernsU512, peakFMA512, 24*16*2,
-			dot512, dotRows512, axpyRows512, axpy512, scale512, sumsq512, mulScale512, maxf512, expSum512, swiglu512, rotF32512, rotF64512)
+			dot512, dotRows512, axpyRows512, axpy512, scale512, sumsq512, mulScale512, maxf512, expSum512, swiglu512)
 	}
 }
 
@@ -122,8 +122,6 @@ func asmImpl(l Level, nr int, ks []asmKernel, kus []asmKernelU, peak func(int), 
 	maxf func(x *float32, n int) float32,
 	expSum func(x *float32, n int, k, off float32) float32,
 	swiglu func(dst, g, u *float32, n int),
-	rotF32 func(lo, hi *float32, cos, sin *float32, n int),
-	rotF64 func(lo, hi *float32, cos, sin *float64, n int),
 ) *impl {
 	im := &impl{level: l, nr: nr, mrMax: len(ks) - 1, peak: peak, peakFLOP: peakFLOP}
 	im.kern = make([]kernelFn, len(ks))
@@ -170,20 +168,6 @@ func asmImpl(l Level, nr int, ks []asmKernel, kus []asmKernelU, peak func(int), 
 		}
 		_ = v[(len(w)-1)*ldv+len(out)-1]
 		axpyRows(&out[0], &w[0], &v[0], ldv, len(w), len(out))
-	}
-	im.rotF32 = func(lo, hi, cos, sin []float32) {
-		if len(lo) == 0 {
-			return
-		}
-		n := len(lo)
-		rotF32(&lo[0], &hi[:n][0], &cos[:n][0], &sin[:n][0], n)
-	}
-	im.rotF64 = func(lo, hi []float32, cos, sin []float64) {
-		if len(lo) == 0 {
-			return
-		}
-		n := len(lo)
-		rotF64(&lo[0], &hi[:n][0], &cos[:n][0], &sin[:n][0], n)
 	}
 	im.dot = func(a, b []float32) float32 {
 		if len(a) == 0 {
@@ -233,4 +217,31 @@ func asmImpl(l Level, nr int, ks []asmKernel, kus []asmKernelU, peak func(int), 
 		swiglu(&dst[:len(g)][0], &g[0], &u[:len(g)][0], len(g))
 	}
 	return im
+}
+
+// rotF32Asm runs Rotate's assembly for level l (all slices of one
+// non-zero length) and reports whether l has one.
+func rotF32Asm(l Level, lo, hi, cos, sin []float32) bool {
+	switch l {
+	case AVX512:
+		rotF32512(&lo[0], &hi[0], &cos[0], &sin[0], len(lo))
+	case AVX2:
+		rotF32256(&lo[0], &hi[0], &cos[0], &sin[0], len(lo))
+	default:
+		return false
+	}
+	return true
+}
+
+// rotF64Asm is rotF32Asm for RotateF64.
+func rotF64Asm(l Level, lo, hi []float32, cos, sin []float64) bool {
+	switch l {
+	case AVX512:
+		rotF64512(&lo[0], &hi[0], &cos[0], &sin[0], len(lo))
+	case AVX2:
+		rotF64256(&lo[0], &hi[0], &cos[0], &sin[0], len(lo))
+	default:
+		return false
+	}
+	return true
 }

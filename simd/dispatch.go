@@ -58,8 +58,6 @@ type impl struct {
 	maxf     func(x []float32) float32
 	expSum   func(x []float32, k, off float32) float32
 	swiglu   func(dst, g, u []float32)
-	rotF32   func(lo, hi, cos, sin []float32)
-	rotF64   func(lo, hi []float32, cos, sin []float64)
 }
 
 // impls holds the tables this build and CPU support, by level; cur is the

@@ -12,7 +12,7 @@ const genericNR = 16
 func genericImpl() *impl {
 	im := &impl{level: Generic, nr: genericNR, mrMax: 4, peak: peakGo, peakFLOP: 8 * 2,
 		dot: dotGo, dotRows: dotRowsGo, axpyRows: axpyRowsGo, axpy: axpyGo, scale: scaleGo, sumsq: sumsqGo, mulScale: mulScaleGo,
-		maxf: maxGo, expSum: expSumGo, swiglu: swigluGo, rotF32: rotF32Go, rotF64: rotF64Go}
+		maxf: maxGo, expSum: expSumGo, swiglu: swigluGo}
 	im.kern = make([]kernelFn, im.mrMax+1)
 	im.kernU = make([]kernelUFn, im.mrMax+1)
 	for mr := 1; mr <= im.mrMax; mr++ {

@@ -4,3 +4,9 @@ package simd
 
 // registerAsm has nothing to register without the amd64 assembly.
 func registerAsm() {}
+
+// rotF32Asm has no assembly to run.
+func rotF32Asm(Level, []float32, []float32, []float32, []float32) bool { return false }
+
+// rotF64Asm has no assembly to run.
+func rotF64Asm(Level, []float32, []float32, []float64, []float64) bool { return false }

@@ -62,17 +62,28 @@ func PeakLoop(n int) float64 {
 	return float64(n) * im.peakFLOP
 }
 
+// Rotate and RotateF64 call the assembly directly (not through the
+// dispatch table) so that callers' stack arrays of angles do not escape.
+
 // Rotate rotates the pairs (lo[i], hi[i]) by the angles whose cosines and
 // sines are cos[i] and sin[i] (RoPE's "rotate half": lo is the first half
 // of a head, hi the second): lo' = lo·c − hi·s, hi' = lo·s + hi·c, in
 // float32 with every product rounded (no fused multiply-add), so every
 // level gives the same bits.
 func Rotate(lo, hi, cos, sin []float32) {
-	cur.Load().rotF32(lo, hi[:len(lo)], cos[:len(lo)], sin[:len(lo)])
+	hi, cos, sin = hi[:len(lo)], cos[:len(lo)], sin[:len(lo)]
+	if len(lo) == 0 || rotF32Asm(cur.Load().level, lo, hi, cos, sin) {
+		return
+	}
+	rotF32Go(lo, hi, cos, sin)
 }
 
 // RotateF64 is Rotate with float64 angles and arithmetic, rounded to
 // float32 once per result (bit for bit the same on every level).
 func RotateF64(lo, hi []float32, cos, sin []float64) {
-	cur.Load().rotF64(lo, hi[:len(lo)], cos[:len(lo)], sin[:len(lo)])
+	hi, cos, sin = hi[:len(lo)], cos[:len(lo)], sin[:len(lo)]
+	if len(lo) == 0 || rotF64Asm(cur.Load().level, lo, hi, cos, sin) {
+		return
+	}
+	rotF64Go(lo, hi, cos, sin)
 }
