@@ -232,3 +232,41 @@ func BenchmarkDecode(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAttention2048 is the attention of one layer of a full prefill of
+// a 2,048-token prompt with the default configuration, as the forward runs
+// it (K/V gathered from the cache, then the fused flash kernel per tile of
+// query rows and head, on the model's threads). FLOPs count the causal
+// work only: 4·HeadDim per (query head, row, attended position).
+func BenchmarkAttention2048(b *testing.B) {
+	peak := measurePeak()
+	m := newModel(b, Config{})
+	const n = 2048
+	kv := newKV(b, m, blocksFor(n))
+	bt := table(0, blocksFor(n))
+	ws := m.getWS()
+	defer m.putWS(ws)
+	slots := make([]int, n)
+	if err := mapSlots(slots, bt, kv.Layout()); err != nil {
+		b.Fatal(err)
+	}
+	pos := make([]int, n)
+	for i := range pos {
+		pos[i] = i
+	}
+	bat := &batch{pos: pos, slot: slots, seqs: []seqInfo{{r0: 0, r1: n, ctx: n, slots: slots}}}
+	qkv := dense(randMat(5, n*m.qkvDim), n, m.qkvDim)
+	m.ropeAndStore(kv, 0, qkv, bat, true)
+	att := dense(make([]float32, n*m.qDim), n, m.qDim)
+	var keys float64
+	for _, p := range pos {
+		keys += float64(p + 1)
+	}
+	flops := 4 * float64(m.headDim) * keys * float64(m.cfg.Heads)
+	b.ReportAllocs()
+	cpu0 := cpuTime()
+	for b.Loop() {
+		m.attention(ws, kv, 0, att, qkv, bat)
+	}
+	reportFLOPs(b, flops, peak, cpu0)
+}
