@@ -111,11 +111,16 @@ func BenchmarkMatMul(b *testing.B) {
 	}
 }
 
-// BenchmarkPrefill1536 is a full prefill of a 1,536-token prompt with the
-// default configuration.
-func BenchmarkPrefill1536(b *testing.B) {
-	m := newModel(b, Config{})
-	const n = 1536
+// prev12 is the default configuration before the SIMD kernels (12
+// layers, width 128, 4/2 heads, SwiGLU 320): BenchmarkPrefill1536/prev12
+// compares prefill speed with the gonum-based forward at equal model size.
+var prev12 = Config{Layers: 12, Dim: 128, Heads: 4, KVHeads: 2, FFNDim: 320}
+
+// benchPrefill runs full prefills of an n-token prompt with cfg and
+// reports CPU and wall time per prefill and tokens per second (wall, all
+// threads) and per CPU-second.
+func benchPrefill(b *testing.B, cfg Config, n int) {
+	m := newModel(b, cfg)
 	kv := newKV(b, m, blocksFor(n))
 	toks := randTokens(1, n)
 	bt := table(0, blocksFor(n))
@@ -126,10 +131,23 @@ func BenchmarkPrefill1536(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	b.ReportMetric(float64((cpuTime()-cpu0).Milliseconds())/float64(b.N), "cpu_ms/prefill")
+	cpu := cpuTime() - cpu0
+	b.ReportMetric(float64(cpu.Milliseconds())/float64(b.N), "cpu_ms/prefill")
 	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/prefill")
 	b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "tokens/s")
+	b.ReportMetric(float64(n*b.N)/cpu.Seconds(), "tokens/cpu-s")
 }
+
+// BenchmarkPrefill1536 is a full prefill of a 1,536-token prompt with the
+// default configuration and with prev12, the previous default.
+func BenchmarkPrefill1536(b *testing.B) {
+	b.Run("default", func(b *testing.B) { benchPrefill(b, Config{}, 1536) })
+	b.Run("prev12", func(b *testing.B) { benchPrefill(b, prev12, 1536) })
+}
+
+// BenchmarkPrefill2000 is a full prefill of a 2,000-token prompt with the
+// default configuration (the size the defaults are chosen for).
+func BenchmarkPrefill2000(b *testing.B) { benchPrefill(b, Config{}, 2000) }
 
 // BenchmarkBlendRAG compares the TTFT forward of a RAG prompt (6 reused
 // 256-token documents at new positions + a 64-token question) with

@@ -378,7 +378,7 @@ func TestKeepRefusals(t *testing.T) {
 }
 
 // BenchmarkKVHandOver: a decode worker pulling a 2,048-token prompt's KV
-// (default model: 12 layers, 2 KV heads × 64: 6 KiB per token, 12 MiB)
+// (default model: 16 layers, 2 KV heads × 32, K and V: 8 KiB per token, 16 MiB)
 // from a prefill worker over loopback gRPC, plaintext and mutual TLS.
 func BenchmarkKVHandOver(b *testing.B) {
 	dir := filepath.Join(b.TempDir(), "tls")
