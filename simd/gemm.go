@@ -17,6 +17,11 @@ const (
 	// fewer (decode), B's rows are read in place unless B is transposed or
 	// a panel is partial.
 	packBRows = 48
+	// packBMinK: B blocks of at most this many rows are read in place even
+	// for many rows of A (the attention's scores, k = head size: a panel
+	// is then a few cache lines per row, and packing it cost 18% of the
+	// attention's time).
+	packBMinK = 64
 	// packAPanels: an A block is packed when more than this many B panels
 	// use it; otherwise (the model's tiles of at most 192 columns, the
 	// attention's products) the micro-kernel reads A's rows in place. On
@@ -134,7 +139,7 @@ func gemm(m, n, k int, a []float32, lda int, b bOperand, c []float32, ldc int, a
 	defer bufPool.Put(buf)
 	nkb := (k + kcMax - 1) / kcMax
 	kc0 := (k + nkb - 1) / nkb
-	packAll := b.pk == nil && (b.trans || m >= packBRows)
+	packAll := b.pk == nil && (b.trans || (m >= packBRows && k > packBMinK))
 	for jc := 0; jc < n; jc += ncMax {
 		nc := min(ncMax, n-jc)
 		for pc := 0; pc < k; pc += kc0 {

@@ -214,6 +214,7 @@ func TestGemm(t *testing.T) {
 		{"decode_m1", 1, 640, 128},
 		{"decode_m16", 16, 256, 128},
 		{"prefill_like", 96, 192, 128},
+		{"packed_b_edges", 60, 70, 300},
 	}
 	for _, l := range append([]Level{Generic}, levels(t)...) {
 		for _, tc := range tests {
