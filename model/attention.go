@@ -13,7 +13,7 @@ import (
 // query rows (decode) read K/V straight from the cache instead of gathering
 // them.
 const (
-	maxTile    = 64
+	maxTile    = 72 // a multiple of every micro-tile height (12, 6, 4)
 	maxSpan    = 128
 	directRows = 4
 )

@@ -139,7 +139,8 @@ func gemm(m, n, k int, a []float32, lda int, b bOperand, c []float32, ldc int, a
 	defer bufPool.Put(buf)
 	nkb := (k + kcMax - 1) / kcMax
 	kc0 := (k + nkb - 1) / nkb
-	packAll := b.pk == nil && (b.trans || (m >= packBRows && k > packBMinK))
+	// A B whose rows are panelW apart is already one contiguous panel.
+	packAll := b.pk == nil && (b.trans || (m >= packBRows && k > packBMinK && b.ld != panelW))
 	for jc := 0; jc < n; jc += ncMax {
 		nc := min(ncMax, n-jc)
 		for pc := 0; pc < k; pc += kc0 {
