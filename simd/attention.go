@@ -1,9 +1,6 @@
 package simd
 
-import (
-	"math"
-	"sync"
-)
+import "sync"
 
 // attnBlock is the number of keys one step of Attention scores: the score
 // block (rows × attnBlock) is the only score storage, whatever the context.
@@ -96,5 +93,3 @@ func AttentionFLOPs(hd int, lim []int) float64 {
 	}
 	return 4 * float64(hd) * keys
 }
-
-var _ = math.Inf

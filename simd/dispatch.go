@@ -119,9 +119,3 @@ func SetLevel(l Level) (Level, error) {
 	}
 	return cur.Swap(impls[l]).level, nil
 }
-
-// MicroTile is the current level's matmul micro-tile (rows × columns).
-func MicroTile() (mr, nr int) {
-	im := cur.Load()
-	return im.mrMax, im.nr
-}

@@ -208,10 +208,6 @@ func exp2Go(t float32) float32 {
 	return p * math.Float32frombits(uint32(n+127)<<23)
 }
 
-// Exp is e^x with the kernels' approximation (relative error below 6e-6
-// for x in [-87, 87]; the exponent is clamped there).
-func Exp(x float32) float32 { return exp2Go(x * log2e) }
-
 func expSumGo(x []float32, k, off float32) float32 {
 	var sum float32
 	for i, v := range x {
