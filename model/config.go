@@ -12,9 +12,9 @@ import (
 )
 
 // Default model dimensions. With the SIMD kernels (package simd) a full
-// prefill of a 2,000-token prompt takes well under one second on a 2-core
-// machine (about 0.25 s with both cores free, 0.5 s of CPU; see the
-// README), the CacheBlend speed-up ceiling L/(cl+1+(L-cl-1)*ratio) is 3.90
+// prefill of a 2,000-token prompt stays under one second on a 2-core
+// machine (about 0.5 s of CPU, spread over both cores; see the README),
+// the CacheBlend speed-up ceiling L/(cl+1+(L-cl-1)*ratio) is 3.90
 // at the default check layer and ratio (16/(2+14·0.15)), and Heads and
 // KVHeads are even so that tensor parallelism can split them over 2 ranks.
 // Heads of 32 fill the kernels' 32-column panels; 2 KV heads keep the KV

@@ -30,7 +30,7 @@
 // 16 layers, width 256, 8 query heads and 2 KV heads of 32, SwiGLU 768,
 // vocabulary 258, 8,192 positions, RoPE θ 10000, check layer 1, recompute
 // ratio 0.15: a full prefill of 2,000 tokens costs about 0.5 s of CPU
-// (about 0.25 s on two free cores), the KV cache holds 8 KiB per token and
+// (spread over the cores), the KV cache holds 8 KiB per token and
 // the CacheBlend speed-up ceiling L/(cl+1+(L−cl−1)·ratio) is 3.90.
 //
 // # Kernels and concurrency
