@@ -11,7 +11,7 @@ type attnBuf struct{ s, m, l []float32 }
 var attnPool = sync.Pool{New: func() any { return new(attnBuf) }}
 
 // Attention computes, for nr query rows of one head, the causal attention
-// out[i] = softmax(scale·q_i·Kᵀ)·V over keys [0, lim[i]) (lim[i] >= 1), fused
+// out[i] = softmax(scale·q_i·Kᵀ)·V over keys [0, lim[i]) (lim[i] >= 1, scale > 0), fused
 // flash-style: keys are taken attnBlock at a time; each block's scores
 // (a matrix multiply), their exponentials with a running max and sum per
 // row (online softmax) and the weighted sum of the block's values (a matrix
