@@ -2,7 +2,11 @@
 
 package simd
 
-import "golang.org/x/sys/cpu"
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
 
 //go:noescape
 func peakFMA512(n int)
@@ -18,6 +22,9 @@ func dot256(a, b *float32, n int) float32
 
 //go:noescape
 func dotRows512(dst, q, k *float32, ldk, n, hd int)
+
+//go:noescape
+func dotRows16_512(dst, q, k *float32, ldk, blocks, hd int)
 
 //go:noescape
 func dotRows256(dst, q, k *float32, ldk, n, hd int)
@@ -106,7 +113,7 @@ func registerAsm() {
 	}
 	if cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512DQ && cpu.X86.HasFMA {
 		impls[AVX512] = asmImpl(AVX512, 32, kerns512, kernsU512, peakFMA512, 24*16*2,
-			dot512, dotRows512, axpyRows512, axpy512, scale512, sumsq512, mulScale512, maxf512, expSum512, swiglu512)
+			dot512, dotRows512x, axpyRows512, axpy512, scale512, sumsq512, mulScale512, maxf512, expSum512, swiglu512)
 	}
 }
 
@@ -244,4 +251,20 @@ func rotF64Asm(l Level, lo, hi []float32, cos, sin []float64) bool {
 		return false
 	}
 	return true
+}
+
+// dotRows512x is dotRows512 with whole blocks of 16 rows reduced together
+// (dotRows16_512) when the head size is a multiple of 16.
+func dotRows512x(dst, q, k *float32, ldk, n, hd int) {
+	if blocks := n / 16; blocks > 0 && hd%16 == 0 {
+		dotRows16_512(dst, q, k, ldk, blocks, hd)
+		done := blocks * 16
+		if n == done {
+			return
+		}
+		dst = (*float32)(unsafe.Add(unsafe.Pointer(dst), 4*done))
+		k = (*float32)(unsafe.Add(unsafe.Pointer(k), 4*done*ldk))
+		n -= done
+	}
+	dotRows512(dst, q, k, ldk, n, hd)
 }

@@ -401,6 +401,8 @@ func TestRowKernels(t *testing.T) {
 		{"hd24_tail", 9, 24, 40, 0},
 		{"hd7", 4, 7, 7, 2},
 		{"hd64", 33, 64, 128, 0},
+		{"blocks_strided_unaligned", 50, 32, 72, 1},
+		{"hd48_blocks", 32, 48, 48, 2},
 	}
 	for _, l := range append([]Level{Generic}, levels(t)...) {
 		for _, tc := range tests {
