@@ -27,6 +27,18 @@ func dotRows512(dst, q, k *float32, ldk, n, hd int)
 func dotRows16_512(dst, q, k *float32, ldk, blocks, hd int)
 
 //go:noescape
+func axpyRows1_512(out, w, v *float32, ldv, n int)
+
+//go:noescape
+func axpyRows2_512(out, w, v *float32, ldv, n int)
+
+//go:noescape
+func axpyRows3_512(out, w, v *float32, ldv, n int)
+
+//go:noescape
+func axpyRows4_512(out, w, v *float32, ldv, n int)
+
+//go:noescape
 func dotRows256(dst, q, k *float32, ldk, n, hd int)
 
 //go:noescape
@@ -113,7 +125,7 @@ func registerAsm() {
 	}
 	if cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512DQ && cpu.X86.HasFMA {
 		impls[AVX512] = asmImpl(AVX512, 32, kerns512, kernsU512, peakFMA512, 24*16*2,
-			dot512, dotRows512x, axpyRows512, axpy512, scale512, sumsq512, mulScale512, maxf512, expSum512, swiglu512)
+			dot512, dotRows512x, axpyRows512x, axpy512, scale512, sumsq512, mulScale512, maxf512, expSum512, swiglu512)
 	}
 }
 
@@ -267,4 +279,21 @@ func dotRows512x(dst, q, k *float32, ldk, n, hd int) {
 		n -= done
 	}
 	dotRows512(dst, q, k, ldk, n, hd)
+}
+
+// axpyRows512x is axpyRows512 with the head in registers (axpyRowsN_512)
+// when it is 1 to 4 whole vectors.
+func axpyRows512x(out, w, v *float32, ldv, n, hd int) {
+	switch hd {
+	case 16:
+		axpyRows1_512(out, w, v, ldv, n)
+	case 32:
+		axpyRows2_512(out, w, v, ldv, n)
+	case 48:
+		axpyRows3_512(out, w, v, ldv, n)
+	case 64:
+		axpyRows4_512(out, w, v, ldv, n)
+	default:
+		axpyRows512(out, w, v, ldv, n, hd)
+	}
 }

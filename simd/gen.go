@@ -449,6 +449,69 @@ func dotRows16() {
 	p("")
 }
 
+// axpyRowsC (AVX-512): out[:16·nc] += Σ_t w[t]·v[t*ldv:][:16·nc] for a
+// head of nc vectors (nc <= 4) held in registers: four rows per iteration,
+// each row into its own accumulator set, so 4·nc FMA chains run at once.
+func axpyRowsC(nc int) {
+	name := fmt.Sprintf("axpyRows%d_512", nc)
+	p("// func %s(out, w, v *float32, ldv, n int)", name)
+	p("TEXT ·%s(SB), NOSPLIT, $0-40", name)
+	p("\tMOVQ out+0(FP), DI")
+	p("\tMOVQ w+8(FP), SI")
+	p("\tMOVQ v+16(FP), R11")
+	p("\tMOVQ ldv+24(FP), R8")
+	p("\tSHLQ $2, R8")
+	p("\tLEAQ (R8)(R8*2), R9")
+	p("\tMOVQ n+32(FP), CX")
+	for i := range 4 * nc {
+		p("\tVPXORD Z%d, Z%d, Z%d", i, i, i)
+	}
+	p("\tMOVQ CX, BX")
+	p("\tSHRQ $2, BX")
+	p("\tANDQ $3, CX")
+	p("\tTESTQ BX, BX")
+	p("\tJZ %stail", name)
+	p("%squad:", name)
+	rows := []string{"(R11)", "(R11)(R8*1)", "(R11)(R8*2)", "(R11)(R9*1)"}
+	for u := range 4 {
+		p("\tVBROADCASTSS %d(SI), Z%d", 4*u, 20+u)
+		for c := range nc {
+			addr := rows[u]
+			if c > 0 {
+				addr = fmt.Sprintf("%d%s", 64*c, rows[u])
+			}
+			p("\tVFMADD231PS %s, Z%d, Z%d", addr, 20+u, u*nc+c)
+		}
+	}
+	p("\tADDQ $16, SI")
+	p("\tLEAQ (R11)(R8*4), R11")
+	p("\tDECQ BX")
+	p("\tJNZ %squad", name)
+	p("%stail:", name)
+	p("\tTESTQ CX, CX")
+	p("\tJZ %ssum", name)
+	p("%sone:", name)
+	p("\tVBROADCASTSS (SI), Z20")
+	for c := range nc {
+		p("\tVFMADD231PS %d(R11), Z20, Z%d", 64*c, c)
+	}
+	p("\tADDQ $4, SI")
+	p("\tADDQ R8, R11")
+	p("\tDECQ CX")
+	p("\tJNZ %sone", name)
+	p("%ssum:", name)
+	for c := range nc {
+		p("\tVADDPS Z%d, Z%d, Z%d", nc+c, c, c)
+		p("\tVADDPS Z%d, Z%d, Z%d", 3*nc+c, 2*nc+c, 2*nc+c)
+		p("\tVADDPS Z%d, Z%d, Z%d", 2*nc+c, c, c)
+		p("\tVADDPS %d(DI), Z%d, Z%d", 64*c, c, c)
+		p("\tVMOVUPS Z%d, %d(DI)", c, 64*c)
+	}
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("")
+}
+
 // axpyRows: out[:hd] += Σ_t w[t]·v[t*ldv:][:hd] for t < n, one vector
 // chunk of out at a time, accumulated in registers over t.
 func (s isa) axpyRows() {
@@ -911,6 +974,9 @@ func main() {
 		s.rotate(true)
 		if s.reg == "Z" {
 			dotRows16()
+			for nc := 1; nc <= 4; nc++ {
+				axpyRowsC(nc)
+			}
 		}
 	}
 	var decl bytes.Buffer
