@@ -62,6 +62,8 @@ const (
 	bufOut
 	bufXAll
 	bufDev
+	bufPart // a rank's partial projection output before its all-reduce
+	bufMask // the reused-position agreement of a sharded BlendForward
 	numBufs
 )
 
@@ -184,7 +186,9 @@ func (m *Model) Prefill(kv *kvcache.Memory, in PrefillInput) ([]float32, error) 
 	x := dense(ws.f32(bufX, n*m.cfg.Dim), n, m.cfg.Dim)
 	m.embedRows(x, in.Tokens)
 	for l := range m.cfg.Layers {
-		m.layer(ws, kv, l, x, b)
+		if err := m.layer(ws, kv, l, x, b); err != nil {
+			return nil, err
+		}
 	}
 	out := make([]float32, m.cfg.Vocab)
 	m.logits(ws, dense(out, 1, m.cfg.Vocab), x.view(n-1, 0, 1, m.cfg.Dim))
@@ -242,7 +246,9 @@ func (m *Model) Decode(kv *kvcache.Memory, in []DecodeInput) ([][]float32, error
 	x := dense(ws.f32(bufX, n*m.cfg.Dim), n, m.cfg.Dim)
 	m.embedRows(x, toks)
 	for l := range m.cfg.Layers {
-		m.layer(ws, kv, l, x, b)
+		if err := m.layer(ws, kv, l, x, b); err != nil {
+			return nil, err
+		}
 	}
 	flat := make([]float32, n*m.cfg.Vocab)
 	m.logits(ws, dense(flat, n, m.cfg.Vocab), x)
@@ -290,8 +296,9 @@ func (m *Model) normRows(h, x mat, gain []float32) {
 }
 
 // layer runs transformer layer l on the rows of x in place (x is the
-// residual stream), writing every row's K/V into its slot.
-func (m *Model) layer(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch) {
+// residual stream), writing every row's K/V into its slot. It fails only
+// when a sharded model's all-reduce fails.
+func (m *Model) layer(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch) error {
 	n, d := x.rows, m.cfg.Dim
 	lw := &m.layers[l]
 	h := dense(ws.f32(bufH, n*d), n, d)
@@ -299,7 +306,7 @@ func (m *Model) layer(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch)
 	qkv := dense(ws.f32(bufQKV, n*m.qkvDim), n, m.qkvDim)
 	gemm(m.cfg.Threads, qkv, h, dense(lw.wqkv, d, m.qkvDim), false, false)
 	m.ropeAndStore(kv, l, qkv, b, true)
-	m.attendAndMLP(ws, kv, l, x, qkv, b)
+	return m.attendAndMLP(ws, kv, l, x, qkv, b)
 }
 
 // ropeAndStore rotates the Q (when withQ) and K columns of every row of qkv
@@ -325,13 +332,16 @@ func (m *Model) ropeAndStore(kv *kvcache.Memory, l int, qkv mat, b *batch, withQ
 
 // attendAndMLP finishes layer l for the rows of x: attention of the (already
 // rotated) queries in qkv over the cache, the output projection, and the
-// SwiGLU MLP, both added to the residual x.
-func (m *Model) attendAndMLP(ws *workspace, kv *kvcache.Memory, l int, x, qkv mat, b *batch) {
+// SwiGLU MLP, both added to the residual x. On a sharded model both are
+// partial sums, all-reduced before they are added.
+func (m *Model) attendAndMLP(ws *workspace, kv *kvcache.Memory, l int, x, qkv mat, b *batch) error {
 	n, d, f := x.rows, m.cfg.Dim, m.cfg.FFNDim
 	lw := &m.layers[l]
 	att := dense(ws.f32(bufAtt, n*m.qDim), n, m.qDim)
 	m.attention(ws, kv, l, att, qkv, b)
-	gemm(m.cfg.Threads, x, att, dense(lw.wo, m.qDim, d), false, true)
+	if err := m.project(ws, x, att, dense(lw.wo, m.qDim, d)); err != nil {
+		return err
+	}
 
 	h := dense(ws.f32(bufH, n*d), n, d)
 	m.normRows(h, x, lw.mlpNorm)
@@ -349,5 +359,32 @@ func (m *Model) attendAndMLP(ws *workspace, kv *kvcache.Memory, l int, x, qkv ma
 			}
 		}
 	})
-	gemm(m.cfg.Threads, x, act, dense(lw.wdown, f, d), false, true)
+	return m.project(ws, x, act, dense(lw.wdown, f, d))
+}
+
+// project adds a·w to the residual x; on a sharded model a·w is the rank's
+// partial sum, all-reduced first.
+func (m *Model) project(ws *workspace, x, a, w mat) error {
+	if m.tp == nil {
+		gemm(m.cfg.Threads, x, a, w, false, true)
+		return nil
+	}
+	p := dense(ws.f32(bufPart, x.rows*x.cols), x.rows, x.cols)
+	gemm(m.cfg.Threads, p, a, w, false, false)
+	if err := m.allReduce(p.data); err != nil {
+		return err
+	}
+	m.rowChunks(x.rows, func(r0, r1 int) {
+		for i := r0; i < r1; i++ {
+			addTo(x.row(i), p.row(i))
+		}
+	})
+	return nil
+}
+
+func addTo(dst, src []float32) {
+	src = src[:len(dst)]
+	for i, v := range src {
+		dst[i] += v
+	}
 }
