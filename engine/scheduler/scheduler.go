@@ -19,8 +19,18 @@ import (
 	"github.com/cacheblend/cacheblend/telemetry"
 )
 
-// WorldSize is the number of worker ranks a request runs on (one worker).
+// WorldSize is the number of worker ranks a request runs on when the
+// worker does not report one (InfoResponse.world_size, cb worker --tp).
 const WorldSize = 1
+
+// worldSize is the worker's reported world size (WorldSize before it
+// answered). s.mu must be held.
+func (s *Scheduler) worldSize() int {
+	if s.info == nil {
+		return WorldSize
+	}
+	return max(WorldSize, int(s.info.GetWorldSize()))
+}
 
 // idleWake bounds how long the loop sleeps when nothing is due.
 const idleWake = time.Minute
@@ -359,7 +369,7 @@ func (s *Scheduler) Submit(r *Request) (*Handle, error) {
 		sq.reqCtx, sq.reqSpan = s.spans.Start(ctx, spanname.CBRequest, trace.WithAttributes(
 			attribute.String("request_id", r.ID),
 			attribute.String("model", s.cfg.Model),
-			attribute.Int("world_size", WorldSize),
+			attribute.Int("world_size", s.worldSize()),
 			attribute.Int("n_prompt_tokens", len(r.Prompt)),
 		))
 		sq.traceCtx, sq.traceSt = telemetry.InjectStrings(sq.reqCtx)
