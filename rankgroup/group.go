@@ -74,6 +74,7 @@ type Group struct {
 
 	failMu   sync.Mutex
 	err      error
+	crashed  bool // the group failed before Shutdown
 	closing  bool
 	done     chan struct{}
 	watchers sync.WaitGroup
@@ -116,9 +117,13 @@ func New(cfg Config, args func(rank int) []string, logger *slog.Logger) (*Group,
 	return &Group{cfg: cfg, args: args, logger: logger, stored: map[string]int{}, done: make(chan struct{})}, nil
 }
 
-// Start creates the segment, maps it as rank 0 and starts ranks 1..World-1;
-// when it fails nothing is left running.
-func (g *Group) Start() error {
+// Start creates the segment, maps it as rank 0 and starts ranks 1..World-1
+// (ctx is not retained: the processes live until Shutdown); when it fails
+// nothing is left running.
+func (g *Group) Start(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	seg, err := tp.CreateSegment(g.cfg.World, g.cfg.Reducer)
 	if err != nil {
 		return err
@@ -186,6 +191,7 @@ func (g *Group) fail(err error) {
 	first := g.err == nil
 	if first {
 		g.err = err
+		g.crashed = !g.closing
 		if g.reducer != nil {
 			g.reducer.PeerDied()
 		}
@@ -214,6 +220,18 @@ func (g *Group) Done() <-chan struct{} { return g.done }
 func (g *Group) Err() error {
 	g.failMu.Lock()
 	defer g.failMu.Unlock()
+	return g.err
+}
+
+// Crashed is the group's failure when it failed before Shutdown (a rank
+// died), nil otherwise: the process should then exit with an error so that
+// its supervisor restarts the whole group.
+func (g *Group) Crashed() error {
+	g.failMu.Lock()
+	defer g.failMu.Unlock()
+	if !g.crashed {
+		return nil
+	}
 	return g.err
 }
 

@@ -70,7 +70,7 @@ func newGroup(t *testing.T, world int, mode string) *Group {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := g.Start(); err != nil {
+	if err := g.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -111,6 +111,9 @@ func TestGroupRunsSteps(t *testing.T) {
 			}
 			if g.Err() != nil {
 				t.Fatal(g.Err())
+			}
+			if err := g.Shutdown(context.Background()); err != nil || g.Crashed() != nil {
+				t.Fatalf("shutdown: %v, crashed %v", err, g.Crashed())
 			}
 		})
 	}
@@ -155,6 +158,9 @@ func TestRankDeathFailsFast(t *testing.T) {
 	}
 	if _, err := g.Execute(context.Background(), req("c"), step(g.Reducer())); !errors.Is(err, ErrGroupFailed) {
 		t.Fatalf("after the failure: %v", err)
+	}
+	if g.Crashed() == nil {
+		t.Fatal("Crashed: nil after a rank died")
 	}
 }
 

@@ -33,6 +33,11 @@ type UpConfig struct {
 	OTLPProtocol string
 	// EngineArgs, WorkerArgs and BlendArgs are extra flags per process.
 	EngineArgs, WorkerArgs, BlendArgs []string
+	// TP, above 1, runs every worker as a tensor-parallel group of TP rank
+	// processes (cb worker --tp): the supervised process is rank 0, which
+	// starts the others and exits when one dies, so the supervisor restarts
+	// the whole group. Default 1.
+	TP int
 	// Env is added to every process's environment.
 	Env []string
 	// Supervisor configures supervision (logs, timeouts, backoff).
@@ -232,7 +237,7 @@ func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
 	}
 	s.eps.Blend = Endpoint{GRPC: r.Values["grpc"], Metrics: r.Values["metrics"], PID: r.PID}
 	r, err = s.sup.Start(ctx, Spec{Name: "cb-worker", Path: cfg.Exe, Env: env,
-		Args: args([]string{"worker", "--addr", workerGRPC, "--metrics-addr", workerMetrics, "--blend", blendGRPC, "--blend-kv-socket", kvSocket}, mtls.Worker, cfg.WorkerArgs)})
+		Args: args([]string{"worker", "--addr", workerGRPC, "--metrics-addr", workerMetrics, "--blend", blendGRPC, "--blend-kv-socket", kvSocket}, mtls.Worker, tpArgs(cfg))})
 	if err != nil {
 		return fail(err)
 	}
@@ -514,4 +519,12 @@ func (s *Stack) startGateway(ctx context.Context, cfg UpConfig) error {
 	}
 	s.eps.Gateway = &Endpoint{API: r.Values["api"], Metrics: r.Values["metrics"], PID: r.PID}
 	return WaitHealthy(ctx, s.eps.Gateway.API+"/health", s.gw.cfg.ReadyTimeout)
+}
+
+// tpArgs is cfg.WorkerArgs with --tp when cfg.TP is above 1.
+func tpArgs(cfg UpConfig) []string {
+	if cfg.TP <= 1 {
+		return cfg.WorkerArgs
+	}
+	return append(slices.Clone(cfg.WorkerArgs), "--tp="+strconv.Itoa(cfg.TP))
 }

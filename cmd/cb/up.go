@@ -32,6 +32,7 @@ type upFlags struct {
 	prefillNodes  int // cb up only: a disaggregated fleet
 	decodeNodes   int
 	plaintext     bool
+	tp            int
 }
 
 func (u *upFlags) register(cmd *cobra.Command, defaultAPI string) {
@@ -47,6 +48,7 @@ func (u *upFlags) register(cmd *cobra.Command, defaultAPI string) {
 	f.BoolVar(&u.noGateway, "no-gateway", false, "with --nodes N, start no gateway: node 0's engine listens on --api")
 	f.StringVar(&u.redisURL, "redis-url", "", "fleet tier shared with other nodes: passed to cb blend --redis-url")
 	f.IntVar(&u.nodes, "nodes", 1, "nodes to start on loopback (engine + worker + blend server each) sharing one fleet tier, behind a gateway (cb gateway) on --api; without --redis-url, cb up starts redis-server on a free port with a random password")
+	f.IntVar(&u.tp, "tp", 1, "run each worker as this many tensor-parallel rank processes (cb worker --tp); a rank that dies fails its requests (503) and the whole rank group is restarted")
 	f.BoolVar(&u.plaintext, "plaintext", false, "no mutual TLS between the processes: the worker's and the blend server's gRPC ports then admit any local process (default: a throw-away CA and a certificate per process, removed at exit)")
 }
 
@@ -81,7 +83,7 @@ func startStack(ctx context.Context, u *upFlags) (*running, error) {
 		APIAddr:    u.api,
 		EngineArgs: u.engineArgs, WorkerArgs: u.workerArgs, BlendArgs: u.blendArgs,
 		GatewayArgs: u.gatewayArgs, NoGateway: u.noGateway,
-		Plaintext: u.plaintext, Nodes: u.nodes, RedisURL: u.redisURL,
+		Plaintext: u.plaintext, Nodes: u.nodes, RedisURL: u.redisURL, TP: u.tp,
 		PrefillNodes: u.prefillNodes, DecodeNodes: u.decodeNodes,
 		// Export batches often so a request's trace is complete quickly.
 		Env: []string{"OTEL_BSP_SCHEDULE_DELAY=200"},
