@@ -234,7 +234,7 @@ func (s *Server) lookup(job *lookupJob) *cbv1.LookupResult {
 func (s *Server) onAllRanks(k chunkstore.Key, ws int) bool {
 	for rank := 1; rank < ws; rank++ {
 		rk, ok := s.rankKey(k, rank)
-		if !ok || s.store.Contains(rk) == chunkstore.TierNone {
+		if !ok || !s.store.Present(rk) {
 			return false
 		}
 	}

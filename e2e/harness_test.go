@@ -92,6 +92,8 @@ type options struct {
 	// trace: the processes are started through a wrapper script that sets
 	// it for `cb engine`.
 	engineEnv []string
+	// tp, above 1, runs the worker as that many tensor-parallel ranks.
+	tp int
 }
 
 // startEnv starts the collector (unless o.otlpEndpoint is set) and the
@@ -109,6 +111,7 @@ func startEnv(t *testing.T, o options) *env {
 		EngineArgs: o.engineArgs, WorkerArgs: o.workerArgs, BlendArgs: o.blendArgs,
 		Env:        append([]string{"OTEL_BSP_SCHEDULE_DELAY=100"}, o.extraEnv...),
 		Supervisor: stack.Config{Logs: e.logs, ReadyTimeout: 90 * time.Second},
+		TP:         o.tp,
 	}
 	if o.otlpEndpoint == "" {
 		col, err := tracestore.New(tracestore.Config{OTLPAddr: "127.0.0.1:0", QueryAddr: "127.0.0.1:0"}, component.Deps{})

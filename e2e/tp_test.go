@@ -1,0 +1,196 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/cacheblend/cacheblend/blend/chunkstore"
+	"github.com/cacheblend/cacheblend/contract"
+	"github.com/cacheblend/cacheblend/contract/spanname"
+	"github.com/cacheblend/cacheblend/demo"
+	"github.com/cacheblend/cacheblend/tracecheck"
+)
+
+// content is the text of a chat completion's first choice.
+func content(t *testing.T, out map[string]any) string {
+	t.Helper()
+	choices, _ := out["choices"].([]any)
+	if len(choices) == 0 {
+		t.Fatalf("no choices in %v", out)
+	}
+	msg, _ := choices[0].(map[string]any)["message"].(map[string]any)
+	s, _ := msg["content"].(string)
+	return s
+}
+
+// startPair starts a --tp 1 and a --tp 2 stack side by side, with opts.
+func startPair(t *testing.T, opts func(tp int) options) (one, two *env) {
+	t.Helper()
+	var wg sync.WaitGroup
+	wg.Go(func() { one = startEnv(t, opts(1)) })
+	wg.Go(func() { two = startEnv(t, opts(2)) })
+	wg.Wait()
+	if one == nil || two == nil {
+		t.FailNow()
+	}
+	return one, two
+}
+
+func attrInt(s *tracecheck.Span, k string) (int, bool) {
+	v, ok := s.Attributes[k]
+	if !ok {
+		return 0, false
+	}
+	n, ok := v.Number()
+	return int(n), ok
+}
+
+// TestTensorParallelMatchesAndTraces: a --tp 2 worker answers greedy
+// requests exactly as a --tp 1 worker, with and without CacheBlend reuse,
+// and its trace passes the contract with world_size=2, both ranks' worker
+// spans and one cb.retrieve per rank and load pass.
+func TestTensorParallelMatchesAndTraces(t *testing.T) {
+	one, two := startPair(t, func(int) options { return options{} })
+	for _, e := range []*env{one, two} {
+		e.ingest()
+	}
+	cases := []struct {
+		name  string
+		trace string // traceparent of the --tp 2 request
+		text  string
+	}{
+		{"no reuse", "00-5bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "Say something about tensors."},
+		{"reused documents", "00-6bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", ragPrompt(4, 1, 6)},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			want := content(t, one.chat("", c.text, 12))
+			got := content(t, two.chat(c.trace, c.text, 12))
+			if got != want {
+				t.Fatalf("--tp 2 answered %q, --tp 1 %q", got, want)
+			}
+		})
+	}
+	tr := two.trace("6bf92f3577b34da6a3ce929d0e0e4736", spanname.CBRequest, spanname.CBClassify, spanname.CBExecute,
+		spanname.CBRetrieve, spanname.CBCheck, spanname.CBPartial)
+	spec, err := contract.Spans()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := tracecheck.Check([]tracecheck.Trace{*tr}, spec); !rep.OK() {
+		t.Fatalf("contract check failed:\n%s", rep.String())
+	}
+	spans := byName(tr)
+	if ws, _ := attrInt(spans[spanname.CBRequest][0], "world_size"); ws != 2 {
+		t.Fatalf("cb.request world_size %d, want 2", ws)
+	}
+	cl := spans[spanname.CBClassify][0]
+	found, _ := attrInt(cl, "found")
+	ok, _ := attrInt(cl, "per_rank_ok")
+	if found == 0 || ok != found {
+		t.Fatalf("cb.classify found %d per_rank_ok %d: every rank stored the documents", found, ok)
+	}
+	for _, name := range []string{spanname.CBExecute, spanname.CBModelForward, spanname.CBStartLoadKV, spanname.CBRetrieve} {
+		perRank := map[int]int{}
+		for _, s := range spans[name] {
+			r, has := attrInt(s, "rank")
+			if !has {
+				t.Fatalf("%s without rank: %v", name, s.Attributes)
+			}
+			perRank[r]++
+		}
+		if len(perRank) != 2 || perRank[0] != perRank[1] || perRank[0] == 0 {
+			t.Fatalf("%s per rank %v, want the same number on ranks 0 and 1", name, perRank)
+		}
+	}
+	// Each load pass (cb.start_load_kv of a rank) has its own cb.retrieve:
+	// two per pass over the group.
+	for _, s := range spans[spanname.CBRetrieve] {
+		p := spanByID(tr, s.ParentSpanID)
+		pr, _ := attrInt(p, "rank")
+		sr, _ := attrInt(s, "rank")
+		if p == nil || p.Name != spanname.CBStartLoadKV || pr != sr {
+			t.Fatalf("cb.retrieve of rank %d under %+v", sr, p)
+		}
+	}
+}
+
+// TestTensorParallelChunkGoneOnOneRank: a chunk the test deletes from rank
+// 1's store only (the blend server keeps chunks in L2 files) is not reused
+// — per_rank_ok < found on cb.classify — and the answer is still the
+// --tp 1 answer.
+func TestTensorParallelChunkGoneOnOneRank(t *testing.T) {
+	dirs := map[int]string{1: t.TempDir(), 2: t.TempDir()}
+	one, two := startPair(t, func(tp int) options {
+		// L1 admits nothing: every chunk lives in an L2 file.
+		return options{tp: tp, blendArgs: []string{"--l2-dir=" + dirs[tp], "--l1-bytes=1"}}
+	})
+	for _, e := range []*env{one, two} {
+		e.ingest()
+	}
+	// Delete one chunk of rank 1 and find the document it belongs to.
+	files, err := filepath.Glob(filepath.Join(dirs[2], "*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := -1
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		c, err := chunkstore.DecodeChunk(data)
+		if err != nil || c.Rank != 1 {
+			continue
+		}
+		var text []byte
+		for _, tok := range c.Tokens {
+			if tok < 256 {
+				text = append(text, byte(tok))
+			}
+		}
+		for i, d := range demo.Documents() {
+			if len(text) > 0 && strings.Contains(d.Text, string(text)) {
+				doc = i
+			}
+		}
+		if doc >= 0 {
+			if err := os.Remove(f); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if doc < 0 {
+		t.Fatalf("no rank-1 chunk of a document among %d files", len(files))
+	}
+	others := []int{}
+	for i := range demo.Documents() {
+		if i != doc && len(others) < 2 {
+			others = append(others, i)
+		}
+	}
+	prompt := ragPrompt(others[0], doc, others[1])
+	want := content(t, one.chat("", prompt, 12))
+	got := content(t, two.chat("00-7bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", prompt, 12))
+	if got != want {
+		t.Fatalf("--tp 2 answered %q, --tp 1 %q", got, want)
+	}
+	tr := two.trace("7bf92f3577b34da6a3ce929d0e0e4736", spanname.CBRequest, spanname.CBClassify, spanname.CBExecute)
+	cl := byName(tr)[spanname.CBClassify][0]
+	found, _ := attrInt(cl, "found")
+	ok, _ := attrInt(cl, "per_rank_ok")
+	if found == 0 || ok >= found {
+		t.Fatalf("cb.classify found %d per_rank_ok %d: the deleted chunk must not be usable on every rank", found, ok)
+	}
+	spec, err := contract.Spans()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := tracecheck.Check([]tracecheck.Trace{*tr}, spec); !rep.OK() {
+		t.Fatalf("contract check failed:\n%s", rep.String())
+	}
+}
