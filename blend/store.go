@@ -55,7 +55,8 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 	id := r.GetRequestId()
 	cs := s.cfg.ChunkSize
 	tp, ts := traceContext(ctx, r.GetTraceContext(), r.GetTraceState())
-	s.publish(events.Event{Type: events.StoreStart, RequestID: id, TraceContext: tp, TraceState: ts,
+	sid := s.copyIDs.Add(1) // the ranks of a tensor-parallel worker store one request concurrently
+	s.publish(events.Event{Type: events.StoreStart, RequestID: id, CopyID: sid, TraceContext: tp, TraceState: ts,
 		Attrs: []attribute.KeyValue{events.AttrTokens.Int(len(toks)), attribute.Bool("document", r.GetDocument()), attribute.Int("rank", rank)}})
 
 	// Copy the KV out now: the engine frees the blocks once the worker
@@ -111,7 +112,7 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 		endErr = errors.Join(errs...)
 		s.logger.Warn("store: chunks not stored", "request_id", id, "failed", len(errs), "err", endErr)
 	}
-	s.publish(events.Event{Type: events.StoreEnd, RequestID: id, Err: endErr, Attrs: []attribute.KeyValue{
+	s.publish(events.Event{Type: events.StoreEnd, RequestID: id, CopyID: sid, Err: endErr, Attrs: []attribute.KeyValue{
 		events.AttrStoredChunks.Int(int(resp.StoredChunks)), attribute.Int("skipped_chunks", int(resp.SkippedChunks)),
 		events.AttrBytes.Int64(resp.Bytes),
 	}})

@@ -53,7 +53,7 @@ func attrInt(s *tracecheck.Span, k string) (int, bool) {
 // and its trace passes the contract with world_size=2, both ranks' worker
 // spans and one cb.retrieve per rank and load pass.
 func TestTensorParallelMatchesAndTraces(t *testing.T) {
-	one, two := startPair(t, func(int) options { return options{} })
+	one, two := startPair(t, func(tp int) options { return options{tp: tp} })
 	for _, e := range []*env{one, two} {
 		e.ingest()
 	}
@@ -84,8 +84,10 @@ func TestTensorParallelMatchesAndTraces(t *testing.T) {
 		t.Fatalf("contract check failed:\n%s", rep.String())
 	}
 	spans := byName(tr)
-	if ws, _ := attrInt(spans[spanname.CBRequest][0], "world_size"); ws != 2 {
-		t.Fatalf("cb.request world_size %d, want 2", ws)
+	for _, s := range spans[spanname.CBRequest] {
+		if ws, _ := attrInt(s, "world_size"); ws != 2 {
+			t.Fatalf("cb.request (%s) world_size %d, want 2: %v", s.Service, ws, s.Attributes)
+		}
 	}
 	cl := spans[spanname.CBClassify][0]
 	found, _ := attrInt(cl, "found")
