@@ -3,9 +3,12 @@ package e2e
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/contract"
@@ -194,5 +197,97 @@ func TestTensorParallelChunkGoneOnOneRank(t *testing.T) {
 	}
 	if rep := tracecheck.Check([]tracecheck.Trace{*tr}, spec); !rep.OK() {
 		t.Fatalf("contract check failed:\n%s", rep.String())
+	}
+}
+
+// childrenOf lists the processes whose parent is pid.
+func childrenOf(t *testing.T, pid int) []int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(pid) + "/children")
+	if err == nil {
+		var out []int
+		for _, f := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				out = append(out, n)
+			}
+		}
+		if len(out) > 0 {
+			return out
+		}
+	}
+	// Without /proc/<pid>/task/<tid>/children (CONFIG_PROC_CHILDREN): scan.
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		st, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...
+		rest := string(st[strings.LastIndexByte(string(st), ')')+1:])
+		if f := strings.Fields(rest); len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// TestTensorParallelRankKilled: killing rank 1 of a --tp 2 worker fails the
+// in-flight request fast with a 503, and cb up restarts the whole rank
+// group, which then serves again.
+func TestTensorParallelRankKilled(t *testing.T) {
+	e := startEnv(t, options{tp: 2})
+	pid0, _ := pidOf(t, e, "cb-worker")
+	ranks := childrenOf(t, pid0)
+	if len(ranks) != 1 {
+		t.Fatalf("rank 0 (pid %d) has children %v, want one rank process", pid0, ranks)
+	}
+	type answer struct {
+		code int
+		body string
+	}
+	done := make(chan answer, 1)
+	go func() {
+		code, body := e.rawChat(`{"model":"cb-llama","max_tokens":4000,"ignore_eos":true,"messages":[{"role":"user","content":"count"}]}`)
+		done <- answer{code, body}
+	}()
+	time.Sleep(1500 * time.Millisecond) // decoding by now
+	killed := time.Now()
+	if err := syscall.Kill(ranks[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var a answer
+	select {
+	case a = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the in-flight request hangs after a rank died")
+	}
+	took := time.Since(killed)
+	if a.code != 503 {
+		t.Fatalf("in-flight request: %d %s", a.code, a.body)
+	}
+	t.Logf("in-flight request failed %v after rank 1 was killed", took.Round(time.Millisecond))
+	waitRestart(t, e, "cb-worker", pid0)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		code, body := e.rawChat(`{"model":"cb-llama","max_tokens":2,"messages":[{"role":"user","content":"hello"}]}`)
+		if code == 200 {
+			break
+		}
+		if code != 503 || time.Now().After(deadline) {
+			t.Fatalf("after the restart: %d %s", code, body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	newPID, _ := pidOf(t, e, "cb-worker")
+	if kids := childrenOf(t, newPID); len(kids) != 1 {
+		t.Fatalf("restarted rank 0 has children %v, want one rank process", kids)
 	}
 }
