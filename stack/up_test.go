@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -183,5 +184,28 @@ func TestUpBadCertificateFails(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(tmp, "cb-up-tls-*")); len(left) > 0 {
 		t.Errorf("certificate directory left behind: %v", left)
+	}
+}
+
+func TestTPArgs(t *testing.T) {
+	cases := []struct {
+		name string
+		cfg  UpConfig
+		want []string
+	}{
+		{"default", UpConfig{WorkerArgs: []string{"--layers=4"}}, []string{"--layers=4"}},
+		{"one rank", UpConfig{TP: 1}, nil},
+		{"two ranks", UpConfig{TP: 2, WorkerArgs: []string{"--layers=4"}}, []string{"--layers=4", "--tp=2"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := tpArgs(c.cfg)
+			if !slices.Equal(got, c.want) {
+				t.Fatalf("got %v, want %v", got, c.want)
+			}
+			if c.cfg.TP > 1 && len(c.cfg.WorkerArgs) != 1 {
+				t.Fatal("tpArgs changed the caller's WorkerArgs")
+			}
+		})
 	}
 }
