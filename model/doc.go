@@ -41,4 +41,10 @@
 // compares them with our pure-Go kernel and with gonum's own blas32.Gemm;
 // gonum's kernels are faster, so the forward uses them). A Model is safe for
 // concurrent use provided concurrent calls write disjoint KV slots.
+//
+// NewShard builds one rank's slice of the model for tensor parallelism
+// (docs/design.md §11): the ranks' partial attention and MLP outputs, the
+// check layer's deviations and the reused positions they agree on go
+// through a tp.AllReducer, so the ranks of a group compute the whole
+// model's logits (within float rounding) and agree with each other exactly.
 package model

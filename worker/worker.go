@@ -328,7 +328,8 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 	}(w.grpcSrv)
 	w.logger.Info("worker started", "addr", ln.Addr().String(), "kv_memory", kv.Name(), "sealed", kv.Sealed(), "layers", m.Config().Layers,
-		"dim", m.Config().Dim, "blocks", w.cfg.NumBlocks, "block_size", w.cfg.BlockSize, "blend", w.blend != nil)
+		"dim", m.Config().Dim, "blocks", w.cfg.NumBlocks, "block_size", w.cfg.BlockSize, "blend", w.blend != nil,
+		"rank", w.cfg.Rank, "world_size", w.world)
 	return nil
 }
 
