@@ -41,6 +41,11 @@ func (s *service) Info(context.Context, *cbv1.InfoRequest) (*cbv1.InfoResponse, 
 }
 
 func (s *service) Execute(ctx context.Context, req *cbv1.ExecuteRequest) (*cbv1.ExecuteResponse, error) {
+	if w := s.w; w.world > 1 && w.cfg.Rank > 0 {
+		// A step run on one rank alone would stall the group's all-reduce:
+		// ranks 1..N-1 take their steps from rank 0 (rankgroup.Serve).
+		return nil, status.Errorf(codes.FailedPrecondition, "execute: rank %d of a tensor-parallel worker takes its steps from rank 0", w.cfg.Rank)
+	}
 	return s.w.Execute(ctx, req)
 }
 

@@ -145,6 +145,21 @@ func TestTensorParallelWorkerMatchesWhole(t *testing.T) {
 	}
 }
 
+// TestTensorParallelRankRefusesDirectSteps: a rank other than 0 runs steps
+// only as rank 0 forwards them; a direct Execute would stall the group.
+func TestTensorParallelRankRefusesDirectSteps(t *testing.T) {
+	_, peers := startGroup(t, 2)
+	conn, err := grpc.NewClient(peers.peers[0].Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, err = cbv1.NewWorkerServiceClient(conn).Execute(context.Background(), &cbv1.ExecuteRequest{})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("got %v, want FailedPrecondition", err)
+	}
+}
+
 func TestTensorParallelGroupFailureIsUnavailable(t *testing.T) {
 	h, peers := startGroup(t, 2)
 	peers.fail = fmt.Errorf("%w: rank 1 exited", rankgroup.ErrGroupFailed)
