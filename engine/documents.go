@@ -130,7 +130,7 @@ func (e *Engine) serveDocuments(w *statusWriter, r *http.Request, _ string, t0 t
 		jobs = append(jobs, job{id: id, h: h, span: span})
 	}
 
-	out := api.DocumentList{Object: "list", Model: e.cfg.Model, Usage: usage(nTokens, 0)}
+	out := api.DocumentList{Object: "list", Model: e.cfg.Model, Usage: api.Usage{PromptTokens: nTokens, TotalTokens: nTokens}}
 	for i, j := range jobs {
 		res := wait(reqCtx, j.h)
 		if !res.Done || res.Err != nil {

@@ -732,6 +732,7 @@ func (s *Scheduler) admit(sq *seq, budget int, now time.Time) (int, bool) {
 			r.Admitted = now
 			r.CachedTokens = local
 			r.ReusedTokens = reused
+			r.PrefixReusedTokens = max(start-local, 0)
 		})
 	})
 	if sq.schedSpan != nil {
