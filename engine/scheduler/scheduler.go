@@ -121,6 +121,7 @@ type Scheduler struct {
 	blocks          *blockManager
 	info            *cbv1.InfoResponse
 	ready           bool
+	probeFailures   uint64 // Info probes failed in a row
 	everReady       bool
 	closing         bool
 	nextProbe       time.Time
@@ -477,12 +478,16 @@ func (s *Scheduler) probe() {
 		s.nextProbe = time.Now().Add(s.cfg.WorkerRetryInterval)
 		first := !s.everReady && s.stepID == 0
 		s.unlock()
-		if s.loopCtx.Err() == nil {
-			s.log.Warn("worker unavailable", "error", err.Error(), "retry_in", s.cfg.WorkerRetryInterval.String(), "first_probe", first)
+		s.probeFailures++
+		// Logged on the 1st, 2nd, 4th, 8th... failure in a row: probes are
+		// frequent, the log need not be.
+		if n := s.probeFailures; s.loopCtx.Err() == nil && n&(n-1) == 0 {
+			s.log.Warn("worker unavailable", "error", err.Error(), "retry_in", s.cfg.WorkerRetryInterval.String(), "first_probe", first, "failed_probes", n)
 		}
 		return
 	}
 	s.blocks.pool, s.info, s.ready, s.everReady = alloc, info, true, true
+	s.probeFailures = 0
 	s.unlock()
 	s.log.Info("worker ready", "worker_id", info.GetWorkerId(), "model", info.GetModel(),
 		"kv_blocks", info.GetNumBlocks(), "block_size", info.GetBlockSize(), "max_positions", info.GetMaxPositions())
