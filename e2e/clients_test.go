@@ -409,12 +409,14 @@ func TestEngineServesWithinASecondOfWorkerRestart(t *testing.T) {
 		back := time.Since(ready)
 		t.Logf("kill %d: worker restarted %v after the kill; engine serving %v after the worker's READY",
 			i+1, ready.Sub(killed).Round(time.Millisecond), back.Round(time.Millisecond))
-		// The design bound is 1 s (engine probe every 100 ms, reconnect
-		// backoff at most 0.5 s +20%, redial on every failed probe). The
-		// assertion allows 3 s for a loaded 2-core CI machine: gRPC's
-		// default backoff (what this replaces) waits 1, 1.6, 2.6, 4.1 s...
-		// and after three crashes in a row left the engine down ~18 s.
-		if back > 3*time.Second {
+		// The bound is the requirement, 1 s, about 5x what the design needs:
+		// the engine probes its worker every 100 ms and every failed probe
+		// redials at once (the reconnect backoff, capped at 0.5 s +20%, only
+		// matters without probes), so the first probe after the READY line
+		// connects: measured 89-101 ms per restart on the shared 2-core
+		// machine. Before (gRPC's default backoff, a 1 s probe) the same
+		// test measured 1.0-2.0 s, and after many crashes ~18 s.
+		if back > time.Second {
 			t.Fatalf("kill %d: the engine served again only %v after the worker's READY", i+1, back)
 		}
 	}
