@@ -869,6 +869,7 @@ func (s *Scheduler) applyStep(batch []item, resp *cbv1.ExecuteResponse, err erro
 			s.finish(sq, "", &WorkerError{RequestID: sq.id, Msg: "no token sampled for a step that asked for one"}, now)
 			continue
 		}
+		s.reuseLoaded(sq, it, out)
 		s.appendToken(sq, out.GetToken(), now)
 	}
 	s.batchTokens = tokens
