@@ -295,7 +295,7 @@ func TestRetryAfterHonoured(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			_, err := c.Completions.New(ctx, openai.CompletionNewParams{Model: "cb-llama", MaxTokens: openai.Int(48),
-				Prompt:     openai.CompletionNewParamsPromptUnion{OfString: openai.String("a longer answer, please")}},
+				Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("a longer answer, please")}},
 				option.WithJSONSet("ignore_eos", true))
 			if err != nil {
 				errs <- fmt.Errorf("%s: %w", name, err)
