@@ -61,7 +61,9 @@ func (s *Stack) onReady(r Ready) {
 // and rewrites the endpoints file when WriteEndpoints wrote one (a failure
 // is logged: the stack keeps serving).
 func (s *Stack) refreshNodes() {
+	s.epMu.Lock()
 	nodes := append([]*Stack{s}, s.others...)
+	s.epMu.Unlock()
 	eps := make([]Endpoints, len(nodes))
 	for i, n := range nodes {
 		if n == s {

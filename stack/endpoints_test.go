@@ -167,3 +167,43 @@ func TestEndpointsFileRewrittenOnRestart(t *testing.T) {
 		})
 	}
 }
+
+// TestEndpointsFileRewrittenOnNodeRestart: in a multi-node stack, a process
+// of node 1 restarted gets its new pid in the head's endpoints file (its
+// node entry), and node 1's state directory is its own.
+func TestEndpointsFileRewrittenOnNodeRestart(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	st, _ := fakeUp(t, UpConfig{Plaintext: true, Nodes: 2, NoGateway: true, RedisURL: "redis://127.0.0.1:1", StateDir: state})
+	defer st.Shutdown(context.Background())
+	path := filepath.Join(t.TempDir(), "endpoints.json")
+	if err := st.WriteEndpoints(path); err != nil {
+		t.Fatal(err)
+	}
+	var before Endpoints
+	b, _ := os.ReadFile(path)
+	if err := json.Unmarshal(b, &before); err != nil || len(before.Nodes) != 2 || before.Nodes[1].Worker.PID == 0 {
+		t.Fatalf("endpoints %s (%v)", b, err)
+	}
+	if err := st.others[0].Supervisor().Signal("cb-worker", syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var now Endpoints
+		b, _ := os.ReadFile(path)
+		_ = json.Unmarshal(b, &now)
+		if len(now.Nodes) == 2 && now.Nodes[1].Worker.PID != before.Nodes[1].Worker.PID && now.Nodes[1].Worker.PID != 0 {
+			if now.Nodes[0].Worker.PID != before.Nodes[0].Worker.PID {
+				t.Fatalf("node 0's worker pid changed too: %d -> %d", before.Nodes[0].Worker.PID, now.Nodes[0].Worker.PID)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("endpoints file still names node 1's killed worker: %s", b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if fi, err := os.Stat(filepath.Join(state, "node1")); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("node 1's state directory: %v %v", fi, err)
+	}
+}

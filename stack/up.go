@@ -523,7 +523,10 @@ func upNodes(ctx context.Context, cfg UpConfig) (*Stack, error) {
 		nodes = append(nodes, n)
 	}
 	s := nodes[0]
-	s.others, s.redis = nodes[1:], rp
+	s.epMu.Lock() // refreshNodes reads others from supervisor goroutines
+	s.others = nodes[1:]
+	s.epMu.Unlock()
+	s.redis = rp
 	s.ownTLS = ownTLS // the head removes the shared certificates after the other nodes stopped
 	for _, n := range nodes[1:] {
 		n.epMu.Lock()

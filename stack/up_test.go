@@ -40,6 +40,7 @@ func fakeCB(args []string) int {
 	fs.String("kv-socket", "", "")
 	fs.String("blend-kv-socket", "", "")
 	l2Dir := fs.String("l2-dir", "", "")
+	fs.String("redis-url", "", "")
 	var files mtls.Files
 	fs.StringVar(&files.Cert, "tls-cert", "", "")
 	fs.StringVar(&files.Key, "tls-key", "", "")
