@@ -501,3 +501,55 @@ func TestDocumentSurvivesBlendRestart(t *testing.T) {
 	}
 	t.Logf("documents reused %v after the blend server's kill: split %+v", time.Since(killed).Round(time.Millisecond), ext)
 }
+
+// TestBurstOverTheQueueServedWithRetryAfter: 600 concurrent openai-go
+// clients (5 retries, the client's default behaviour for 429 is to honour
+// Retry-After) against the default 256-request queue: every request is
+// served (without retries, 328 of the 600 are refused: measured once with
+// option.WithMaxRetries(0)).
+func TestBurstOverTheQueueServedWithRetryAfter(t *testing.T) {
+	e := startEnv(t, options{})
+	var log retryLog
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failed []error
+	var slowest time.Duration
+	t0 := time.Now()
+	for i := range 600 {
+		c := e.openaiClient(option.WithMaxRetries(5), option.WithMiddleware(log.middleware(strconv.Itoa(i))))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := time.Now()
+			_, err := c.Completions.New(context.Background(), openai.CompletionNewParams{Model: "cb-llama", MaxTokens: openai.Int(32),
+				Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("a longer answer, please")}},
+				option.WithJSONSet("ignore_eos", true))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed = append(failed, err)
+			}
+			slowest = max(slowest, time.Since(s))
+		}()
+	}
+	wg.Wait()
+	values := map[string]int{}
+	refused := 0
+	for _, a := range log.attempts {
+		if a.status == http.StatusTooManyRequests {
+			refused++
+			values[a.retryAfter]++
+			if secs, err := strconv.Atoi(a.retryAfter); err != nil || secs < 1 || secs > 60 {
+				t.Fatalf("429 with Retry-After %q", a.retryAfter)
+			}
+		}
+	}
+	t.Logf("600 requests: %d failed, %d answers were 429 (Retry-After values %v); wall %v, slowest request %v",
+		len(failed), refused, values, time.Since(t0).Round(time.Millisecond), slowest.Round(time.Millisecond))
+	if len(failed) > 0 {
+		t.Fatalf("%d of 600 requests failed, e.g. %v", len(failed), failed[0])
+	}
+	if refused == 0 {
+		t.Fatal("the queue never filled")
+	}
+}
