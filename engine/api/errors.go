@@ -125,8 +125,9 @@ const (
 	// CodeContextLengthExceeded: the prompt, or the prompt plus the output
 	// limit, does not fit the model's context.
 	CodeContextLengthExceeded = "context_length_exceeded"
-	// CodeDecimalBelowMin and CodeDecimalAboveMax: a number out of range.
+	// CodeDecimalBelowMin: a number below its range (temperature < 0).
 	CodeDecimalBelowMin = "decimal_below_min_value"
+	// CodeDecimalAboveMax: a number above its range (temperature > 2).
 	CodeDecimalAboveMax = "decimal_above_max_value"
 	// CodeIntegerBelowMin: an integer below its minimum (max_tokens < 1).
 	CodeIntegerBelowMin = "integer_below_min_value"
