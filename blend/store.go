@@ -199,5 +199,6 @@ func (s *Server) register(mdl string, seq fingerprint.Sequence) {
 		s.logger.Warn("fingerprint registration failed", "model", mdl, "err", err)
 		return
 	}
+	s.persistSequence(mdl, seq)
 	s.regDone.Add(1)
 }

@@ -40,6 +40,8 @@ func fakeCB(args []string) int {
 	fs.String("blend", "", "")
 	fs.String("kv-socket", "", "")
 	fs.String("blend-kv-socket", "", "")
+	l2Dir := fs.String("l2-dir", "", "")
+	fs.String("redis-url", "", "")
 	var files mtls.Files
 	fs.StringVar(&files.Cert, "tls-cert", "", "")
 	fs.StringVar(&files.Key, "tls-key", "", "")
@@ -50,7 +52,7 @@ func fakeCB(args []string) int {
 		return 2
 	}
 	role := mtls.Role("cb-" + cmd)
-	got := map[string]any{"files": files}
+	got := map[string]any{"files": files, "l2_dir": *l2Dir}
 	if files.Enabled() {
 		id, err := mtls.Load(files, role)
 		if err != nil {
