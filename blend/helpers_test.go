@@ -151,7 +151,16 @@ func (e *env) newWorker(id string, rank int) *kvcache.Memory {
 // the returned connection closes (at the test's end at the latest).
 func (e *env) register(id string, rank int, mem *kvcache.Memory) (*kvsock.Conn, []byte) {
 	e.t.Helper()
-	c, ans, err := kvsock.Register(ctxT(e.t), e.s.KVSocket(), registration(id, rank, mem.Layout()), mem.File())
+	return e.registerRank(id, rank, 0, mem)
+}
+
+// registerRank is register for rank of a tensor-parallel group of world
+// ranks (0: a whole-model worker).
+func (e *env) registerRank(id string, rank, world int, mem *kvcache.Memory) (*kvsock.Conn, []byte) {
+	e.t.Helper()
+	reg := registration(id, rank, mem.Layout())
+	reg.WorldSize = int32(world)
+	c, ans, err := kvsock.Register(ctxT(e.t), e.s.KVSocket(), reg, mem.File())
 	if err != nil {
 		e.t.Fatalf("register %s/%d: %v", id, rank, err)
 	}

@@ -96,14 +96,15 @@ func (s *Server) lookup(job *lookupJob) *cbv1.LookupResult {
 	// Prefix leg (mp.lookup_prefetch): the chain keys of the full chunks.
 	s.publish(events.Event{Type: events.PrefixLookupStart, RequestID: id})
 	full := len(toks) / cs
-	pkeys := chunkstore.ChainKeys(mdl, 0, toks[:full*cs], cs)
+	ns := keySpace(mdl, ws)
+	pkeys := chunkstore.ChainKeys(ns, 0, toks[:full*cs], cs)
 	prefixChunks := s.store.PrefixChunks(pkeys)
 	s.publish(events.Event{Type: events.PrefixLookupEnd, RequestID: id,
 		Attrs: []attribute.KeyValue{events.AttrPrefixChunks.Int(prefixChunks)}})
 
 	// Non-prefix leg (cb.fingerprint_match, or cb.coordinator_match with a
 	// fleet tier), after the prefix coverage.
-	fm := s.nonPrefixMatch(id, mdl, toks, prefixChunks*cs)
+	fm := s.nonPrefixMatch(id, ns, toks, prefixChunks*cs)
 
 	// Sparse prefetch (cb.sparse_prefetch ⊃ cb.l2_load) of every matched chunk.
 	keys := make([]chunkstore.Key, 0, prefixChunks+2*len(fm.Matches))
@@ -136,7 +137,7 @@ func (s *Server) lookup(job *lookupJob) *cbv1.LookupResult {
 			events.AttrMs.Float64(float64(ls.Duration) / float64(time.Millisecond)),
 		}})
 	}
-	if s.fleet != nil {
+	if s.fleet != nil && ws == 1 {
 		s.fleetLoad(id, mdl, keys, got)
 		end = time.Now()
 	}
@@ -233,7 +234,7 @@ func (s *Server) lookup(job *lookupJob) *cbv1.LookupResult {
 func (s *Server) onAllRanks(k chunkstore.Key, ws int) bool {
 	for rank := 1; rank < ws; rank++ {
 		rk, ok := s.rankKey(k, rank)
-		if !ok || s.store.Contains(rk) == chunkstore.TierNone {
+		if !ok || !s.store.Present(rk) {
 			return false
 		}
 	}

@@ -25,6 +25,7 @@ var ErrRetrieveFailed = errors.New("blend: retrieve failed: no matched chunk cou
 // copyJob is one copy of a retrieve: the segments of one match.
 type copyJob struct {
 	id      uint64
+	rid     uint64 // the CopyID of its retrieve's events
 	segs    []scatter.Segment
 	ranges  []reuseplan.Range // the writable current ranges, missing if the copy fails
 	ch      <-chan scatter.Result
@@ -82,7 +83,10 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 	capacity := len(bt) * l.BlockSize
 	id := r.GetRequestId()
 	tp, ts := traceContext(ctx, r.GetTraceContext(), r.GetTraceState())
-	s.publish(events.Event{Type: events.RetrieveStart, RequestID: id, TraceContext: tp, TraceState: ts,
+	// The ranks of a tensor-parallel worker retrieve one request
+	// concurrently: each retrieve is its own instance (CopyID).
+	rid := s.copyIDs.Add(1)
+	s.publish(events.Event{Type: events.RetrieveStart, RequestID: id, CopyID: rid, TraceContext: tp, TraceState: ts,
 		Attrs: []attribute.KeyValue{
 			attribute.Int("from_token", from), attribute.Int("capacity_tokens", capacity),
 			attribute.Int("n_matches", len(r.GetMatches())), attribute.Int("rank", rank),
@@ -140,9 +144,9 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 		cj.ranges = append(cj.ranges, t.write)
 	}
 	for _, cj := range copies {
-		cj.id = s.copyIDs.Add(1)
+		cj.id, cj.rid = s.copyIDs.Add(1), rid
 		cj.start = time.Now()
-		s.publish(events.Event{Type: events.ScatterStart, RequestID: id, CopyID: cj.id, Time: cj.start})
+		s.publish(events.Event{Type: events.ScatterStart, RequestID: id, CopyID: cj.id, ParentCopyID: cj.rid, Time: cj.start})
 		cj.ch = s.pool.Submit(scatter.Job{
 			Dst: w.mem, BlockTable: bt, FromToken: from, RoPE: w.rope, Segments: cj.segs,
 			Done: func(res scatter.Result) {
@@ -193,7 +197,7 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 	if len(copies) > 0 {
 		scatterMs = float64(last.Sub(first)) / float64(time.Millisecond)
 	}
-	s.publish(events.Event{Type: events.RetrieveEnd, RequestID: id, Err: endErr, Attrs: []attribute.KeyValue{
+	s.publish(events.Event{Type: events.RetrieveEnd, RequestID: id, CopyID: rid, Err: endErr, Attrs: []attribute.KeyValue{
 		events.AttrScatteredTokens.Int(int(resp.ScatteredTokens)), events.AttrSlotWrites.Int(int(resp.SlotWrites)),
 		events.AttrPartialBlocks.Int(int(resp.PartialBlocks)), events.AttrNPrefixTokens.Int(int(resp.NPrefix)),
 		events.AttrNShiftedTokens.Int(int(resp.NShifted)), events.AttrDropped.Int(int(resp.Dropped)),

@@ -2,6 +2,7 @@ package blend
 
 import (
 	"fmt"
+	"github.com/cacheblend/cacheblend/rpc/kvsock"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -255,17 +256,32 @@ func TestPrefixLeg(t *testing.T) {
 }
 
 func TestTensorParallelRanks(t *testing.T) {
-	e, mem0, doc := docEnv(t, Config{})
-	mem1 := e.newWorker("w0", 1)
+	// A whole-model worker stored the document (docEnv); ranks 0 and 1 of a
+	// group of two register their own memories.
+	e, _, doc := docEnv(t, Config{})
+	mem0, mem1 := newMem(t), newMem(t)
+	e.registerRank("tp", 0, 2, mem0)
+	e.registerRank("tp", 1, 2, mem1)
 	prompt := promptWith(promptN, 500, doc, 3)
+	// Chunks are keyed by world size: the whole model's are not a group's.
+	res := e.lookup(&cbv1.LookupRequest{RequestId: "tp-none", Tokens: prompt, WorldSize: 2, Model: testModel})
+	if len(res.GetMatches()) != 0 || res.GetFound() != 0 {
+		t.Fatalf("a group found the whole model's chunks: %+v", res)
+	}
+	bt := blocks(docBlock, 19)
+	for _, mem := range []*kvcache.Memory{mem0, mem1} {
+		e.prefill(mem, bt, docSeq, docLen)
+	}
+	if _, err := e.c.Store(ctxT(t), &cbv1.StoreRequest{RequestId: "s0", WorkerId: "tp", Rank: 0, Tokens: doc, BlockTable: bt, Document: true}); err != nil {
+		t.Fatal(err)
+	}
+	e.s.waitRegistrations(t)
 	// Rank 1 has not stored the document: not usable on every rank.
-	res := e.lookup(&cbv1.LookupRequest{RequestId: "tp0", Tokens: prompt, WorldSize: 2, Model: testModel})
+	res = e.lookup(&cbv1.LookupRequest{RequestId: "tp0", Tokens: prompt, WorldSize: 2, Model: testModel})
 	if res.GetPerRankOk() || len(res.GetMatches()) != 0 || res.GetFound() != 2 || res.GetHitRate() != 0 {
 		t.Fatalf("before rank 1 stored: %+v", res)
 	}
-	bt := blocks(docBlock, 19)
-	e.prefill(mem1, bt, docSeq, docLen)
-	if _, err := e.c.Store(ctxT(t), &cbv1.StoreRequest{RequestId: "s1", WorkerId: "w0", Rank: 1, Tokens: doc, BlockTable: bt}); err != nil {
+	if _, err := e.c.Store(ctxT(t), &cbv1.StoreRequest{RequestId: "s1", WorkerId: "tp", Rank: 1, Tokens: doc, BlockTable: bt, Document: true}); err != nil {
 		t.Fatal(err)
 	}
 	res = e.lookup(&cbv1.LookupRequest{RequestId: "tp1", Tokens: prompt, WorldSize: 2, Model: testModel})
@@ -275,15 +291,51 @@ func TestTensorParallelRanks(t *testing.T) {
 	fillSentinel(mem0)
 	fillSentinel(mem1)
 	tbt := targetTable(promptN / bs)
-	rr, err := e.c.Retrieve(ctxT(t), &cbv1.RetrieveRequest{RequestId: "tp1", WorkerId: "w0", Rank: 1, BlockTable: tbt, Matches: res.GetMatches()})
-	if err != nil {
-		t.Fatal(err)
+	for rank, mem := range []*kvcache.Memory{mem0, mem1} {
+		rr, err := e.c.Retrieve(ctxT(t), &cbv1.RetrieveRequest{RequestId: "tp1", WorkerId: "tp", Rank: int32(rank), BlockTable: tbt, Matches: res.GetMatches()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rr.GetScatteredTokens() != docLen {
+			t.Fatalf("rank %d retrieve %+v", rank, rr)
+		}
+		e.checkSlots(mem, tbt, 500, docLen, 0)
 	}
-	if rr.GetScatteredTokens() != docLen {
-		t.Fatalf("rank 1 retrieve %+v", rr)
+	// The whole model's lookup still finds its own chunks only.
+	res = e.lookup(&cbv1.LookupRequest{RequestId: "whole", Tokens: prompt, WorldSize: 1, Model: testModel})
+	if !res.GetPerRankOk() || res.GetNonPrefixHitTokens() != docLen || res.GetFound() != 2 {
+		t.Fatalf("whole-model lookup: %+v", res)
 	}
-	e.checkSlots(mem1, tbt, 500, docLen, 0)
-	e.checkSlots(mem0, tbt, 0, 0, 0) // rank 0's memory untouched
+}
+
+func TestRegistrationWorldSize(t *testing.T) {
+	cases := []struct {
+		name        string
+		rank, world int
+		ok          bool
+	}{
+		{"whole model", 0, 0, true},
+		{"rank 1 of 2", 1, 2, true},
+		{"rank beyond the world", 2, 2, false},
+		{"rank 1 without a world", 1, 0, false},
+		{"negative world", 0, -1, false},
+		{"world too large", 0, MaxWorldSize + 1, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, Config{})
+			mem := newMem(t)
+			reg := registration("w", c.rank, mem.Layout())
+			reg.WorldSize = int32(c.world)
+			conn, _, err := kvsock.Register(ctxT(t), e.s.KVSocket(), reg, mem.File())
+			if conn != nil {
+				defer conn.Close()
+			}
+			if (err == nil) != c.ok {
+				t.Fatalf("register: %v, want ok %v", err, c.ok)
+			}
+		})
+	}
 }
 
 func TestRetrieveMissingChunk(t *testing.T) {

@@ -200,6 +200,11 @@ func New(cfg Config, deps component.Deps) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("blend: chunk store: %w", err)
 	}
+	if n, err := s.restoreSequences(); err != nil {
+		return nil, err
+	} else if n > 0 {
+		logger.Info("sequences restored from L2", "sequences", n)
+	}
 	ts, err := events.NewTracingSubscriber(tp)
 	if err != nil {
 		return nil, fmt.Errorf("blend: %w", err)

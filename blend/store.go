@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 
 	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc/codes"
@@ -54,18 +55,20 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 	id := r.GetRequestId()
 	cs := s.cfg.ChunkSize
 	tp, ts := traceContext(ctx, r.GetTraceContext(), r.GetTraceState())
-	s.publish(events.Event{Type: events.StoreStart, RequestID: id, TraceContext: tp, TraceState: ts,
+	sid := s.copyIDs.Add(1) // the ranks of a tensor-parallel worker store one request concurrently
+	s.publish(events.Event{Type: events.StoreStart, RequestID: id, CopyID: sid, TraceContext: tp, TraceState: ts,
 		Attrs: []attribute.KeyValue{events.AttrTokens.Int(len(toks)), attribute.Bool("document", r.GetDocument()), attribute.Int("rank", rank)}})
 
 	// Copy the KV out now: the engine frees the blocks once the worker
 	// reports the store done.
-	keys := chunkstore.ChainKeys(mdl, rank, toks, cs)
+	ns := keySpace(mdl, w.world)
+	keys := chunkstore.ChainKeys(ns, rank, toks, cs)
 	layout := chunkstore.LayoutOf(l, w.theta)
 	var resp cbv1.StoreResponse
 	var errs []error
 	var base []chunkstore.Key
 	if rank != 0 {
-		base = chunkstore.ChainKeys(mdl, 0, toks, cs)
+		base = chunkstore.ChainKeys(ns, 0, toks, cs)
 	}
 	var aliasBase, aliasKeys []chunkstore.Key
 	var stored []*chunkstore.Chunk // rank-0 chunks for the fleet tier
@@ -74,7 +77,7 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 		present := s.store.Contains(k) != chunkstore.TierNone
 		if present {
 			resp.SkippedChunks++
-			if rank == 0 && s.fleet != nil { // the fleet tier may have lost it (a Redis restart, eviction)
+			if rank == 0 && s.fleet != nil && w.world == 1 { // the fleet tier may have lost it (a Redis restart, eviction)
 				if c, _, err := s.store.Get(k); err == nil {
 					stored = append(stored, c)
 				}
@@ -87,7 +90,7 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 		} else {
 			resp.StoredChunks++
 			resp.Bytes += int64(hi-lo) * l.TokenBytes()
-			if rank == 0 && s.fleet != nil {
+			if rank == 0 && s.fleet != nil && w.world == 1 {
 				stored = append(stored, c)
 			}
 		}
@@ -99,8 +102,8 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 	if rank != 0 {
 		s.setAliases(aliasBase, aliasKeys, rank)
 	} else {
-		s.enqueueRegistration(mdl, keys, toks)
-		if s.fleet != nil {
+		s.enqueueRegistration(ns, keys, toks)
+		if s.fleet != nil && w.world == 1 {
 			s.fleetStore(mdl, fingerprint.Sequence{Keys: keys, Tokens: slices.Clone(toks), ChunkSize: cs}, stored)
 		}
 	}
@@ -109,7 +112,7 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 		endErr = errors.Join(errs...)
 		s.logger.Warn("store: chunks not stored", "request_id", id, "failed", len(errs), "err", endErr)
 	}
-	s.publish(events.Event{Type: events.StoreEnd, RequestID: id, Err: endErr, Attrs: []attribute.KeyValue{
+	s.publish(events.Event{Type: events.StoreEnd, RequestID: id, CopyID: sid, Err: endErr, Attrs: []attribute.KeyValue{
 		events.AttrStoredChunks.Int(int(resp.StoredChunks)), attribute.Int("skipped_chunks", int(resp.SkippedChunks)),
 		events.AttrBytes.Int64(resp.Bytes),
 	}})
@@ -121,6 +124,18 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 		return nil, status.Errorf(code, "store: %v", endErr)
 	}
 	return &resp, nil
+}
+
+// keySpace is the namespace of the chunk keys and fingerprint tables of a
+// model served by groups of world ranks: the model name for a whole-model
+// worker, "model@tpN" for N ranks (whose chunks hold 1/N of the KV heads,
+// so groups of different sizes never share them). The fleet tier serves
+// whole-model workers only.
+func keySpace(mdl string, world int) string {
+	if world <= 1 {
+		return mdl
+	}
+	return mdl + "@tp" + strconv.Itoa(world)
 }
 
 // checkBlockTable bounds a block table by the registered layout: at most
@@ -184,5 +199,6 @@ func (s *Server) register(mdl string, seq fingerprint.Sequence) {
 		s.logger.Warn("fingerprint registration failed", "model", mdl, "err", err)
 		return
 	}
+	s.persistSequence(mdl, seq)
 	s.regDone.Add(1)
 }

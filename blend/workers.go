@@ -40,6 +40,7 @@ type workerMem struct {
 	layout kvcache.Layout
 	theta  float64
 	model  string
+	world  int // tensor-parallel world size (1 for a whole-model worker)
 	mem    *kvcache.Memory
 	rope   *rope.RoPE
 
@@ -268,6 +269,8 @@ func (s *Server) receiveKV(c *kvsock.Conn) (*workerMem, codes.Code, error) {
 		return nil, codes.InvalidArgument, fmt.Errorf("rank %d outside [0,%d)", r.GetRank(), MaxWorldSize)
 	case len(r.GetModel()) > chunkstore.MaxModelLen:
 		return nil, codes.InvalidArgument, fmt.Errorf("model name of %d bytes", len(r.GetModel()))
+	case r.GetWorldSize() < 0 || r.GetWorldSize() > MaxWorldSize || r.GetRank() >= max(1, r.GetWorldSize()):
+		return nil, codes.InvalidArgument, fmt.Errorf("rank %d of world size %d (want 0 <= rank < world size <= %d)", r.GetRank(), r.GetWorldSize(), MaxWorldSize)
 	}
 	layout, theta, err := layoutOf(r.GetLayout())
 	if err != nil {
@@ -279,7 +282,7 @@ func (s *Server) receiveKV(c *kvsock.Conn) (*workerMem, codes.Code, error) {
 	}
 	w := &workerMem{
 		key: workerKey{r.GetWorkerId(), int(r.GetRank())}, conn: c, peer: c.Peer(),
-		layout: layout, theta: theta, model: r.GetModel(), mem: mem, rope: rope.New(layout.HeadDim, theta),
+		layout: layout, theta: theta, model: r.GetModel(), world: max(1, int(r.GetWorldSize())), mem: mem, rope: rope.New(layout.HeadDim, theta),
 	}
 	if _, err := rand.Read(w.token[:]); err != nil {
 		mem.Close()

@@ -436,6 +436,7 @@ func TestSIGTERMUnderLoad(t *testing.T) {
 		req, _ := http.NewRequest(http.MethodPost, e.api+"/v1/chat/completions",
 			strings.NewReader(`{"model":"cb-llama","max_tokens":30,"ignore_eos":true,"messages":[{"role":"user","content":"traced"}]}`))
 		req.Header.Set("traceparent", traced)
+		req.Header.Set("Content-Type", "application/json")
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()

@@ -142,7 +142,7 @@ func TestUpNodes(t *testing.T) {
 	dir := t.TempDir()
 	eps := filepath.Join(dir, "endpoints.json")
 	cmd := exec.Command(cbBin, "up", "--nodes", "2", "--api", "127.0.0.1:0", "--ui-addr", "127.0.0.1:0", "--endpoints-file", eps,
-		"--blend-arg=--coordinator-timeout=2s")
+		"--state-dir", filepath.Join(dir, "state"), "--blend-arg=--coordinator-timeout=2s")
 	cmd.Env = append(os.Environ(), "OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=")
 	var out syncWriter
 	cmd.Stdout, cmd.Stderr = &out, &out

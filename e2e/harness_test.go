@@ -92,6 +92,14 @@ type options struct {
 	// trace: the processes are started through a wrapper script that sets
 	// it for `cb engine`.
 	engineEnv []string
+	// tp, above 1, runs the worker as that many tensor-parallel ranks.
+	tp int
+	// stateDir is the stack's state directory (stack.UpConfig.StateDir):
+	// the blend server's L2; "" for none.
+	stateDir string
+	// onReady is called every time a process announces itself ready (its
+	// restarts included), from a supervisor goroutine.
+	onReady func(stack.Ready)
 }
 
 // startEnv starts the collector (unless o.otlpEndpoint is set) and the
@@ -108,7 +116,9 @@ func startEnv(t *testing.T, o options) *env {
 		APIAddr:    "127.0.0.1:0",
 		EngineArgs: o.engineArgs, WorkerArgs: o.workerArgs, BlendArgs: o.blendArgs,
 		Env:        append([]string{"OTEL_BSP_SCHEDULE_DELAY=100"}, o.extraEnv...),
-		Supervisor: stack.Config{Logs: e.logs, ReadyTimeout: 90 * time.Second},
+		Supervisor: stack.Config{Logs: e.logs, ReadyTimeout: 90 * time.Second, OnReady: o.onReady},
+		TP:         o.tp,
+		StateDir:   o.stateDir,
 	}
 	if o.otlpEndpoint == "" {
 		col, err := tracestore.New(tracestore.Config{OTLPAddr: "127.0.0.1:0", QueryAddr: "127.0.0.1:0"}, component.Deps{})

@@ -34,7 +34,7 @@ import (
 func TestUpMutualTLS(t *testing.T) {
 	dir := t.TempDir()
 	epsPath := filepath.Join(dir, "endpoints.json")
-	cmd := exec.Command(cbBin, "up", "--api", "127.0.0.1:0", "--ui-addr", "127.0.0.1:0", "--endpoints-file", epsPath)
+	cmd := exec.Command(cbBin, "up", "--api", "127.0.0.1:0", "--ui-addr", "127.0.0.1:0", "--endpoints-file", epsPath, "--state-dir", filepath.Join(dir, "state"))
 	cmd.Env = append(os.Environ(), "OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=")
 	var out syncWriter
 	cmd.Stdout, cmd.Stderr = &out, &out

@@ -14,11 +14,14 @@ import (
 
 // TestUpEndpointsFileAndCtrlC runs `cb up` as a user would: it writes the
 // endpoints file once all processes are healthy, every URL in it answers,
-// and SIGINT stops every process.
+// the state directory holds the blend server's L2 (created 0700), a
+// worker killed and restarted gets its new pid in the rewritten endpoints
+// file, and SIGINT stops every process.
 func TestUpEndpointsFileAndCtrlC(t *testing.T) {
 	dir := t.TempDir()
 	eps := filepath.Join(dir, "endpoints.json")
-	cmd := exec.Command(cbBin, "up", "--api", "127.0.0.1:0", "--ui-addr", "127.0.0.1:0", "--endpoints-file", eps)
+	state := filepath.Join(dir, "state")
+	cmd := exec.Command(cbBin, "up", "--api", "127.0.0.1:0", "--ui-addr", "127.0.0.1:0", "--endpoints-file", eps, "--state-dir", state)
 	cmd.Env = append(os.Environ(), "OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=")
 	var out syncWriter
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -64,6 +67,29 @@ func TestUpEndpointsFileAndCtrlC(t *testing.T) {
 			t.Fatalf("GET %s: %v %v", u, err, resp)
 		}
 		resp.Body.Close()
+	}
+	if fi, err := os.Stat(state); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("state directory: %v %v", fi, err)
+	}
+	if fi, err := os.Stat(filepath.Join(state, "l2")); err != nil || !fi.IsDir() {
+		t.Fatalf("no L2 in the state directory: %v", err)
+	}
+	// A worker killed and restarted: the endpoints file names its new pid.
+	if err := syscall.Kill(e.Worker.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	oldWorker := e.Worker.PID
+	for deadline := time.Now().Add(60 * time.Second); e.Worker.PID == oldWorker; {
+		if time.Now().After(deadline) {
+			t.Fatalf("endpoints file still names the killed worker %d:\n%s", oldWorker, tail(out.String(), 30))
+		}
+		time.Sleep(50 * time.Millisecond)
+		if b, err := os.ReadFile(eps); err == nil {
+			_ = json.Unmarshal(b, &e)
+		}
+	}
+	if syscall.Kill(e.Worker.PID, 0) != nil {
+		t.Fatalf("the endpoints file's worker pid %d is not running", e.Worker.PID)
 	}
 	pids := []int{e.Engine.PID, e.Worker.PID, e.Blend.PID}
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {

@@ -43,6 +43,9 @@ func (e *Engine) serveDocuments(w *statusWriter, r *http.Request, _ string, t0 t
 			slog.Float64("duration_s", time.Since(t0).Seconds()), slog.Int("documents", nDocs), slog.Int("tokens", nTokens))
 	}()
 	fail := func(err *api.Error) {
+		if err.Status == http.StatusServiceUnavailable && err.RetryAfter == 0 {
+			err = err.WithRetryAfter(WorkerRetryAfter)
+		}
 		apiErr = err
 		if err.Status != api.StatusClientClosedRequest {
 			err.Write(w)
@@ -130,7 +133,7 @@ func (e *Engine) serveDocuments(w *statusWriter, r *http.Request, _ string, t0 t
 		jobs = append(jobs, job{id: id, h: h, span: span})
 	}
 
-	out := api.DocumentList{Object: "list", Model: e.cfg.Model, Usage: usage(nTokens, 0)}
+	out := api.DocumentList{Object: "list", Model: e.cfg.Model, Usage: api.Usage{PromptTokens: nTokens, TotalTokens: nTokens}}
 	for i, j := range jobs {
 		res := wait(reqCtx, j.h)
 		if !res.Done || res.Err != nil {

@@ -44,6 +44,7 @@ type Engine struct {
 	worker   cbv1.WorkerServiceClient // the worker: steps (through the scheduler) and KV pulls
 	client   *http.Client             // calls to decode engines
 	created  int64
+	drain    drainMeter // the queue's drain rate, for Retry-After
 
 	mu        sync.Mutex
 	srv       *httpserve.Server

@@ -730,6 +730,7 @@ func TestAPIKey(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req, _ := http.NewRequest("POST", ev.base+RouteCompletions, strings.NewReader(`{"model":"cb-llama","prompt":"x","max_tokens":1}`))
+			req.Header.Set("Content-Type", "application/json")
 			if tc.auth != "" {
 				req.Header.Set("Authorization", tc.auth)
 			}
@@ -809,6 +810,7 @@ func TestDocumentsIngest(t *testing.T) {
 	body := `{"documents":["The quick brown fox jumps over the lazy dog.",{"id":"d2","text":"Second document, a bit longer than the first one."}]}`
 	req, _ := http.NewRequest("POST", ev.base+RouteDocuments, strings.NewReader(body))
 	req.Header.Set("traceparent", callerTP)
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

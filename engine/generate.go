@@ -2,7 +2,10 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
+	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -78,15 +81,17 @@ func (e *Engine) serveGenerate(w *statusWriter, r *http.Request, opName, route s
 	defer cancel()
 	ts := newTextStream(e.tok, g.Stop)
 	rec.ts = ts
-	sampling := &cbv1.SamplingParams{Temperature: g.Temperature, TopP: g.TopP}
-	if g.Seed != nil {
-		sampling.Seed = uint64(*g.Seed)
-	}
+	rec.seed, rec.seedGenerated = requestSeed(g)
+	rec.seeded = true
+	sampling := &cbv1.SamplingParams{Temperature: g.Temperature, TopP: g.TopP, Seed: uint64(rec.seed)}
 	req := &scheduler.Request{
 		ID: rec.id, Prompt: prompt, MaxTokens: rec.maxTokens, Sampling: sampling,
 		IgnoreEOS: g.IgnoreEOS, NoReuse: g.NoReuse, OnToken: ts.push, Ctx: reqCtx,
 	}
 	if decodeURL != "" { // prefill side: prefill, first token, hand over, relay
+		if rec.seedGenerated { // the decode side continues the same draws
+			body = withSeed(body, rec.seed)
+		}
 		e.handOver(w, r, ctx, reqCtx, rec, g, req, body, route, decodeURL)
 		return
 	}
@@ -172,7 +177,7 @@ func (e *Engine) buildPrompt(g *api.Generation, info *cbv1.InfoResponse) ([]int3
 		prompt = g.PromptTokens
 		for i, t := range prompt {
 			if v := info.GetVocab(); v > 0 && t >= v {
-				return nil, "", api.BadRequest("prompt", "Token %d of the prompt (%d) is outside the vocabulary of %d tokens.", i, t, v)
+				return nil, "", api.BadRequestCode("prompt", api.CodeInvalidValue, "Token %d of the prompt (%d) is outside the vocabulary of %d tokens.", i, t, v)
 			}
 		}
 		text = e.tok.Decode(prompt)
@@ -181,7 +186,7 @@ func (e *Engine) buildPrompt(g *api.Generation, info *cbv1.InfoResponse) ([]int3
 		prompt = append([]int32{info.GetBos()}, e.tok.Encode(text)...)
 	}
 	if mp := int(info.GetMaxPositions()); mp > 0 && len(prompt) >= mp {
-		return nil, "", api.BadRequest(promptParam(g.Operation),
+		return nil, "", api.BadRequestCode(promptParam(g.Operation), api.CodeContextLengthExceeded,
 			"This model's maximum context length is %d tokens. However, your prompt has %d tokens, leaving no room for output.", mp, len(prompt))
 	}
 	return prompt, text, nil
@@ -196,11 +201,38 @@ func (e *Engine) maxTokens(g *api.Generation, promptLen int, info *cbv1.InfoResp
 	if g.MaxTokens == 0 {
 		return min(e.cfg.DefaultMaxTokens, room), nil
 	}
+	if g.MaxTokensParam == "" { // a default of the API, not the client's: fit it
+		return min(g.MaxTokens, room), nil
+	}
 	if g.MaxTokens > room {
-		param := "max_tokens"
-		return 0, api.BadRequest(param,
+		return 0, api.BadRequestCode(g.MaxTokensParam, api.CodeContextLengthExceeded,
 			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the prompt, %d for the completion).",
 			info.GetMaxPositions(), promptLen+g.MaxTokens, promptLen, g.MaxTokens)
 	}
 	return g.MaxTokens, nil
+}
+
+// requestSeed is the sampling seed of a generation: the client's as given,
+// else a fresh random one (non-negative, so that sending it back as "seed"
+// replays the request), and whether it was generated.
+func requestSeed(g *api.Generation) (seed int64, generated bool) {
+	if g.Seed != nil {
+		return *g.Seed, false
+	}
+	return rand.Int64(), true
+}
+
+// withSeed returns the JSON object body with its "seed" set to seed (body
+// as is if it does not decode: it decoded once already).
+func withSeed(body []byte, seed int64) []byte {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(body, &m) != nil {
+		return body
+	}
+	m["seed"] = json.RawMessage(strconv.FormatInt(seed, 10))
+	out, err := json.Marshal(m)
+	if err != nil {
+		return body
+	}
+	return out
 }

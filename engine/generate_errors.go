@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
@@ -24,13 +25,13 @@ func (e *Engine) submitError(err error, param string) *api.Error {
 		if queue <= 0 {
 			queue = scheduler.DefaultMaxQueue
 		}
-		return api.QueueFull(queue)
+		return api.QueueFull(queue).WithRetryAfter(queueRetryAfter(e.sched.Stats().Waiting, e.drain.rate(time.Now())))
 	case errors.Is(err, scheduler.ErrWorkerUnavailable):
 		return api.WorkerUnavailable("it has not answered yet")
 	case errors.Is(err, scheduler.ErrShutdown):
 		return shuttingDown()
 	case errors.Is(err, scheduler.ErrTooLong):
-		return api.BadRequest(param, "The request does not fit the model: %v.", unwrapMsg(err))
+		return api.BadRequestCode(param, api.CodeContextLengthExceeded, "The request does not fit the model: %v.", unwrapMsg(err))
 	case errors.Is(err, scheduler.ErrBadRequest):
 		return api.BadRequest(param, "%v.", unwrapMsg(err))
 	default:

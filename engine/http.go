@@ -52,8 +52,12 @@ func (e *Engine) routes() http.Handler {
 // authorize checks the API key of a /v1/ request (api.Authorize).
 func (e *Engine) authorize(r *http.Request) *api.Error { return api.Authorize(r, e.cfg.APIKey) }
 
-// readBody reads a request body within the limits of the server (api.ReadBody).
+// readBody reads a request body within the limits of the server
+// (api.ReadBody), after checking it is declared JSON (api.CheckJSON: 415).
 func (e *Engine) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *api.Error) {
+	if apiErr := api.CheckJSON(r); apiErr != nil {
+		return nil, apiErr
+	}
 	return api.ReadBody(w, r, e.cfg.MaxBodyBytes, e.cfg.ReadTimeout)
 }
 

@@ -33,10 +33,19 @@ type genRecord struct {
 	promptTokens  int
 	maxTokens     int
 	ts            *textStream // the completion text, for content capture
+	// seed is the sampling seed (the client's, or generated when
+	// seedGenerated); set (seeded) once the request was decoded.
+	seed                  int64
+	seeded, seedGenerated bool
 }
 
-// fail records apiErr and sends it, unless the client is gone (499).
+// fail records apiErr and sends it, unless the client is gone (499). A 503
+// without a Retry-After gets WorkerRetryAfter: the engine serves again
+// within a second of its worker's return.
 func (rec *genRecord) fail(w http.ResponseWriter, apiErr *api.Error, cause error) {
+	if apiErr.Status == http.StatusServiceUnavailable && apiErr.RetryAfter == 0 {
+		apiErr = apiErr.WithRetryAfter(WorkerRetryAfter)
+	}
 	rec.apiErr, rec.status, rec.cause = apiErr, apiErr.Status, cause
 	if apiErr.Status != api.StatusClientClosedRequest {
 		apiErr.Write(w)
@@ -61,6 +70,9 @@ func (e *Engine) endGenerate(ctx context.Context, span *telemetry.Span, rec *gen
 		errType = rec.apiErr.ErrorType
 	}
 	nOut := len(res.Tokens)
+	if res.Done && !res.Admitted.IsZero() {
+		e.drain.finished(res.Finished)
+	}
 
 	if rec.h != nil {
 		e.engineSpans(ctx, rec, res, end)
@@ -74,6 +86,9 @@ func (e *Engine) endGenerate(ctx context.Context, span *telemetry.Span, rec *gen
 	}
 	if rec.maxTokens > 0 {
 		attrs = append(attrs, attribute.Int("gen_ai.request.max_tokens", rec.maxTokens))
+	}
+	if rec.seeded {
+		attrs = append(attrs, attribute.Int64("gen_ai.request.seed", rec.seed), attribute.Bool("seed_generated", rec.seedGenerated))
 	}
 	if res.FinishReason != "" && errType == "" {
 		attrs = append(attrs, attribute.StringSlice("gen_ai.response.finish_reasons", []string{res.FinishReason}))
@@ -123,6 +138,9 @@ func (e *Engine) endGenerate(ctx context.Context, span *telemetry.Span, rec *gen
 		slog.Float64("duration_s", end.Sub(rec.t0).Seconds()),
 		slog.Int("prompt_tokens", rec.promptTokens),
 		slog.Int("completion_tokens", nOut),
+	}
+	if rec.seeded {
+		logAttrs = append(logAttrs, slog.Int64("seed", rec.seed), slog.Bool("seed_generated", rec.seedGenerated))
 	}
 	if mrec.HasTTFT {
 		logAttrs = append(logAttrs, slog.Float64("ttft_s", ttft.Seconds()))

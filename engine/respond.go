@@ -21,8 +21,21 @@ func wait(ctx context.Context, h *scheduler.Handle) scheduler.Result {
 	return h.Snapshot()
 }
 
-func usage(prompt, completion int) api.Usage {
-	return api.Usage{PromptTokens: prompt, CompletionTokens: completion, TotalTokens: prompt + completion}
+// usage is the usage object of a generation of prompt tokens whose
+// scheduler result is res: the token counts, the cached tokens and their
+// split (the "cacheblend" extension), from what the scheduler planned at the
+// request's first admission.
+func usage(prompt int, res scheduler.Result) api.Usage {
+	completion := len(res.Tokens)
+	prefix := res.CachedTokens + res.PrefixReusedTokens
+	nonPrefix := res.ReusedTokens - res.PrefixReusedTokens
+	cached := min(prefix+nonPrefix, prompt)
+	return api.Usage{
+		PromptTokens: prompt, CompletionTokens: completion, TotalTokens: prompt + completion,
+		PromptTokensDetails: &api.PromptTokensDetails{CachedTokens: cached},
+		CacheBlend: &api.UsageCacheBlend{PrefixHitTokens: prefix, NonPrefixHitTokens: nonPrefix,
+			RecomputedTokens: prompt - cached},
+	}
 }
 
 // shape builds the response bodies of one operation: the only place where
@@ -99,7 +112,7 @@ func (e *Engine) respond(w *statusWriter, r *http.Request, reqCtx context.Contex
 	}
 	ts.finish()
 	rec.status = http.StatusOK
-	writeJSON(w, http.StatusOK, newShape(rec).whole(echo+ts.all(), res.FinishReason, usage(rec.promptTokens, len(res.Tokens))))
+	writeJSON(w, http.StatusOK, newShape(rec).whole(echo+ts.all(), res.FinishReason, usage(rec.promptTokens, res)))
 }
 
 // sseWriter writes server-sent events, flushing each; after the first
@@ -181,7 +194,7 @@ func (e *Engine) stream(w *statusWriter, r *http.Request, reqCtx context.Context
 	reason := res.FinishReason
 	out.send(sh.chunk("", &reason))
 	if g.IncludeUsage {
-		out.send(sh.usage(usage(rec.promptTokens, len(res.Tokens))))
+		out.send(sh.usage(usage(rec.promptTokens, res)))
 	}
 	out.raw("data: [DONE]\n\n")
 	if out.err != nil {

@@ -335,6 +335,7 @@ func TestStreamIsFlushedAsItComes(t *testing.T) {
 	a := newFakeEngine(t)
 	tg := startGateway(t, Config{}, a)
 	req, _ := http.NewRequest(http.MethodPost, tg.url+RouteChat, strings.NewReader(chatBody("x", true)))
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

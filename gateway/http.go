@@ -56,6 +56,9 @@ func (g *Gateway) authorize(r *http.Request) *api.Error { return api.Authorize(r
 
 // readBody reads a request body within the limits of the server (api.ReadBody).
 func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *api.Error) {
+	if apiErr := api.CheckJSON(r); apiErr != nil { // 415: never served as JSON
+		return nil, apiErr
+	}
 	return api.ReadBody(w, r, g.cfg.MaxBodyBytes, g.cfg.ReadTimeout)
 }
 

@@ -135,6 +135,14 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 
 	ws := m.getWS()
 	defer m.putWS(ws)
+	// A sharded model's ranks reuse only what every rank loaded.
+	prefix, ranges, err := m.agreeReused(ws, total, prefix, ranges)
+	if err != nil {
+		return nil, st, err
+	}
+	if prefix == total {
+		prefix = total - 1
+	}
 	slots := ws.int(intCtx, total)
 	if err := mapSlots(slots, in.BlockTable, kv.Layout()); err != nil {
 		return nil, st, err
@@ -169,7 +177,9 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 		st.ImpEmpty = true
 		st.FullRecompStart = time.Now()
 		for l := range m.cfg.Layers {
-			m.layer(ws, kv, l, x, all)
+			if err := m.layer(ws, kv, l, x, all); err != nil {
+				return nil, st, err
+			}
 		}
 		m.logits(ws, dense(out, 1, m.cfg.Vocab), x.view(n-1, 0, 1, d))
 		st.FullRecompEnd = time.Now()
@@ -181,7 +191,9 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 	// Phase 1: full recompute of layers 0..cl-1.
 	st.FullRecompStart = time.Now()
 	for l := range cl {
-		m.layer(ws, kv, l, x, all)
+		if err := m.layer(ws, kv, l, x, all); err != nil {
+			return nil, st, err
+		}
 	}
 	st.FullRecompEnd = time.Now()
 
@@ -213,6 +225,11 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 			dev[i] = acc
 		}
 	})
+	// Each rank measured its KV heads: the sum is the whole deviation, the
+	// same on every rank, so every rank selects the same tokens.
+	if err := m.allReduce(dev); err != nil {
+		return nil, st, err
+	}
 	order := ws.int(intOrder, 0)
 	for i := range n {
 		if reused[i] {
@@ -260,13 +277,17 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 	qkv := dense(ws.f32(bufQKV, ni*m.qkvDim), ni, m.qkvDim)
 	gemm(m.cfg.Threads, qkv, hi, weight(lw.wqkv, m.packed[cl].qkv, d, m.qkvDim), false, false)
 	m.ropeAndStore(kv, cl, qkv, ib, true)
-	m.attendAndMLP(ws, kv, cl, xi, qkv, ib)
+	if err := m.attendAndMLP(ws, kv, cl, xi, qkv, ib); err != nil {
+		return nil, st, err
+	}
 	st.CheckEnd = time.Now()
 
 	// Phase 3: partial layers cl+1..L-1 on the important set.
 	st.PartialStart = st.CheckEnd
 	for l := cl + 1; l < m.cfg.Layers; l++ {
-		m.layer(ws, kv, l, xi, ib)
+		if err := m.layer(ws, kv, l, xi, ib); err != nil {
+			return nil, st, err
+		}
 	}
 	m.logits(ws, dense(out, 1, m.cfg.Vocab), xi.view(ni-1, 0, 1, d))
 	st.PartialEnd = time.Now()

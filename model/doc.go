@@ -23,7 +23,7 @@
 // and the rotary embedding, shared with the blend server's re-RoPE, is
 // package [github.com/cacheblend/cacheblend/rope] ([Model.RoPE] returns the
 // model's); both are leaf packages, so the engine and the blend server link
-// them without this package and gonum.
+// them without this package.
 //
 // # Defaults
 //
@@ -40,10 +40,16 @@
 // owns no background goroutines and needs no Close. The kernels are package
 // simd's (AVX-512, AVX2+FMA or pure Go, chosen from the CPU at start-up;
 // CB_SIMD=off forces pure Go): matrix multiplies on tiles scheduled by this
-// package against weights packed once by New, a fused flash-style
-// attention for prefill and blend, row kernels over the cache slots for
-// decode, and vector RMSNorm, SwiGLU, softmax and RoPE. BenchmarkMatMul,
-// BenchmarkAttention2048 and BenchmarkPrefill1536 report them against the
-// per-core FP32 peak. A Model is safe for concurrent use provided
-// concurrent calls write disjoint KV slots.
+// package against weights packed once by New (and by NewShard for a rank's
+// slice), a fused flash-style attention for prefill and blend, row kernels
+// over the cache slots for decode, and vector RMSNorm, SwiGLU, softmax and
+// RoPE. BenchmarkMatMul, BenchmarkAttention2048 and BenchmarkPrefill1536
+// report them against the per-core FP32 peak. A Model is safe for
+// concurrent use provided concurrent calls write disjoint KV slots.
+//
+// NewShard builds one rank's slice of the model for tensor parallelism
+// (docs/design.md §11): the ranks' partial attention and MLP outputs, the
+// check layer's deviations and the reused positions they agree on go
+// through a tp.AllReducer, so the ranks of a group compute the whole
+// model's logits (within float rounding) and agree with each other exactly.
 package model

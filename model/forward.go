@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/simd"
 )
 
 // PrefillInput is one chunk of a sequence's prompt (a plain value; the
@@ -62,6 +63,8 @@ const (
 	bufOut
 	bufXAll
 	bufDev
+	bufPart // a rank's partial projection output before its all-reduce
+	bufMask // the reused-position agreement of a sharded BlendForward
 	numBufs
 )
 
@@ -185,7 +188,9 @@ func (m *Model) Prefill(kv *kvcache.Memory, in PrefillInput) ([]float32, error) 
 	x := dense(ws.f32(bufX, n*m.cfg.Dim), n, m.cfg.Dim)
 	m.embedRows(x, in.Tokens)
 	for l := range m.cfg.Layers {
-		m.layer(ws, kv, l, x, b)
+		if err := m.layer(ws, kv, l, x, b); err != nil {
+			return nil, err
+		}
 	}
 	out := make([]float32, m.cfg.Vocab)
 	m.logits(ws, dense(out, 1, m.cfg.Vocab), x.view(n-1, 0, 1, m.cfg.Dim))
@@ -243,7 +248,9 @@ func (m *Model) Decode(kv *kvcache.Memory, in []DecodeInput) ([][]float32, error
 	x := dense(ws.f32(bufX, n*m.cfg.Dim), n, m.cfg.Dim)
 	m.embedRows(x, toks)
 	for l := range m.cfg.Layers {
-		m.layer(ws, kv, l, x, b)
+		if err := m.layer(ws, kv, l, x, b); err != nil {
+			return nil, err
+		}
 	}
 	flat := make([]float32, n*m.cfg.Vocab)
 	m.logits(ws, dense(flat, n, m.cfg.Vocab), x)
@@ -291,8 +298,9 @@ func (m *Model) normRows(h, x mat, gain []float32) {
 }
 
 // layer runs transformer layer l on the rows of x in place (x is the
-// residual stream), writing every row's K/V into its slot.
-func (m *Model) layer(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch) {
+// residual stream), writing every row's K/V into its slot. It fails only
+// when a sharded model's all-reduce fails.
+func (m *Model) layer(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch) error {
 	n, d := x.rows, m.cfg.Dim
 	lw := &m.layers[l]
 	h := dense(ws.f32(bufH, n*d), n, d)
@@ -300,7 +308,7 @@ func (m *Model) layer(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch)
 	qkv := dense(ws.f32(bufQKV, n*m.qkvDim), n, m.qkvDim)
 	gemm(m.cfg.Threads, qkv, h, weight(lw.wqkv, m.packed[l].qkv, d, m.qkvDim), false, false)
 	m.ropeAndStore(kv, l, qkv, b, true)
-	m.attendAndMLP(ws, kv, l, x, qkv, b)
+	return m.attendAndMLP(ws, kv, l, x, qkv, b)
 }
 
 // ropeAndStore rotates the Q (when withQ) and K columns of every row of qkv
@@ -326,13 +334,16 @@ func (m *Model) ropeAndStore(kv *kvcache.Memory, l int, qkv mat, b *batch, withQ
 
 // attendAndMLP finishes layer l for the rows of x: attention of the (already
 // rotated) queries in qkv over the cache, the output projection, and the
-// SwiGLU MLP, both added to the residual x.
-func (m *Model) attendAndMLP(ws *workspace, kv *kvcache.Memory, l int, x, qkv mat, b *batch) {
+// SwiGLU MLP, both added to the residual x. On a sharded model both are
+// partial sums, all-reduced before they are added.
+func (m *Model) attendAndMLP(ws *workspace, kv *kvcache.Memory, l int, x, qkv mat, b *batch) error {
 	n, d, f := x.rows, m.cfg.Dim, m.cfg.FFNDim
 	lw := &m.layers[l]
 	att := dense(ws.f32(bufAtt, n*m.qDim), n, m.qDim)
 	m.attention(ws, kv, l, att, qkv, b)
-	gemm(m.cfg.Threads, x, att, weight(lw.wo, m.packed[l].wo, m.qDim, d), false, true)
+	if err := m.project(ws, x, att, weight(lw.wo, m.packed[l].wo, m.qDim, d)); err != nil {
+		return err
+	}
 
 	h := dense(ws.f32(bufH, n*d), n, d)
 	m.normRows(h, x, lw.mlpNorm)
@@ -347,5 +358,29 @@ func (m *Model) attendAndMLP(ws *workspace, kv *kvcache.Memory, l int, x, qkv ma
 			swiglu(act.row(i)[:f], g, up)
 		}
 	})
-	gemm(m.cfg.Threads, x, act, weight(lw.wdown, m.packed[l].down, f, d), false, true)
+	return m.project(ws, x, act, weight(lw.wdown, m.packed[l].down, f, d))
+}
+
+// project adds a·w to the residual x; on a sharded model a·w is the rank's
+// partial sum, all-reduced first.
+func (m *Model) project(ws *workspace, x, a, w mat) error {
+	if m.tp == nil {
+		gemm(m.cfg.Threads, x, a, w, false, true)
+		return nil
+	}
+	p := dense(ws.f32(bufPart, x.rows*x.cols), x.rows, x.cols)
+	gemm(m.cfg.Threads, p, a, w, false, false)
+	if err := m.allReduce(p.data); err != nil {
+		return err
+	}
+	m.rowChunks(x.rows, func(r0, r1 int) {
+		for i := r0; i < r1; i++ {
+			addTo(x.row(i), p.row(i))
+		}
+	})
+	return nil
+}
+
+func addTo(dst, src []float32) {
+	simd.Axpy(1, src[:len(dst)], dst)
 }

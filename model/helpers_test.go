@@ -3,6 +3,7 @@ package model
 import (
 	"math"
 	"math/rand/v2"
+	"os"
 	"testing"
 
 	"github.com/cacheblend/cacheblend/kvcache"
@@ -10,6 +11,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(benchRankEnv) != "" {
+		os.Exit(benchRank())
+	}
 	goleak.VerifyTestMain(m)
 }
 

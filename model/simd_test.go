@@ -2,7 +2,6 @@ package model
 
 import (
 	"fmt"
-	"math"
 	"testing"
 
 	"github.com/cacheblend/cacheblend/reuseplan"
@@ -65,15 +64,6 @@ func runWorkload(t *testing.T, cfg Config, n int, l simd.Level) simdRun {
 		t.Fatal(err)
 	}
 	return out
-}
-
-// relDiff is max|a−b| relative to max|b|.
-func relDiff(a, b []float32) float64 {
-	var mx float64
-	for _, v := range b {
-		mx = max(mx, math.Abs(float64(v)))
-	}
-	return maxAbsDiff(a, b) / max(mx, 1e-30)
 }
 
 // TestSIMDMatchesPureGo checks that the logits computed with every

@@ -46,6 +46,8 @@ type Model struct {
 	embedPacked *simd.PackedB // the LM head Eᵀ
 
 	pool sync.Pool // *workspace
+
+	tp *shard // tensor-parallel slice (NewShard); nil: the whole model
 }
 
 // New builds a model for cfg (zero fields take their defaults), generating
@@ -117,8 +119,14 @@ func New(cfg Config) (*Model, error) {
 	return m, nil
 }
 
-// Config returns the model's configuration with every default filled in.
-func (m *Model) Config() Config { return m.cfg }
+// Config returns the model's configuration with every default filled in
+// (the whole model's, on a shard: see KVLayout for the rank's KV memory).
+func (m *Model) Config() Config {
+	if m.tp != nil {
+		return m.tp.full
+	}
+	return m.cfg
+}
 
 // RoPE returns the rotary embedding the model uses (the blend server must
 // use the same one for re-RoPE).

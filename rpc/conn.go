@@ -16,16 +16,20 @@ const MaxMessageBytes = 64 << 20
 // Dial returns a client connection to a cacheblend process at addr
 // (host:port) that carries the caller's trace context in gRPC metadata and
 // allows MaxMessageBytes messages. The connection is lazy: it connects on
-// first use and reconnects after the peer restarts.
+// first use and reconnects after the peer restarts, with a backoff bounded
+// by ConnectMaxDelay, and at once when a call fails with Unavailable (see
+// redialer): a restarted peer is served again within about a second.
 //
 // It is plaintext unless opts carry transport credentials, which replace
 // the plaintext default (options apply in order): pass
 // mtls.Identity.DialOption(role of the server) for mutual TLS, as every
 // process started with --tls-cert/--tls-key/--tls-ca does.
 func Dial(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	rd := &redialer{}
 	base := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithChainUnaryInterceptor(telemetry.UnaryClientInterceptor()),
+		grpc.WithConnectParams(connectParams),
+		grpc.WithChainUnaryInterceptor(telemetry.UnaryClientInterceptor(), rd.unary),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)),
 	}
 	conn, err := grpc.NewClient(addr, append(base, opts...)...)

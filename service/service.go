@@ -136,7 +136,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	}
 	logger := slog.New(telemetry.NewLogHandler(out, &slog.HandlerOptions{Level: opts.LogLevel})).With("service", opts.ServiceName)
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	pm, err := metrics.NewProcessMetrics(reg, metrics.BuildInfo{Service: opts.ServiceName, Version: Version}, func() metrics.TraceTotals {
 		return metrics.TraceTotals{SpansDropped: tp.DroppedSpans(), ExportErrors: tp.ExportErrors()}
 	}, metrics.WithOnRefused(func(err error) { logger.Warn("refresh process metrics", "err", err) }))
@@ -296,4 +296,19 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// NewGoCollector returns the Go runtime collector of every process's
+// /metrics, exposable as strict OpenMetrics: the legacy go_memstats_* series
+// are off (go_memstats_alloc_bytes, a gauge, and
+// go_memstats_alloc_bytes_total, a counter, are one family name in
+// OpenMetrics and a strict parser refuses the exposition: client_golang
+// issue #829); their runtime/metrics equivalents (go_gc_*, go_memory_*) are
+// exposed instead, next to go_goroutines, go_threads, go_gc_duration_seconds
+// and go_info.
+func NewGoCollector() prometheus.Collector {
+	return collectors.NewGoCollector(
+		collectors.WithGoCollectorMemStatsMetricsDisabled(),
+		collectors.WithGoCollectorRuntimeMetrics(collectors.MetricsGC, collectors.MetricsMemory),
+	)
 }

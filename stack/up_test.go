@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -39,6 +40,8 @@ func fakeCB(args []string) int {
 	fs.String("blend", "", "")
 	fs.String("kv-socket", "", "")
 	fs.String("blend-kv-socket", "", "")
+	l2Dir := fs.String("l2-dir", "", "")
+	fs.String("redis-url", "", "")
 	var files mtls.Files
 	fs.StringVar(&files.Cert, "tls-cert", "", "")
 	fs.StringVar(&files.Key, "tls-key", "", "")
@@ -49,7 +52,7 @@ func fakeCB(args []string) int {
 		return 2
 	}
 	role := mtls.Role("cb-" + cmd)
-	got := map[string]any{"files": files}
+	got := map[string]any{"files": files, "l2_dir": *l2Dir}
 	if files.Enabled() {
 		id, err := mtls.Load(files, role)
 		if err != nil {
@@ -183,5 +186,28 @@ func TestUpBadCertificateFails(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(tmp, "cb-up-tls-*")); len(left) > 0 {
 		t.Errorf("certificate directory left behind: %v", left)
+	}
+}
+
+func TestTPArgs(t *testing.T) {
+	cases := []struct {
+		name string
+		cfg  UpConfig
+		want []string
+	}{
+		{"default", UpConfig{WorkerArgs: []string{"--layers=4"}}, []string{"--layers=4"}},
+		{"one rank", UpConfig{TP: 1}, nil},
+		{"two ranks", UpConfig{TP: 2, WorkerArgs: []string{"--layers=4"}}, []string{"--layers=4", "--tp=2"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := tpArgs(c.cfg)
+			if !slices.Equal(got, c.want) {
+				t.Fatalf("got %v, want %v", got, c.want)
+			}
+			if c.cfg.TP > 1 && len(c.cfg.WorkerArgs) != 1 {
+				t.Fatal("tpArgs changed the caller's WorkerArgs")
+			}
+		})
 	}
 }

@@ -24,4 +24,12 @@
 // streamed message is bounded by the KV layout before use; a finished id
 // stops a pull before the step's sequences run, so its blocks are never
 // written after the engine reused them.
+//
+// Tensor parallelism (cb worker --tp N, docs/design.md §11): with
+// Deps.Reducer the worker is one rank (model.NewShard; its KV memory, its
+// registration, retrieves and stores are the rank's, its spans carry rank);
+// rank 0 also has Deps.Peers (package rankgroup), which runs every step on
+// the other ranks. With a CacheBlend plan every rank runs the blended
+// forward, which reuses only what every rank loaded. A failed group is
+// Unavailable.
 package worker

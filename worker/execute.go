@@ -36,11 +36,16 @@ func (s *service) Info(context.Context, *cbv1.InfoRequest) (*cbv1.InfoResponse, 
 		Model: w.cfg.ModelName, Vocab: int32(c.Vocab), MaxPositions: int32(c.MaxPositions),
 		NumBlocks: int32(w.cfg.NumBlocks), BlockSize: int32(w.cfg.BlockSize),
 		Bos: tokenizer.BOS, Eos: tokenizer.EOS, NumLayers: int32(c.Layers), WorkerId: w.cfg.WorkerID,
-		MaxStepSeqs: MaxStepSeqs, MaxStepTokens: MaxStepTokens,
+		MaxStepSeqs: MaxStepSeqs, MaxStepTokens: MaxStepTokens, WorldSize: int32(w.world),
 	}, nil
 }
 
 func (s *service) Execute(ctx context.Context, req *cbv1.ExecuteRequest) (*cbv1.ExecuteResponse, error) {
+	if w := s.w; w.world > 1 && w.cfg.Rank > 0 {
+		// A step run on one rank alone would stall the group's all-reduce:
+		// ranks 1..N-1 take their steps from rank 0 (rankgroup.Serve).
+		return nil, status.Errorf(codes.FailedPrecondition, "execute: rank %d of a tensor-parallel worker takes its steps from rank 0", w.cfg.Rank)
+	}
 	return s.w.Execute(ctx, req)
 }
 
@@ -55,10 +60,28 @@ var attrRequestID = attribute.Key("request_id")
 // one batched decode, and samples a token for every sequence that asks.
 // A sequence whose input is bad fails alone (its output carries the error);
 // a malformed request as a whole is InvalidArgument.
+//
+// On rank 0 of a tensor-parallel group (Deps.Peers) the step runs on every
+// rank; a failed group (a rank died) is Unavailable.
 func (w *Worker) Execute(ctx context.Context, req *cbv1.ExecuteRequest) (*cbv1.ExecuteResponse, error) {
 	if err := w.checkStep(req); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "execute: %v", err)
 	}
+	if w.peers == nil {
+		return w.execute(ctx, req)
+	}
+	resp, err := w.peers.Execute(ctx, req, w.execute)
+	if err != nil {
+		if _, ok := status.FromError(err); ok && status.Code(err) != codes.Unknown {
+			return nil, err
+		}
+		return nil, status.Errorf(codes.Unavailable, "execute: %v", err)
+	}
+	return resp, nil
+}
+
+// execute runs a checked step on this rank.
+func (w *Worker) execute(ctx context.Context, req *cbv1.ExecuteRequest) (*cbv1.ExecuteResponse, error) {
 	w.execMu.Lock()
 	defer w.execMu.Unlock()
 	// Hand-overs of finished requests stop first: their blocks may be
@@ -140,7 +163,8 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 		return out
 	}
 	pctx, exec := w.spans.Start(stepContext(ctx, sq), spanname.CBExecute, trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithAttributes(attrRequestID.String(id), attribute.Int("start_pos", start), attribute.Int("n_tokens", end-start)))
+		trace.WithAttributes(attrRequestID.String(id), attribute.Int("start_pos", start), attribute.Int("n_tokens", end-start)),
+		trace.WithAttributes(w.rankAttrs()...))
 	defer exec.End()
 
 	bt := sq.GetBlockTable()
@@ -148,10 +172,13 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 		w.loadKV(pctx, id, st, bt)
 	}
 
-	fctx, fwd := w.spans.Start(pctx, spanname.CBModelForward, trace.WithAttributes(attrRequestID.String(id)))
+	fctx, fwd := w.spans.Start(pctx, spanname.CBModelForward, trace.WithAttributes(attrRequestID.String(id)), trace.WithAttributes(w.rankAttrs()...))
 	t0 := time.Now()
 	var logits []float32
-	blended := st.plan != nil && (len(st.loaded.Reused) > 0 || st.loaded.Prefix > start)
+	// The ranks of a group may have loaded different parts of the plan (a
+	// chunk gone on one rank): they all run the blended forward, which
+	// reuses only what every rank loaded, so they make the same calls.
+	blended := st.plan != nil && (w.world > 1 || len(st.loaded.Reused) > 0 || st.loaded.Prefix > start)
 	if blended {
 		in := model.BlendInput{
 			Tokens:      st.prompt[:end],
@@ -204,6 +231,15 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 		w.markStored(id) // nothing to store into: release the blocks at once
 	}
 	return out
+}
+
+// rankAttrs is the rank attribute of a tensor-parallel rank's spans
+// (nothing on a whole-model worker).
+func (w *Worker) rankAttrs() []attribute.KeyValue {
+	if w.world <= 1 {
+		return nil
+	}
+	return []attribute.KeyValue{attribute.Int("rank", w.cfg.Rank), attribute.Int("world_size", w.world)}
 }
 
 // stepContext is the parent context of a step's cb.execute: the engine's
@@ -266,7 +302,8 @@ func (w *Worker) loadKV(ctx context.Context, id string, st *seqState, bt []int32
 		return
 	}
 	lctx, sp := w.spans.Start(ctx, spanname.CBStartLoadKV, trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attrRequestID.String(id), attribute.Int("from_token", st.loaded.To), attribute.Int("capacity_tokens", capTokens)))
+		trace.WithAttributes(attrRequestID.String(id), attribute.Int("from_token", st.loaded.To), attribute.Int("capacity_tokens", capTokens)),
+		trace.WithAttributes(w.rankAttrs()...))
 	defer sp.End()
 	token := w.token()
 	if token == nil {

@@ -475,6 +475,9 @@ func (w *Worker) PullKV(ctx context.Context, req *cbv1.PullKVRequest) (*cbv1.Pul
 	if err := w.checkPull(req); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "pull: %v", err)
 	}
+	if w.world > 1 {
+		return nil, status.Errorf(codes.FailedPrecondition, "pull: a tensor-parallel worker (world size %d) does not take hand-overs", w.world)
+	}
 	id := req.GetRequestId()
 	if int(req.GetFromBlock()) == len(req.GetBlockTable()) {
 		return &cbv1.PullKVResponse{}, nil // every block was already here

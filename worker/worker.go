@@ -20,12 +20,14 @@ import (
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/rankgroup"
 	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/rpc/kvsock"
 	"github.com/cacheblend/cacheblend/telemetry"
 	"github.com/cacheblend/cacheblend/tokenizer"
+	"github.com/cacheblend/cacheblend/tp"
 )
 
 // Defaults of Config.
@@ -154,6 +156,24 @@ type Deps struct {
 	// expecting the cb-worker role. nil: plaintext rpc.Dial. The worker
 	// keeps at most a few connections open and closes them at Shutdown.
 	DialPeer func(addr string) (*grpc.ClientConn, error)
+	// Reducer, when set, makes the worker one rank of a tensor-parallel
+	// group (cb worker --tp N, docs/design.md §11): its model is
+	// model.NewShard over this all-reduce, its KV memory holds the rank's
+	// KV heads and is registered with the blend server under
+	// Reducer.Rank() (which overrides Config.Rank), and its retrieves and
+	// stores are the rank's. nil: the whole model, rank Config.Rank.
+	Reducer tp.AllReducer
+	// Peers, on rank 0 of a group, runs every Execute on the other ranks
+	// too (package rankgroup): it forwards the step, runs the worker's own
+	// Execute and merges the answers. An error from it (the group failed)
+	// is answered with Unavailable. nil: no other ranks.
+	Peers StepForwarder
+}
+
+// StepForwarder runs a step on the other ranks of a tensor-parallel group
+// around the local one (rankgroup.Group implements it).
+type StepForwarder interface {
+	Execute(ctx context.Context, req *cbv1.ExecuteRequest, local rankgroup.Local) (*cbv1.ExecuteResponse, error)
 }
 
 var _ component.Lifecycle = (*Worker)(nil)
@@ -199,6 +219,10 @@ type Worker struct {
 
 	ho   *handoffs                                   // prefill/decode hand-overs (handoff.go)
 	dial func(addr string) (*grpc.ClientConn, error) // Deps.DialPeer
+
+	reducer tp.AllReducer // Deps.Reducer: nil unless a tensor-parallel rank
+	peers   StepForwarder // Deps.Peers: rank 0 of a group only
+	world   int           // tensor-parallel world size (1: a whole model)
 }
 
 // session is one KV registration: the socket connection it lives on and
@@ -242,6 +266,9 @@ func New(cfg Config, deps Deps) (*Worker, error) {
 		stop:     make(chan struct{}),
 		ho:       newHandoffs(),
 		dial:     deps.DialPeer,
+		reducer:  deps.Reducer,
+		peers:    deps.Peers,
+		world:    1,
 	}, nil
 }
 
@@ -260,12 +287,19 @@ func (w *Worker) Start(ctx context.Context) error {
 	if removed, err := kvcache.RemoveStale(w.cfg.ShmDir); err == nil && len(removed) > 0 {
 		w.logger.Info("removed stale KV shared memory", "files", removed)
 	}
-	m, err := model.New(w.cfg.Model)
+	var m *model.Model
+	var err error
+	if w.reducer != nil {
+		m, err = model.NewShard(w.cfg.Model, w.reducer)
+		w.cfg.Rank, w.world = w.reducer.Rank(), w.reducer.Size()
+	} else {
+		m, err = model.New(w.cfg.Model)
+	}
 	if err != nil {
 		return fmt.Errorf("worker: model: %w", err)
 	}
 	w.model = m
-	kv, err := kvcache.Create(w.cfg.ShmDir, m.Config().KVLayout(w.cfg.NumBlocks, w.cfg.BlockSize))
+	kv, err := kvcache.Create(w.cfg.ShmDir, m.KVLayout(w.cfg.NumBlocks, w.cfg.BlockSize))
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
@@ -294,7 +328,8 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 	}(w.grpcSrv)
 	w.logger.Info("worker started", "addr", ln.Addr().String(), "kv_memory", kv.Name(), "sealed", kv.Sealed(), "layers", m.Config().Layers,
-		"dim", m.Config().Dim, "blocks", w.cfg.NumBlocks, "block_size", w.cfg.BlockSize, "blend", w.blend != nil)
+		"dim", m.Config().Dim, "blocks", w.cfg.NumBlocks, "block_size", w.cfg.BlockSize, "blend", w.blend != nil,
+		"rank", w.cfg.Rank, "world_size", w.world)
 	return nil
 }
 
@@ -451,7 +486,7 @@ func (w *Worker) register() (*session, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.RPCTimeout)
 	defer cancel()
 	c, ans, err := kvsock.Register(ctx, w.cfg.BlendKVSocket, &cbv1.KVRegistration{
-		WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank), Model: w.cfg.ModelName,
+		WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank), Model: w.cfg.ModelName, WorldSize: int32(w.world),
 		Layout: &cbv1.KVLayout{NumLayers: int32(l.NumLayers), NumBlocks: int32(l.NumBlocks), BlockSize: int32(l.BlockSize),
 			KvHeads: int32(l.KVHeads), HeadDim: int32(l.HeadDim), RopeTheta: w.model.Config().RoPETheta},
 	}, w.kv.File())

@@ -440,6 +440,23 @@ func (s *Store) Contains(key Key) Tier {
 	return TierNone
 }
 
+// Present is Contains that does not trust the L2 index alone: a chunk
+// indexed in L2 whose file is gone (removed by hand, a wiped disk) is
+// forgotten and reported absent. It costs one stat per L2 chunk.
+func (s *Store) Present(key Key) bool {
+	switch s.Contains(key) {
+	case TierL1:
+		return true
+	case TierL2:
+		if _, err := os.Stat(s.path(key)); errors.Is(err, fs.ErrNotExist) {
+			s.forgetL2(key, false)
+			return false
+		}
+		return true
+	}
+	return false
+}
+
 // PrefixChunks is CountPrefix against this store: the number of leading keys
 // held by some tier.
 func (s *Store) PrefixChunks(keys []Key) int {

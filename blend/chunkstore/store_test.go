@@ -508,3 +508,41 @@ func TestGetManyMixed(t *testing.T) {
 		t.Fatalf("PrefixChunks = %d, %d", s2.PrefixChunks(keys), s2.PrefixChunks(keys[1:]))
 	}
 }
+
+func TestPresentChecksL2Files(t *testing.T) {
+	cases := []struct {
+		name   string
+		remove bool
+		want   bool
+	}{
+		{"file in place", false, true},
+		{"file removed by hand", true, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s, err := New(Config{Dir: dir, L1Bytes: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ch := randChunk(t, 1, 32)
+			if err := s.Put(ch); err != nil {
+				t.Fatal(err)
+			}
+			if s.Contains(ch.Key) != TierL2 {
+				t.Fatalf("tier %v, want L2", s.Contains(ch.Key))
+			}
+			if c.remove {
+				if err := os.Remove(s.path(ch.Key)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := s.Present(ch.Key); got != c.want {
+				t.Fatalf("Present %v, want %v", got, c.want)
+			}
+			if c.remove && s.Contains(ch.Key) != TierNone {
+				t.Fatal("a vanished file stays indexed")
+			}
+		})
+	}
+}

@@ -136,6 +136,11 @@ type Event struct {
 	// of one instance carry the same CopyID. Zero for stages that run once
 	// at a time.
 	CopyID uint64
+	// ParentCopyID, on the START of a stage with a parent stage, is the
+	// CopyID of the parent instance it belongs to (the retrieve of one
+	// worker rank when the ranks of a tensor-parallel worker retrieve the
+	// same request concurrently). Zero: the latest open parent instance.
+	ParentCopyID uint64
 	// TraceContext is the W3C traceparent the peer sent with the RPC, on
 	// CB_LOOKUP_START, CB_RETRIEVE_START and CB_STORE_START; empty when the
 	// peer sent none.

@@ -368,7 +368,11 @@ func (s *TracingSubscriber) startSpan(di int, ev *Event) {
 	traced := true
 	switch {
 	case d.parent >= 0:
-		parent = r.latest(d.parent)
+		if ev.ParentCopyID != 0 {
+			parent = r.find(d.parent, ev.ParentCopyID)
+		} else {
+			parent = r.latest(d.parent)
+		}
 		switch {
 		case parent == nil:
 			s.orphaned.Add(1)

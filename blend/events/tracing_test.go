@@ -687,3 +687,49 @@ func TestOptionBWithTelemetryProvider(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrentRetrievesOfRanks: the ranks of a tensor-parallel worker
+// retrieve one request at once; each retrieve is an instance (CopyID) and
+// each scatter names its retrieve (ParentCopyID), so the spans do not mix.
+func TestConcurrentRetrievesOfRanks(t *testing.T) {
+	f := newFixture(t)
+	const req = "req-tp"
+	tc0 := traceparent(lookupTID, "1111111111111111", true)
+	tc1 := traceparent(lookupTID, "2222222222222222", true)
+	start := func(tc string, id uint64, us int) Event {
+		e := retrieveStart(req, tc, us)
+		e.CopyID = id
+		return e
+	}
+	end := func(id uint64, us int) Event {
+		e := retrieveEnd(req, us)
+		e.CopyID = id
+		return e
+	}
+	scatter := func(id, parent uint64, us int) Event {
+		e := scatterStart(req, id, us)
+		e.ParentCopyID = parent
+		return e
+	}
+	f.feed(
+		start(tc0, 10, 0), start(tc1, 20, 1),
+		scatter(11, 10, 2), scatter(21, 20, 3),
+		scatterEnd(req, 21, 40, 100), scatterEnd(req, 11, 50, 100),
+		end(20, 45), end(10, 60),
+	)
+	spans := f.spans()
+	retrieves := byName(spans, spanname.CBRetrieve)
+	if len(retrieves) != 2 {
+		t.Fatalf("%d cb.retrieve spans, want 2", len(retrieves))
+	}
+	r0, r1 := byStart(retrieves, at(0)), byStart(retrieves, at(1))
+	wantTimes(t, r0, at(0), at(60))
+	wantTimes(t, r1, at(1), at(45))
+	for _, s := range byName(spans, spanname.CBScatter) {
+		if s.StartTime.Equal(at(2)) {
+			wantParent(t, s, r0)
+		} else {
+			wantParent(t, s, r1)
+		}
+	}
+}

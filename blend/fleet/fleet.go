@@ -592,3 +592,12 @@ func (t *Tier) Ping(ctx context.Context) error {
 	}
 	return nil
 }
+
+// EncodeSequence encodes a stored sequence as the directory does (chunk
+// size, tokens, keys, CRC32C); DecodeSequence reads it back. The blend
+// server's L2 keeps its registered sequences in this form (blend.Config.L2Dir).
+func EncodeSequence(seq fingerprint.Sequence) []byte { return encodeSequence(seq, seq.ChunkSize) }
+
+// DecodeSequence parses and bounds an encoded sequence (MaxSequenceTokens,
+// keys consistent with the tokens, CRC32C).
+func DecodeSequence(b []byte) (fingerprint.Sequence, error) { return decodeSequence(b) }

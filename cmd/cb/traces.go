@@ -14,6 +14,7 @@ func init() { subcommands = append(subcommands, newTracesCmd) }
 
 func newTracesCmd() *cobra.Command {
 	var cfg tracestore.Config
+	var metricsAddr string
 	cmd := &cobra.Command{
 		Use:   "traces",
 		Short: "Run the embedded trace collector: OTLP/HTTP receiver, Jaeger-compatible query API and the trace page",
@@ -27,13 +28,19 @@ func newTracesCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			rt.Logger.Info("trace collector started", "otlp", "http://"+col.OTLPAddr()+"/v1/traces", "ui", "http://"+col.QueryAddr()+"/")
-			announce("cb-traces", "otlp", "http://"+col.OTLPAddr()+"/v1/traces", "ui", "http://"+col.QueryAddr()+"/")
+			maddr, err := rt.ServeMetrics(metricsAddr, nil)
+			if err != nil {
+				_ = col.Shutdown(ctx)
+				return err
+			}
+			rt.Logger.Info("trace collector started", "otlp", "http://"+col.OTLPAddr()+"/v1/traces", "ui", "http://"+col.QueryAddr()+"/", "metrics", "http://"+maddr.String()+"/metrics")
+			announce("cb-traces", "otlp", "http://"+col.OTLPAddr()+"/v1/traces", "ui", "http://"+col.QueryAddr()+"/", "metrics", "http://"+maddr.String()+"/metrics")
 			return runUntilSignal(ctx, rt, col)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.OTLPAddr, "otlp-addr", tracestore.DefaultOTLPAddr, "OTLP/HTTP receiver address (POST /v1/traces)")
+	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:0", "address of the collector's own /metrics and /health (Go runtime, process, build info)")
 	f.StringVar(&cfg.QueryAddr, "ui-addr", tracestore.DefaultQueryAddr, "query API and web page address")
 	f.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", tracestore.DefaultMaxBodyBytes, "largest OTLP request body, before and after decompression")
 	f.IntVar(&cfg.MaxTraces, "max-traces", tracestore.DefaultMaxTraces, "traces kept (oldest evicted)")

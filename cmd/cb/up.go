@@ -32,6 +32,9 @@ type upFlags struct {
 	prefillNodes  int // cb up only: a disaggregated fleet
 	decodeNodes   int
 	plaintext     bool
+	tp            int
+	stateDir      string // cb up only: the blend servers' L2 ("" with --no-l2, and for cb demo)
+	noL2          bool
 }
 
 func (u *upFlags) register(cmd *cobra.Command, defaultAPI string) {
@@ -47,6 +50,7 @@ func (u *upFlags) register(cmd *cobra.Command, defaultAPI string) {
 	f.BoolVar(&u.noGateway, "no-gateway", false, "with --nodes N, start no gateway: node 0's engine listens on --api")
 	f.StringVar(&u.redisURL, "redis-url", "", "fleet tier shared with other nodes: passed to cb blend --redis-url")
 	f.IntVar(&u.nodes, "nodes", 1, "nodes to start on loopback (engine + worker + blend server each) sharing one fleet tier, behind a gateway (cb gateway) on --api; without --redis-url, cb up starts redis-server on a free port with a random password")
+	f.IntVar(&u.tp, "tp", 1, "run each worker as this many tensor-parallel rank processes (cb worker --tp); a rank that dies fails its requests (503) and the whole rank group is restarted")
 	f.BoolVar(&u.plaintext, "plaintext", false, "no mutual TLS between the processes: the worker's and the blend server's gRPC ports then admit any local process (default: a throw-away CA and a certificate per process, removed at exit)")
 }
 
@@ -81,10 +85,14 @@ func startStack(ctx context.Context, u *upFlags) (*running, error) {
 		APIAddr:    u.api,
 		EngineArgs: u.engineArgs, WorkerArgs: u.workerArgs, BlendArgs: u.blendArgs,
 		GatewayArgs: u.gatewayArgs, NoGateway: u.noGateway,
-		Plaintext: u.plaintext, Nodes: u.nodes, RedisURL: u.redisURL,
+		Plaintext: u.plaintext, Nodes: u.nodes, RedisURL: u.redisURL, TP: u.tp,
 		PrefillNodes: u.prefillNodes, DecodeNodes: u.decodeNodes,
+		StateDir: u.stateDir,
 		// Export batches often so a request's trace is complete quickly.
 		Env: []string{"OTEL_BSP_SCHEDULE_DELAY=200"},
+	}
+	if u.noL2 {
+		cfg.StateDir = ""
 	}
 	if !externalOTLP() {
 		col, err := startCollector(ctx, tracestore.Config{OTLPAddr: u.otlpAddr, QueryAddr: u.uiAddr}, component.Deps{})
@@ -167,6 +175,11 @@ endpoints file gives each node's role.`,
 			if eps.Redis != nil {
 				fmt.Println("fleet tier: Redis shared by the nodes (its URL is in the endpoints file)")
 			}
+			if u.stateDir != "" && !u.noL2 {
+				fmt.Printf("state: the blend server's L2 in %s (stored documents survive restarts; --no-l2 keeps them in memory only)\n", u.stateDir)
+			} else {
+				fmt.Println("state: no L2 (stored documents are lost when the blend server restarts)")
+			}
 			if r.queryURL != "" {
 				fmt.Printf("trace page: %s/\n", r.queryURL)
 			}
@@ -183,6 +196,12 @@ endpoints file gives each node's role.`,
 	}
 	u.register(cmd, "127.0.0.1:8000")
 	cmd.Flags().IntVar(&u.prefillNodes, "prefill-nodes", 0, "with --decode-nodes: start this many prefill nodes (cb engine --role prefill) behind the gateway, instead of --nodes")
+	defState, err := stack.DefaultStateDir()
+	if err != nil {
+		defState = "" // no home directory: no L2 unless --state-dir
+	}
+	cmd.Flags().StringVar(&u.stateDir, "state-dir", defState, "state directory kept across restarts (created 0700; refused when group or others may access it): the blend server keeps its L2 there (chunk files and registered sequences, so stored documents survive a restart of the blend server or of the stack)")
+	cmd.Flags().BoolVar(&u.noL2, "no-l2", false, "no L2: the blend server keeps chunks in memory only (stored documents are lost when it restarts)")
 	cmd.Flags().IntVar(&u.decodeNodes, "decode-nodes", 0, "with --prefill-nodes: start this many decode nodes (cb engine --role decode), named to the prefill engines by the gateway")
 	return withEnv(cmd)
 }

@@ -1,11 +1,16 @@
 package main
 
 import (
+	"fmt"
+	"os"
+	"strconv"
+
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
 	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/rankgroup"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/rpc/kvsock"
@@ -23,6 +28,8 @@ func newWorkerCmd() *cobra.Command {
 		blendAddr   string
 		otlp        string
 		tf          tlsFlags
+		tpSize      int
+		tpRank      int
 	)
 	cmd := &cobra.Command{
 		Use:   "worker",
@@ -54,20 +61,48 @@ func newWorkerCmd() *cobra.Command {
 				defer bconn.Close()
 				deps.Blend = cbv1.NewBlendServiceClient(bconn)
 			}
-			w, err := worker.New(cfg, deps)
-			if err != nil {
-				return err
+			if tpRank > 0 {
+				// A rank process a --tp group's rank 0 started (rankgroup).
+				return runRank(ctx, rt, cfg, deps, tpRank)
 			}
-			if err := w.Start(ctx); err != nil {
+			var group *rankgroup.Group
+			if tpSize > 1 {
+				if cfg.WorkerID == "" {
+					cfg.WorkerID = fmt.Sprintf("worker-%d", os.Getpid()) // every rank registers under it
+				}
+				args := rankArgs(c, cfg.WorkerID, tpSize)
+				if group, err = rankgroup.New(rankgroup.Config{World: tpSize}, args, rt.Logger); err != nil {
+					return err
+				}
+				if err := group.Start(ctx); err != nil {
+					return err
+				}
+				deps.Reducer, deps.Peers = group.Reducer(), group
+			}
+			w, err := worker.New(cfg, deps)
+			if err == nil {
+				err = w.Start(ctx)
+			}
+			if err != nil {
+				if group != nil {
+					_ = group.Shutdown(ctx)
+				}
 				return err
 			}
 			maddr, err := rt.ServeMetrics(metricsAddr, nil)
 			if err != nil {
 				_ = w.Shutdown(ctx)
+				if group != nil {
+					_ = group.Shutdown(ctx)
+				}
 				return err
 			}
-			announce("cb-worker", "grpc", w.Addr(), "metrics", "http://"+maddr.String()+"/metrics", "kv_memory", w.KVMemory())
-			return runUntilSignal(ctx, rt, w)
+			announce("cb-worker", "grpc", w.Addr(), "metrics", "http://"+maddr.String()+"/metrics", "kv_memory", w.KVMemory(),
+				"world_size", strconv.Itoa(max(1, tpSize)))
+			if group == nil {
+				return runUntilSignal(ctx, rt, w)
+			}
+			return runGroupUntilSignal(ctx, rt, w, group)
 		},
 	}
 	f := cmd.Flags()
@@ -92,6 +127,9 @@ func newWorkerCmd() *cobra.Command {
 	f.IntVar(&cfg.Model.CheckLayer, "check-layer", d.CheckLayer, "CacheBlend check layer")
 	f.Float64Var(&cfg.Model.RecompRatio, "recomp-ratio", d.RecompRatio, "CacheBlend recompute ratio")
 	f.StringVar(&otlp, "otlp-traces-endpoint", "", "OTLP traces endpoint (overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
+	f.IntVar(&tpSize, "tp", 1, "tensor-parallel ranks: the worker runs as this many rank processes (this one is rank 0), each with 1/N of the heads and SwiGLU columns and its own KV memory")
+	f.IntVar(&tpRank, "tp-rank", 0, "internal: the rank of a process started by a --tp worker (descriptors 3 and 4 are its segment and step socket)")
+	_ = f.MarkHidden("tp-rank")
 	tf.register(f, mtls.Worker)
 	return withEnv(cmd)
 }

@@ -103,6 +103,10 @@ const (
 
 	// CBClassify is the span "cb.classify" of cb-blend (kind internal, phase "lookup"), child of
 	// [CBLookup]; required.
+	//
+	// found counts the matched chunks held by some tier, stale those gone; per_rank_ok counts the
+	// found chunks held for every rank 0..world_size-1 (only those are reused: a chunk present on
+	// some ranks only is not). With world_size 1 it equals found.
 	CBClassify = "cb.classify"
 
 	// CBExecute is the span "cb.execute" of cb-worker (kind server, phase "execute"), remote child
@@ -110,7 +114,11 @@ const (
 	//
 	// Remote child; the parent context travels in the step metadata. One per scheduler step that
 	// computes part of the prompt: a prompt longer than the step's token budget is prefilled in
-	// chunks (chunked prefill), each chunk its own cb.execute.
+	// chunks (chunked prefill), each chunk its own cb.execute. With a tensor-parallel worker
+	// (cb.request world_size N > 1, cb worker --tp N) every rank runs every step: N cb.execute per
+	// step, one per rank, each with rank and world_size, and under each its own cb.start_load_kv
+	// (so N cb.retrieve per load pass, each with rank), cb.model_forward (with the phases of the
+	// same important set on every rank) and cb.store.
 	CBExecute = "cb.execute"
 
 	// CBStartLoadKV is the span "cb.start_load_kv" of cb-worker (kind client, phase "kv load"),
@@ -128,8 +136,10 @@ const (
 	// optional; may repeat.
 	//
 	// Remote child; the parent context travels in the Retrieve payload's trace_context (and
-	// trace_state). Under every cb.start_load_kv the server answered. The totals of its copies
-	// (cb.scatter); scatter_ms is the wall time from the first copy's start to the last copy's end.
+	// trace_state). rank is the retrieving worker rank's (one cb.retrieve per rank and load pass
+	// with world_size N > 1). Under every cb.start_load_kv the server answered. The totals of its
+	// copies (cb.scatter); scatter_ms is the wall time from the first copy's start to the last
+	// copy's end.
 	CBRetrieve = "cb.retrieve"
 
 	// CBScatter is the span "cb.scatter" of cb-blend (kind internal, phase "kv load"), child of

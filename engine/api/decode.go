@@ -37,6 +37,11 @@ type Generation struct {
 	PromptTokens []int32
 	// MaxTokens is the output token limit; 0 means the server's default.
 	MaxTokens int
+	// MaxTokensParam names the body field MaxTokens came from
+	// ("max_tokens" or "max_completion_tokens"), for errors about it; ""
+	// when the client sent neither (MaxTokens is then a default that the
+	// engine may lower to fit the context).
+	MaxTokensParam string
 	// Temperature (default 1) and TopP (default 1) are the sampling
 	// parameters.
 	Temperature, TopP float64
@@ -268,28 +273,28 @@ func sampling(g *Generation, r *rawCommon) *Error {
 	g.Temperature, g.TopP = 1, 1
 	if temp != nil {
 		if math.IsNaN(*temp) || *temp < 0 || *temp > 2 {
-			return BadRequest("temperature", "temperature must be between 0 and 2, got %v.", *temp)
+			return BadRequestCode("temperature", rangeCode(*temp, 0), "temperature must be between 0 and 2, got %v.", *temp)
 		}
 		g.Temperature = *temp
 	}
 	if topP != nil {
 		if math.IsNaN(*topP) || *topP <= 0 || *topP > 1 {
-			return BadRequest("top_p", "top_p must be in (0, 1], got %v.", *topP)
+			return BadRequestCode("top_p", rangeCode(*topP, math.SmallestNonzeroFloat64), "top_p must be in (0, 1], got %v.", *topP)
 		}
 		g.TopP = *topP
 	}
 	if n != nil && *n != 1 {
-		return BadRequest("n", "Only n=1 is supported, got %d.", *n)
+		return BadRequestCode("n", CodeUnsupportedValue, "Only n=1 is supported, got %d.", *n)
 	}
 	if stop.bad {
 		return BadRequest("stop", "stop must be a string, an array of strings, or null.")
 	}
 	if len(stop.vals) > MaxStopSequences {
-		return BadRequest("stop", "At most %d stop sequences are allowed, got %d.", MaxStopSequences, len(stop.vals))
+		return BadRequestCode("stop", CodeArrayAboveMaxLength, "At most %d stop sequences are allowed, got %d.", MaxStopSequences, len(stop.vals))
 	}
 	for _, s := range stop.vals {
 		if s == "" {
-			return BadRequest("stop", "Stop sequences must not be empty.")
+			return BadRequestCode("stop", CodeInvalidValue, "Stop sequences must not be empty.")
 		}
 	}
 	g.Stop = stop.vals
@@ -302,14 +307,14 @@ func sampling(g *Generation, r *rawCommon) *Error {
 			continue
 		}
 		if math.IsNaN(*p.v) || *p.v < -2 || *p.v > 2 {
-			return BadRequest(p.name, "%s must be between -2 and 2, got %v.", p.name, *p.v)
+			return BadRequestCode(p.name, rangeCode(*p.v, -2), "%s must be between -2 and 2, got %v.", p.name, *p.v)
 		}
 		if *p.v != 0 {
-			return BadRequest(p.name, "%s is not supported by this server; omit it or set it to 0.", p.name)
+			return BadRequestCode(p.name, CodeUnsupportedValue, "%s is not supported by this server; omit it or set it to 0.", p.name)
 		}
 	}
 	if len(r.LogitBias) > 0 {
-		return BadRequest("logit_bias", "logit_bias is not supported by this server.")
+		return BadRequestCode("logit_bias", CodeUnsupportedParameter, "logit_bias is not supported by this server.")
 	}
 	return nil
 }
@@ -330,7 +335,7 @@ func maxTokens(param string, v *int) (int, *Error) {
 		return 0, nil
 	}
 	if *v < 1 {
-		return 0, BadRequest(param, "%s must be at least 1, got %d.", param, *v)
+		return 0, BadRequestCode(param, CodeIntegerBelowMin, "%s must be at least 1, got %d.", param, *v)
 	}
 	return *v, nil
 }
@@ -350,10 +355,10 @@ func DecodeChat(body []byte) (*Generation, *Error) {
 	}
 	g := &Generation{Operation: OperationChat, Model: *r.Model}
 	if len(r.Messages) == 0 {
-		return nil, BadRequest("messages", "messages must be a non-empty array.")
+		return nil, BadRequestCode("messages", CodeEmptyArray, "messages must be a non-empty array.")
 	}
 	if len(r.Messages) > MaxMessages {
-		return nil, BadRequest("messages", "At most %d messages are allowed, got %d.", MaxMessages, len(r.Messages))
+		return nil, BadRequestCode("messages", CodeArrayAboveMaxLength, "At most %d messages are allowed, got %d.", MaxMessages, len(r.Messages))
 	}
 	g.Messages = make([]Message, 0, len(r.Messages))
 	for i, m := range r.Messages {
@@ -376,10 +381,14 @@ func DecodeChat(body []byte) (*Generation, *Error) {
 	if g.MaxTokens, e = maxTokens("max_tokens", r.MaxTokens); e != nil {
 		return nil, e
 	}
+	if r.MaxTokens != nil {
+		g.MaxTokensParam = "max_tokens"
+	}
 	if r.MaxCompletionTokens != nil { // the newer name wins
 		if g.MaxTokens, e = maxTokens("max_completion_tokens", r.MaxCompletionTokens); e != nil {
 			return nil, e
 		}
+		g.MaxTokensParam = "max_completion_tokens"
 	}
 	if e := sampling(g, &r.rawCommon); e != nil {
 		return nil, e
@@ -388,19 +397,19 @@ func DecodeChat(body []byte) (*Generation, *Error) {
 		return nil, e
 	}
 	if r.Logprobs != nil && *r.Logprobs {
-		return nil, BadRequest("logprobs", "logprobs are not supported by this server.")
+		return nil, BadRequestCode("logprobs", CodeUnsupportedParameter, "logprobs are not supported by this server.")
 	}
 	if r.TopLogprobs != nil {
-		return nil, BadRequest("top_logprobs", "top_logprobs is not supported by this server.")
+		return nil, BadRequestCode("top_logprobs", CodeUnsupportedParameter, "top_logprobs is not supported by this server.")
 	}
 	if nonEmptyJSON(r.Tools) {
-		return nil, BadRequest("tools", "Tools are not supported by this server.")
+		return nil, BadRequestCode("tools", CodeUnsupportedParameter, "Tools are not supported by this server.")
 	}
 	if nonEmptyJSON(r.Functions) {
-		return nil, BadRequest("functions", "Functions are not supported by this server.")
+		return nil, BadRequestCode("functions", CodeUnsupportedParameter, "Functions are not supported by this server.")
 	}
 	if r.ResponseFormat != nil && r.ResponseFormat.Type != "text" {
-		return nil, BadRequest("response_format", "response_format %q is not supported (only text).", r.ResponseFormat.Type)
+		return nil, BadRequestCode("response_format", CodeUnsupportedValue, "response_format %q is not supported (only text).", r.ResponseFormat.Type)
 	}
 	r.flags(g)
 	return g, nil
@@ -438,6 +447,9 @@ func DecodeCompletion(body []byte) (*Generation, *Error) {
 	if g.MaxTokens, e = maxTokens("max_tokens", r.MaxTokens); e != nil {
 		return nil, e
 	}
+	if r.MaxTokens != nil {
+		g.MaxTokensParam = "max_tokens"
+	}
 	if g.MaxTokens == 0 {
 		g.MaxTokens = 16 // the OpenAI default of the completions API
 	}
@@ -445,16 +457,16 @@ func DecodeCompletion(body []byte) (*Generation, *Error) {
 		return nil, e
 	}
 	if r.BestOf != nil && *r.BestOf != 1 {
-		return nil, BadRequest("best_of", "Only best_of=1 is supported, got %d.", *r.BestOf)
+		return nil, BadRequestCode("best_of", CodeUnsupportedValue, "Only best_of=1 is supported, got %d.", *r.BestOf)
 	}
 	if e := streaming(g, r.Stream, r.StreamOptions); e != nil {
 		return nil, e
 	}
 	if r.Logprobs != nil {
-		return nil, BadRequest("logprobs", "logprobs are not supported by this server.")
+		return nil, BadRequestCode("logprobs", CodeUnsupportedParameter, "logprobs are not supported by this server.")
 	}
 	if r.Suffix != nil && *r.Suffix != "" {
-		return nil, BadRequest("suffix", "suffix is not supported by this server.")
+		return nil, BadRequestCode("suffix", CodeUnsupportedParameter, "suffix is not supported by this server.")
 	}
 	g.Echo = r.Echo != nil && *r.Echo
 	r.flags(g)
@@ -587,4 +599,13 @@ func ChatPrompt(msgs []Message) string {
 	}
 	sb.WriteString("<|assistant|>\n")
 	return sb.String()
+}
+
+// rangeCode is the OpenAI code of a number v outside its range whose
+// minimum is lo: below it, or above the maximum (NaN counts as above).
+func rangeCode(v, lo float64) string {
+	if v < lo {
+		return CodeDecimalBelowMin
+	}
+	return CodeDecimalAboveMax
 }

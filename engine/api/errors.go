@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 )
 
@@ -43,6 +44,17 @@ type Error struct {
 	Message string
 	// ErrorType is the error_type label of the request metrics.
 	ErrorType string
+	// RetryAfter, when positive, is sent as the Retry-After header (whole
+	// seconds): when a 429 or 503 is worth retrying.
+	RetryAfter int
+}
+
+// WithRetryAfter returns a copy of e that carries a Retry-After of secs
+// seconds (at least 1).
+func (e *Error) WithRetryAfter(secs int) *Error {
+	c := *e
+	c.RetryAfter = max(secs, 1)
+	return &c
 }
 
 // Error implements error.
@@ -87,6 +99,9 @@ func (e *Error) Write(w http.ResponseWriter) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Del("Content-Length")
+	if e.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(append(body, '\n'))
 }
@@ -95,6 +110,53 @@ func (e *Error) Write(w http.ResponseWriter) {
 func BadRequest(param, format string, args ...any) *Error {
 	return &Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param,
 		Message: fmt.Sprintf(format, args...), ErrorType: ErrorTypeInvalidRequest}
+}
+
+// BadRequestCode returns a 400 invalid_request_error about param with the
+// OpenAI error code code (e.g. CodeContextLengthExceeded).
+func BadRequestCode(param, code, format string, args ...any) *Error {
+	e := BadRequest(param, format, args...)
+	e.Code = code
+	return e
+}
+
+// OpenAI error codes of 400 invalid_request_error responses.
+const (
+	// CodeContextLengthExceeded: the prompt, or the prompt plus the output
+	// limit, does not fit the model's context.
+	CodeContextLengthExceeded = "context_length_exceeded"
+	// CodeDecimalBelowMin: a number below its range (temperature < 0).
+	CodeDecimalBelowMin = "decimal_below_min_value"
+	// CodeDecimalAboveMax: a number above its range (temperature > 2).
+	CodeDecimalAboveMax = "decimal_above_max_value"
+	// CodeIntegerBelowMin: an integer below its minimum (max_tokens < 1).
+	CodeIntegerBelowMin = "integer_below_min_value"
+	// CodeArrayAboveMaxLength: too many stop sequences or messages.
+	CodeArrayAboveMaxLength = "array_above_max_length"
+	// CodeEmptyArray: an array that must not be empty.
+	CodeEmptyArray = "empty_array"
+	// CodeUnsupportedParameter: a parameter this server does not implement.
+	CodeUnsupportedParameter = "unsupported_parameter"
+	// CodeUnsupportedValue: a value this server does not implement (n > 1).
+	CodeUnsupportedValue = "unsupported_value"
+	// CodeInvalidValue: a value outside its domain (a token id outside the
+	// vocabulary, an empty stop sequence).
+	CodeInvalidValue = "invalid_value"
+	// CodeUnsupportedMediaType: a body that is not application/json (415).
+	CodeUnsupportedMediaType = "unsupported_media_type"
+)
+
+// UnsupportedMediaType returns the 415 of a request body whose Content-Type
+// is not application/json.
+func UnsupportedMediaType(got string) *Error {
+	if got == "" {
+		got = "none"
+	}
+	if len(got) > 100 {
+		got = got[:100] + "..."
+	}
+	return &Error{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error", Code: CodeUnsupportedMediaType,
+		Message: fmt.Sprintf("Unsupported Content-Type %q; send the request body as application/json.", got), ErrorType: ErrorTypeInvalidRequest}
 }
 
 // Unauthorized returns the 401 of a missing or wrong API key.

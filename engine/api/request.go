@@ -4,6 +4,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"io"
+	"mime"
 	"net"
 	"net/http"
 	"strings"
@@ -27,6 +28,24 @@ func Authorize(r *http.Request, key string) *Error {
 	}
 	if subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(key)) != 1 {
 		return Unauthorized("Incorrect API key provided.")
+	}
+	return nil
+}
+
+// CheckJSON refuses (415) a request whose Content-Type is not
+// application/json (parameters such as charset=utf-8 allowed; other
+// charsets refused): a form, multipart or text/plain body, or one without a
+// Content-Type, is what a web page can send cross-site without a CORS
+// preflight, so it is never served as JSON. Shared by the engine and the
+// gateway.
+func CheckJSON(r *http.Request) *Error {
+	ct := r.Header.Get("Content-Type")
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil || mt != "application/json" {
+		return UnsupportedMediaType(ct)
+	}
+	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+		return UnsupportedMediaType(ct)
 	}
 	return nil
 }

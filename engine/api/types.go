@@ -17,6 +17,35 @@ type Usage struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
 	TotalTokens      int `json:"total_tokens"`
+	// PromptTokensDetails says how many prompt tokens were cached (OpenAI's
+	// usage.prompt_tokens_details); set on generations, absent on documents.
+	PromptTokensDetails *PromptTokensDetails `json:"prompt_tokens_details,omitempty"`
+	// CacheBlend splits the cached tokens by how they were reused (the
+	// "cacheblend" usage extension); set on generations.
+	CacheBlend *UsageCacheBlend `json:"cacheblend,omitempty"`
+}
+
+// PromptTokensDetails is OpenAI's usage.prompt_tokens_details.
+type PromptTokensDetails struct {
+	// CachedTokens counts the prompt tokens whose KV was reused instead of
+	// computed: the engine's prefix cache plus what the CacheBlend plan
+	// loaded (PrefixHitTokens + NonPrefixHitTokens).
+	CachedTokens int `json:"cached_tokens"`
+}
+
+// UsageCacheBlend is the "cacheblend" usage extension: how the prompt's
+// tokens were served. PrefixHitTokens + NonPrefixHitTokens +
+// RecomputedTokens == PromptTokens.
+type UsageCacheBlend struct {
+	// PrefixHitTokens were reused as an exact prefix: the engine's prefix
+	// cache and the blend server's prefix leg (not computed at all).
+	PrefixHitTokens int `json:"prefix_hit_tokens"`
+	// NonPrefixHitTokens were loaded from stored chunks at other positions
+	// (CacheBlend reuse, K re-rotated); the selective recompute refreshes a
+	// fraction of them (cb.check's imp_count on the worker's spans).
+	NonPrefixHitTokens int `json:"non_prefix_hit_tokens"`
+	// RecomputedTokens had no reusable KV and were computed in full.
+	RecomputedTokens int `json:"recomputed_tokens"`
 }
 
 // ChatMessageOut is the assistant message of a chat completion choice.

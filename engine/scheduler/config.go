@@ -19,7 +19,7 @@ const (
 	DefaultLookupTimeout       = 2 * time.Second
 	DefaultMaxLookupRPCs       = 8
 	DefaultStepTimeout         = 60 * time.Second
-	DefaultWorkerRetryInterval = time.Second
+	DefaultWorkerRetryInterval = 100 * time.Millisecond
 	DefaultInfoTimeout         = 2 * time.Second
 	DefaultStoreTimeout        = 60 * time.Second
 	DefaultStorePollInterval   = 20 * time.Millisecond
@@ -54,7 +54,9 @@ type Config struct {
 	// StepTimeout bounds one Execute call. Default 60 s.
 	StepTimeout time.Duration
 	// WorkerRetryInterval is the period of Info probes while the worker is
-	// unavailable. Default 1 s.
+	// unavailable. Default 100 ms: with the bounded reconnect of rpc.Dial
+	// (a failed probe redials at once), the engine serves again well within
+	// a second of its worker's return.
 	WorkerRetryInterval time.Duration
 	// InfoTimeout bounds one Info call. Default 2 s.
 	InfoTimeout time.Duration

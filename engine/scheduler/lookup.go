@@ -201,7 +201,7 @@ func (s *Scheduler) launch(sq *seq, lk *lookup) {
 	tp, ts := telemetry.InjectStrings(lk.ctx)
 	req := &cbv1.LookupRequest{
 		RequestId: sq.id, TraceContext: tp, TraceState: ts,
-		Tokens: sq.req.Prompt, WorldSize: WorldSize, Model: s.cfg.Model,
+		Tokens: sq.req.Prompt, WorldSize: int32(s.worldSize()), Model: s.cfg.Model,
 	}
 	d.calls.Go(func() {
 		defer cancel()

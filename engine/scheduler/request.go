@@ -131,6 +131,9 @@ type Result struct {
 	// from the engine's prefix cache; ReusedTokens those loaded through the
 	// CacheBlend plan (prefix and non-prefix legs).
 	CachedTokens, ReusedTokens int
+	// PrefixReusedTokens are the ReusedTokens of the plan's prefix leg:
+	// loaded as an exact continuation of the cached prefix, not computed.
+	PrefixReusedTokens int
 	// Preemptions counts how often the request was preempted.
 	Preemptions int
 	// Lookup is the blend server's lookup result, when one came back.

@@ -19,8 +19,18 @@ import (
 	"github.com/cacheblend/cacheblend/telemetry"
 )
 
-// WorldSize is the number of worker ranks a request runs on (one worker).
+// WorldSize is the number of worker ranks a request runs on when the
+// worker does not report one (InfoResponse.world_size, cb worker --tp).
 const WorldSize = 1
+
+// worldSize is the worker's reported world size (WorldSize before it
+// answered). s.mu must be held.
+func (s *Scheduler) worldSize() int {
+	if s.info == nil {
+		return WorldSize
+	}
+	return max(WorldSize, int(s.info.GetWorldSize()))
+}
 
 // idleWake bounds how long the loop sleeps when nothing is due.
 const idleWake = time.Minute
@@ -121,6 +131,7 @@ type Scheduler struct {
 	blocks          *blockManager
 	info            *cbv1.InfoResponse
 	ready           bool
+	probeFailures   uint64 // Info probes failed in a row
 	everReady       bool
 	closing         bool
 	nextProbe       time.Time
@@ -359,7 +370,7 @@ func (s *Scheduler) Submit(r *Request) (*Handle, error) {
 		sq.reqCtx, sq.reqSpan = s.spans.Start(ctx, spanname.CBRequest, trace.WithAttributes(
 			attribute.String("request_id", r.ID),
 			attribute.String("model", s.cfg.Model),
-			attribute.Int("world_size", WorldSize),
+			attribute.Int("world_size", s.worldSize()),
 			attribute.Int("n_prompt_tokens", len(r.Prompt)),
 		))
 		sq.traceCtx, sq.traceSt = telemetry.InjectStrings(sq.reqCtx)
@@ -477,12 +488,16 @@ func (s *Scheduler) probe() {
 		s.nextProbe = time.Now().Add(s.cfg.WorkerRetryInterval)
 		first := !s.everReady && s.stepID == 0
 		s.unlock()
-		if s.loopCtx.Err() == nil {
-			s.log.Warn("worker unavailable", "error", err.Error(), "retry_in", s.cfg.WorkerRetryInterval.String(), "first_probe", first)
+		s.probeFailures++
+		// Logged on the 1st, 2nd, 4th, 8th... failure in a row: probes are
+		// frequent, the log need not be.
+		if n := s.probeFailures; s.loopCtx.Err() == nil && n&(n-1) == 0 {
+			s.log.Warn("worker unavailable", "error", err.Error(), "retry_in", s.cfg.WorkerRetryInterval.String(), "first_probe", first, "failed_probes", n)
 		}
 		return
 	}
 	s.blocks.pool, s.info, s.ready, s.everReady = alloc, info, true, true
+	s.probeFailures = 0
 	s.unlock()
 	s.log.Info("worker ready", "worker_id", info.GetWorkerId(), "model", info.GetModel(),
 		"kv_blocks", info.GetNumBlocks(), "block_size", info.GetBlockSize(), "max_positions", info.GetMaxPositions())
@@ -732,6 +747,7 @@ func (s *Scheduler) admit(sq *seq, budget int, now time.Time) (int, bool) {
 			r.Admitted = now
 			r.CachedTokens = local
 			r.ReusedTokens = reused
+			r.PrefixReusedTokens = max(start-local, 0)
 		})
 	})
 	if sq.schedSpan != nil {
@@ -863,6 +879,7 @@ func (s *Scheduler) applyStep(batch []item, resp *cbv1.ExecuteResponse, err erro
 			s.finish(sq, "", &WorkerError{RequestID: sq.id, Msg: "no token sampled for a step that asked for one"}, now)
 			continue
 		}
+		s.reuseLoaded(sq, it, out)
 		s.appendToken(sq, out.GetToken(), now)
 	}
 	s.batchTokens = tokens

@@ -126,7 +126,11 @@ type KVRegistration struct {
 	Layout   *KVLayout              `protobuf:"bytes,3,opt,name=layout,proto3" json:"layout,omitempty"`
 	// Identifies the model weights; chunks are only reused across workers of
 	// the same model.
-	Model         string `protobuf:"bytes,4,opt,name=model,proto3" json:"model,omitempty"`
+	Model string `protobuf:"bytes,4,opt,name=model,proto3" json:"model,omitempty"`
+	// The worker's tensor-parallel world size (cb worker --tp N); 0 means 1.
+	// Chunks are keyed by it too: a rank of a group of N holds 1/N of the KV
+	// heads, so groups of different sizes never share chunks.
+	WorldSize     int32 `protobuf:"varint,5,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -187,6 +191,13 @@ func (x *KVRegistration) GetModel() string {
 		return x.Model
 	}
 	return ""
+}
+
+func (x *KVRegistration) GetWorldSize() int32 {
+	if x != nil {
+		return x.WorldSize
+	}
+	return 0
 }
 
 // KVRegistered is the server's one answer on the KV socket. The registration
@@ -1198,12 +1209,14 @@ const file_blend_proto_rawDesc = "" +
 	"\bkv_heads\x18\x04 \x01(\x05R\akvHeads\x12\x19\n" +
 	"\bhead_dim\x18\x05 \x01(\x05R\aheadDim\x12\x1d\n" +
 	"\n" +
-	"rope_theta\x18\x06 \x01(\x01R\tropeTheta\"\x88\x01\n" +
+	"rope_theta\x18\x06 \x01(\x01R\tropeTheta\"\xa7\x01\n" +
 	"\x0eKVRegistration\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12/\n" +
 	"\x06layout\x18\x03 \x01(\v2\x17.cacheblend.v1.KVLayoutR\x06layout\x12\x14\n" +
-	"\x05model\x18\x04 \x01(\tR\x05model\"\x8e\x01\n" +
+	"\x05model\x18\x04 \x01(\tR\x05model\x12\x1d\n" +
+	"\n" +
+	"world_size\x18\x05 \x01(\x05R\tworldSize\"\x8e\x01\n" +
 	"\fKVRegistered\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12-\n" +

@@ -386,6 +386,9 @@ type InfoResponse struct {
 	// step is refused with InvalidArgument. The scheduler stays within them.
 	MaxStepSeqs   int32 `protobuf:"varint,10,opt,name=max_step_seqs,json=maxStepSeqs,proto3" json:"max_step_seqs,omitempty"`
 	MaxStepTokens int32 `protobuf:"varint,11,opt,name=max_step_tokens,json=maxStepTokens,proto3" json:"max_step_tokens,omitempty"`
+	// The tensor-parallel ranks the worker runs as (cb worker --tp N): the
+	// engine's Lookup and cb.request carry it. 0 means 1.
+	WorldSize     int32 `protobuf:"varint,12,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -493,6 +496,13 @@ func (x *InfoResponse) GetMaxStepSeqs() int32 {
 func (x *InfoResponse) GetMaxStepTokens() int32 {
 	if x != nil {
 		return x.MaxStepTokens
+	}
+	return 0
+}
+
+func (x *InfoResponse) GetWorldSize() int32 {
+	if x != nil {
+		return x.WorldSize
 	}
 	return 0
 }
@@ -1050,7 +1060,7 @@ const file_worker_proto_rawDesc = "" +
 	"firstBlock\x12\x19\n" +
 	"\bn_blocks\x18\x02 \x01(\x05R\anBlocks\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\"\r\n" +
-	"\vInfoRequest\"\xc9\x02\n" +
+	"\vInfoRequest\"\xe8\x02\n" +
 	"\fInfoResponse\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05vocab\x18\x02 \x01(\x05R\x05vocab\x12#\n" +
@@ -1066,7 +1076,9 @@ const file_worker_proto_rawDesc = "" +
 	"\tworker_id\x18\t \x01(\tR\bworkerId\x12\"\n" +
 	"\rmax_step_seqs\x18\n" +
 	" \x01(\x05R\vmaxStepSeqs\x12&\n" +
-	"\x0fmax_step_tokens\x18\v \x01(\x05R\rmaxStepTokens\"[\n" +
+	"\x0fmax_step_tokens\x18\v \x01(\x05R\rmaxStepTokens\x12\x1d\n" +
+	"\n" +
+	"world_size\x18\f \x01(\x05R\tworldSize\"[\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x01R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x01R\x04topP\x12\x12\n" +

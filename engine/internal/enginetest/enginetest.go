@@ -53,6 +53,10 @@ type Worker struct {
 	// StoreDelaySteps delays the report of a store by that many further
 	// steps (0: reported in the step's own response).
 	StoreDelaySteps int
+	// ReportNoLoad makes the double report (SeqOutput.reused_tokens) that
+	// its forward took nothing of a step's plan as loaded, like a worker
+	// whose retrieve failed.
+	ReportNoLoad bool
 
 	mu        sync.Mutex
 	slots     map[int]int32
@@ -355,6 +359,14 @@ func (w *Worker) step(s *cbv1.SeqStep) *cbv1.SeqOutput {
 	}
 	out.HasToken = true
 	out.Token = Next(seq)
+	if plan := s.GetCbPlan(); plan != nil && !w.ReportNoLoad {
+		// Like the worker's blended forward: the skipped prefix plus the
+		// loaded positions computed from there.
+		out.ReusedTokens = int32(start)
+		for _, m := range plan.GetMatches() {
+			out.ReusedTokens += int32(max(0, min(int(m.GetCurEd()), end)-max(int(m.GetCurSt()), start)))
+		}
+	}
 	if w.EOSAtLen > 0 && end+1 == w.EOSAtLen {
 		out.Token = EOS
 	}

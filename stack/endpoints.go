@@ -1,0 +1,128 @@
+package stack
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// supervision returns cfg with an OnReady that records every (re)started
+// process's pid in s's endpoints and rewrites the endpoints file, then
+// calls cfg's own OnReady.
+func (s *Stack) supervision(cfg Config) Config {
+	user := cfg.OnReady
+	cfg.OnReady = func(r Ready) {
+		s.onReady(r)
+		if user != nil {
+			user(r)
+		}
+	}
+	return cfg
+}
+
+// setEndpoint changes s's endpoints under its lock.
+func (s *Stack) setEndpoint(f func(*Endpoints)) {
+	s.epMu.Lock()
+	defer s.epMu.Unlock()
+	f(&s.eps)
+}
+
+// onReady records the pid of a process that announced itself ready (at its
+// first start, set again by Up, or after a restart) and, once the endpoints
+// file was written, rewrites it (the head's, for a node of a multi-node
+// stack).
+func (s *Stack) onReady(r Ready) {
+	s.epMu.Lock()
+	var ep *Endpoint
+	switch r.Service {
+	case "cb-engine":
+		ep = &s.eps.Engine
+	case "cb-worker":
+		ep = &s.eps.Worker
+	case "cb-blend":
+		ep = &s.eps.Blend
+	case "cb-gateway":
+		ep = s.eps.Gateway
+	}
+	if ep != nil && ep.PID != 0 { // 0: the first start, recorded by Up
+		ep.PID = r.PID
+	}
+	head := s.head
+	s.epMu.Unlock()
+	if head == nil {
+		head = s
+	}
+	head.refreshNodes()
+}
+
+// refreshNodes copies every node's endpoints into the head's node list
+// and rewrites the endpoints file when WriteEndpoints wrote one (a failure
+// is logged: the stack keeps serving).
+func (s *Stack) refreshNodes() {
+	s.epMu.Lock()
+	nodes := append([]*Stack{s}, s.others...)
+	s.epMu.Unlock()
+	eps := make([]Endpoints, len(nodes))
+	for i, n := range nodes {
+		if n == s {
+			continue // read under s's lock below
+		}
+		eps[i] = n.Endpoints()
+	}
+	s.epMu.Lock()
+	defer s.epMu.Unlock()
+	if len(s.eps.Nodes) == len(nodes) {
+		eps[0] = s.eps
+		for i := range nodes {
+			s.eps.Nodes[i].Engine, s.eps.Nodes[i].Worker, s.eps.Nodes[i].Blend = eps[i].Engine, eps[i].Worker, eps[i].Blend
+		}
+	}
+	if s.endpointsFile == "" {
+		return
+	}
+	if err := s.writeEndpointsLocked(); err != nil && s.sup != nil {
+		s.sup.cfg.Logger.Error("endpoints file not rewritten", "file", s.endpointsFile, "err", err)
+	}
+}
+
+// ErrStateDirAccess reports a state directory that group or others may
+// access.
+var ErrStateDirAccess = errors.New("stack: state directory is accessible to other users")
+
+// MakeStateDir creates dir (and its parents) with mode 0700 when missing,
+// and checks an existing one: a directory of this user that group and
+// others cannot access (ErrStateDirAccess otherwise).
+func MakeStateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("stack: state directory: %w", err)
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("stack: state directory: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("stack: state directory %s is not a directory", dir)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Getuid() {
+		return fmt.Errorf("stack: state directory %s belongs to uid %d, not %d", dir, st.Uid, os.Getuid())
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return fmt.Errorf("%w: %s has mode %v (want 0700: chmod 700 it)", ErrStateDirAccess, dir, fi.Mode().Perm())
+	}
+	return nil
+}
+
+// DefaultStateDir is the state directory cb up uses by default:
+// $XDG_STATE_HOME/cacheblend, else ~/.local/state/cacheblend.
+func DefaultStateDir() (string, error) {
+	if d := os.Getenv("XDG_STATE_HOME"); filepath.IsAbs(d) {
+		return filepath.Join(d, "cacheblend"), nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", fmt.Errorf("stack: default state directory: %w", err)
+	}
+	return filepath.Join(home, ".local", "state", "cacheblend"), nil
+}
