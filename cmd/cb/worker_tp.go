@@ -32,7 +32,7 @@ func rankArgs(c *cobra.Command, workerID string, world int) func(rank int) []str
 	})
 	return func(rank int) []string {
 		args := append([]string{"worker"}, inherited...)
-		return append(args, "--addr=127.0.0.1:0", "--metrics-addr=127.0.0.1:0", "--worker-id="+workerID,
+		return append(args, "--addr=127.0.0.1:0", "--worker-id="+workerID,
 			"--tp="+strconv.Itoa(world), "--tp-rank="+strconv.Itoa(rank))
 	}
 }
@@ -53,6 +53,15 @@ func runRank(ctx context.Context, rt *service.Runtime, cfg worker.Config, deps w
 	}
 	if err != nil {
 		conn.Close()
+		return err
+	}
+	mln, err := rankgroup.MetricsListener()
+	if err == nil {
+		_, err = rt.ServeMetricsOn(mln, nil) // gathered by rank 0
+	}
+	if err != nil {
+		conn.Close()
+		_ = w.Shutdown(ctx)
 		return err
 	}
 	rt.Logger.Info("tensor-parallel rank started", "rank", rank, "world_size", reducer.Size(), "kv_memory", w.KVMemory())
