@@ -21,7 +21,8 @@ import (
 var rankFlagsOwn = map[string]bool{"addr": true, "metrics-addr": true, "tp": true, "tp-rank": true, "worker-id": true}
 
 // rankArgs is the command line of rank r of a --tp group: rank 0's flags
-// (model, blend server, TLS, telemetry) with free listen addresses, the
+// (model, blend server, TLS, telemetry) with a free gRPC address (its /metrics
+// listener comes as a descriptor, rankgroup.MetricsFD), the
 // group's worker id and the rank.
 func rankArgs(c *cobra.Command, workerID string, world int) func(rank int) []string {
 	var inherited []string
