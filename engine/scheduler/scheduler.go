@@ -68,7 +68,17 @@ type seq struct {
 	lk         *lookup
 	pullCancel context.CancelFunc // of a Prefilled request's pull in flight
 	plan       *cbv1.CBPlan
-	meta       *buildMeta // cb.build_meta until the first step metadata is built
+	meta       *buildMeta    // cb.build_meta until the first step metadata is built
+	step       *cbv1.SeqStep // its entry of the step request, reused step after step
+}
+
+// maxLen is the most tokens sq can hold: its prompt and every token it may
+// generate.
+func (sq *seq) maxLen() int {
+	if sq.req.Document {
+		return sq.nPrompt
+	}
+	return sq.nPrompt + sq.req.MaxTokens
 }
 
 // item is one sequence's share of a step.
@@ -118,6 +128,12 @@ type Scheduler struct {
 	running         []*seq
 	byID            map[string]*seq
 	pendingFinished []string
+	// The step request and the batch are reused step after step (the loop
+	// sends one Execute at a time and the request is marshalled before the
+	// call returns); spareFinished is the other buffer of pendingFinished.
+	execReq       cbv1.ExecuteRequest
+	batchBuf      []item
+	spareFinished []string
 	blocks          *blockManager
 	info            *cbv1.InfoResponse
 	ready           bool
@@ -347,8 +363,8 @@ func (s *Scheduler) Submit(r *Request) (*Handle, error) {
 	sq := &seq{
 		req:        r,
 		id:         r.ID,
-		h:          newHandle(len(r.Prompt)),
-		tokens:     slices.Clone(r.Prompt),
+		h:          newHandle(len(r.Prompt), r.MaxTokens),
+		tokens:     append(make([]int32, 0, total), r.Prompt...), // decode appends in place
 		nPrompt:    len(r.Prompt),
 		prefillEnd: len(r.Prompt),
 		reqCtx:     ctx,
@@ -626,10 +642,19 @@ func (s *Scheduler) preempt(sq *seq) {
 }
 
 // schedule builds the next batch: running sequences first, then waiting
-// ones, within the token budget.
+// ones, within the token budget. The batch lives in a buffer reused by the
+// next call.
 func (s *Scheduler) schedule(now time.Time) []item {
+	buf := s.batchBuf[:cap(s.batchBuf)]
+	clear(buf) // the last batch's sequences are not kept alive
+	batch := s.fillBatch(buf[:0], now)
+	s.batchBuf = batch
+	return batch
+}
+
+// fillBatch appends the next batch to batch.
+func (s *Scheduler) fillBatch(batch []item, now time.Time) []item {
 	budget, maxRunning := s.stepLimits()
-	var batch []item
 	preempted := false
 	for i := 0; i < len(s.running) && budget > 0; i++ {
 		sq := s.running[i]
@@ -760,24 +785,37 @@ func (s *Scheduler) buildExecute(batch []item, now time.Time) *cbv1.ExecuteReque
 		s.nextStorePoll = now.Add(s.cfg.StorePollInterval)
 	}
 	s.stepID++
-	req := &cbv1.ExecuteRequest{StepId: s.stepID, FinishedRequestIds: s.pendingFinished}
-	s.pendingFinished = nil
+	// The request, its SeqSteps and the finished ids are reused step after
+	// step, and its slices alias the sequences' own (blocks and tokens are
+	// only appended to, by this goroutine, after the call): the step loop
+	// sends one Execute at a time and gRPC marshals it before returning.
+	req := &s.execReq
+	seqs := req.Seqs[:cap(req.Seqs)]
+	clear(seqs)
+	req.Reset()
+	req.StepId, req.FinishedRequestIds, req.Seqs = s.stepID, s.pendingFinished, seqs[:0]
+	s.pendingFinished, s.spareFinished = s.spareFinished[:0], s.pendingFinished
 	for _, it := range batch {
 		sq := it.sq
-		st := &cbv1.SeqStep{
-			RequestId:    sq.id,
-			TraceContext: sq.traceCtx,
-			TraceState:   sq.traceSt,
-			BlockTable:   slices.Clone(sq.blocks),
-			Tokens:       slices.Clone(sq.tokens[sq.computed : sq.computed+it.n]),
-			StartPos:     int32(sq.computed),
-			IsPrefill:    sq.computed < sq.prefillEnd,
-			Sample:       it.sample,
-			Sampling:     sq.req.Sampling,
-			Document:     sq.req.Document,
+		st := sq.step
+		if st == nil {
+			st = new(cbv1.SeqStep)
+			sq.step = st
+		} else {
+			st.Reset()
 		}
+		st.RequestId = sq.id
+		st.TraceContext = sq.traceCtx
+		st.TraceState = sq.traceSt
+		st.BlockTable = sq.blocks
+		st.Tokens = sq.tokens[sq.computed : sq.computed+it.n : sq.computed+it.n]
+		st.StartPos = int32(sq.computed)
+		st.IsPrefill = sq.computed < sq.prefillEnd
+		st.Sample = it.sample
+		st.Sampling = sq.req.Sampling
+		st.Document = sq.req.Document
 		if !sq.started {
-			st.PromptTokens = slices.Clone(sq.tokens[:sq.prefillEnd])
+			st.PromptTokens = sq.tokens[:sq.prefillEnd:sq.prefillEnd]
 			sq.started = true
 			if p := sq.req.Prefilled; p != nil && !sq.resumed {
 				st.RngDraws = p.RNGDraws
@@ -834,18 +872,15 @@ func (s *Scheduler) applyStep(batch []item, resp *cbv1.ExecuteResponse, err erro
 		s.workerFailed(err, now)
 		return
 	}
-	outs := make(map[string]*cbv1.SeqOutput, len(resp.GetOutputs()))
-	for _, o := range resp.GetOutputs() {
-		outs[o.GetRequestId()] = o
-	}
+	outputs := resp.GetOutputs()
 	tokens := 0
-	for _, it := range batch {
+	for i, it := range batch {
 		tokens += it.n
 		sq := it.sq
 		if sq.state != stRunning {
 			continue // aborted during the step
 		}
-		out := outs[sq.id]
+		out := outputOf(outputs, i, sq.id)
 		if msg := out.GetError(); msg != "" {
 			s.finish(sq, "", &WorkerError{RequestID: sq.id, Msg: msg}, now)
 			continue
@@ -872,6 +907,21 @@ func (s *Scheduler) applyStep(batch []item, resp *cbv1.ExecuteResponse, err erro
 	for _, id := range resp.GetHandoffReleasedIds() {
 		s.blocks.handoffDone(id)
 	}
+}
+
+// outputOf returns the output of request id: the i-th one when the worker
+// answered in the order of the step (it does), else found by a scan; nil
+// when there is none.
+func outputOf(outputs []*cbv1.SeqOutput, i int, id string) *cbv1.SeqOutput {
+	if i < len(outputs) && outputs[i].GetRequestId() == id {
+		return outputs[i]
+	}
+	for _, o := range outputs {
+		if o.GetRequestId() == id {
+			return o
+		}
+	}
+	return nil
 }
 
 func (s *Scheduler) appendToken(sq *seq, tok int32, now time.Time) {
