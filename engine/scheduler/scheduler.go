@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -13,7 +14,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cacheblend/cacheblend/contract/spanname"
+	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
@@ -70,6 +73,11 @@ type seq struct {
 	plan       *cbv1.CBPlan
 	meta       *buildMeta    // cb.build_meta until the first step metadata is built
 	step       *cbv1.SeqStep // its entry of the step request, reused step after step
+	// reused are the positions the CacheBlend plan loads, from plan's Start
+	// on (sorted, disjoint), and blendCost the compute share of one of them
+	// in the forward (see blendTokenCost); nil and 0 without a plan.
+	reused    []reuseplan.Range
+	blendCost float64
 }
 
 // maxLen is the most tokens sq can hold: its prompt and every token it may
@@ -134,21 +142,21 @@ type Scheduler struct {
 	execReq       cbv1.ExecuteRequest
 	batchBuf      []item
 	spareFinished []string
-	blocks          *blockManager
-	info            *cbv1.InfoResponse
-	ready           bool
-	everReady       bool
-	closing         bool
-	nextProbe       time.Time
-	nextStorePoll   time.Time
-	stepID          uint64
-	preemptions     uint64
-	batchTokens     int
-	after           []func() // run after mu is released
-	lookups         *lookupDriver
-	pulling         []*seq           // Prefilled requests whose pull is in flight
-	pullOutcomes    chan pullOutcome // finished pulls, drained by the loop
-	pullCalls       sync.WaitGroup
+	blocks        *blockManager
+	info          *cbv1.InfoResponse
+	ready         bool
+	everReady     bool
+	closing       bool
+	nextProbe     time.Time
+	nextStorePoll time.Time
+	stepID        uint64
+	preemptions   uint64
+	batchTokens   int
+	after         []func() // run after mu is released
+	lookups       *lookupDriver
+	pulling       []*seq           // Prefilled requests whose pull is in flight
+	pullOutcomes  chan pullOutcome // finished pulls, drained by the loop
+	pullCalls     sync.WaitGroup
 
 	wake       chan struct{}
 	loopCtx    context.Context
@@ -630,6 +638,7 @@ func (s *Scheduler) preempt(sq *seq) {
 	sq.computed, sq.committed = 0, 0
 	sq.resumed = true
 	sq.plan = nil
+	sq.reused, sq.blendCost = sq.reused[:0], 0
 	sq.state = stWaiting
 	s.waiting = slices.Insert(s.waiting, 0, sq)
 	s.preemptions++
@@ -656,9 +665,9 @@ func (s *Scheduler) schedule(now time.Time) []item {
 func (s *Scheduler) fillBatch(batch []item, now time.Time) []item {
 	budget, maxRunning := s.stepLimits()
 	preempted := false
-	for i := 0; i < len(s.running) && budget > 0; i++ {
+	for i := 0; i < len(s.running) && budget.open(); i++ {
 		sq := s.running[i]
-		n := min(len(sq.tokens)-sq.computed, budget)
+		n, cost := budget.chunk(sq, sq.computed)
 		if n <= 0 {
 			continue
 		}
@@ -675,12 +684,12 @@ func (s *Scheduler) fillBatch(batch []item, now time.Time) []item {
 			break
 		}
 		batch = append(batch, s.stepItem(sq, n))
-		budget -= n
+		budget.charge(n, cost)
 	}
 	if preempted {
 		return batch
 	}
-	for i := 0; i < len(s.waiting) && budget > 0 && len(s.running) < maxRunning; {
+	for i := 0; i < len(s.waiting) && budget.open() && len(s.running) < maxRunning; {
 		sq := s.waiting[i]
 		if sq.lk != nil && !sq.lk.done {
 			i++ // deferred until its lookup is ready
@@ -693,7 +702,7 @@ func (s *Scheduler) fillBatch(batch []item, now time.Time) []item {
 			s.waiting = slices.Delete(s.waiting, i, i+1)
 			continue
 		}
-		n, ok := s.admit(sq, budget, now)
+		n, cost, ok := s.admit(sq, budget, now)
 		if !ok {
 			break // first come, first served: no skipping ahead for blocks
 		}
@@ -701,22 +710,96 @@ func (s *Scheduler) fillBatch(batch []item, now time.Time) []item {
 		sq.state = stRunning
 		s.running = append(s.running, sq)
 		batch = append(batch, s.stepItem(sq, n))
-		budget -= n
+		budget.charge(n, cost)
 	}
 	return batch
 }
 
-// stepLimits are the token budget and the running-sequence bound of a
-// step: the configured ones, within what the worker accepts in one Execute.
-func (s *Scheduler) stepLimits() (tokens, seqs int) {
-	tokens, seqs = s.cfg.StepTokenBudget, s.cfg.MaxRunning
+// stepBudget is what is left of a step: compute, in tokens of a full
+// forward (StepTokenBudget), and raw tokens, within what the worker
+// accepts in one Execute. A token of a CacheBlend prefill that the plan
+// reuses is charged only its share of the forward (blendCost): the
+// forward computes it in the first layers and, for the recomputed few,
+// in the rest. So a reused prompt is prefilled in as few steps as its
+// compute allows, not cut into StepTokenBudget-token chunks each paying
+// a retrieve and a forward of its own.
+type stepBudget struct{ compute, raw int }
+
+func (b stepBudget) open() bool { return b.compute > 0 && b.raw > 0 }
+
+func (b *stepBudget) charge(n, cost int) { b.compute, b.raw = b.compute-cost, b.raw-n }
+
+// chunk returns how many of sq's tokens from position from the step can
+// take, and their compute cost.
+func (b stepBudget) chunk(sq *seq, from int) (n, cost int) {
+	limit := min(len(sq.tokens)-from, b.raw)
+	if limit <= 0 || b.compute <= 0 {
+		return 0, 0
+	}
+	if len(sq.reused) == 0 || sq.blendCost >= 1 || from >= sq.prefillEnd {
+		n = min(limit, b.compute)
+		return n, n
+	}
+	return blendChunk(sq.reused, from, limit, b.compute, sq.blendCost)
+}
+
+// blendChunk returns how many tokens from position from (at most limit) a
+// compute budget covers when a token inside reused (sorted, disjoint
+// ranges) costs w and any other 1, and the compute they use (rounded up;
+// at most budget). The first token always fits a positive budget.
+func blendChunk(reused []reuseplan.Range, from, limit, budget int, w float64) (n, cost int) {
+	left := float64(budget)
+	pos, end := from, from+limit
+	for pos < end {
+		segEnd, per := end, 1.0
+		for _, r := range reused {
+			if r.End <= pos {
+				continue
+			}
+			if r.Start <= pos {
+				segEnd, per = min(end, r.End), w
+			} else {
+				segEnd = min(end, r.Start)
+			}
+			break
+		}
+		k := min(segEnd-pos, int(left/per))
+		if k <= 0 {
+			break
+		}
+		pos += k
+		left -= float64(k) * per
+	}
+	return pos - from, budget - int(left)
+}
+
+// blendTokenCost is the compute share of a reused token in the CacheBlend
+// forward of a layers-deep model: every layer up to the check layer, then
+// the recompute ratio of the rest, (cl+1 + (L-cl-1)·r)/L; 1 when the model
+// is too shallow (or unknown) for the difference. The worker does not
+// report its check layer: the default (defaults.CheckLayer) is assumed, as
+// a scheduling estimate.
+func blendTokenCost(layers int, ratio float64) float64 {
+	cl := defaults.CheckLayer
+	if layers <= cl+1 || ratio <= 0 || ratio >= 1 {
+		return 1
+	}
+	return (float64(cl+1) + float64(layers-cl-1)*ratio) / float64(layers)
+}
+
+// stepLimits are the step's budget and the running-sequence bound: the
+// configured ones, within what the worker accepts in one Execute (no raw
+// token limit when the worker states none).
+func (s *Scheduler) stepLimits() (stepBudget, int) {
+	b := stepBudget{compute: s.cfg.StepTokenBudget, raw: math.MaxInt}
+	seqs := s.cfg.MaxRunning
 	if n := int(s.info.GetMaxStepTokens()); n > 0 {
-		tokens = min(tokens, n)
+		b.compute, b.raw = min(b.compute, n), n
 	}
 	if n := int(s.info.GetMaxStepSeqs()); n > 0 {
 		seqs = min(seqs, n)
 	}
-	return tokens, seqs
+	return b, seqs
 }
 
 func (s *Scheduler) stepItem(sq *seq, n int) item {
@@ -725,31 +808,40 @@ func (s *Scheduler) stepItem(sq *seq, n int) item {
 }
 
 // admit allocates blocks for a waiting sequence's first chunk, reusing the
-// prefix cache and the CacheBlend plan, and reports the tokens to compute.
-func (s *Scheduler) admit(sq *seq, budget int, now time.Time) (int, bool) {
+// prefix cache and the CacheBlend plan, and reports the tokens to compute
+// and their cost in the budget.
+func (s *Scheduler) admit(sq *seq, budget stepBudget, now time.Time) (int, int, bool) {
 	planStart := time.Now()
 	acquired, local := s.blocks.acquirePrefix(sq)
 	start, reused := local, 0
 	var plan *cbv1.CBPlan
+	sq.reused, sq.blendCost = sq.reused[:0], 0
 	if sq.lk != nil && sq.lk.result != nil && !sq.resumed {
 		if p, ok := planOf(sq.lk.result, local, len(sq.tokens), s.cfg.RecompRatio); ok {
 			plan, start, reused = rpc.PlanToProto(p), p.Start, p.ReusedTokens()
+			for _, m := range p.Matches {
+				if r := m.Cur.Intersect(reuseplan.Range{Start: p.Start, End: len(sq.tokens)}); !r.Empty() {
+					sq.reused = append(sq.reused, r)
+				}
+			}
+			sq.blendCost = blendTokenCost(int(s.info.GetNumLayers()), p.RecompRatio)
 		}
 	}
-	n := min(len(sq.tokens)-start, budget)
+	sq.prefillEnd = len(sq.tokens)
+	n, cost := budget.chunk(sq, start)
 	sq.blocks = acquired
 	if err := s.blocks.grow(sq, start+n); err != nil {
 		s.blocks.free(acquired)
 		sq.blocks = nil
-		return 0, false
+		sq.reused, sq.blendCost = sq.reused[:0], 0
+		return 0, 0, false
 	}
 	nFresh := len(sq.blocks) - len(acquired)
 	sq.computed, sq.committed = start, len(acquired)
-	sq.prefillEnd = len(sq.tokens)
 	sq.plan = plan
 	s.blocks.admitted(local+reused, len(sq.tokens)) // the prefix leg is among the reused tokens
 	if sq.admitted {
-		return n, true
+		return n, cost, true
 	}
 	sq.admitted = true
 	s.defer_(func() {
@@ -771,7 +863,7 @@ func (s *Scheduler) admit(sq *seq, budget int, now time.Time) (int, bool) {
 			attribute.Int("n_blocks", len(acquired)+nFresh),
 		}}
 	}
-	return n, true
+	return n, cost, true
 }
 
 // buildExecute turns the batch into the step request; nil when there is

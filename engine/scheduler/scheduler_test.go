@@ -6,6 +6,7 @@ import (
 	"fmt"
 	grpccodes "google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/engine/internal/enginetest"
+	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
@@ -459,6 +461,103 @@ func TestLookupDeferralAndPlan(t *testing.T) {
 		if attrMap(s.Attributes())["request_id"] != "cb1" {
 			t.Errorf("%s lacks request_id", s.Name())
 		}
+	}
+}
+
+// TestReusedPromptChargedItsCompute: a prompt the CacheBlend plan mostly
+// reuses is charged only its compute share of the step budget, so it is
+// prefilled in one step where the same prompt computed in full takes
+// several; its tokens are the reference's all the same.
+func TestReusedPromptChargedItsCompute(t *testing.T) {
+	tests := []struct {
+		name      string
+		noReuse   bool
+		wantSteps int // prefill steps
+	}{
+		{name: "reused: one step", wantSteps: 1},
+		{name: "full prefill: chunks of the budget", noReuse: true, wantSteps: 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w := enginetest.NewWorker(1024, 16, 4096)
+			w.NumLayers = 12
+			blend := &enginetest.Blend{Result: func(tokens []int32) *cbv1.LookupResult {
+				m := &cbv1.Match{StoredSt: 0, StoredEd: 1600, CurSt: 100, CurEd: 1700}
+				for i := range 7 { // 1,600 stored tokens in chunks of 256
+					m.ChunkKeys = append(m.ChunkKeys, testKey(byte(i)))
+				}
+				return &cbv1.LookupResult{RequestedTokens: int32(len(tokens)), ChunkSize: 256, NonPrefixHitTokens: 1600,
+					Matches: []*cbv1.Match{m}}
+			}}
+			h := newHarness(t, opts{worker: w, blend: blend, cfg: Config{StepTokenBudget: 1024}})
+			p := prompt(1800, 3)
+			res := run(t, h.s, &Request{ID: "r", Prompt: p, MaxTokens: 2, NoReuse: tc.noReuse})
+			if res.Err != nil {
+				t.Fatal(res.Err)
+			}
+			if !slices.Equal(res.Tokens, enginetest.Reference(p, 2)) {
+				t.Fatal("tokens differ from the reference")
+			}
+			if want := map[bool]int{false: 1600, true: 0}[tc.noReuse]; res.ReusedTokens != want {
+				t.Fatalf("reused %d tokens, want %d", res.ReusedTokens, want)
+			}
+			prefill := 0
+			for _, st := range w.SeqSteps("r") {
+				if st.GetIsPrefill() {
+					prefill++
+				}
+			}
+			if prefill != tc.wantSteps {
+				t.Fatalf("%d prefill steps, want %d", prefill, tc.wantSteps)
+			}
+		})
+	}
+}
+
+func TestBlendChunk(t *testing.T) {
+	reused := []reuseplan.Range{{Start: 100, End: 200}, {Start: 300, End: 400}}
+	tests := []struct {
+		name              string
+		from, limit, budg int
+		w                 float64
+		wantN, wantCost   int
+	}{
+		{name: "no reused range reached", from: 0, limit: 50, budg: 512, w: 0.25, wantN: 50, wantCost: 50},
+		{name: "budget ends before the reused range", from: 0, limit: 500, budg: 80, w: 0.25, wantN: 80, wantCost: 80},
+		{name: "reused tokens cost w", from: 0, limit: 500, budg: 512, w: 0.25, wantN: 500, wantCost: 350},
+		{name: "budget ends inside a reused range", from: 0, limit: 500, budg: 110, w: 0.25, wantN: 140, wantCost: 110},
+		{name: "starting inside a reused range", from: 150, limit: 100, budg: 512, w: 0.5, wantN: 100, wantCost: 75},
+		{name: "w of 1 is a plain chunk", from: 0, limit: 500, budg: 256, w: 1, wantN: 256, wantCost: 256},
+		{name: "the first token always fits", from: 100, limit: 10, budg: 1, w: 0.25, wantN: 4, wantCost: 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			n, cost := blendChunk(reused, tc.from, tc.limit, tc.budg, tc.w)
+			if n != tc.wantN || cost != tc.wantCost {
+				t.Fatalf("blendChunk = %d tokens, cost %d; want %d, %d", n, cost, tc.wantN, tc.wantCost)
+			}
+		})
+	}
+}
+
+func TestBlendTokenCost(t *testing.T) {
+	tests := []struct {
+		name   string
+		layers int
+		ratio  float64
+		want   float64
+	}{
+		{name: "12 layers, ratio 0.15", layers: 12, ratio: 0.15, want: 3.5 / 12},
+		{name: "too shallow", layers: 2, ratio: 0.15, want: 1},
+		{name: "unknown depth", layers: 0, ratio: 0.15, want: 1},
+		{name: "ratio 1 recomputes all", layers: 12, ratio: 1, want: 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := blendTokenCost(tc.layers, tc.ratio); math.Abs(got-tc.want) > 1e-12 {
+				t.Fatalf("blendTokenCost(%d, %v) = %v, want %v", tc.layers, tc.ratio, got, tc.want)
+			}
+		})
 	}
 }
 
