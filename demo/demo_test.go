@@ -1,6 +1,7 @@
 package demo
 
 import (
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -102,5 +103,42 @@ func TestNodeSummaryAndRouting(t *testing.T) {
 	one.Print(&sb)
 	if one.Nodes != nil || strings.Contains(sb.String(), "Routing") {
 		t.Fatalf("single engine report shows routing:\n%s", sb.String())
+	}
+}
+
+func TestShapeCeilingAndMedian(t *testing.T) {
+	ceilings := []struct {
+		name  string
+		shape Shape
+		want  float64
+	}{
+		{name: "default model: 12 layers, cl 1, ratio 0.15", shape: Shape{Layers: 12, CheckLayer: 1, RecompRatio: 0.15}, want: 12 / 3.5},
+		{name: "16 layers, ratio 0.15", shape: Shape{Layers: 16, CheckLayer: 1, RecompRatio: 0.15}, want: 16 / 4.1},
+		{name: "ratio 1: no speedup", shape: Shape{Layers: 12, CheckLayer: 1, RecompRatio: 1}, want: 1},
+		{name: "unknown shape", shape: Shape{}, want: 0},
+		{name: "check layer past the model", shape: Shape{Layers: 2, CheckLayer: 2, RecompRatio: 0.15}, want: 0},
+	}
+	for _, tc := range ceilings {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.shape.Ceiling(); math.Abs(got-tc.want) > 1e-9 {
+				t.Fatalf("Ceiling = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	medians := []struct {
+		name string
+		xs   []float64
+		want float64
+	}{
+		{name: "none", want: 0},
+		{name: "odd", xs: []float64{3, 1, 2}, want: 2},
+		{name: "even", xs: []float64{4, 1, 3, 2}, want: 2.5},
+	}
+	for _, tc := range medians {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Median(tc.xs); got != tc.want {
+				t.Fatalf("Median(%v) = %v, want %v", tc.xs, got, tc.want)
+			}
+		})
 	}
 }

@@ -58,6 +58,43 @@ type Config struct {
 	TraceWait time.Duration
 	// Progress receives a progress bar; nil for none.
 	Progress io.Writer
+	// Shape is the served model's shape, for the model-only speedup
+	// ceiling the report compares the median speedup with; zero: none.
+	Shape Shape
+}
+
+// Shape is the shape of the served model that bounds the CacheBlend
+// speedup.
+type Shape struct {
+	Layers      int     `json:"layers"`
+	CheckLayer  int     `json:"check_layer"`
+	RecompRatio float64 `json:"recomp_ratio"`
+}
+
+// Ceiling is the model-only TTFT speedup of CacheBlend when every prompt
+// token is reused off the prefix, L/(cl+1+(L−cl−1)·r): the forward computes
+// every token in layers 0..cl and the fraction r of them in the rest. 0 for
+// a zero or inconsistent shape.
+func (m Shape) Ceiling() float64 {
+	l, cl, r := float64(m.Layers), float64(m.CheckLayer), m.RecompRatio
+	if m.Layers <= 0 || m.CheckLayer < 0 || m.CheckLayer >= m.Layers || r < 0 || r > 1 {
+		return 0
+	}
+	return l / (cl + 1 + (l-cl-1)*r)
+}
+
+// Median returns the median of xs (0 for none).
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // Result is one request of the demo, as written to --json.
@@ -110,6 +147,12 @@ type Report struct {
 	Endpoints any `json:"endpoints,omitempty"`
 	// UI is the trace page URL, when known.
 	UI string `json:"ui,omitempty"`
+	// MedianSpeedup is the median TTFT speedup with reuse over the
+	// requests; Shape the served model's shape and Ceiling its model-only
+	// speedup ceiling (Shape.Ceiling; 0 when the shape is not known).
+	MedianSpeedup float64 `json:"median_speedup"`
+	Shape         *Shape  `json:"model_shape,omitempty"`
+	Ceiling       float64 `json:"ceiling,omitempty"`
 }
 
 // NodeStats is one node's share of the demo's requests with reuse.
@@ -265,6 +308,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		})
 	}
 	bar.done()
+	speedups := make([]float64, len(rep.Requests))
+	for i, q := range rep.Requests {
+		speedups[i] = q.Speedup
+	}
+	rep.MedianSpeedup = Median(speedups)
+	if c := cfg.Shape.Ceiling(); c > 0 {
+		m := cfg.Shape
+		rep.Shape, rep.Ceiling = &m, c
+	}
 	if cfg.QueryURL == "" {
 		for i := range rep.Requests {
 			rep.Requests[i].Check = "not run: no trace query URL"
@@ -447,6 +499,14 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "%-4d %-26s %9.0fms %9.0fms %7.2fx %8s %8s %10s %5s %6d %-8d%s\n",
 			i+1, short(q.RequestID, 26), q.TTFTReuse*1000, q.TTFTFull*1000, q.Speedup,
 			pct(q.HitRate), num(q.PrefixHitTokens), num(q.NonPrefixHitTokens), num(q.ImpCount), q.Spans, len(q.Services), node(q.Engine))
+	}
+	if len(r.Requests) > 0 {
+		fmt.Fprintf(w, "\nMedian TTFT speedup with reuse: %.2fx", r.MedianSpeedup)
+		if r.Ceiling > 0 {
+			fmt.Fprintf(w, "; model-only ceiling L/(cl+1+(L-cl-1)·r) = %.2fx (L=%d, cl=%d, r=%.2f): %.2f of it",
+				r.Ceiling, r.Shape.Layers, r.Shape.CheckLayer, r.Shape.RecompRatio, r.MedianSpeedup/r.Ceiling)
+		}
+		fmt.Fprintln(w)
 	}
 	if routed {
 		fmt.Fprintln(w, "\nRouting — the node (engine) that served each request with reuse, and its hit rate:")

@@ -667,7 +667,7 @@ func (s *Scheduler) fillBatch(batch []item, now time.Time) []item {
 	preempted := false
 	for i := 0; i < len(s.running) && budget.open(); i++ {
 		sq := s.running[i]
-		n, cost := budget.chunk(sq, sq.computed)
+		n, cost := budget.chunk(sq, sq.computed, len(batch) == 0 && len(s.running) == 1)
 		if n <= 0 {
 			continue
 		}
@@ -702,7 +702,7 @@ func (s *Scheduler) fillBatch(batch []item, now time.Time) []item {
 			s.waiting = slices.Delete(s.waiting, i, i+1)
 			continue
 		}
-		n, cost, ok := s.admit(sq, budget, now)
+		n, cost, ok := s.admit(sq, budget, len(batch) == 0 && len(s.running) == 0, now)
 		if !ok {
 			break // first come, first served: no skipping ahead for blocks
 		}
@@ -730,8 +730,12 @@ func (b stepBudget) open() bool { return b.compute > 0 && b.raw > 0 }
 func (b *stepBudget) charge(n, cost int) { b.compute, b.raw = b.compute-cost, b.raw-n }
 
 // chunk returns how many of sq's tokens from position from the step can
-// take, and their compute cost.
-func (b stepBudget) chunk(sq *seq, from int) (n, cost int) {
+// take, and their compute cost. A CacheBlend prefill alone in its step
+// (no other sequence running) takes its whole rest, within the raw limit:
+// splitting a blended forward costs more than its compute (each part loads
+// its KV, selects its own important tokens and attends to the whole
+// context), and nothing else waits on the step.
+func (b stepBudget) chunk(sq *seq, from int, alone bool) (n, cost int) {
 	limit := min(len(sq.tokens)-from, b.raw)
 	if limit <= 0 || b.compute <= 0 {
 		return 0, 0
@@ -740,7 +744,11 @@ func (b stepBudget) chunk(sq *seq, from int) (n, cost int) {
 		n = min(limit, b.compute)
 		return n, n
 	}
-	return blendChunk(sq.reused, from, limit, b.compute, sq.blendCost)
+	compute := b.compute
+	if alone {
+		compute = limit // a reused token costs at most 1
+	}
+	return blendChunk(sq.reused, from, limit, compute, sq.blendCost)
 }
 
 // blendChunk returns how many tokens from position from (at most limit) a
@@ -810,7 +818,7 @@ func (s *Scheduler) stepItem(sq *seq, n int) item {
 // admit allocates blocks for a waiting sequence's first chunk, reusing the
 // prefix cache and the CacheBlend plan, and reports the tokens to compute
 // and their cost in the budget.
-func (s *Scheduler) admit(sq *seq, budget stepBudget, now time.Time) (int, int, bool) {
+func (s *Scheduler) admit(sq *seq, budget stepBudget, alone bool, now time.Time) (int, int, bool) {
 	planStart := time.Now()
 	acquired, local := s.blocks.acquirePrefix(sq)
 	start, reused := local, 0
@@ -828,7 +836,7 @@ func (s *Scheduler) admit(sq *seq, budget stepBudget, now time.Time) (int, int, 
 		}
 	}
 	sq.prefillEnd = len(sq.tokens)
-	n, cost := budget.chunk(sq, start)
+	n, cost := budget.chunk(sq, start, alone)
 	sq.blocks = acquired
 	if err := s.blocks.grow(sq, start+n); err != nil {
 		s.blocks.free(acquired)

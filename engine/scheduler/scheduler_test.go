@@ -465,9 +465,10 @@ func TestLookupDeferralAndPlan(t *testing.T) {
 }
 
 // TestReusedPromptChargedItsCompute: a prompt the CacheBlend plan mostly
-// reuses is charged only its compute share of the step budget, so it is
-// prefilled in one step where the same prompt computed in full takes
-// several; its tokens are the reference's all the same.
+// reuses is charged only its compute share of the step budget, and alone in
+// its step it is not split, so it is prefilled in one step where the same
+// prompt computed in full takes one per budget; its tokens are the
+// reference's all the same.
 func TestReusedPromptChargedItsCompute(t *testing.T) {
 	tests := []struct {
 		name      string
@@ -475,7 +476,7 @@ func TestReusedPromptChargedItsCompute(t *testing.T) {
 		wantSteps int // prefill steps
 	}{
 		{name: "reused: one step", wantSteps: 1},
-		{name: "full prefill: chunks of the budget", noReuse: true, wantSteps: 2},
+		{name: "full prefill: chunks of the budget", noReuse: true, wantSteps: 4},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -489,7 +490,7 @@ func TestReusedPromptChargedItsCompute(t *testing.T) {
 				return &cbv1.LookupResult{RequestedTokens: int32(len(tokens)), ChunkSize: 256, NonPrefixHitTokens: 1600,
 					Matches: []*cbv1.Match{m}}
 			}}
-			h := newHarness(t, opts{worker: w, blend: blend, cfg: Config{StepTokenBudget: 1024}})
+			h := newHarness(t, opts{worker: w, blend: blend, cfg: Config{StepTokenBudget: 512}})
 			p := prompt(1800, 3)
 			res := run(t, h.s, &Request{ID: "r", Prompt: p, MaxTokens: 2, NoReuse: tc.noReuse})
 			if res.Err != nil {
