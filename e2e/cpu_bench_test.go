@@ -73,8 +73,8 @@ func stackCPU(st *stack.Stack) (map[string]time.Duration, error) {
 // BenchmarkRequestCPU measures the CPU time each process of a real stack (the
 // cb binary: engine, worker, blend server, tracing on into the embedded
 // collector of this test process) spends per request, under a closed-loop
-// load of b.N RAG requests (2 documents at random offsets, 2 output tokens,
-// concurrency 4, reuse on) against a tiny model. CPU is utime+stime from
+// load of b.N RAG requests (3 sample documents at random offsets, 2 output
+// tokens, concurrency 8, reuse on) against a tiny model. CPU is utime+stime from
 // /proc/<pid>/stat before and after the run, after a warm-up of 20 requests.
 // Run it with a fixed request count:
 //
@@ -99,7 +99,7 @@ func BenchmarkRequestCPU(b *testing.B) {
 		APIAddr:      "127.0.0.1:0",
 		OTLPEndpoint: "http://" + col.OTLPAddr() + "/v1/traces",
 		OTLPProtocol: "http/protobuf",
-		WorkerArgs:   workerArgs(),
+		WorkerArgs:   tinyModel,
 		Env:          env,
 		Supervisor:   stack.Config{Logs: logs, ReadyTimeout: 90 * time.Second},
 	})
@@ -121,8 +121,8 @@ func BenchmarkRequestCPU(b *testing.B) {
 	run := func(n int, ingest bool, seed uint64) {
 		b.Helper()
 		rep, err := loadgen.Run(context.Background(), loadgen.Config{
-			API: st.Endpoints().Engine.API, Requests: n, Concurrency: envInt("CONC", 4), MaxTokens: 2,
-			DocsPerRequest: envInt("DOCS", 2), Ingest: ingest, Seed: seed, SkipServerCheck: true,
+			API: st.Endpoints().Engine.API, Requests: n, Concurrency: 8, MaxTokens: 2,
+			DocsPerRequest: 3, Ingest: ingest, Seed: seed, SkipServerCheck: true,
 			Duration: 10 * time.Minute,
 		})
 		if err == nil && rep != nil {
@@ -166,18 +166,4 @@ func BenchmarkRequestCPU(b *testing.B) {
 		b.ReportMetric(float64(d-before[p.name])/float64(time.Millisecond)/float64(b.N), p.unit)
 		b.ReportMetric(float64(before[p.name]-idle0[p.name])/float64(time.Millisecond)/idleWindow.Seconds(), strings.Replace(p.unit, "/req", "/idle-s", 1))
 	}
-}
-
-func envInt(k string, d int) int {
-	if v, err := strconv.Atoi(os.Getenv(k)); err == nil {
-		return v
-	}
-	return d
-}
-
-func workerArgs() []string {
-	if v := os.Getenv("WARGS"); v != "" {
-		return strings.Fields(v)
-	}
-	return tinyModel
 }
