@@ -142,3 +142,30 @@ func TestShapeCeilingAndMedian(t *testing.T) {
 		})
 	}
 }
+
+func TestPrefillForward(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	span := func(name string, from, to int) tracecheck.Span {
+		return tracecheck.Span{Name: name, Start: at(from), End: at(to)}
+	}
+	tests := []struct {
+		name   string
+		spans  []tracecheck.Span
+		want   time.Duration
+		wantOK bool
+	}{
+		{name: "no engine.prefill", spans: []tracecheck.Span{span("cb.model_forward", 0, 10)}},
+		{name: "prefill forwards summed, decode forwards left out", spans: []tracecheck.Span{
+			span("engine.prefill", 0, 100), span("cb.model_forward", 5, 45), span("cb.model_forward", 50, 95),
+			span("cb.model_forward", 101, 110)}, want: 85 * time.Millisecond, wantOK: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := prefillForward(&tracecheck.Trace{Spans: tc.spans})
+			if got != tc.want || ok != tc.wantOK {
+				t.Fatalf("prefillForward = %v, %v; want %v, %v", got, ok, tc.want, tc.wantOK)
+			}
+		})
+	}
+}

@@ -119,8 +119,14 @@ type Result struct {
 	PrefixCoverageTokens *int64   `json:"prefix_coverage_tokens"`
 	NNonPrefixTokens     *int64   `json:"n_non_prefix_tokens"`
 	ImpCount             *int64   `json:"imp_count"`
-	Spans                int      `json:"spans"`
-	Services             []string `json:"services"`
+	// ForwardS is the time the worker's model spent on the reuse request's
+	// prefill (the cb.model_forward spans that started before the end of
+	// engine.prefill), nil when the trace was not read: TTFTReuse minus it
+	// is what the serving path added (lookup, retrieve and scatter,
+	// queueing, steps, the stream).
+	ForwardS *float64 `json:"forward_s,omitempty"`
+	Spans    int      `json:"spans"`
+	Services []string `json:"services"`
 	// Engine and FullEngine are the nodes that served the request with
 	// reuse and its full-prefill baseline (the gateway's X-Cb-Engine:
 	// the engine's host:port, also its service.instance.id on the trace
@@ -448,9 +454,35 @@ func intAttr(s *tracecheck.Span, key string) *int64 {
 	return nil
 }
 
+// prefillForward sums the cb.model_forward spans of t that started before
+// engine.prefill ended (the prefill's forwards); false without
+// engine.prefill.
+func prefillForward(t *tracecheck.Trace) (time.Duration, bool) {
+	var end time.Time
+	for i := range t.Spans {
+		if t.Spans[i].Name == spanname.EnginePrefill {
+			end = t.Spans[i].End
+		}
+	}
+	if end.IsZero() {
+		return 0, false
+	}
+	var d time.Duration
+	for i := range t.Spans {
+		if s := &t.Spans[i]; s.Name == spanname.CBModelForward && s.Start.Before(end) {
+			d += s.Duration()
+		}
+	}
+	return d, true
+}
+
 func fill(r *Result, t *tracecheck.Trace) {
 	services := map[string]bool{}
 	r.Spans = len(t.Spans)
+	if d, ok := prefillForward(t); ok {
+		f := d.Seconds()
+		r.ForwardS = &f
+	}
 	for i := range t.Spans {
 		s := &t.Spans[i]
 		services[s.Service] = true
@@ -493,11 +525,11 @@ func (r *Report) Print(w io.Writer) {
 		}
 		return fmt.Sprintf(" %-21s", cmp.Or(e, "-"))
 	}
-	fmt.Fprintf(w, "\n%-4s %-26s %10s %10s %8s %8s %8s %10s %5s %6s %-8s%s\n",
-		"#", "request", "ttft reuse", "ttft full", "speedup", "hit", "prefix", "non-prefix", "imp", "spans", "services", node("node"))
+	fmt.Fprintf(w, "\n%-4s %-26s %10s %10s %8s %9s %8s %8s %10s %5s %6s %-8s%s\n",
+		"#", "request", "ttft reuse", "ttft full", "speedup", "overhead", "hit", "prefix", "non-prefix", "imp", "spans", "services", node("node"))
 	for i, q := range r.Requests {
-		fmt.Fprintf(w, "%-4d %-26s %9.0fms %9.0fms %7.2fx %8s %8s %10s %5s %6d %-8d%s\n",
-			i+1, short(q.RequestID, 26), q.TTFTReuse*1000, q.TTFTFull*1000, q.Speedup,
+		fmt.Fprintf(w, "%-4d %-26s %9.0fms %9.0fms %7.2fx %9s %8s %8s %10s %5s %6d %-8d%s\n",
+			i+1, short(q.RequestID, 26), q.TTFTReuse*1000, q.TTFTFull*1000, q.Speedup, overhead(q),
 			pct(q.HitRate), num(q.PrefixHitTokens), num(q.NonPrefixHitTokens), num(q.ImpCount), q.Spans, len(q.Services), node(q.Engine))
 	}
 	if len(r.Requests) > 0 {
@@ -507,6 +539,7 @@ func (r *Report) Print(w io.Writer) {
 				r.Ceiling, r.Shape.Layers, r.Shape.CheckLayer, r.Shape.RecompRatio, r.MedianSpeedup/r.Ceiling)
 		}
 		fmt.Fprintln(w)
+		fmt.Fprintln(w, "(overhead: the reuse request's TTFT beyond its prefill's cb.model_forward time, and its share of the TTFT)")
 	}
 	if routed {
 		fmt.Fprintln(w, "\nRouting — the node (engine) that served each request with reuse, and its hit rate:")
@@ -644,4 +677,15 @@ func (p *progress) done() {
 	if p.w != nil {
 		fmt.Fprintf(p.w, "\r[%s] %d/%d %-36s %5.1fs\n", strings.Repeat("#", 30), p.n, p.n, "done", time.Since(p.start).Seconds())
 	}
+}
+
+// overhead renders the serving path's share of a reuse request's TTFT:
+// TTFT minus the prefill's forward time, in ms and percent; "-" without a
+// trace.
+func overhead(q Result) string {
+	if q.ForwardS == nil || q.TTFTReuse <= 0 {
+		return "-"
+	}
+	o := q.TTFTReuse - *q.ForwardS
+	return fmt.Sprintf("%.0fms %.0f%%", o*1000, 100*o/q.TTFTReuse)
 }
