@@ -667,7 +667,7 @@ func (s *Scheduler) fillBatch(batch []item, now time.Time) []item {
 	preempted := false
 	for i := 0; i < len(s.running) && budget.open(); i++ {
 		sq := s.running[i]
-		n, cost := budget.chunk(sq, sq.computed, len(batch) == 0 && len(s.running) == 1)
+		n, cost := budget.chunk(sq, sq.computed, s.lone(len(batch) == 0 && len(s.running) == 1))
 		if n <= 0 {
 			continue
 		}
@@ -702,7 +702,7 @@ func (s *Scheduler) fillBatch(batch []item, now time.Time) []item {
 			s.waiting = slices.Delete(s.waiting, i, i+1)
 			continue
 		}
-		n, cost, ok := s.admit(sq, budget, len(batch) == 0 && len(s.running) == 0, now)
+		n, cost, ok := s.admit(sq, budget, s.lone(len(batch) == 0 && len(s.running) == 0), now)
 		if !ok {
 			break // first come, first served: no skipping ahead for blocks
 		}
@@ -729,13 +729,21 @@ func (b stepBudget) open() bool { return b.compute > 0 && b.raw > 0 }
 
 func (b *stepBudget) charge(n, cost int) { b.compute, b.raw = b.compute-cost, b.raw-n }
 
+// lone is the tokens a CacheBlend prefill may take regardless of the
+// compute budget when alone is set (it runs alone in its step:
+// Config.LoneBlendTokens), else 0.
+func (s *Scheduler) lone(alone bool) int {
+	if !alone {
+		return 0
+	}
+	return max(s.cfg.LoneBlendTokens, 0)
+}
+
 // chunk returns how many of sq's tokens from position from the step can
-// take, and their compute cost. A CacheBlend prefill alone in its step
-// (no other sequence running) takes its whole rest, within the raw limit:
-// splitting a blended forward costs more than its compute (each part loads
-// its KV, selects its own important tokens and attends to the whole
-// context), and nothing else waits on the step.
-func (b stepBudget) chunk(sq *seq, from int, alone bool) (n, cost int) {
+// take, and their compute cost. A CacheBlend prefill takes at least
+// min(lone, its rest) tokens (within the raw limit) whatever their cost:
+// see Config.LoneBlendTokens.
+func (b stepBudget) chunk(sq *seq, from int, lone int) (n, cost int) {
 	limit := min(len(sq.tokens)-from, b.raw)
 	if limit <= 0 || b.compute <= 0 {
 		return 0, 0
@@ -744,11 +752,14 @@ func (b stepBudget) chunk(sq *seq, from int, alone bool) (n, cost int) {
 		n = min(limit, b.compute)
 		return n, n
 	}
-	compute := b.compute
-	if alone {
-		compute = limit // a reused token costs at most 1
+	if n = min(limit, lone); n > 0 {
+		if m, c := blendChunk(sq.reused, from, limit, b.compute, sq.blendCost); m > n {
+			return m, c // the budget goes further
+		}
+		_, cost = blendChunk(sq.reused, from, n, n, sq.blendCost) // a reused token costs at most 1
+		return n, cost
 	}
-	return blendChunk(sq.reused, from, limit, compute, sq.blendCost)
+	return blendChunk(sq.reused, from, limit, b.compute, sq.blendCost)
 }
 
 // blendChunk returns how many tokens from position from (at most limit) a
@@ -818,7 +829,7 @@ func (s *Scheduler) stepItem(sq *seq, n int) item {
 // admit allocates blocks for a waiting sequence's first chunk, reusing the
 // prefix cache and the CacheBlend plan, and reports the tokens to compute
 // and their cost in the budget.
-func (s *Scheduler) admit(sq *seq, budget stepBudget, alone bool, now time.Time) (int, int, bool) {
+func (s *Scheduler) admit(sq *seq, budget stepBudget, lone int, now time.Time) (int, int, bool) {
 	planStart := time.Now()
 	acquired, local := s.blocks.acquirePrefix(sq)
 	start, reused := local, 0
@@ -836,7 +847,7 @@ func (s *Scheduler) admit(sq *seq, budget stepBudget, alone bool, now time.Time)
 		}
 	}
 	sq.prefillEnd = len(sq.tokens)
-	n, cost := budget.chunk(sq, start, alone)
+	n, cost := budget.chunk(sq, start, lone)
 	sq.blocks = acquired
 	if err := s.blocks.grow(sq, start+n); err != nil {
 		s.blocks.free(acquired)

@@ -473,9 +473,12 @@ func TestReusedPromptChargedItsCompute(t *testing.T) {
 	tests := []struct {
 		name      string
 		noReuse   bool
+		lone      int // Config.LoneBlendTokens
 		wantSteps int // prefill steps
 	}{
-		{name: "reused: one step", wantSteps: 1},
+		{name: "reused, alone: one step", wantSteps: 1},
+		{name: "reused, no lone exception: charged its compute (~667 of 512)", lone: -1, wantSteps: 2},
+		{name: "reused, lone exception of 1,000 tokens, then the budget", lone: 1000, wantSteps: 2},
 		{name: "full prefill: chunks of the budget", noReuse: true, wantSteps: 4},
 	}
 	for _, tc := range tests {
@@ -490,7 +493,7 @@ func TestReusedPromptChargedItsCompute(t *testing.T) {
 				return &cbv1.LookupResult{RequestedTokens: int32(len(tokens)), ChunkSize: 256, NonPrefixHitTokens: 1600,
 					Matches: []*cbv1.Match{m}}
 			}}
-			h := newHarness(t, opts{worker: w, blend: blend, cfg: Config{StepTokenBudget: 512}})
+			h := newHarness(t, opts{worker: w, blend: blend, cfg: Config{StepTokenBudget: 512, LoneBlendTokens: tc.lone}})
 			p := prompt(1800, 3)
 			res := run(t, h.s, &Request{ID: "r", Prompt: p, MaxTokens: 2, NoReuse: tc.noReuse})
 			if res.Err != nil {
