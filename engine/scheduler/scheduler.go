@@ -159,6 +159,7 @@ type Scheduler struct {
 	pullCalls     sync.WaitGroup
 
 	wake       chan struct{}
+	drained    chan struct{} // poked when the last request in flight finished
 	loopCtx    context.Context
 	cancelLoop context.CancelFunc
 	loopDone   chan struct{}
@@ -180,6 +181,7 @@ func New(cfg Config, deps Deps) (*Scheduler, error) {
 		byID:     make(map[string]*seq),
 		blocks:   newBlockManager(),
 		wake:     make(chan struct{}, 1),
+		drained:  make(chan struct{}, 1),
 		loopDone: make(chan struct{}),
 		lookups:  newLookupDriver(deps.Blend, cfg.MaxLookupRPCs),
 	}
@@ -231,13 +233,11 @@ func (s *Scheduler) Shutdown(ctx context.Context) error {
 	s.poke()
 
 	var err error
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
 	for started && s.active() > 0 && err == nil {
 		select {
 		case <-ctx.Done():
 			err = ctx.Err()
-		case <-tick.C:
+		case <-s.drained: // the last one finished (or an earlier poke: checked again)
 		}
 	}
 	if err != nil {
@@ -567,6 +567,12 @@ func (s *Scheduler) finish(sq *seq, reason string, err error, now time.Time) {
 	}
 	sq.state = stDone
 	delete(s.byID, sq.id)
+	if len(s.byID) == 0 {
+		select {
+		case s.drained <- struct{}{}:
+		default:
+		}
+	}
 	if sq.stopWatch != nil {
 		sq.stopWatch()
 	}
