@@ -56,16 +56,22 @@ func procCPU(pid int) (time.Duration, error) {
 	return time.Duration(ticks) * time.Second / clockTicks, nil
 }
 
-// stackCPU returns the CPU time used so far by every process of st, by
-// service name.
-func stackCPU(st *stack.Stack) (map[string]time.Duration, error) {
-	out := map[string]time.Duration{}
+// cpuSample is the CPU time a process used so far, and its pid (a restart
+// between two samples would make their difference meaningless).
+type cpuSample struct {
+	pid int
+	cpu time.Duration
+}
+
+// stackCPU samples every process of st, by service name.
+func stackCPU(st *stack.Stack) (map[string]cpuSample, error) {
+	out := map[string]cpuSample{}
 	for _, p := range st.Supervisor().Status() {
 		d, err := procCPU(p.PID)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", p.Name, err)
 		}
-		out[p.Name] = d
+		out[p.Name] = cpuSample{pid: p.PID, cpu: d}
 	}
 	return out, nil
 }
@@ -159,11 +165,14 @@ func BenchmarkRequestCPU(b *testing.B) {
 		{"cb-blend", "blend-cpu-ms/req"},
 		{"cb-worker", "worker-cpu-ms/req"},
 	} {
-		d, ok := after[p.name]
+		a, ok := after[p.name]
 		if !ok {
 			b.Fatalf("no process %s in the stack", p.name)
 		}
-		b.ReportMetric(float64(d-before[p.name])/float64(time.Millisecond)/float64(b.N), p.unit)
-		b.ReportMetric(float64(before[p.name]-idle0[p.name])/float64(time.Millisecond)/idleWindow.Seconds(), strings.Replace(p.unit, "/req", "/idle-s", 1))
+		if a.pid != before[p.name].pid || a.pid != idle0[p.name].pid {
+			b.Fatalf("%s restarted during the run", p.name)
+		}
+		b.ReportMetric(float64(a.cpu-before[p.name].cpu)/float64(time.Millisecond)/float64(b.N), p.unit)
+		b.ReportMetric(float64(before[p.name].cpu-idle0[p.name].cpu)/float64(time.Millisecond)/idleWindow.Seconds(), strings.Replace(p.unit, "/req", "/idle-s", 1))
 	}
 }
