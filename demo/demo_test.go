@@ -1,6 +1,7 @@
 package demo
 
 import (
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -102,5 +103,69 @@ func TestNodeSummaryAndRouting(t *testing.T) {
 	one.Print(&sb)
 	if one.Nodes != nil || strings.Contains(sb.String(), "Routing") {
 		t.Fatalf("single engine report shows routing:\n%s", sb.String())
+	}
+}
+
+func TestShapeCeilingAndMedian(t *testing.T) {
+	ceilings := []struct {
+		name  string
+		shape Shape
+		want  float64
+	}{
+		{name: "default model: 12 layers, cl 1, ratio 0.15", shape: Shape{Layers: 12, CheckLayer: 1, RecompRatio: 0.15}, want: 12 / 3.5},
+		{name: "16 layers, ratio 0.15", shape: Shape{Layers: 16, CheckLayer: 1, RecompRatio: 0.15}, want: 16 / 4.1},
+		{name: "ratio 1: no speedup", shape: Shape{Layers: 12, CheckLayer: 1, RecompRatio: 1}, want: 1},
+		{name: "unknown shape", shape: Shape{}, want: 0},
+		{name: "check layer past the model", shape: Shape{Layers: 2, CheckLayer: 2, RecompRatio: 0.15}, want: 0},
+	}
+	for _, tc := range ceilings {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.shape.Ceiling(); math.Abs(got-tc.want) > 1e-9 {
+				t.Fatalf("Ceiling = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	medians := []struct {
+		name string
+		xs   []float64
+		want float64
+	}{
+		{name: "none", want: 0},
+		{name: "odd", xs: []float64{3, 1, 2}, want: 2},
+		{name: "even", xs: []float64{4, 1, 3, 2}, want: 2.5},
+	}
+	for _, tc := range medians {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Median(tc.xs); got != tc.want {
+				t.Fatalf("Median(%v) = %v, want %v", tc.xs, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPrefillForward(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	span := func(name string, from, to int) tracecheck.Span {
+		return tracecheck.Span{Name: name, Start: at(from), End: at(to)}
+	}
+	tests := []struct {
+		name   string
+		spans  []tracecheck.Span
+		want   time.Duration
+		wantOK bool
+	}{
+		{name: "no engine.prefill", spans: []tracecheck.Span{span("cb.model_forward", 0, 10)}},
+		{name: "prefill forwards summed, decode forwards left out", spans: []tracecheck.Span{
+			span("engine.prefill", 0, 100), span("cb.model_forward", 5, 45), span("cb.model_forward", 50, 95),
+			span("cb.model_forward", 101, 110)}, want: 85 * time.Millisecond, wantOK: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := prefillForward(&tracecheck.Trace{Spans: tc.spans})
+			if got != tc.want || ok != tc.wantOK {
+				t.Fatalf("prefillForward = %v, %v; want %v, %v", got, ok, tc.want, tc.wantOK)
+			}
+		})
 	}
 }

@@ -58,6 +58,43 @@ type Config struct {
 	TraceWait time.Duration
 	// Progress receives a progress bar; nil for none.
 	Progress io.Writer
+	// Shape is the served model's shape, for the model-only speedup
+	// ceiling the report compares the median speedup with; zero: none.
+	Shape Shape
+}
+
+// Shape is the shape of the served model that bounds the CacheBlend
+// speedup.
+type Shape struct {
+	Layers      int     `json:"layers"`
+	CheckLayer  int     `json:"check_layer"`
+	RecompRatio float64 `json:"recomp_ratio"`
+}
+
+// Ceiling is the model-only TTFT speedup of CacheBlend when every prompt
+// token is reused off the prefix, L/(cl+1+(L−cl−1)·r): the forward computes
+// every token in layers 0..cl and the fraction r of them in the rest. 0 for
+// a zero or inconsistent shape.
+func (m Shape) Ceiling() float64 {
+	l, cl, r := float64(m.Layers), float64(m.CheckLayer), m.RecompRatio
+	if m.Layers <= 0 || m.CheckLayer < 0 || m.CheckLayer >= m.Layers || r < 0 || r > 1 {
+		return 0
+	}
+	return l / (cl + 1 + (l-cl-1)*r)
+}
+
+// Median returns the median of xs (0 for none).
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // Result is one request of the demo, as written to --json.
@@ -82,8 +119,14 @@ type Result struct {
 	PrefixCoverageTokens *int64   `json:"prefix_coverage_tokens"`
 	NNonPrefixTokens     *int64   `json:"n_non_prefix_tokens"`
 	ImpCount             *int64   `json:"imp_count"`
-	Spans                int      `json:"spans"`
-	Services             []string `json:"services"`
+	// ForwardS is the time the worker's model spent on the reuse request's
+	// prefill (the cb.model_forward spans that started before the end of
+	// engine.prefill), nil when the trace was not read: TTFTReuse minus it
+	// is what the serving path added (lookup, retrieve and scatter,
+	// queueing, steps, the stream).
+	ForwardS *float64 `json:"forward_s,omitempty"`
+	Spans    int      `json:"spans"`
+	Services []string `json:"services"`
 	// Engine and FullEngine are the nodes that served the request with
 	// reuse and its full-prefill baseline (the gateway's X-Cb-Engine:
 	// the engine's host:port, also its service.instance.id on the trace
@@ -110,6 +153,12 @@ type Report struct {
 	Endpoints any `json:"endpoints,omitempty"`
 	// UI is the trace page URL, when known.
 	UI string `json:"ui,omitempty"`
+	// MedianSpeedup is the median TTFT speedup with reuse over the
+	// requests; Shape the served model's shape and Ceiling its model-only
+	// speedup ceiling (Shape.Ceiling; 0 when the shape is not known).
+	MedianSpeedup float64 `json:"median_speedup"`
+	Shape         *Shape  `json:"model_shape,omitempty"`
+	Ceiling       float64 `json:"ceiling,omitempty"`
 }
 
 // NodeStats is one node's share of the demo's requests with reuse.
@@ -265,6 +314,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		})
 	}
 	bar.done()
+	speedups := make([]float64, len(rep.Requests))
+	for i, q := range rep.Requests {
+		speedups[i] = q.Speedup
+	}
+	rep.MedianSpeedup = Median(speedups)
+	if c := cfg.Shape.Ceiling(); c > 0 {
+		m := cfg.Shape
+		rep.Shape, rep.Ceiling = &m, c
+	}
 	if cfg.QueryURL == "" {
 		for i := range rep.Requests {
 			rep.Requests[i].Check = "not run: no trace query URL"
@@ -396,9 +454,35 @@ func intAttr(s *tracecheck.Span, key string) *int64 {
 	return nil
 }
 
+// prefillForward sums the cb.model_forward spans of t that started before
+// engine.prefill ended (the prefill's forwards); false without
+// engine.prefill.
+func prefillForward(t *tracecheck.Trace) (time.Duration, bool) {
+	var end time.Time
+	for i := range t.Spans {
+		if t.Spans[i].Name == spanname.EnginePrefill {
+			end = t.Spans[i].End
+		}
+	}
+	if end.IsZero() {
+		return 0, false
+	}
+	var d time.Duration
+	for i := range t.Spans {
+		if s := &t.Spans[i]; s.Name == spanname.CBModelForward && s.Start.Before(end) {
+			d += s.Duration()
+		}
+	}
+	return d, true
+}
+
 func fill(r *Result, t *tracecheck.Trace) {
 	services := map[string]bool{}
 	r.Spans = len(t.Spans)
+	if d, ok := prefillForward(t); ok {
+		f := d.Seconds()
+		r.ForwardS = &f
+	}
 	for i := range t.Spans {
 		s := &t.Spans[i]
 		services[s.Service] = true
@@ -441,12 +525,21 @@ func (r *Report) Print(w io.Writer) {
 		}
 		return fmt.Sprintf(" %-21s", cmp.Or(e, "-"))
 	}
-	fmt.Fprintf(w, "\n%-4s %-26s %10s %10s %8s %8s %8s %10s %5s %6s %-8s%s\n",
-		"#", "request", "ttft reuse", "ttft full", "speedup", "hit", "prefix", "non-prefix", "imp", "spans", "services", node("node"))
+	fmt.Fprintf(w, "\n%-4s %-26s %10s %10s %8s %9s %8s %8s %10s %5s %6s %-8s%s\n",
+		"#", "request", "ttft reuse", "ttft full", "speedup", "overhead", "hit", "prefix", "non-prefix", "imp", "spans", "services", node("node"))
 	for i, q := range r.Requests {
-		fmt.Fprintf(w, "%-4d %-26s %9.0fms %9.0fms %7.2fx %8s %8s %10s %5s %6d %-8d%s\n",
-			i+1, short(q.RequestID, 26), q.TTFTReuse*1000, q.TTFTFull*1000, q.Speedup,
+		fmt.Fprintf(w, "%-4d %-26s %9.0fms %9.0fms %7.2fx %9s %8s %8s %10s %5s %6d %-8d%s\n",
+			i+1, short(q.RequestID, 26), q.TTFTReuse*1000, q.TTFTFull*1000, q.Speedup, overhead(q),
 			pct(q.HitRate), num(q.PrefixHitTokens), num(q.NonPrefixHitTokens), num(q.ImpCount), q.Spans, len(q.Services), node(q.Engine))
+	}
+	if len(r.Requests) > 0 {
+		fmt.Fprintf(w, "\nMedian TTFT speedup with reuse: %.2fx", r.MedianSpeedup)
+		if r.Ceiling > 0 {
+			fmt.Fprintf(w, "; model-only ceiling L/(cl+1+(L-cl-1)·r) = %.2fx (L=%d, cl=%d, r=%.2f): %.2f of it",
+				r.Ceiling, r.Shape.Layers, r.Shape.CheckLayer, r.Shape.RecompRatio, r.MedianSpeedup/r.Ceiling)
+		}
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "(overhead: the reuse request's TTFT beyond its prefill's cb.model_forward time, and its share of the TTFT)")
 	}
 	if routed {
 		fmt.Fprintln(w, "\nRouting — the node (engine) that served each request with reuse, and its hit rate:")
@@ -584,4 +677,15 @@ func (p *progress) done() {
 	if p.w != nil {
 		fmt.Fprintf(p.w, "\r[%s] %d/%d %-36s %5.1fs\n", strings.Repeat("#", 30), p.n, p.n, "done", time.Since(p.start).Seconds())
 	}
+}
+
+// overhead renders the serving path's share of a reuse request's TTFT:
+// TTFT minus the prefill's forward time, in ms and percent; "-" without a
+// trace.
+func overhead(q Result) string {
+	if q.ForwardS == nil || q.TTFTReuse <= 0 {
+		return "-"
+	}
+	o := q.TTFTReuse - *q.ForwardS
+	return fmt.Sprintf("%.0fms %.0f%%", o*1000, 100*o/q.TTFTReuse)
 }

@@ -111,6 +111,22 @@ func TestTensorParallelMatchesAndTraces(t *testing.T) {
 			t.Fatalf("%s per rank %v, want the same number on ranks 0 and 1", name, perRank)
 		}
 	}
+	// The worker's /metrics shows the group rank by rank: rank 0 gathers
+	// rank 1's rank-labelled series; both ranks ran every step; the
+	// exposition is strict OpenMetrics.
+	body := scrapeOpenMetrics(t, two.stack.Endpoints().Worker.Metrics)
+	parseStrict(t, body)
+	steps := map[string]float64{}
+	for _, line := range strings.Split(body, "\n") {
+		for _, r := range []string{"0", "1"} {
+			if rest, ok := strings.CutPrefix(line, `cb_worker_steps_total{rank="`+r+`"} `); ok {
+				steps[r], _ = strconv.ParseFloat(strings.Fields(rest)[0], 64)
+			}
+		}
+	}
+	if steps["0"] == 0 || steps["0"] != steps["1"] {
+		t.Fatalf("cb_worker_steps_total by rank %v, want the same positive count on ranks 0 and 1", steps)
+	}
 	// Each load pass (cb.start_load_kv of a rank) has its own cb.retrieve:
 	// two per pass over the group.
 	for _, s := range spans[spanname.CBRetrieve] {

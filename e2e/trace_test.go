@@ -36,12 +36,15 @@ func spanByID(tr *tracecheck.Trace, id string) *tracecheck.Span {
 }
 
 func TestOneTraceAcrossThreeProcesses(t *testing.T) {
-	e := startEnv(t, options{})
+	// --lone-blend-tokens=-1: a blended prefill alone in its step is chunked
+	// by the compute budget like any other (by default it would run whole).
+	e := startEnv(t, options{engineArgs: []string{"--lone-blend-tokens=-1"}})
 	e.ingest()
 	// Three documents in an order they were not stored in: their KV is
-	// reused at shifted positions (non-prefix), and the prompt (> 512
-	// tokens, the engine's step budget) is prefilled in several steps, so
-	// its blocks arrive in several steps and the KV loads run more than once.
+	// reused at shifted positions (non-prefix), and the prompt (its compute,
+	// reused tokens charged their share of the forward, is more than 512,
+	// the engine's step budget) is prefilled in several steps, so its blocks
+	// arrive in several steps and the KV loads run more than once.
 	e.chat(caller, ragPrompt(4, 1, 6), 4)
 	tr := e.trace("4bf92f3577b34da6a3ce929d0e0e4736", spanname.CBRequest, spanname.CBLookup, spanname.CBClassify, spanname.CBExecute,
 		spanname.CBRetrieve, spanname.CBScatter, spanname.CBCheck, spanname.CBPartial, spanname.EngineDecode)

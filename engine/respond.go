@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"time"
@@ -115,15 +114,24 @@ func (e *Engine) respond(w *statusWriter, r *http.Request, reqCtx context.Contex
 	writeJSON(w, http.StatusOK, newShape(rec).whole(echo+ts.all(), res.FinishReason, usage(rec.promptTokens, res)))
 }
 
-// sseWriter writes server-sent events, flushing each; after the first
-// write error it writes nothing more and keeps the error.
+// sseWriter writes server-sent events, flushing each (queue: not yet, the
+// next flushed event carries it); after the first write error it writes
+// nothing more and keeps the error.
 type sseWriter struct {
 	w   http.ResponseWriter
 	rc  *http.ResponseController
+	buf []byte // the event being written, reused
 	err error
 }
 
 func (s *sseWriter) send(v any) {
+	s.queue(v)
+	s.flush()
+}
+
+// queue writes the event of v without flushing: the events that end a
+// stream go out in one write.
+func (s *sseWriter) queue(v any) {
 	if s.err != nil {
 		return
 	}
@@ -132,7 +140,8 @@ func (s *sseWriter) send(v any) {
 		s.err = err
 		return
 	}
-	s.raw(fmt.Sprintf("data: %s\n\n", b))
+	s.buf = append(append(append(s.buf[:0], "data: "...), b...), "\n\n"...)
+	_, s.err = s.w.Write(s.buf)
 }
 
 func (s *sseWriter) raw(line string) {
@@ -140,6 +149,12 @@ func (s *sseWriter) raw(line string) {
 		return
 	}
 	if _, s.err = io.WriteString(s.w, line); s.err == nil {
+		s.flush()
+	}
+}
+
+func (s *sseWriter) flush() {
+	if s.err == nil {
 		s.err = s.rc.Flush()
 	}
 }
@@ -169,7 +184,9 @@ func (e *Engine) stream(w *statusWriter, r *http.Request, reqCtx context.Context
 		}
 		res = rec.h.Snapshot()
 		done = res.Done || reqCtx.Err() != nil
-		if txt := ts.take(); txt != "" {
+		if txt := ts.take(); txt != "" && done {
+			out.queue(sh.chunk(txt, nil)) // flushed with the stream's end
+		} else if txt != "" {
 			out.send(sh.chunk(txt, nil))
 		}
 	}
@@ -184,17 +201,19 @@ func (e *Engine) stream(w *statusWriter, r *http.Request, reqCtx context.Context
 			rec.status = apiErr.Status
 			return
 		}
-		out.send(apiErr.Body()) // headers are gone: the error travels as an event
+		out.queue(apiErr.Body()) // headers are gone: the error travels as an event
 		out.raw("data: [DONE]\n\n")
 		return
 	}
+	// The stream's end goes out in one flush: the last text, the finish
+	// reason, the usage and [DONE].
 	if rest := ts.finish(); rest != "" {
-		out.send(sh.chunk(rest, nil))
+		out.queue(sh.chunk(rest, nil))
 	}
 	reason := res.FinishReason
-	out.send(sh.chunk("", &reason))
+	out.queue(sh.chunk("", &reason))
 	if g.IncludeUsage {
-		out.send(sh.usage(usage(rec.promptTokens, res)))
+		out.queue(sh.usage(usage(rec.promptTokens, res)))
 	}
 	out.raw("data: [DONE]\n\n")
 	if out.err != nil {

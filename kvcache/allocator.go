@@ -195,13 +195,21 @@ func (a *Allocator) Allocate(n int) ([]int32, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("%w: negative count %d", ErrNoFreeBlocks, n)
 	}
+	return a.AllocateAppend(make([]int32, 0, n), n)
+}
+
+// AllocateAppend is [Allocator.Allocate] appending the n blocks to dst: no
+// allocation when dst has the capacity. On error dst is returned unchanged.
+func (a *Allocator) AllocateAppend(dst []int32, n int) ([]int32, error) {
+	if n < 0 {
+		return dst, fmt.Errorf("%w: negative count %d", ErrNoFreeBlocks, n)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if n > a.nList {
-		return nil, fmt.Errorf("%w: want %d, %d available", ErrNoFreeBlocks, n, a.nList)
+		return dst, fmt.Errorf("%w: want %d, %d available", ErrNoFreeBlocks, n, a.nList)
 	}
-	out := make([]int32, n)
-	for i := range out {
+	for range n {
 		b := a.head
 		a.ref(b) // unlinks b (and uncounts it as cached) before the eviction
 		if a.hashed[b] {
@@ -209,9 +217,9 @@ func (a *Allocator) Allocate(n int) ([]int32, error) {
 			a.hashed[b] = false
 			a.evictions++
 		}
-		out[i] = b
+		dst = append(dst, b)
 	}
-	return out, nil
+	return dst, nil
 }
 
 // Commit registers the full block b, whose content has been computed, in the

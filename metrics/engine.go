@@ -166,7 +166,6 @@ func (m *EngineMetrics) RecordRequest(ctx context.Context, r RequestRecord) {
 		dur = rs.durationOK
 	}
 	sc := spanOf(ctx)
-	dur.observeSpan(sc, m.duration.in.exemplars, r.E2E.Seconds())
 	if r.ErrorType == "" && r.HasTTFT {
 		rs.ttft.observeSpan(sc, m.ttft.in.exemplars, r.TTFT.Seconds())
 		if r.OutputTokens >= 2 {
@@ -180,6 +179,10 @@ func (m *EngineMetrics) RecordRequest(ctx context.Context, r RequestRecord) {
 	if r.OutputTokens > 0 {
 		rs.gen.counter.Add(float64(r.OutputTokens))
 	}
+	// The duration is observed last: its count is the request count, so a
+	// scrape that counts the request also sees its TTFT, TPOT and tokens
+	// (cb load settles on that count before it reads the histograms).
+	dur.observeSpan(sc, m.duration.in.exemplars, r.E2E.Seconds())
 }
 
 // requestSeries returns the series bundle of (op, model), resolving and caching it on first

@@ -28,6 +28,9 @@ const (
 	SegmentFD = 3
 	// StepFD is the rank's end of its step socket (Follower).
 	StepFD = 4
+	// MetricsFD is a loopback listener rank 0 opened for the rank's
+	// /metrics (MetricsListener), so rank 0 knows where to gather it.
+	MetricsFD = 5
 )
 
 // RankEnv is the environment variable that tells a rank process its rank
@@ -85,6 +88,9 @@ type rankProc struct {
 	cmd    *exec.Cmd
 	conn   net.Conn
 	exited chan struct{}
+	// metricsAddr is the loopback address of the listener handed to the
+	// rank as MetricsFD.
+	metricsAddr string
 }
 
 // New returns a Group of cfg.World ranks whose processes run
@@ -164,16 +170,28 @@ func (g *Group) startRank(rank int) (*rankProc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rankgroup: step socket: %w", err)
 	}
+	mln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("rankgroup: rank %d metrics listener: %w", rank, err)
+	}
+	defer mln.Close() // the rank holds its own copy
+	mfile, err := mln.File()
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("rankgroup: rank %d metrics listener: %w", rank, err)
+	}
+	defer mfile.Close()
 	cmd := exec.Command(g.cfg.Path, g.args(rank)...)
 	cmd.Env = append(slices.Clone(g.cfg.Env), RankEnv+"="+strconv.Itoa(rank))
 	cmd.Stdout, cmd.Stderr = g.cfg.Stdout, g.cfg.Stderr
-	cmd.ExtraFiles = []*os.File{g.seg, theirs} // descriptors 3 and 4
+	cmd.ExtraFiles = []*os.File{g.seg, theirs, mfile} // descriptors 3, 4 and 5
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("rankgroup: start rank %d: %w", rank, err)
 	}
-	return &rankProc{rank: rank, cmd: cmd, conn: conn, exited: make(chan struct{})}, nil
+	return &rankProc{rank: rank, cmd: cmd, conn: conn, exited: make(chan struct{}), metricsAddr: mln.Addr().String()}, nil
 }
 
 // watch reaps a rank process and fails the group when it exits.

@@ -83,10 +83,12 @@ type Runtime struct {
 
 	httpLimits httpserve.Limits
 
-	mu       sync.Mutex
-	servers  []*httpserve.Server
-	checks   []namedCheck
-	shutdown bool
+	mu      sync.Mutex
+	servers []*httpserve.Server
+	checks  []namedCheck
+	// gatherers are served next to Registry (AddGatherer).
+	gatherers prometheus.Gatherers
+	shutdown  bool
 }
 
 type namedCheck struct {
@@ -199,10 +201,27 @@ func (r *Runtime) TracerProvider() trace.TracerProvider { return r.Telemetry.Tra
 // (dropped spans, export errors), so any /metrics handler built on it, the
 // engine's included, serves current totals.
 func (r *Runtime) Gatherer() prometheus.Gatherer {
-	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+	own := prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
 		r.Process.Refresh()
 		return r.Registry.Gather()
 	})
+	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		r.mu.Lock()
+		gs := append(prometheus.Gatherers{own}, r.gatherers...)
+		r.mu.Unlock()
+		return gs.Gather()
+	})
+}
+
+// AddGatherer adds g to what /metrics serves next to the registry (e.g. the
+// series of a tensor-parallel worker's other ranks, gathered by rank 0).
+// Families of the same name are merged (prometheus.Gatherers); a gather
+// error of g is served with what could be gathered. Safe to call at any
+// time.
+func (r *Runtime) AddGatherer(g prometheus.Gatherer) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.gatherers = append(r.gatherers, g)
 }
 
 // MetricsHandler serves the registry; before runs before each gather (after
@@ -218,6 +237,12 @@ func (r *Runtime) Serve(addr string, h http.Handler) (net.Addr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("service: listen %s: %w", addr, err)
 	}
+	return r.ServeOn(ln, h)
+}
+
+// ServeOn is Serve on a listener the caller opened (or inherited); the
+// server owns ln from then on.
+func (r *Runtime) ServeOn(ln net.Listener, h http.Handler) (net.Addr, error) {
 	srv := httpserve.New("metrics", h, r.httpLimits, r.Logger)
 	r.mu.Lock()
 	if r.shutdown {
@@ -262,10 +287,20 @@ func (r *Runtime) Health() error {
 // "ok" when every health check passes (AddHealthCheck), else 503
 // "unavailable: " and the reasons, one line.
 func (r *Runtime) ServeMetrics(addr string, before func()) (net.Addr, error) {
+	return r.Serve(addr, r.metricsMux(before))
+}
+
+// ServeMetricsOn is ServeMetrics on a listener the caller opened (or
+// inherited: a tensor-parallel rank's, rankgroup.MetricsListener).
+func (r *Runtime) ServeMetricsOn(ln net.Listener, before func()) (net.Addr, error) {
+	return r.ServeOn(ln, r.metricsMux(before))
+}
+
+func (r *Runtime) metricsMux(before func()) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", r.MetricsHandler(before))
 	mux.HandleFunc("GET /health", r.serveHealth)
-	return r.Serve(addr, mux)
+	return mux
 }
 
 func (r *Runtime) serveHealth(w http.ResponseWriter, _ *http.Request) {

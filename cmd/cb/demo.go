@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/cacheblend/cacheblend/demo"
+	"github.com/cacheblend/cacheblend/model"
 )
 
 func init() { subcommands = append(subcommands, newDemoCmd) }
@@ -56,6 +59,7 @@ exits with --exit (status 1 when a check fails).`,
 				cfg.QueryURL = checkURL
 			}
 			cfg.Progress = os.Stderr
+			cfg.Shape = servedShape(u.workerArgs)
 			rep, err := demo.Run(ctx, cfg)
 			if err != nil {
 				return err
@@ -92,4 +96,23 @@ exits with --exit (status 1 when a check fails).`,
 	f.StringVar(&jsonPath, "json", "", "also write the report as JSON to this file")
 	f.StringVar(&checkURL, "check-url", "", "Jaeger-compatible query API to read traces from (default: the embedded collector; with OTEL_EXPORTER_OTLP_ENDPOINT set and no --check-url the checks are not run)")
 	return withEnv(cmd)
+}
+
+// servedShape is the shape of the model the demo's workers serve: the
+// default model's, with the --layers, --check-layer and --recomp-ratio
+// given among workerArgs (--worker-arg) applied; the other flags are
+// ignored, and a malformed one leaves the default.
+func servedShape(workerArgs []string) demo.Shape {
+	d := model.DefaultConfig()
+	sh := demo.Shape{Layers: d.Layers, CheckLayer: d.CheckLayer, RecompRatio: d.RecompRatio}
+	fs := pflag.NewFlagSet("worker", pflag.ContinueOnError)
+	fs.ParseErrorsAllowlist.UnknownFlags = true
+	fs.SetOutput(io.Discard)
+	fs.IntVar(&sh.Layers, "layers", sh.Layers, "")
+	fs.IntVar(&sh.CheckLayer, "check-layer", sh.CheckLayer, "")
+	fs.Float64Var(&sh.RecompRatio, "recomp-ratio", sh.RecompRatio, "")
+	if err := fs.Parse(workerArgs); err != nil {
+		return demo.Shape{Layers: d.Layers, CheckLayer: d.CheckLayer, RecompRatio: d.RecompRatio}
+	}
+	return sh
 }

@@ -86,6 +86,7 @@ func newEngineCmd() *cobra.Command {
 	f.IntVar(&cfg.MaxQueue, "max-queue", scheduler.DefaultMaxQueue, "waiting requests before 429")
 	f.IntVar(&cfg.MaxRunning, "max-running", scheduler.DefaultMaxRunning, "running sequences per step")
 	f.IntVar(&cfg.StepTokenBudget, "step-tokens", scheduler.DefaultStepTokenBudget, "tokens per scheduler step (chunked prefill)")
+	f.IntVar(&cfg.LoneBlendTokens, "lone-blend-tokens", scheduler.DefaultLoneBlendTokens, "tokens of a CacheBlend prefill alone in its step taken in that step whatever --step-tokens (-1: none; reused tokens are otherwise charged their share of the forward)")
 	f.DurationVar(&cfg.LookupTimeout, "lookup-timeout", scheduler.DefaultLookupTimeout, "give up on a CacheBlend lookup after this; the request is prefilled in full")
 	f.Float64Var(&cfg.RecompRatio, "recomp-ratio", defaults.RecompRatio, "CacheBlend recompute ratio sent to the worker")
 	f.BoolVar(&cfg.DisableStore, "no-store", false, "do not store prompts' KV in the blend server (documents still are)")

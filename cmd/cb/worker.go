@@ -46,6 +46,10 @@ func newWorkerCmd() *cobra.Command {
 			}
 			logTLS(rt.Logger, id, true)
 			deps := worker.Deps{Deps: rt.Deps()}
+			if tpSize > 1 {
+				// The worker's series differ by rank: each rank labels its own.
+				deps.Registerer = rankgroup.RankRegisterer(deps.Registerer, tpRank)
+			}
 			if id != nil {
 				// WorkerService: the engine; KVTransferService: other workers.
 				deps.GRPCServerOptions = id.ServerOptionsFor(mtls.WorkerPolicy())
@@ -78,6 +82,7 @@ func newWorkerCmd() *cobra.Command {
 					return err
 				}
 				deps.Reducer, deps.Peers = group.Reducer(), group
+				rt.AddGatherer(group.Gatherer()) // the other ranks' series on this /metrics
 			}
 			w, err := worker.New(cfg, deps)
 			if err == nil {

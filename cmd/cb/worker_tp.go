@@ -21,7 +21,8 @@ import (
 var rankFlagsOwn = map[string]bool{"addr": true, "metrics-addr": true, "tp": true, "tp-rank": true, "worker-id": true}
 
 // rankArgs is the command line of rank r of a --tp group: rank 0's flags
-// (model, blend server, TLS, telemetry) with free listen addresses, the
+// (model, blend server, TLS, telemetry) with a free gRPC address (its /metrics
+// listener comes as a descriptor, rankgroup.MetricsFD), the
 // group's worker id and the rank.
 func rankArgs(c *cobra.Command, workerID string, world int) func(rank int) []string {
 	var inherited []string
@@ -32,7 +33,7 @@ func rankArgs(c *cobra.Command, workerID string, world int) func(rank int) []str
 	})
 	return func(rank int) []string {
 		args := append([]string{"worker"}, inherited...)
-		return append(args, "--addr=127.0.0.1:0", "--metrics-addr=127.0.0.1:0", "--worker-id="+workerID,
+		return append(args, "--addr=127.0.0.1:0", "--worker-id="+workerID,
 			"--tp="+strconv.Itoa(world), "--tp-rank="+strconv.Itoa(rank))
 	}
 }
@@ -53,6 +54,15 @@ func runRank(ctx context.Context, rt *service.Runtime, cfg worker.Config, deps w
 	}
 	if err != nil {
 		conn.Close()
+		return err
+	}
+	mln, err := rankgroup.MetricsListener()
+	if err == nil {
+		_, err = rt.ServeMetricsOn(mln, nil) // gathered by rank 0
+	}
+	if err != nil {
+		conn.Close()
+		_ = w.Shutdown(ctx)
 		return err
 	}
 	rt.Logger.Info("tensor-parallel rank started", "rank", rank, "world_size", reducer.Size(), "kv_memory", w.KVMemory())

@@ -90,11 +90,16 @@ func (b *blockManager) grow(sq *seq, tokens int) error {
 	if need <= 0 {
 		return nil
 	}
-	got, err := b.pool.Allocate(need)
+	if sq.blocks == nil {
+		// Room for the whole request up front: decode steps then grow the
+		// table without allocating.
+		sq.blocks = make([]int32, 0, max(need, b.pool.BlocksFor(sq.maxLen())))
+	}
+	blocks, err := b.pool.AllocateAppend(sq.blocks, need)
 	if err != nil {
 		return err
 	}
-	sq.blocks = append(sq.blocks, got...)
+	sq.blocks = blocks
 	return nil
 }
 
@@ -109,6 +114,9 @@ func (b *blockManager) acquirePrefix(sq *seq) (blocks []int32, local int) {
 // blocks (none for a NoReuse request).
 func (b *blockManager) acquire(sq *seq, maxHit int) (blocks []int32, local int) {
 	bs := b.pool.BlockSize()
+	if sq.hashes == nil {
+		sq.hashes = make([]kvcache.BlockHash, 0, sq.maxLen()/bs)
+	}
 	sq.hashes = kvcache.ChainHashes(sq.hashes, sq.tokens, bs)
 	if sq.req.NoReuse {
 		maxHit = 0

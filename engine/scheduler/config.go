@@ -16,6 +16,7 @@ const (
 	DefaultMaxQueue            = 256
 	DefaultMaxRunning          = 16
 	DefaultStepTokenBudget     = 512
+	DefaultLoneBlendTokens     = 8192
 	DefaultLookupTimeout       = 2 * time.Second
 	DefaultMaxLookupRPCs       = 8
 	DefaultStepTimeout         = 60 * time.Second
@@ -43,6 +44,15 @@ type Config struct {
 	// StepTokenBudget bounds the tokens computed in one step; a longer
 	// prompt is prefilled in chunks across steps. Default 512.
 	StepTokenBudget int
+	// LoneBlendTokens is how many tokens of a CacheBlend prefill that runs
+	// alone in its step (no other sequence running) the step may take
+	// whatever the budget, within the worker's limit: splitting a blended
+	// forward costs more than its compute (each part loads its KV, selects
+	// its own important tokens and attends to the whole context). Otherwise
+	// a token the plan reuses is charged its share of the forward against
+	// StepTokenBudget. Default 8192; negative: no exception, a lone blended
+	// prefill is chunked by the budget like any other.
+	LoneBlendTokens int
 	// LookupTimeout bounds a CacheBlend lookup from the moment the step loop
 	// first sees the request to its result, waiting for a free call slot
 	// included; it is the Lookup call's deadline. Past it the request falls
@@ -101,6 +111,9 @@ func (c Config) withDefaults() Config {
 	def(&c.MaxQueue, DefaultMaxQueue)
 	def(&c.MaxRunning, DefaultMaxRunning)
 	def(&c.StepTokenBudget, DefaultStepTokenBudget)
+	if c.LoneBlendTokens == 0 { // negative: no exception
+		c.LoneBlendTokens = DefaultLoneBlendTokens
+	}
 	def(&c.MaxLookupRPCs, DefaultMaxLookupRPCs)
 	def(&c.MaxTransfers, DefaultMaxTransfers)
 	defDur(&c.HandoffTimeout, DefaultHandoffTimeout)

@@ -155,9 +155,13 @@ type Handle struct {
 	done   chan struct{} // closed when finished
 }
 
-func newHandle(promptLen int) *Handle {
+// handleTokensCap bounds the output tokens a Handle has room for up front.
+const handleTokensCap = 256
+
+func newHandle(promptLen, maxTokens int) *Handle {
+	n := min(max(maxTokens, 0), handleTokensCap)
 	return &Handle{
-		res:    Result{PromptTokens: promptLen},
+		res:    Result{PromptTokens: promptLen, Tokens: make([]int32, 0, n), TokenTimes: make([]time.Time, 0, n)},
 		notify: make(chan struct{}, 1),
 		done:   make(chan struct{}),
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -13,7 +14,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cacheblend/cacheblend/contract/spanname"
+	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
@@ -78,7 +81,22 @@ type seq struct {
 	lk         *lookup
 	pullCancel context.CancelFunc // of a Prefilled request's pull in flight
 	plan       *cbv1.CBPlan
-	meta       *buildMeta // cb.build_meta until the first step metadata is built
+	meta       *buildMeta    // cb.build_meta until the first step metadata is built
+	step       *cbv1.SeqStep // its entry of the step request, reused step after step
+	// reused are the positions the CacheBlend plan loads, from plan's Start
+	// on (sorted, disjoint), and blendCost the compute share of one of them
+	// in the forward (see blendTokenCost); nil and 0 without a plan.
+	reused    []reuseplan.Range
+	blendCost float64
+}
+
+// maxLen is the most tokens sq can hold: its prompt and every token it may
+// generate.
+func (sq *seq) maxLen() int {
+	if sq.req.Document {
+		return sq.nPrompt
+	}
+	return sq.nPrompt + sq.req.MaxTokens
 }
 
 // item is one sequence's share of a step.
@@ -128,24 +146,31 @@ type Scheduler struct {
 	running         []*seq
 	byID            map[string]*seq
 	pendingFinished []string
-	blocks          *blockManager
-	info            *cbv1.InfoResponse
-	ready           bool
-	probeFailures   uint64 // Info probes failed in a row
-	everReady       bool
-	closing         bool
-	nextProbe       time.Time
-	nextStorePoll   time.Time
-	stepID          uint64
-	preemptions     uint64
-	batchTokens     int
-	after           []func() // run after mu is released
-	lookups         *lookupDriver
-	pulling         []*seq           // Prefilled requests whose pull is in flight
-	pullOutcomes    chan pullOutcome // finished pulls, drained by the loop
-	pullCalls       sync.WaitGroup
+	// The step request and the batch are reused step after step (the loop
+	// sends one Execute at a time and the request is marshalled before the
+	// call returns); spareFinished is the other buffer of pendingFinished.
+	execReq       cbv1.ExecuteRequest
+	batchBuf      []item
+	spareFinished []string
+	blocks        *blockManager
+	info          *cbv1.InfoResponse
+	ready         bool
+	probeFailures uint64 // Info probes failed in a row
+	everReady     bool
+	closing       bool
+	nextProbe     time.Time
+	nextStorePoll time.Time
+	stepID        uint64
+	preemptions   uint64
+	batchTokens   int
+	after         []func() // run after mu is released
+	lookups       *lookupDriver
+	pulling       []*seq           // Prefilled requests whose pull is in flight
+	pullOutcomes  chan pullOutcome // finished pulls, drained by the loop
+	pullCalls     sync.WaitGroup
 
 	wake       chan struct{}
+	drained    chan struct{} // poked when the last request in flight finished
 	loopCtx    context.Context
 	cancelLoop context.CancelFunc
 	loopDone   chan struct{}
@@ -167,6 +192,7 @@ func New(cfg Config, deps Deps) (*Scheduler, error) {
 		byID:     make(map[string]*seq),
 		blocks:   newBlockManager(),
 		wake:     make(chan struct{}, 1),
+		drained:  make(chan struct{}, 1),
 		loopDone: make(chan struct{}),
 		lookups:  newLookupDriver(deps.Blend, cfg.MaxLookupRPCs),
 	}
@@ -218,13 +244,11 @@ func (s *Scheduler) Shutdown(ctx context.Context) error {
 	s.poke()
 
 	var err error
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
 	for started && s.active() > 0 && err == nil {
 		select {
 		case <-ctx.Done():
 			err = ctx.Err()
-		case <-tick.C:
+		case <-s.drained: // the last one finished (or an earlier poke: checked again)
 		}
 	}
 	if err != nil {
@@ -358,8 +382,8 @@ func (s *Scheduler) Submit(r *Request) (*Handle, error) {
 	sq := &seq{
 		req:        r,
 		id:         r.ID,
-		h:          newHandle(len(r.Prompt)),
-		tokens:     slices.Clone(r.Prompt),
+		h:          newHandle(len(r.Prompt), r.MaxTokens),
+		tokens:     append(make([]int32, 0, total), r.Prompt...), // decode appends in place
 		nPrompt:    len(r.Prompt),
 		prefillEnd: len(r.Prompt),
 		reqCtx:     ctx,
@@ -558,6 +582,12 @@ func (s *Scheduler) finish(sq *seq, reason string, err error, now time.Time) {
 	}
 	sq.state = stDone
 	delete(s.byID, sq.id)
+	if len(s.byID) == 0 {
+		select {
+		case s.drained <- struct{}{}:
+		default:
+		}
+	}
 	if sq.stopWatch != nil {
 		sq.stopWatch()
 	}
@@ -629,6 +659,7 @@ func (s *Scheduler) preempt(sq *seq) {
 	sq.computed, sq.committed = 0, 0
 	sq.resumed = true
 	sq.plan = nil
+	sq.reused, sq.blendCost = sq.reused[:0], 0
 	sq.state = stWaiting
 	s.waiting = slices.Insert(s.waiting, 0, sq)
 	s.preemptions++
@@ -641,14 +672,23 @@ func (s *Scheduler) preempt(sq *seq) {
 }
 
 // schedule builds the next batch: running sequences first, then waiting
-// ones, within the token budget.
+// ones, within the token budget. The batch lives in a buffer reused by the
+// next call.
 func (s *Scheduler) schedule(now time.Time) []item {
+	buf := s.batchBuf[:cap(s.batchBuf)]
+	clear(buf) // the last batch's sequences are not kept alive
+	batch := s.fillBatch(buf[:0], now)
+	s.batchBuf = batch
+	return batch
+}
+
+// fillBatch appends the next batch to batch.
+func (s *Scheduler) fillBatch(batch []item, now time.Time) []item {
 	budget, maxRunning := s.stepLimits()
-	var batch []item
 	preempted := false
-	for i := 0; i < len(s.running) && budget > 0; i++ {
+	for i := 0; i < len(s.running) && budget.open(); i++ {
 		sq := s.running[i]
-		n := min(len(sq.tokens)-sq.computed, budget)
+		n, cost := budget.chunk(sq, sq.computed, s.lone(len(batch) == 0 && len(s.running) == 1))
 		if n <= 0 {
 			continue
 		}
@@ -665,12 +705,12 @@ func (s *Scheduler) schedule(now time.Time) []item {
 			break
 		}
 		batch = append(batch, s.stepItem(sq, n))
-		budget -= n
+		budget.charge(n, cost)
 	}
 	if preempted {
 		return batch
 	}
-	for i := 0; i < len(s.waiting) && budget > 0 && len(s.running) < maxRunning; {
+	for i := 0; i < len(s.waiting) && budget.open() && len(s.running) < maxRunning; {
 		sq := s.waiting[i]
 		if sq.lk != nil && !sq.lk.done {
 			i++ // deferred until its lookup is ready
@@ -683,7 +723,7 @@ func (s *Scheduler) schedule(now time.Time) []item {
 			s.waiting = slices.Delete(s.waiting, i, i+1)
 			continue
 		}
-		n, ok := s.admit(sq, budget, now)
+		n, cost, ok := s.admit(sq, budget, s.lone(len(batch) == 0 && len(s.running) == 0), now)
 		if !ok {
 			break // first come, first served: no skipping ahead for blocks
 		}
@@ -691,22 +731,115 @@ func (s *Scheduler) schedule(now time.Time) []item {
 		sq.state = stRunning
 		s.running = append(s.running, sq)
 		batch = append(batch, s.stepItem(sq, n))
-		budget -= n
+		budget.charge(n, cost)
 	}
 	return batch
 }
 
-// stepLimits are the token budget and the running-sequence bound of a
-// step: the configured ones, within what the worker accepts in one Execute.
-func (s *Scheduler) stepLimits() (tokens, seqs int) {
-	tokens, seqs = s.cfg.StepTokenBudget, s.cfg.MaxRunning
+// stepBudget is what is left of a step: compute, in tokens of a full
+// forward (StepTokenBudget), and raw tokens, within what the worker
+// accepts in one Execute. A token of a CacheBlend prefill that the plan
+// reuses is charged only its share of the forward (blendCost): the
+// forward computes it in the first layers and, for the recomputed few,
+// in the rest. So a reused prompt is prefilled in as few steps as its
+// compute allows, not cut into StepTokenBudget-token chunks each paying
+// a retrieve and a forward of its own.
+type stepBudget struct{ compute, raw int }
+
+func (b stepBudget) open() bool { return b.compute > 0 && b.raw > 0 }
+
+func (b *stepBudget) charge(n, cost int) { b.compute, b.raw = b.compute-cost, b.raw-n }
+
+// lone is the tokens a CacheBlend prefill may take regardless of the
+// compute budget when alone is set (it runs alone in its step:
+// Config.LoneBlendTokens), else 0.
+func (s *Scheduler) lone(alone bool) int {
+	if !alone {
+		return 0
+	}
+	return max(s.cfg.LoneBlendTokens, 0)
+}
+
+// chunk returns how many of sq's tokens from position from the step can
+// take, and their compute cost. A CacheBlend prefill takes at least
+// min(lone, its rest) tokens (within the raw limit) whatever their cost:
+// see Config.LoneBlendTokens.
+func (b stepBudget) chunk(sq *seq, from int, lone int) (n, cost int) {
+	limit := min(len(sq.tokens)-from, b.raw)
+	if limit <= 0 || b.compute <= 0 {
+		return 0, 0
+	}
+	if len(sq.reused) == 0 || sq.blendCost >= 1 || from >= sq.prefillEnd {
+		n = min(limit, b.compute)
+		return n, n
+	}
+	if n = min(limit, lone); n > 0 {
+		if m, c := blendChunk(sq.reused, from, limit, b.compute, sq.blendCost); m > n {
+			return m, c // the budget goes further
+		}
+		_, cost = blendChunk(sq.reused, from, n, n, sq.blendCost) // a reused token costs at most 1
+		return n, cost
+	}
+	return blendChunk(sq.reused, from, limit, b.compute, sq.blendCost)
+}
+
+// blendChunk returns how many tokens from position from (at most limit) a
+// compute budget covers when a token inside reused (sorted, disjoint
+// ranges) costs w and any other 1, and the compute they use (rounded up;
+// at most budget). The first token always fits a positive budget.
+func blendChunk(reused []reuseplan.Range, from, limit, budget int, w float64) (n, cost int) {
+	left := float64(budget)
+	pos, end := from, from+limit
+	for pos < end {
+		segEnd, per := end, 1.0
+		for _, r := range reused {
+			if r.End <= pos {
+				continue
+			}
+			if r.Start <= pos {
+				segEnd, per = min(end, r.End), w
+			} else {
+				segEnd = min(end, r.Start)
+			}
+			break
+		}
+		k := min(segEnd-pos, int(left/per))
+		if k <= 0 {
+			break
+		}
+		pos += k
+		left -= float64(k) * per
+	}
+	return pos - from, budget - int(left)
+}
+
+// blendTokenCost is the compute share of a reused token in the CacheBlend
+// forward of a layers-deep model: every layer up to the check layer, then
+// the recompute ratio of the rest, (cl+1 + (L-cl-1)·r)/L; 1 when the model
+// is too shallow (or unknown) for the difference. The worker does not
+// report its check layer: the default (defaults.CheckLayer) is assumed, as
+// a scheduling estimate.
+func blendTokenCost(layers int, ratio float64) float64 {
+	cl := defaults.CheckLayer
+	if layers <= cl+1 || ratio <= 0 || ratio >= 1 {
+		return 1
+	}
+	return (float64(cl+1) + float64(layers-cl-1)*ratio) / float64(layers)
+}
+
+// stepLimits are the step's budget and the running-sequence bound: the
+// configured ones, within what the worker accepts in one Execute (no raw
+// token limit when the worker states none).
+func (s *Scheduler) stepLimits() (stepBudget, int) {
+	b := stepBudget{compute: s.cfg.StepTokenBudget, raw: math.MaxInt}
+	seqs := s.cfg.MaxRunning
 	if n := int(s.info.GetMaxStepTokens()); n > 0 {
-		tokens = min(tokens, n)
+		b.compute, b.raw = min(b.compute, n), n
 	}
 	if n := int(s.info.GetMaxStepSeqs()); n > 0 {
 		seqs = min(seqs, n)
 	}
-	return tokens, seqs
+	return b, seqs
 }
 
 func (s *Scheduler) stepItem(sq *seq, n int) item {
@@ -715,31 +848,40 @@ func (s *Scheduler) stepItem(sq *seq, n int) item {
 }
 
 // admit allocates blocks for a waiting sequence's first chunk, reusing the
-// prefix cache and the CacheBlend plan, and reports the tokens to compute.
-func (s *Scheduler) admit(sq *seq, budget int, now time.Time) (int, bool) {
+// prefix cache and the CacheBlend plan, and reports the tokens to compute
+// and their cost in the budget.
+func (s *Scheduler) admit(sq *seq, budget stepBudget, lone int, now time.Time) (int, int, bool) {
 	planStart := time.Now()
 	acquired, local := s.blocks.acquirePrefix(sq)
 	start, reused := local, 0
 	var plan *cbv1.CBPlan
+	sq.reused, sq.blendCost = sq.reused[:0], 0
 	if sq.lk != nil && sq.lk.result != nil && !sq.resumed {
 		if p, ok := planOf(sq.lk.result, local, len(sq.tokens), s.cfg.RecompRatio); ok {
 			plan, start, reused = rpc.PlanToProto(p), p.Start, p.ReusedTokens()
+			for _, m := range p.Matches {
+				if r := m.Cur.Intersect(reuseplan.Range{Start: p.Start, End: len(sq.tokens)}); !r.Empty() {
+					sq.reused = append(sq.reused, r)
+				}
+			}
+			sq.blendCost = blendTokenCost(int(s.info.GetNumLayers()), p.RecompRatio)
 		}
 	}
-	n := min(len(sq.tokens)-start, budget)
+	sq.prefillEnd = len(sq.tokens)
+	n, cost := budget.chunk(sq, start, lone)
 	sq.blocks = acquired
 	if err := s.blocks.grow(sq, start+n); err != nil {
 		s.blocks.free(acquired)
 		sq.blocks = nil
-		return 0, false
+		sq.reused, sq.blendCost = sq.reused[:0], 0
+		return 0, 0, false
 	}
 	nFresh := len(sq.blocks) - len(acquired)
 	sq.computed, sq.committed = start, len(acquired)
-	sq.prefillEnd = len(sq.tokens)
 	sq.plan = plan
 	s.blocks.admitted(local+reused, len(sq.tokens)) // the prefix leg is among the reused tokens
 	if sq.admitted {
-		return n, true
+		return n, cost, true
 	}
 	sq.admitted = true
 	s.defer_(func() {
@@ -762,7 +904,7 @@ func (s *Scheduler) admit(sq *seq, budget int, now time.Time) (int, bool) {
 			attribute.Int("n_blocks", len(acquired)+nFresh),
 		}}
 	}
-	return n, true
+	return n, cost, true
 }
 
 // buildExecute turns the batch into the step request; nil when there is
@@ -776,24 +918,37 @@ func (s *Scheduler) buildExecute(batch []item, now time.Time) *cbv1.ExecuteReque
 		s.nextStorePoll = now.Add(s.cfg.StorePollInterval)
 	}
 	s.stepID++
-	req := &cbv1.ExecuteRequest{StepId: s.stepID, FinishedRequestIds: s.pendingFinished}
-	s.pendingFinished = nil
+	// The request, its SeqSteps and the finished ids are reused step after
+	// step, and its slices alias the sequences' own (blocks and tokens are
+	// only appended to, by this goroutine, after the call): the step loop
+	// sends one Execute at a time and gRPC marshals it before returning.
+	req := &s.execReq
+	seqs := req.Seqs[:cap(req.Seqs)]
+	clear(seqs)
+	req.Reset()
+	req.StepId, req.FinishedRequestIds, req.Seqs = s.stepID, s.pendingFinished, seqs[:0]
+	s.pendingFinished, s.spareFinished = s.spareFinished[:0], s.pendingFinished
 	for _, it := range batch {
 		sq := it.sq
-		st := &cbv1.SeqStep{
-			RequestId:    sq.id,
-			TraceContext: sq.traceCtx,
-			TraceState:   sq.traceSt,
-			BlockTable:   slices.Clone(sq.blocks),
-			Tokens:       slices.Clone(sq.tokens[sq.computed : sq.computed+it.n]),
-			StartPos:     int32(sq.computed),
-			IsPrefill:    sq.computed < sq.prefillEnd,
-			Sample:       it.sample,
-			Sampling:     sq.req.Sampling,
-			Document:     sq.req.Document,
+		st := sq.step
+		if st == nil {
+			st = new(cbv1.SeqStep)
+			sq.step = st
+		} else {
+			st.Reset()
 		}
+		st.RequestId = sq.id
+		st.TraceContext = sq.traceCtx
+		st.TraceState = sq.traceSt
+		st.BlockTable = sq.blocks
+		st.Tokens = sq.tokens[sq.computed : sq.computed+it.n : sq.computed+it.n]
+		st.StartPos = int32(sq.computed)
+		st.IsPrefill = sq.computed < sq.prefillEnd
+		st.Sample = it.sample
+		st.Sampling = sq.req.Sampling
+		st.Document = sq.req.Document
 		if !sq.started {
-			st.PromptTokens = slices.Clone(sq.tokens[:sq.prefillEnd])
+			st.PromptTokens = sq.tokens[:sq.prefillEnd:sq.prefillEnd]
 			sq.started = true
 			if p := sq.req.Prefilled; p != nil && !sq.resumed {
 				st.RngDraws = p.RNGDraws
@@ -850,18 +1005,15 @@ func (s *Scheduler) applyStep(batch []item, resp *cbv1.ExecuteResponse, err erro
 		s.workerFailed(err, now)
 		return
 	}
-	outs := make(map[string]*cbv1.SeqOutput, len(resp.GetOutputs()))
-	for _, o := range resp.GetOutputs() {
-		outs[o.GetRequestId()] = o
-	}
+	outputs := resp.GetOutputs()
 	tokens := 0
-	for _, it := range batch {
+	for i, it := range batch {
 		tokens += it.n
 		sq := it.sq
 		if sq.state != stRunning {
 			continue // aborted during the step
 		}
-		out := outs[sq.id]
+		out := outputOf(outputs, i, sq.id)
 		if msg := out.GetError(); msg != "" {
 			s.finish(sq, "", &WorkerError{RequestID: sq.id, Msg: msg}, now)
 			continue
@@ -889,6 +1041,21 @@ func (s *Scheduler) applyStep(batch []item, resp *cbv1.ExecuteResponse, err erro
 	for _, id := range resp.GetHandoffReleasedIds() {
 		s.blocks.handoffDone(id)
 	}
+}
+
+// outputOf returns the output of request id: the i-th one when the worker
+// answered in the order of the step (it does), else found by a scan; nil
+// when there is none.
+func outputOf(outputs []*cbv1.SeqOutput, i int, id string) *cbv1.SeqOutput {
+	if i < len(outputs) && outputs[i].GetRequestId() == id {
+		return outputs[i]
+	}
+	for _, o := range outputs {
+		if o.GetRequestId() == id {
+			return o
+		}
+	}
+	return nil
 }
 
 func (s *Scheduler) appendToken(sq *seq, tok int32, now time.Time) {

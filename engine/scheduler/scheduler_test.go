@@ -6,6 +6,7 @@ import (
 	"fmt"
 	grpccodes "google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/engine/internal/enginetest"
+	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
@@ -462,6 +464,107 @@ func TestLookupDeferralAndPlan(t *testing.T) {
 	}
 }
 
+// TestReusedPromptChargedItsCompute: a prompt the CacheBlend plan mostly
+// reuses is charged only its compute share of the step budget, and alone in
+// its step it is not split, so it is prefilled in one step where the same
+// prompt computed in full takes one per budget; its tokens are the
+// reference's all the same.
+func TestReusedPromptChargedItsCompute(t *testing.T) {
+	tests := []struct {
+		name      string
+		noReuse   bool
+		lone      int // Config.LoneBlendTokens
+		wantSteps int // prefill steps
+	}{
+		{name: "reused, alone: one step", wantSteps: 1},
+		{name: "reused, no lone exception: charged its compute (~667 of 512)", lone: -1, wantSteps: 2},
+		{name: "reused, lone exception of 1,000 tokens, then the budget", lone: 1000, wantSteps: 2},
+		{name: "full prefill: chunks of the budget", noReuse: true, wantSteps: 4},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w := enginetest.NewWorker(1024, 16, 4096)
+			w.NumLayers = 12
+			blend := &enginetest.Blend{Result: func(tokens []int32) *cbv1.LookupResult {
+				m := &cbv1.Match{StoredSt: 0, StoredEd: 1600, CurSt: 100, CurEd: 1700}
+				for i := range 7 { // 1,600 stored tokens in chunks of 256
+					m.ChunkKeys = append(m.ChunkKeys, testKey(byte(i)))
+				}
+				return &cbv1.LookupResult{RequestedTokens: int32(len(tokens)), ChunkSize: 256, NonPrefixHitTokens: 1600,
+					Matches: []*cbv1.Match{m}}
+			}}
+			h := newHarness(t, opts{worker: w, blend: blend, cfg: Config{StepTokenBudget: 512, LoneBlendTokens: tc.lone}})
+			p := prompt(1800, 3)
+			res := run(t, h.s, &Request{ID: "r", Prompt: p, MaxTokens: 2, NoReuse: tc.noReuse})
+			if res.Err != nil {
+				t.Fatal(res.Err)
+			}
+			if !slices.Equal(res.Tokens, enginetest.Reference(p, 2)) {
+				t.Fatal("tokens differ from the reference")
+			}
+			if want := map[bool]int{false: 1600, true: 0}[tc.noReuse]; res.ReusedTokens != want {
+				t.Fatalf("reused %d tokens, want %d", res.ReusedTokens, want)
+			}
+			prefill := 0
+			for _, st := range w.SeqSteps("r") {
+				if st.GetIsPrefill() {
+					prefill++
+				}
+			}
+			if prefill != tc.wantSteps {
+				t.Fatalf("%d prefill steps, want %d", prefill, tc.wantSteps)
+			}
+		})
+	}
+}
+
+func TestBlendChunk(t *testing.T) {
+	reused := []reuseplan.Range{{Start: 100, End: 200}, {Start: 300, End: 400}}
+	tests := []struct {
+		name              string
+		from, limit, budg int
+		w                 float64
+		wantN, wantCost   int
+	}{
+		{name: "no reused range reached", from: 0, limit: 50, budg: 512, w: 0.25, wantN: 50, wantCost: 50},
+		{name: "budget ends before the reused range", from: 0, limit: 500, budg: 80, w: 0.25, wantN: 80, wantCost: 80},
+		{name: "reused tokens cost w", from: 0, limit: 500, budg: 512, w: 0.25, wantN: 500, wantCost: 350},
+		{name: "budget ends inside a reused range", from: 0, limit: 500, budg: 110, w: 0.25, wantN: 140, wantCost: 110},
+		{name: "starting inside a reused range", from: 150, limit: 100, budg: 512, w: 0.5, wantN: 100, wantCost: 75},
+		{name: "w of 1 is a plain chunk", from: 0, limit: 500, budg: 256, w: 1, wantN: 256, wantCost: 256},
+		{name: "the first token always fits", from: 100, limit: 10, budg: 1, w: 0.25, wantN: 4, wantCost: 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			n, cost := blendChunk(reused, tc.from, tc.limit, tc.budg, tc.w)
+			if n != tc.wantN || cost != tc.wantCost {
+				t.Fatalf("blendChunk = %d tokens, cost %d; want %d, %d", n, cost, tc.wantN, tc.wantCost)
+			}
+		})
+	}
+}
+
+func TestBlendTokenCost(t *testing.T) {
+	tests := []struct {
+		name   string
+		layers int
+		ratio  float64
+		want   float64
+	}{
+		{name: "12 layers, ratio 0.15", layers: 12, ratio: 0.15, want: 3.5 / 12},
+		{name: "too shallow", layers: 2, ratio: 0.15, want: 1},
+		{name: "unknown depth", layers: 0, ratio: 0.15, want: 1},
+		{name: "ratio 1 recomputes all", layers: 12, ratio: 1, want: 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := blendTokenCost(tc.layers, tc.ratio); math.Abs(got-tc.want) > 1e-12 {
+				t.Fatalf("blendTokenCost(%d, %v) = %v, want %v", tc.layers, tc.ratio, got, tc.want)
+			}
+		})
+	}
+}
+
 func TestDeferredRequestDoesNotBlockOthers(t *testing.T) {
 	blend := &enginetest.Blend{Hold: []string{"slow"}}
 	h := newHarness(t, opts{blend: blend, cfg: Config{LookupTimeout: 30 * time.Second}})
@@ -844,34 +947,65 @@ func attrMap(kvs []attribute.KeyValue) map[string]any {
 	return m
 }
 
+// BenchmarkScheduleStep measures one iteration of the step loop's hot path
+// (schedule, build the step request, fold the worker's answer in) on a
+// steady batch of 32 decoding sequences; every op is one step of 32
+// sequences. The requests that reach their max tokens are replaced outside
+// the timer. It should report 0 allocs/op:
+//
+//	go test ./engine/scheduler -run '^$' -bench ScheduleStep -benchmem
 func BenchmarkScheduleStep(b *testing.B) {
+	const running = 32
 	w := enginetest.NewWorker(1<<16, 16, 1<<20)
-	s, err := New(Config{MaxRunning: 32}, Deps{Worker: enginetest.WorkerClient(b, w)})
+	s, err := New(Config{MaxRunning: running}, Deps{Worker: enginetest.WorkerClient(b, w)})
 	if err != nil {
 		b.Fatal(err)
 	}
 	// Drive the scheduling functions directly (no loop), with a ready pool.
 	s.probe()
-	for i := range 32 {
-		if _, err := s.Submit(&Request{ID: fmt.Sprint(i), Prompt: prompt(200, int32(i)), MaxTokens: 1 << 14}); err != nil {
-			b.Fatal(err)
+	outs := map[string]*cbv1.SeqOutput{}
+	gen := 0
+	refill := func() {
+		for len(s.byID) < running {
+			id := fmt.Sprint(gen)
+			if _, err := s.Submit(&Request{ID: id, Prompt: prompt(200, int32(gen)), MaxTokens: 1024}); err != nil {
+				b.Fatal(err)
+			}
+			outs[id] = &cbv1.SeqOutput{RequestId: id, HasToken: true, Token: 7}
+			gen++
 		}
 	}
-	b.ReportAllocs()
-	for b.Loop() {
+	resp := &cbv1.ExecuteResponse{}
+	step := func() {
 		s.mu.Lock()
 		now := time.Now()
 		s.firstSights(now)
 		batch := s.schedule(now)
 		req := s.buildExecute(batch, now)
-		resp := &cbv1.ExecuteResponse{}
+		resp.Outputs = resp.Outputs[:0]
 		for _, st := range req.GetSeqs() {
-			resp.Outputs = append(resp.Outputs, &cbv1.SeqOutput{RequestId: st.GetRequestId(), HasToken: st.GetSample(), Token: 7})
+			resp.Outputs = append(resp.Outputs, outs[st.GetRequestId()])
 		}
 		s.applyStep(batch, resp, nil, now)
 		s.unlock()
 	}
+	refill()
+	for range 40 { // past the prefills: every sequence decodes
+		step()
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if len(s.byID) < running {
+			b.StopTimer()
+			refill()
+			b.StartTimer()
+		}
+		step()
+	}
 	b.StopTimer()
+	if st := s.Stats(); st.Running != running || st.BatchTokens != running {
+		b.Fatalf("not a steady decode batch: %+v", st)
+	}
 	s.Abort(nil)
 	s.cancelLoop()
 }

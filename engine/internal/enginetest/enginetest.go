@@ -1,6 +1,7 @@
 package enginetest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -47,6 +48,8 @@ type Worker struct {
 
 	// Info fields.
 	NumBlocks, BlockSize, MaxPositions int32
+	// NumLayers is the model depth Info reports; 0 reports 2.
+	NumLayers int32
 	// EOSAtLen, when > 0, makes the token sampled at sequence length
 	// EOSAtLen be EOS.
 	EOSAtLen int
@@ -98,7 +101,7 @@ func (w *Worker) Info(context.Context, *cbv1.InfoRequest) (*cbv1.InfoResponse, e
 		return nil, w.infoErr
 	}
 	return &cbv1.InfoResponse{Model: "double", Vocab: 258, MaxPositions: w.MaxPositions, NumBlocks: w.NumBlocks,
-		BlockSize: w.BlockSize, Bos: 256, Eos: EOS, NumLayers: 2, WorkerId: "w0"}, nil
+		BlockSize: w.BlockSize, Bos: 256, Eos: EOS, NumLayers: cmp.Or(w.NumLayers, 2), WorkerId: "w0"}, nil
 }
 
 // SetInfoError makes Info fail with err (nil: succeed).
