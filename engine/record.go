@@ -152,7 +152,11 @@ func (e *Engine) endGenerate(ctx context.Context, span *telemetry.Span, rec *gen
 	}
 	if rec.h != nil {
 		logAttrs = append(logAttrs,
-			slog.Int("cached_tokens", res.CachedTokens),
+			// cached_tokens as in the response's usage (prefix cache +
+			// CacheBlend reuse); prefix_cache_tokens the engine's own
+			// prefix-cache share, reused_tokens the blend server's.
+			slog.Int("cached_tokens", usage(res.PromptTokens, res).PromptTokensDetails.CachedTokens),
+			slog.Int("prefix_cache_tokens", res.CachedTokens),
 			slog.Int("reused_tokens", res.ReusedTokens),
 			slog.Int("preemptions", res.Preemptions))
 		if res.Fallback != "" {
@@ -189,7 +193,7 @@ func (e *Engine) engineSpans(ctx context.Context, rec *genRecord, res scheduler.
 	if res.Transfer == nil { // a request taken over was prefilled by another engine
 		_, p := e.spans.Start(ctx, spanname.EnginePrefill, trace.WithTimestamp(res.Admitted), trace.WithAttributes(
 			attribute.Int("n_prompt_tokens", res.PromptTokens),
-			attribute.Int("cached_tokens", res.CachedTokens),
+			attribute.Int("prefix_cache_tokens", res.CachedTokens),
 			attribute.Int("reused_tokens", res.ReusedTokens),
 		))
 		p.End(trace.WithTimestamp(prefillEnd))
