@@ -3,6 +3,7 @@ package tp
 import (
 	"errors"
 	"fmt"
+	"github.com/cacheblend/cacheblend/simd"
 	"os"
 	"runtime"
 	"sync/atomic"
@@ -262,12 +263,7 @@ func (r *Reducer) AllReduce(buf []float32) error {
 	return nil
 }
 
-func addTo(dst, src []float32) {
-	src = src[:len(dst)]
-	for i, v := range src {
-		dst[i] += v
-	}
-}
+func addTo(dst, src []float32) { simd.Axpy(1, src[:len(dst)], dst) }
 
 // barrier is a sense-reversing barrier: the last rank to arrive resets the
 // count and flips the sense the others wait on.
