@@ -35,10 +35,18 @@ const (
 	abortTimeout
 )
 
-// spin and yield bound the busy phases of a barrier wait before it sleeps.
+// spin, yield and busyWait bound the busy phases of a barrier wait before
+// it sleeps. The busy phase lasts busyWait because a sleep costs far more
+// than it asks for: with nothing else to run, the Go runtime's poller waits
+// in whole milliseconds, so a 20 µs sleep returns after about 1 ms — at 32
+// barriers per prefill that was a third of a 2-rank prefill's wall time.
+// A rank owns its core (GOMAXPROCS=1 per rank), so spinning costs nothing
+// another rank could use; a peer late by more than busyWait is a
+// descheduled or dead one, and the wait then sleeps and checks liveness.
 const (
 	spinIters  = 2000
 	yieldIters = 200
+	busyWait   = 2 * time.Millisecond
 	sleepStep  = 20 * time.Microsecond
 )
 
@@ -274,7 +282,7 @@ func (r *Reducer) barrier() error {
 		r.sense.Store(r.local)
 		return nil
 	}
-	var deadline time.Time
+	var began, deadline time.Time
 	for i := 0; ; i++ {
 		if r.sense.Load() == r.local {
 			return nil
@@ -291,7 +299,12 @@ func (r *Reducer) barrier() error {
 		}
 		now := time.Now()
 		if deadline.IsZero() {
+			began = now
 			deadline = now.Add(r.timeout)
+		}
+		if now.Sub(began) < busyWait {
+			runtime.Gosched()
+			continue
 		}
 		if q := r.deadPeer(); q >= 0 {
 			r.abort.CompareAndSwap(abortNone, abortDead)
