@@ -11,9 +11,9 @@
 // which the model's tests use to run N ranks in one process).
 //
 // Every rank sums the slots in rank order, so the result does not depend on
-// the rank computing it. A barrier waits by spinning briefly, then yielding (for up to 2 ms:
-// a sleep costs a whole millisecond), then sleeping; while sleeping it checks the abort word, the peers' pids and
-// Config.Timeout, so a dead rank fails the step with ErrPeerDead instead of
-// hanging it. A failed reducer stays failed: the rank group is restarted as
+// the rank computing it. A barrier waits by spinning briefly, then yielding
+// for up to 2 ms (a sleep costs a whole millisecond), then sleeping; while
+// sleeping it checks the abort word, the peers' pids and Config.Timeout, so
+// a dead rank fails the step with ErrPeerDead instead of hanging it. A failed reducer stays failed: the rank group is restarted as
 // a whole.
 package tp
