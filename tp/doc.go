@@ -14,6 +14,6 @@
 // the rank computing it. A barrier waits by spinning briefly, then yielding
 // for up to 2 ms (a sleep costs a whole millisecond), then sleeping; while
 // sleeping it checks the abort word, the peers' pids and Config.Timeout, so
-// a dead rank fails the step with ErrPeerDead instead of hanging it. A failed reducer stays failed: the rank group is restarted as
-// a whole.
+// a dead rank fails the step with ErrPeerDead instead of hanging it. A
+// failed reducer stays failed: the rank group is restarted as a whole.
 package tp
