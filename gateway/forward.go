@@ -651,7 +651,7 @@ func (g *Gateway) finish(ctx context.Context, span *telemetry.Span, rec *record,
 	}
 	g.metrics.RecordRequest(ctx, metrics.GatewayRequestRecord{
 		Operation: rec.op, Model: rec.model, Policy: g.policyName, Engine: rec.engine, Status: status,
-		ErrorType: rec.errType, E2E: end.Sub(rec.t0), TTFT: min(rec.ttft, end.Sub(rec.t0)), HasTTFT: rec.hasTTFT, OutputTokens: out,
+		ErrorType: rec.errType, E2E: end.Sub(rec.t0), TTFT: rec.ttft, HasTTFT: rec.hasTTFT, OutputTokens: out,
 	})
 	level := slog.LevelInfo
 	if status >= 500 {
