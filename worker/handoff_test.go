@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -20,6 +19,7 @@ import (
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/rpc/mtls"
+	"github.com/cacheblend/cacheblend/rpc/mtls/mtlstest"
 )
 
 var secret = bytes.Repeat([]byte{7}, SecretBytes)
@@ -260,17 +260,7 @@ func waitReleased(t *testing.T, h *harness, id string) {
 // TestKVTransferRoles: under mutual TLS the KVTransferService admits only
 // workers, the WorkerService (PullKV included) only the engine.
 func TestKVTransferRoles(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "tls")
-	if err := mtls.WriteDir(dir, mtls.DefaultHosts, time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	load := func(r mtls.Role) *mtls.Identity {
-		id, err := mtls.Load(mtls.DirFiles(dir, r), r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
+	load := mtlstest.Identities(t)
 	if cbv1.KVTransferService_ServiceDesc.ServiceName != mtls.KVTransferService {
 		t.Fatalf("service %s, mtls names %s", cbv1.KVTransferService_ServiceDesc.ServiceName, mtls.KVTransferService)
 	}
@@ -381,14 +371,7 @@ func TestKeepRefusals(t *testing.T) {
 // (default model: 16 layers, 2 KV heads × 32, K and V: 8 KiB per token, 16 MiB)
 // from a prefill worker over loopback gRPC, plaintext and mutual TLS.
 func BenchmarkKVHandOver(b *testing.B) {
-	dir := filepath.Join(b.TempDir(), "tls")
-	if err := mtls.WriteDir(dir, mtls.DefaultHosts, time.Hour); err != nil {
-		b.Fatal(err)
-	}
-	id, err := mtls.Load(mtls.DirFiles(dir, mtls.Worker), mtls.Worker)
-	if err != nil {
-		b.Fatal(err)
-	}
+	id := mtlstest.Identities(b)(mtls.Worker)
 	for _, tc := range []struct {
 		name string
 		deps func() Deps

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -15,22 +14,13 @@ import (
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/rpc/mtls"
+	"github.com/cacheblend/cacheblend/rpc/mtls/mtlstest"
 )
 
 // TestGRPCServerOptions: the worker serves its gRPC port with the options
 // of component.Deps (here mutual TLS admitting the engine only).
 func TestGRPCServerOptions(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "tls")
-	if err := mtls.WriteDir(dir, mtls.DefaultHosts, time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	load := func(r mtls.Role) *mtls.Identity {
-		id, err := mtls.Load(mtls.DirFiles(dir, r), r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
+	load := mtlstest.Identities(t)
 	w, err := New(Config{Model: smallModel, ShmDir: t.TempDir(), NumBlocks: 16}, Deps{Deps: component.Deps{
 		Registerer:        prometheus.NewRegistry(),
 		GRPCServerOptions: load(mtls.Worker).ServerOptions(mtls.WorkerCallers...),
