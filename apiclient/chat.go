@@ -3,6 +3,7 @@ package apiclient
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"time"
 )
@@ -115,6 +116,12 @@ func (c *Client) ChatStream(ctx context.Context, q ChatRequest) (ChatResult, err
 		res.TTFT, res.HasTTFT = time.Since(start), true
 	})
 	res.E2E = time.Since(start)
+	if err == nil {
+		// The rest of the chunked body (its last chunk) is read so that the
+		// connection is reused: a body closed before its end costs the server
+		// a new connection for the next request.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
+	}
 	if res.RequestID == "" {
 		res.RequestID = sr.ID
 	}

@@ -101,8 +101,7 @@ func (c *Client) WaitHealthy(ctx context.Context, timeout time.Duration) error {
 	for {
 		resp, err := c.do(ctx, http.MethodGet, c.base+"/health", nil, nil, true)
 		if err == nil {
-			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-			resp.Body.Close()
+			drainClose(resp.Body)
 			if resp.StatusCode == http.StatusOK {
 				return nil
 			}
@@ -140,7 +139,7 @@ func (c *Client) Ingest(ctx context.Context, docs []Document) error {
 	if err != nil {
 		return fmt.Errorf("ingest documents: %w", err)
 	}
-	defer resp.Body.Close()
+	defer drainClose(resp.Body)
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("ingest documents: %w", httpError(resp))
 	}
@@ -164,8 +163,20 @@ func (c *Client) Metrics(ctx context.Context, url string) (io.ReadCloser, error)
 		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		defer resp.Body.Close()
+		defer drainClose(resp.Body)
 		return nil, httpError(resp)
 	}
 	return resp.Body, nil
+}
+
+// maxDrain is the most drainClose reads of what is left of a response body.
+const maxDrain = 64 << 10
+
+// drainClose reads what is left of body (at most maxDrain bytes: the end of a
+// chunked stream after data: [DONE], the rest of an error body) and closes
+// it, so that the transport can reuse the connection: a body closed before
+// its end costs the server a new connection for the next request.
+func drainClose(body io.ReadCloser) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(body, maxDrain))
+	body.Close()
 }

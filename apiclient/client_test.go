@@ -55,6 +55,7 @@ type server struct {
 	health atomic.Int64 // GET /health answers 503 while > 0, counting down
 	answer func(w http.ResponseWriter, r *http.Request)
 	docs   string
+	conns  atomic.Int32 // connections accepted
 }
 
 func newServer(t *testing.T, answer func(w http.ResponseWriter, r *http.Request)) *server {
@@ -111,7 +112,13 @@ func newServer(t *testing.T, answer func(w http.ResponseWriter, r *http.Request)
 		s.mu.Unlock()
 		s.answer(w, r)
 	})
-	s.srv = httptest.NewServer(mux)
+	s.srv = httptest.NewUnstartedServer(mux)
+	s.srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			s.conns.Add(1)
+		}
+	}
+	s.srv.Start()
 	t.Cleanup(s.srv.Close)
 	return s
 }
@@ -221,6 +228,51 @@ func TestChatStreamOptionalFields(t *testing.T) {
 	got := s.last()
 	if got.auth != "" || got.chat == nil || got.chat.IgnoreEOS || !got.chat.NoReuse {
 		t.Errorf("auth %q, request as the engine reads it: %+v", got.auth, got.chat)
+	}
+}
+
+// TestConnectionsReused checks that every call leaves its connection
+// reusable: sequential calls of each kind arrive on one connection (a body
+// closed before its end would make the transport dial anew each time).
+func TestConnectionsReused(t *testing.T) {
+	tests := []struct {
+		name   string
+		answer func(w http.ResponseWriter, r *http.Request)
+		call   func(c *Client) error
+	}{
+		// The handler returns after the client has read [DONE], so the
+		// chunked body's end arrives in a later packet, as from the engine.
+		{"stream ending in [DONE]", func(w http.ResponseWriter, _ *http.Request) {
+			sse(w, roleChunk, tokChunk, usageChunk, "[DONE]")
+			time.Sleep(20 * time.Millisecond)
+		},
+			func(c *Client) error {
+				_, err := c.ChatStream(context.Background(), ChatRequest{Model: "m", Content: "x", MaxTokens: 1})
+				return err
+			}},
+		{"error answer", func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, `{"error":{"message":"busy"}}`, http.StatusTooManyRequests)
+		}, func(c *Client) error {
+			if _, err := c.ChatStream(context.Background(), ChatRequest{Model: "m", Content: "x", MaxTokens: 1}); err == nil {
+				return errors.New("a 429 was not an error")
+			}
+			return nil
+		}},
+		{"health", nil, func(c *Client) error { return c.WaitHealthy(context.Background(), time.Second) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newServer(t, tt.answer)
+			c := New(s.srv.URL, Config{})
+			for i := range 5 {
+				if err := tt.call(c); err != nil {
+					t.Fatalf("call %d: %v", i, err)
+				}
+			}
+			if n := s.conns.Load(); n != 1 {
+				t.Errorf("5 sequential calls opened %d connections, want 1", n)
+			}
+		})
 	}
 }
 

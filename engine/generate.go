@@ -59,13 +59,14 @@ func (e *Engine) serveGenerate(w *statusWriter, r *http.Request, opName, route s
 	if apiErr == nil {
 		body, apiErr = e.readBody(w, r)
 	}
+	var g *api.Generation
 	if apiErr == nil {
-		rec.model = api.ModelOf(body)
+		g, apiErr = e.decodeGeneration(rec, op, body)
 	}
 	ctx, span := e.startServerSpan(r, rec, route)
 	defer func() { e.endGenerate(ctx, span, rec, w) }()
 
-	g, prompt, promptText, apiErr, cause := e.admitGeneration(rec, body, apiErr)
+	prompt, promptText, apiErr, cause := e.admitGeneration(rec, g, apiErr)
 	var decodeURL string
 	if apiErr == nil {
 		decodeURL, apiErr = e.checkHandoff(r, ho, hoErr, prompt)
@@ -136,33 +137,46 @@ func (e *Engine) startServerSpan(r *http.Request, rec *genRecord, route string) 
 		trace.WithTimestamp(rec.t0), trace.WithAttributes(attrs...))
 }
 
-// admitGeneration checks and decodes the body (after an earlier error
-// apiErr, it only returns it), tokenizes the prompt and resolves the output
-// limit against the worker's model. cause, when set, is the error behind
-// apiErr, for the span.
-func (e *Engine) admitGeneration(rec *genRecord, body []byte, apiErr *api.Error) (g *api.Generation, prompt []int32, promptText string, _ *api.Error, cause error) {
-	if apiErr != nil {
-		return nil, nil, "", apiErr, nil
+// decodeGeneration decodes and checks the body once, setting rec.model (the
+// span is named after it): a model other than the served one is
+// model_not_found even when the rest of the body is bad.
+func (e *Engine) decodeGeneration(rec *genRecord, op operation, body []byte) (*api.Generation, *api.Error) {
+	g, apiErr := op.decode(body)
+	if apiErr == nil {
+		rec.model = g.Model
+	} else {
+		rec.model = api.ModelOf(body) // only a bad body is read twice
 	}
 	if rec.model != "" && rec.model != e.cfg.Model {
-		return nil, nil, "", api.ModelNotFound(rec.model), nil
+		return nil, api.ModelNotFound(rec.model)
 	}
-	if g, apiErr = operationOf(rec.op).decode(body); apiErr != nil {
-		return nil, nil, "", apiErr, nil
+	if apiErr != nil {
+		return nil, apiErr
 	}
 	rec.stream = g.Stream
+	return g, nil
+}
+
+// admitGeneration tokenizes the decoded request's prompt and resolves the
+// output limit against the worker's model (after an earlier error apiErr, it
+// only returns it). cause, when set, is the error behind apiErr, for the
+// span.
+func (e *Engine) admitGeneration(rec *genRecord, g *api.Generation, apiErr *api.Error) (prompt []int32, promptText string, _ *api.Error, cause error) {
+	if apiErr != nil {
+		return nil, "", apiErr, nil
+	}
 	info, ready := e.sched.WorkerInfo()
 	if !ready {
-		return nil, nil, "", api.WorkerUnavailable("it has not answered yet"), scheduler.ErrWorkerUnavailable
+		return nil, "", api.WorkerUnavailable("it has not answered yet"), scheduler.ErrWorkerUnavailable
 	}
 	if prompt, promptText, apiErr = e.buildPrompt(g, info); apiErr != nil {
-		return nil, nil, "", apiErr, nil
+		return nil, "", apiErr, nil
 	}
 	rec.promptTokens = len(prompt)
 	if rec.maxTokens, apiErr = e.maxTokens(g, len(prompt), info); apiErr != nil {
-		return nil, nil, "", apiErr, nil
+		return nil, "", apiErr, nil
 	}
-	return g, prompt, promptText, nil, nil
+	return prompt, promptText, nil, nil
 }
 
 // buildPrompt tokenizes the request's prompt and checks it fits the model.
