@@ -55,6 +55,10 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 	}
 	defer s.release(w)
 	l := w.layout
+	fromLayer := int(r.GetShiftedFromLayer())
+	if fromLayer < 0 || fromLayer > l.NumLayers {
+		return nil, status.Errorf(codes.InvalidArgument, "retrieve: shifted_from_layer %d outside [0,%d]", fromLayer, l.NumLayers)
+	}
 	bt := r.GetBlockTable()
 	if err := checkBlockTable("retrieve", bt, l); err != nil {
 		return nil, err
@@ -90,6 +94,7 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 		Attrs: []attribute.KeyValue{
 			attribute.Int("from_token", from), attribute.Int("capacity_tokens", capacity),
 			attribute.Int("n_matches", len(r.GetMatches())), attribute.Int("rank", rank),
+			attribute.Int("shifted_from_layer", fromLayer),
 		}})
 
 	// The segments with positions to write in this pass, and their chunks.
@@ -140,7 +145,11 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 			byMatch[t.seg.match] = cj
 			copies = append(copies, cj)
 		}
-		cj.segs = append(cj.segs, scatter.Segment{Chunk: c, ChunkOff: sg.ChunkOff, Len: sg.Cur.Len(), CurSt: sg.Cur.Start, Shift: sg.Shift})
+		seg := scatter.Segment{Chunk: c, ChunkOff: sg.ChunkOff, Len: sg.Cur.Len(), CurSt: sg.Cur.Start, Shift: sg.Shift}
+		if sg.Shift {
+			seg.FromLayer = fromLayer
+		}
+		cj.segs = append(cj.segs, seg)
 		cj.ranges = append(cj.ranges, t.write)
 	}
 	for _, cj := range copies {

@@ -214,6 +214,11 @@ func BenchmarkBlendRAG(b *testing.B) {
 	b.ReportMetric(float64(fullCPU)/float64(blendCPU), "cpu_speedup")
 	b.ReportMetric(cfg.SpeedupCeiling(), "ceiling")
 	b.ReportMetric(float64(st.ImpCount), "imp_count")
+	b.ReportMetric(float64(blendCPU.Microseconds())/1000/float64(b.N), "blend_cpu_ms")
+	b.ReportMetric(float64(fullCPU.Microseconds())/1000/float64(b.N), "full_cpu_ms")
+	b.ReportMetric(float64(st.FullRecompEnd.Sub(st.FullRecompStart).Microseconds())/1000, "l0_ms")
+	b.ReportMetric(float64(st.CheckEnd.Sub(st.CheckStart).Microseconds())/1000, "check_ms")
+	b.ReportMetric(float64(st.PartialEnd.Sub(st.PartialStart).Microseconds())/1000, "partial_ms")
 	b.ReportMetric(dev, "max_logit_dev")
 }
 

@@ -3,12 +3,12 @@ package model
 import (
 	"cmp"
 	"fmt"
-	"github.com/cacheblend/cacheblend/reuseplan"
 	"math"
 	"slices"
 	"time"
 
 	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/reuseplan"
 )
 
 // UseConfig, in BlendInput.CheckLayer or BlendInput.RecompRatio, selects the
@@ -41,6 +41,16 @@ type BlendInput struct {
 	// negative value (UseConfig) means Config.RecompRatio. Note that 0 is a
 	// valid override.
 	RecompRatio float64
+	// Await, when set, lets the load of the reused KV run concurrently with
+	// the layers below the check layer, which recompute every non-prefix
+	// token anyway (the loader must write only layers >= the check layer
+	// of the Reused ranges; the prefix must be loaded already). BlendForward
+	// calls it once, after those layers and before the check layer reads the
+	// loaded K; it waits for the load and returns the ranges actually
+	// loaded, a subset of Reused (the rest are computed like new tokens), or
+	// an error that fails the forward. Reused is then the plan, assumed
+	// loaded. Not supported on a sharded model (ErrInput).
+	Await func() ([]reuseplan.Range, error)
 }
 
 // BlendStats (a plain value) describes one BlendForward: the three phases' wall-clock
@@ -48,6 +58,7 @@ type BlendInput struct {
 // counts. Phases that did not run have zero times.
 type BlendStats struct {
 	FullRecompStart, FullRecompEnd time.Time // layers 0..cl-1, every non-prefix token
+	AwaitEnd                       time.Time // BlendInput.Await returned (zero without one)
 	CheckStart, CheckEnd           time.Time // layer cl: K deviation, selection, important tokens
 	PartialStart, PartialEnd       time.Time // layers cl+1..L-1, important tokens only
 
@@ -122,21 +133,18 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 	if prefix == total {
 		prefix = total - 1
 	}
-	ranges := slices.Clone(in.Reused)
-	slices.SortFunc(ranges, func(a, b reuseplan.Range) int { return cmp.Compare(a.Start, b.Start) })
-	for i, r := range ranges {
-		if r.Start < in.PrefixReused || r.End > total || r.Start >= r.End {
-			return nil, st, fmt.Errorf("%w: reused range [%d, %d) outside [%d, %d) or empty", ErrInput, r.Start, r.End, in.PrefixReused, total)
-		}
-		if i > 0 && r.Start < ranges[i-1].End {
-			return nil, st, fmt.Errorf("%w: reused ranges [%d, %d) and [%d, %d) overlap", ErrInput, ranges[i-1].Start, ranges[i-1].End, r.Start, r.End)
-		}
+	ranges, err := sortedRanges(in.Reused, in.PrefixReused, total)
+	if err != nil {
+		return nil, st, err
+	}
+	if in.Await != nil && m.tp != nil {
+		return nil, st, fmt.Errorf("%w: a concurrent KV load (Await) on a sharded model", ErrInput)
 	}
 
 	ws := m.getWS()
 	defer m.putWS(ws)
 	// A sharded model's ranks reuse only what every rank loaded.
-	prefix, ranges, err := m.agreeReused(ws, total, prefix, ranges)
+	prefix, ranges, err = m.agreeReused(ws, total, prefix, ranges)
 	if err != nil {
 		return nil, st, err
 	}
@@ -154,13 +162,7 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 		pos[i] = prefix + i
 	}
 	reused := make([]bool, n)
-	nReused := 0
-	for _, r := range ranges {
-		for p := max(r.Start, prefix); p < r.End; p++ {
-			reused[p-prefix] = true
-			nReused++
-		}
-	}
+	nReused := markReused(reused, ranges, prefix)
 	st.CheckLayer, st.RecompRatio = cl, ratio
 	st.PrefixTokens = prefix
 	st.ReusedTokens = nReused
@@ -197,8 +199,25 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 	}
 	st.FullRecompEnd = time.Now()
 
+	// The concurrent load ends before the check layer reads it; what it
+	// could not load is computed like new tokens.
+	if in.Await != nil {
+		got, err := in.Await()
+		st.AwaitEnd = time.Now()
+		if err != nil {
+			return nil, st, fmt.Errorf("model: awaiting the KV load: %w", err)
+		}
+		loaded, err := sortedRanges(got, prefix, total)
+		if err != nil {
+			return nil, st, fmt.Errorf("awaited load: %w", err)
+		}
+		clear(reused)
+		nReused = markReused(reused, loaded, prefix)
+		st.ReusedTokens, st.NewTokens = nReused, n-nReused
+	}
+
 	// Phase 2: the check layer.
-	st.CheckStart = st.FullRecompEnd
+	st.CheckStart = time.Now()
 	lw := &m.layers[cl]
 	h := dense(ws.f32(bufH, n*d), n, d)
 	m.normRows(h, x, lw.attnNorm)
@@ -292,4 +311,33 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 	m.logits(ws, dense(out, 1, m.cfg.Vocab), xi.view(ni-1, 0, 1, d))
 	st.PartialEnd = time.Now()
 	return out, st, nil
+}
+
+// sortedRanges returns the reused ranges sorted, checked to lie inside
+// [prefix, total), non-empty and non-overlapping.
+func sortedRanges(in []reuseplan.Range, prefix, total int) ([]reuseplan.Range, error) {
+	ranges := slices.Clone(in)
+	slices.SortFunc(ranges, func(a, b reuseplan.Range) int { return cmp.Compare(a.Start, b.Start) })
+	for i, r := range ranges {
+		if r.Start < prefix || r.End > total || r.Start >= r.End {
+			return nil, fmt.Errorf("%w: reused range [%d, %d) outside [%d, %d) or empty", ErrInput, r.Start, r.End, prefix, total)
+		}
+		if i > 0 && r.Start < ranges[i-1].End {
+			return nil, fmt.Errorf("%w: reused ranges [%d, %d) and [%d, %d) overlap", ErrInput, ranges[i-1].Start, ranges[i-1].End, r.Start, r.End)
+		}
+	}
+	return ranges, nil
+}
+
+// markReused sets reused[p-prefix] for every position p >= prefix of the
+// ranges and returns how many it set.
+func markReused(reused []bool, ranges []reuseplan.Range, prefix int) int {
+	n := 0
+	for _, r := range ranges {
+		for p := max(r.Start, prefix); p < r.End; p++ {
+			reused[p-prefix] = true
+			n++
+		}
+	}
+	return n
 }

@@ -1,11 +1,13 @@
 package model
 
 import (
-	"github.com/cacheblend/cacheblend/reuseplan"
+	"errors"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/reuseplan"
 )
 
 // blendFixture is a prompt of a few new tokens, three documents and a
@@ -205,5 +207,99 @@ func TestBlendCheckLayerBounds(t *testing.T) {
 		if d := maxAbsDiff(got, f.full); d >= 1e-3 || st.CheckLayer != cl {
 			t.Fatalf("check layer %d: diff %g, stats %+v", cl, d, st)
 		}
+	}
+}
+
+// poisonB fills region B's K and V with NaN in every layer: whatever the
+// forward reads there before writing it shows up in the logits.
+func (f *blendFixture) poisonB() {
+	bs := f.kv.Layout().BlockSize
+	for l := range f.m.Config().Layers {
+		for p := range len(f.toks) {
+			s, _ := kvcache.Slot(f.b, p, bs)
+			for _, x := range [][]float32{f.kv.TokenK(l, s), f.kv.TokenV(l, s)} {
+				for i := range x {
+					x[i] = float32(math.NaN())
+				}
+			}
+		}
+	}
+}
+
+// TestBlendAwait: a load that runs concurrently with the layers below the
+// check layer (writing only layers >= cl, called late through Await) gives
+// the same logits as the load done before the forward, bit for bit; what it
+// could not load is computed like new tokens; its error fails the forward.
+func TestBlendAwait(t *testing.T) {
+	cl := smallConfig().CheckLayer
+	f := newBlendFixture(t)
+	// loadFrom scatters the documents of loaded from layer cl, as the blend
+	// server does with RetrieveRequest.shifted_from_layer.
+	loadFrom := func(loaded []reuseplan.Range) {
+		for d, r := range f.docs {
+			if slices.Contains(loaded, r) {
+				copyKVFrom(f.m, f.kv, cl, f.stores[d], 0, f.b, r.Start, r.Len())
+			}
+		}
+	}
+	tests := []struct {
+		name     string
+		loaded   []reuseplan.Range // what the load manages
+		awaitErr error
+	}{
+		{"every planned range loaded", f.docs, nil},
+		{"one document missing", []reuseplan.Range{f.docs[0], f.docs[2]}, nil},
+		{"nothing loaded", nil, nil},
+		{"load failed", nil, errors.New("blend server gone")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			// Reference: the same loaded ranges scattered before the forward.
+			f.poisonB()
+			loadFrom(tc.loaded)
+			var want []float32
+			if tc.awaitErr == nil {
+				want, _ = f.blend(t, 0, tc.loaded, 0.15)
+			}
+
+			f.poisonB()
+			calls := 0
+			got, st, err := f.m.BlendForward(f.kv, BlendInput{
+				Tokens: f.toks, BlockTable: f.b, Reused: f.docs, CheckLayer: UseConfig, RecompRatio: 0.15,
+				Await: func() ([]reuseplan.Range, error) {
+					calls++
+					loadFrom(tc.loaded)
+					return tc.loaded, tc.awaitErr
+				},
+			})
+			if calls != 1 {
+				t.Fatalf("Await called %d times", calls)
+			}
+			if tc.awaitErr != nil {
+				if !errors.Is(err, tc.awaitErr) {
+					t.Fatalf("err = %v, want the load's error", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !allFinite(got) {
+				t.Fatal("logits not finite: the forward read KV before the load wrote it")
+			}
+			for i := range got {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("logit %d: %v with Await, %v with the load done first", i, got[i], want[i])
+				}
+			}
+			reused := 0
+			for _, r := range tc.loaded {
+				reused += r.Len()
+			}
+			if st.ReusedTokens != reused || st.NewTokens != len(f.toks)-reused || st.AwaitEnd.IsZero() ||
+				st.AwaitEnd.Before(st.FullRecompEnd) || st.CheckStart.Before(st.AwaitEnd) {
+				t.Fatalf("stats %+v", st)
+			}
+		})
 	}
 }

@@ -43,8 +43,9 @@ type seqInfo struct {
 	slots  []int // slot of every position in [0, ctx)
 }
 
-// workspace holds the scratch buffers of one forward call; workspaces are
-// pooled by the Model, so concurrent calls use different ones.
+// workspace holds the scratch buffers of one forward call; the Model keeps
+// up to maxFreeWS of them between calls, and concurrent calls use different
+// ones.
 type workspace struct {
 	bufs    [numBufs][]float32
 	ints    [numInts][]int
@@ -105,13 +106,24 @@ func (ws *workspace) worker(w, n int) []float32 {
 }
 
 func (m *Model) getWS() *workspace {
-	if ws, ok := m.pool.Get().(*workspace); ok {
+	select {
+	case ws := <-m.free:
 		return ws
+	default:
+		return &workspace{}
 	}
-	return &workspace{}
 }
 
-func (m *Model) putWS(ws *workspace) { m.pool.Put(ws) }
+// maxFreeWS is how many workspaces a Model keeps between calls: a worker
+// runs one forward at a time; more concurrent callers allocate their own.
+const maxFreeWS = 2
+
+func (m *Model) putWS(ws *workspace) {
+	select {
+	case m.free <- ws:
+	default: // enough kept: this one is garbage
+	}
+}
 
 // checkKV verifies the KV memory matches the model.
 func (m *Model) checkKV(kv *kvcache.Memory) error {

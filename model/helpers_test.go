@@ -96,8 +96,13 @@ func allFinite(x []float32) bool {
 // positions [to, to+n) under table dst for every layer, re-RoPE-ing K from
 // its old to its new position (the blend server's scatter).
 func copyKV(m *Model, kv *kvcache.Memory, src []int32, from int, dst []int32, to, n int) {
+	copyKVFrom(m, kv, 0, src, from, dst, to, n)
+}
+
+// copyKVFrom is copyKV of layers fromLayer.. only.
+func copyKVFrom(m *Model, kv *kvcache.Memory, fromLayer int, src []int32, from int, dst []int32, to, n int) {
 	bs := kv.Layout().BlockSize
-	for l := range m.Config().Layers {
+	for l := fromLayer; l < m.Config().Layers; l++ {
 		for i := range n {
 			s, _ := kvcache.Slot(src, from+i, bs)
 			d, _ := kvcache.Slot(dst, to+i, bs)

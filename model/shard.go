@@ -64,6 +64,7 @@ func NewShard(cfg Config, reducer tp.AllReducer) (*Model, error) {
 		rope:       whole.rope,
 		table:      whole.table,
 		tp:         &shard{rank: rank, world: world, reducer: reducer, full: c},
+		free:       make(chan *workspace, maxFreeWS),
 	}
 	m.cfg.Heads /= world
 	m.cfg.KVHeads /= world

@@ -3,7 +3,6 @@ package model
 import (
 	"math"
 	"math/rand/v2"
-	"sync"
 
 	"github.com/cacheblend/cacheblend/rope"
 	"github.com/cacheblend/cacheblend/simd"
@@ -45,7 +44,10 @@ type Model struct {
 	packed      []packedLayer // per layer, see packWeights
 	embedPacked *simd.PackedB // the LM head Eᵀ
 
-	pool sync.Pool // *workspace
+	// free keeps up to maxFreeWS workspaces between forward calls. Not a
+	// sync.Pool: a GC would drop the buffers (tens of MiB for a long
+	// prompt) and the next call would fault and zero them all again.
+	free chan *workspace
 
 	tp *shard // tensor-parallel slice (NewShard); nil: the whole model
 }
@@ -60,7 +62,7 @@ func New(cfg Config) (*Model, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	m := &Model{cfg: cfg}
+	m := &Model{cfg: cfg, free: make(chan *workspace, maxFreeWS)}
 	m.headDim = cfg.Dim / cfg.Heads
 	m.qDim = cfg.Heads * m.headDim
 	m.kvDim = cfg.KVHeads * m.headDim

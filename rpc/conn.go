@@ -15,8 +15,11 @@ const MaxMessageBytes = 64 << 20
 
 // Dial returns a client connection to a cacheblend process at addr
 // (host:port) that carries the caller's trace context in gRPC metadata and
-// allows MaxMessageBytes messages. The connection is lazy: it connects on
-// first use and reconnects after the peer restarts, with a backoff bounded
+// allows MaxMessageBytes messages. It starts connecting at once (the first
+// call does not pay the TCP and TLS handshakes), never goes idle (gRPC's
+// default closes a connection unused for 30 minutes, and the next call would
+// pay the handshakes again), and reconnects after the peer restarts, with a
+// backoff bounded
 // by ConnectMaxDelay, and at once when a call fails with Unavailable (see
 // redialer): a restarted peer is served again within about a second.
 //
@@ -29,6 +32,7 @@ func Dial(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	base := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithConnectParams(connectParams),
+		grpc.WithIdleTimeout(0),
 		grpc.WithChainUnaryInterceptor(telemetry.UnaryClientInterceptor(), rd.unary),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)),
 	}
@@ -36,6 +40,7 @@ func Dial(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rpc: dial %s: %w", addr, err)
 	}
+	conn.Connect()
 	return conn, nil
 }
 

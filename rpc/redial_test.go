@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -97,5 +98,24 @@ func TestDialReconnectsToRestartedPeer(t *testing.T) {
 			t.Fatal("the restarted peer was not reached")
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestDialConnectsBeforeFirstCall: a dialled connection is READY without any
+// call (the first request does not pay the handshakes), and stays so.
+func TestDialConnectsBeforeFirstCall(t *testing.T) {
+	addr, stop := serveHealth(t, "127.0.0.1:0")
+	defer stop()
+	conn, err := Dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for s := conn.GetState(); s != connectivity.Ready; s = conn.GetState() {
+		if !conn.WaitForStateChange(ctx, s) {
+			t.Fatalf("no call made: connection stayed %v, want READY", s)
+		}
 	}
 }

@@ -168,8 +168,31 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 	defer exec.End()
 
 	bt := sq.GetBlockTable()
+	loaded := st.loaded // what the forward takes as loaded
+	var await func() ([]reuseplan.Range, error)
 	if st.plan != nil && !st.reuseFailed {
-		w.loadKV(pctx, id, st, bt)
+		if cl := w.overlapLayer(st, start, end, bt); cl > 0 {
+			// The load runs while the forward recomputes the layers below
+			// the check layer, which it leaves alone; the forward waits for
+			// it before the check layer. The step never returns before the
+			// copy ends: it writes into blocks the engine reuses after.
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				w.loadKV(pctx, id, st, bt, cl)
+			}()
+			defer func() { <-done }()
+			loaded = reuseplan.Loaded{}
+			loaded.Add(*st.plan, end, nil) // the plan, assumed loaded
+			await = func() ([]reuseplan.Range, error) {
+				<-done
+				_, got := st.loaded.Forward(start, end) // empty when the load failed
+				return got, nil
+			}
+		} else {
+			w.loadKV(pctx, id, st, bt, 0)
+			loaded = st.loaded
+		}
 	}
 
 	fctx, fwd := w.spans.Start(pctx, spanname.CBModelForward, trace.WithAttributes(attrRequestID.String(id)), trace.WithAttributes(w.rankAttrs()...))
@@ -178,15 +201,16 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 	// The ranks of a group may have loaded different parts of the plan (a
 	// chunk gone on one rank): they all run the blended forward, which
 	// reuses only what every rank loaded, so they make the same calls.
-	blended := st.plan != nil && (w.world > 1 || len(st.loaded.Reused) > 0 || st.loaded.Prefix > start)
+	blended := st.plan != nil && (w.world > 1 || len(loaded.Reused) > 0 || loaded.Prefix > start)
 	if blended {
 		in := model.BlendInput{
 			Tokens:      st.prompt[:end],
 			BlockTable:  bt,
 			CheckLayer:  model.UseConfig,
 			RecompRatio: model.UseConfig,
+			Await:       await,
 		}
-		in.PrefixReused, in.Reused = st.loaded.Forward(start, end)
+		in.PrefixReused, in.Reused = loaded.Forward(start, end)
 		if r := st.plan.RecompRatio; r > 0 {
 			in.RecompRatio = r
 		}
@@ -293,10 +317,31 @@ func (w *Worker) phaseSpans(ctx context.Context, id string, s model.BlendStats) 
 	}
 }
 
+// overlapLayer is the check layer when this prefill's load may run
+// concurrently with the forward's first layers (model.BlendInput.Await),
+// else 0: a whole-model worker, a first load pass that covers the chunk
+// [start, end), no exact prefix to load (the first layer reads it) and a
+// check layer above 0.
+func (w *Worker) overlapLayer(st *seqState, start, end int, bt []int32) int {
+	cl := w.model.Config().CheckLayer
+	capTokens := min(kvcache.Capacity(bt, w.cfg.BlockSize), len(st.prompt))
+	if w.world > 1 || cl <= 0 || st.loaded.To != 0 || capTokens < end || !st.loaded.Pending(*st.plan, capTokens) {
+		return 0
+	}
+	for _, m := range st.plan.Matches {
+		if m.Prefix && m.Cur.End > start {
+			return 0
+		}
+	}
+	return cl
+}
+
 // loadKV asks the blend server to scatter the plan's matches into the
 // blocks allocated so far (cb.start_load_kv → cb.retrieve). It runs again
 // when more blocks arrive. On failure the request is computed in full.
-func (w *Worker) loadKV(ctx context.Context, id string, st *seqState, bt []int32) {
+// shiftedFromLayer > 0 leaves the layers below it of the non-prefix matches
+// unwritten (the forward running concurrently recomputes them).
+func (w *Worker) loadKV(ctx context.Context, id string, st *seqState, bt []int32, shiftedFromLayer int) {
 	capTokens := min(kvcache.Capacity(bt, w.cfg.BlockSize), len(st.prompt))
 	if !st.loaded.Pending(*st.plan, capTokens) {
 		return
@@ -304,6 +349,9 @@ func (w *Worker) loadKV(ctx context.Context, id string, st *seqState, bt []int32
 	lctx, sp := w.spans.Start(ctx, spanname.CBStartLoadKV, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attrRequestID.String(id), attribute.Int("from_token", st.loaded.To), attribute.Int("capacity_tokens", capTokens)),
 		trace.WithAttributes(w.rankAttrs()...))
+	if shiftedFromLayer > 0 {
+		sp.SetAttributes(attribute.Int("shifted_from_layer", shiftedFromLayer))
+	}
 	defer sp.End()
 	token := w.token()
 	if token == nil {
@@ -317,7 +365,7 @@ func (w *Worker) loadKV(ctx context.Context, id string, st *seqState, bt []int32
 	resp, err := w.blend.Retrieve(rctx, &cbv1.RetrieveRequest{
 		RequestId: id, TraceContext: tp, TraceState: ts, WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank),
 		BlockTable: bt, Matches: rpc.MatchesToProto(st.plan.Matches), FromToken: int32(st.loaded.To), ChunkSize: int32(st.plan.ChunkSize),
-		RegistrationToken: token,
+		RegistrationToken: token, ShiftedFromLayer: int32(shiftedFromLayer),
 	})
 	if err != nil {
 		w.reuseFailed(st, sp, fmt.Errorf("retrieve: %w", err))

@@ -24,19 +24,22 @@ var ErrBadGather = errors.New("scatter: bad gather")
 // [ChunkOff, ChunkOff+Len) of Chunk go to prompt positions
 // [CurSt, CurSt+Len). With Shift, K of token i is re-RoPE'd from
 // Chunk.Positions[ChunkOff+i] to CurSt+i (non-prefix matches); without, K is
-// copied as stored (prefix matches, where the positions agree).
+// copied as stored (prefix matches, where the positions agree). Layers
+// below FromLayer are not written (the worker recomputes them); 0 writes
+// every layer.
 type Segment struct {
-	Chunk    *chunkstore.Chunk
-	ChunkOff int
-	Len      int
-	CurSt    int
-	Shift    bool
+	Chunk     *chunkstore.Chunk
+	ChunkOff  int
+	Len       int
+	CurSt     int
+	Shift     bool
+	FromLayer int
 }
 
 // Stats describes one Scatter call (the cb.scatter span attributes).
 type Stats struct {
-	ScatteredTokens int   // tokens written (K and V of every layer)
-	SlotWrites      int   // K and V rows written: ScatteredTokens * 2 * layers
+	ScatteredTokens int   // tokens written (K and V of every layer from their segment's FromLayer)
+	SlotWrites      int   // K and V rows written: 2 * the tokens' written layers
 	PartialBlocks   int   // blocks that got some but not all of their slots written by this call
 	NPrefix         int   // tokens written as stored
 	NShifted        int   // tokens written re-RoPE'd
@@ -93,6 +96,7 @@ func ScatterParallel(dst *kvcache.Memory, blockTable []int32, fromToken int, rop
 	bs := l.BlockSize
 	var errs []error
 	var runs []run
+	tokenLayers := 0 // Σ tokens × layers written
 	written := make([]int32, len(blockTable))
 	for si, sg := range segs {
 		if err := checkSegment(sg, l, rope); err != nil {
@@ -141,6 +145,7 @@ func ScatterParallel(dst *kvcache.Memory, blockTable []int32, fromToken int, rop
 			runs = append(runs, r)
 			written[b] += int32(r.n)
 			st.ScatteredTokens += r.n
+			tokenLayers += r.n * (l.NumLayers - sg.FromLayer)
 			i += r.n
 		}
 	}
@@ -158,6 +163,9 @@ func ScatterParallel(dst *kvcache.Memory, blockTable []int32, fromToken int, rop
 		for layer := lo; layer < hi; layer++ {
 			dk, dv := dst.K(layer), dst.V(layer)
 			for _, g := range groups {
+				if layer < segs[g.seg].FromLayer {
+					continue
+				}
 				c := segs[g.seg].Chunk
 				ck, cv := c.K(layer), c.V(layer)
 				if g.shift {
@@ -198,8 +206,8 @@ func ScatterParallel(dst *kvcache.Memory, blockTable []int32, fromToken int, rop
 			st.PartialBlocks++
 		}
 	}
-	st.SlotWrites = st.ScatteredTokens * 2 * l.NumLayers
-	st.Bytes = int64(st.ScatteredTokens) * l.TokenBytes()
+	st.SlotWrites = tokenLayers * 2
+	st.Bytes = int64(tokenLayers) * (l.TokenBytes() / int64(l.NumLayers))
 	return st, errors.Join(errs...)
 }
 
@@ -252,6 +260,8 @@ func checkSegment(sg Segment, l kvcache.Layout, rope *rope.RoPE) error {
 		return fmt.Errorf("%w: no chunk", ErrBadSegment)
 	case sg.Len < 0 || sg.ChunkOff < 0 || sg.ChunkOff+sg.Len > c.Len() || sg.CurSt < 0:
 		return fmt.Errorf("%w: tokens [%d,+%d) of a %d-token chunk at position %d", ErrBadSegment, sg.ChunkOff, sg.Len, c.Len(), sg.CurSt)
+	case sg.FromLayer < 0 || sg.FromLayer > l.NumLayers:
+		return fmt.Errorf("%w: from layer %d outside [0,%d]", ErrBadSegment, sg.FromLayer, l.NumLayers)
 	case !c.Layout.Compatible(l):
 		return fmt.Errorf("%w: chunk layout %+v does not fit memory layout %+v", ErrBadSegment, c.Layout, l)
 	case c.Validate() != nil:

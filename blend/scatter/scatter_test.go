@@ -71,7 +71,7 @@ func reference(dst *kvcache.Memory, bt []int32, from int, rope *rope.RoPE, segs 
 			if err != nil {
 				continue
 			}
-			for layer := range l.NumLayers {
+			for layer := sg.FromLayer; layer < l.NumLayers; layer++ {
 				k := dst.TokenK(layer, slot)
 				copy(k, sg.Chunk.TokenK(layer, sg.ChunkOff+i))
 				if sg.Shift {
@@ -127,24 +127,31 @@ func TestScatterWritesExactSlots(t *testing.T) {
 		segs      []Segment
 		from      int
 		want      Stats
-		wantSlots []int
+		wantSlots []int // slots written in layer 0
+		layers    int   // layers written per token when not all
 	}{
 		{"prefix, block aligned",
 			[]Segment{{Chunk: c, ChunkOff: 0, Len: 8, CurSt: 0}}, 0,
-			Stats{ScatteredTokens: 8, NPrefix: 8}, slotsOf(0, 8)},
+			Stats{ScatteredTokens: 8, NPrefix: 8}, slotsOf(0, 8), 0},
 		{"mid-block start and end: two partial blocks, neighbours untouched",
 			[]Segment{{Chunk: c, ChunkOff: 3, Len: 9, CurSt: 6, Shift: true}}, 0,
-			Stats{ScatteredTokens: 9, NShifted: 9, PartialBlocks: 2}, slotsOf(6, 15)},
+			Stats{ScatteredTokens: 9, NShifted: 9, PartialBlocks: 2}, slotsOf(6, 15), 0},
 		{"two segments sharing a block fill it",
 			[]Segment{{Chunk: c, ChunkOff: 0, Len: 2, CurSt: 4}, {Chunk: c, ChunkOff: 10, Len: 2, CurSt: 6, Shift: true}}, 0,
-			Stats{ScatteredTokens: 4, NPrefix: 2, NShifted: 2}, slotsOf(4, 8)},
+			Stats{ScatteredTokens: 4, NPrefix: 2, NShifted: 2}, slotsOf(4, 8), 0},
 		{"beyond the block table is dropped",
 			[]Segment{{Chunk: c, ChunkOff: 0, Len: 10, CurSt: 18, Shift: true}}, 0,
-			Stats{ScatteredTokens: 6, NShifted: 6, Dropped: 4, PartialBlocks: 1}, slotsOf(18, 24)},
+			Stats{ScatteredTokens: 6, NShifted: 6, Dropped: 4, PartialBlocks: 1}, slotsOf(18, 24), 0},
 		{"below fromToken is skipped",
 			[]Segment{{Chunk: c, ChunkOff: 0, Len: 10, CurSt: 2}}, 5,
-			Stats{ScatteredTokens: 7, NPrefix: 7, Skipped: 3, PartialBlocks: 1}, slotsOf(5, 12)},
-		{"empty segment", []Segment{{Chunk: c, Len: 0, CurSt: 3}}, 0, Stats{}, nil},
+			Stats{ScatteredTokens: 7, NPrefix: 7, Skipped: 3, PartialBlocks: 1}, slotsOf(5, 12), 0},
+		{"empty segment", []Segment{{Chunk: c, Len: 0, CurSt: 3}}, 0, Stats{}, nil, 0},
+		{"shifted from layer 1: layer 0 left to the worker",
+			[]Segment{{Chunk: c, ChunkOff: 0, Len: 8, CurSt: 4, Shift: true, FromLayer: 1}}, 0,
+			Stats{ScatteredTokens: 8, NShifted: 8}, nil, 1},
+		{"from layer = every layer: nothing written, tokens still counted",
+			[]Segment{{Chunk: c, ChunkOff: 0, Len: 4, CurSt: 4, Shift: true, FromLayer: 2}}, 0,
+			Stats{ScatteredTokens: 4, NShifted: 4}, nil, -1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -153,8 +160,15 @@ func TestScatterWritesExactSlots(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			tc.want.SlotWrites = tc.want.ScatteredTokens * 2 * kvLayout.NumLayers
-			tc.want.Bytes = int64(tc.want.ScatteredTokens) * kvLayout.TokenBytes()
+			layers := kvLayout.NumLayers
+			switch {
+			case tc.layers > 0:
+				layers = tc.layers
+			case tc.layers < 0:
+				layers = 0
+			}
+			tc.want.SlotWrites = tc.want.ScatteredTokens * 2 * layers
+			tc.want.Bytes = int64(tc.want.ScatteredTokens) * kvLayout.TokenBytes() / int64(kvLayout.NumLayers) * int64(layers)
 			if st != tc.want {
 				t.Fatalf("stats %+v, want %+v", st, tc.want)
 			}
@@ -306,6 +320,8 @@ func TestBadSegments(t *testing.T) {
 		{"shift with wrong rope", Segment{Chunk: good, Len: 4, Shift: true}, []int32{0, 1}, rope.New(4, theta)},
 		{"block id outside memory", Segment{Chunk: good, Len: 4}, []int32{99, 1}, rp},
 		{"negative block id", Segment{Chunk: good, Len: 4}, []int32{-1, 1}, rp},
+		{"from layer past the memory", Segment{Chunk: good, Len: 4, FromLayer: 3}, []int32{0, 1}, rp},
+		{"negative from layer", Segment{Chunk: good, Len: 4, FromLayer: -1}, []int32{0, 1}, rp},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

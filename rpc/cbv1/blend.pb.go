@@ -752,9 +752,14 @@ type RetrieveRequest struct {
 	// W3C tracestate that goes with trace_context (the caller's vendor
 	// entries), empty when there is none; ignored without a valid
 	// trace_context.
-	TraceState    string `protobuf:"bytes,20,opt,name=trace_state,json=traceState,proto3" json:"trace_state,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TraceState string `protobuf:"bytes,20,opt,name=trace_state,json=traceState,proto3" json:"trace_state,omitempty"`
+	// Layers below this one are not written for the non-prefix (re-RoPE'd)
+	// segments: the worker recomputes them before CacheBlend's check layer,
+	// concurrently with this call. Prefix segments are written in full. 0
+	// writes every layer; more than the memory's layers is INVALID_ARGUMENT.
+	ShiftedFromLayer int32 `protobuf:"varint,10,opt,name=shifted_from_layer,json=shiftedFromLayer,proto3" json:"shifted_from_layer,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RetrieveRequest) Reset() {
@@ -855,6 +860,13 @@ func (x *RetrieveRequest) GetTraceState() string {
 		return x.TraceState
 	}
 	return ""
+}
+
+func (x *RetrieveRequest) GetShiftedFromLayer() int32 {
+	if x != nil {
+		return x.ShiftedFromLayer
+	}
+	return 0
 }
 
 // Range is a half-open token range [start, end) of the current prompt.
@@ -1266,7 +1278,7 @@ const file_blend_proto_rawDesc = "" +
 	"\vper_rank_ok\x18\x0f \x01(\bR\tperRankOk\x12\x1d\n" +
 	"\n" +
 	"chunk_size\x18\x10 \x01(\x05R\tchunkSize\x124\n" +
-	"\x16prefix_coverage_tokens\x18\x14 \x01(\x05R\x14prefixCoverageTokensJ\x04\b\x11\x10\x12\"\xe5\x02\n" +
+	"\x16prefix_coverage_tokens\x18\x14 \x01(\x05R\x14prefixCoverageTokensJ\x04\b\x11\x10\x12\"\x93\x03\n" +
 	"\x0fRetrieveRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1282,7 +1294,9 @@ const file_blend_proto_rawDesc = "" +
 	"chunk_size\x18\b \x01(\x05R\tchunkSize\x12-\n" +
 	"\x12registration_token\x18\t \x01(\fR\x11registrationToken\x12\x1f\n" +
 	"\vtrace_state\x18\x14 \x01(\tR\n" +
-	"traceState\"/\n" +
+	"traceState\x12,\n" +
+	"\x12shifted_from_layer\x18\n" +
+	" \x01(\x05R\x10shiftedFromLayer\"/\n" +
 	"\x05Range\x12\x14\n" +
 	"\x05start\x18\x01 \x01(\x05R\x05start\x12\x10\n" +
 	"\x03end\x18\x02 \x01(\x05R\x03end\"\x9d\x02\n" +
