@@ -128,7 +128,11 @@ const (
 	// Asks the blend server to load the matched KV; may appear twice (blocks allocated partially,
 	// then fully). Required when the lookup found reusable tokens (hit_rate > 0). scattered_tokens
 	// and dropped are the server's answer; a load that got none (the blend server down or shutting
-	// down) carries error.type and the request is computed in full.
+	// down) carries error.type and the request is computed in full. With shifted_from_layer (the
+	// check layer; a whole-model worker's one-pass load with no exact prefix to load) the
+	// non-prefix matches are loaded from that layer up only, while the sibling cb.model_forward
+	// recomputes the layers below it: the two overlap, and cb.check starts after this span's
+	// retrieve ended.
 	CBStartLoadKV = "cb.start_load_kv"
 
 	// CBRetrieve is the span "cb.retrieve" of cb-blend (kind server, phase "kv load"), remote child
