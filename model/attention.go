@@ -61,7 +61,7 @@ func (m *Model) attnDirect(ws *workspace, kv *kvcache.Memory, l int, att, qkv ma
 		split = kvh
 	}
 	gPer := kvh / split
-	parallel(m.cfg.Threads, len(seqs)*split, func(w, ti int) {
+	m.team.run(len(seqs)*split, func(w, ti int) {
 		s := b.seqs[seqs[ti/split]]
 		h0 := (ti % split) * gPer * grp
 		nh := gPer * grp
@@ -164,7 +164,7 @@ func (m *Model) attnGathered(ws *workspace, kv *kvcache.Memory, l int, att, qkv 
 			gts = append(gts, gtask{j, t0})
 		}
 	}
-	parallel(m.cfg.Threads, len(gts), func(_, ti int) {
+	m.team.run(len(gts), func(_, ti int) {
 		g := gts[ti]
 		s := b.seqs[seqs[g.seq]]
 		ctx := s.ctx
@@ -209,7 +209,7 @@ func (m *Model) attnGathered(ws *workspace, kv *kvcache.Memory, l int, att, qkv 
 	for i, p := range b.pos {
 		lims[i] = p + 1
 	}
-	parallel(m.cfg.Threads, len(tiles)*heads, func(w, ti int) {
+	m.team.run(len(tiles)*heads, func(w, ti int) {
 		// Latest (most expensive) tiles first, so the cheap ones balance
 		// the threads at the end.
 		tk := tiles[len(tiles)-1-ti/heads]

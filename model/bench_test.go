@@ -103,7 +103,7 @@ func BenchmarkMatMul(b *testing.B) {
 				b.ReportAllocs()
 				cpu0 := cpuTime()
 				for b.Loop() {
-					gemm(threads, dense(c, s.m, s.n), dense(a, s.m, s.k), pw, false, false)
+					gemm(newTeam(threads), dense(c, s.m, s.n), dense(a, s.m, s.k), pw, false, false)
 				}
 				reportFLOPs(b, 2*float64(s.m)*float64(s.k)*float64(s.n), peak, cpu0)
 			})
@@ -149,13 +149,15 @@ func BenchmarkPrefill1536(b *testing.B) {
 // default configuration (the size the defaults are chosen for).
 func BenchmarkPrefill2000(b *testing.B) { benchPrefill(b, Config{}, 2000) }
 
+var benchThreads = 0
+
 // BenchmarkBlendRAG compares the TTFT forward of a RAG prompt (6 reused
 // 256-token documents at new positions + a 64-token question) with
 // CacheBlend reuse at the default ratio against a full prefill of the same
 // prompt, and reports the speed-up next to its ceiling
 // L/(cl+1+(L-cl-1)·ratio).
 func BenchmarkBlendRAG(b *testing.B) {
-	m := newModel(b, Config{})
+	m := newModel(b, Config{Threads: benchThreads})
 	const docLen, nDocs, qLen = 256, 6, 64
 	total := nDocs*docLen + qLen
 	promptBlocks := blocksFor(total)

@@ -289,13 +289,13 @@ func (m *Model) logits(ws *workspace, out, x mat) {
 	for i := range x.rows {
 		rmsNorm(h.row(i), x.row(i), m.finalNorm)
 	}
-	gemm(m.cfg.Threads, out, h, weightT(m.embed, m.embedPacked, m.cfg.Vocab, m.cfg.Dim), true, false)
+	gemm(m.team, out, h, weightT(m.embed, m.embedPacked, m.cfg.Vocab, m.cfg.Dim), true, false)
 }
 
 // rowChunks runs fn over [0, n) in chunks of rows on the model's threads.
 func (m *Model) rowChunks(n int, fn func(r0, r1 int)) {
 	const chunk = 64
-	parallel(m.cfg.Threads, (n+chunk-1)/chunk, func(_, t int) {
+	m.team.run((n+chunk-1)/chunk, func(_, t int) {
 		fn(t*chunk, min(n, (t+1)*chunk))
 	})
 }
@@ -318,7 +318,7 @@ func (m *Model) layer(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch)
 	h := dense(ws.f32(bufH, n*d), n, d)
 	m.normRows(h, x, lw.attnNorm)
 	qkv := dense(ws.f32(bufQKV, n*m.qkvDim), n, m.qkvDim)
-	gemm(m.cfg.Threads, qkv, h, weight(lw.wqkv, m.packed[l].qkv, d, m.qkvDim), false, false)
+	gemm(m.team, qkv, h, weight(lw.wqkv, m.packed[l].qkv, d, m.qkvDim), false, false)
 	m.ropeAndStore(kv, l, qkv, b, true)
 	return m.attendAndMLP(ws, kv, l, x, qkv, b)
 }
@@ -360,7 +360,7 @@ func (m *Model) attendAndMLP(ws *workspace, kv *kvcache.Memory, l int, x, qkv ma
 	h := dense(ws.f32(bufH, n*d), n, d)
 	m.normRows(h, x, lw.mlpNorm)
 	gu := dense(ws.f32(bufGU, n*2*f), n, 2*f)
-	gemm(m.cfg.Threads, gu, h, weight(lw.wgu, m.packed[l].gu, d, 2*f), false, false)
+	gemm(m.team, gu, h, weight(lw.wgu, m.packed[l].gu, d, 2*f), false, false)
 	act := dense(ws.f32(bufAct, n*f), n, f)
 	m.rowChunks(n, func(r0, r1 int) {
 		for i := r0; i < r1; i++ {
@@ -377,11 +377,11 @@ func (m *Model) attendAndMLP(ws *workspace, kv *kvcache.Memory, l int, x, qkv ma
 // partial sum, all-reduced first.
 func (m *Model) project(ws *workspace, x, a, w mat) error {
 	if m.tp == nil {
-		gemm(m.cfg.Threads, x, a, w, false, true)
+		gemm(m.team, x, a, w, false, true)
 		return nil
 	}
 	p := dense(ws.f32(bufPart, x.rows*x.cols), x.rows, x.cols)
-	gemm(m.cfg.Threads, p, a, w, false, false)
+	gemm(m.team, p, a, w, false, false)
 	if err := m.allReduce(p.data); err != nil {
 		return err
 	}

@@ -130,24 +130,24 @@ func tiles(m, n int) (rt, ct, tc int) {
 }
 
 // forTiles runs tile(r0, c0, nr, nc) for every tile of an m×n product (see
-// tiles) on up to threads goroutines.
-func forTiles(threads, m, n int, tile func(r0, c0, nr, nc int)) {
+// tiles) on the team's threads.
+func forTiles(tm *team, m, n int, tile func(r0, c0, nr, nc int)) {
 	rt, ct, tc := tiles(m, n)
-	parallel(threads, rt*ct, func(_, t int) {
+	tm.run(rt*ct, func(_, t int) {
 		r0 := (t / ct) * tileRows
 		c0 := (t % ct) * tc
 		tile(r0, c0, min(tileRows, m-r0), min(tc, n-c0))
 	})
 }
 
-// gemm computes c = a·b (or c += a·b when acc) on up to threads goroutines.
+// gemm computes c = a·b (or c += a·b when acc) on the team's threads.
 // a is [m×k]; b is [k×n], or [n×k] when transB; c is [m×n].
-func gemm(threads int, c, a, b mat, transB, acc bool) {
+func gemm(tm *team, c, a, b mat, transB, acc bool) {
 	m, n := c.rows, c.cols
 	if m == 0 || n == 0 {
 		return
 	}
-	forTiles(threads, m, n, func(r0, c0, nr, nc int) {
+	forTiles(tm, m, n, func(r0, c0, nr, nc int) {
 		av := a.view(r0, 0, nr, a.cols)
 		var bv mat
 		if transB {

@@ -2,8 +2,10 @@ package model
 
 import (
 	"math"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cacheblend/cacheblend/simd"
 )
@@ -58,17 +60,17 @@ func TestGemmTiles(t *testing.T) {
 			pbt := simd.PackB(k, n, bt, k, true)
 			for _, threads := range []int{1, 2, 3} {
 				c := make([]float32, m*n)
-				gemm(threads, dense(c, m, n), dense(a, m, k), dense(b, k, n), false, false)
+				gemm(newTeam(threads), dense(c, m, n), dense(a, m, k), dense(b, k, n), false, false)
 				check("gemm", c, 1)
-				gemm(threads, dense(c, m, n), dense(a, m, k), dense(b, k, n), false, true)
+				gemm(newTeam(threads), dense(c, m, n), dense(a, m, k), dense(b, k, n), false, true)
 				check("gemm acc", c, 2)
 				clear(c)
-				gemm(threads, dense(c, m, n), dense(a, m, k), dense(bt, n, k), true, false)
+				gemm(newTeam(threads), dense(c, m, n), dense(a, m, k), dense(bt, n, k), true, false)
 				check("gemm transB", c, 1)
 				clear(c)
-				gemm(threads, dense(c, m, n), dense(a, m, k), weight(b, pb, k, n), false, false)
+				gemm(newTeam(threads), dense(c, m, n), dense(a, m, k), weight(b, pb, k, n), false, false)
 				check("gemm packed", c, 1)
-				gemm(threads, dense(c, m, n), dense(a, m, k), weightT(bt, pbt, n, k), true, true)
+				gemm(newTeam(threads), dense(c, m, n), dense(a, m, k), weightT(bt, pbt, n, k), true, true)
 				check("gemm packed transB acc", c, 2)
 				if n > 32 {
 					// A column view starting on a panel keeps the packed form.
@@ -77,7 +79,7 @@ func TestGemmTiles(t *testing.T) {
 					if w.pk == nil || w.pkOff != 32 {
 						t.Fatalf("view dropped the packed form: %+v", w.pkOff)
 					}
-					gemm(threads, dense(c, m, n).view(0, 32, m, n-32), dense(a, m, k), w, false, false)
+					gemm(newTeam(threads), dense(c, m, n).view(0, 32, m, n-32), dense(a, m, k), w, false, false)
 					for i := range m {
 						for j := 32; j < n; j++ {
 							if d := math.Abs(float64(c[i*n+j]) - want[i*n+j]); d > 1e-3*(1+math.Abs(want[i*n+j])) {
@@ -144,5 +146,62 @@ func TestRMSNorm(t *testing.T) {
 		if want := float64(x[i]) * inv * float64(g[i]); math.Abs(float64(dst[i])-want) > 1e-5 {
 			t.Fatalf("rmsNorm[%d] = %g, want %g", i, dst[i], want)
 		}
+	}
+}
+
+// TestTeamRunsEveryTaskOnce: loops back to back (helpers reused), loops
+// from several goroutines at once (one on the team, the others on their own
+// goroutines) and helpers gone once the team is idle.
+func TestTeamRunsEveryTaskOnce(t *testing.T) {
+	tests := []struct {
+		name              string
+		threads, n, loops int
+		callers           int
+	}{
+		{"one thread", 1, 50, 3, 1},
+		{"two threads, many loops", 2, 37, 200, 1},
+		{"fewer tasks than threads", 8, 3, 50, 1},
+		{"single task", 4, 1, 10, 1},
+		{"concurrent callers", 3, 64, 50, 4},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tm := newTeam(tc.threads)
+			var wg sync.WaitGroup
+			for range tc.callers {
+				wg.Go(func() {
+					for l := range tc.loops {
+						hits := make([]atomic.Int32, tc.n)
+						var bad atomic.Int32
+						tm.run(tc.n, func(w, i int) {
+							hits[i].Add(1)
+							if w < 0 || w >= tc.threads {
+								bad.Store(int32(w) + 1)
+							}
+						})
+						for i := range hits {
+							if h := hits[i].Load(); h != 1 {
+								t.Errorf("loop %d: task %d ran %d times", l, i, h)
+								return
+							}
+						}
+						if b := bad.Load(); b != 0 {
+							t.Errorf("loop %d: worker index %d with %d threads", l, b-1, tc.threads)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			deadline := time.Now().Add(5 * time.Second)
+			for i := range tm.alive {
+				for tm.alive[i].Load() {
+					if time.Now().After(deadline) {
+						t.Fatalf("helper %d still running long after the last loop", i)
+					}
+					time.Sleep(time.Millisecond)
+				}
+			}
+		})
 	}
 }

@@ -65,6 +65,7 @@ func NewShard(cfg Config, reducer tp.AllReducer) (*Model, error) {
 		table:      whole.table,
 		tp:         &shard{rank: rank, world: world, reducer: reducer, full: c},
 		free:       make(chan *workspace, maxFreeWS),
+		team:       newTeam(c.Threads),
 	}
 	m.cfg.Heads /= world
 	m.cfg.KVHeads /= world

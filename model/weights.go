@@ -48,6 +48,7 @@ type Model struct {
 	// sync.Pool: a GC would drop the buffers (tens of MiB for a long
 	// prompt) and the next call would fault and zero them all again.
 	free chan *workspace
+	team *team // runs the parallel loops on cfg.Threads goroutines
 
 	tp *shard // tensor-parallel slice (NewShard); nil: the whole model
 }
@@ -62,7 +63,7 @@ func New(cfg Config) (*Model, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	m := &Model{cfg: cfg, free: make(chan *workspace, maxFreeWS)}
+	m := &Model{cfg: cfg, free: make(chan *workspace, maxFreeWS), team: newTeam(cfg.Threads)}
 	m.headDim = cfg.Dim / cfg.Heads
 	m.qDim = cfg.Heads * m.headDim
 	m.kvDim = cfg.KVHeads * m.headDim
