@@ -13,7 +13,7 @@ import (
 // next loop starts on every thread within microseconds instead of waiting
 // for an idle OS thread to be woken (tens of microseconds on a virtual
 // machine, a quarter of a small loop).
-const teamSpin = 200 * time.Microsecond
+const teamSpin = 50 * time.Microsecond
 
 // team runs the parallel loops of a Model on threads goroutines: the
 // caller's and threads-1 helpers. Helpers start with a loop, wait for the
