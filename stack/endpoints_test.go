@@ -207,3 +207,23 @@ func TestEndpointsFileRewrittenOnNodeRestart(t *testing.T) {
 		t.Fatalf("node 1's state directory: %v %v", fi, err)
 	}
 }
+
+// TestEndpointsIsACopy: what Endpoints returns does not change when the
+// stack updates its own (a restarted process's pid, the node list), so
+// callers may read it while supervisor goroutines write.
+func TestEndpointsIsACopy(t *testing.T) {
+	s := &Stack{eps: Endpoints{
+		Gateway: &Endpoint{PID: 1}, Collector: &Endpoint{UI: "a"}, Redis: &RedisEndpoint{PID: 2},
+		Nodes: []NodeEndpoints{{Engine: Endpoint{PID: 3}}},
+	}}
+	got := s.Endpoints()
+	s.setEndpoint(func(e *Endpoints) {
+		e.Gateway.PID, e.Collector.UI, e.Redis.PID, e.Nodes[0].Engine.PID = 10, "b", 20, 30
+	})
+	if got.Gateway.PID != 1 || got.Collector.UI != "a" || got.Redis.PID != 2 || got.Nodes[0].Engine.PID != 3 {
+		t.Fatalf("the caller's copy changed: %+v %+v %+v %+v", *got.Gateway, *got.Collector, *got.Redis, got.Nodes)
+	}
+	if now := s.Endpoints(); now.Gateway.PID != 10 || now.Nodes[0].Engine.PID != 30 {
+		t.Fatalf("the stack's endpoints were not updated: %+v", now)
+	}
+}

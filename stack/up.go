@@ -322,7 +322,27 @@ func WaitHealthy(ctx context.Context, url string, timeout time.Duration) error {
 func (s *Stack) Endpoints() Endpoints {
 	s.epMu.Lock()
 	defer s.epMu.Unlock()
-	return s.eps
+	return s.eps.clone()
+}
+
+// clone is a deep copy of e: the stack keeps updating its own (a restarted
+// process's pid, the node list) while callers read theirs.
+func (e Endpoints) clone() Endpoints {
+	c := e
+	if e.Gateway != nil {
+		g := *e.Gateway
+		c.Gateway = &g
+	}
+	if e.Collector != nil {
+		col := *e.Collector
+		c.Collector = &col
+	}
+	if e.Redis != nil {
+		r := *e.Redis
+		c.Redis = &r
+	}
+	c.Nodes = slices.Clone(e.Nodes)
+	return c
 }
 
 // SetCollector records the trace collector's endpoints in the endpoints
