@@ -3,7 +3,6 @@ package e2e
 import (
 	"testing"
 
-	"github.com/cacheblend/cacheblend/contract"
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/tracecheck"
@@ -21,13 +20,7 @@ func TestKVLoadOverlapsFirstLayers(t *testing.T) {
 	const tid = "5bf92f3577b34da6a3ce929d0e0e4736"
 	e.chat("00-"+tid+"-00f067aa0ba902b7-01", ragPrompt(5, 2, 0), 2)
 	tr := e.trace(tid, spanname.CBRequest, spanname.CBStartLoadKV, spanname.CBRetrieve, spanname.CBFullRecomp, spanname.CBCheck)
-	spec, err := contract.Spans()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rep := tracecheck.Check([]tracecheck.Trace{*tr}, spec); !rep.OK() {
-		t.Fatalf("contract check failed:\n%s", rep.String())
-	}
+	checkContract(t, tr)
 	spans := byName(tr)
 	for _, name := range []string{spanname.CBStartLoadKV, spanname.CBRetrieve, spanname.CBFullRecomp, spanname.CBCheck} {
 		if len(spans[name]) != 1 {

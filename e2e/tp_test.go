@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
-	"github.com/cacheblend/cacheblend/contract"
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/demo"
 	"github.com/cacheblend/cacheblend/tracecheck"
@@ -79,13 +78,7 @@ func TestTensorParallelMatchesAndTraces(t *testing.T) {
 	}
 	tr := two.trace("6bf92f3577b34da6a3ce929d0e0e4736", spanname.CBRequest, spanname.CBClassify, spanname.CBExecute,
 		spanname.CBRetrieve, spanname.CBCheck, spanname.CBPartial)
-	spec, err := contract.Spans()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rep := tracecheck.Check([]tracecheck.Trace{*tr}, spec); !rep.OK() {
-		t.Fatalf("contract check failed:\n%s", rep.String())
-	}
+	checkContract(t, tr)
 	spans := byName(tr)
 	for _, s := range spans[spanname.CBRequest] {
 		if ws, _ := attrInt(s, "world_size"); ws != 2 {
@@ -207,13 +200,7 @@ func TestTensorParallelChunkGoneOnOneRank(t *testing.T) {
 	if found == 0 || ok >= found {
 		t.Fatalf("cb.classify found %d per_rank_ok %d: the deleted chunk must not be usable on every rank", found, ok)
 	}
-	spec, err := contract.Spans()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rep := tracecheck.Check([]tracecheck.Trace{*tr}, spec); !rep.OK() {
-		t.Fatalf("contract check failed:\n%s", rep.String())
-	}
+	checkContract(t, tr)
 }
 
 // childrenOf lists the processes whose parent is pid.

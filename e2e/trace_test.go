@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cacheblend/cacheblend/contract"
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/tracecheck"
 	"github.com/cacheblend/cacheblend/tracestore/jaeger"
@@ -49,13 +48,7 @@ func TestOneTraceAcrossThreeProcesses(t *testing.T) {
 	tr := e.trace("4bf92f3577b34da6a3ce929d0e0e4736", spanname.CBRequest, spanname.CBLookup, spanname.CBClassify, spanname.CBExecute,
 		spanname.CBRetrieve, spanname.CBScatter, spanname.CBCheck, spanname.CBPartial, spanname.EngineDecode)
 
-	spec, err := contract.Spans()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rep := tracecheck.Check([]tracecheck.Trace{*tr}, spec); !rep.OK() {
-		t.Fatalf("contract check failed:\n%s", rep.String())
-	}
+	checkContract(t, tr)
 	spans := byName(tr)
 	// The SERVER span continues the caller's trace.
 	root := spans["chat cb-llama"]
