@@ -28,6 +28,14 @@ import (
 func TestBlendKilledRequestsStillServedThenReuseResumes(t *testing.T) {
 	e := startEnv(t, options{})
 	sup := e.stack.Supervisor()
+	// The worker registers its KV memory after it announced itself ready:
+	// the kill must end a registration, not race it.
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(e.logs.String(), "registered KV memory with the blend server"); {
+		if time.Now().After(deadline) {
+			t.Fatal("the worker never registered its KV memory")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	if err := sup.Signal("cb-blend", syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -65,25 +73,27 @@ func TestBlendKilledRequestsStillServedThenReuseResumes(t *testing.T) {
 		t.Error("cb up did not report the crash")
 	}
 	// Reuse resumes: once the worker has re-registered (within its 1 s
-	// interval) a stored prompt is found again.
+	// interval) a stored prompt is found again and its KV loaded (the
+	// lookup alone works before that: a retrieve needs the registration).
 	e.ingest()
-	var hit float64
-	for i := 0; i < 20 && hit == 0; i++ {
+	loaded := 0
+	for i := 0; i < 20 && loaded == 0; i++ {
 		tp := fmt.Sprintf("00-3bf92f3577b34da6a3ce929d0e00%04x-00f067aa0ba902b7-01", i)
 		e.chat(tp, ragPrompt(3, 0), 2)
 		tr := e.settledTrace(tp[3:35], spanname.CBRequest, spanname.CBExecute, spanname.EngineDecode)
 		checkContract(t, tr)
 		for _, s := range tr.Spans {
-			if s.Name == spanname.CBRequest {
-				hit, _ = s.Attributes["hit_rate"].Number()
+			if s.Name == spanname.CBStartLoadKV {
+				n, _ := attrInt(&s, "scattered_tokens")
+				loaded += n
 			}
 		}
-		if hit == 0 {
+		if loaded == 0 {
 			time.Sleep(500 * time.Millisecond)
 		}
 	}
-	if hit <= 0 {
-		t.Fatal("reuse did not resume after the blend server restarted")
+	if loaded == 0 {
+		t.Fatal("reuse did not resume after the blend server restarted: no KV loaded")
 	}
 	// Over the KV socket: the worker's registration ended with the killed
 	// server's connection and its memfd was handed to the new one.
