@@ -203,24 +203,47 @@ func (m *Model) attnGathered(ws *workspace, kv *kvcache.Memory, l int, att, qkv 
 			r = r1
 		}
 	}
-	heads := m.cfg.Heads
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	lims := ws.int(intLim, len(b.pos))
 	for i, p := range b.pos {
 		lims[i] = p + 1
 	}
-	m.team.run(len(tiles)*heads, func(w, ti int) {
+	// One task is a tile and a KV head: the group's query heads are stacked
+	// as group×nr rows of one Attention call, so the K/V of the tile's
+	// keys are read once for the group (grouped-query attention) instead of
+	// once per query head. slims holds each tile's limits repeated per
+	// head: rows [grp*r0, grp*r1) are head 0's nr limits, then head 1's, …
+	grp := m.group
+	slims := ws.int(intLimStack, grp*len(b.pos))
+	for _, tk := range tiles {
+		nr := tk.r1 - tk.r0
+		for j := range grp {
+			copy(slims[grp*tk.r0+j*nr:grp*tk.r0+(j+1)*nr], lims[tk.r0:tk.r1])
+		}
+	}
+	m.team.run(len(tiles)*kvh, func(w, ti int) {
 		// Latest (most expensive) tiles first, so the cheap ones balance
 		// the threads at the end.
-		tk := tiles[len(tiles)-1-ti/heads]
-		qh := ti % heads
-		g := qh / m.group
+		tk := tiles[len(tiles)-1-ti/kvh]
+		g := ti % kvh
 		ctx := b.seqs[seqs[tk.seq]].ctx
 		nr := tk.r1 - tk.r0
 		base := offs[tk.seq] + g*hd*ctx
-		q := qkv.view(tk.r0, qh*hd, nr, hd)
-		o := att.view(tk.r0, qh*hd, nr, hd)
-		simd.Attention(nr, hd, q.data, q.stride, ktAll[base:base+hd*ctx], ctx, vAll[base:base+ctx*hd], hd,
-			lims[tk.r0:tk.r1], scale, o.data, o.stride)
+		buf := ws.worker(w, 2*grp*nr*hd)
+		qs, os := buf[:grp*nr*hd], buf[grp*nr*hd:]
+		for j := range grp {
+			q := qkv.view(tk.r0, (g*grp+j)*hd, nr, hd)
+			for r := range nr {
+				copy(qs[(j*nr+r)*hd:(j*nr+r+1)*hd], q.row(r))
+			}
+		}
+		simd.Attention(grp*nr, hd, qs, hd, ktAll[base:base+hd*ctx], ctx, vAll[base:base+ctx*hd], hd,
+			slims[grp*tk.r0:grp*tk.r1], scale, os, hd)
+		for j := range grp {
+			o := att.view(tk.r0, (g*grp+j)*hd, nr, hd)
+			for r := range nr {
+				copy(o.row(r), os[(j*nr+r)*hd:(j*nr+r+1)*hd])
+			}
+		}
 	})
 }

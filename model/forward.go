@@ -79,6 +79,7 @@ const (
 	intOrder
 	intImp
 	intLim
+	intLimStack // intLim repeated per query head of a group, tile by tile (attnGathered)
 	numInts
 )
 
