@@ -178,10 +178,8 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 		st.ImpCount = n
 		st.ImpEmpty = true
 		st.FullRecompStart = time.Now()
-		for l := range m.cfg.Layers {
-			if err := m.layer(ws, kv, l, x, all); err != nil {
-				return nil, st, err
-			}
+		if err := m.forwardLayers(ws, kv, 0, x, all); err != nil {
+			return nil, st, err
 		}
 		m.logits(ws, dense(out, 1, m.cfg.Vocab), x.view(n-1, 0, 1, d))
 		st.FullRecompEnd = time.Now()
@@ -303,10 +301,8 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 
 	// Phase 3: partial layers cl+1..L-1 on the important set.
 	st.PartialStart = st.CheckEnd
-	for l := cl + 1; l < m.cfg.Layers; l++ {
-		if err := m.layer(ws, kv, l, xi, ib); err != nil {
-			return nil, st, err
-		}
+	if err := m.forwardLayers(ws, kv, cl+1, xi, ib); err != nil {
+		return nil, st, err
 	}
 	m.logits(ws, dense(out, 1, m.cfg.Vocab), xi.view(ni-1, 0, 1, d))
 	st.PartialEnd = time.Now()

@@ -200,10 +200,8 @@ func (m *Model) Prefill(kv *kvcache.Memory, in PrefillInput) ([]float32, error) 
 	b := &batch{pos: pos, slot: slots[in.Start:ctx], seqs: []seqInfo{{r0: 0, r1: n, ctx: ctx, slots: slots}}}
 	x := dense(ws.f32(bufX, n*m.cfg.Dim), n, m.cfg.Dim)
 	m.embedRows(x, in.Tokens)
-	for l := range m.cfg.Layers {
-		if err := m.layer(ws, kv, l, x, b); err != nil {
-			return nil, err
-		}
+	if err := m.forwardLayers(ws, kv, 0, x, b); err != nil {
+		return nil, err
 	}
 	out := make([]float32, m.cfg.Vocab)
 	m.logits(ws, dense(out, 1, m.cfg.Vocab), x.view(n-1, 0, 1, m.cfg.Dim))
@@ -322,6 +320,40 @@ func (m *Model) layer(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch)
 	gemm(m.team, qkv, h, weight(lw.wqkv, m.packed[l].qkv, d, m.qkvDim), false, false)
 	m.ropeAndStore(kv, l, qkv, b, true)
 	return m.attendAndMLP(ws, kv, l, x, qkv, b)
+}
+
+// lastLayer runs layer l, the model's last, on the rows of x (one
+// sequence, batch b) when only the last row's output is read afterwards
+// (the logits of the prompt's last token): every row's K and V are computed
+// and stored (later steps attend over them), but the attention, the output
+// projection and the MLP run for the last row alone — the others' results
+// would feed no layer.
+func (m *Model) lastLayer(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch) error {
+	n, d := x.rows, m.cfg.Dim
+	lw := &m.layers[l]
+	h := dense(ws.f32(bufH, n*d), n, d)
+	m.normRows(h, x, lw.attnNorm)
+	qkv := dense(ws.f32(bufQKV, n*m.qkvDim), n, m.qkvDim)
+	gemm(m.team, qkv, h, weight(lw.wqkv, m.packed[l].qkv, d, m.qkvDim), false, false)
+	m.ropeAndStore(kv, l, qkv, b, true)
+	r, s := n-1, b.seqs[0]
+	last := &batch{pos: b.pos[r : r+1], slot: b.slot[r : r+1], seqs: []seqInfo{{r0: 0, r1: 1, ctx: s.ctx, slots: s.slots}}}
+	return m.attendAndMLP(ws, kv, l, x.view(r, 0, 1, d), qkv.view(r, 0, 1, m.qkvDim), last)
+}
+
+// forwardLayers runs layers [from, L) on the rows of x (one sequence, batch
+// b) for the logits of its last row: the last layer through lastLayer.
+func (m *Model) forwardLayers(ws *workspace, kv *kvcache.Memory, from int, x mat, b *batch) error {
+	last := m.cfg.Layers - 1
+	for l := from; l < last; l++ {
+		if err := m.layer(ws, kv, l, x, b); err != nil {
+			return err
+		}
+	}
+	if from > last {
+		return nil
+	}
+	return m.lastLayer(ws, kv, last, x, b)
 }
 
 // ropeAndStore rotates the Q (when withQ) and K columns of every row of qkv
