@@ -312,14 +312,22 @@ func (m *Model) normRows(h, x mat, gain []float32) {
 // residual stream), writing every row's K/V into its slot. It fails only
 // when a sharded model's all-reduce fails.
 func (m *Model) layer(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch) error {
+	qkv := m.storeKV(ws, kv, l, x, b, true)
+	return m.attendAndMLP(ws, kv, l, x, qkv, b)
+}
+
+// storeKV computes the Q, K and V of every row of x at layer l (returned,
+// rotated), writing K and V into the rows' slots; Q is rotated only when
+// withQ (a row whose output nobody reads needs none).
+func (m *Model) storeKV(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch, withQ bool) mat {
 	n, d := x.rows, m.cfg.Dim
 	lw := &m.layers[l]
 	h := dense(ws.f32(bufH, n*d), n, d)
 	m.normRows(h, x, lw.attnNorm)
 	qkv := dense(ws.f32(bufQKV, n*m.qkvDim), n, m.qkvDim)
 	gemm(m.team, qkv, h, weight(lw.wqkv, m.packed[l].qkv, d, m.qkvDim), false, false)
-	m.ropeAndStore(kv, l, qkv, b, true)
-	return m.attendAndMLP(ws, kv, l, x, qkv, b)
+	m.ropeAndStore(kv, l, qkv, b, withQ)
+	return qkv
 }
 
 // lastLayer runs layer l, the model's last, on the rows of x (one
@@ -329,16 +337,12 @@ func (m *Model) layer(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch)
 // projection and the MLP run for the last row alone — the others' results
 // would feed no layer.
 func (m *Model) lastLayer(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch) error {
-	n, d := x.rows, m.cfg.Dim
-	lw := &m.layers[l]
-	h := dense(ws.f32(bufH, n*d), n, d)
-	m.normRows(h, x, lw.attnNorm)
-	qkv := dense(ws.f32(bufQKV, n*m.qkvDim), n, m.qkvDim)
-	gemm(m.team, qkv, h, weight(lw.wqkv, m.packed[l].qkv, d, m.qkvDim), false, false)
-	m.ropeAndStore(kv, l, qkv, b, true)
-	r, s := n-1, b.seqs[0]
+	qkv := m.storeKV(ws, kv, l, x, b, false)
+	r, s := x.rows-1, b.seqs[0]
+	q := qkv.row(r)[:m.qDim]
+	m.table.Rotate(q, b.pos[r])
 	last := &batch{pos: b.pos[r : r+1], slot: b.slot[r : r+1], seqs: []seqInfo{{r0: 0, r1: 1, ctx: s.ctx, slots: s.slots}}}
-	return m.attendAndMLP(ws, kv, l, x.view(r, 0, 1, d), qkv.view(r, 0, 1, m.qkvDim), last)
+	return m.attendAndMLP(ws, kv, l, x.view(r, 0, 1, m.cfg.Dim), qkv.view(r, 0, 1, m.qkvDim), last)
 }
 
 // forwardLayers runs layers [from, L) on the rows of x (one sequence, batch
