@@ -136,7 +136,9 @@ func (e *Engine) awaitTransfer(w *statusWriter, r *http.Request, reqCtx context.
 	var res scheduler.Result
 	for {
 		res = h.Snapshot()
-		if res.Done || (res.Transfer != nil && res.Transfer.Done) || reqCtx.Err() != nil {
+		// A failed pull ends the request in an update of its own, after the
+		// transfer's: only a successful one (OK) ends the wait early.
+		if res.Done || (res.Transfer != nil && res.Transfer.OK) || reqCtx.Err() != nil {
 			break
 		}
 		select {
@@ -145,7 +147,7 @@ func (e *Engine) awaitTransfer(w *statusWriter, r *http.Request, reqCtx context.
 		case <-reqCtx.Done():
 		}
 	}
-	rep := metrics.KVHandoff{Direction: metrics.HandoffReceived, OK: res.Err == nil && res.Transfer != nil && res.Transfer.Done}
+	rep := metrics.KVHandoff{Direction: metrics.HandoffReceived, OK: res.Err == nil && res.Transfer != nil && res.Transfer.OK}
 	if t := res.Transfer; t != nil {
 		rep.Bytes, rep.BlocksSent, rep.BlocksDeduped = t.Bytes, int64(t.Sent), int64(t.Deduped)
 		api.KVReport{Bytes: t.Bytes, BlocksSent: t.Sent, BlocksDeduped: t.Deduped}.Set(w.Header())

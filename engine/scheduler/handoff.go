@@ -116,7 +116,7 @@ func (s *Scheduler) pullDone(o pullOutcome) {
 	sq.h.update(func(r *Result) {
 		if r.Transfer != nil { // copied, never changed in place: snapshots share it
 			t := *r.Transfer
-			t.End, t.Bytes, t.Done = at, bytes, true
+			t.End, t.Bytes, t.Done, t.OK = at, bytes, true, o.err == nil
 			if o.err == nil {
 				t.Sent = sent
 			}

@@ -54,8 +54,11 @@ type Transfer struct {
 	// Start and End bound the pull (End zero until it ended).
 	Start, End time.Time
 	// Done is set once the pull succeeded (the request then runs) or
-	// failed (the request then fails).
+	// failed (the request then fails, in a later update: wait for the
+	// Result's Done, not for this one, to see the failure).
 	Done bool
+	// OK is set with Done when the pull succeeded.
+	OK bool
 }
 
 // Request is one generation (or document ingest) handed to [Scheduler.Submit].
