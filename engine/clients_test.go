@@ -287,15 +287,7 @@ func TestUnsupportedMediaType(t *testing.T) {
 		{"documents text/plain", RouteDocuments, "text/plain", 415},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			req, _ := http.NewRequest(http.MethodPost, ev.base+tc.path, strings.NewReader(chat))
-			if tc.contentType != "" {
-				req.Header.Set("Content-Type", tc.contentType)
-			}
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
+			resp := send(t, http.MethodPost, ev.base+tc.path, chat, map[string]string{"Content-Type": tc.contentType})
 			if resp.StatusCode != tc.status {
 				b, _ := io.ReadAll(resp.Body)
 				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.status, b)

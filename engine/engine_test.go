@@ -680,17 +680,35 @@ func TestBadInputs(t *testing.T) {
 		{"documents unknown model", "POST", RouteDocuments, `{"model":"m2","documents":["a"]}`, 404, "invalid_request_error"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			req, _ := http.NewRequest(tc.method, ev.base+tc.path, strings.NewReader(tc.body))
-			req.Header.Set("Content-Type", "application/json")
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			checkErrorBody(t, resp, tc.status, tc.errType)
+			checkErrorBody(t, send(t, tc.method, ev.base+tc.path, tc.body, jsonHeader), tc.status, tc.errType)
 		})
 	}
 }
+
+// send sends body to url with method and the headers hdr (a header with an
+// empty value is left out) and returns the response; its body is closed
+// when the test ends.
+func send(t *testing.T, method, url, body string, hdr map[string]string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range hdr {
+		if v != "" {
+			req.Header.Set(k, v)
+		}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+// jsonHeader is the Content-Type of a JSON request.
+var jsonHeader = map[string]string{"Content-Type": "application/json"}
 
 func checkErrorBody(t *testing.T, resp *http.Response, status int, typ string) {
 	t.Helper()
@@ -729,16 +747,8 @@ func TestAPIKey(t *testing.T) {
 		{"right", "Bearer s3cret", 200},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			req, _ := http.NewRequest("POST", ev.base+RouteCompletions, strings.NewReader(`{"model":"cb-llama","prompt":"x","max_tokens":1}`))
-			req.Header.Set("Content-Type", "application/json")
-			if tc.auth != "" {
-				req.Header.Set("Authorization", tc.auth)
-			}
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
+			resp := send(t, http.MethodPost, ev.base+RouteCompletions, `{"model":"cb-llama","prompt":"x","max_tokens":1}`,
+				map[string]string{"Content-Type": "application/json", "Authorization": tc.auth})
 			if tc.status != 200 {
 				checkErrorBody(t, resp, tc.status, "invalid_request_error")
 			} else if resp.StatusCode != 200 {
@@ -808,14 +818,7 @@ func TestDocumentsIngest(t *testing.T) {
 	w.StoreDelaySteps = 2
 	ev := newEnv(t, envOpts{worker: w, blend: &enginetest.Blend{}})
 	body := `{"documents":["The quick brown fox jumps over the lazy dog.",{"id":"d2","text":"Second document, a bit longer than the first one."}]}`
-	req, _ := http.NewRequest("POST", ev.base+RouteDocuments, strings.NewReader(body))
-	req.Header.Set("traceparent", callerTP)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
+	resp := send(t, http.MethodPost, ev.base+RouteDocuments, body, map[string]string{"traceparent": callerTP, "Content-Type": "application/json"})
 	var out api.DocumentList
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("status %d err %v", resp.StatusCode, err)

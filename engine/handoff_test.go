@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -44,17 +45,9 @@ func chatVia(t *testing.T, ev *env, hdr map[string]string, content string, maxTo
 	t.Helper()
 	body, _ := json.Marshal(map[string]any{"model": "cb-llama", "max_tokens": maxTokens, "stream": stream, "ignore_eos": true,
 		"messages": []map[string]string{{"role": "user", "content": content}}})
-	req, _ := http.NewRequest(http.MethodPost, ev.base+"/v1/chat/completions", strings.NewReader(string(body)))
-	req.Header.Set("Content-Type", "application/json")
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { resp.Body.Close() })
-	return resp
+	h := map[string]string{"Content-Type": "application/json"}
+	maps.Copy(h, hdr)
+	return send(t, http.MethodPost, ev.base+"/v1/chat/completions", string(body), h)
 }
 
 // TestHandOverMatchesOneEngine: a chat completion sent to the prefill
