@@ -17,6 +17,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/stack"
 )
 
@@ -30,19 +31,12 @@ func (e *env) openaiClient(opts ...option.RequestOption) openai.Client {
 		option.WithAPIKey("unused"), option.WithHTTPClient(hc), option.WithMaxRetries(0)}, opts...)...)
 }
 
-// cacheBlendUsage is the "cacheblend" usage extension.
-type cacheBlendUsage struct {
-	PrefixHitTokens    int `json:"prefix_hit_tokens"`
-	NonPrefixHitTokens int `json:"non_prefix_hit_tokens"`
-	RecomputedTokens   int `json:"recomputed_tokens"`
-}
-
 // usageExtension decodes the "cacheblend" extension of a usage object's
 // raw JSON.
-func usageExtension(t *testing.T, raw string) cacheBlendUsage {
+func usageExtension(t *testing.T, raw string) api.UsageCacheBlend {
 	t.Helper()
 	var u struct {
-		CacheBlend *cacheBlendUsage `json:"cacheblend"`
+		CacheBlend *api.UsageCacheBlend `json:"cacheblend"`
 	}
 	if err := json.Unmarshal([]byte(raw), &u); err != nil || u.CacheBlend == nil {
 		t.Fatalf("usage %s has no cacheblend extension (%v)", raw, err)
@@ -484,7 +478,7 @@ func TestDocumentSurvivesBlendRestart(t *testing.T) {
 	}
 	// The worker registers its KV memory again (every second until the
 	// server listens): retry until the restarted server scattered KV.
-	var ext cacheBlendUsage
+	var ext api.UsageCacheBlend
 	for i := 0; ; i++ {
 		resp, err := c.Chat.Completions.New(ctx, ragChat(2, 6, 1, 4+i%3))
 		if err != nil {
