@@ -316,9 +316,11 @@ func (w *Worker) Start(ctx context.Context) error {
 	cbv1.RegisterKVTransferServiceServer(w.grpcSrv, &kvService{w: w})
 	w.health = health.NewServer()
 	healthpb.RegisterHealthServer(w.grpcSrv, w.health)
+	var firstTry chan struct{}
 	if w.blend != nil {
+		firstTry = make(chan struct{})
 		w.bg.Add(1)
-		go w.registerLoop()
+		go w.registerLoop(firstTry)
 	}
 	w.bg.Add(1)
 	go func(srv *grpc.Server) {
@@ -327,6 +329,12 @@ func (w *Worker) Start(ctx context.Context) error {
 			w.logger.Error("grpc server stopped", "err", err)
 		}
 	}(w.grpcSrv)
+	if firstTry != nil {
+		// Started means registered when the blend server is up: the first
+		// attempt (bounded by RPCTimeout) ends before Start returns, so the
+		// first requests after READY can load reused KV.
+		<-firstTry
+	}
 	w.logger.Info("worker started", "addr", ln.Addr().String(), "kv_memory", kv.Name(), "sealed", kv.Sealed(), "layers", m.Config().Layers,
 		"dim", m.Config().Dim, "blocks", w.cfg.NumBlocks, "block_size", w.cfg.BlockSize, "blend", w.blend != nil,
 		"rank", w.cfg.Rank, "world_size", w.world)
@@ -442,13 +450,18 @@ func (w *Worker) closeResources() error {
 // restarted, or the registration was replaced) it registers again at once,
 // then every RegisterInterval until it succeeds. It returns on Shutdown,
 // leaving the registration to Shutdown (pending stores still need it).
-func (w *Worker) registerLoop() {
+// firstTry is closed once the first attempt ended, however it ended.
+func (w *Worker) registerLoop(firstTry chan<- struct{}) {
 	defer w.bg.Done()
 	failing := false
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
 		sess, err := w.register()
+		if firstTry != nil {
+			close(firstTry)
+			firstTry = nil
+		}
 		if err != nil {
 			w.metrics.BlendFailure(metrics.BlendOpRegister)
 			if !failing {

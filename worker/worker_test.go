@@ -444,7 +444,11 @@ func TestBlendRegistrationAndLifecycle(t *testing.T) {
 	if w.KVMemory() != "memfd:cb-kv" {
 		t.Fatalf("KV memory %q", w.KVMemory())
 	}
-	waitUntil(t, "the registration", func() bool { return w.Registered() })
+	// Start returns once the first attempt ended: with the server up, the
+	// worker is registered when it says it started (READY).
+	if !w.Registered() {
+		t.Fatal("Start returned before the first registration with a live blend server")
+	}
 	fb.mu.Lock()
 	r, size := fb.regs[0], fb.sizes[0]
 	fb.mu.Unlock()
