@@ -15,3 +15,18 @@ if ((${#need[@]})); then
 fi
 go mod download
 go tool -C "$(dirname "$0")/../tools" -n jaeger >/dev/null # builds Jaeger into the Go build cache (cold: ~10 min on 2 cores)
+# The reference implementations the model tests compare against (issue 23): llama.cpp's prebuilt
+# CPU libraries through node-llama-cpp and Hugging Face's Jinja, pinned by scripts/ref's lock file,
+# and llama.cpp's source (its real vocabularies, tokenizer test vectors and chat templates) from the
+# git bundle node-llama-cpp ships. Installed once into a cache directory (CB_REF_DIR).
+REF_DIR="${CB_REF_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/ref}"
+here="$(cd "$(dirname "$0")" && pwd)"
+mkdir -p "$REF_DIR"
+if ! cmp -s "$here/ref/package-lock.json" "$REF_DIR/package-lock.json" || [ ! -d "$REF_DIR/node_modules/node-llama-cpp" ]; then
+  cp "$here/ref/package.json" "$here/ref/package-lock.json" "$REF_DIR/"
+  (cd "$REF_DIR" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+fi
+if [ ! -d "$REF_DIR/llama.cpp/models" ]; then
+  rm -rf "$REF_DIR/llama.cpp"
+  git clone -q "$REF_DIR/node_modules/node-llama-cpp/llama/gitRelease.bundle" "$REF_DIR/llama.cpp"
+fi
