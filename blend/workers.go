@@ -276,13 +276,19 @@ func (s *Server) receiveKV(c *kvsock.Conn) (*workerMem, codes.Code, error) {
 	if err != nil {
 		return nil, codes.InvalidArgument, fmt.Errorf("bad layout: %w", err)
 	}
+	ro := rope.New(layout.HeadDim, theta)
+	if inv := r.GetLayout().GetRopeInvFreq(); len(inv) > 0 {
+		if ro, err = rope.FromInvFreq(layout.HeadDim, inv); err != nil {
+			return nil, codes.InvalidArgument, fmt.Errorf("bad layout: %w", err)
+		}
+	}
 	mem, err := kvcache.Map(files[0], layout)
 	if err != nil {
 		return nil, codes.InvalidArgument, err
 	}
 	w := &workerMem{
 		key: workerKey{r.GetWorkerId(), int(r.GetRank())}, conn: c, peer: c.Peer(),
-		layout: layout, theta: theta, model: r.GetModel(), world: max(1, int(r.GetWorldSize())), mem: mem, rope: rope.New(layout.HeadDim, theta),
+		layout: layout, theta: theta, model: r.GetModel(), world: max(1, int(r.GetWorldSize())), mem: mem, rope: ro,
 	}
 	if _, err := rand.Read(w.token[:]); err != nil {
 		mem.Close()

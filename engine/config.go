@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cacheblend/cacheblend/component"
+	"github.com/cacheblend/cacheblend/modelfile"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
 	"github.com/cacheblend/cacheblend/httpserve"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
@@ -160,8 +161,15 @@ type Deps struct {
 	// Gatherer is served on /metrics; nil: the Registerer when it is also a
 	// Gatherer (a *prometheus.Registry, the default one included).
 	Gatherer prometheus.Gatherer
-	// Tokenizer; nil: tokenizer.Tokenizer (byte-level).
+	// Tokenizer; nil: the model file's (ModelFile.Vocab), else
+	// tokenizer.Tokenizer (byte-level, the built-in model's).
 	Tokenizer Tokenizer
+	// ModelFile is the GGUF model file the engine serves (the worker must
+	// report the same identity; see scheduler.Config.ModelIdentity): it
+	// gives the tokenizer, the chat template, BOS and the served name
+	// (Config.Model, unless set). nil: the built-in model. The caller keeps
+	// it open while the engine runs.
+	ModelFile *modelfile.File
 	// HTTPClient makes a prefill engine's calls to decode engines; nil: a
 	// client with a 5 s connect timeout and no overall timeout (the
 	// request's RequestTimeout bounds each call).

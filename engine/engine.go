@@ -19,6 +19,7 @@ import (
 	"github.com/cacheblend/cacheblend/engine/scheduler"
 	"github.com/cacheblend/cacheblend/httpserve"
 	"github.com/cacheblend/cacheblend/metrics"
+	"github.com/cacheblend/cacheblend/modelfile"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
 	"github.com/cacheblend/cacheblend/tokenizer"
@@ -40,6 +41,7 @@ type Engine struct {
 	spans    *telemetry.Spans
 	log      *slog.Logger
 	tok      Tokenizer
+	file     *modelfile.File // the model file (nil: the built-in model)
 	handler  http.Handler
 	worker   cbv1.WorkerServiceClient // the worker: steps (through the scheduler) and KV pulls
 	client   *http.Client             // calls to decode engines
@@ -59,6 +61,15 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 	if deps.Worker == nil {
 		return nil, errors.New("engine: a worker client is required")
 	}
+	if f := deps.ModelFile; f != nil {
+		if cfg.Model == "" {
+			cfg.Model = f.Name
+		}
+		cfg.ModelIdentity = f.Identity
+		if deps.Tokenizer == nil {
+			deps.Tokenizer = f.Vocab
+		}
+	}
 	cfg = cfg.withDefaults()
 	switch cfg.Role {
 	case RoleBoth, RoleDecode:
@@ -70,7 +81,7 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 		return nil, fmt.Errorf("engine: role %q, want %s, %s or %s", cfg.Role, RoleBoth, RolePrefill, RoleDecode)
 	}
 	deps.Deps = deps.Deps.WithDefaults()
-	e := &Engine{cfg: cfg, tok: deps.Tokenizer, log: deps.Logger, created: time.Now().Unix(), worker: deps.Worker, client: deps.HTTPClient}
+	e := &Engine{cfg: cfg, tok: deps.Tokenizer, file: deps.ModelFile, log: deps.Logger, created: time.Now().Unix(), worker: deps.Worker, client: deps.HTTPClient}
 	if e.client == nil {
 		e.client = defaultHTTPClient()
 	}
@@ -234,6 +245,10 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 
 // Role returns the engine's role: RoleBoth, RolePrefill or RoleDecode.
 func (e *Engine) Role() string { return e.cfg.Role }
+
+// Model is the name the engine serves its model under (Config.Model after
+// defaults: the model file's name when it has one).
+func (e *Engine) Model() string { return e.cfg.Model }
 
 // defaultHTTPClient is the client of a prefill engine's calls to decode
 // engines: 5 s to connect, keep-alive connections, no overall timeout.

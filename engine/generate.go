@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"github.com/cacheblend/cacheblend/chat"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -184,6 +185,15 @@ func (e *Engine) buildPrompt(g *api.Generation, info *cbv1.InfoResponse) ([]int3
 	var prompt []int32
 	var text string
 	switch {
+	case g.Operation == api.OperationChat && e.file != nil:
+		msgs := make([]chat.Message, len(g.Messages))
+		for i, m := range g.Messages {
+			msgs[i] = chat.Message{Role: m.Role, Content: m.Content}
+		}
+		var err error
+		if prompt, text, err = e.file.ChatTokens(msgs); err != nil {
+			return nil, "", api.BadRequestCode("messages", api.CodeInvalidValue, "The model's chat template cannot render these messages: %v", err)
+		}
 	case g.Operation == api.OperationChat:
 		text = api.ChatPrompt(g.Messages)
 		prompt = append([]int32{info.GetBos()}, e.tok.Encode(text)...)
@@ -197,7 +207,10 @@ func (e *Engine) buildPrompt(g *api.Generation, info *cbv1.InfoResponse) ([]int3
 		text = e.tok.Decode(prompt)
 	default:
 		text = g.Prompt
-		prompt = append([]int32{info.GetBos()}, e.tok.Encode(text)...)
+		prompt = e.tok.Encode(text)
+		if e.file == nil || e.file.AddBOS {
+			prompt = append([]int32{info.GetBos()}, prompt...)
+		}
 	}
 	if mp := int(info.GetMaxPositions()); mp > 0 && len(prompt) >= mp {
 		return nil, "", api.BadRequestCode(promptParam(g.Operation), api.CodeContextLengthExceeded,

@@ -221,7 +221,7 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 	m.normRows(h, x, lw.attnNorm)
 	kvd := m.kvDim
 	kf := dense(ws.f32(bufQKV, n*kvd), n, kvd)
-	gemm(m.team, kf, h, weight(lw.wqkv, m.packed[cl].qkv, d, m.qkvDim).view(0, m.qDim, d, kvd), false, false)
+	m.projectQKV(lw, kf, h, m.qDim, m.qDim+kvd)
 	dev := ws.f32(bufDev, n)
 	kPlane := kv.K(cl)
 	m.rowChunks(n, func(r0, r1 int) {
@@ -292,7 +292,7 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 	}
 	ib := &batch{pos: posImp, slot: slotImp, seqs: []seqInfo{{r0: 0, r1: ni, ctx: total, slots: slots}}}
 	qkv := dense(ws.f32(bufQKV, ni*m.qkvDim), ni, m.qkvDim)
-	gemm(m.team, qkv, hi, weight(lw.wqkv, m.packed[cl].qkv, d, m.qkvDim), false, false)
+	m.projectQKV(lw, qkv, hi, 0, m.qkvDim)
 	m.ropeAndStore(kv, cl, qkv, ib, true)
 	if err := m.attendAndMLP(ws, kv, cl, xi, qkv, ib); err != nil {
 		return nil, st, err

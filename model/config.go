@@ -49,6 +49,12 @@ type Config struct {
 	CheckLayer   int     // CacheBlend check layer cl; default 1 (zero means default)
 	RecompRatio  float64 // CacheBlend recompute ratio; default 0.15 (zero means default)
 	Threads      int     // goroutines per kernel call; default runtime.GOMAXPROCS(0)
+
+	// Set by Load from the model file (New: the built-in model's values).
+	Arch          string  // architecture; default ArchLlama
+	Name          string  // the file's general.name; default BuiltinName
+	NormEps       float64 // RMSNorm epsilon; default 1e-5
+	RoPEFreqScale float64 // linear RoPE scaling (1/factor); default 1
 }
 
 // DefaultConfig returns the default configuration with every field filled
@@ -94,6 +100,18 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Threads == 0 {
 		c.Threads = runtime.GOMAXPROCS(0)
+	}
+	if c.Arch == "" {
+		c.Arch = ArchLlama
+	}
+	if c.Name == "" {
+		c.Name = BuiltinName
+	}
+	if c.NormEps == 0 {
+		c.NormEps = 1e-5
+	}
+	if c.RoPEFreqScale == 0 {
+		c.RoPEFreqScale = 1
 	}
 	return c
 }

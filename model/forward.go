@@ -273,22 +273,22 @@ func (m *Model) Decode(kv *kvcache.Memory, in []DecodeInput) ([][]float32, error
 }
 
 func (m *Model) embedRows(x mat, tokens []int32) {
-	d := m.cfg.Dim
 	for i, t := range tokens {
-		row := x.row(i)
-		for j, v := range m.embed[int(t)*d : int(t+1)*d] {
-			row[j] = v * m.embedScale
+		if m.embed.q != nil {
+			m.embed.q.row(int(t), x.row(i))
+		} else {
+			copy(x.row(i), m.embed.row(int(t)))
 		}
 	}
 }
 
-// logits writes finalNorm(x)·Eᵀ for every row of x into out.
+// logits writes finalNorm(x)·Wᵀ (W the LM head) for every row of x into out.
 func (m *Model) logits(ws *workspace, out, x mat) {
 	h := dense(ws.f32(bufH, x.rows*m.cfg.Dim), x.rows, m.cfg.Dim)
 	for i := range x.rows {
-		rmsNorm(h.row(i), x.row(i), m.finalNorm)
+		m.rmsNorm(h.row(i), x.row(i), m.finalNorm)
 	}
-	gemm(m.team, out, h, weightT(m.embed, m.embedPacked, m.cfg.Vocab, m.cfg.Dim), true, false)
+	gemm(m.team, out, h, m.output, true, false)
 }
 
 // rowChunks runs fn over [0, n) in chunks of rows on the model's threads.
@@ -303,7 +303,7 @@ func (m *Model) rowChunks(n int, fn func(r0, r1 int)) {
 func (m *Model) normRows(h, x mat, gain []float32) {
 	m.rowChunks(x.rows, func(r0, r1 int) {
 		for i := r0; i < r1; i++ {
-			rmsNorm(h.row(i), x.row(i), gain)
+			m.rmsNorm(h.row(i), x.row(i), gain)
 		}
 	})
 }
@@ -325,7 +325,7 @@ func (m *Model) storeKV(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batc
 	h := dense(ws.f32(bufH, n*d), n, d)
 	m.normRows(h, x, lw.attnNorm)
 	qkv := dense(ws.f32(bufQKV, n*m.qkvDim), n, m.qkvDim)
-	gemm(m.team, qkv, h, weight(lw.wqkv, m.packed[l].qkv, d, m.qkvDim), false, false)
+	m.projectQKV(lw, qkv, h, 0, m.qkvDim)
 	m.ropeAndStore(kv, l, qkv, b, withQ)
 	return qkv
 }
@@ -390,14 +390,14 @@ func (m *Model) attendAndMLP(ws *workspace, kv *kvcache.Memory, l int, x, qkv ma
 	lw := &m.layers[l]
 	att := dense(ws.f32(bufAtt, n*m.qDim), n, m.qDim)
 	m.attention(ws, kv, l, att, qkv, b)
-	if err := m.project(ws, x, att, weight(lw.wo, m.packed[l].wo, m.qDim, d)); err != nil {
+	if err := m.project(ws, x, att, lw.wo); err != nil {
 		return err
 	}
 
 	h := dense(ws.f32(bufH, n*d), n, d)
 	m.normRows(h, x, lw.mlpNorm)
 	gu := dense(ws.f32(bufGU, n*2*f), n, 2*f)
-	gemm(m.team, gu, h, weight(lw.wgu, m.packed[l].gu, d, 2*f), false, false)
+	gemm(m.team, gu, h, lw.gu, true, false)
 	act := dense(ws.f32(bufAct, n*f), n, f)
 	m.rowChunks(n, func(r0, r1 int) {
 		for i := r0; i < r1; i++ {
@@ -407,18 +407,18 @@ func (m *Model) attendAndMLP(ws *workspace, kv *kvcache.Memory, l int, x, qkv ma
 			swiglu(act.row(i)[:f], g, up)
 		}
 	})
-	return m.project(ws, x, act, weight(lw.wdown, m.packed[l].down, f, d))
+	return m.project(ws, x, act, lw.down)
 }
 
 // project adds a·w to the residual x; on a sharded model a·w is the rank's
 // partial sum, all-reduced first.
 func (m *Model) project(ws *workspace, x, a, w mat) error {
 	if m.tp == nil {
-		gemm(m.team, x, a, w, false, true)
+		gemm(m.team, x, a, w, true, true)
 		return nil
 	}
 	p := dense(ws.f32(bufPart, x.rows*x.cols), x.rows, x.cols)
-	gemm(m.team, p, a, w, false, false)
+	gemm(m.team, p, a, w, true, false)
 	if err := m.allReduce(p.data); err != nil {
 		return err
 	}
@@ -432,4 +432,19 @@ func (m *Model) project(ws *workspace, x, a, w mat) error {
 
 func addTo(dst, src []float32) {
 	simd.Axpy(1, src[:len(dst)], dst)
+}
+
+// projectQKV writes columns [c0, c1) of the Q|K|V projection of the rows
+// of h (and their biases) into out (len(h) rows × c1−c0).
+func (m *Model) projectQKV(lw *layerWeights, out, h mat, c0, c1 int) {
+	gemm(m.team, out, h, lw.qkv.view(c0, 0, c1-c0, lw.qkv.cols), true, false)
+	if lw.qkvBias == nil {
+		return
+	}
+	b := lw.qkvBias[c0:c1]
+	m.rowChunks(out.rows, func(r0, r1 int) {
+		for i := r0; i < r1; i++ {
+			addTo(out.row(i), b)
+		}
+	})
 }

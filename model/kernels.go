@@ -15,7 +15,7 @@ import (
 // Matrix multiply. gemm splits a product into tiles of at most tileRows ×
 // tileCols and runs each with simd's serial packed, cache-blocked kernel on
 // one of the model's goroutines. Weights are packed once at load
-// (packWeights), so no tile packs B. BenchmarkMatMul reports, on the
+// (packT, at load), so no tile packs B. BenchmarkMatMul reports, on the
 // model's shapes, GFLOP per CPU-second and the fraction of the per-core
 // FP32 peak measured in the same run.
 
@@ -28,7 +28,7 @@ const (
 )
 
 // mat is a row-major matrix view: element (i, j) is data[i*stride+j]. A
-// weight also carries its packed form pk (see packWeights): pk holds the
+// weight also carries its packed form pk (see packT): pk holds the
 // matrix as the right operand of a product (transposed when pkT), and
 // pkOff is this view's first column in it; views that cut rows of pk's
 // inner dimension drop it.
@@ -39,6 +39,7 @@ type mat struct {
 	pk         *simd.PackedB
 	pkT        bool
 	pkOff      int
+	q          *qmat // a weight computed from its file bytes (rows = outputs); see linear.go
 }
 
 func dense(data []float32, rows, cols int) mat {
@@ -47,6 +48,12 @@ func dense(data []float32, rows, cols int) mat {
 
 // view returns the sub-matrix of rows [r0, r0+nr) and columns [c0, c0+nc).
 func (a mat) view(r0, c0, nr, nc int) mat {
+	if a.q != nil { // a weight used transposed: rows are outputs
+		if c0 != 0 || nc != a.cols {
+			panic("model: column view of a quantized weight")
+		}
+		return mat{rows: nr, cols: nc, stride: nc, q: a.q.sliceRows(r0, r0+nr)}
+	}
 	if nr == 0 || nc == 0 {
 		return mat{rows: nr, cols: nc, stride: a.stride}
 	}
@@ -147,6 +154,10 @@ func gemm(tm *team, c, a, b mat, transB, acc bool) {
 	if m == 0 || n == 0 {
 		return
 	}
+	if b.q != nil {
+		qgemm(tm, c, a, b.q, 0, acc)
+		return
+	}
 	forTiles(tm, m, n, func(r0, c0, nr, nc int) {
 		av := a.view(r0, 0, nr, a.cols)
 		var bv mat
@@ -159,12 +170,17 @@ func gemm(tm *team, c, a, b mat, transB, acc bool) {
 	})
 }
 
-// rmsNorm writes x/rms(x)*gain into dst (both of len(gain)).
-func rmsNorm(dst, x, gain []float32) {
-	simd.RMSNorm(dst, x, gain, rmsEps)
+// rmsNorm writes x/rms(x)*gain into dst (both of len(gain)), with the
+// model's epsilon.
+func (m *Model) rmsNorm(dst, x, gain []float32) {
+	simd.RMSNorm(dst, x, gain, m.cfg.NormEps)
 }
 
-const rmsEps = 1e-5
+// packT packs w, n rows of k (a weight used transposed), as the right
+// operand of products x·wᵀ.
+func packT(w []float32, n, k int) *simd.PackedB {
+	return simd.PackB(k, n, w, k, true)
+}
 
 // swiglu writes silu(g)·up into dst (all of len(g)).
 func swiglu(dst, g, up []float32) {
@@ -184,4 +200,19 @@ func softmaxPrefix(row []float32, valid int, scale float32) float32 {
 	sum := simd.ExpSum(v, k, simd.Max(v)*k)
 	clear(row[valid:])
 	return 1 / sum
+}
+
+// weight is the rows×cols row-major weight w with its packed form pk.
+func weight(w []float32, pk *simd.PackedB, rows, cols int) mat {
+	a := dense(w, rows, cols)
+	a.pk = pk
+	return a
+}
+
+// weightT is the rows×cols row-major weight w used transposed, with the
+// packed form pk of its transpose.
+func weightT(w []float32, pk *simd.PackedB, rows, cols int) mat {
+	a := dense(w, rows, cols)
+	a.pk, a.pkT = pk, true
+	return a
 }

@@ -136,7 +136,8 @@ func TestRMSNorm(t *testing.T) {
 	x := []float32{3, 4, 0, 0, 1, 2, 3}
 	g := []float32{1, 2, 1, 1, 1, 1, 0.5}
 	dst := make([]float32, len(x))
-	rmsNorm(dst, x, g)
+	const rmsEps = 1e-6
+	(&Model{cfg: Config{NormEps: rmsEps}}).rmsNorm(dst, x, g)
 	var ss float64
 	for _, v := range x {
 		ss += float64(v * v)

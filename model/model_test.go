@@ -69,10 +69,10 @@ func TestWeightsDeterministic(t *testing.T) {
 	cfg := smallConfig()
 	cfg.Seed = 8
 	c := newModel(t, cfg)
-	if maxAbsDiff(a.embed, b.embed) != 0 || maxAbsDiff(a.layers[3].wdown, b.layers[3].wdown) != 0 {
+	if maxAbsDiff(a.embed.data, b.embed.data) != 0 || maxAbsDiff(a.layers[3].down.data, b.layers[3].down.data) != 0 {
 		t.Fatal("same seed gave different weights")
 	}
-	if maxAbsDiff(a.embed, c.embed) == 0 {
+	if maxAbsDiff(a.embed.data, c.embed.data) == 0 {
 		t.Fatal("different seeds gave the same weights")
 	}
 	if a.Params() <= 0 {

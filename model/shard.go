@@ -16,32 +16,42 @@ type shard struct {
 	full        Config // the whole model's configuration (Config returns it)
 }
 
-// NewShard builds rank reducer.Rank()'s slice of the model of cfg in the
-// Megatron layout (docs/design.md §11): the whole model's weights are
-// generated from cfg.Seed exactly as New does, then the rank keeps its
-// query heads, its KV heads (Heads/world and KVHeads/world, contiguous), the
-// matching columns of the QKV projection and rows of the output projection,
-// and FFNDim/world of the SwiGLU gate/up columns with the matching rows of
-// the down projection. Embedding, LM head and norms are replicated. The
-// attention output and the MLP output are partial sums, all-reduced every
-// layer through reducer, and the CacheBlend check layer's per-token deviation
-// is all-reduced too, so every rank keeps the same residual stream, selects
-// the same tokens and returns the same logits (within float rounding of the
-// whole model's). Every rank of the group must make the same calls with the
-// same inputs, in the same order; a failed all-reduce fails the call with an
-// error wrapping the tp error (tp.ErrPeerDead...).
-//
-// Heads, KVHeads and FFNDim must be multiples of the world size. A world of
-// one is the whole model. The shard's KV memory holds its KV heads only
-// (KVLayout); Config still describes the whole model.
+// NewShard builds rank reducer.Rank()'s slice of the built-in model of cfg
+// (New(cfg), then Shard).
 func NewShard(cfg Config, reducer tp.AllReducer) (*Model, error) {
-	if reducer == nil {
-		return nil, fmt.Errorf("%w: nil all-reducer", ErrBadConfig)
-	}
 	whole, err := New(cfg)
 	if err != nil {
 		return nil, err
 	}
+	return whole.Shard(reducer)
+}
+
+// Shard returns rank reducer.Rank()'s slice of m in the Megatron layout
+// (docs/design.md §11): the rank keeps its query heads, its KV heads
+// (Heads/world and KVHeads/world, contiguous), the matching rows of the QKV
+// projection and columns of the output projection, and FFNDim/world of the
+// SwiGLU gate/up rows with the matching columns of the down projection.
+// Embedding, LM head and norms are shared with m. The attention output and
+// the MLP output are partial sums, all-reduced every layer through reducer,
+// and the CacheBlend check layer's per-token deviation is all-reduced too,
+// so every rank keeps the same residual stream, selects the same tokens and
+// returns the same logits (within float rounding of the whole model's).
+// Every rank of the group must make the same calls with the same inputs, in
+// the same order; a failed all-reduce fails the call with an error wrapping
+// the tp error (tp.ErrPeerDead...).
+//
+// Heads, KVHeads and FFNDim must be multiples of the world size, and for a
+// quantized weight the cut of the output and down projections must fall on
+// its blocks. A world of one is m itself. The shard's KV memory holds its KV
+// heads only (KVLayout); Config still describes the whole model.
+func (m *Model) Shard(reducer tp.AllReducer) (*Model, error) {
+	if reducer == nil {
+		return nil, fmt.Errorf("%w: nil all-reducer", ErrBadConfig)
+	}
+	if m.tp != nil {
+		return nil, fmt.Errorf("%w: the model is already a shard", ErrBadConfig)
+	}
+	whole := m
 	world, rank := reducer.Size(), reducer.Rank()
 	if world == 1 {
 		return whole, nil
@@ -54,49 +64,99 @@ func NewShard(cfg Config, reducer tp.AllReducer) (*Model, error) {
 		return nil, fmt.Errorf("%w: Heads %d, KVHeads %d and FFNDim %d must be multiples of the world size %d",
 			ErrBadConfig, c.Heads, c.KVHeads, c.FFNDim, world)
 	}
-	m := &Model{
-		cfg:        c,
-		headDim:    whole.headDim,
-		group:      whole.group,
-		embed:      whole.embed,
-		embedScale: whole.embedScale,
-		finalNorm:  whole.finalNorm,
-		rope:       whole.rope,
-		table:      whole.table,
-		tp:         &shard{rank: rank, world: world, reducer: reducer, full: c},
-		free:       make(chan *workspace, maxFreeWS),
-		team:       newTeam(c.Threads),
+	s := &Model{
+		cfg:       c,
+		headDim:   whole.headDim,
+		group:     whole.group,
+		embed:     whole.embed,
+		output:    whole.output,
+		finalNorm: whole.finalNorm,
+		rope:      whole.rope,
+		table:     whole.table,
+		file:      whole.file,
+		tp:        &shard{rank: rank, world: world, reducer: reducer, full: c},
+		free:      make(chan *workspace, maxFreeWS),
+		team:      newTeam(c.Threads),
 	}
-	m.cfg.Heads /= world
-	m.cfg.KVHeads /= world
-	m.cfg.FFNDim /= world
-	m.qDim = m.cfg.Heads * m.headDim
-	m.kvDim = m.cfg.KVHeads * m.headDim
-	m.qkvDim = m.qDim + 2*m.kvDim
-	d, f := c.Dim, m.cfg.FFNDim
-	q0, kv0, f0 := rank*m.qDim, rank*m.kvDim, rank*f
-	m.layers = make([]layerWeights, c.Layers)
+	s.cfg.Heads /= world
+	s.cfg.KVHeads /= world
+	s.cfg.FFNDim /= world
+	s.qDim = s.cfg.Heads * s.headDim
+	s.kvDim = s.cfg.KVHeads * s.headDim
+	s.qkvDim = s.qDim + 2*s.kvDim
+	f := s.cfg.FFNDim
+	q0, kv0, f0 := rank*s.qDim, rank*s.kvDim, rank*f
+	qkvRows := [][2]int{{q0, q0 + s.qDim}, {whole.qDim + kv0, whole.qDim + kv0 + s.kvDim},
+		{whole.qDim + whole.kvDim + kv0, whole.qDim + whole.kvDim + kv0 + s.kvDim}}
+	guRows := [][2]int{{f0, f0 + f}, {c.FFNDim + f0, c.FFNDim + f0 + f}}
+	s.layers = make([]layerWeights, c.Layers)
+	var err error
 	for l, w := range whole.layers {
-		lw := &m.layers[l]
+		lw := &s.layers[l]
 		lw.attnNorm, lw.mlpNorm = w.attnNorm, w.mlpNorm
-		lw.wqkv = make([]float32, d*m.qkvDim)
-		lw.wgu = make([]float32, d*2*f)
-		for i := range d {
-			src := w.wqkv[i*whole.qkvDim : (i+1)*whole.qkvDim]
-			dst := lw.wqkv[i*m.qkvDim : (i+1)*m.qkvDim]
-			copy(dst[:m.qDim], src[q0:q0+m.qDim])
-			copy(dst[m.qDim:m.qDim+m.kvDim], src[whole.qDim+kv0:whole.qDim+kv0+m.kvDim])
-			copy(dst[m.qDim+m.kvDim:], src[whole.qDim+whole.kvDim+kv0:whole.qDim+whole.kvDim+kv0+m.kvDim])
-			gsrc := w.wgu[i*2*c.FFNDim : (i+1)*2*c.FFNDim]
-			gdst := lw.wgu[i*2*f : (i+1)*2*f]
-			copy(gdst[:f], gsrc[f0:f0+f])
-			copy(gdst[f:], gsrc[c.FFNDim+f0:c.FFNDim+f0+f])
+		if lw.qkv, err = selectRows(w.qkv, qkvRows); err != nil {
+			return nil, fmt.Errorf("layer %d Q/K/V: %w", l, err)
 		}
-		lw.wo = w.wo[q0*d : (q0+m.qDim)*d]
-		lw.wdown = w.wdown[f0*d : (f0+f)*d]
+		if w.qkvBias != nil {
+			for _, r := range qkvRows {
+				lw.qkvBias = append(lw.qkvBias, w.qkvBias[r[0]:r[1]]...)
+			}
+		}
+		if lw.gu, err = selectRows(w.gu, guRows); err != nil {
+			return nil, fmt.Errorf("layer %d gate/up: %w", l, err)
+		}
+		if lw.wo, err = selectCols(w.wo, q0, q0+s.qDim); err != nil {
+			return nil, fmt.Errorf("layer %d output projection: %w", l, err)
+		}
+		if lw.down, err = selectCols(w.down, f0, f0+f); err != nil {
+			return nil, fmt.Errorf("layer %d down projection: %w", l, err)
+		}
 	}
-	m.packWeights()
-	return m, nil
+	return s, nil
+}
+
+// selectRows returns the rows of the ranges of weight w (rows = outputs),
+// one range after the other.
+func selectRows(w mat, ranges [][2]int) (mat, error) {
+	if w.q != nil {
+		parts := make([]*qmat, len(ranges))
+		for i, r := range ranges {
+			parts[i] = w.q.sliceRows(r[0], r[1])
+		}
+		q, err := stack(parts...)
+		if err != nil {
+			return mat{}, err
+		}
+		return mat{rows: len(q.rows), cols: q.in, stride: q.in, q: q}, nil
+	}
+	var data []float32
+	for _, r := range ranges {
+		data = append(data, w.data[r[0]*w.stride:r[1]*w.stride]...)
+	}
+	n := len(data) / w.cols
+	a := dense(data, n, w.cols)
+	a.pk, a.pkT = packT(data, n, w.cols), true
+	return a, nil
+}
+
+// selectCols returns weight w (rows = outputs) cut to input columns
+// [c0, c1).
+func selectCols(w mat, c0, c1 int) (mat, error) {
+	if w.q != nil {
+		q, err := w.q.sliceCols(c0, c1)
+		if err != nil {
+			return mat{}, err
+		}
+		return mat{rows: len(q.rows), cols: q.in, stride: q.in, q: q}, nil
+	}
+	k := c1 - c0
+	data := make([]float32, w.rows*k)
+	for r := range w.rows {
+		copy(data[r*k:(r+1)*k], w.data[r*w.stride+c0:r*w.stride+c1])
+	}
+	a := dense(data, w.rows, k)
+	a.pk, a.pkT = packT(data, w.rows, k), true
+	return a, nil
 }
 
 // Rank is the model's tensor-parallel rank (0 for a whole model).

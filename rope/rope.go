@@ -1,6 +1,7 @@
 package rope
 
 import (
+	"fmt"
 	"math"
 
 	"github.com/cacheblend/cacheblend/simd"
@@ -33,6 +34,56 @@ func New(headDim int, theta float64) *RoPE {
 	}
 	return &RoPE{headDim: headDim, invFreq: inv}
 }
+
+// Options are the RoPE variants of model files (the zero value is plain
+// RoPE).
+type Options struct {
+	// FreqScale multiplies every frequency (linear RoPE scaling: 1/factor);
+	// 0 means 1.
+	FreqScale float64
+	// FreqFactors divide the frequencies one by one (headDim/2 values, a
+	// Llama 3.1+ file's rope_freqs.weight); nil means none.
+	FreqFactors []float64
+}
+
+// NewWith returns the rotary embedding for heads of size headDim with base
+// theta ([DefaultTheta] when theta <= 0) and the variants of o: frequency
+// i is FreqScale·theta^(-2i/headDim)/FreqFactors[i], as llama.cpp computes
+// it. FreqFactors must have headDim/2 values (others are ignored).
+func NewWith(headDim int, theta float64, o Options) *RoPE {
+	r := New(headDim, theta)
+	if o.FreqScale > 0 && o.FreqScale != 1 {
+		for i := range r.invFreq {
+			r.invFreq[i] *= o.FreqScale
+		}
+	}
+	if len(o.FreqFactors) == len(r.invFreq) {
+		for i, f := range o.FreqFactors {
+			r.invFreq[i] /= f
+		}
+	}
+	return r
+}
+
+// FromInvFreq returns the rotary embedding for heads of size headDim with
+// the given per-pair frequencies (headDim/2 finite values, as InvFreq
+// returns them): how the blend server rebuilds a worker's exact RoPE. Bad
+// input (a count that does not match, a non-finite value) is an error.
+func FromInvFreq(headDim int, inv []float64) (*RoPE, error) {
+	if headDim <= 0 || headDim%2 != 0 || len(inv) != headDim/2 {
+		return nil, fmt.Errorf("rope: %d frequencies for heads of %d", len(inv), headDim)
+	}
+	for i, f := range inv {
+		if math.IsNaN(f) || math.IsInf(f, 0) {
+			return nil, fmt.Errorf("rope: frequency %d is %v", i, f)
+		}
+	}
+	return &RoPE{headDim: headDim, invFreq: append([]float64(nil), inv...)}, nil
+}
+
+// InvFreq returns a copy of the per-pair frequencies (headDim/2 values):
+// two RoPEs rotate alike exactly when these are equal.
+func (r *RoPE) InvFreq() []float64 { return append([]float64(nil), r.invFreq...) }
 
 // HeadDim is the head size this RoPE rotates.
 func (r *RoPE) HeadDim() int { return r.headDim }

@@ -34,6 +34,9 @@ type UpConfig struct {
 	OTLPProtocol string
 	// EngineArgs, WorkerArgs and BlendArgs are extra flags per process.
 	EngineArgs, WorkerArgs, BlendArgs []string
+	// ModelPath is a GGUF model file every engine and worker serves
+	// (--model, made absolute); empty: the built-in model.
+	ModelPath string
 	// TP, above 1, runs every worker as a tensor-parallel group of TP rank
 	// processes (cb worker --tp): the supervised process is rank 0, which
 	// starts the others and exits when one dies, so the supervisor restarts
@@ -201,6 +204,16 @@ func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
 	if cfg.APIAddr == "" {
 		cfg.APIAddr = "127.0.0.1:8000"
 	}
+	if cfg.ModelPath != "" {
+		abs, err := filepath.Abs(cfg.ModelPath)
+		if err != nil {
+			return nil, fmt.Errorf("stack: model path: %w", err)
+		}
+		if _, err := os.Stat(abs); err != nil {
+			return nil, fmt.Errorf("stack: model file: %w", err)
+		}
+		cfg.ModelPath = abs
+	}
 	if cfg.OTLPProtocol == "" {
 		cfg.OTLPProtocol = "http/protobuf"
 	}
@@ -262,7 +275,7 @@ func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
 		e.Blend = Endpoint{GRPC: r.Values["grpc"], Metrics: r.Values["metrics"], PID: r.PID}
 	})
 	r, err = s.sup.Start(ctx, Spec{Name: "cb-worker", Path: cfg.Exe, Env: env,
-		Args: args([]string{"worker", "--addr", workerGRPC, "--metrics-addr", workerMetrics, "--blend", blendGRPC, "--blend-kv-socket", kvSocket}, mtls.Worker, tpArgs(cfg))})
+		Args: args(append([]string{"worker", "--addr", workerGRPC, "--metrics-addr", workerMetrics, "--blend", blendGRPC, "--blend-kv-socket", kvSocket}, modelArgs(cfg)...), mtls.Worker, tpArgs(cfg))})
 	if err != nil {
 		return fail(err)
 	}
@@ -270,7 +283,7 @@ func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
 		e.Worker = Endpoint{GRPC: r.Values["grpc"], Metrics: r.Values["metrics"], PID: r.PID}
 	})
 	r, err = s.sup.Start(ctx, Spec{Name: "cb-engine", Path: cfg.Exe, Env: env,
-		Args: args([]string{"engine", "--addr", cfg.APIAddr, "--worker", workerGRPC, "--blend", blendGRPC}, mtls.Engine, cfg.EngineArgs)})
+		Args: args(append([]string{"engine", "--addr", cfg.APIAddr, "--worker", workerGRPC, "--blend", blendGRPC}, modelArgs(cfg)...), mtls.Engine, cfg.EngineArgs)})
 	if err != nil {
 		return fail(err)
 	}
@@ -606,6 +619,15 @@ func (s *Stack) startGateway(ctx context.Context, cfg UpConfig) error {
 		e.Gateway = &Endpoint{API: r.Values["api"], Metrics: r.Values["metrics"], PID: r.PID}
 	})
 	return WaitHealthy(ctx, r.Values["api"]+"/health", s.gw.cfg.ReadyTimeout)
+}
+
+// modelArgs is --model for an engine or a worker when cfg names a model
+// file.
+func modelArgs(cfg UpConfig) []string {
+	if cfg.ModelPath == "" {
+		return nil
+	}
+	return []string{"--model", cfg.ModelPath}
 }
 
 // tpArgs is cfg.WorkerArgs with --tp when cfg.TP is above 1.

@@ -32,12 +32,18 @@ type service struct {
 func (s *service) Info(context.Context, *cbv1.InfoRequest) (*cbv1.InfoResponse, error) {
 	w := s.w
 	c := w.model.Config()
-	return &cbv1.InfoResponse{
+	r := &cbv1.InfoResponse{
 		Model: w.cfg.ModelName, Vocab: int32(c.Vocab), MaxPositions: int32(c.MaxPositions),
 		NumBlocks: int32(w.cfg.NumBlocks), BlockSize: int32(w.cfg.BlockSize),
 		Bos: tokenizer.BOS, Eos: tokenizer.EOS, NumLayers: int32(c.Layers), WorkerId: w.cfg.WorkerID,
 		MaxStepSeqs: MaxStepSeqs, MaxStepTokens: MaxStepTokens, WorldSize: int32(w.world),
-	}, nil
+		StopTokens: []int32{tokenizer.EOS},
+	}
+	if f := w.file; f != nil {
+		r.ModelIdentity, r.ModelFileName = f.Identity, f.Name
+		r.Bos, r.Eos, r.StopTokens = f.BOS, f.EOS, f.Stop
+	}
+	return r, nil
 }
 
 func (s *service) Execute(ctx context.Context, req *cbv1.ExecuteRequest) (*cbv1.ExecuteResponse, error) {

@@ -20,6 +20,7 @@ import (
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/modelfile"
 	"github.com/cacheblend/cacheblend/rankgroup"
 	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rpc"
@@ -50,9 +51,15 @@ type Config struct {
 	// Rank is this worker's tensor-parallel rank (0).
 	Rank int
 	// ModelName is the served model's name; default defaults.Model
-	// ("cb-llama").
+	// ("cb-llama") for the built-in model, the file's served name
+	// (modelfile.File.Name) with ModelPath.
 	ModelName string
-	// Model sizes the transformer; zero fields take model defaults.
+	// ModelPath is a GGUF model file to serve (memory-mapped; see
+	// model.Load); empty: the built-in model.
+	ModelPath string
+	// Model sizes the built-in transformer (zero fields take model
+	// defaults); with ModelPath only its CheckLayer, RecompRatio, Threads
+	// and MaxPositions (a cap on the file's context length) apply.
 	Model model.Config
 	// NumBlocks and BlockSize size the paged KV pool; default 2048 × 16.
 	NumBlocks, BlockSize int
@@ -99,7 +106,7 @@ func (c Config) withDefaults() Config {
 	if c.WorkerID == "" {
 		c.WorkerID = fmt.Sprintf("worker-%d", os.Getpid())
 	}
-	if c.ModelName == "" {
+	if c.ModelName == "" && c.ModelPath == "" {
 		c.ModelName = defaults.Model
 	}
 	if c.NumBlocks <= 0 {
@@ -190,6 +197,7 @@ type Worker struct {
 	tok     tokenizer.Tokenizer
 
 	model *model.Model
+	file  *modelfile.File // the model file (nil: the built-in model)
 	kv    *kvcache.Memory
 
 	lifeMu   sync.Mutex // guards the lifecycle state and the fields Start sets
@@ -287,14 +295,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if removed, err := kvcache.RemoveStale(w.cfg.ShmDir); err == nil && len(removed) > 0 {
 		w.logger.Info("removed stale KV shared memory", "files", removed)
 	}
-	var m *model.Model
-	var err error
-	if w.reducer != nil {
-		m, err = model.NewShard(w.cfg.Model, w.reducer)
-		w.cfg.Rank, w.world = w.reducer.Rank(), w.reducer.Size()
-	} else {
-		m, err = model.New(w.cfg.Model)
-	}
+	m, err := w.loadModel()
 	if err != nil {
 		return fmt.Errorf("worker: model: %w", err)
 	}
@@ -442,7 +443,39 @@ func (w *Worker) closeResources() error {
 	if w.kv != nil {
 		errs = append(errs, w.kv.Close())
 	}
+	if w.file != nil {
+		errs = append(errs, w.file.Close())
+	}
 	return errors.Join(errs...)
+}
+
+// loadModel builds the model: the file of ModelPath or the built-in one,
+// and this rank's slice of it under tensor parallelism. Called by Start.
+func (w *Worker) loadModel() (*model.Model, error) {
+	var m *model.Model
+	var err error
+	if w.cfg.ModelPath != "" {
+		if w.file, err = modelfile.Open(w.cfg.ModelPath); err != nil {
+			return nil, err
+		}
+		if m, err = model.Load(w.file.GGUF, w.cfg.Model); err != nil {
+			w.file.Close()
+			w.file = nil
+			return nil, fmt.Errorf("%s: %w", w.cfg.ModelPath, err)
+		}
+		if w.cfg.ModelName == "" {
+			w.cfg.ModelName = w.file.Name
+		}
+	} else if m, err = model.New(w.cfg.Model); err != nil {
+		return nil, err
+	}
+	if w.reducer != nil {
+		if m, err = m.Shard(w.reducer); err != nil {
+			return nil, err
+		}
+		w.cfg.Rank, w.world = w.reducer.Rank(), w.reducer.Size()
+	}
+	return m, nil
 }
 
 // registerLoop registers the KV memory on the blend server's KV socket and
@@ -501,7 +534,8 @@ func (w *Worker) register() (*session, error) {
 	c, ans, err := kvsock.Register(ctx, w.cfg.BlendKVSocket, &cbv1.KVRegistration{
 		WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank), Model: w.cfg.ModelName, WorldSize: int32(w.world),
 		Layout: &cbv1.KVLayout{NumLayers: int32(l.NumLayers), NumBlocks: int32(l.NumBlocks), BlockSize: int32(l.BlockSize),
-			KvHeads: int32(l.KVHeads), HeadDim: int32(l.HeadDim), RopeTheta: w.model.Config().RoPETheta},
+			KvHeads: int32(l.KVHeads), HeadDim: int32(l.HeadDim), RopeTheta: w.model.Config().RoPETheta,
+			RopeInvFreq: w.model.RoPE().InvFreq()},
 	}, w.kv.File())
 	if err != nil {
 		return nil, err

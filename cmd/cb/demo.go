@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/cacheblend/cacheblend/gguf"
 	"io"
 	"os"
 	"os/signal"
@@ -60,6 +61,11 @@ exits with --exit (status 1 when a check fails).`,
 			}
 			cfg.Progress = os.Stderr
 			cfg.Shape = servedShape(u.workerArgs)
+			if u.model != "" {
+				if cfg.Shape.Layers, err = fileLayers(u.model); err != nil {
+					return err
+				}
+			}
 			rep, err := demo.Run(ctx, cfg)
 			if err != nil {
 				return err
@@ -102,6 +108,20 @@ exits with --exit (status 1 when a check fails).`,
 // default model's, with the --layers, --check-layer and --recomp-ratio
 // given among workerArgs (--worker-arg) applied; the other flags are
 // ignored, and a malformed one leaves the default.
+// fileLayers is the block count of a model file (the demo's shape).
+func fileLayers(path string) (int, error) {
+	f, err := gguf.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	n, err := f.Uint(f.Architecture() + ".block_count")
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	return int(n), nil
+}
+
 func servedShape(workerArgs []string) demo.Shape {
 	d := model.DefaultConfig()
 	sh := demo.Shape{Layers: d.Layers, CheckLayer: d.CheckLayer, RecompRatio: d.RecompRatio}

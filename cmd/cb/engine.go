@@ -9,6 +9,7 @@ import (
 	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/engine"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
+	"github.com/cacheblend/cacheblend/modelfile"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/rpc/mtls"
@@ -33,6 +34,7 @@ func newEngineCmd() *cobra.Command {
 		otlp                  string
 		tf                    tlsFlags
 		procs                 int
+		modelPath             string
 	)
 	cmd := &cobra.Command{
 		Use:   "engine",
@@ -64,6 +66,14 @@ func newEngineCmd() *cobra.Command {
 				Worker:   cbv1.NewWorkerServiceClient(wconn),
 				Gatherer: rt.Gatherer(),
 			}
+			if modelPath != "" {
+				mf, err := modelfile.Open(modelPath)
+				if err != nil {
+					return err
+				}
+				defer mf.Close()
+				deps.ModelFile = mf
+			}
 			if blendAddr != "" {
 				bconn, err := rpc.Dial(blendAddr, dialOptions(id, mtls.Blend)...)
 				if err != nil {
@@ -80,7 +90,7 @@ func newEngineCmd() *cobra.Command {
 				return err
 			}
 			api := "http://" + eng.Addr()
-			rt.Logger.Info("engine started", "api", api, "procs", runtime.GOMAXPROCS(0), "worker", workerAddr, "blend", blendAddr, "model", cfg.Model, "role", eng.Role())
+			rt.Logger.Info("engine started", "api", api, "procs", runtime.GOMAXPROCS(0), "worker", workerAddr, "blend", blendAddr, "model", eng.Model(), "role", eng.Role())
 			announce("cb-engine", "api", api, "metrics", api+"/metrics")
 			return runUntilSignal(ctx, rt, eng)
 		},
@@ -89,7 +99,8 @@ func newEngineCmd() *cobra.Command {
 	f.StringVar(&cfg.Addr, "addr", engine.DefaultAddr, "OpenAI API listen address (also /metrics and /health)")
 	f.StringVar(&workerAddr, "worker", "127.0.0.1:50061", "cb-worker gRPC address")
 	f.StringVar(&blendAddr, "blend", "", "cb-blend gRPC address (empty: no CacheBlend reuse)")
-	f.StringVar(&cfg.Model, "model", defaults.Model, "served model name")
+	f.StringVar(&modelPath, "model", "", "GGUF model file (the same file as the worker's: its tokenizer and chat template; the engine refuses a worker holding another); empty: the built-in model")
+	f.StringVar(&cfg.Model, "model-name", "", "served model name (default: the file's general.name, or "+defaults.Model+" for the built-in model)")
 	f.StringVar(&cfg.Role, "role", engine.RoleBoth, "prefill/decode disaggregation: both (every request whole), prefill (also hands requests with X-CB-Decode-Engine over after their first token), decode (also takes requests over from prefill engines)")
 	f.StringVar(&cfg.WorkerAdvertise, "worker-advertise", "", "role prefill: the worker's address as decode engines' workers reach it (default --worker)")
 	f.StringSliceVar(&cfg.HandoffSources, "handoff-source", nil, "role decode: a prefill worker (host:port) to take requests over from; repeatable (none: any)")

@@ -35,10 +35,12 @@ type upFlags struct {
 	tp            int
 	stateDir      string // cb up only: the blend servers' L2 ("" with --no-l2, and for cb demo)
 	noL2          bool
+	model         string // a GGUF model file for every engine and worker
 }
 
 func (u *upFlags) register(cmd *cobra.Command, defaultAPI string) {
 	f := cmd.Flags()
+	f.StringVar(&u.model, "model", "", "GGUF model file every engine and worker serves (e.g. ~/models/Llama-3.2-1B-Instruct-Q4_K_M.gguf); empty: the built-in seeded model")
 	f.StringVar(&u.api, "api", defaultAPI, "address of the OpenAI API: the engine's, or with --nodes N the gateway's")
 	f.StringVar(&u.endpointsFile, "endpoints-file", "", "write the processes' endpoints as JSON to this file once all are healthy")
 	f.StringVar(&u.otlpAddr, "otlp-addr", "127.0.0.1:0", "embedded collector's OTLP/HTTP address (when OTEL_EXPORTER_OTLP_ENDPOINT is unset)")
@@ -87,7 +89,7 @@ func startStack(ctx context.Context, u *upFlags) (*running, error) {
 		GatewayArgs: u.gatewayArgs, NoGateway: u.noGateway,
 		Plaintext: u.plaintext, Nodes: u.nodes, RedisURL: u.redisURL, TP: u.tp,
 		PrefillNodes: u.prefillNodes, DecodeNodes: u.decodeNodes,
-		StateDir: u.stateDir,
+		StateDir: u.stateDir, ModelPath: u.model,
 		// Export batches often so a request's trace is complete quickly.
 		Env: []string{"OTEL_BSP_SCHEDULE_DELAY=200"},
 	}

@@ -36,6 +36,11 @@ type Config struct {
 	// Model names the served model in lookups and on cb.request. Default
 	// "cb-llama".
 	Model string
+	// ModelIdentity is the identity of the engine's model file
+	// (modelfile.File.Identity; empty for the built-in model). The
+	// scheduler pairs only with a worker that reports the same identity:
+	// another one is treated as unavailable, with a warning naming both.
+	ModelIdentity string
 	// MaxQueue bounds the waiting requests; Submit refuses more with
 	// ErrQueueFull. Default 256.
 	MaxQueue int

@@ -495,6 +495,21 @@ func (s *Scheduler) sleep(until time.Time) {
 	}
 }
 
+// ErrModelMismatch is why a worker that serves another model than the
+// engine's (Config.ModelIdentity) is not paired with.
+var ErrModelMismatch = errors.New("worker and engine hold different model files")
+
+// describeModel names a model for ErrModelMismatch.
+func describeModel(name, identity string) string {
+	if identity == "" {
+		return "the built-in model"
+	}
+	if name != "" {
+		return fmt.Sprintf("model file %q (%s)", name, identity)
+	}
+	return "model file " + identity
+}
+
 // probe asks the worker for its Info and sizes the allocator.
 func (s *Scheduler) probe() {
 	ctx, cancel := context.WithTimeout(s.loopCtx, s.cfg.InfoTimeout)
@@ -502,6 +517,10 @@ func (s *Scheduler) probe() {
 	cancel()
 	if err == nil && (info.GetNumBlocks() <= 0 || info.GetBlockSize() <= 0) {
 		err = fmt.Errorf("worker reported an empty KV pool (%d blocks of %d tokens)", info.GetNumBlocks(), info.GetBlockSize())
+	}
+	if err == nil && info.GetModelIdentity() != s.cfg.ModelIdentity {
+		err = fmt.Errorf("%w: the worker serves %s, this engine %s", ErrModelMismatch,
+			describeModel(info.GetModelFileName(), info.GetModelIdentity()), describeModel("", s.cfg.ModelIdentity))
 	}
 	var alloc *kvcache.Allocator
 	if err == nil {
@@ -1069,7 +1088,7 @@ func (s *Scheduler) appendToken(sq *seq, tok int32, now time.Time) {
 		s.handedOff(sq, now)
 		return
 	}
-	eos := !sq.req.IgnoreEOS && s.info != nil && tok == s.info.GetEos()
+	eos := !sq.req.IgnoreEOS && s.info != nil && (tok == s.info.GetEos() || slices.Contains(s.info.GetStopTokens(), tok))
 	last := nOut >= sq.req.MaxTokens
 	switch {
 	case eos:

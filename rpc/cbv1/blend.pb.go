@@ -38,7 +38,11 @@ type KVLayout struct {
 	KvHeads   int32                  `protobuf:"varint,4,opt,name=kv_heads,json=kvHeads,proto3" json:"kv_heads,omitempty"`
 	HeadDim   int32                  `protobuf:"varint,5,opt,name=head_dim,json=headDim,proto3" json:"head_dim,omitempty"`
 	// RoPE base of the model, needed to re-RoPE K exactly.
-	RopeTheta     float64 `protobuf:"fixed64,6,opt,name=rope_theta,json=ropeTheta,proto3" json:"rope_theta,omitempty"`
+	RopeTheta float64 `protobuf:"fixed64,6,opt,name=rope_theta,json=ropeTheta,proto3" json:"rope_theta,omitempty"`
+	// The model's exact RoPE frequencies (head_dim/2 values) when they are not
+	// plain rope_theta ones (a model file's linear scaling or Llama 3.1+
+	// frequency factors: rope.RoPE.InvFreq); empty means plain.
+	RopeInvFreq   []float64 `protobuf:"fixed64,7,rep,packed,name=rope_inv_freq,json=ropeInvFreq,proto3" json:"rope_inv_freq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -113,6 +117,13 @@ func (x *KVLayout) GetRopeTheta() float64 {
 		return x.RopeTheta
 	}
 	return 0
+}
+
+func (x *KVLayout) GetRopeInvFreq() []float64 {
+	if x != nil {
+		return x.RopeInvFreq
+	}
+	return nil
 }
 
 // KVRegistration is the one message a worker sends on the blend server's KV
@@ -1210,7 +1221,7 @@ var File_blend_proto protoreflect.FileDescriptor
 
 const file_blend_proto_rawDesc = "" +
 	"\n" +
-	"\vblend.proto\x12\rcacheblend.v1\"\xbc\x01\n" +
+	"\vblend.proto\x12\rcacheblend.v1\"\xe0\x01\n" +
 	"\bKVLayout\x12\x1d\n" +
 	"\n" +
 	"num_layers\x18\x01 \x01(\x05R\tnumLayers\x12\x1d\n" +
@@ -1221,7 +1232,8 @@ const file_blend_proto_rawDesc = "" +
 	"\bkv_heads\x18\x04 \x01(\x05R\akvHeads\x12\x19\n" +
 	"\bhead_dim\x18\x05 \x01(\x05R\aheadDim\x12\x1d\n" +
 	"\n" +
-	"rope_theta\x18\x06 \x01(\x01R\tropeTheta\"\xa7\x01\n" +
+	"rope_theta\x18\x06 \x01(\x01R\tropeTheta\x12\"\n" +
+	"\rrope_inv_freq\x18\a \x03(\x01R\vropeInvFreq\"\xa7\x01\n" +
 	"\x0eKVRegistration\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12/\n" +

@@ -388,7 +388,16 @@ type InfoResponse struct {
 	MaxStepTokens int32 `protobuf:"varint,11,opt,name=max_step_tokens,json=maxStepTokens,proto3" json:"max_step_tokens,omitempty"`
 	// The tensor-parallel ranks the worker runs as (cb worker --tp N): the
 	// engine's Lookup and cb.request carry it. 0 means 1.
-	WorldSize     int32 `protobuf:"varint,12,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	WorldSize int32 `protobuf:"varint,12,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	// The model file the worker runs (cb worker --model): its identity
+	// (gguf.File.Identity: size and a hash of header, metadata and tensor
+	// index) and general.name; empty for the built-in model. An engine with a
+	// model file refuses a worker whose identity differs.
+	ModelIdentity string `protobuf:"bytes,13,opt,name=model_identity,json=modelIdentity,proto3" json:"model_identity,omitempty"`
+	ModelFileName string `protobuf:"bytes,14,opt,name=model_file_name,json=modelFileName,proto3" json:"model_file_name,omitempty"`
+	// Every token id that ends generation (the vocabulary's end-of-generation
+	// set: EOS, end of turn, ...); eos is one of them.
+	StopTokens    []int32 `protobuf:"varint,15,rep,packed,name=stop_tokens,json=stopTokens,proto3" json:"stop_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -505,6 +514,27 @@ func (x *InfoResponse) GetWorldSize() int32 {
 		return x.WorldSize
 	}
 	return 0
+}
+
+func (x *InfoResponse) GetModelIdentity() string {
+	if x != nil {
+		return x.ModelIdentity
+	}
+	return ""
+}
+
+func (x *InfoResponse) GetModelFileName() string {
+	if x != nil {
+		return x.ModelFileName
+	}
+	return ""
+}
+
+func (x *InfoResponse) GetStopTokens() []int32 {
+	if x != nil {
+		return x.StopTokens
+	}
+	return nil
 }
 
 type SamplingParams struct {
@@ -1060,7 +1090,7 @@ const file_worker_proto_rawDesc = "" +
 	"firstBlock\x12\x19\n" +
 	"\bn_blocks\x18\x02 \x01(\x05R\anBlocks\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\"\r\n" +
-	"\vInfoRequest\"\xe8\x02\n" +
+	"\vInfoRequest\"\xd8\x03\n" +
 	"\fInfoResponse\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05vocab\x18\x02 \x01(\x05R\x05vocab\x12#\n" +
@@ -1078,7 +1108,11 @@ const file_worker_proto_rawDesc = "" +
 	" \x01(\x05R\vmaxStepSeqs\x12&\n" +
 	"\x0fmax_step_tokens\x18\v \x01(\x05R\rmaxStepTokens\x12\x1d\n" +
 	"\n" +
-	"world_size\x18\f \x01(\x05R\tworldSize\"[\n" +
+	"world_size\x18\f \x01(\x05R\tworldSize\x12%\n" +
+	"\x0emodel_identity\x18\r \x01(\tR\rmodelIdentity\x12&\n" +
+	"\x0fmodel_file_name\x18\x0e \x01(\tR\rmodelFileName\x12\x1f\n" +
+	"\vstop_tokens\x18\x0f \x03(\x05R\n" +
+	"stopTokens\"[\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x01R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x01R\x04topP\x12\x12\n" +

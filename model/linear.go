@@ -1,0 +1,153 @@
+package model
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/cacheblend/cacheblend/quant"
+	"github.com/cacheblend/cacheblend/simd"
+)
+
+// qmat is a weight computed straight from its file bytes (docs/design.md
+// §12): out rows of in elements of one ggml type, each row a slice of the
+// memory-mapped file (never copied to float32 as a whole). A projection
+// stacked from several tensors (Q|K|V, gate|up), a row permutation (the
+// Q/K rows of a llama file, see unpermuteRows) and a tensor-parallel slice
+// (a subset of rows) are all just a different rows slice over the same
+// bytes.
+//
+// As the right operand of a product x·Wᵀ, output column j of the product
+// is row j: decode-sized products (at most qDotRows rows of x) take fused
+// dequantize-and-dot kernels (quant.Dot) per row; larger ones dequantize a
+// panel of qPanel rows into a worker's scratch and multiply it with simd's
+// F32 GEMM, so the dequantization is amortised over every row of x.
+type qmat struct {
+	t    quant.Type
+	in   int
+	rows [][]byte
+}
+
+const (
+	qDotRows = 4
+	qPanel   = 64
+)
+
+// qScratch recycles the dequantized panels (qPanel × in floats).
+var qScratch sync.Pool
+
+// newQmat builds the qmat of a tensor of out rows × in elements of type t
+// stored back to back in data.
+func newQmat(t quant.Type, in, out int, data []byte) (*qmat, error) {
+	rb, err := t.RowBytes(in)
+	if err != nil {
+		return nil, err
+	}
+	if len(data) != rb*out {
+		return nil, fmt.Errorf("%w: %d bytes for %d rows of %d %s elements (want %d)", ErrBadConfig, len(data), out, in, t, rb*out)
+	}
+	q := &qmat{t: t, in: in, rows: make([][]byte, out)}
+	for r := range out {
+		q.rows[r] = data[r*rb : (r+1)*rb : (r+1)*rb]
+	}
+	return q, nil
+}
+
+// stack returns the rows of qs one after the other (all must share type
+// and row length).
+func stack(qs ...*qmat) (*qmat, error) {
+	out := &qmat{t: qs[0].t, in: qs[0].in}
+	for _, q := range qs {
+		if q.t != out.t || q.in != out.in {
+			return nil, fmt.Errorf("%w: cannot stack %s×%d rows with %s×%d rows", ErrBadConfig, q.t, q.in, out.t, out.in)
+		}
+		out.rows = append(out.rows, q.rows...)
+	}
+	return out, nil
+}
+
+// sliceRows returns rows [r0, r1).
+func (q *qmat) sliceRows(r0, r1 int) *qmat {
+	return &qmat{t: q.t, in: q.in, rows: q.rows[r0:r1:r1]}
+}
+
+// sliceCols returns every row cut to elements [c0, c1), which must fall on
+// block boundaries.
+func (q *qmat) sliceCols(c0, c1 int) (*qmat, error) {
+	bs := q.t.BlockSize()
+	if c0%bs != 0 || c1%bs != 0 {
+		return nil, fmt.Errorf("%w: columns [%d, %d) of a %s weight do not fall on its %d-element blocks", ErrBadConfig, c0, c1, q.t, bs)
+	}
+	b0, b1 := c0/bs*q.t.TypeSize(), c1/bs*q.t.TypeSize()
+	out := &qmat{t: q.t, in: c1 - c0, rows: make([][]byte, len(q.rows))}
+	for i, r := range q.rows {
+		out.rows[i] = r[b0:b1:b1]
+	}
+	return out, nil
+}
+
+// row dequantizes row r into dst (len in).
+func (q *qmat) row(r int, dst []float32) {
+	if err := quant.DequantizeRow(q.t, q.rows[r], dst); err != nil {
+		panic(fmt.Sprintf("model: dequantize row %d of a %s weight: %v", r, q.t, err)) // sizes checked at load
+	}
+}
+
+// qgemm computes c = a·Wᵀ (c += … when acc) for the rows [off, off+c.cols)
+// of q on the team's threads; a is [m × q.in].
+func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
+	m, n, k := c.rows, c.cols, q.in
+	if m == 0 || n == 0 {
+		return
+	}
+	if r := activationRounding(q.t); r != roundNone {
+		// The activations llama.cpp multiplies (see actround.go), in a copy.
+		bp, _ := qScratch.Get().(*[]float32)
+		if bp == nil || cap(*bp) < m*k {
+			s := make([]float32, m*k)
+			bp = &s
+		}
+		defer qScratch.Put(bp)
+		ra := dense((*bp)[:m*k], m, k)
+		const chunk = 16
+		tm.run((m+chunk-1)/chunk, func(_, t int) {
+			for i := t * chunk; i < min(m, (t+1)*chunk); i++ {
+				row := ra.row(i)
+				copy(row, a.row(i)[:k])
+				roundRow(r, row)
+			}
+		})
+		a = ra
+	}
+	if m <= qDotRows {
+		const chunk = 32
+		tm.run((n+chunk-1)/chunk, func(_, t int) {
+			for j := t * chunk; j < min(n, (t+1)*chunk); j++ {
+				w := q.rows[off+j]
+				for i := range m {
+					v := quant.Dot(q.t, w, a.row(i)[:k])
+					if acc {
+						c.data[i*c.stride+j] += v
+					} else {
+						c.data[i*c.stride+j] = v
+					}
+				}
+			}
+		})
+		return
+	}
+	tm.run((n+qPanel-1)/qPanel, func(_, t int) {
+		j0, j1 := t*qPanel, min(n, (t+1)*qPanel)
+		need := (j1 - j0) * k
+		bp, _ := qScratch.Get().(*[]float32)
+		if bp == nil || cap(*bp) < need {
+			s := make([]float32, qPanel*k)
+			bp = &s
+		}
+		buf := (*bp)[:need]
+		for j := j0; j < j1; j++ {
+			q.row(off+j, buf[(j-j0)*k:(j-j0+1)*k])
+		}
+		simd.Gemm(m, j1-j0, k, a.data, a.stride, buf, k, true, c.data[j0:], c.stride, acc)
+		qScratch.Put(bp)
+	})
+}

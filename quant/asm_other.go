@@ -1,0 +1,9 @@
+//go:build !amd64 || noasm
+
+package quant
+
+// useAsm installs nothing: this build has only the pure-Go kernels.
+func useAsm() {}
+
+// asmLevel names the kernels in use.
+func asmLevel() string { return "go" }

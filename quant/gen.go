@@ -1,0 +1,1040 @@
+//go:build ignore
+
+// gen writes dot_amd64.s, the assembly kernels of package quant: dot
+// kernels for AVX2 + FMA + F16C (…AVX2, ymm) and AVX-512 (…AVX512, zmm),
+// and AVX2 dequantizers. Run it with `go generate ./quant`;
+// TestGeneratedUpToDate fails when the committed file is stale.
+//
+// Every dot kernel streams one weight row against float32 activations:
+// the quants are widened to int32 lanes (VPMOVZXBD/VPMOVSXBD straight
+// from memory, 8 or 16 at a time), their bit fields are cut out with
+// shifts and masks in the int32 lanes, converted to float32 and
+// multiplied into per-sub-block partial sums, and each sub-block's scale
+// is applied once to its partial vector with a fused multiply-add into
+// the row's accumulators. Scales stored as halves are decoded with
+// VCVTPH2PS. The dequantizers do the same unpacking and then ggml's exact
+// float operations (no fused multiply-add), storing the values.
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+)
+
+var out bytes.Buffer
+
+func p(format string, args ...any) { fmt.Fprintf(&out, format+"\n", args...) }
+
+// bcastConst sets every int32 lane of Y(reg) to v (clobbers AX).
+func bcastConst(reg int, v uint32) {
+	p("\tMOVL $0x%08x, AX", v)
+	p("\tVMOVD AX, X%d", reg)
+	p("\tVPBROADCASTD X%d, Y%d", reg, reg)
+}
+
+// hsumRet reduces Y0 to its lane sum and returns it as the float32 result
+// at ret.
+func hsumRet(ret int) {
+	p("\tVEXTRACTF128 $1, Y0, X1")
+	p("\tVADDPS X1, X0, X0")
+	p("\tVHADDPS X0, X0, X0")
+	p("\tVHADDPS X0, X0, X0")
+	p("\tVMOVSS X0, ret+%d(FP)", ret)
+	p("\tVZEROUPPER")
+	p("\tRET")
+}
+
+// header opens a function of the given frame size: a dot kernel (w, x
+// *, n int) float32 or, when x is "y", a dequantizer (w, y *, n int).
+func header(name string, frame int, x, doc string) {
+	p("")
+	p("// %s", doc)
+	args := 28
+	if x == "y" {
+		args = 24
+	}
+	p("TEXT ·%s(SB), NOSPLIT, $%d-%d", name, frame, args)
+	p("\tMOVQ w+0(FP), SI")
+	p("\tMOVQ %s+8(FP), DI", x)
+	p("\tMOVQ n+16(FP), CX")
+}
+
+// halfFloat: F16 (convert=true) or BF16 rows of n elements, n a multiple
+// of 8: 32 elements per iteration into four accumulators.
+func halfFloat(name string, f16 bool) {
+	header(name, 0, "x", fmt.Sprintf("func %s(w *byte, x *float32, n int) float32: n a multiple of 8.", name))
+	for i := 0; i < 4; i++ {
+		p("\tVXORPS Y%d, Y%d, Y%d", i, i, i)
+	}
+	load := func(off, reg int) {
+		if f16 {
+			p("\tVCVTPH2PS %d(SI), Y%d", off, reg)
+		} else {
+			p("\tVPMOVZXWD %d(SI), Y%d", off, reg)
+			p("\tVPSLLD $16, Y%d, Y%d", reg, reg)
+		}
+	}
+	p("%s_32:", name)
+	p("\tCMPQ CX, $32")
+	p("\tJLT %s_8", name)
+	for i := 0; i < 4; i++ {
+		load(16*i, 4+i)
+	}
+	for i := 0; i < 4; i++ {
+		p("\tVFMADD231PS %d(DI), Y%d, Y%d", 32*i, 4+i, i)
+	}
+	p("\tADDQ $64, SI")
+	p("\tADDQ $128, DI")
+	p("\tSUBQ $32, CX")
+	p("\tJMP %s_32", name)
+	p("%s_8:", name)
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	load(0, 4)
+	p("\tVFMADD231PS (DI), Y4, Y0")
+	p("\tADDQ $16, SI")
+	p("\tADDQ $32, DI")
+	p("\tSUBQ $8, CX")
+	p("\tJMP %s_8", name)
+	p("%s_done:", name)
+	p("\tVADDPS Y1, Y0, Y0")
+	p("\tVADDPS Y3, Y2, Y2")
+	p("\tVADDPS Y2, Y0, Y0")
+	hsumRet(24)
+}
+
+// q8_0Block accumulates one Q8_0 block at SI+off, x at DI+xoff, into
+// Y(acc), using registers t..t+4.
+func q8_0Block(off, xoff, acc, t int) {
+	p("\tMOVWLZX %d(SI), AX", off)
+	p("\tVMOVD AX, X%d", t)
+	p("\tVCVTPH2PS X%d, X%d", t, t)
+	p("\tVBROADCASTSS X%d, Y%d", t, t)
+	for k := 0; k < 4; k++ {
+		p("\tVPMOVSXBD %d(SI), Y%d", off+2+8*k, t+1+k)
+	}
+	for k := 0; k < 4; k++ {
+		p("\tVCVTDQ2PS Y%d, Y%d", t+1+k, t+1+k)
+	}
+	p("\tVMULPS %d(DI), Y%d, Y%d", xoff, t+1, t+1)
+	p("\tVMULPS %d(DI), Y%d, Y%d", xoff+32, t+2, t+2)
+	p("\tVFMADD231PS %d(DI), Y%d, Y%d", xoff+64, t+3, t+1)
+	p("\tVFMADD231PS %d(DI), Y%d, Y%d", xoff+96, t+4, t+2)
+	p("\tVADDPS Y%d, Y%d, Y%d", t+2, t+1, t+1)
+	p("\tVFMADD231PS Y%d, Y%d, Y%d", t+1, t, acc)
+}
+
+// q8_0: n blocks of 34 bytes (d f16, 32 int8), two per iteration.
+func q8_0() {
+	const name = "dotQ8_0AVX2"
+	header(name, 0, "x", "func dotQ8_0AVX2(w *byte, x *float32, n int) float32: n Q8_0 blocks.")
+	p("\tVXORPS Y0, Y0, Y0")
+	p("\tVXORPS Y1, Y1, Y1")
+	p("%s_2:", name)
+	p("\tCMPQ CX, $2")
+	p("\tJLT %s_1", name)
+	q8_0Block(0, 0, 0, 2)
+	q8_0Block(34, 128, 1, 7)
+	p("\tADDQ $68, SI")
+	p("\tADDQ $256, DI")
+	p("\tSUBQ $2, CX")
+	p("\tJMP %s_2", name)
+	p("%s_1:", name)
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	q8_0Block(0, 0, 0, 2)
+	p("%s_done:", name)
+	p("\tVADDPS Y1, Y0, Y0")
+	hsumRet(24)
+}
+
+// shiftTo4 moves bit b of every int32 lane of Y(src) to bit 4 of Y(dst)
+// (other bits are garbage for the caller to mask).
+func shiftTo4(src, dst, b int) {
+	switch {
+	case b < 4:
+		p("\tVPSLLD $%d, Y%d, Y%d", 4-b, src, dst)
+	case b > 4:
+		p("\tVPSRLD $%d, Y%d, Y%d", b-4, src, dst)
+	default:
+		p("\tVMOVDQU Y%d, Y%d", src, dst)
+	}
+}
+
+// q4K: n blocks of 144 bytes: d, dmin (f16), 12 bytes of 6-bit scales and
+// mins, 128 bytes of nibbles (Q5_K: 176 bytes, 32 bytes of fifth bits
+// before the nibbles). The scales are parked by kScales. Y0, Y1 accumulate d·sc·Σq·x, Y2, Y14 dmin·m·Σx; Y15 is
+// the 0x0f mask.
+func q4K(q5 bool) {
+	name, size, qs := "dotQ4KAVX2", 144, 16
+	if q5 {
+		name, size, qs = "dotQ5KAVX2", 176, 48
+	}
+	header(name, 64, "x", fmt.Sprintf("func %s(w *byte, x *float32, n int) float32: n %s blocks.", name, map[bool]string{false: "Q4_K", true: "Q5_K"}[q5]))
+	for _, r := range []int{0, 1, 2, 14} {
+		p("\tVXORPS Y%d, Y%d, Y%d", r, r, r)
+	}
+	bcastConst(15, 0x0f)
+	if q5 {
+		bcastConst(13, 0x10)
+	}
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	p("%s_block:", name)
+	kScales()
+	for g := 0; g < 4; g++ {
+		for k := 0; k < 4; k++ {
+			p("\tVPMOVZXBD %d(SI), Y3", qs+32*g+8*k)
+			p("\tVPAND Y15, Y3, Y4")
+			p("\tVPSRLD $4, Y3, Y5")
+			if q5 {
+				// qh[l] for l = 8k..8k+7: bit 2g → element l (+16),
+				// bit 2g+1 → element l+32.
+				p("\tVPMOVZXBD %d(SI), Y12", 16+8*k)
+				shiftTo4(12, 10, 2*g)
+				p("\tVPAND Y13, Y10, Y10")
+				p("\tVPOR Y10, Y4, Y4")
+				shiftTo4(12, 11, 2*g+1)
+				p("\tVPAND Y13, Y11, Y11")
+				p("\tVPOR Y11, Y5, Y5")
+			}
+			p("\tVCVTDQ2PS Y4, Y4")
+			p("\tVCVTDQ2PS Y5, Y5")
+			xl, xh := 256*g+32*k, 256*g+128+32*k
+			if k == 0 {
+				p("\tVMOVUPS %d(DI), Y8", xl)
+				p("\tVMOVUPS %d(DI), Y9", xh)
+				p("\tVMULPS Y8, Y4, Y6")
+				p("\tVMULPS Y9, Y5, Y7")
+			} else {
+				p("\tVMOVUPS %d(DI), Y10", xl)
+				p("\tVMOVUPS %d(DI), Y11", xh)
+				p("\tVFMADD231PS Y10, Y4, Y6")
+				p("\tVFMADD231PS Y11, Y5, Y7")
+				p("\tVADDPS Y10, Y8, Y8")
+				p("\tVADDPS Y11, Y9, Y9")
+			}
+		}
+		p("\tVBROADCASTSS %d(SP), Y10", 8*g)
+		p("\tVBROADCASTSS %d(SP), Y11", 8*g+4)
+		p("\tVFMADD231PS Y10, Y6, Y0")
+		p("\tVFMADD231PS Y11, Y7, Y1")
+		p("\tVBROADCASTSS %d(SP), Y10", 32+8*g)
+		p("\tVBROADCASTSS %d(SP), Y11", 32+8*g+4)
+		p("\tVFMADD231PS Y10, Y8, Y2")
+		p("\tVFMADD231PS Y11, Y9, Y14")
+	}
+	p("\tADDQ $%d, SI", size)
+	p("\tADDQ $1024, DI")
+	p("\tDECQ CX")
+	p("\tJNZ %s_block", name)
+	p("%s_done:", name)
+	p("\tVADDPS Y1, Y0, Y0")
+	p("\tVADDPS Y14, Y2, Y2")
+	p("\tVSUBPS Y2, Y0, Y0")
+	hsumRet(24)
+}
+
+// q6K: n blocks of 210 bytes: ql[128], qh[64], scales[16] int8, d f16.
+// The 16 scales times d are parked at 0(SP). For each half (128
+// elements) and each 8-element chunk l = 8c.., A = ql[l], B = ql[l+32],
+// H = qh[l] give the quants of elements l, l+32, l+64, l+96:
+// (A&15)|(H<<4&48), (B&15)|(H<<2&48), (A>>4)|(H&48), (B>>4)|(H>>2&48),
+// each −32. Y15 = 15, Y14 = 48, Y13 = 32; Y0, Y1 accumulate.
+func q6K() {
+	const name = "dotQ6KAVX2"
+	header(name, 64, "x", "func dotQ6KAVX2(w *byte, x *float32, n int) float32: n Q6_K blocks.")
+	p("\tVXORPS Y0, Y0, Y0")
+	p("\tVXORPS Y1, Y1, Y1")
+	bcastConst(15, 15)
+	bcastConst(14, 48)
+	bcastConst(13, 32)
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	p("%s_block:", name)
+	p("\tMOVWLZX 208(SI), AX")
+	p("\tVMOVD AX, X2")
+	p("\tVCVTPH2PS X2, X2")
+	p("\tVBROADCASTSS X2, Y2")
+	p("\tVPMOVSXBD 192(SI), Y3")
+	p("\tVPMOVSXBD 200(SI), Y4")
+	p("\tVCVTDQ2PS Y3, Y3")
+	p("\tVCVTDQ2PS Y4, Y4")
+	p("\tVMULPS Y2, Y3, Y3")
+	p("\tVMULPS Y2, Y4, Y4")
+	p("\tVMOVUPS Y3, 0(SP)")
+	p("\tVMOVUPS Y4, 32(SP)")
+	part := []int{6, 7, 8, 9} // partial sums of the four quarter rows
+	for n := 0; n < 2; n++ {
+		for c := 0; c < 4; c++ {
+			p("\tVPMOVZXBD %d(SI), Y3", 64*n+8*c)    // A
+			p("\tVPMOVZXBD %d(SI), Y4", 64*n+32+8*c) // B
+			p("\tVPMOVZXBD %d(SI), Y5", 128+32*n+8*c)
+			for e := 0; e < 4; e++ {
+				q6Quant(e)
+				xo := 4 * (128*n + 8*c + 32*e)
+				if c%2 == 0 {
+					p("\tVMULPS %d(DI), Y10, Y%d", xo, part[e])
+				} else {
+					p("\tVFMADD231PS %d(DI), Y10, Y%d", xo, part[e])
+				}
+			}
+			if c%2 == 1 {
+				// Sub-blocks 8n + c/2 + 2k for k = 0..3 are complete.
+				for k := 0; k < 4; k++ {
+					p("\tVBROADCASTSS %d(SP), Y12", 4*(8*n+c/2+2*k))
+					p("\tVFMADD231PS Y12, Y%d, Y%d", part[k], k%2)
+				}
+			}
+		}
+	}
+	p("\tADDQ $210, SI")
+	p("\tADDQ $1024, DI")
+	p("\tDECQ CX")
+	p("\tJNZ %s_block", name)
+	p("%s_done:", name)
+	p("\tVADDPS Y1, Y0, Y0")
+	hsumRet(24)
+}
+
+// q32 is the kernel of the 32-element legacy blocks: Q4_0 (d, 16 bytes of
+// nibbles, value (q−8)·d), Q4_1 (d, m, nibbles, q·d + m), Q5_0 (d, qh
+// uint32, nibbles, (q−16)·d) and Q5_1 (d, m, qh, nibbles, q·d + m). Byte j
+// of the nibbles holds element j (low) and j+16 (high); bit e of qh is
+// the fifth bit of element e, brought to bit 4 of its lane by VPSRLVD
+// with the per-lane counts of q5shifts (from qh<<4 for elements 0-7, qh
+// for the rest). Y0 accumulates d·Σq·x, Y1 m·Σx; Y15 = 0x0f, Y14 = 0x10,
+// Y13 = the offset (8 or 16).
+func q32(name string, size, qs, qh int, withMin bool, offset uint32) {
+	header(name, 0, "x", fmt.Sprintf("func %s(w *byte, x *float32, n int) float32: n blocks.", name))
+	p("\tVXORPS Y0, Y0, Y0")
+	p("\tVXORPS Y1, Y1, Y1")
+	bcastConst(15, 0x0f)
+	if qh >= 0 {
+		bcastConst(14, 0x10)
+	}
+	if offset != 0 {
+		bcastConst(13, offset)
+	}
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	p("%s_block:", name)
+	unpack32(qs, qh, offset)
+	p("\tVMULPS 0(DI), Y5, Y5")
+	p("\tVMULPS 32(DI), Y6, Y6")
+	p("\tVFMADD231PS 64(DI), Y7, Y5")
+	p("\tVFMADD231PS 96(DI), Y8, Y6")
+	p("\tVADDPS Y6, Y5, Y5")
+	if withMin {
+		p("\tVMOVUPS 0(DI), Y9")
+		p("\tVADDPS 32(DI), Y9, Y9")
+		p("\tVMOVUPS 64(DI), Y10")
+		p("\tVADDPS 96(DI), Y10, Y10")
+		p("\tVADDPS Y10, Y9, Y9")
+		p("\tMOVL 0(SI), AX")
+		p("\tVMOVD AX, X2")
+		p("\tVCVTPH2PS X2, X2")
+		p("\tVMOVSHDUP X2, X3")
+		p("\tVBROADCASTSS X2, Y2")
+		p("\tVBROADCASTSS X3, Y3")
+		p("\tVFMADD231PS Y9, Y3, Y1")
+	} else {
+		p("\tMOVWLZX 0(SI), AX")
+		p("\tVMOVD AX, X2")
+		p("\tVCVTPH2PS X2, X2")
+		p("\tVBROADCASTSS X2, Y2")
+	}
+	p("\tVFMADD231PS Y5, Y2, Y0")
+	p("\tADDQ $%d, SI", size)
+	p("\tADDQ $128, DI")
+	p("\tDECQ CX")
+	p("\tJNZ %s_block", name)
+	p("%s_done:", name)
+	p("\tVADDPS Y1, Y0, Y0")
+	hsumRet(24)
+}
+
+// q5shifts are the VPSRLVD counts that bring bit e of qh (of qh<<4 for
+// e < 8) to bit 4 of lane e%8 of the vector of elements e/8.
+func q5shifts() {
+	p("")
+	p("// q5shifts: per-lane right shifts for the fifth bits of Q5_0/Q5_1.")
+	for e := 0; e < 32; e++ {
+		c := e - 4
+		if e < 8 {
+			c = e
+		}
+		p("DATA ·q5shifts+%d(SB)/4, $%d", 4*e, c)
+	}
+	p("GLOBL ·q5shifts(SB), RODATA|NOPTR, $128")
+	p("")
+	p("// q5shifts512: the same for 16 lanes (elements 0-15 from qh<<4, 16-31 from qh).")
+	for e := 0; e < 32; e++ {
+		c := e - 4
+		if e < 16 {
+			c = e
+		}
+		p("DATA ·q5shifts512+%d(SB)/4, $%d", 4*e, c)
+	}
+	p("GLOBL ·q5shifts512(SB), RODATA|NOPTR, $128")
+}
+
+// The dequantizers: the same unpacking, then each quant converted to
+// float32 and scaled with ggml's operations in ggml's order (a multiply,
+// then an add or subtract: no fused multiply-add), so the values are
+// ggml's bit for bit. DI points at the destination floats.
+
+// dqHalf: F16 or BF16 rows of n elements, n a multiple of 8.
+func dqHalf(name string, f16 bool) {
+	header(name, 0, "y", fmt.Sprintf("func %s(w *byte, y *float32, n int): n a multiple of 8.", name))
+	p("%s_8:", name)
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	if f16 {
+		p("\tVCVTPH2PS (SI), Y0")
+	} else {
+		p("\tVPMOVZXWD (SI), Y0")
+		p("\tVPSLLD $16, Y0, Y0")
+	}
+	p("\tVMOVUPS Y0, (DI)")
+	p("\tADDQ $16, SI")
+	p("\tADDQ $32, DI")
+	p("\tSUBQ $8, CX")
+	p("\tJMP %s_8", name)
+	p("%s_done:", name)
+	p("\tVZEROUPPER")
+	p("\tRET")
+}
+
+func dqQ8_0() {
+	const name = "dequantQ8_0AVX2"
+	header(name, 0, "y", "func dequantQ8_0AVX2(w *byte, y *float32, n int): n Q8_0 blocks.")
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	p("%s_block:", name)
+	p("\tMOVWLZX 0(SI), AX")
+	p("\tVMOVD AX, X0")
+	p("\tVCVTPH2PS X0, X0")
+	p("\tVBROADCASTSS X0, Y0")
+	for k := 0; k < 4; k++ {
+		p("\tVPMOVSXBD %d(SI), Y%d", 2+8*k, 1+k)
+		p("\tVCVTDQ2PS Y%d, Y%d", 1+k, 1+k)
+		p("\tVMULPS Y0, Y%d, Y%d", 1+k, 1+k)
+		p("\tVMOVUPS Y%d, %d(DI)", 1+k, 32*k)
+	}
+	p("\tADDQ $34, SI")
+	p("\tADDQ $128, DI")
+	p("\tDECQ CX")
+	p("\tJNZ %s_block", name)
+	p("%s_done:", name)
+	p("\tVZEROUPPER")
+	p("\tRET")
+}
+
+// unpack32 leaves the integer quants of the 32-element block at SI in
+// Y5 (elements 0-7), Y6 (8-15), Y7 (16-23), Y8 (24-31), the offset
+// subtracted (registers as in q32).
+func unpack32(qs, qh int, offset uint32) {
+	p("\tVPMOVZXBD %d(SI), Y3", qs)
+	p("\tVPMOVZXBD %d(SI), Y4", qs+8)
+	p("\tVPAND Y15, Y3, Y5")
+	p("\tVPAND Y15, Y4, Y6")
+	p("\tVPSRLD $4, Y3, Y7")
+	p("\tVPSRLD $4, Y4, Y8")
+	if qh >= 0 {
+		p("\tMOVL %d(SI), AX", qh)
+		p("\tVMOVD AX, X9")
+		p("\tVPBROADCASTD X9, Y9")
+		p("\tVPSLLD $4, Y9, Y10")
+		for i, r := range []int{5, 6, 7, 8} {
+			src := 9
+			if i == 0 {
+				src = 10
+			}
+			p("\tVPSRLVD ·q5shifts+%d(SB), Y%d, Y11", 32*i, src)
+			p("\tVPAND Y14, Y11, Y11")
+			p("\tVPOR Y11, Y%d, Y%d", r, r)
+		}
+	}
+	for _, r := range []int{5, 6, 7, 8} {
+		if offset != 0 {
+			p("\tVPSUBD Y13, Y%d, Y%d", r, r)
+		}
+		p("\tVCVTDQ2PS Y%d, Y%d", r, r)
+	}
+}
+
+func dq32(name string, size, qs, qh int, withMin bool, offset uint32) {
+	header(name, 0, "y", fmt.Sprintf("func %s(w *byte, y *float32, n int): n blocks.", name))
+	bcastConst(15, 0x0f)
+	if qh >= 0 {
+		bcastConst(14, 0x10)
+	}
+	if offset != 0 {
+		bcastConst(13, offset)
+	}
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	p("%s_block:", name)
+	unpack32(qs, qh, offset)
+	if withMin {
+		p("\tMOVL 0(SI), AX")
+		p("\tVMOVD AX, X2")
+		p("\tVCVTPH2PS X2, X2")
+		p("\tVMOVSHDUP X2, X1")
+		p("\tVBROADCASTSS X2, Y2")
+		p("\tVBROADCASTSS X1, Y1")
+	} else {
+		p("\tMOVWLZX 0(SI), AX")
+		p("\tVMOVD AX, X2")
+		p("\tVCVTPH2PS X2, X2")
+		p("\tVBROADCASTSS X2, Y2")
+	}
+	for i, r := range []int{5, 6, 7, 8} {
+		p("\tVMULPS Y2, Y%d, Y%d", r, r)
+		if withMin {
+			p("\tVADDPS Y1, Y%d, Y%d", r, r)
+		}
+		p("\tVMOVUPS Y%d, %d(DI)", r, 32*i)
+	}
+	p("\tADDQ $%d, SI", size)
+	p("\tADDQ $128, DI")
+	p("\tDECQ CX")
+	p("\tJNZ %s_block", name)
+	p("%s_done:", name)
+	p("\tVZEROUPPER")
+	p("\tRET")
+}
+
+// kScales unpacks the 6-bit scales and mins of the Q4_K/Q5_K block at SI
+// with ggml's 32-bit mask trick into sc[0..7] (R8, R10) and m[0..7] (R13,
+// R11), widens them, scales them by d and dmin and parks d·sc[0..7] at
+// 0(SP) and dmin·m[0..7] at 32(SP) for VBROADCASTSS (clobbers AX,
+// R8-R13, Y3-Y7).
+func kScales() {
+	p("\tMOVL 4(SI), R8")
+	p("\tMOVL 8(SI), R9")
+	p("\tMOVL 12(SI), R10")
+	p("\tMOVL R10, R11")
+	p("\tSHRL $4, R11")
+	p("\tANDL $0x0f0f0f0f, R11")
+	p("\tMOVL R9, R12")
+	p("\tSHRL $6, R12")
+	p("\tANDL $0x03030303, R12")
+	p("\tSHLL $4, R12")
+	p("\tORL R12, R11")
+	p("\tMOVL R9, R13")
+	p("\tANDL $0x3f3f3f3f, R13")
+	p("\tANDL $0x0f0f0f0f, R10")
+	p("\tMOVL R8, R12")
+	p("\tSHRL $6, R12")
+	p("\tANDL $0x03030303, R12")
+	p("\tSHLL $4, R12")
+	p("\tORL R12, R10")
+	p("\tANDL $0x3f3f3f3f, R8")
+	p("\tVMOVD R8, X3")
+	p("\tVPINSRD $1, R10, X3, X3")
+	p("\tVMOVD R13, X4")
+	p("\tVPINSRD $1, R11, X4, X4")
+	p("\tVPMOVZXBD X3, Y3")
+	p("\tVPMOVZXBD X4, Y4")
+	p("\tVCVTDQ2PS Y3, Y3")
+	p("\tVCVTDQ2PS Y4, Y4")
+	p("\tMOVL 0(SI), AX")
+	p("\tVMOVD AX, X5")
+	p("\tVCVTPH2PS X5, X5")
+	p("\tVBROADCASTSS X5, Y6")
+	p("\tVMOVSHDUP X5, X7")
+	p("\tVBROADCASTSS X7, Y7")
+	p("\tVMULPS Y6, Y3, Y3")
+	p("\tVMULPS Y7, Y4, Y4")
+	p("\tVMOVUPS Y3, 0(SP)")
+	p("\tVMOVUPS Y4, 32(SP)")
+}
+
+func dqK4(q5 bool) {
+	name, size, qs := "dequantQ4KAVX2", 144, 16
+	if q5 {
+		name, size, qs = "dequantQ5KAVX2", 176, 48
+	}
+	header(name, 64, "y", fmt.Sprintf("func %s(w *byte, y *float32, n int): n blocks.", name))
+	bcastConst(15, 0x0f)
+	if q5 {
+		bcastConst(13, 0x10)
+	}
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	p("%s_block:", name)
+	kScales()
+	for g := 0; g < 4; g++ {
+		p("\tVBROADCASTSS %d(SP), Y0", 8*g)
+		p("\tVBROADCASTSS %d(SP), Y1", 8*g+4)
+		p("\tVBROADCASTSS %d(SP), Y2", 32+8*g)
+		p("\tVBROADCASTSS %d(SP), Y14", 32+8*g+4)
+		for k := 0; k < 4; k++ {
+			p("\tVPMOVZXBD %d(SI), Y3", qs+32*g+8*k)
+			p("\tVPAND Y15, Y3, Y4")
+			p("\tVPSRLD $4, Y3, Y5")
+			if q5 {
+				p("\tVPMOVZXBD %d(SI), Y12", 16+8*k)
+				shiftTo4(12, 10, 2*g)
+				p("\tVPAND Y13, Y10, Y10")
+				p("\tVPOR Y10, Y4, Y4")
+				shiftTo4(12, 11, 2*g+1)
+				p("\tVPAND Y13, Y11, Y11")
+				p("\tVPOR Y11, Y5, Y5")
+			}
+			p("\tVCVTDQ2PS Y4, Y4")
+			p("\tVCVTDQ2PS Y5, Y5")
+			p("\tVMULPS Y0, Y4, Y4")
+			p("\tVMULPS Y1, Y5, Y5")
+			p("\tVSUBPS Y2, Y4, Y4")
+			p("\tVSUBPS Y14, Y5, Y5")
+			p("\tVMOVUPS Y4, %d(DI)", 256*g+32*k)
+			p("\tVMOVUPS Y5, %d(DI)", 256*g+128+32*k)
+		}
+	}
+	p("\tADDQ $%d, SI", size)
+	p("\tADDQ $1024, DI")
+	p("\tDECQ CX")
+	p("\tJNZ %s_block", name)
+	p("%s_done:", name)
+	p("\tVZEROUPPER")
+	p("\tRET")
+}
+
+// q6Quants leaves in Y10 the float quants (−32 applied) of quarter e of
+// chunk (n, c) of the Q6_K block at SI, with A, B, H in Y3, Y4, Y5
+// (registers as in q6K).
+func q6Quant(e int) {
+	src := []int{3, 4, 3, 4}[e]
+	if e < 2 {
+		p("\tVPAND Y15, Y%d, Y10", src)
+	} else {
+		p("\tVPSRLD $4, Y%d, Y10", src)
+	}
+	switch e {
+	case 0:
+		p("\tVPSLLD $4, Y5, Y11")
+		p("\tVPAND Y14, Y11, Y11")
+	case 1:
+		p("\tVPSLLD $2, Y5, Y11")
+		p("\tVPAND Y14, Y11, Y11")
+	case 2:
+		p("\tVPAND Y14, Y5, Y11")
+	case 3:
+		p("\tVPSRLD $2, Y5, Y11")
+		p("\tVPAND Y14, Y11, Y11")
+	}
+	p("\tVPOR Y11, Y10, Y10")
+	p("\tVPSUBD Y13, Y10, Y10")
+	p("\tVCVTDQ2PS Y10, Y10")
+}
+
+func dqQ6K() {
+	const name = "dequantQ6KAVX2"
+	header(name, 64, "y", "func dequantQ6KAVX2(w *byte, y *float32, n int): n Q6_K blocks.")
+	bcastConst(15, 15)
+	bcastConst(14, 48)
+	bcastConst(13, 32)
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	p("%s_block:", name)
+	p("\tMOVWLZX 208(SI), AX")
+	p("\tVMOVD AX, X2")
+	p("\tVCVTPH2PS X2, X2")
+	p("\tVBROADCASTSS X2, Y2")
+	p("\tVPMOVSXBD 192(SI), Y3")
+	p("\tVPMOVSXBD 200(SI), Y4")
+	p("\tVCVTDQ2PS Y3, Y3")
+	p("\tVCVTDQ2PS Y4, Y4")
+	p("\tVMULPS Y2, Y3, Y3")
+	p("\tVMULPS Y2, Y4, Y4")
+	p("\tVMOVUPS Y3, 0(SP)")
+	p("\tVMOVUPS Y4, 32(SP)")
+	for n := 0; n < 2; n++ {
+		for c := 0; c < 4; c++ {
+			p("\tVPMOVZXBD %d(SI), Y3", 64*n+8*c)
+			p("\tVPMOVZXBD %d(SI), Y4", 64*n+32+8*c)
+			p("\tVPMOVZXBD %d(SI), Y5", 128+32*n+8*c)
+			for e := 0; e < 4; e++ {
+				q6Quant(e)
+				p("\tVBROADCASTSS %d(SP), Y12", 4*(8*n+c/2+2*e))
+				p("\tVMULPS Y12, Y10, Y10")
+				p("\tVMOVUPS Y10, %d(DI)", 4*(128*n+32*e+8*c))
+			}
+		}
+	}
+	p("\tADDQ $210, SI")
+	p("\tADDQ $1024, DI")
+	p("\tDECQ CX")
+	p("\tJNZ %s_block", name)
+	p("%s_done:", name)
+	p("\tVZEROUPPER")
+	p("\tRET")
+}
+
+// The AVX-512 dot kernels: the same schemes on 16-lane zmm vectors
+// (VPMOVZXBD widens 16 bytes at a time), named …AVX512.
+
+// zConst sets every int32 lane of Z(reg) to v (clobbers AX).
+func zConst(reg int, v uint32) {
+	p("\tMOVL $0x%08x, AX", v)
+	p("\tVMOVD AX, X%d", reg)
+	p("\tVPBROADCASTD X%d, Z%d", reg, reg)
+}
+
+// zHsumRet reduces Z0 and returns it at ret.
+func zHsumRet(ret int) {
+	p("\tVEXTRACTF64X4 $1, Z0, Y1")
+	p("\tVADDPS Y1, Y0, Y0")
+	hsumRet(ret)
+}
+
+// zHalf: F16 or BF16 rows, n a multiple of 16, 64 per iteration.
+func zHalf(name string, f16 bool) {
+	header(name, 0, "x", fmt.Sprintf("func %s(w *byte, x *float32, n int) float32: n a multiple of 16.", name))
+	for i := 0; i < 4; i++ {
+		p("\tVPXORD Z%d, Z%d, Z%d", i, i, i)
+	}
+	load := func(off, reg int) {
+		if f16 {
+			p("\tVCVTPH2PS %d(SI), Z%d", off, reg)
+		} else {
+			p("\tVPMOVZXWD %d(SI), Z%d", off, reg)
+			p("\tVPSLLD $16, Z%d, Z%d", reg, reg)
+		}
+	}
+	p("%s_64:", name)
+	p("\tCMPQ CX, $64")
+	p("\tJLT %s_16", name)
+	for i := 0; i < 4; i++ {
+		load(32*i, 4+i)
+	}
+	for i := 0; i < 4; i++ {
+		p("\tVFMADD231PS %d(DI), Z%d, Z%d", 64*i, 4+i, i)
+	}
+	p("\tADDQ $128, SI")
+	p("\tADDQ $256, DI")
+	p("\tSUBQ $64, CX")
+	p("\tJMP %s_64", name)
+	p("%s_16:", name)
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	load(0, 4)
+	p("\tVFMADD231PS (DI), Z4, Z0")
+	p("\tADDQ $32, SI")
+	p("\tADDQ $64, DI")
+	p("\tSUBQ $16, CX")
+	p("\tJMP %s_16", name)
+	p("%s_done:", name)
+	p("\tVADDPS Z1, Z0, Z0")
+	p("\tVADDPS Z3, Z2, Z2")
+	p("\tVADDPS Z2, Z0, Z0")
+	zHsumRet(24)
+}
+
+// zHalfScale broadcasts the f16 at off(SI) into Z(reg).
+func zHalfScale(off, reg int) {
+	p("\tMOVWLZX %d(SI), AX", off)
+	p("\tVMOVD AX, X%d", reg)
+	p("\tVCVTPH2PS X%d, X%d", reg, reg)
+	p("\tVBROADCASTSS X%d, Z%d", reg, reg)
+}
+
+// zQ8_0: two Q8_0 blocks per iteration into Z0 and Z1.
+func zQ8_0() {
+	const name = "dotQ8_0AVX512"
+	header(name, 0, "x", "func dotQ8_0AVX512(w *byte, x *float32, n int) float32: n Q8_0 blocks.")
+	p("\tVPXORD Z0, Z0, Z0")
+	p("\tVPXORD Z1, Z1, Z1")
+	block := func(off, xoff, acc, t int) {
+		zHalfScale(off, t)
+		p("\tVPMOVSXBD %d(SI), Z%d", off+2, t+1)
+		p("\tVPMOVSXBD %d(SI), Z%d", off+18, t+2)
+		p("\tVCVTDQ2PS Z%d, Z%d", t+1, t+1)
+		p("\tVCVTDQ2PS Z%d, Z%d", t+2, t+2)
+		p("\tVMULPS %d(DI), Z%d, Z%d", xoff, t+1, t+1)
+		p("\tVFMADD231PS %d(DI), Z%d, Z%d", xoff+64, t+2, t+1)
+		p("\tVFMADD231PS Z%d, Z%d, Z%d", t+1, t, acc)
+	}
+	p("%s_2:", name)
+	p("\tCMPQ CX, $2")
+	p("\tJLT %s_1", name)
+	block(0, 0, 0, 2)
+	block(34, 128, 1, 5)
+	p("\tADDQ $68, SI")
+	p("\tADDQ $256, DI")
+	p("\tSUBQ $2, CX")
+	p("\tJMP %s_2", name)
+	p("%s_1:", name)
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	block(0, 0, 0, 2)
+	p("%s_done:", name)
+	p("\tVADDPS Z1, Z0, Z0")
+	zHsumRet(24)
+}
+
+// zQ32: the 32-element legacy blocks (see q32): the 16 nibble bytes widen
+// to one vector whose low nibbles are elements 0-15 and high nibbles
+// 16-31; the fifth bits come from qh<<4 (elements 0-15) and qh (16-31)
+// by the counts of q5shifts512. Z15 = 0x0f, Z14 = 0x10, Z13 = offset.
+func zQ32(name string, size, qs, qh int, withMin bool, offset uint32) {
+	header(name, 0, "x", fmt.Sprintf("func %s(w *byte, x *float32, n int) float32: n blocks.", name))
+	p("\tVPXORD Z0, Z0, Z0")
+	p("\tVPXORD Z1, Z1, Z1")
+	zConst(15, 0x0f)
+	if qh >= 0 {
+		zConst(14, 0x10)
+	}
+	if offset != 0 {
+		zConst(13, offset)
+	}
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	p("%s_block:", name)
+	p("\tVPMOVZXBD %d(SI), Z3", qs)
+	p("\tVPANDD Z15, Z3, Z5")
+	p("\tVPSRLD $4, Z3, Z6")
+	if qh >= 0 {
+		p("\tMOVL %d(SI), AX", qh)
+		p("\tVMOVD AX, X9")
+		p("\tVPBROADCASTD X9, Z9")
+		p("\tVPSLLD $4, Z9, Z10")
+		p("\tVPSRLVD ·q5shifts512+0(SB), Z10, Z11")
+		p("\tVPANDD Z14, Z11, Z11")
+		p("\tVPORD Z11, Z5, Z5")
+		p("\tVPSRLVD ·q5shifts512+64(SB), Z9, Z11")
+		p("\tVPANDD Z14, Z11, Z11")
+		p("\tVPORD Z11, Z6, Z6")
+	}
+	for _, r := range []int{5, 6} {
+		if offset != 0 {
+			p("\tVPSUBD Z13, Z%d, Z%d", r, r)
+		}
+		p("\tVCVTDQ2PS Z%d, Z%d", r, r)
+	}
+	p("\tVMULPS 0(DI), Z5, Z5")
+	p("\tVFMADD231PS 64(DI), Z6, Z5")
+	if withMin {
+		p("\tVMOVUPS 0(DI), Z9")
+		p("\tVADDPS 64(DI), Z9, Z9")
+		p("\tMOVL 0(SI), AX")
+		p("\tVMOVD AX, X2")
+		p("\tVCVTPH2PS X2, X2")
+		p("\tVMOVSHDUP X2, X3")
+		p("\tVBROADCASTSS X2, Z2")
+		p("\tVBROADCASTSS X3, Z3")
+		p("\tVFMADD231PS Z9, Z3, Z1")
+	} else {
+		zHalfScale(0, 2)
+	}
+	p("\tVFMADD231PS Z5, Z2, Z0")
+	p("\tADDQ $%d, SI", size)
+	p("\tADDQ $128, DI")
+	p("\tDECQ CX")
+	p("\tJNZ %s_block", name)
+	p("%s_done:", name)
+	p("\tVADDPS Z1, Z0, Z0")
+	zHsumRet(24)
+}
+
+// zShiftTo4 is shiftTo4 on zmm registers.
+func zShiftTo4(src, dst, b int) {
+	switch {
+	case b < 4:
+		p("\tVPSLLD $%d, Z%d, Z%d", 4-b, src, dst)
+	case b > 4:
+		p("\tVPSRLD $%d, Z%d, Z%d", b-4, src, dst)
+	default:
+		p("\tVMOVDQU32 Z%d, Z%d", src, dst)
+	}
+}
+
+// zQ4K: Q4_K/Q5_K (see q4K), two 16-byte chunks per 64-element group.
+// Z0, Z1 accumulate d·sc·Σq·x, Z2, Z16 dmin·m·Σx.
+func zQ4K(q5 bool) {
+	name, size, qs := "dotQ4KAVX512", 144, 16
+	if q5 {
+		name, size, qs = "dotQ5KAVX512", 176, 48
+	}
+	header(name, 64, "x", fmt.Sprintf("func %s(w *byte, x *float32, n int) float32: n blocks.", name))
+	for _, r := range []int{0, 1, 2, 16} {
+		p("\tVPXORD Z%d, Z%d, Z%d", r, r, r)
+	}
+	zConst(15, 0x0f)
+	if q5 {
+		zConst(13, 0x10)
+	}
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	p("%s_block:", name)
+	kScales()
+	for g := 0; g < 4; g++ {
+		for k := 0; k < 2; k++ {
+			p("\tVPMOVZXBD %d(SI), Z3", qs+32*g+16*k)
+			p("\tVPANDD Z15, Z3, Z4")
+			p("\tVPSRLD $4, Z3, Z5")
+			if q5 {
+				p("\tVPMOVZXBD %d(SI), Z12", 16+16*k)
+				zShiftTo4(12, 10, 2*g)
+				p("\tVPANDD Z13, Z10, Z10")
+				p("\tVPORD Z10, Z4, Z4")
+				zShiftTo4(12, 11, 2*g+1)
+				p("\tVPANDD Z13, Z11, Z11")
+				p("\tVPORD Z11, Z5, Z5")
+			}
+			p("\tVCVTDQ2PS Z4, Z4")
+			p("\tVCVTDQ2PS Z5, Z5")
+			xl, xh := 256*g+64*k, 256*g+128+64*k
+			if k == 0 {
+				p("\tVMOVUPS %d(DI), Z8", xl)
+				p("\tVMOVUPS %d(DI), Z9", xh)
+				p("\tVMULPS Z8, Z4, Z6")
+				p("\tVMULPS Z9, Z5, Z7")
+			} else {
+				p("\tVMOVUPS %d(DI), Z10", xl)
+				p("\tVMOVUPS %d(DI), Z11", xh)
+				p("\tVFMADD231PS Z10, Z4, Z6")
+				p("\tVFMADD231PS Z11, Z5, Z7")
+				p("\tVADDPS Z10, Z8, Z8")
+				p("\tVADDPS Z11, Z9, Z9")
+			}
+		}
+		p("\tVBROADCASTSS %d(SP), Z10", 8*g)
+		p("\tVBROADCASTSS %d(SP), Z11", 8*g+4)
+		p("\tVFMADD231PS Z10, Z6, Z0")
+		p("\tVFMADD231PS Z11, Z7, Z1")
+		p("\tVBROADCASTSS %d(SP), Z10", 32+8*g)
+		p("\tVBROADCASTSS %d(SP), Z11", 32+8*g+4)
+		p("\tVFMADD231PS Z10, Z8, Z2")
+		p("\tVFMADD231PS Z11, Z9, Z16")
+	}
+	p("\tADDQ $%d, SI", size)
+	p("\tADDQ $1024, DI")
+	p("\tDECQ CX")
+	p("\tJNZ %s_block", name)
+	p("%s_done:", name)
+	p("\tVADDPS Z1, Z0, Z0")
+	p("\tVADDPS Z16, Z2, Z2")
+	p("\tVSUBPS Z2, Z0, Z0")
+	zHsumRet(24)
+}
+
+// zQ6K: Q6_K (see q6K) with 16-element chunks, each one whole sub-block:
+// the quants are multiplied by x, then the product by the sub-block's
+// scale into one of four accumulators Z0, Z1, Z2, Z16.
+func zQ6K() {
+	const name = "dotQ6KAVX512"
+	header(name, 64, "x", "func dotQ6KAVX512(w *byte, x *float32, n int) float32: n Q6_K blocks.")
+	accs := []int{0, 1, 2, 16}
+	for _, r := range accs {
+		p("\tVPXORD Z%d, Z%d, Z%d", r, r, r)
+	}
+	zConst(15, 15)
+	zConst(14, 48)
+	zConst(13, 32)
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	p("%s_block:", name)
+	p("\tMOVWLZX 208(SI), AX")
+	p("\tVMOVD AX, X6")
+	p("\tVCVTPH2PS X6, X6")
+	p("\tVBROADCASTSS X6, Y6")
+	p("\tVPMOVSXBD 192(SI), Y3")
+	p("\tVPMOVSXBD 200(SI), Y4")
+	p("\tVCVTDQ2PS Y3, Y3")
+	p("\tVCVTDQ2PS Y4, Y4")
+	p("\tVMULPS Y6, Y3, Y3")
+	p("\tVMULPS Y6, Y4, Y4")
+	p("\tVMOVUPS Y3, 0(SP)")
+	p("\tVMOVUPS Y4, 32(SP)")
+	for n := 0; n < 2; n++ {
+		for c := 0; c < 2; c++ {
+			p("\tVPMOVZXBD %d(SI), Z3", 64*n+16*c)
+			p("\tVPMOVZXBD %d(SI), Z4", 64*n+32+16*c)
+			p("\tVPMOVZXBD %d(SI), Z5", 128+32*n+16*c)
+			for e := 0; e < 4; e++ {
+				src := []int{3, 4, 3, 4}[e]
+				if e < 2 {
+					p("\tVPANDD Z15, Z%d, Z10", src)
+				} else {
+					p("\tVPSRLD $4, Z%d, Z10", src)
+				}
+				switch e {
+				case 0:
+					p("\tVPSLLD $4, Z5, Z11")
+					p("\tVPANDD Z14, Z11, Z11")
+				case 1:
+					p("\tVPSLLD $2, Z5, Z11")
+					p("\tVPANDD Z14, Z11, Z11")
+				case 2:
+					p("\tVPANDD Z14, Z5, Z11")
+				case 3:
+					p("\tVPSRLD $2, Z5, Z11")
+					p("\tVPANDD Z14, Z11, Z11")
+				}
+				p("\tVPORD Z11, Z10, Z10")
+				p("\tVPSUBD Z13, Z10, Z10")
+				p("\tVCVTDQ2PS Z10, Z10")
+				p("\tVMULPS %d(DI), Z10, Z10", 4*(128*n+32*e+16*c))
+				p("\tVBROADCASTSS %d(SP), Z12", 4*(8*n+c+2*e))
+				p("\tVFMADD231PS Z12, Z10, Z%d", accs[e])
+			}
+		}
+	}
+	p("\tADDQ $210, SI")
+	p("\tADDQ $1024, DI")
+	p("\tDECQ CX")
+	p("\tJNZ %s_block", name)
+	p("%s_done:", name)
+	p("\tVADDPS Z1, Z0, Z0")
+	p("\tVADDPS Z16, Z2, Z2")
+	p("\tVADDPS Z2, Z0, Z0")
+	zHsumRet(24)
+}
+
+func main() {
+	p("// Code generated by gen.go; DO NOT EDIT.")
+	p("")
+	p("//go:build amd64 && !noasm")
+	p("")
+	p("#include \"textflag.h\"")
+	halfFloat("dotF16AVX2", true)
+	halfFloat("dotBF16AVX2", false)
+	q8_0()
+	q4K(false)
+	q4K(true)
+	q6K()
+	q32("dotQ4_0AVX2", 18, 2, -1, false, 8)
+	q32("dotQ4_1AVX2", 20, 4, -1, true, 0)
+	q32("dotQ5_0AVX2", 22, 6, 2, false, 16)
+	q32("dotQ5_1AVX2", 24, 8, 4, true, 0)
+	dqHalf("dequantF16AVX2", true)
+	dqHalf("dequantBF16AVX2", false)
+	dqQ8_0()
+	dq32("dequantQ4_0AVX2", 18, 2, -1, false, 8)
+	dq32("dequantQ4_1AVX2", 20, 4, -1, true, 0)
+	dq32("dequantQ5_0AVX2", 22, 6, 2, false, 16)
+	dq32("dequantQ5_1AVX2", 24, 8, 4, true, 0)
+	dqK4(false)
+	dqK4(true)
+	dqQ6K()
+	zHalf("dotF16AVX512", true)
+	zHalf("dotBF16AVX512", false)
+	zQ8_0()
+	zQ32("dotQ4_0AVX512", 18, 2, -1, false, 8)
+	zQ32("dotQ4_1AVX512", 20, 4, -1, true, 0)
+	zQ32("dotQ5_0AVX512", 22, 6, 2, false, 16)
+	zQ32("dotQ5_1AVX512", 24, 8, 4, true, 0)
+	zQ4K(false)
+	zQ4K(true)
+	zQ6K()
+	q5shifts()
+	if err := os.WriteFile("dot_amd64.s", out.Bytes(), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,566 @@
+package vocab
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+)
+
+// Errors New and SpecFromGGUF wrap.
+var (
+	// ErrInvalidSpec is wrapped by New's errors for a Spec that is not a
+	// consistent vocabulary (mismatched lengths, duplicate tokens, bad
+	// merges, special token ids out of range).
+	ErrInvalidSpec = errors.New("invalid vocabulary")
+	// ErrUnsupported is wrapped by New's errors for a tokenizer model or
+	// pre-tokenizer this package does not implement.
+	ErrUnsupported = errors.New("unsupported tokenizer")
+)
+
+// Token types of tokenizer.ggml.token_type (llama.cpp's llama_token_type).
+const (
+	TypeUndefined   int32 = 0
+	TypeNormal      int32 = 1
+	TypeUnknown     int32 = 2
+	TypeControl     int32 = 3
+	TypeUserDefined int32 = 4
+	TypeUnused      int32 = 5
+	TypeByte        int32 = 6
+)
+
+// Token attributes (llama.cpp's llama_token_attr).
+const (
+	attrUnknown     = 1 << 0
+	attrUnused      = 1 << 1
+	attrNormal      = 1 << 2
+	attrControl     = 1 << 3
+	attrUserDefined = 1 << 4
+	attrByte        = 1 << 5
+	attrLStrip      = 1 << 7
+	attrRStrip      = 1 << 8
+
+	attrSpecial = attrUnknown | attrControl // pieces hidden unless special
+)
+
+// Spec is what New needs: a tokenizer as a GGUF file's tokenizer.ggml.*
+// keys describe it (SpecFromGGUF reads one). The slices are not modified
+// by New nor kept.
+type Spec struct {
+	// Model is tokenizer.ggml.model: "llama" (SentencePiece BPE with
+	// scores and byte fallback) or "gpt2" (byte-level BPE with merges).
+	Model string
+	// Pre is tokenizer.ggml.pre, the pre-tokenizer of a gpt2 model (""
+	// means "default", as in llama.cpp); see SupportedPre. Ignored for
+	// llama models.
+	Pre string
+	// Tokens are the token texts by id (tokenizer.ggml.tokens); an empty
+	// text becomes "[EMPTY_<id>]" as in llama.cpp.
+	Tokens []string
+	// Scores (tokenizer.ggml.scores) rank the merges of a llama model; nil
+	// means all 0. Otherwise len(Scores) must be len(Tokens).
+	Scores []float32
+	// Types are the token types (tokenizer.ggml.token_type, the Type*
+	// constants); nil means all TypeNormal. Otherwise len(Types) must be
+	// len(Tokens).
+	Types []int32
+	// Merges are a gpt2 model's merges, "left right", by rank
+	// (tokenizer.ggml.merges).
+	Merges []string
+	// Special token ids; -1 means none. EOT, EOM and the FIM ids, when -1,
+	// are then found by their text as llama.cpp does (e.g. "<|eot_id|>",
+	// "<|im_end|>"). Each other id must be -1 or a token id.
+	BOS, EOS, UNK, PAD, EOT, EOM, SEP int32
+	// The fill-in-the-middle ids (-1: found by text, which also makes the
+	// token a control token, as in llama.cpp). The pad, repository and
+	// file-separator ids end generation.
+	FIMPre, FIMSuf, FIMMid, FIMPad, FIMRep, FIMSep int32
+	// AddBOS and AddEOS: Tokenize with addSpecial adds BOS first / EOS last
+	// (tokenizer.ggml.add_bos_token / add_eos_token, whose defaults
+	// SpecFromGGUF applies). AddSpacePrefix: a llama model prefixes text
+	// with a space (tokenizer.ggml.add_space_prefix; default true for
+	// llama, false for gpt2).
+	AddBOS, AddEOS, AddSpacePrefix bool
+	// Name and Arch are general.name and general.architecture, which
+	// llama.cpp uses to set per-token strip attributes (Phi-3's special
+	// tokens strip the whitespace after them).
+	Name, Arch string
+}
+
+// DefaultSpec returns a Spec with llama.cpp's defaults for a model and
+// pre-tokenizer: the default special ids (llama: BOS 1, EOS 2, UNK 0;
+// gpt2: BOS = EOS = 11, unless the pre-tokenizer has none) and flags (llama:
+// AddBOS and AddSpacePrefix; gpt2: AddBOS for the Llama 3 family). Tokens,
+// scores, types and merges are left empty; New disables default ids that
+// are out of range only through SpecFromGGUF, so set them to fit.
+func DefaultSpec(model, pre string) Spec {
+	s := Spec{Model: model, Pre: pre, BOS: -1, EOS: -1, UNK: -1, PAD: -1, EOT: -1, EOM: -1, SEP: -1,
+		FIMPre: -1, FIMSuf: -1, FIMMid: -1, FIMPad: -1, FIMRep: -1, FIMSep: -1}
+	switch model {
+	case "llama":
+		s.BOS, s.EOS, s.UNK = 1, 2, 0
+		s.AddBOS, s.AddSpacePrefix = true, true
+	case "gpt2":
+		s.BOS, s.EOS = 11, 11
+		if p, ok := preTokenizers[pre]; ok {
+			s.AddBOS = p.addBOS
+			if p.noBOS {
+				s.BOS = -1
+			}
+		}
+	}
+	return s
+}
+
+type modelKind uint8
+
+const (
+	modelSPM modelKind = iota + 1
+	modelBPE
+)
+
+// pair is a BPE merge's two sides.
+type pair struct{ left, right string }
+
+// Vocab is a tokenizer built by New. It is immutable and safe for
+// concurrent use.
+type Vocab struct {
+	model  modelKind
+	pre    preInfo
+	split  []splitter
+	tokens []string
+	scores []float32
+	attrs  []uint32
+	toID   map[string]int32
+	ranks  map[pair]int32
+	pieces []string // llama_token_to_piece(special = true) of every id
+	// specials are the control, user-defined and unknown ids, longest text
+	// first (llama.cpp's cache_special_tokens).
+	specials []int32
+	eog      []int32
+	byteTok  [256]int32 // SPM byte fallback ids, -1: none
+
+	bos, eos, unk, pad, eot, eom, sep int32
+	addBOS, addEOS, addSpacePrefix    bool
+	cleanSpaces                       bool
+
+	cache    *wordCache
+	spmPairs pairSet // SPM: characters adjacent in some token
+	trie     *specialTrie
+}
+
+// New builds a Vocab from s, validating it: token, score and type counts
+// agree, token texts are distinct, merges have the form "left right",
+// special ids are in range, and the model and pre-tokenizer are supported
+// (errors wrap ErrInvalidSpec or ErrUnsupported). New never panics.
+func New(s Spec) (*Vocab, error) {
+	v := &Vocab{bos: s.BOS, eos: s.EOS, unk: s.UNK, pad: s.PAD, eot: s.EOT, eom: s.EOM, sep: s.SEP,
+		addBOS: s.AddBOS, addEOS: s.AddEOS, addSpacePrefix: s.AddSpacePrefix}
+	switch s.Model {
+	case "llama":
+		v.model = modelSPM
+	case "gpt2":
+		v.model = modelBPE
+		p, ok := preTokenizers[s.Pre]
+		if !ok {
+			return nil, fmt.Errorf("vocab: unsupported pre-tokenizer %q; supported: %s: %w",
+				s.Pre, strings.Join(SupportedPre(), ", "), ErrUnsupported)
+		}
+		v.pre = p
+		v.cleanSpaces = p.cleanSpaces
+		v.split = p.kind.splitters()
+	default:
+		return nil, fmt.Errorf("vocab: unsupported tokenizer model %q; supported: llama, gpt2: %w", s.Model, ErrUnsupported)
+	}
+	n := len(s.Tokens)
+	if n == 0 {
+		return nil, fmt.Errorf("vocab: no tokens: %w", ErrInvalidSpec)
+	}
+	if n > math.MaxInt32 {
+		return nil, fmt.Errorf("vocab: %d tokens: %w", n, ErrInvalidSpec)
+	}
+	if s.Scores != nil && len(s.Scores) != n {
+		return nil, fmt.Errorf("vocab: %d scores for %d tokens: %w", len(s.Scores), n, ErrInvalidSpec)
+	}
+	if s.Types != nil && len(s.Types) != n {
+		return nil, fmt.Errorf("vocab: %d token types for %d tokens: %w", len(s.Types), n, ErrInvalidSpec)
+	}
+	v.tokens = make([]string, n)
+	v.scores = make([]float32, n)
+	v.attrs = make([]uint32, n)
+	v.toID = make(map[string]int32, n)
+	for i, t := range s.Tokens {
+		if t == "" {
+			t = fmt.Sprintf("[EMPTY_%d]", i)
+		}
+		if j, dup := v.toID[t]; dup {
+			return nil, fmt.Errorf("vocab: token %d %q repeats token %d: %w", i, t, j, ErrInvalidSpec)
+		}
+		v.toID[t] = int32(i)
+		v.tokens[i] = t
+		if s.Scores != nil {
+			v.scores[i] = s.Scores[i]
+		}
+		v.attrs[i] = attrNormal
+		if s.Types != nil {
+			v.attrs[i] = typeAttr(s.Types[i])
+		}
+	}
+	if v.model == modelBPE {
+		v.ranks = make(map[pair]int32, len(s.Merges))
+		for i, m := range s.Merges {
+			k := -1 // the first space after the first byte, as llama.cpp's find(' ', 1)
+			if len(m) > 1 {
+				if j := strings.IndexByte(m[1:], ' '); j >= 0 {
+					k = j + 1
+				}
+			}
+			if k < 0 {
+				return nil, fmt.Errorf("vocab: merge %d %q is not \"left right\": %w", i, m, ErrInvalidSpec)
+			}
+			p := pair{m[:k], m[k+1:]}
+			if _, seen := v.ranks[p]; !seen {
+				v.ranks[p] = int32(i)
+			}
+		}
+	}
+	for _, sp := range []struct {
+		name string
+		id   int32
+	}{{"BOS", s.BOS}, {"EOS", s.EOS}, {"UNK", s.UNK}, {"PAD", s.PAD}, {"EOT", s.EOT}, {"EOM", s.EOM},
+		{"SEP", s.SEP}, {"FIM pre", s.FIMPre}, {"FIM suf", s.FIMSuf}, {"FIM mid", s.FIMMid},
+		{"FIM pad", s.FIMPad}, {"FIM rep", s.FIMRep}, {"FIM sep", s.FIMSep}} {
+		if sp.id < -1 || sp.id >= int32(n) {
+			return nil, fmt.Errorf("vocab: %s token id %d out of range [0, %d): %w", sp.name, sp.id, n, ErrInvalidSpec)
+		}
+	}
+	if s.AddBOS && s.BOS < 0 {
+		return nil, fmt.Errorf("vocab: add_bos set but no BOS token: %w", ErrInvalidSpec)
+	}
+	if s.AddEOS && s.EOS < 0 {
+		return nil, fmt.Errorf("vocab: add_eos set but no EOS token: %w", ErrInvalidSpec)
+	}
+	v.finishAttrs(s)
+	for b := range v.byteTok {
+		v.byteTok[b] = -1
+		if v.model == modelSPM {
+			if id, ok := v.toID[fmt.Sprintf("<0x%02X>", b)]; ok {
+				v.byteTok[b] = id
+			} else if id, ok := v.toID[string([]byte{byte(b)})]; ok {
+				v.byteTok[b] = id
+			}
+		}
+	}
+	v.cache = newWordCache()
+	if v.model == modelSPM {
+		v.spmPairs = spmPairSet(v.tokens)
+	}
+	v.trie = newSpecialTrie(v)
+	return v, nil
+}
+
+// typeAttr maps a token type to its attribute as llama.cpp's loader does.
+func typeAttr(t int32) uint32 {
+	switch t {
+	case TypeNormal:
+		return attrNormal
+	case TypeUnknown:
+		return attrUnknown
+	case TypeControl:
+		return attrControl
+	case TypeUserDefined:
+		return attrUserDefined
+	case TypeUnused:
+		return attrUnused
+	case TypeByte:
+		return attrByte
+	}
+	return 0
+}
+
+// finishAttrs follows llama_vocab::impl::load after the token list: the
+// EOT/EOM/FIM ids found by text, "unused" control tokens, the
+// end-of-generation set and its workarounds, the special-token cache, the
+// piece cache and the per-model strip attributes.
+func (v *Vocab) finishAttrs(s Spec) {
+	n := int32(len(v.tokens))
+	fimPad, fimRep, fimSep := s.FIMPad, s.FIMRep, s.FIMSep
+	control := func(id int32) { v.attrs[id] |= attrControl }
+	// detect sets *id, when not given, to the candidate llama.cpp finds
+	// first in its token map's iteration order (see stdMapOrder).
+	var order []int32
+	detect := func(id *int32, texts ...string) {
+		if *id >= 0 {
+			return
+		}
+		var found []int32
+		for _, t := range texts {
+			if i, ok := v.toID[t]; ok {
+				found = append(found, i)
+			}
+		}
+		switch {
+		case len(found) == 0:
+			return
+		case len(found) > 1:
+			if order == nil {
+				order = stdMapOrder(v.tokens)
+			}
+			if order == nil { // too large to lay out: the lowest id
+				found[0] = slices.Min(found)
+				break
+			}
+			for _, i := range order {
+				if slices.Contains(found, i) {
+					found[0] = i
+					break
+				}
+			}
+		}
+		*id = found[0]
+		control(found[0])
+	}
+	detect(&v.eot, "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+		"<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
+	detect(&v.eom, "<|eom_id|>")
+	fimPre, fimSuf, fimMid := s.FIMPre, s.FIMSuf, s.FIMMid
+	detect(&fimPre, "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>")
+	detect(&fimSuf, "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>")
+	detect(&fimMid, "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>")
+	detect(&fimPad, "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")
+	detect(&fimRep, "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")
+	detect(&fimSep, "<|file_sep|>")
+
+	for i := range v.attrs {
+		if v.attrs[i]&attrControl != 0 && strings.Contains(v.tokens[i], "unused") {
+			v.attrs[i] |= attrUnused
+		}
+	}
+
+	eog := map[int32]bool{}
+	for _, id := range []int32{fimPad, fimRep, fimSep} {
+		if id >= 0 {
+			eog[id] = true
+		}
+	}
+	for i := int32(0); i < n; i++ {
+		switch v.tokens[i] {
+		case "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+			"<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+			"<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+			"<｜end▁of▁sentence｜>", "[e~[":
+			eog[i] = true
+			control(i)
+		}
+	}
+	for i := int32(0); i < n; i++ {
+		switch v.tokens[i] {
+		case "<|channel|>", "<|message|>", "<|start|>", "<|constrain|>":
+			v.attrs[i] = attrUserDefined
+		}
+	}
+	for _, id := range []int32{v.eos, v.eot, v.eom} {
+		if id >= 0 {
+			eog[id] = true
+		}
+	}
+	has := func(text string) (int32, bool) {
+		id, ok := v.toID[text]
+		return id, ok && eog[id]
+	}
+	_, ret := has("<|return|>")
+	_, call := has("<|call|>")
+	_, calls := has("<|calls|>")
+	_, flush := has("<|flush|>")
+	if end, ok := has("<|end|>"); ok && ((ret && (call || calls)) || ((call || calls) && flush)) {
+		delete(eog, end)
+		v.attrs[end] = attrUserDefined
+	}
+	if _, tr := has("<|tool_response>"); tr {
+		if sid, ok := has("</s>"); ok {
+			delete(eog, sid)
+			v.attrs[sid] = attrNormal
+		}
+	}
+	for id := range eog {
+		v.eog = append(v.eog, id)
+	}
+	slices.Sort(v.eog)
+
+	for i := int32(0); i < n; i++ {
+		if v.attrs[i]&(attrControl|attrUserDefined|attrUnknown) != 0 {
+			v.specials = append(v.specials, i)
+		}
+	}
+	slices.SortStableFunc(v.specials, func(a, b int32) int { return len(v.tokens[b]) - len(v.tokens[a]) })
+
+	v.pieces = make([]string, n)
+	for i := int32(0); i < n; i++ {
+		v.pieces[i] = v.computePiece(i)
+	}
+
+	// Per-token attributes by model name, architecture or pre-tokenizer.
+	name := strings.ToLower(s.Name)
+	setAttr := func(text string, attr uint32, on bool) {
+		if id, ok := v.toID[text]; ok {
+			if on {
+				v.attrs[id] |= attr
+			} else {
+				v.attrs[id] &^= attr
+			}
+		}
+	}
+	containsAny := func(s string, subs ...string) bool {
+		for _, sub := range subs {
+			if strings.Contains(s, sub) {
+				return true
+			}
+		}
+		return false
+	}
+	switch {
+	case containsAny(s.Pre, "jina-v2-de", "jina-v2-es", "jina-v2-code") || containsAny(s.Arch, "nomic-bert-moe", "jina-bert-v3"):
+		setAttr("<mask>", attrLStrip, true)
+	case containsAny(name, "phi-3", "phi3"):
+		for _, id := range v.specials {
+			v.attrs[id] |= attrRStrip
+		}
+		setAttr("</s>", attrRStrip, true)
+		for _, t := range []string{"<unk>", "<s>", "<|endoftext|>"} {
+			setAttr(t, attrRStrip, false)
+		}
+	case containsAny(name, "modern-bert"):
+		setAttr("[MASK]", attrLStrip, true)
+	}
+}
+
+// computePiece is llama_token_to_piece(special = true) without the cache.
+func (v *Vocab) computePiece(id int32) string {
+	attr, text := v.attrs[id], v.tokens[id]
+	switch {
+	case attr&(attrSpecial|attrUserDefined) != 0:
+		return text
+	case attr&attrNormal != 0:
+		if v.model == modelSPM {
+			return strings.ReplaceAll(text, "\u2581", " ")
+		}
+		return decodeByteLevel(text)
+	case attr&attrByte != 0:
+		return string([]byte{tokenByte(text)})
+	}
+	return ""
+}
+
+// decodeByteLevel is llama_decode_text: GPT-2's codepoint→byte map undone,
+// with llama.cpp's "[UNK_BYTE_0x…]" for codepoints outside the map.
+func decodeByteLevel(text string) string {
+	var out, enc []byte
+	for off := 0; off < len(text); {
+		c, n := decodeCpt(text, off)
+		off += n
+		enc = appendCptUTF8(enc[:0], c)
+		if b, ok := unicodeToByte[string(enc)]; ok {
+			out = append(out, b)
+			continue
+		}
+		out = append(out, "[UNK_BYTE_0x"...)
+		for _, b := range enc {
+			out = fmt.Appendf(out, "%02x", b)
+		}
+		out = append(out, text...)
+		out = append(out, ']')
+	}
+	return string(out)
+}
+
+// tokenByte is llama.cpp's token_to_byte: strtol(text.substr(3, 2), 16).
+func tokenByte(text string) byte {
+	if len(text) < 3 {
+		return 0
+	}
+	s := text[3:min(len(text), 5)]
+	s = strings.TrimLeft(s, " \t\n\v\f\r")
+	neg := false
+	if s != "" && (s[0] == '+' || s[0] == '-') {
+		neg = s[0] == '-'
+		s = s[1:]
+	}
+	var x int
+	for _, c := range []byte(s) {
+		var d int
+		switch {
+		case c >= '0' && c <= '9':
+			d = int(c - '0')
+		case c >= 'a' && c <= 'f':
+			d = int(c-'a') + 10
+		case c >= 'A' && c <= 'F':
+			d = int(c-'A') + 10
+		default:
+			return byte(sign(neg) * x)
+		}
+		x = x*16 + d
+	}
+	return byte(sign(neg) * x)
+}
+
+func sign(neg bool) int {
+	if neg {
+		return -1
+	}
+	return 1
+}
+
+// Size is the number of tokens.
+func (v *Vocab) Size() int { return len(v.tokens) }
+
+// BOS is the beginning-of-sequence id (-1: none).
+func (v *Vocab) BOS() int32 { return v.bos }
+
+// EOS is the end-of-sequence id (-1: none).
+func (v *Vocab) EOS() int32 { return v.eos }
+
+// EOT is the end-of-turn id, given or found by text (-1: none).
+func (v *Vocab) EOT() int32 { return v.eot }
+
+// AddBOS reports whether Tokenize with addSpecial prepends BOS.
+func (v *Vocab) AddBOS() bool { return v.addBOS }
+
+// AddEOS reports whether Tokenize with addSpecial appends EOS.
+func (v *Vocab) AddEOS() bool { return v.addEOS }
+
+// EOG returns the end-of-generation ids, ascending, as llama.cpp's
+// special_eog_ids: EOS, EOT, EOM, the FIM pad/repo/file-separator ids and
+// every token whose text llama.cpp lists ("<|eot_id|>", "<|im_end|>",
+// "<|end|>", "<end_of_turn>", "<|endoftext|>", …). The slice is a copy.
+func (v *Vocab) EOG() []int32 { return slices.Clone(v.eog) }
+
+// IsEOG reports whether id ends generation.
+func (v *Vocab) IsEOG(id int32) bool {
+	_, ok := slices.BinarySearch(v.eog, id)
+	return ok
+}
+
+// IsSpecial reports whether id is a control, unknown or user-defined token
+// (the tokens Tokenize with parseSpecial matches by text; user-defined ones
+// are matched even without it). False for ids out of range.
+func (v *Vocab) IsSpecial(id int32) bool {
+	return v.valid(id) && v.attrs[id]&(attrControl|attrUserDefined|attrUnknown) != 0
+}
+
+// TokenText is the text of id as stored in the vocabulary ("" for ids out
+// of range).
+func (v *Vocab) TokenText(id int32) string {
+	if !v.valid(id) {
+		return ""
+	}
+	return v.tokens[id]
+}
+
+// ID returns the id whose text is text.
+func (v *Vocab) ID(text string) (int32, bool) {
+	id, ok := v.toID[text]
+	return id, ok
+}
+
+func (v *Vocab) valid(id int32) bool { return id >= 0 && int(id) < len(v.tokens) }
