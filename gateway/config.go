@@ -14,6 +14,7 @@ import (
 	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/httpserve"
+	"github.com/cacheblend/cacheblend/modelfile"
 )
 
 // Routing policies (Config.Policy, the route.policy attribute and the policy label).
@@ -250,6 +251,10 @@ type Deps struct {
 	component.Deps
 	// Gatherer is served on /metrics; nil: the Registerer when it is also a Gatherer.
 	Gatherer prometheus.Gatherer
+	// ModelFile is the GGUF model file the engines serve (cb gateway --model): its tokenizer
+	// and chat template give the prompts' tokens the KV-aware policy matches, as the engines
+	// build them. nil: the built-in model's byte tokens.
+	ModelFile *modelfile.File
 	// Transport carries the requests to the engines (forwarding and health checks); nil: a
 	// transport of its own with keep-alive connections to every engine.
 	Transport http.RoundTripper

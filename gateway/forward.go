@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	chattmpl "github.com/cacheblend/cacheblend/chat"
+	"github.com/cacheblend/cacheblend/modelfile"
 	"io"
 	"log/slog"
 	"net/http"
@@ -114,17 +116,40 @@ func (g *Gateway) serveGenerate(w *statusWriter, r *http.Request, op, route stri
 		return
 	}
 	rec.stream = gen.Stream
-	tokens := promptTokens(gen)
+	tokens := promptTokens(g.file, gen)
 	rec.promptTokens = len(tokens)
 	job := &routeJob{req: &RouteRequest{Operation: op, PromptTokens: max(1, len(tokens))}, exclude: map[int]bool{}, handOver: g.decode != nil}
 	job.hits = g.expectedHits(func(x *reuseIndex) int { return x.Match(tokens) })
 	g.dispatch(ctx, w, r, rec, job, body, route, func(u *upstream) { u.index.Register(tokens) })
 }
 
-// promptTokens returns the prompt's tokens as the engine builds them: BOS and the byte tokens
-// of the chat template (api.ChatPrompt) or of the completion prompt, or the prompt's token ids.
-func promptTokens(g *api.Generation) []int32 {
+// promptTokens returns the prompt's tokens as the engine builds them: with a model file its
+// chat template and tokenizer (modelfile.File.ChatTokens) or its tokens of the completion
+// prompt; else BOS and the byte tokens of the chat template (api.ChatPrompt) or of the
+// completion prompt; or the prompt's token ids.
+func promptTokens(f *modelfile.File, g *api.Generation) []int32 {
 	var tok tokenizer.Tokenizer
+	if f != nil {
+		switch {
+		case g.Operation == api.OperationChat:
+			msgs := make([]chattmpl.Message, len(g.Messages))
+			for i, m := range g.Messages {
+				msgs[i] = chattmpl.Message{Role: m.Role, Content: m.Content}
+			}
+			toks, _, err := f.ChatTokens(msgs)
+			if err != nil {
+				return nil // the engine answers the error
+			}
+			return toks
+		case g.PromptTokens != nil:
+			return g.PromptTokens
+		}
+		toks := f.Vocab.Encode(g.Prompt)
+		if f.AddBOS {
+			toks = append([]int32{f.BOS}, toks...)
+		}
+		return toks
+	}
 	switch {
 	case g.Operation == api.OperationChat:
 		return tok.AppendEncode([]int32{tokenizer.BOS}, api.ChatPrompt(g.Messages))
@@ -168,7 +193,11 @@ func (g *Gateway) serveDocuments(w *statusWriter, r *http.Request, route string,
 	var tok tokenizer.Tokenizer
 	toks := make([][]int32, len(docs.Docs))
 	for i, d := range docs.Docs {
-		toks[i] = tok.Encode(d.Text)
+		if g.file != nil {
+			toks[i] = g.file.Vocab.Encode(d.Text)
+		} else {
+			toks[i] = tok.Encode(d.Text)
+		}
 		rec.promptTokens += len(toks[i])
 	}
 	job := &routeJob{req: &RouteRequest{Operation: "documents", PromptTokens: max(1, rec.promptTokens)}, units: len(toks), exclude: map[int]bool{}}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/cacheblend/cacheblend/modelfile"
 	"log/slog"
 	"net"
 	"net/http"
@@ -30,7 +31,8 @@ var _ component.Lifecycle = (*Gateway)(nil)
 type Gateway struct {
 	cfg        Config
 	policy     Policy
-	policyName string // the metrics' policy label
+	policyName string          // the metrics' policy label
+	file       *modelfile.File // the engines' model file (nil: the built-in model)
 	pool       *pool
 	decode     *pool        // the decode engines (least-loaded) with Config.Decode, else nil
 	client     *http.Client // forwarding (no timeout: requests are bounded by their context)
@@ -58,7 +60,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		return nil, err
 	}
 	deps.Deps = deps.Deps.WithDefaults()
-	g := &Gateway{cfg: cfg, log: deps.Logger, policy: deps.Policy, policyName: cfg.Policy}
+	g := &Gateway{cfg: cfg, log: deps.Logger, policy: deps.Policy, policyName: cfg.Policy, file: deps.ModelFile}
 	if g.policy == nil {
 		g.policy = newPolicy(cfg.Policy, cfg.Alpha, cfg.SpreadMargin)
 	} else if slices.Contains(Policies(), g.policy.Name()) {

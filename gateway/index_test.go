@@ -20,7 +20,7 @@ func doc(seed uint64, n int) []int32 {
 
 // chat returns the engine's prompt tokens of a user message.
 func chat(content string) []int32 {
-	return promptTokens(&api.Generation{Operation: api.OperationChat, Messages: []api.Message{{Role: "user", Content: content}}})
+	return promptTokens(nil, &api.Generation{Operation: api.OperationChat, Messages: []api.Message{{Role: "user", Content: content}}})
 }
 
 func TestReuseIndexMatchesRoutedPrompts(t *testing.T) {

@@ -115,7 +115,13 @@ func TestAgainstLlamaCpp(t *testing.T) {
 		{"llama F32 tied, llama3 vocab", testmodel.Spec{Arch: "llama", Type: quant.F32, Tied: true, Theta: 500000}, 1e-3, "llama-bpe"},
 		{"qwen2 F32", testmodel.Spec{Arch: "qwen2", Type: quant.F32, Theta: 1000000}, 1e-3, "qwen2"},
 		{"llama F16", testmodel.Spec{Arch: "llama", Type: quant.F16}, 1e-2, "llama-spm"},
-		{"llama BF16", testmodel.Spec{Arch: "llama", Type: quant.BF16}, 1e-2, "llama-spm"},
+		// BF16: llama.cpp rounds the activations of every product to bf16
+		// (8 significant bits), as the model does (actround.go); where the
+		// two float32 sums differ in their last bit across a bf16 rounding
+		// boundary (a few steps in 64), one activation differs by a bf16
+		// ulp and the step's log-probabilities by up to ~5e-2; every other
+		// step agrees within 1e-4 (checked: at least 3/4 of the steps).
+		{"llama BF16", testmodel.Spec{Arch: "llama", Type: quant.BF16}, 6e-2, "llama-spm"},
 		{"llama Q8_0", testmodel.Spec{Arch: "llama", Type: quant.Q8_0}, 0, "llama-spm"},
 		{"llama Q4_K_M", testmodel.Spec{Arch: "llama", Dim: 256, Heads: 4, KVHeads: 2, FFNDim: 512, Type: quant.Q4_K, OutType: quant.Q6_K}, 0, "llama-spm"},
 		{"qwen2 Q4_K_M", testmodel.Spec{Arch: "qwen2", Dim: 256, Heads: 4, KVHeads: 2, FFNDim: 512, Type: quant.Q4_K, OutType: quant.Q6_K}, 0, "qwen2"},
@@ -157,7 +163,7 @@ func TestAgainstLlamaCpp(t *testing.T) {
 			}
 			got := teacherForced(t, m, toks, len(p1))
 			var klSum float64
-			agree, maxDiff, peak := 0, 0.0, 0.0
+			agree, exact, maxDiff, peak := 0, 0, 0.0, 0.0
 			for s := range steps {
 				lw, lg := logSoftmax(want[s]), logSoftmax(got[s])
 				var kl float64
@@ -174,19 +180,27 @@ func TestAgainstLlamaCpp(t *testing.T) {
 					order[i] = i
 				}
 				slices.SortFunc(order, func(a, b int) int { return -cmpF(lw[a], lw[b]) })
+				sd := 0.0
 				for _, i := range order[:20] {
-					maxDiff = max(maxDiff, math.Abs(lw[i]-lg[i]))
+					sd = max(sd, math.Abs(lw[i]-lg[i]))
 				}
+				if sd <= 1e-4 {
+					exact++
+				}
+				maxDiff = max(maxDiff, sd)
 			}
 			meanKL, top1 := klSum/steps, float64(agree)/steps
 			if peak/steps < 0.3 {
 				t.Errorf("flat distributions (mean top-1 probability %.2f): a comparison that proves little", peak/steps)
 			}
-			t.Logf("%s: max|Δlogprob| top20 %.2e, mean KL %.2e, top-1 agreement %.3f, mean top-1 prob %.2f",
-				tc.name, maxDiff, meanKL, top1, peak/steps)
+			t.Logf("%s: max|Δlogprob| top20 %.2e (steps within 1e-4: %d/%d), mean KL %.2e, top-1 agreement %.3f, mean top-1 prob %.2f",
+				tc.name, maxDiff, exact, steps, meanKL, top1, peak/steps)
 			if tc.tol > 0 {
 				if maxDiff > tc.tol {
 					t.Errorf("max |Δ logprob| on llama.cpp's top 20 = %.3g > %.0e", maxDiff, tc.tol)
+				}
+				if tc.spec.Type == quant.BF16 && exact < steps*3/4 {
+					t.Errorf("only %d of %d steps within 1e-4 of llama.cpp", exact, steps)
 				}
 				// Greedy decoding from the prompt gives the same 32 tokens.
 				ours := greedy(t, m, p1, 32)

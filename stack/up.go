@@ -602,7 +602,7 @@ func (s *Stack) startGateway(ctx context.Context, cfg UpConfig) error {
 		}
 		env = append(env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="+cfg.OTLPEndpoint, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="+proto)
 	}
-	args := []string{"gateway", "--addr", cfg.APIAddr}
+	args := append([]string{"gateway", "--addr", cfg.APIAddr}, modelArgs(cfg)...)
 	for _, n := range s.Endpoints().Nodes {
 		flag := "--engine"
 		if n.Role != "" {

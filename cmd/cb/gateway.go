@@ -8,6 +8,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/gateway"
+	"github.com/cacheblend/cacheblend/modelfile"
 	"github.com/cacheblend/cacheblend/service"
 )
 
@@ -15,8 +16,9 @@ func init() { subcommands = append(subcommands, newGatewayCmd) }
 
 func newGatewayCmd() *cobra.Command {
 	var (
-		cfg  gateway.Config
-		otlp string
+		cfg       gateway.Config
+		otlp      string
+		modelPath string
 	)
 	cmd := &cobra.Command{
 		Use:   "gateway",
@@ -49,7 +51,16 @@ decode_unavailable before anything was streamed is retried with another decode e
 			if err != nil {
 				return err
 			}
-			gw, err := gateway.New(cfg, gateway.Deps{Deps: rt.Deps(), Gatherer: rt.Gatherer()})
+			deps := gateway.Deps{Deps: rt.Deps(), Gatherer: rt.Gatherer()}
+			if modelPath != "" {
+				mf, err := modelfile.Open(modelPath)
+				if err != nil {
+					return err
+				}
+				defer mf.Close()
+				deps.ModelFile = mf
+			}
+			gw, err := gateway.New(cfg, deps)
 			if err != nil {
 				return err
 			}
@@ -64,6 +75,7 @@ decode_unavailable before anything was streamed is retried with another decode e
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&modelPath, "model", "", "the engines' GGUF model file: its tokenizer and chat template give the prompts' tokens the kv-aware policy matches (empty: the built-in model's byte tokens)")
 	f.StringVar(&cfg.Addr, "addr", gateway.DefaultAddr, "OpenAI API listen address (also /metrics and /health)")
 	f.StringSliceVar(&cfg.Engines, "engine", nil, "engine base URL, e.g. http://127.0.0.1:8000 (repeatable, or comma-separated)")
 	f.StringSliceVar(&cfg.Prefill, "prefill", nil, "prefill engine base URL (cb engine --role prefill; repeatable); with --decode, instead of --engine: prefill/decode routing")
