@@ -7,9 +7,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cacheblend/cacheblend/component"
-	"github.com/cacheblend/cacheblend/modelfile"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
 	"github.com/cacheblend/cacheblend/httpserve"
+	"github.com/cacheblend/cacheblend/modelfile"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 )
 
