@@ -27,3 +27,14 @@ const (
 	// (the granularity of prefix hashes and of reuse plans).
 	ChunkSize = 256
 )
+
+// KVNamespace is the model key under which the blend server (and the fleet
+// tier) keeps a model's KV chunks: the served name for the built-in model;
+// for a model file, the name and the file's identity, so that two files
+// with one general.name (two quantizations of a model) never share KV.
+func KVNamespace(name, identity string) string {
+	if identity == "" {
+		return name
+	}
+	return name + "@" + identity
+}

@@ -813,6 +813,33 @@ func TestWorkerUnavailable(t *testing.T) {
 	}
 }
 
+// TestModelMismatchRefused: a worker serving another model file than the
+// engine's (here: the built-in model) is not paired with: requests get 503
+// and /health stays 503 while the worker answers Info.
+func TestModelMismatchRefused(t *testing.T) {
+	w := enginetest.NewWorker(64, 16, 2048)
+	w.ModelIdentity = "gguf-123-abc"
+	ev := newEnv(t, envOpts{worker: w, notReady: true})
+	w.SetInfoError(nil) // answers, with another file
+	n := w.InfoCalls()
+	waitFor(t, "probe", func() bool { return w.InfoCalls() > n })
+	resp, err := http.Post(ev.base+RouteChat, "application/json",
+		strings.NewReader(`{"model":"cb-llama","messages":[{"role":"user","content":"x"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkErrorBody(t, resp, 503, "server_error")
+	_ = resp.Body.Close()
+	h, err := http.Get(ev.base + RouteHealth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = h.Body.Close()
+	if h.StatusCode != 503 {
+		t.Fatalf("/health %d with a worker of another model file", h.StatusCode)
+	}
+}
+
 func TestDocumentsIngest(t *testing.T) {
 	w := enginetest.NewWorker(64, 16, 2048)
 	w.StoreDelaySteps = 2

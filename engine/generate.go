@@ -212,6 +212,10 @@ func (e *Engine) buildPrompt(g *api.Generation, info *cbv1.InfoResponse) ([]int3
 			prompt = append([]int32{info.GetBos()}, prompt...)
 		}
 	}
+	if len(prompt) == 0 {
+		// A model whose vocabulary adds no BOS and an empty prompt.
+		return nil, "", api.BadRequestCode(promptParam(g.Operation), api.CodeInvalidValue, "The prompt is empty and this model adds no BOS token: give at least one token of prompt.")
+	}
 	if mp := int(info.GetMaxPositions()); mp > 0 && len(prompt) >= mp {
 		return nil, "", api.BadRequestCode(promptParam(g.Operation), api.CodeContextLengthExceeded,
 			"This model's maximum context length is %d tokens. However, your prompt has %d tokens, leaving no room for output.", mp, len(prompt))

@@ -465,7 +465,7 @@ func (w *Worker) storeAsync(ctx context.Context, id string, tokens []int32, bt [
 		defer cancel()
 		resp, err := w.blend.Store(sctx, &cbv1.StoreRequest{
 			RequestId: id, TraceContext: tc, TraceState: ts, WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank),
-			Tokens: tokens, BlockTable: bt, Document: document, Model: w.cfg.ModelName,
+			Tokens: tokens, BlockTable: bt, Document: document, Model: w.kvModel,
 			RegistrationToken: token,
 		})
 		if err != nil {

@@ -212,8 +212,8 @@ type kvService struct {
 // checkLayout compares a reader's layout and model with the worker's.
 func (w *Worker) checkLayout(l *cbv1.KVLayout, model string) error {
 	mine := w.kv.Layout()
-	if model != w.cfg.ModelName {
-		return fmt.Errorf("model %q, this worker serves %q", model, w.cfg.ModelName)
+	if model != w.kvModel {
+		return fmt.Errorf("model %q, this worker serves %q", model, w.kvModel)
 	}
 	if int(l.GetNumLayers()) != mine.NumLayers || int(l.GetBlockSize()) != mine.BlockSize ||
 		int(l.GetKvHeads()) != mine.KVHeads || int(l.GetHeadDim()) != mine.HeadDim {
@@ -538,7 +538,7 @@ func (w *Worker) receiveBlocks(ctx context.Context, req *cbv1.PullKVRequest) (in
 	next := int(req.GetFromBlock())
 	stream, err := cbv1.NewKVTransferServiceClient(conn).ReadKV(ctx, &cbv1.ReadKVRequest{
 		RequestId: req.GetRequestId(), TraceContext: telemetry.InjectString(ctx), Secret: req.GetSecret(),
-		FromBlock: int32(next), NTokens: int32(n), Layout: w.layoutProto(), Model: w.cfg.ModelName,
+		FromBlock: int32(next), NTokens: int32(n), Layout: w.layoutProto(), Model: w.kvModel,
 	})
 	if err != nil {
 		return 0, 0, err

@@ -198,6 +198,10 @@ type Worker struct {
 
 	model *model.Model
 	file  *modelfile.File // the model file (nil: the built-in model)
+	// kvModel names the model's KV at the blend server and to other
+	// workers (defaults.KVNamespace: the served name, and the file's
+	// identity with a model file). Set by Start.
+	kvModel string
 	kv    *kvcache.Memory
 
 	lifeMu   sync.Mutex // guards the lifecycle state and the fields Start sets
@@ -466,8 +470,12 @@ func (w *Worker) loadModel() (*model.Model, error) {
 		if w.cfg.ModelName == "" {
 			w.cfg.ModelName = w.file.Name
 		}
-	} else if m, err = model.New(w.cfg.Model); err != nil {
-		return nil, err
+		w.kvModel = defaults.KVNamespace(w.cfg.ModelName, w.file.Identity)
+	} else {
+		if m, err = model.New(w.cfg.Model); err != nil {
+			return nil, err
+		}
+		w.kvModel = w.cfg.ModelName
 	}
 	if w.reducer != nil {
 		if m, err = m.Shard(w.reducer); err != nil {
@@ -532,7 +540,7 @@ func (w *Worker) register() (*session, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.RPCTimeout)
 	defer cancel()
 	c, ans, err := kvsock.Register(ctx, w.cfg.BlendKVSocket, &cbv1.KVRegistration{
-		WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank), Model: w.cfg.ModelName, WorldSize: int32(w.world),
+		WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank), Model: w.kvModel, WorldSize: int32(w.world),
 		Layout: &cbv1.KVLayout{NumLayers: int32(l.NumLayers), NumBlocks: int32(l.NumBlocks), BlockSize: int32(l.BlockSize),
 			KvHeads: int32(l.KVHeads), HeadDim: int32(l.HeadDim), RopeTheta: w.model.Config().RoPETheta,
 			RopeInvFreq: w.model.RoPE().InvFreq()},

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"github.com/cacheblend/cacheblend/defaults"
 	"sync"
 	"time"
 
@@ -201,7 +202,7 @@ func (s *Scheduler) launch(sq *seq, lk *lookup) {
 	tp, ts := telemetry.InjectStrings(lk.ctx)
 	req := &cbv1.LookupRequest{
 		RequestId: sq.id, TraceContext: tp, TraceState: ts,
-		Tokens: sq.req.Prompt, WorldSize: int32(s.worldSize()), Model: s.cfg.Model,
+		Tokens: sq.req.Prompt, WorldSize: int32(s.worldSize()), Model: defaults.KVNamespace(s.cfg.Model, s.cfg.ModelIdentity),
 	}
 	d.calls.Go(func() {
 		defer cancel()

@@ -50,6 +50,9 @@ type Worker struct {
 	NumBlocks, BlockSize, MaxPositions int32
 	// NumLayers is the model depth Info reports; 0 reports 2.
 	NumLayers int32
+	// ModelIdentity is the model file identity Info reports ("": the
+	// built-in model); an engine with another refuses to pair.
+	ModelIdentity string
 	// EOSAtLen, when > 0, makes the token sampled at sequence length
 	// EOSAtLen be EOS.
 	EOSAtLen int
@@ -101,7 +104,8 @@ func (w *Worker) Info(context.Context, *cbv1.InfoRequest) (*cbv1.InfoResponse, e
 		return nil, w.infoErr
 	}
 	return &cbv1.InfoResponse{Model: "double", Vocab: 258, MaxPositions: w.MaxPositions, NumBlocks: w.NumBlocks,
-		BlockSize: w.BlockSize, Bos: 256, Eos: EOS, NumLayers: cmp.Or(w.NumLayers, 2), WorkerId: "w0"}, nil
+		BlockSize: w.BlockSize, Bos: 256, Eos: EOS, NumLayers: cmp.Or(w.NumLayers, 2), WorkerId: "w0",
+		ModelIdentity: w.ModelIdentity, ModelFileName: "double"}, nil
 }
 
 // SetInfoError makes Info fail with err (nil: succeed).
@@ -523,4 +527,11 @@ func DeadBlendClient(t testing.TB) cbv1.BlendServiceClient {
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return cbv1.NewBlendServiceClient(conn)
+}
+
+// InfoCalls is the number of Info calls the double has answered or failed.
+func (w *Worker) InfoCalls() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.infoCalls
 }
