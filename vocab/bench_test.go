@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/cacheblend/cacheblend/gguf"
 )
 
 // benchText returns about 8,000 bytes of English (markdown) prose, about
@@ -46,7 +48,6 @@ func BenchmarkTokenize(b *testing.B) {
 			}
 			b.Run(label, func(b *testing.B) {
 				b.ReportAllocs()
-				b.ReportMetric(float64(n), "tokens")
 				b.SetBytes(int64(len(text)))
 				for b.Loop() {
 					if cold {
@@ -56,6 +57,7 @@ func BenchmarkTokenize(b *testing.B) {
 					}
 					v.Tokenize(text, true, false)
 				}
+				b.ReportMetric(float64(n), "tokens/op")
 			})
 		}
 	}
@@ -69,5 +71,29 @@ func BenchmarkDecode(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		v.Decode(ids)
+	}
+}
+
+// BenchmarkNew builds vocabularies from their specs (what loading a model
+// costs on top of reading the GGUF file).
+func BenchmarkNew(b *testing.B) {
+	for _, name := range []string{"llama-spm", "llama-bpe", "command-r"} {
+		f, err := gguf.Open(vocabPath(b, name))
+		if err != nil {
+			b.Fatal(err)
+		}
+		s, err := SpecFromGGUF(f)
+		f.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := New(s); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -391,14 +391,14 @@ func (v *Vocab) words(text string, sc *scratch) (string, []int) {
 	canon := text
 	pos := sc.pos[:0]
 	if utf8.ValidString(text) {
+		// Valid UTF-8 is read as llama.cpp reads it and rebuilt unchanged.
 		pos = append(pos, 0)
-		off, ci := 0, 0
+		off := 0
 		for _, seg := range segs {
 			for k := 0; k < seg; k++ {
 				_, n := decodeCpt(text, off)
 				off += n
 			}
-			ci += seg
 			pos = append(pos, off)
 		}
 	} else {

@@ -90,10 +90,11 @@ type Spec struct {
 
 // DefaultSpec returns a Spec with llama.cpp's defaults for a model and
 // pre-tokenizer: the default special ids (llama: BOS 1, EOS 2, UNK 0;
-// gpt2: BOS = EOS = 11, unless the pre-tokenizer has none) and flags (llama:
-// AddBOS and AddSpacePrefix; gpt2: AddBOS for the Llama 3 family). Tokens,
-// scores, types and merges are left empty; New disables default ids that
-// are out of range only through SpecFromGGUF, so set them to fit.
+// gpt2: BOS = EOS = 11, unless the pre-tokenizer has none; the others -1)
+// and flags (llama: AddBOS and AddSpacePrefix; gpt2: AddBOS for the Llama 3
+// family). Tokens, scores, types and merges are left empty. New rejects
+// ids out of range (SpecFromGGUF drops defaults that are), so adjust the
+// ids to the tokens.
 func DefaultSpec(model, pre string) Spec {
 	s := Spec{Model: model, Pre: pre, BOS: -1, EOS: -1, UNK: -1, PAD: -1, EOT: -1, EOM: -1, SEP: -1,
 		FIMPre: -1, FIMSuf: -1, FIMMid: -1, FIMPad: -1, FIMRep: -1, FIMSep: -1}

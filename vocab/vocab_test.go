@@ -3,6 +3,7 @@ package vocab
 import (
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -248,5 +249,36 @@ func TestSupportedPre(t *testing.T) {
 		if !slices.Contains(have, n) {
 			t.Errorf("%q not supported", n)
 		}
+	}
+}
+
+// TestStdHash pins stdHash to libstdc++'s std::hash<std::string> (values
+// printed by a C++ program built with GCC 12); stdMapOrder built on it was
+// checked to give the same iteration order as libstdc++ on llama.cpp's
+// vocabulary files, and TestPiecesMatchLlamaCpp compares the EOT llama.cpp
+// picks among several candidates.
+func TestStdHash(t *testing.T) {
+	for s, want := range map[string]uint64{
+		"":           6142509188972423790,
+		"a":          4993892634952068459,
+		"ab":         5498234120169091963,
+		"abcdefgh":   8664279048047335611,
+		"abcdefghi":  13036955925923793583,
+		"<|eot_id|>": 16025401802141084834,
+		"▁the":       16230366170308768533,
+	} {
+		if got := stdHash(s); got != want {
+			t.Errorf("stdHash(%q) = %d, want %d", s, got, want)
+		}
+	}
+	// Iteration order of a small map: inserting "0".."29" (the bucket count
+	// grows 13 → 29 → 59), as libstdc++ iterates it.
+	var toks []string
+	for i := 0; i < 30; i++ {
+		toks = append(toks, strconv.Itoa(i))
+	}
+	want := []int32{29, 12, 11, 18, 9, 1, 22, 8, 0, 17, 28, 19, 4, 5, 6, 3, 16, 7, 10, 27, 13, 15, 14, 26, 20, 21, 23, 24, 2, 25}
+	if got := stdMapOrder(toks); !slices.Equal(got, want) {
+		t.Errorf("stdMapOrder = %v, libstdc++ %v", got, want)
 	}
 }
