@@ -14,6 +14,8 @@ lint:
 
 unit:
 	$(GO) test -race -count=1 -timeout 20m ./...
+	# The comparisons with llama.cpp (numerical; built without -race, see model/llamacpp_test.go).
+	$(GO) test -count=1 -timeout 20m -run 'TestAgainstLlamaCpp' ./model
 
 # Fuzz the parsers of outside input, FUZZTIME each (CI: 30s).
 FUZZTIME ?= 30s

@@ -1,6 +1,9 @@
 package model
 
 import (
+	"path/filepath"
+
+	"github.com/cacheblend/cacheblend/internal/llamaref"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -112,4 +115,14 @@ func copyKVFrom(m *Model, kv *kvcache.Memory, fromLayer int, src []int32, from i
 			copy(kv.TokenV(l, d), kv.TokenV(l, s))
 		}
 	}
+}
+
+// refVocab is the path of one of llama.cpp's vocabulary files.
+func refVocab(t testing.TB, name string) string {
+	t.Helper()
+	src, err := llamaref.LlamaCppSource()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(src, "models", "ggml-vocab-"+name+".gguf")
 }
