@@ -1,16 +1,16 @@
 package model
 
 import (
-	"path/filepath"
-
-	"github.com/cacheblend/cacheblend/internal/llamaref"
 	"math"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"testing"
 
-	"github.com/cacheblend/cacheblend/kvcache"
 	"go.uber.org/goleak"
+
+	"github.com/cacheblend/cacheblend/internal/llamaref"
+	"github.com/cacheblend/cacheblend/kvcache"
 )
 
 func TestMain(m *testing.M) {
