@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/cacheblend/cacheblend/gguf"
+	"github.com/cacheblend/cacheblend/modelfile"
 	"io"
 	"os"
 	"os/signal"
@@ -62,7 +62,7 @@ exits with --exit (status 1 when a check fails).`,
 			cfg.Progress = os.Stderr
 			cfg.Shape = servedShape(u.workerArgs)
 			if u.model != "" {
-				if cfg.Shape.Layers, err = fileLayers(u.model); err != nil {
+				if cfg.Model, cfg.Shape.Layers, err = fileModel(u.model); err != nil {
 					return err
 				}
 			}
@@ -108,18 +108,19 @@ exits with --exit (status 1 when a check fails).`,
 // default model's, with the --layers, --check-layer and --recomp-ratio
 // given among workerArgs (--worker-arg) applied; the other flags are
 // ignored, and a malformed one leaves the default.
-// fileLayers is the block count of a model file (the demo's shape).
-func fileLayers(path string) (int, error) {
-	f, err := gguf.Open(path)
+// fileModel is the served name and the block count of a model file (the
+// demo's requests and shape).
+func fileModel(path string) (string, int, error) {
+	f, err := modelfile.Open(path)
 	if err != nil {
-		return 0, err
+		return "", 0, err
 	}
 	defer f.Close()
-	n, err := f.Uint(f.Architecture() + ".block_count")
+	n, err := f.GGUF.Uint(f.GGUF.Architecture() + ".block_count")
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", path, err)
+		return "", 0, fmt.Errorf("%s: %w", path, err)
 	}
-	return int(n), nil
+	return f.Name, int(n), nil
 }
 
 func servedShape(workerArgs []string) demo.Shape {
