@@ -212,7 +212,7 @@ func BuiltinGGUF(cfg Config) ([]byte, error) {
 
 // builtinHeadStd scales the built-in model's LM head (times 1/√Dim): large
 // enough that the next-token distribution is peaked like a trained model's.
-const builtinHeadStd = 2.5
+const builtinHeadStd = 4
 
 // Config returns the model's configuration with every default filled in
 // (the whole model's, on a shard: see KVLayout for the rank's KV memory).

@@ -202,7 +202,7 @@ type Worker struct {
 	// workers (defaults.KVNamespace: the served name, and the file's
 	// identity with a model file). Set by Start.
 	kvModel string
-	kv    *kvcache.Memory
+	kv      *kvcache.Memory
 
 	lifeMu   sync.Mutex // guards the lifecycle state and the fields Start sets
 	started  bool
