@@ -99,9 +99,9 @@ func TestOpenAIClientCachedTokens(t *testing.T) {
 
 // TestOpenAIClientSeeds: on a small random model at temperature 1, two
 // requests without a seed sample different tokens somewhere in 20 tries
-// (each gets a fresh seed), while two requests with the same seed agree.
-// (The default model's tied embedding makes its next token near-certain;
-// the 16-wide one leaves sampling room.)
+// (each gets a fresh seed), while two requests with the same seed agree
+// and two different seeds do not (so the agreement can fail). (A 16-wide
+// model keeps the test fast.)
 func TestOpenAIClientSeeds(t *testing.T) {
 	e := startEnv(t, options{workerArgs: []string{"--layers", "2", "--dim", "16", "--heads", "2", "--kv-heads", "1", "--ffn-dim", "32"}})
 	c := e.openaiClient()
@@ -131,11 +131,15 @@ func TestOpenAIClientSeeds(t *testing.T) {
 		t.Fatal("20 pairs of unseeded requests at temperature 1 sampled the same text")
 	}
 	t.Logf("unseeded requests differed at try %d", tries)
+	var seeded []string
 	for _, seed := range []int64{7, 123456789} {
-		if a, b := complete(&seed), complete(&seed); a != b {
+		a, b := complete(&seed), complete(&seed)
+		if a != b {
 			t.Fatalf("seed %d: %q then %q", seed, a, b)
 		}
+		seeded = append(seeded, a)
 	}
+	requireDistinctText(t, seeded...)
 	// The log line records each request's seed: a generated one replays.
 	var generated int64 = -1
 	for _, l := range strings.Split(e.logs.String(), "\n") {

@@ -329,6 +329,8 @@ func TestPrefillDecodeDisaggregation(t *testing.T) {
 	if alone := send(p, nil, chatBody(rag, 16, false, nil)); alone.status != 200 || alone.text != a.text {
 		t.Errorf("RAG with reuse: disaggregated %q, the prefill engine alone %d %q", a.text, alone.status, alone.text)
 	}
+	// The two prompts' answers differ: the comparisons above can fail.
+	requireDistinctText(t, one.text, a.text)
 
 	// 4. The decode engine killed mid-transfer.
 	x.killDecodeMidTransfer(t)

@@ -31,8 +31,12 @@ func TestFleetTwoNodesShareDocuments(t *testing.T) {
 
 func fleetTwoNodes(t *testing.T, url string) {
 	fleetArgs := []string{"--redis-url", url, "--coordinator-timeout", "2s"}
-	a := startEnv(t, options{blendArgs: fleetArgs})
-	b := startEnv(t, options{blendArgs: fleetArgs})
+	// --no-store: a request's prompt is not stored (through Redis the
+	// other node would reuse it whole), so both nodes reuse the documents
+	// alone, one plan, and must give one answer (CacheBlend is approximate:
+	// another plan may give another answer).
+	a := startEnv(t, options{blendArgs: fleetArgs, engineArgs: []string{"--no-store"}})
+	b := startEnv(t, options{blendArgs: fleetArgs, engineArgs: []string{"--no-store"}})
 	a.ingest()
 
 	prompt := ragPrompt(2, 0, 5)
@@ -74,6 +78,14 @@ func fleetTwoNodes(t *testing.T, url string) {
 	if fmt.Sprint(text(outA)) != fmt.Sprint(text(outB)) {
 		t.Fatalf("node B's answer %q differs from node A's %q", text(outB), text(outA))
 	}
+	// Another prompt over the same documents: another answer, on both
+	// nodes (the comparisons can fail).
+	prompt2 := ragPrompt(5, 0, 2)
+	outA2, outB2 := a.chat("", prompt2, 8), b.chat("", prompt2, 8)
+	if text(outA2) != text(outB2) {
+		t.Fatalf("second prompt: node B's answer %q differs from node A's %q", text(outB2), text(outA2))
+	}
+	requireDistinctText(t, text(outA), text(outA2))
 	t.Logf("node B reused %.0f of %.0f document tokens through Redis", hit, docTokens)
 }
 

@@ -102,6 +102,8 @@ func TestGatewayPrefillDecode(t *testing.T) {
 	if a.status != 200 || strings.Contains(a.text, "<error") {
 		t.Fatalf("RAG through the gateway: %d %s", a.status, a.body)
 	}
+	// Another prompt, another answer: the comparison in 1. can fail.
+	requireDistinctText(t, one.text, a.text)
 	want := []string{spanname.GatewayRequest, spanname.GatewayAttempt, spanname.KVTransfer, spanname.KVReceive, spanname.KVSend,
 		spanname.CBLookup, spanname.CBExecute, spanname.EngineDecode}
 	tr := e.pdTrace("4bf92f3577b34da6a3ce929d0e0e4736", spec, want...)

@@ -67,14 +67,20 @@ func TestTensorParallelMatchesAndTraces(t *testing.T) {
 		{"no reuse", "00-5bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "Say something about tensors."},
 		{"reused documents", "00-6bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", ragPrompt(4, 1, 6)},
 	}
-	for _, c := range cases {
+	wants := make([]string, len(cases))
+	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			want := content(t, one.chat("", c.text, 12))
 			got := content(t, two.chat(c.trace, c.text, 12))
 			if got != want {
 				t.Fatalf("--tp 2 answered %q, --tp 1 %q", got, want)
 			}
+			wants[i] = want
 		})
+	}
+	// The two prompts' answers differ: the comparisons can fail.
+	if !t.Failed() {
+		requireDistinctText(t, wants...)
 	}
 	tr := two.trace("6bf92f3577b34da6a3ce929d0e0e4736", spanname.CBRequest, spanname.CBClassify, spanname.CBExecute,
 		spanname.CBRetrieve, spanname.CBCheck, spanname.CBPartial)
@@ -193,6 +199,14 @@ func TestTensorParallelChunkGoneOnOneRank(t *testing.T) {
 	if got != want {
 		t.Fatalf("--tp 2 answered %q, --tp 1 %q", got, want)
 	}
+	// A second prompt over the same documents, in another order: another
+	// answer, and again the --tp 1 one (the comparisons can fail).
+	prompt2 := ragPrompt(others[1], doc, others[0])
+	want2 := content(t, one.chat("", prompt2, 12))
+	if got2 := content(t, two.chat("", prompt2, 12)); got2 != want2 {
+		t.Fatalf("second prompt: --tp 2 answered %q, --tp 1 %q", got2, want2)
+	}
+	requireDistinctText(t, want, want2)
 	tr := two.trace("7bf92f3577b34da6a3ce929d0e0e4736", spanname.CBRequest, spanname.CBClassify, spanname.CBExecute)
 	cl := byName(tr)[spanname.CBClassify][0]
 	found, _ := attrInt(cl, "found")

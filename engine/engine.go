@@ -65,7 +65,7 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 		if cfg.Model == "" {
 			cfg.Model = f.Name
 		}
-		cfg.ModelIdentity = f.Identity
+		cfg.ModelIdentity, cfg.ModelFileName = f.Identity, f.Name
 		if deps.Tokenizer == nil {
 			deps.Tokenizer = f.Vocab
 		}

@@ -114,6 +114,7 @@ func TestDisaggregatedEqualsOneEngine(t *testing.T) {
 	prefill := startEngine(t, startWorker(t), engine.RolePrefill)
 	decode := startEngine(t, startWorker(t), engine.RoleDecode)
 	doc := strings.Repeat("Blocks of sixteen tokens hash into a chain; equal prefixes share them. ", 5)
+	greedy := map[string]string{} // prompt -> one engine's greedy answer
 	for _, tc := range []struct {
 		name   string
 		prompt string
@@ -130,11 +131,25 @@ func TestDisaggregatedEqualsOneEngine(t *testing.T) {
 			if got != want {
 				t.Fatalf("disaggregated %q\none engine    %q", got, want)
 			}
+			if tc.params["temperature"] == 0 {
+				greedy[tc.prompt] = want
+			}
 			rep, ok := api.ParseKVReport(hdr)
 			if !ok || rep.BlocksSent == 0 || (rep.BlocksDeduped > 0) != tc.dedup {
 				t.Fatalf("report %+v (%v), want dedup %v", rep, ok, tc.dedup)
 			}
 			t.Logf("%s: %d bytes, %d blocks sent, %d deduped", tc.name, rep.Bytes, rep.BlocksSent, rep.BlocksDeduped)
 		})
+	}
+	// The greedy answers of the two prompts differ, and neither is one
+	// character repeated: the comparisons above can fail.
+	a, b := greedy[doc+"Q1?"], greedy[doc+"Q3?"]
+	for _, s := range []string{a, b} {
+		if len(s) == 0 || strings.Count(s, s[:1]) == len(s) {
+			t.Fatalf("trivial greedy answer %q", s)
+		}
+	}
+	if a == b {
+		t.Fatalf("two prompts, one greedy answer %q: comparing answers proves nothing", a)
 	}
 }

@@ -77,17 +77,19 @@ func released(t *testing.T, h *harness) []string {
 // to exactly the tokens one worker generates, greedy and seeded sampling.
 func TestHandOverEqualsOneWorker(t *testing.T) {
 	a, b := start(t, Config{}), start(t, Config{})
-	p := prompt(100) // 7 blocks of 16, the last one partial
+	var refs [][]int32
 	for _, tc := range []struct {
 		name     string
+		p        []int32 // 100 tokens: 7 blocks of 16, the last one partial
 		sampling *cbv1.SamplingParams
 		from     int // blocks B computes itself (deduped)
 	}{
-		{"greedy, full pull", nil, 0},
-		{"greedy, 4 blocks deduped", nil, 4},
-		{"seeded sampling", &cbv1.SamplingParams{Temperature: 0.8, TopP: 0.9, Seed: 42}, 2},
+		{"greedy, full pull", prompt(100), nil, 0},
+		{"greedy, 4 blocks deduped", otherPrompt(100), nil, 4},
+		{"seeded sampling", prompt(100), &cbv1.SamplingParams{Temperature: 0.8, TopP: 0.9, Seed: 42}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			p := tc.p
 			id := "ho-" + tc.name
 			ref := generateS(t, a, "ref-"+tc.name, p, len(p), 6, blocks(0, 8), tc.sampling)
 			first := prefillFor(t, a, id, p, blocks(8, 7), tc.sampling)
@@ -113,6 +115,7 @@ func TestHandOverEqualsOneWorker(t *testing.T) {
 			if !slices.Equal(got, ref) {
 				t.Fatalf("handed over %v, one worker %v", got, ref)
 			}
+			refs = append(refs, ref)
 			if r := released(t, a); !slices.Contains(r, id) {
 				t.Errorf("released %v, want %s", r, id)
 			}
@@ -121,6 +124,9 @@ func TestHandOverEqualsOneWorker(t *testing.T) {
 			}
 		})
 	}
+	// Different prompts (and greedy vs sampled) give different tokens: the
+	// comparisons above can fail.
+	requireDistinct(t, refs...)
 	spans := map[string]int{}
 	for _, s := range append(a.rec.Ended(), b.rec.Ended()...) {
 		spans[s.Name()]++

@@ -101,12 +101,13 @@ func startGroup(t *testing.T, world int) (*harness, *localPeers) {
 
 func TestTensorParallelWorkerMatchesWhole(t *testing.T) {
 	cases := []struct {
-		name  string
-		n     int // prompt tokens
-		chunk int // prefill chunk
+		name   string
+		prompt []int32
+		chunk  int // prefill chunk
 	}{
-		{"one prefill step", 100, 100},
-		{"chunked prefill", 100, 32},
+		{"one prefill step", prompt(100), 100},
+		{"chunked prefill", otherPrompt(100), 32},
+		{"chunked prefill, first prompt", prompt(100), 32},
 	}
 	whole := start(t, Config{})
 	group, _ := startGroup(t, 2)
@@ -117,17 +118,21 @@ func TestTensorParallelWorkerMatchesWhole(t *testing.T) {
 	if l := group.w.kv.Layout(); l.KVHeads != smallModel.KVHeads/2 {
 		t.Fatalf("rank 0 KV memory holds %d KV heads, want %d", l.KVHeads, smallModel.KVHeads/2)
 	}
+	wants := make([][]int32, len(cases))
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			p := prompt(c.n)
+			p := c.prompt
 			id := fmt.Sprint("r", i)
 			want := generate(t, whole, id, p, c.chunk, 8, blocks(0, 8))
 			got := generate(t, group, id, p, c.chunk, 8, blocks(0, 8))
 			if !slices.Equal(got, want) {
 				t.Fatalf("--tp 2 tokens %v, whole model %v", got, want)
 			}
+			wants[i] = want
 		})
 	}
+	// The two prompts' tokens differ: the comparison above can fail.
+	requireDistinct(t, wants[0], wants[1])
 	// Both ranks recorded their spans, with their rank.
 	ranks := map[int64]int{}
 	for _, s := range group.rec.Ended() {

@@ -146,17 +146,21 @@ func blocks(from, n int) []int32 {
 
 func TestChunkedPrefillAndDecodeDeterministic(t *testing.T) {
 	h := start(t, Config{})
-	p := prompt(100)
-	whole := generate(t, h, "a", p, len(p), 8, blocks(0, 8))
-	chunked := generate(t, h, "b", p, 32, 8, blocks(10, 8))
-	if len(whole) != 8 {
-		t.Fatalf("got %d tokens", len(whole))
-	}
-	for i := range whole {
-		if whole[i] != chunked[i] {
-			t.Fatalf("chunked prefill diverged at token %d: %v vs %v", i, whole, chunked)
+	var wholes [][]int32
+	for i, p := range [][]int32{prompt(100), otherPrompt(100)} {
+		whole := generate(t, h, fmt.Sprint("a", i), p, len(p), 8, blocks(0, 8))
+		chunked := generate(t, h, fmt.Sprint("b", i), p, 32, 8, blocks(10, 8))
+		if len(whole) != 8 {
+			t.Fatalf("got %d tokens", len(whole))
 		}
+		for i := range whole {
+			if whole[i] != chunked[i] {
+				t.Fatalf("chunked prefill diverged at token %d: %v vs %v", i, whole, chunked)
+			}
+		}
+		wholes = append(wholes, whole)
 	}
+	requireDistinct(t, wholes...)
 }
 
 func TestInfoAndBadInput(t *testing.T) {
@@ -326,9 +330,11 @@ func TestExecuteRejectsOversizedSteps(t *testing.T) {
 	}
 	// Still alive and correct.
 	p := prompt(20)
-	if got, want := generate(t, h, "after", p, 8, 3, blocks(0, 4)), generate(t, h, "again", p, 20, 3, blocks(4, 4)); !slices.Equal(got, want) {
+	got, want := generate(t, h, "after", p, 8, 3, blocks(0, 4)), generate(t, h, "again", p, 20, 3, blocks(4, 4))
+	if !slices.Equal(got, want) {
 		t.Fatalf("generation after the attacks %v, want %v", got, want)
 	}
+	requireDistinct(t, want, generate(t, h, "other", otherPrompt(20), 20, 3, blocks(8, 4)))
 }
 
 // fakeBlend is a blend server for the registration: its KV socket

@@ -41,6 +41,9 @@ type Config struct {
 	// scheduler pairs only with a worker that reports the same identity:
 	// another one is treated as unavailable, with a warning naming both.
 	ModelIdentity string
+	// ModelFileName is the engine's model file's name (its general.name),
+	// for that warning; empty: the file is named by its identity alone.
+	ModelFileName string
 	// MaxQueue bounds the waiting requests; Submit refuses more with
 	// ErrQueueFull. Default 256.
 	MaxQueue int

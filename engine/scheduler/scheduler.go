@@ -520,7 +520,7 @@ func (s *Scheduler) probe() {
 	}
 	if err == nil && info.GetModelIdentity() != s.cfg.ModelIdentity {
 		err = fmt.Errorf("%w: the worker serves %s, this engine %s", ErrModelMismatch,
-			describeModel(info.GetModelFileName(), info.GetModelIdentity()), describeModel("", s.cfg.ModelIdentity))
+			describeModel(info.GetModelFileName(), info.GetModelIdentity()), describeModel(s.cfg.ModelFileName, s.cfg.ModelIdentity))
 	}
 	var alloc *kvcache.Allocator
 	if err == nil {
