@@ -8,6 +8,7 @@
 package model
 
 import (
+	"cmp"
 	"context"
 	"math"
 	"math/rand/v2"
@@ -176,7 +177,7 @@ func TestAgainstLlamaCpp(t *testing.T) {
 				for i := range order {
 					order[i] = i
 				}
-				slices.SortFunc(order, func(a, b int) int { return -cmpF(lw[a], lw[b]) })
+				slices.SortFunc(order, func(a, b int) int { return cmp.Compare(lw[b], lw[a]) })
 				sd := 0.0
 				for _, i := range order[:20] {
 					sd = max(sd, math.Abs(lw[i]-lg[i]))
@@ -200,7 +201,7 @@ func TestAgainstLlamaCpp(t *testing.T) {
 					t.Errorf("only %d of %d steps within 1e-4 of llama.cpp", exact, steps)
 				}
 				// Greedy decoding from the prompt gives the same 32 tokens.
-				ours := greedy(t, m, p1, 32)
+				ours, _ := sampleN(t, m, p1, 32, SamplingParams{}, nil)
 				if !slices.Equal(ours, g1[:32]) {
 					t.Errorf("greedy tokens differ:\nours  %v\nllama %v", ours, g1[:32])
 				}
@@ -211,37 +212,4 @@ func TestAgainstLlamaCpp(t *testing.T) {
 			}
 		})
 	}
-}
-
-func cmpF(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-// greedy decodes n tokens after prompt with argmax sampling.
-func greedy(t testing.TB, m *Model, prompt []int32, n int) []int32 {
-	t.Helper()
-	total := len(prompt) + n
-	kv := newKV(t, m, blocksFor(total)+1)
-	bt := table(0, blocksFor(total)+1)
-	l, err := m.Prefill(kv, PrefillInput{Tokens: prompt, BlockTable: bt})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []int32
-	for i := range n {
-		tok := Argmax(l)
-		out = append(out, tok)
-		ls, err := m.Decode(kv, []DecodeInput{{Token: tok, Pos: len(prompt) + i, BlockTable: bt}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		l = ls[0]
-	}
-	return out
 }
