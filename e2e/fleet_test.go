@@ -35,9 +35,14 @@ func fleetTwoNodes(t *testing.T, url string) {
 	// other node would reuse it whole), so both nodes reuse the documents
 	// alone, one plan, and must give one answer (CacheBlend is approximate:
 	// another plan may give another answer).
-	a := startEnv(t, options{blendArgs: fleetArgs, engineArgs: []string{"--no-store"}})
-	b := startEnv(t, options{blendArgs: fleetArgs, engineArgs: []string{"--no-store"}})
+	// A generous lookup deadline: on a loaded machine (the race detector,
+	// parallel packages) a lookup that gives up is a full prefill, and this
+	// test is about what the lookup finds, not how fast.
+	engineArgs := []string{"--no-store", "--lookup-timeout", "10s"}
+	a := startEnv(t, options{blendArgs: fleetArgs, engineArgs: engineArgs})
+	b := startEnv(t, options{blendArgs: fleetArgs, engineArgs: engineArgs})
 	a.ingest()
+	a.awaitFleetWrites()
 
 	prompt := ragPrompt(2, 0, 5)
 	const tpB = "00-4bf92f3577b34da6a3ce929d0e0e4737-00f067aa0ba902b7-01"
@@ -87,6 +92,30 @@ func fleetTwoNodes(t *testing.T, url string) {
 	}
 	requireDistinctText(t, text(outA), text(outA2))
 	t.Logf("node B reused %.0f of %.0f document tokens through Redis", hit, docTokens)
+}
+
+// awaitFleetWrites waits until the blend server's writes to the fleet tier
+// have landed (lmcache_blend_remote_writes_total above zero and unchanged
+// for half a second): an ingest answers once the documents are stored on
+// the node, and their copy to Redis follows asynchronously.
+func (e *env) awaitFleetWrites() {
+	e.t.Helper()
+	url := e.stack.Endpoints().Blend.Metrics
+	last, stable := -1.0, 0
+	deadline := time.Now().Add(30 * time.Second)
+	for stable < 3 {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("the fleet writes did not settle: lmcache_blend_remote_writes_total %v", last)
+		}
+		time.Sleep(250 * time.Millisecond)
+		n := scrapeSum(e.t, url, "lmcache_blend_remote_writes_total")
+		if n > 0 && n == last {
+			stable++
+		} else {
+			stable = 0
+		}
+		last = n
+	}
 }
 
 // text is a chat completion's message content.

@@ -78,6 +78,8 @@ type env struct {
 	api      string
 	queryURL string
 	logs     *syncWriter
+	// model is the served model name chat sends ("" = cb-llama).
+	model string
 }
 
 // options of startEnv.
@@ -100,6 +102,9 @@ type options struct {
 	// onReady is called every time a process announces itself ready (its
 	// restarts included), from a supervisor goroutine.
 	onReady func(stack.Ready)
+	// model is a GGUF model file the stack serves (stack.UpConfig.ModelPath,
+	// as cb up --model), and modelName its general.name (env.model).
+	model, modelName string
 }
 
 // startEnv starts the collector (unless o.otlpEndpoint is set) and the
@@ -119,7 +124,9 @@ func startEnv(t *testing.T, o options) *env {
 		Supervisor: stack.Config{Logs: e.logs, ReadyTimeout: 90 * time.Second, OnReady: o.onReady},
 		TP:         o.tp,
 		StateDir:   o.stateDir,
+		ModelPath:  o.model,
 	}
+	e.model = o.modelName
 	if o.otlpEndpoint == "" {
 		col, err := tracestore.New(tracestore.Config{OTLPAddr: "127.0.0.1:0", QueryAddr: "127.0.0.1:0"}, component.Deps{})
 		if err != nil {
@@ -237,13 +244,21 @@ func (e *env) chat(traceparent, content string, maxTokens int) map[string]any {
 		hdr["traceparent"] = traceparent
 	}
 	code := e.post("/v1/chat/completions", hdr, map[string]any{
-		"model": "cb-llama", "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true,
+		"model": e.modelName(), "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true,
 		"messages": []map[string]string{{"role": "user", "content": content}},
 	}, &out)
 	if code != http.StatusOK {
 		e.t.Fatalf("chat: status %d", code)
 	}
 	return out
+}
+
+// modelName is the served model name requests carry.
+func (e *env) modelName() string {
+	if e.model != "" {
+		return e.model
+	}
+	return "cb-llama"
 }
 
 // trace waits until the trace has every span named in want (from the
