@@ -200,17 +200,21 @@ func (m *Model) allReduce(buf []float32) error {
 }
 
 // agreeReused makes every rank use the same reused positions: a position is
-// reused (prefix or loaded) only when every rank loaded it. It returns the
-// agreed prefix and ranges (sorted, disjoint); a whole model returns its
-// input.
+// reused (prefix or loaded) only when every rank loaded it, and the agreed
+// prefix is the run from position 0 that every rank has as prefix — a
+// reused range that starts where the prefix ends stays a range (it is
+// re-RoPE'd and blended, not taken as exact). It returns the agreed prefix
+// and ranges (sorted, disjoint); a whole model returns its input.
 func (m *Model) agreeReused(ws *workspace, total, prefix int, ranges []reuseplan.Range) (int, []reuseplan.Range, error) {
 	if m.tp == nil {
 		return prefix, ranges, nil
 	}
-	mask := ws.f32(bufMask, total)
+	// One all-reduce of two masks: [0, total) loaded, [total, 2·total) prefix.
+	mask := ws.f32(bufMask, 2*total)
 	clear(mask)
 	for p := range prefix {
 		mask[p] = 1
+		mask[total+p] = 1
 	}
 	for _, r := range ranges {
 		for p := r.Start; p < r.End; p++ {
@@ -222,7 +226,7 @@ func (m *Model) agreeReused(ws *workspace, total, prefix int, ranges []reuseplan
 	}
 	all := float32(m.tp.world)
 	np := 0
-	for np < total && mask[np] == all {
+	for np < total && mask[np] == all && mask[total+np] == all {
 		np++
 	}
 	var out []reuseplan.Range

@@ -97,6 +97,9 @@ func TestShardMatchesWholeModel(t *testing.T) {
 		{"tp2 blend, no reuse", smallConfig(), 2, blend(0, same()), nil},
 		{"tp2 blend, reused ranges", smallConfig(), 2, blend(0, same(reuseplan.Range{Start: 32, End: 150})), nil},
 		{"tp2 blend, prefix and reused", smallConfig(), 2, blend(16, same(reuseplan.Range{Start: 40, End: 100}, reuseplan.Range{Start: 110, End: n})), nil},
+		// A reused range that starts where the prefix ends stays a range
+		// (re-RoPE'd and blended), not a longer exact prefix.
+		{"tp2 blend, a range adjoining the prefix", smallConfig(), 2, blend(16, same(reuseplan.Range{Start: 16, End: 140})), nil},
 		{"tp2 blend, a range missing on rank 1", smallConfig(), 2,
 			blend(0, func(rank int) []reuseplan.Range {
 				if rank == 1 {
