@@ -35,7 +35,8 @@ func NewShard(cfg Config, reducer tp.AllReducer) (*Model, error) {
 // the MLP output are partial sums, all-reduced every layer through reducer,
 // and the CacheBlend check layer's per-token deviation is all-reduced too,
 // so every rank keeps the same residual stream, selects the same tokens and
-// returns the same logits (within float rounding of the whole model's).
+// returns the same logits (within float rounding of the whole model's; looser
+// for weights whose products round their activations, see the package doc).
 // Every rank of the group must make the same calls with the same inputs, in
 // the same order; a failed all-reduce fails the call with an error wrapping
 // the tp error (tp.ErrPeerDead...).
