@@ -143,8 +143,8 @@ type scratch struct {
 	enc          []byte
 	text         []byte
 	syms         []symbol
-	bpeQ         bpeQueue
-	spmQ         spmQueue
+	bpeQ         mergeQueue[bpeBigram]
+	spmQ         mergeQueue[spmBigram]
 	ids          []int32
 }
 
@@ -520,47 +520,6 @@ func (a bpeBigram) before(b bpeBigram) bool {
 	return a.rank < b.rank || (a.rank == b.rank && a.left < b.left)
 }
 
-type bpeQueue []bpeBigram
-
-func (q *bpeQueue) push(b bpeBigram) {
-	h := append(*q, b)
-	i := len(h) - 1
-	for i > 0 {
-		p := (i - 1) / 2
-		if !h[i].before(h[p]) {
-			break
-		}
-		h[i], h[p] = h[p], h[i]
-		i = p
-	}
-	*q = h
-}
-
-func (q *bpeQueue) pop() bpeBigram {
-	h := *q
-	top := h[0]
-	last := len(h) - 1
-	h[0] = h[last]
-	h = h[:last]
-	for i := 0; ; {
-		l := 2*i + 1
-		if l >= len(h) {
-			break
-		}
-		m := l
-		if r := l + 1; r < len(h) && h[r].before(h[l]) {
-			m = r
-		}
-		if !h[m].before(h[i]) {
-			break
-		}
-		h[i], h[m] = h[m], h[i]
-		i = m
-	}
-	*q = h
-	return top
-}
-
 // spmBigram is a candidate SentencePiece merge; the queue pops the highest
 // score, then the leftmost.
 type spmBigram struct {
@@ -573,9 +532,11 @@ func (a spmBigram) before(b spmBigram) bool {
 	return a.score > b.score || (a.score == b.score && a.left < b.left)
 }
 
-type spmQueue []spmBigram
+// mergeQueue is a binary min-heap of merge candidates ordered by before
+// (bpeBigram, spmBigram).
+type mergeQueue[T interface{ before(T) bool }] []T
 
-func (q *spmQueue) push(b spmBigram) {
+func (q *mergeQueue[T]) push(b T) {
 	h := append(*q, b)
 	i := len(h) - 1
 	for i > 0 {
@@ -589,7 +550,7 @@ func (q *spmQueue) push(b spmBigram) {
 	*q = h
 }
 
-func (q *spmQueue) pop() spmBigram {
+func (q *mergeQueue[T]) pop() T {
 	h := *q
 	top := h[0]
 	last := len(h) - 1
