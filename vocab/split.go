@@ -40,6 +40,23 @@ func (s *segmenter) fl(pos int) uint16 {
 }
 
 // add ends a word at end and returns its length.
+// endSpaces ends a piece with the regexes' common tail \s+(?!\S)|\s+ for
+// the nws whitespace characters at pos (all but the last when a non-space
+// follows) or, with none, the one character at pos, and returns the next
+// position.
+func (s *segmenter) endSpaces(pos, nws int) int {
+	switch {
+	case nws > 1 && s.cpt(pos+nws) != outOfRange:
+		pos += nws - 1
+	case nws > 0:
+		pos += nws
+	default:
+		pos++
+	}
+	s.add(pos)
+	return pos
+}
+
 func (s *segmenter) add(end int) int {
 	n := end - s.prevEnd
 	if n > 0 {
@@ -115,18 +132,7 @@ func splitGPT2(cpts []uint32, flags []uint16, segs, out []int) []int {
 			for s.fl(pos+nws)&fWhitespace != 0 {
 				nws++
 			}
-			if nws > 1 && s.cpt(pos+nws) != outOfRange {
-				pos += nws - 1
-				s.add(pos)
-				continue
-			}
-			if nws > 0 {
-				pos += nws
-				s.add(pos)
-				continue
-			}
-			pos++
-			s.add(pos)
+			pos = s.endSpaces(pos, nws)
 		}
 		out = s.out
 	}
@@ -228,18 +234,7 @@ func splitLlama3Like(maxDigits int, marks bool) splitter {
 					s.add(pos)
 					continue
 				}
-				if nws > 1 && s.cpt(pos+nws) != outOfRange {
-					pos += nws - 1
-					s.add(pos)
-					continue
-				}
-				if nws > 0 {
-					pos += nws
-					s.add(pos)
-					continue
-				}
-				pos++
-				s.add(pos)
+				pos = s.endSpaces(pos, nws)
 			}
 			out = s.out
 		}
