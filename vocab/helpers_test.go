@@ -3,7 +3,6 @@ package vocab
 import (
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 
@@ -58,44 +57,15 @@ func loadVocab(t testing.TB, path string) *Vocab {
 }
 
 // readVectors reads the .inp/.out test vectors of a vocab file as
-// tests/test-tokenizer-0.cpp does.
+// tests/test-tokenizer-0.cpp does (llamaref.ReadVectors).
 func readVectors(t testing.TB, path string) (texts []string, ids [][]int32) {
 	t.Helper()
-	inp, err := os.ReadFile(path + ".inp")
+	vs, err := llamaref.ReadVectors(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := os.ReadFile(path + ".out")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const sep = "\n__ggml_vocab_test__\n"
-	for raw := string(inp); raw != ""; {
-		i := strings.Index(raw, sep)
-		if i < 0 {
-			texts = append(texts, raw)
-			break
-		}
-		texts = append(texts, raw[:i])
-		raw = raw[i+len(sep):]
-	}
-	lines := strings.Split(string(out), "\n")
-	if len(lines) > 0 && lines[len(lines)-1] == "" {
-		lines = lines[:len(lines)-1]
-	}
-	if len(texts) != len(lines) {
-		t.Fatalf("%s: %d inputs, %d outputs", path, len(texts), len(lines))
-	}
-	for _, l := range lines {
-		var row []int32
-		for _, f := range strings.Fields(l) {
-			var n int32
-			for _, c := range f {
-				n = n*10 + int32(c-'0')
-			}
-			row = append(row, n)
-		}
-		ids = append(ids, row)
+	for _, v := range vs {
+		texts, ids = append(texts, v.Text), append(ids, v.IDs)
 	}
 	return texts, ids
 }

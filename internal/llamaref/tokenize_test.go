@@ -87,7 +87,7 @@ func TestPiecesConcatenate(t *testing.T) {
 			f := vocabFile(t, c.vocab)
 			partial := 0
 			for _, v := range readVectors(t, f) {
-				ps, err := ref.Pieces(f, v.ids, false)
+				ps, err := ref.Pieces(f, v.IDs, false)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -98,8 +98,8 @@ func TestPiecesConcatenate(t *testing.T) {
 					}
 					b = append(b, p...)
 				}
-				if want := c.prefix + v.text; string(b) != want && !(c.prefix != "" && v.text == "" && len(b) == 0) {
-					t.Errorf("pieces of %q concatenate to %q", v.text, b)
+				if want := c.prefix + v.Text; string(b) != want && !(c.prefix != "" && v.Text == "" && len(b) == 0) {
+					t.Errorf("pieces of %q concatenate to %q", v.Text, b)
 				}
 			}
 			if c.vocab != "gpt-2" && c.vocab != "llama-spm" && partial == 0 {

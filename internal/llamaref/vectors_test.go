@@ -2,10 +2,7 @@ package llamaref
 
 import (
 	"context"
-	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 )
@@ -36,52 +33,12 @@ func vocabFile(t testing.TB, name string) string {
 	return filepath.Join(src, "models", "ggml-vocab-"+name+".gguf")
 }
 
-type vector struct {
-	text string
-	ids  []int32
-}
-
-// readVectors parses a .inp/.out pair the way tests/test-tokenizer-0.cpp does.
-func readVectors(t testing.TB, gguf string) []vector {
+// readVectors is ReadVectors, failing t on an error.
+func readVectors(t testing.TB, gguf string) []Vector {
 	t.Helper()
-	inp, err := os.ReadFile(gguf + ".inp")
+	vs, err := ReadVectors(gguf)
 	if err != nil {
 		t.Fatal(err)
-	}
-	outb, err := os.ReadFile(gguf + ".out")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Same split as read_tests: a trailing separator does not start another input.
-	const sep = "\n__ggml_vocab_test__\n"
-	var texts []string
-	for raw := string(inp); raw != ""; {
-		i := strings.Index(raw, sep)
-		if i < 0 {
-			texts = append(texts, raw)
-			break
-		}
-		texts = append(texts, raw[:i])
-		raw = raw[i+len(sep):]
-	}
-	lines := strings.Split(string(outb), "\n")
-	if len(lines) > 0 && lines[len(lines)-1] == "" {
-		lines = lines[:len(lines)-1]
-	}
-	if len(texts) != len(lines) {
-		t.Fatalf("%s: %d inputs, %d outputs", gguf, len(texts), len(lines))
-	}
-	vs := make([]vector, len(texts))
-	for i := range texts {
-		vs[i].text = texts[i]
-		vs[i].ids = []int32{}
-		for _, f := range strings.Fields(lines[i]) {
-			n, err := strconv.ParseInt(f, 10, 32)
-			if err != nil {
-				t.Fatalf("%s line %d: %v", gguf, i+1, err)
-			}
-			vs[i].ids = append(vs[i].ids, int32(n))
-		}
 	}
 	return vs
 }
@@ -108,15 +65,15 @@ func TestTokenizerVectors(t *testing.T) {
 			vs := readVectors(t, f)
 			texts := make([]string, len(vs))
 			for i := range vs {
-				texts[i] = vs[i].text
+				texts[i] = vs[i].Text
 			}
 			got, err := ref.TokenizeBatch(f, texts, false, false)
 			if err != nil {
 				t.Fatal(err)
 			}
 			for i, v := range vs {
-				if !equalIDs(got[i], v.ids) {
-					t.Errorf("text %q: got %v, want %v", v.text, got[i], v.ids)
+				if !equalIDs(got[i], v.IDs) {
+					t.Errorf("text %q: got %v, want %v", v.Text, got[i], v.IDs)
 				}
 			}
 		})
