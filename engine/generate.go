@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"encoding/json"
-	"github.com/cacheblend/cacheblend/chat"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -186,12 +185,8 @@ func (e *Engine) buildPrompt(g *api.Generation, info *cbv1.InfoResponse) ([]int3
 	var text string
 	switch {
 	case g.Operation == api.OperationChat && e.file != nil:
-		msgs := make([]chat.Message, len(g.Messages))
-		for i, m := range g.Messages {
-			msgs[i] = chat.Message{Role: m.Role, Content: m.Content}
-		}
 		var err error
-		if prompt, text, err = e.file.ChatTokens(msgs); err != nil {
+		if prompt, text, err = e.file.ChatTokens(api.ChatMessages(g.Messages)); err != nil {
 			return nil, "", api.BadRequestCode("messages", api.CodeInvalidValue, "The model's chat template cannot render these messages: %v", err)
 		}
 	case g.Operation == api.OperationChat:
@@ -205,12 +200,12 @@ func (e *Engine) buildPrompt(g *api.Generation, info *cbv1.InfoResponse) ([]int3
 			}
 		}
 		text = e.tok.Decode(prompt)
+	case e.file != nil:
+		text = g.Prompt
+		prompt = e.file.PromptTokens(text)
 	default:
 		text = g.Prompt
-		prompt = e.tok.Encode(text)
-		if e.file == nil || e.file.AddBOS {
-			prompt = append([]int32{info.GetBos()}, prompt...)
-		}
+		prompt = append([]int32{info.GetBos()}, e.tok.Encode(text)...)
 	}
 	if len(prompt) == 0 {
 		// A model whose vocabulary adds no BOS and an empty prompt.

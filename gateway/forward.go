@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	chattmpl "github.com/cacheblend/cacheblend/chat"
 	"github.com/cacheblend/cacheblend/modelfile"
 	"io"
 	"log/slog"
@@ -132,11 +131,7 @@ func promptTokens(f *modelfile.File, g *api.Generation) []int32 {
 	if f != nil {
 		switch {
 		case g.Operation == api.OperationChat:
-			msgs := make([]chattmpl.Message, len(g.Messages))
-			for i, m := range g.Messages {
-				msgs[i] = chattmpl.Message{Role: m.Role, Content: m.Content}
-			}
-			toks, _, err := f.ChatTokens(msgs)
+			toks, _, err := f.ChatTokens(api.ChatMessages(g.Messages))
 			if err != nil {
 				return nil // the engine answers the error
 			}
@@ -144,11 +139,7 @@ func promptTokens(f *modelfile.File, g *api.Generation) []int32 {
 		case g.PromptTokens != nil:
 			return g.PromptTokens
 		}
-		toks := f.Vocab.Encode(g.Prompt)
-		if f.AddBOS {
-			toks = append([]int32{f.BOS}, toks...)
-		}
-		return toks
+		return f.PromptTokens(g.Prompt)
 	}
 	switch {
 	case g.Operation == api.OperationChat:

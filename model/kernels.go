@@ -52,6 +52,9 @@ func (a mat) view(r0, c0, nr, nc int) mat {
 		if c0 != 0 || nc != a.cols {
 			panic("model: column view of a quantized weight")
 		}
+		if r0 == 0 && nr == a.rows {
+			return a
+		}
 		return mat{rows: nr, cols: nc, stride: nc, q: a.q.sliceRows(r0, r0+nr)}
 	}
 	if nr == 0 || nc == 0 {

@@ -112,5 +112,15 @@ func (f *File) ChatTokens(msgs []chat.Message) ([]int32, string, error) {
 	return toks, text, nil
 }
 
+// PromptTokens tokenizes a completion prompt: user text (special-token text
+// in it stays text), with BOS first when the vocabulary asks for it.
+func (f *File) PromptTokens(text string) []int32 {
+	toks := f.Vocab.Encode(text)
+	if f.AddBOS && f.BOS >= 0 {
+		toks = append([]int32{f.BOS}, toks...)
+	}
+	return toks
+}
+
 // Close unmaps the file.
 func (f *File) Close() error { return f.GGUF.Close() }

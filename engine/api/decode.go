@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/cacheblend/cacheblend/chat"
 	"math"
 	"strings"
 	"unicode/utf8"
@@ -579,6 +580,15 @@ func DecodeDocuments(body []byte) (*Documents, *Error) {
 		d.Docs = append(d.Docs, doc)
 	}
 	return d, nil
+}
+
+// ChatMessages are msgs as a chat template takes them.
+func ChatMessages(msgs []Message) []chat.Message {
+	out := make([]chat.Message, len(msgs))
+	for i, m := range msgs {
+		out[i] = chat.Message{Role: m.Role, Content: m.Content}
+	}
+	return out
 }
 
 // ChatPrompt renders chat messages into the prompt text of the engine's
