@@ -37,7 +37,7 @@ func (s *service) Info(context.Context, *cbv1.InfoRequest) (*cbv1.InfoResponse, 
 		NumBlocks: int32(w.cfg.NumBlocks), BlockSize: int32(w.cfg.BlockSize),
 		Bos: tokenizer.BOS, Eos: tokenizer.EOS, NumLayers: int32(c.Layers), WorkerId: w.cfg.WorkerID,
 		MaxStepSeqs: MaxStepSeqs, MaxStepTokens: MaxStepTokens, WorldSize: int32(w.world),
-		StopTokens: []int32{tokenizer.EOS},
+		StopTokens: []int32{tokenizer.EOS}, CheckLayer: int32(c.CheckLayer),
 	}
 	if f := w.file; f != nil {
 		r.ModelIdentity, r.ModelFileName = f.Identity, f.Name

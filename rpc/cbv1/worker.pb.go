@@ -397,7 +397,11 @@ type InfoResponse struct {
 	ModelFileName string `protobuf:"bytes,14,opt,name=model_file_name,json=modelFileName,proto3" json:"model_file_name,omitempty"`
 	// Every token id that ends generation (the vocabulary's end-of-generation
 	// set: EOS, end of turn, ...); eos is one of them.
-	StopTokens    []int32 `protobuf:"varint,15,rep,packed,name=stop_tokens,json=stopTokens,proto3" json:"stop_tokens,omitempty"`
+	StopTokens []int32 `protobuf:"varint,15,rep,packed,name=stop_tokens,json=stopTokens,proto3" json:"stop_tokens,omitempty"`
+	// CacheBlend's check layer (cb worker --check-layer): the layers below it
+	// recompute every reused token, so the scheduler's cost of a reused token
+	// depends on it. 0 with no check layer (reuse loads without recompute).
+	CheckLayer    int32 `protobuf:"varint,16,opt,name=check_layer,json=checkLayer,proto3" json:"check_layer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -535,6 +539,13 @@ func (x *InfoResponse) GetStopTokens() []int32 {
 		return x.StopTokens
 	}
 	return nil
+}
+
+func (x *InfoResponse) GetCheckLayer() int32 {
+	if x != nil {
+		return x.CheckLayer
+	}
+	return 0
 }
 
 type SamplingParams struct {
@@ -1090,7 +1101,7 @@ const file_worker_proto_rawDesc = "" +
 	"firstBlock\x12\x19\n" +
 	"\bn_blocks\x18\x02 \x01(\x05R\anBlocks\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\"\r\n" +
-	"\vInfoRequest\"\xd8\x03\n" +
+	"\vInfoRequest\"\xf9\x03\n" +
 	"\fInfoResponse\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05vocab\x18\x02 \x01(\x05R\x05vocab\x12#\n" +
@@ -1112,7 +1123,9 @@ const file_worker_proto_rawDesc = "" +
 	"\x0emodel_identity\x18\r \x01(\tR\rmodelIdentity\x12&\n" +
 	"\x0fmodel_file_name\x18\x0e \x01(\tR\rmodelFileName\x12\x1f\n" +
 	"\vstop_tokens\x18\x0f \x03(\x05R\n" +
-	"stopTokens\"[\n" +
+	"stopTokens\x12\x1f\n" +
+	"\vcheck_layer\x18\x10 \x01(\x05R\n" +
+	"checkLayer\"[\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x01R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x01R\x04topP\x12\x12\n" +
