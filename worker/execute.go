@@ -36,7 +36,7 @@ func (s *service) Info(context.Context, *cbv1.InfoRequest) (*cbv1.InfoResponse, 
 		Model: w.cfg.ModelName, Vocab: int32(c.Vocab), MaxPositions: int32(c.MaxPositions),
 		NumBlocks: int32(w.cfg.NumBlocks), BlockSize: int32(w.cfg.BlockSize),
 		Bos: tokenizer.BOS, Eos: tokenizer.EOS, NumLayers: int32(c.Layers), WorkerId: w.cfg.WorkerID,
-		MaxStepSeqs: MaxStepSeqs, MaxStepTokens: MaxStepTokens, WorldSize: int32(w.world),
+		MaxStepSeqs: MaxStepSeqs, MaxStepTokens: MaxStepTokens, WorldSize: int32(w.group.world),
 		StopTokens: []int32{tokenizer.EOS}, CheckLayer: int32(c.CheckLayer),
 	}
 	if f := w.file; f != nil {
@@ -47,7 +47,7 @@ func (s *service) Info(context.Context, *cbv1.InfoRequest) (*cbv1.InfoResponse, 
 }
 
 func (s *service) Execute(ctx context.Context, req *cbv1.ExecuteRequest) (*cbv1.ExecuteResponse, error) {
-	if w := s.w; w.world > 1 && w.cfg.Rank > 0 {
+	if w := s.w; w.group.world > 1 && w.cfg.Rank > 0 {
 		// A step run on one rank alone would stall the group's all-reduce:
 		// ranks 1..N-1 take their steps from rank 0 (rankgroup.Serve).
 		return nil, status.Errorf(codes.FailedPrecondition, "execute: rank %d of a tensor-parallel worker takes its steps from rank 0", w.cfg.Rank)
@@ -73,10 +73,10 @@ func (w *Worker) Execute(ctx context.Context, req *cbv1.ExecuteRequest) (*cbv1.E
 	if err := w.checkStep(req); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "execute: %v", err)
 	}
-	if w.peers == nil {
+	if w.group.peers == nil {
 		return w.execute(ctx, req)
 	}
-	resp, err := w.peers.Execute(ctx, req, w.execute)
+	resp, err := w.group.peers.Execute(ctx, req, w.execute)
 	if err != nil {
 		if _, ok := status.FromError(err); ok && status.Code(err) != codes.Unknown {
 			return nil, err
@@ -114,9 +114,9 @@ func (w *Worker) execute(ctx context.Context, req *cbv1.ExecuteRequest) (*cbv1.E
 		resp.Outputs = append(resp.Outputs, w.decode(decodes)...)
 	}
 	w.metrics.Step()
-	w.storeMu.Lock()
-	resp.StoredRequestIds, w.storeDone = w.storeDone, nil
-	w.storeMu.Unlock()
+	w.stores.mu.Lock()
+	resp.StoredRequestIds, w.stores.done = w.stores.done, nil
+	w.stores.mu.Unlock()
 	resp.HandoffReleasedIds = w.takeReleased()
 	return resp, nil
 }
@@ -174,32 +174,8 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 	defer exec.End()
 
 	bt := sq.GetBlockTable()
-	loaded := st.loaded // what the forward takes as loaded
-	var await func() ([]reuseplan.Range, error)
-	if st.plan != nil && !st.reuseFailed {
-		if cl := w.overlapLayer(st, start, end, bt); cl > 0 {
-			// The load runs while the forward recomputes the layers below
-			// the check layer, which it leaves alone; the forward waits for
-			// it before the check layer. The step never returns before the
-			// copy ends: it writes into blocks the engine reuses after.
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				w.loadKV(pctx, id, st, bt, cl)
-			}()
-			defer func() { <-done }()
-			loaded = reuseplan.Loaded{}
-			loaded.Add(*st.plan, end, nil) // the plan, assumed loaded
-			await = func() ([]reuseplan.Range, error) {
-				<-done
-				_, got := st.loaded.Forward(start, end) // empty when the load failed
-				return got, nil
-			}
-		} else {
-			w.loadKV(pctx, id, st, bt, 0)
-			loaded = st.loaded
-		}
-	}
+	loaded, await, wait := w.startLoad(pctx, id, st, start, end, bt)
+	defer wait()
 
 	fctx, fwd := w.spans.Start(pctx, spanname.CBModelForward, trace.WithAttributes(attrRequestID.String(id)), trace.WithAttributes(w.rankAttrs()...))
 	t0 := time.Now()
@@ -207,7 +183,7 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 	// The ranks of a group may have loaded different parts of the plan (a
 	// chunk gone on one rank): they all run the blended forward, which
 	// reuses only what every rank loaded, so they make the same calls.
-	blended := st.plan != nil && (w.world > 1 || len(loaded.Reused) > 0 || loaded.Prefix > start)
+	blended := st.plan != nil && (w.group.world > 1 || len(loaded.Reused) > 0 || loaded.Prefix > start)
 	if blended {
 		in := model.BlendInput{
 			Tokens:      st.prompt[:end],
@@ -263,13 +239,47 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 	return out
 }
 
+// startLoad loads the plan's KV for the chunk [start, end) of a prefill
+// into the blocks bt: concurrently with the forward when overlapLayer
+// allows it (await then waits for the load and returns what it wrote, and
+// wait must run before the step returns: the copy writes into blocks the
+// engine reuses after), else before it. loaded is what the forward takes as
+// loaded.
+func (w *Worker) startLoad(ctx context.Context, id string, st *seqState, start, end int, bt []int32) (loaded reuseplan.Loaded, await func() ([]reuseplan.Range, error), wait func()) {
+	wait = func() {}
+	if st.plan == nil || st.reuseFailed {
+		return st.loaded, nil, wait
+	}
+	capTokens := min(kvcache.Capacity(bt, w.cfg.BlockSize), len(st.prompt))
+	if !st.loaded.Pending(*st.plan, capTokens) {
+		return st.loaded, nil, wait
+	}
+	cl := w.overlapLayer(st, start, end, capTokens)
+	if cl == 0 {
+		w.loadKV(ctx, id, st, bt, capTokens, 0)
+		return st.loaded, nil, wait
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.loadKV(ctx, id, st, bt, capTokens, cl)
+	}()
+	loaded.Add(*st.plan, end, nil) // the plan, assumed loaded
+	await = func() ([]reuseplan.Range, error) {
+		<-done
+		_, got := st.loaded.Forward(start, end) // empty when the load failed
+		return got, nil
+	}
+	return loaded, await, func() { <-done }
+}
+
 // rankAttrs is the rank attribute of a tensor-parallel rank's spans
 // (nothing on a whole-model worker).
 func (w *Worker) rankAttrs() []attribute.KeyValue {
-	if w.world <= 1 {
+	if w.group.world <= 1 {
 		return nil
 	}
-	return []attribute.KeyValue{attribute.Int("rank", w.cfg.Rank), attribute.Int("world_size", w.world)}
+	return []attribute.KeyValue{attribute.Int("rank", w.cfg.Rank), attribute.Int("world_size", w.group.world)}
 }
 
 // stepContext is the parent context of a step's cb.execute: the engine's
@@ -323,15 +333,14 @@ func (w *Worker) phaseSpans(ctx context.Context, id string, s model.BlendStats) 
 	}
 }
 
-// overlapLayer is the check layer when this prefill's load may run
-// concurrently with the forward's first layers (model.BlendInput.Await),
-// else 0: a whole-model worker, a first load pass that covers the chunk
-// [start, end), no exact prefix to load (the first layer reads it) and a
-// check layer above 0.
-func (w *Worker) overlapLayer(st *seqState, start, end int, bt []int32) int {
+// overlapLayer is the check layer when this prefill's load (pending, up to
+// capTokens) may run concurrently with the forward's first layers
+// (model.BlendInput.Await), else 0: a whole-model worker, a first load pass
+// that covers the chunk [start, end), no exact prefix to load (the first
+// layer reads it) and a check layer above 0.
+func (w *Worker) overlapLayer(st *seqState, start, end, capTokens int) int {
 	cl := w.model.Config().CheckLayer
-	capTokens := min(kvcache.Capacity(bt, w.cfg.BlockSize), len(st.prompt))
-	if w.world > 1 || cl <= 0 || st.loaded.To != 0 || capTokens < end || !st.loaded.Pending(*st.plan, capTokens) {
+	if w.group.world > 1 || cl <= 0 || st.loaded.To != 0 || capTokens < end {
 		return 0
 	}
 	for _, m := range st.plan.Matches {
@@ -343,15 +352,12 @@ func (w *Worker) overlapLayer(st *seqState, start, end int, bt []int32) int {
 }
 
 // loadKV asks the blend server to scatter the plan's matches into the
-// blocks allocated so far (cb.start_load_kv → cb.retrieve). It runs again
-// when more blocks arrive. On failure the request is computed in full.
-// shiftedFromLayer > 0 leaves the layers below it of the non-prefix matches
-// unwritten (the forward running concurrently recomputes them).
-func (w *Worker) loadKV(ctx context.Context, id string, st *seqState, bt []int32, shiftedFromLayer int) {
-	capTokens := min(kvcache.Capacity(bt, w.cfg.BlockSize), len(st.prompt))
-	if !st.loaded.Pending(*st.plan, capTokens) {
-		return
-	}
+// blocks allocated so far, which hold capTokens of the prompt
+// (cb.start_load_kv → cb.retrieve). It runs again when more blocks arrive.
+// On failure the request is computed in full. shiftedFromLayer > 0 leaves
+// the layers below it of the non-prefix matches unwritten (the forward
+// running concurrently recomputes them).
+func (w *Worker) loadKV(ctx context.Context, id string, st *seqState, bt []int32, capTokens, shiftedFromLayer int) {
 	lctx, sp := w.spans.Start(ctx, spanname.CBStartLoadKV, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attrRequestID.String(id), attribute.Int("from_token", st.loaded.To), attribute.Int("capacity_tokens", capTokens)),
 		trace.WithAttributes(w.rankAttrs()...))
@@ -444,7 +450,7 @@ func (w *Worker) decode(seqs []*cbv1.SeqStep) []*cbv1.SeqOutput {
 // background; the engine keeps the blocks until the id is reported back.
 func (w *Worker) storeAsync(ctx context.Context, id string, tokens []int32, bt []int32, document bool) {
 	select {
-	case w.storeSem <- struct{}{}:
+	case w.stores.sem <- struct{}{}:
 	default:
 		w.metrics.BlendFailure(metrics.BlendOpStore)
 		w.logger.Warn("too many stores in flight; skipping", "request_id", id)
@@ -453,7 +459,7 @@ func (w *Worker) storeAsync(ctx context.Context, id string, tokens []int32, bt [
 	}
 	tc, ts := telemetry.InjectStrings(ctx)
 	go func() {
-		defer func() { <-w.storeSem }()
+		defer func() { <-w.stores.sem }()
 		defer w.markStored(id)
 		token := w.token()
 		if token == nil {
@@ -478,7 +484,7 @@ func (w *Worker) storeAsync(ctx context.Context, id string, tokens []int32, bt [
 }
 
 func (w *Worker) markStored(id string) {
-	w.storeMu.Lock()
-	w.storeDone = append(w.storeDone, id)
-	w.storeMu.Unlock()
+	w.stores.mu.Lock()
+	w.stores.done = append(w.stores.done, id)
+	w.stores.mu.Unlock()
 }

@@ -475,8 +475,8 @@ func (w *Worker) PullKV(ctx context.Context, req *cbv1.PullKVRequest) (*cbv1.Pul
 	if err := w.checkPull(req); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "pull: %v", err)
 	}
-	if w.world > 1 {
-		return nil, status.Errorf(codes.FailedPrecondition, "pull: a tensor-parallel worker (world size %d) does not take hand-overs", w.world)
+	if w.group.world > 1 {
+		return nil, status.Errorf(codes.FailedPrecondition, "pull: a tensor-parallel worker (world size %d) does not take hand-overs", w.group.world)
 	}
 	id := req.GetRequestId()
 	if int(req.GetFromBlock()) == len(req.GetBlockTable()) {

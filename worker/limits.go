@@ -71,8 +71,8 @@ func (w *Worker) checkSeq(sq *cbv1.SeqStep) error {
 	if s := sq.GetHandoffSecret(); len(s) > 0 && (len(s) != SecretBytes || !sq.GetSample()) {
 		return fmt.Errorf("handoff_secret of %d bytes on a step that samples: %v (want %d bytes on a sampling step)", len(s), sq.GetSample(), SecretBytes)
 	}
-	if len(sq.GetHandoffSecret()) > 0 && w.world > 1 {
-		return fmt.Errorf("prefill/decode hand-over is not supported by a tensor-parallel worker (world size %d)", w.world)
+	if len(sq.GetHandoffSecret()) > 0 && w.group.world > 1 {
+		return fmt.Errorf("prefill/decode hand-over is not supported by a tensor-parallel worker (world size %d)", w.group.world)
 	}
 	bt := sq.GetBlockTable()
 	if len(bt) > w.cfg.NumBlocks {

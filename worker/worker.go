@@ -204,34 +204,53 @@ type Worker struct {
 	kvModel string
 	kv      *kvcache.Memory
 
-	lifeMu   sync.Mutex // guards the lifecycle state and the fields Start sets
+	life lifecycle
+
+	blend cbv1.BlendServiceClient // nil: no reuse
+
+	execMu sync.Mutex // serializes Execute
+	seqs   map[string]*seqState
+
+	reg    registration
+	stores storeQueue
+
+	ho    *handoffs                                   // prefill/decode hand-overs (handoff.go)
+	dial  func(addr string) (*grpc.ClientConn, error) // Deps.DialPeer
+	group rankGroup
+}
+
+// lifecycle is the worker's running state: what Start sets and Shutdown
+// stops. Its fields other than bg and stop are guarded by mu.
+type lifecycle struct {
+	mu       sync.Mutex
 	started  bool
 	shutdown bool
 	grpcSrv  *grpc.Server
 	health   *health.Server
 	ln       net.Listener
-
-	blend cbv1.BlendServiceClient // nil: no reuse
-
 	grpcOpts []grpc.ServerOption // component.Deps.GRPCServerOptions (mutual TLS, callers' roles)
+	bg       sync.WaitGroup      // the background goroutines (registration, serving)
+	stop     chan struct{}       // closed by Shutdown: the registration loop exits
+}
 
-	execMu sync.Mutex // serializes Execute
-	seqs   map[string]*seqState
+// registration is the worker's KV registration at the blend server.
+type registration struct {
+	mu   sync.Mutex
+	sess *session       // the current KV registration; nil when not registered; guarded by mu
+	wg   sync.WaitGroup // the sessions' watchers
+}
 
-	regMu  sync.Mutex
-	sess   *session       // the current KV registration; nil when not registered
-	sessWG sync.WaitGroup // the sessions' watchers
+// storeQueue bounds the stores in flight (sem) and collects the ids of
+// requests whose store ended (done, guarded by mu) for the next step's
+// response.
+type storeQueue struct {
+	sem  chan struct{}
+	mu   sync.Mutex
+	done []string
+}
 
-	storeSem  chan struct{}
-	storeMu   sync.Mutex
-	storeDone []string
-
-	bg   sync.WaitGroup
-	stop chan struct{} // closed by Shutdown: the registration loop exits
-
-	ho   *handoffs                                   // prefill/decode hand-overs (handoff.go)
-	dial func(addr string) (*grpc.ClientConn, error) // Deps.DialPeer
-
+// rankGroup is the worker's place in a tensor-parallel group.
+type rankGroup struct {
 	reducer tp.AllReducer // Deps.Reducer: nil unless a tensor-parallel rank
 	peers   StepForwarder // Deps.Peers: rank 0 of a group only
 	world   int           // tensor-parallel world size (1: a whole model)
@@ -267,20 +286,17 @@ func New(cfg Config, deps Deps) (*Worker, error) {
 		return nil, fmt.Errorf("worker: metrics: %w", err)
 	}
 	return &Worker{
-		cfg:      cfg,
-		logger:   d.Logger,
-		spans:    d.Spans("github.com/cacheblend/cacheblend/worker"),
-		metrics:  wm,
-		blend:    deps.Blend,
-		grpcOpts: d.GRPCServerOptions,
-		seqs:     make(map[string]*seqState),
-		storeSem: make(chan struct{}, cfg.MaxPendingStores),
-		stop:     make(chan struct{}),
-		ho:       newHandoffs(),
-		dial:     deps.DialPeer,
-		reducer:  deps.Reducer,
-		peers:    deps.Peers,
-		world:    1,
+		cfg:     cfg,
+		logger:  d.Logger,
+		spans:   d.Spans("github.com/cacheblend/cacheblend/worker"),
+		metrics: wm,
+		blend:   deps.Blend,
+		life:    lifecycle{grpcOpts: d.GRPCServerOptions, stop: make(chan struct{})},
+		seqs:    make(map[string]*seqState),
+		stores:  storeQueue{sem: make(chan struct{}, cfg.MaxPendingStores)},
+		ho:      newHandoffs(),
+		dial:    deps.DialPeer,
+		group:   rankGroup{reducer: deps.Reducer, peers: deps.Peers, world: 1},
 	}, nil
 }
 
@@ -291,9 +307,9 @@ func New(cfg Config, deps Deps) (*Worker, error) {
 // Starting twice or after Shutdown is an error; when Start fails nothing is
 // left running and the KV memory is closed.
 func (w *Worker) Start(ctx context.Context) error {
-	w.lifeMu.Lock()
-	defer w.lifeMu.Unlock()
-	if w.started || w.shutdown {
+	w.life.mu.Lock()
+	defer w.life.mu.Unlock()
+	if w.life.started || w.life.shutdown {
 		return errors.New("worker: Start called twice or after Shutdown")
 	}
 	if removed, err := kvcache.RemoveStale(w.cfg.ShmDir); err == nil && len(removed) > 0 {
@@ -314,26 +330,26 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.closeResources()
 		return fmt.Errorf("worker: listen %s: %w", w.cfg.Addr, err)
 	}
-	w.started = true
-	w.ln = ln
-	w.grpcSrv = rpc.NewServer(w.grpcOpts...)
-	cbv1.RegisterWorkerServiceServer(w.grpcSrv, &service{w: w})
-	cbv1.RegisterKVTransferServiceServer(w.grpcSrv, &kvService{w: w})
-	w.health = health.NewServer()
-	healthpb.RegisterHealthServer(w.grpcSrv, w.health)
+	w.life.started = true
+	w.life.ln = ln
+	w.life.grpcSrv = rpc.NewServer(w.life.grpcOpts...)
+	cbv1.RegisterWorkerServiceServer(w.life.grpcSrv, &service{w: w})
+	cbv1.RegisterKVTransferServiceServer(w.life.grpcSrv, &kvService{w: w})
+	w.life.health = health.NewServer()
+	healthpb.RegisterHealthServer(w.life.grpcSrv, w.life.health)
 	var firstTry chan struct{}
 	if w.blend != nil {
 		firstTry = make(chan struct{})
-		w.bg.Add(1)
+		w.life.bg.Add(1)
 		go w.registerLoop(firstTry)
 	}
-	w.bg.Add(1)
+	w.life.bg.Add(1)
 	go func(srv *grpc.Server) {
-		defer w.bg.Done()
+		defer w.life.bg.Done()
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			w.logger.Error("grpc server stopped", "err", err)
 		}
-	}(w.grpcSrv)
+	}(w.life.grpcSrv)
 	if firstTry != nil {
 		// Started means registered when the blend server is up: the first
 		// attempt (bounded by RPCTimeout) ends before Start returns, so the
@@ -342,26 +358,26 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	w.logger.Info("worker started", "addr", ln.Addr().String(), "kv_memory", kv.Name(), "sealed", kv.Sealed(), "layers", m.Config().Layers,
 		"dim", m.Config().Dim, "blocks", w.cfg.NumBlocks, "block_size", w.cfg.BlockSize, "blend", w.blend != nil,
-		"rank", w.cfg.Rank, "world_size", w.world)
+		"rank", w.cfg.Rank, "world_size", w.group.world)
 	return nil
 }
 
 // Addr is the bound gRPC address ("" before Start).
 func (w *Worker) Addr() string {
-	w.lifeMu.Lock()
-	defer w.lifeMu.Unlock()
-	if w.ln == nil {
+	w.life.mu.Lock()
+	defer w.life.mu.Unlock()
+	if w.life.ln == nil {
 		return ""
 	}
-	return w.ln.Addr().String()
+	return w.life.ln.Addr().String()
 }
 
 // KVMemory describes the KV memory ("memfd:cb-kv", or the fallback's
 // "unlinked file in DIR"; "" before Start). It is not a path: nothing on
 // the file system names the memory.
 func (w *Worker) KVMemory() string {
-	w.lifeMu.Lock()
-	defer w.lifeMu.Unlock()
+	w.life.mu.Lock()
+	defer w.life.mu.Unlock()
 	if w.kv == nil {
 		return ""
 	}
@@ -370,8 +386,8 @@ func (w *Worker) KVMemory() string {
 
 // Model is the worker's model (nil before Start).
 func (w *Worker) Model() *model.Model {
-	w.lifeMu.Lock()
-	defer w.lifeMu.Unlock()
+	w.life.mu.Lock()
+	defer w.life.mu.Unlock()
 	return w.model
 }
 
@@ -381,16 +397,16 @@ func (w *Worker) Registered() bool { return w.token() != nil }
 
 // token is the current registration's token, nil when not registered.
 func (w *Worker) token() []byte {
-	w.regMu.Lock()
-	defer w.regMu.Unlock()
-	if w.sess == nil {
+	w.reg.mu.Lock()
+	defer w.reg.mu.Unlock()
+	if w.reg.sess == nil {
 		return nil
 	}
 	select {
-	case <-w.sess.done:
+	case <-w.reg.sess.done:
 		return nil
 	default:
-		return w.sess.token
+		return w.reg.sess.token
 	}
 }
 
@@ -401,15 +417,15 @@ func (w *Worker) token() []byte {
 // an error wrapping ctx's when it had to cut steps or stores short. It does
 // not close the blend client (the caller's). Later calls return nil.
 func (w *Worker) Shutdown(ctx context.Context) error {
-	w.lifeMu.Lock()
-	if w.shutdown {
-		w.lifeMu.Unlock()
+	w.life.mu.Lock()
+	if w.life.shutdown {
+		w.life.mu.Unlock()
 		return nil
 	}
-	w.shutdown = true
-	srv, hs := w.grpcSrv, w.health
-	w.lifeMu.Unlock()
-	close(w.stop)
+	w.life.shutdown = true
+	srv, hs := w.life.grpcSrv, w.life.health
+	w.life.mu.Unlock()
+	close(w.life.stop)
 	var errs []error
 	if hs != nil {
 		hs.Shutdown()
@@ -427,18 +443,18 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 		}
 	}
 	// Wait for pending stores (they hold the KV memory).
-	for i := 0; i < cap(w.storeSem); i++ {
+	for i := 0; i < cap(w.stores.sem); i++ {
 		select {
-		case w.storeSem <- struct{}{}:
+		case w.stores.sem <- struct{}{}:
 		case <-ctx.Done():
-			i = cap(w.storeSem)
+			i = cap(w.stores.sem)
 			errs = append(errs, fmt.Errorf("worker: shutdown: stores cut short: %w", ctx.Err()))
 		}
 	}
-	w.bg.Wait()
+	w.life.bg.Wait()
 	w.unregister()
-	w.lifeMu.Lock()
-	defer w.lifeMu.Unlock()
+	w.life.mu.Lock()
+	defer w.life.mu.Unlock()
 	return errors.Join(append(errs, w.closeResources())...)
 }
 
@@ -477,11 +493,11 @@ func (w *Worker) loadModel() (*model.Model, error) {
 		}
 		w.kvModel = w.cfg.ModelName
 	}
-	if w.reducer != nil {
-		if m, err = m.Shard(w.reducer); err != nil {
+	if w.group.reducer != nil {
+		if m, err = m.Shard(w.group.reducer); err != nil {
 			return nil, err
 		}
-		w.cfg.Rank, w.world = w.reducer.Rank(), w.reducer.Size()
+		w.cfg.Rank, w.group.world = w.group.reducer.Rank(), w.group.reducer.Size()
 	}
 	return m, nil
 }
@@ -493,7 +509,7 @@ func (w *Worker) loadModel() (*model.Model, error) {
 // leaving the registration to Shutdown (pending stores still need it).
 // firstTry is closed once the first attempt ended, however it ended.
 func (w *Worker) registerLoop(firstTry chan<- struct{}) {
-	defer w.bg.Done()
+	defer w.life.bg.Done()
 	failing := false
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -511,7 +527,7 @@ func (w *Worker) registerLoop(firstTry chan<- struct{}) {
 			failing = true
 			t.Reset(w.cfg.RegisterInterval)
 			select {
-			case <-w.stop:
+			case <-w.life.stop:
 				return
 			case <-t.C:
 			}
@@ -519,15 +535,15 @@ func (w *Worker) registerLoop(firstTry chan<- struct{}) {
 		}
 		failing = false
 		select {
-		case <-w.stop:
+		case <-w.life.stop:
 			return
 		case <-sess.done:
 		}
-		w.regMu.Lock()
-		if w.sess == sess {
-			w.sess = nil
+		w.reg.mu.Lock()
+		if w.reg.sess == sess {
+			w.reg.sess = nil
 		}
-		w.regMu.Unlock()
+		w.reg.mu.Unlock()
 		sess.conn.Close()
 		w.logger.Warn("the blend server ended the KV registration; registering again", "epoch", sess.epoch)
 	}
@@ -540,7 +556,7 @@ func (w *Worker) register() (*session, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.RPCTimeout)
 	defer cancel()
 	c, ans, err := kvsock.Register(ctx, w.cfg.BlendKVSocket, &cbv1.KVRegistration{
-		WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank), Model: w.kvModel, WorldSize: int32(w.world),
+		WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank), Model: w.kvModel, WorldSize: int32(w.group.world),
 		Layout: &cbv1.KVLayout{NumLayers: int32(l.NumLayers), NumBlocks: int32(l.NumBlocks), BlockSize: int32(l.BlockSize),
 			KvHeads: int32(l.KVHeads), HeadDim: int32(l.HeadDim), RopeTheta: w.model.Config().RoPETheta,
 			RopeInvFreq: w.model.RoPE().InvFreq()},
@@ -549,13 +565,13 @@ func (w *Worker) register() (*session, error) {
 		return nil, err
 	}
 	sess := &session{conn: c, token: ans.GetRegistrationToken(), epoch: ans.GetServerEpoch(), done: make(chan struct{})}
-	w.sessWG.Go(func() {
+	w.reg.wg.Go(func() {
 		c.WaitClosed()
 		close(sess.done)
 	})
-	w.regMu.Lock()
-	w.sess = sess
-	w.regMu.Unlock()
+	w.reg.mu.Lock()
+	w.reg.sess = sess
+	w.reg.mu.Unlock()
 	w.logger.Info("registered KV memory with the blend server", "epoch", sess.epoch, "socket", w.cfg.BlendKVSocket, "kv_memory", w.kv.Name())
 	return sess, nil
 }
@@ -563,10 +579,10 @@ func (w *Worker) register() (*session, error) {
 // unregister ends the current registration: UnregisterKV (bounded by 1 s),
 // then the connection is closed (which alone releases it on the server).
 func (w *Worker) unregister() {
-	w.regMu.Lock()
-	sess := w.sess
-	w.sess = nil
-	w.regMu.Unlock()
+	w.reg.mu.Lock()
+	sess := w.reg.sess
+	w.reg.sess = nil
+	w.reg.mu.Unlock()
 	if sess != nil {
 		select {
 		case <-sess.done:
@@ -581,5 +597,5 @@ func (w *Worker) unregister() {
 		}
 		sess.conn.Close()
 	}
-	w.sessWG.Wait()
+	w.reg.wg.Wait()
 }
