@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -51,6 +52,42 @@ type BlendInput struct {
 	// an error that fails the forward. Reused is then the plan, assumed
 	// loaded. Not supported on a sharded model (ErrInput).
 	Await func() ([]reuseplan.Range, error)
+	// Logits is how many trailing positions' logits BlendForward returns,
+	// in position order, Vocab values each; those positions are always in
+	// the important set. 0 means 1 (the last token's). At most the
+	// positions after the prefix.
+	Logits int
+	// Select is the rule that picks the recomputed reused tokens: the
+	// check layer's K deviation (SelectDeviation, the zero value:
+	// CacheBlend's HKVD) or random tokens (SelectRandom, cb eval's
+	// baseline), at the same ratio.
+	Select Selection
+	// SelectSeed seeds SelectRandom (the same seed picks the same tokens,
+	// on every rank of a sharded model).
+	SelectSeed uint64
+}
+
+// Selection is a rule that picks which reused tokens the check layer
+// recomputes (BlendInput.Select).
+type Selection uint8
+
+const (
+	// SelectDeviation picks the reused tokens whose fresh K at the check
+	// layer deviates most from the loaded K (CacheBlend's HKVD).
+	SelectDeviation Selection = iota
+	// SelectRandom picks reused tokens uniformly at random.
+	SelectRandom
+)
+
+// String is the rule's name in reports: "hkvd" or "random".
+func (s Selection) String() string {
+	switch s {
+	case SelectDeviation:
+		return "hkvd"
+	case SelectRandom:
+		return "random"
+	}
+	return fmt.Sprintf("selection(%d)", uint8(s))
 }
 
 // BlendStats (a plain value) describes one BlendForward: the three phases' wall-clock
@@ -72,7 +109,8 @@ type BlendStats struct {
 	// non-prefix token.
 	ImpCount int
 	// Selected is how many reused tokens were selected for recompute
-	// (ceil(RecompRatio·ReusedTokens), plus the last token when reused).
+	// (ceil(RecompRatio·ReusedTokens), plus those of the trailing tokens
+	// whose logits are returned that are reused).
 	Selected int
 	// ImpEmpty is true when no reused token was selected for recompute.
 	ImpEmpty bool
@@ -86,14 +124,15 @@ type BlendStats struct {
 }
 
 // BlendForward runs the CacheBlend selective-recompute forward (docs/design.md §5)
-// and returns the logits of the last prompt token:
+// and returns the logits of the last prompt token (of the last in.Logits
+// tokens, in order, when asked):
 //
 //   - prefix positions [0, PrefixReused) are skipped;
 //   - layers 0..cl-1 recompute every other token, overwriting its K/V;
 //   - at layer cl the fresh K of every reused token is compared with the
 //     loaded K (squared L2 over all KV heads); the ceil(ratio·reused) most
-//     deviating reused tokens, every new token and the last prompt token
-//     form the important set, whose K/V alone are rewritten at layer cl;
+//     deviating reused tokens (or random ones, SelectRandom), every new
+//     token and the tokens whose logits are returned form the important set, whose K/V alone are rewritten at layer cl;
 //   - layers cl+1..L-1 compute only the important set, attending over the
 //     whole cache and writing K/V for the important tokens only.
 //
@@ -126,6 +165,9 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 	if math.IsNaN(ratio) || ratio > 1 {
 		return nil, st, fmt.Errorf("%w: recompute ratio %v outside [0, 1]", ErrInput, ratio)
 	}
+	if in.Select > SelectRandom {
+		return nil, st, fmt.Errorf("%w: selection rule %v", ErrInput, in.Select)
+	}
 	prefix := in.PrefixReused
 	if prefix < 0 || prefix > total {
 		return nil, st, fmt.Errorf("%w: prefix of %d tokens in a prompt of %d", ErrInput, prefix, total)
@@ -157,6 +199,10 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 	}
 
 	n := total - prefix // rows: positions [prefix, total)
+	nl, err := logitRows(in.Logits, n)
+	if err != nil {
+		return nil, st, err
+	}
 	pos := ws.int(intPos, n)
 	for i := range pos {
 		pos[i] = prefix + i
@@ -172,16 +218,16 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 	x := dense(ws.f32(bufXAll, n*d), n, d)
 	m.embedRows(x, in.Tokens[prefix:])
 
-	out := make([]float32, m.cfg.Vocab)
+	out := make([]float32, nl*m.cfg.Vocab)
 	if nReused == 0 {
 		st.Dispatch = "full"
 		st.ImpCount = n
 		st.ImpEmpty = true
 		st.FullRecompStart = time.Now()
-		if err := m.forwardLayers(ws, kv, 0, x, all); err != nil {
+		if err := m.forwardLayers(ws, kv, 0, x, all, nl); err != nil {
 			return nil, st, err
 		}
-		m.logits(ws, dense(out, 1, m.cfg.Vocab), x.view(n-1, 0, 1, d))
+		m.logits(ws, dense(out, nl, m.cfg.Vocab), x.view(n-nl, 0, nl, d))
 		st.FullRecompEnd = time.Now()
 		return out, st, nil
 	}
@@ -253,7 +299,12 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 			order = append(order, i)
 		}
 	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(dev[b], dev[a]) })
+	if in.Select == SelectRandom {
+		rng := rand.New(rand.NewPCG(in.SelectSeed, in.SelectSeed^0x9e3779b97f4a7c15))
+		rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	} else {
+		slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(dev[b], dev[a]) })
+	}
 	keep := int(math.Ceil(ratio * float64(nReused)))
 	keep = min(keep, nReused)
 	important := make([]bool, n)
@@ -264,10 +315,12 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 		important[i] = true
 	}
 	st.Selected = keep
-	if reused[n-1] && !important[n-1] {
-		st.Selected++
+	for i := n - nl; i < n; i++ { // the positions whose logits are returned
+		if reused[i] && !important[i] {
+			st.Selected++
+		}
+		important[i] = true
 	}
-	important[n-1] = true
 	st.ImpEmpty = st.Selected == 0
 	ws.ints[intOrder] = order[:0]
 
@@ -301,10 +354,10 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 
 	// Phase 3: partial layers cl+1..L-1 on the important set.
 	st.PartialStart = st.CheckEnd
-	if err := m.forwardLayers(ws, kv, cl+1, xi, ib); err != nil {
+	if err := m.forwardLayers(ws, kv, cl+1, xi, ib, nl); err != nil {
 		return nil, st, err
 	}
-	m.logits(ws, dense(out, 1, m.cfg.Vocab), xi.view(ni-1, 0, 1, d))
+	m.logits(ws, dense(out, nl, m.cfg.Vocab), xi.view(ni-nl, 0, nl, d))
 	st.PartialEnd = time.Now()
 	return out, st, nil
 }

@@ -18,6 +18,11 @@ type PrefillInput struct {
 	// BlockTable maps the sequence's positions to cache blocks; it must
 	// cover positions [0, Start+len(Tokens)).
 	BlockTable []int32
+	// Logits is how many trailing positions' logits Prefill returns, in
+	// position order, Vocab values each (teacher-forced scoring of a
+	// continuation, cb eval); 0 means 1 (the last token's). At most
+	// len(Tokens).
+	Logits int
 }
 
 // DecodeInput is one sequence's next token in a decode batch (a plain
@@ -186,6 +191,10 @@ func (m *Model) Prefill(kv *kvcache.Memory, in PrefillInput) ([]float32, error) 
 	if err := m.checkTokens(in.Tokens); err != nil {
 		return nil, err
 	}
+	nl, err := logitRows(in.Logits, n)
+	if err != nil {
+		return nil, err
+	}
 	ws := m.getWS()
 	defer m.putWS(ws)
 	ctx := in.Start + n
@@ -200,12 +209,21 @@ func (m *Model) Prefill(kv *kvcache.Memory, in PrefillInput) ([]float32, error) 
 	b := &batch{pos: pos, slot: slots[in.Start:ctx], seqs: []seqInfo{{r0: 0, r1: n, ctx: ctx, slots: slots}}}
 	x := dense(ws.f32(bufX, n*m.cfg.Dim), n, m.cfg.Dim)
 	m.embedRows(x, in.Tokens)
-	if err := m.forwardLayers(ws, kv, 0, x, b); err != nil {
+	if err := m.forwardLayers(ws, kv, 0, x, b, nl); err != nil {
 		return nil, err
 	}
-	out := make([]float32, m.cfg.Vocab)
-	m.logits(ws, dense(out, 1, m.cfg.Vocab), x.view(n-1, 0, 1, m.cfg.Dim))
+	out := make([]float32, nl*m.cfg.Vocab)
+	m.logits(ws, dense(out, nl, m.cfg.Vocab), x.view(n-nl, 0, nl, m.cfg.Dim))
 	return out, nil
+}
+
+// logitRows is the number of trailing positions whose logits a forward
+// over n positions returns when the caller asks for want (0: 1).
+func logitRows(want, n int) (int, error) {
+	if want < 0 || want > n {
+		return 0, fmt.Errorf("%w: logits of %d trailing positions of %d", ErrInput, want, n)
+	}
+	return max(want, 1), nil
 }
 
 // Decode runs one decode step for a batch of sequences: each input's token
@@ -331,23 +349,24 @@ func (m *Model) storeKV(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batc
 }
 
 // lastLayer runs layer l, the model's last, on the rows of x (one
-// sequence, batch b) when only the last row's output is read afterwards
-// (the logits of the prompt's last token): every row's K and V are computed
-// and stored (later steps attend over them), but the attention, the output
-// projection and the MLP run for the last row alone — the others' results
-// would feed no layer.
-func (m *Model) lastLayer(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch) error {
+// sequence, batch b) when only the last tail rows' outputs are read
+// afterwards (the logits of the prompt's last token, or of its last tail
+// tokens): every row's K and V are computed and stored (later steps attend
+// over them), but the attention, the output projection and the MLP run for
+// the tail rows alone — the others' results would feed no layer.
+func (m *Model) lastLayer(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch, tail int) error {
 	qkv := m.storeKV(ws, kv, l, x, b, false)
-	r, s := x.rows-1, b.seqs[0]
-	q := qkv.row(r)[:m.qDim]
-	m.table.Rotate(q, b.pos[r])
-	last := &batch{pos: b.pos[r : r+1], slot: b.slot[r : r+1], seqs: []seqInfo{{r0: 0, r1: 1, ctx: s.ctx, slots: s.slots}}}
-	return m.attendAndMLP(ws, kv, l, x.view(r, 0, 1, m.cfg.Dim), qkv.view(r, 0, 1, m.qkvDim), last)
+	r, s := x.rows-tail, b.seqs[0]
+	for i := r; i < x.rows; i++ {
+		m.table.Rotate(qkv.row(i)[:m.qDim], b.pos[i])
+	}
+	last := &batch{pos: b.pos[r:], slot: b.slot[r:], seqs: []seqInfo{{r0: 0, r1: tail, ctx: s.ctx, slots: s.slots}}}
+	return m.attendAndMLP(ws, kv, l, x.view(r, 0, tail, m.cfg.Dim), qkv.view(r, 0, tail, m.qkvDim), last)
 }
 
 // forwardLayers runs layers [from, L) on the rows of x (one sequence, batch
-// b) for the logits of its last row: the last layer through lastLayer.
-func (m *Model) forwardLayers(ws *workspace, kv *kvcache.Memory, from int, x mat, b *batch) error {
+// b) for the logits of its last tail rows: the last layer through lastLayer.
+func (m *Model) forwardLayers(ws *workspace, kv *kvcache.Memory, from int, x mat, b *batch, tail int) error {
 	last := m.cfg.Layers - 1
 	for l := from; l < last; l++ {
 		if err := m.layer(ws, kv, l, x, b); err != nil {
@@ -357,7 +376,7 @@ func (m *Model) forwardLayers(ws *workspace, kv *kvcache.Memory, from int, x mat
 	if from > last {
 		return nil
 	}
-	return m.lastLayer(ws, kv, last, x, b)
+	return m.lastLayer(ws, kv, last, x, b, tail)
 }
 
 // ropeAndStore rotates the Q (when withQ) and K columns of every row of qkv
