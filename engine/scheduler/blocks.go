@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"fmt"
 	"slices"
 	"time"
 
@@ -12,14 +13,15 @@ import (
 type storeHold struct {
 	blocks   [][]int32
 	deadline time.Time
-	doc      *seq // a document waiting for this report
+	doc      *seq // a document waiting for this report (finishing it again does nothing)
 }
 
 // blockManager owns the worker's KV block pool as the engine sees it: the
 // allocator with its prefix cache (chain hashes of full blocks), the blocks
 // held for stores the worker has not reported done, and the prefix-hit
-// accounting. Guarded by Scheduler.mu; it never logs: accounting errors
-// wait in errs until the scheduler releases its lock.
+// accounting. The scheduler uses it through its methods only. Guarded by
+// Scheduler.mu; it never logs: accounting errors wait in errs until the
+// scheduler releases its lock.
 type blockManager struct {
 	pool      *kvcache.Allocator // nil until the worker answered Info
 	holds     map[string]*storeHold
@@ -34,15 +36,31 @@ func newBlockManager() *blockManager {
 	return &blockManager{holds: make(map[string]*storeHold), handoffs: make(map[string]*storeHold)}
 }
 
-// reset drops the pool and every hold (the worker's memory is gone).
-func (b *blockManager) reset() {
+// reset drops the pool and every hold (the worker's memory is gone) and
+// starts over with pool (nil until the worker answers again).
+func (b *blockManager) reset(pool *kvcache.Allocator) {
 	if b.pool != nil {
 		b.evictions += b.pool.Stats().Evictions
 	}
-	b.pool = nil
+	b.pool = pool
 	clear(b.holds)
 	clear(b.handoffs)
 }
+
+// fits returns an ErrTooLong error when a request of tokens positions can
+// never fit the pool.
+func (b *blockManager) fits(tokens int) error {
+	if need, have := b.pool.BlocksFor(tokens), b.pool.NumBlocks(); need > have {
+		return fmt.Errorf("%w: %d tokens need %d KV blocks, the pool has %d", ErrTooLong, tokens, need, have)
+	}
+	return nil
+}
+
+// holding reports whether blocks are held for request id's store.
+func (b *blockManager) holding(id string) bool { _, ok := b.holds[id]; return ok }
+
+// handingOff reports whether blocks are held for request id's hand-over.
+func (b *blockManager) handingOff(id string) bool { _, ok := b.handoffs[id]; return ok }
 
 // stats fills the KV part of st.
 func (b *blockManager) stats(st *Stats) {
@@ -71,57 +89,66 @@ func (b *blockManager) free(lists ...[]int32) {
 	}
 }
 
-// release gives up sq's blocks: held for its pending store, else freed.
-func (b *blockManager) release(sq *seq) {
-	if len(sq.blocks) == 0 {
+// release gives up the blocks of request id: held for its pending store,
+// else freed.
+func (b *blockManager) release(id string, kv *seqKV) {
+	if len(kv.blocks) == 0 {
 		return
 	}
-	if hold, ok := b.holds[sq.id]; ok {
-		hold.blocks = append(hold.blocks, sq.blocks)
+	if hold, ok := b.holds[id]; ok {
+		hold.blocks = append(hold.blocks, kv.blocks)
 	} else {
-		b.free(sq.blocks)
+		b.free(kv.blocks)
 	}
-	sq.blocks = nil
+	kv.blocks = nil
 }
 
-// grow allocates blocks so that sq's table covers tokens positions.
-func (b *blockManager) grow(sq *seq, tokens int) error {
-	need := b.pool.BlocksFor(tokens) - len(sq.blocks)
+// grow allocates blocks so that kv's table covers tokens positions.
+func (b *blockManager) grow(kv *seqKV, tokens int) error {
+	need := b.pool.BlocksFor(tokens) - len(kv.blocks)
 	if need <= 0 {
 		return nil
 	}
-	if sq.blocks == nil {
+	if kv.blocks == nil {
 		// Room for the whole request up front: decode steps then grow the
 		// table without allocating.
-		sq.blocks = make([]int32, 0, max(need, b.pool.BlocksFor(sq.maxLen())))
+		kv.blocks = make([]int32, 0, max(need, b.pool.BlocksFor(kv.maxLen)))
 	}
-	blocks, err := b.pool.AllocateAppend(sq.blocks, need)
+	blocks, err := b.pool.AllocateAppend(kv.blocks, need)
 	if err != nil {
 		return err
 	}
-	sq.blocks = blocks
+	kv.blocks = blocks
 	return nil
 }
 
-// acquirePrefix takes the blocks of sq's longest cached prefix (never the
-// whole prompt: the last token is always computed) and returns them with
-// the tokens they cover.
-func (b *blockManager) acquirePrefix(sq *seq) (blocks []int32, local int) {
-	return b.acquire(sq, (len(sq.tokens)-1)/b.pool.BlockSize())
+// take gives kv the blocks acquired from the prefix cache (registered
+// there) and grows its table to tokens positions. When the pool cannot,
+// the acquired blocks are given back, kv holds none, and take is false.
+func (b *blockManager) take(kv *seqKV, acquired []int32, tokens int) bool {
+	kv.blocks, kv.committed = acquired, len(acquired)
+	if err := b.grow(kv, tokens); err != nil {
+		b.free(acquired)
+		kv.blocks, kv.committed = nil, 0
+		return false
+	}
+	return true
 }
 
-// acquire takes the blocks of sq's longest cached prefix of at most maxHit
-// blocks (none for a NoReuse request).
-func (b *blockManager) acquire(sq *seq, maxHit int) (blocks []int32, local int) {
+// acquire takes the blocks of kv's longest cached prefix within its first
+// upTo tokens (none for a NoReuse request) and returns them with the tokens
+// they cover.
+func (b *blockManager) acquire(kv *seqKV, upTo int) (blocks []int32, local int) {
 	bs := b.pool.BlockSize()
-	if sq.hashes == nil {
-		sq.hashes = make([]kvcache.BlockHash, 0, sq.maxLen()/bs)
+	if kv.hashes == nil {
+		kv.hashes = make([]kvcache.BlockHash, 0, kv.maxLen/bs)
 	}
-	sq.hashes = kvcache.ChainHashes(sq.hashes, sq.tokens, bs)
-	if sq.req.NoReuse {
+	kv.hashes = kvcache.ChainHashes(kv.hashes, kv.tokens, bs)
+	maxHit := upTo / bs
+	if kv.noCache {
 		maxHit = 0
 	}
-	blocks = b.pool.Acquire(sq.hashes[:min(maxHit, len(sq.hashes))])
+	blocks = b.pool.Acquire(kv.hashes[:min(maxHit, len(kv.hashes))])
 	return blocks, len(blocks) * bs
 }
 
@@ -132,20 +159,20 @@ func (b *blockManager) admitted(hit, total int) {
 	b.hitDen += uint64(total)
 }
 
-// commit registers sq's newly computed full blocks in the prefix cache.
-func (b *blockManager) commit(sq *seq) {
+// commit registers kv's newly computed full blocks in the prefix cache.
+func (b *blockManager) commit(kv *seqKV) {
 	bs := b.pool.BlockSize()
-	full := min(sq.computed/bs, len(sq.blocks))
-	if full <= sq.committed {
+	full := min(kv.computed/bs, len(kv.blocks))
+	if full <= kv.committed {
 		return
 	}
-	sq.hashes = kvcache.ChainHashes(sq.hashes, sq.tokens, bs)
-	for i := sq.committed; i < full && i < len(sq.hashes); i++ {
-		if _, err := b.pool.Commit(sq.blocks[i], sq.hashes[i]); err != nil {
+	kv.hashes = kvcache.ChainHashes(kv.hashes, kv.tokens, bs)
+	for i := kv.committed; i < full && i < len(kv.hashes); i++ {
+		if _, err := b.pool.Commit(kv.blocks[i], kv.hashes[i]); err != nil {
 			b.errs = append(b.errs, err)
 		}
 	}
-	sq.committed = full
+	kv.committed = full
 }
 
 // hold starts holding the blocks of request id until its store is
@@ -157,6 +184,15 @@ func (b *blockManager) hold(id string, deadline time.Time) *storeHold {
 		b.holds[id] = h
 	}
 	return h
+}
+
+// parkDoc moves the blocks of document sq, whose prefill is done, to the
+// hold of its store (deadline if it has none yet); the report finishes it.
+func (b *blockManager) parkDoc(sq *seq, deadline time.Time) {
+	hold := b.hold(sq.id, deadline)
+	hold.blocks = append(hold.blocks, sq.kv.blocks)
+	hold.doc = sq
+	sq.kv.blocks = nil
 }
 
 // storeDone frees what the store of id held and returns the hold (nil when
@@ -173,55 +209,41 @@ func (b *blockManager) storeDone(id string) *storeHold {
 
 // holdHandoff holds blocks (a reference of their own) for the hand-over
 // of request id until handoffDone, at most until deadline.
-func (b *blockManager) holdHandoff(id string, blocks []int32, deadline time.Time) error {
+func (b *blockManager) holdHandoff(id string, blocks []int32, deadline time.Time) {
 	if err := b.pool.Ref(blocks); err != nil {
-		return err
+		b.errs = append(b.errs, err)
+		return
 	}
 	if old, ok := b.handoffs[id]; ok { // cannot happen: ids are unique in flight
 		b.free(old.blocks...)
 	}
 	b.handoffs[id] = &storeHold{blocks: [][]int32{slices.Clone(blocks)}, deadline: deadline}
-	return nil
 }
 
-// handoffDone frees what the hand-over of id held; false when nothing.
-func (b *blockManager) handoffDone(id string) bool {
-	h, ok := b.handoffs[id]
-	if !ok {
-		return false
-	}
-	delete(b.handoffs, id)
-	b.free(h.blocks...)
-	return true
-}
-
-// expireHandoffs frees the hand-over holds past their deadline and returns
-// their ids.
-func (b *blockManager) expireHandoffs(now time.Time) []string {
-	var out []string
-	for id, h := range b.handoffs {
-		if now.Before(h.deadline) {
-			continue
-		}
+// handoffDone frees what the hand-over of id held.
+func (b *blockManager) handoffDone(id string) {
+	if h, ok := b.handoffs[id]; ok {
 		delete(b.handoffs, id)
 		b.free(h.blocks...)
-		out = append(out, id)
 	}
-	return out
 }
 
 // polling reports whether a store or a hand-over awaits the worker's report.
 func (b *blockManager) polling() bool { return len(b.holds) > 0 || len(b.handoffs) > 0 }
 
-// expire frees the holds past their deadline and returns their ids and
-// holds.
-func (b *blockManager) expire(now time.Time) map[string]*storeHold {
+// expire frees the store holds and the hand-over holds past their deadline
+// and returns them by request id.
+func (b *blockManager) expire(now time.Time) (stores, handoffs map[string]*storeHold) {
+	return b.expireIn(b.holds, now), b.expireIn(b.handoffs, now)
+}
+
+func (b *blockManager) expireIn(holds map[string]*storeHold, now time.Time) map[string]*storeHold {
 	var out map[string]*storeHold
-	for id, h := range b.holds {
+	for id, h := range holds {
 		if now.Before(h.deadline) {
 			continue
 		}
-		delete(b.holds, id)
+		delete(holds, id)
 		b.free(h.blocks...)
 		if out == nil {
 			out = make(map[string]*storeHold)

@@ -61,9 +61,8 @@ type Config struct {
 	// StepTokenBudget. Default 8192; negative: no exception, a lone blended
 	// prefill is chunked by the budget like any other.
 	LoneBlendTokens int
-	// LookupTimeout bounds a CacheBlend lookup from the moment the step loop
-	// first sees the request to its result, waiting for a free call slot
-	// included; it is the Lookup call's deadline. Past it the request falls
+	// LookupTimeout bounds a CacheBlend lookup from Submit to its result,
+	// waiting for a free call slot included; it is the Lookup call's deadline. Past it the request falls
 	// back to a full prefill (reason "timeout"). Default 2 s.
 	LookupTimeout time.Duration
 	// MaxLookupRPCs bounds the Lookup calls in flight; further requests wait
@@ -103,38 +102,35 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	def := func(v *int, d int) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	defDur := func(v *time.Duration, d time.Duration) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
 	if c.Model == "" {
 		c.Model = DefaultModel
 	}
-	def(&c.MaxQueue, DefaultMaxQueue)
-	def(&c.MaxRunning, DefaultMaxRunning)
-	def(&c.StepTokenBudget, DefaultStepTokenBudget)
+	orDefault(&c.MaxQueue, DefaultMaxQueue)
+	orDefault(&c.MaxRunning, DefaultMaxRunning)
+	orDefault(&c.StepTokenBudget, DefaultStepTokenBudget)
 	if c.LoneBlendTokens == 0 { // negative: no exception
 		c.LoneBlendTokens = DefaultLoneBlendTokens
 	}
-	def(&c.MaxLookupRPCs, DefaultMaxLookupRPCs)
-	def(&c.MaxTransfers, DefaultMaxTransfers)
-	defDur(&c.HandoffTimeout, DefaultHandoffTimeout)
-	defDur(&c.LookupTimeout, DefaultLookupTimeout)
-	defDur(&c.StepTimeout, DefaultStepTimeout)
-	defDur(&c.WorkerRetryInterval, DefaultWorkerRetryInterval)
-	defDur(&c.InfoTimeout, DefaultInfoTimeout)
-	defDur(&c.StoreTimeout, DefaultStoreTimeout)
-	defDur(&c.StorePollInterval, DefaultStorePollInterval)
+	orDefault(&c.MaxLookupRPCs, DefaultMaxLookupRPCs)
+	orDefault(&c.MaxTransfers, DefaultMaxTransfers)
+	orDefault(&c.HandoffTimeout, DefaultHandoffTimeout)
+	orDefault(&c.LookupTimeout, DefaultLookupTimeout)
+	orDefault(&c.StepTimeout, DefaultStepTimeout)
+	orDefault(&c.WorkerRetryInterval, DefaultWorkerRetryInterval)
+	orDefault(&c.InfoTimeout, DefaultInfoTimeout)
+	orDefault(&c.StoreTimeout, DefaultStoreTimeout)
+	orDefault(&c.StorePollInterval, DefaultStorePollInterval)
 	if c.RecompRatio <= 0 || c.RecompRatio > 1 {
 		c.RecompRatio = DefaultRecompRatio
 	}
 	return c
+}
+
+// orDefault sets *v to d when it is not positive.
+func orDefault[T int | time.Duration](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
 }
 
 // Deps are the scheduler's collaborators.

@@ -3,8 +3,6 @@ package scheduler
 import (
 	"context"
 	"errors"
-	"github.com/cacheblend/cacheblend/defaults"
-	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -13,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/cacheblend/cacheblend/contract/spanname"
+	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
@@ -44,11 +43,12 @@ const (
 // before a Lookup call could even start (every call slot busy).
 var errLookupTimeout = errors.New("lookup not started within the lookup timeout")
 
-// lookup is the CacheBlend lookup of one request: one Lookup call, bounded
-// by the request's deadline. Guarded by Scheduler.mu.
+// lookup is the CacheBlend lookup of one request: one Lookup call (through
+// Scheduler.lookups), bounded by the request's deadline. Guarded by
+// Scheduler.mu.
 type lookup struct {
-	deadline time.Time          // first sight + LookupTimeout
-	cancel   context.CancelFunc // of the call, once launched
+	deadline time.Time          // Submit + LookupTimeout
+	cancel   context.CancelFunc // of the call, once started
 	waited   int                // steps the request waited for it (n_polls)
 	ctx      context.Context    // holds the cb.lookup.rpc span
 	span     *telemetry.Span
@@ -56,173 +56,70 @@ type lookup struct {
 	done     bool // result or fallback decided
 }
 
-// lookupOutcome is a finished Lookup call, handed back to the step loop.
-type lookupOutcome struct {
-	sq  *seq
-	lk  *lookup
-	res *cbv1.LookupResult
-	err error
-	at  time.Time // when the call returned: the end of cb.lookup.rpc
-}
+// pending reports whether the request still waits for its lookup.
+func (lk *lookup) pending() bool { return lk != nil && !lk.done }
 
-// lookupDriver runs the Lookup calls: at most max in flight, each on a
-// goroutine of its own whose outcome comes back on a channel the step loop
-// drains. Its fields other than the channel are guarded by Scheduler.mu.
-type lookupDriver struct {
-	blend    cbv1.BlendServiceClient
-	max      int
-	inFlight int
-	outcomes chan lookupOutcome // capacity max: a call never blocks on it
-	calls    sync.WaitGroup
-}
-
-func newLookupDriver(blend cbv1.BlendServiceClient, max int) *lookupDriver {
-	return &lookupDriver{blend: blend, max: max, outcomes: make(chan lookupOutcome, max)}
-}
-
-// firstSights opens cb.schedule for requests the loop sees for the first
-// time, and cb.lookup.rpc for those that look up their reuse.
-func (s *Scheduler) firstSights(now time.Time) {
-	for _, sq := range s.waiting {
-		if sq.seen {
-			continue
-		}
-		sq.seen = true
-		if sq.req.Document || sq.req.Prefilled != nil { // no lookup, no cb.schedule
-			continue
-		}
-		sq.schedCtx, sq.schedSpan = s.spans.Start(sq.reqCtx, spanname.CBSchedule,
-			trace.WithAttributes(attribute.String("request_id", sq.id)))
-		if !s.looksUp(sq) {
-			s.stampLookup(sq, LookupSkipped, nil)
-			continue
-		}
-		ctx, span := s.spans.Start(sq.schedCtx, spanname.CBLookupRPC, trace.WithSpanKind(trace.SpanKindClient),
-			trace.WithAttributes(attribute.String("request_id", sq.id)))
-		sq.lk = &lookup{deadline: now.Add(s.cfg.LookupTimeout), ctx: ctx, span: span}
+// openLookup decides at Submit whether sq looks its reuse up: if so it
+// opens cb.lookup.rpc (the call starts in driveLookups), else it stamps
+// lookup=skipped on cb.request.
+func (s *Scheduler) openLookup(sq *seq, now time.Time) {
+	if s.deps.Blend == nil || sq.req.NoReuse {
+		attrs, span := lookupAttrs(LookupSkipped, nil, sq.kv.nPrompt), sq.trace.reqSpan
+		s.defer_(func() { span.SetAttributes(attrs...) })
+		return
 	}
+	ctx, span := s.deps.Spans.Start(sq.trace.schedCtx, spanname.CBLookupRPC, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("request_id", sq.id)))
+	sq.lk = &lookup{deadline: now.Add(s.cfg.LookupTimeout), ctx: ctx, span: span}
 }
 
-// looksUp reports whether the request asks the blend server for reuse.
-func (s *Scheduler) looksUp(sq *seq) bool {
-	return s.lookups.blend != nil && !sq.req.NoReuse && !sq.req.Document
-}
-
-// stampLookup records the lookup outcome of a request and stamps it on
-// cb.request with the statistics of contract/spans.yaml: those of res for a
-// done lookup, zero hit statistics otherwise. Called with Scheduler.mu held;
-// the span is written after the lock.
-func (s *Scheduler) stampLookup(sq *seq, outcome string, res *cbv1.LookupResult) {
-	sq.lookupOut = outcome
-	attrs := lookupAttrs(outcome, res, len(sq.req.Prompt))
-	span := sq.reqSpan
-	s.defer_(func() { span.SetAttributes(attrs...) })
-}
-
-// lookupAttrs are the cb.request attributes of a lookup outcome (see
-// contract/spans.yaml for the definitions). Without a result every hit
-// statistic is zero, the whole prompt is requested and, with no prefix
-// coverage, all of it is the non-prefix complement.
-func lookupAttrs(outcome string, res *cbv1.LookupResult, nPrompt int) []attribute.KeyValue {
-	requested, prefix, nonPrefix, coverage := nPrompt, 0, 0, 0
-	hitRate := 0.0
-	var fpHits, storageHits, stale, prefixChunks int
-	if outcome == LookupDone && res != nil {
-		requested = int(res.GetRequestedTokens())
-		prefix, nonPrefix = int(res.GetPrefixHitTokens()), int(res.GetNonPrefixHitTokens())
-		hitRate = res.GetHitRate()
-		// A server that does not report the coverage covers at least its
-		// usable prefix.
-		coverage = max(int(res.GetPrefixCoverageTokens()), prefix)
-		fpHits, storageHits, stale = int(res.GetFingerprintHits()), int(res.GetStorageHits()), int(res.GetStaleChunks())
-		prefixChunks = int(res.GetPrefixChunks())
-	}
-	return []attribute.KeyValue{
-		attribute.String("lookup", outcome),
-		attribute.Float64("hit_rate", hitRate),
-		attribute.Int("hit_tokens", prefix+nonPrefix),
-		attribute.Int("requested_tokens", requested),
-		attribute.Int("prefix_hit_tokens", prefix),
-		attribute.Int("non_prefix_hit_tokens", nonPrefix),
-		attribute.Int("prefix_coverage_tokens", coverage),
-		attribute.Int("n_non_prefix_tokens", requested-coverage),
-		attribute.Int("fingerprint_hits", fpHits),
-		attribute.Int("storage_hits", storageHits),
-		attribute.Int("stale_chunks", stale),
-		attribute.Int("prefix_chunks", prefixChunks),
-	}
-}
-
-// driveLookups folds finished calls into their requests, times out the
-// lookups that could not start in time, and launches calls while slots are
+// driveLookups folds the finished calls into their requests, times out the
+// lookups that could not start in time, and starts calls while slots are
 // free, in queue order.
 func (s *Scheduler) driveLookups(now time.Time) {
-	d := s.lookups
-	for {
-		select {
-		case o := <-d.outcomes:
-			d.inFlight--
-			s.lookupDone(o)
-			continue
-		default:
+	s.lookups.drain(func(o outcome[*cbv1.LookupResult]) {
+		if o.err != nil {
+			s.endLookup(o.sq, fallbackReason(o.err), nil, o.err, o.at)
+		} else {
+			s.endLookup(o.sq, LookupDone, o.val, nil, o.at)
 		}
-		break
-	}
-	for _, sq := range s.waiting {
+	})
+	for _, sq := range s.q.waiting {
 		lk := sq.lk
-		if lk == nil || lk.done || lk.cancel != nil {
-			continue
-		}
-		if !now.Before(lk.deadline) {
-			s.lookupFailed(sq, FallbackTimeout, errLookupTimeout, time.Now())
-			continue
-		}
-		if d.inFlight < d.max {
-			s.launch(sq, lk)
+		switch {
+		case !lk.pending() || lk.cancel != nil: // decided, or its call is in flight
+		case !now.Before(lk.deadline):
+			s.endLookup(sq, FallbackTimeout, nil, errLookupTimeout, time.Now())
+		case s.lookups.free():
+			s.startLookup(sq)
 		}
 	}
+}
+
+// startLookup starts sq's Lookup call, with cb.lookup.rpc's context.
+func (s *Scheduler) startLookup(sq *seq) {
+	lk := sq.lk
+	ctx := telemetry.InjectGRPC(trace.ContextWithSpanContext(s.loop.ctx, trace.SpanContextFromContext(lk.ctx)))
+	tp, ts := telemetry.InjectStrings(lk.ctx)
+	req := &cbv1.LookupRequest{
+		RequestId: sq.id, TraceContext: tp, TraceState: ts, Tokens: sq.req.Prompt,
+		WorldSize: int32(s.worldSize()), Model: defaults.KVNamespace(s.cfg.Model, s.cfg.ModelIdentity),
+	}
+	blend, deadline := s.deps.Blend, lk.deadline
+	lk.cancel = s.lookups.start(ctx, sq, func(ctx context.Context) (*cbv1.LookupResult, error) {
+		ctx, cancel := context.WithDeadline(ctx, deadline)
+		defer cancel()
+		return blend.Lookup(ctx, req)
+	})
 }
 
 // countLookupWaits adds one step to every lookup still pending.
 func (s *Scheduler) countLookupWaits() {
-	for _, sq := range s.waiting {
-		if sq.lk != nil && !sq.lk.done {
+	for _, sq := range s.q.waiting {
+		if sq.lk.pending() {
 			sq.lk.waited++
 		}
 	}
-}
-
-// launch runs the request's Lookup call on its own goroutine.
-func (s *Scheduler) launch(sq *seq, lk *lookup) {
-	d := s.lookups
-	d.inFlight++
-	ctx, cancel := context.WithDeadline(s.loopCtx, lk.deadline)
-	lk.cancel = cancel
-	ctx = telemetry.InjectGRPC(trace.ContextWithSpanContext(ctx, trace.SpanContextFromContext(lk.ctx)))
-	tp, ts := telemetry.InjectStrings(lk.ctx)
-	req := &cbv1.LookupRequest{
-		RequestId: sq.id, TraceContext: tp, TraceState: ts,
-		Tokens: sq.req.Prompt, WorldSize: int32(s.worldSize()), Model: defaults.KVNamespace(s.cfg.Model, s.cfg.ModelIdentity),
-	}
-	d.calls.Go(func() {
-		defer cancel()
-		res, err := d.blend.Lookup(ctx, req)
-		d.outcomes <- lookupOutcome{sq: sq, lk: lk, res: res, err: err, at: time.Now()}
-		s.poke()
-	})
-}
-
-// lookupDone folds one call's outcome into its request.
-func (s *Scheduler) lookupDone(o lookupOutcome) {
-	sq, lk := o.sq, o.lk
-	if sq.lk != lk || lk.done || sq.state == stDone {
-		return // abandoned with its request
-	}
-	if o.err != nil {
-		s.lookupFailed(sq, fallbackReason(o.err), o.err, o.at)
-		return
-	}
-	s.lookupReady(sq, o.res, o.at)
 }
 
 func fallbackReason(err error) string {
@@ -240,69 +137,73 @@ func fallbackReason(err error) string {
 	return FallbackError
 }
 
-// lookupFailed falls back to a full prefill: cb.lookup.rpc ends at end with
-// the reason as its error, and cb.request says lookup=reason with zero hit
-// statistics.
-func (s *Scheduler) lookupFailed(sq *seq, reason string, err error, end time.Time) {
+// endLookup decides sq's pending lookup (it does nothing otherwise):
+// outcome is LookupDone with the result res, a fallback reason (the request
+// is computed in full, the fallback is counted) or LookupAbandoned (the
+// request ended first, with err). The call is canceled, cb.lookup.rpc ends
+// at end (with the reason as its error unless done), and cb.request gets
+// the outcome and the statistics.
+func (s *Scheduler) endLookup(sq *seq, outcome string, res *cbv1.LookupResult, err error, end time.Time) {
 	lk := sq.lk
-	lk.done = true
-	if lk.cancel != nil {
-		lk.cancel()
-	}
-	waited := lk.waited
-	span := lk.span
-	s.defer_(func() {
-		span.SetAttributes(attribute.Int("n_polls", waited))
-		span.SetError(reason, err)
-		span.End(trace.WithTimestamp(end))
-	})
-	s.stampLookup(sq, reason, nil)
-	s.defer_(func() {
-		sq.h.update(func(r *Result) { r.Fallback = reason })
-		if s.deps.OnFallback != nil {
-			s.deps.OnFallback(reason)
-		}
-	})
-}
-
-// lookupReady keeps the result for the admission and stamps its statistics
-// on cb.request; cb.lookup.rpc ends at end.
-func (s *Scheduler) lookupReady(sq *seq, res *cbv1.LookupResult, end time.Time) {
-	lk := sq.lk
-	lk.done, lk.result = true, res
-	waited := lk.waited
-	span := lk.span
-	s.defer_(func() {
-		span.SetAttributes(
-			attribute.Int("n_polls", waited),
-			attribute.Int("prefix_hit_tokens", int(res.GetPrefixHitTokens())),
-			attribute.Int("non_prefix_hit_tokens", int(res.GetNonPrefixHitTokens())),
-			attribute.Int("n_matches", len(res.GetMatches())),
-		)
-		span.End(trace.WithTimestamp(end))
-		sq.h.update(func(r *Result) { r.Lookup = res })
-	})
-	s.stampLookup(sq, LookupDone, res)
-}
-
-// abandonLookup ends the lookup of a request that finished before it: the
-// call is canceled and cb.lookup.rpc ends with the request's error.
-func (s *Scheduler) abandonLookup(sq *seq, err error) {
-	lk := sq.lk
-	if lk == nil || lk.done {
+	if !lk.pending() {
 		return
 	}
-	lk.done = true
+	lk.done, lk.result = true, res
 	if lk.cancel != nil {
 		lk.cancel()
 	}
-	span, waited, end := lk.span, lk.waited, time.Now()
+	span, reqSpan, waited := lk.span, sq.trace.reqSpan, lk.waited
+	attrs := lookupAttrs(outcome, res, sq.kv.nPrompt)
 	s.defer_(func() {
 		span.SetAttributes(attribute.Int("n_polls", waited))
-		span.SetError(errorType(err), err)
+		switch outcome {
+		case LookupDone:
+			span.SetAttributes(
+				attribute.Int("prefix_hit_tokens", int(res.GetPrefixHitTokens())),
+				attribute.Int("non_prefix_hit_tokens", int(res.GetNonPrefixHitTokens())),
+				attribute.Int("n_matches", len(res.GetMatches())),
+			)
+			sq.h.update(func(r *Result) { r.Lookup = res })
+		case LookupAbandoned:
+			span.SetError(errorType(err), err)
+		default:
+			span.SetError(outcome, err)
+			sq.h.update(func(r *Result) { r.Fallback = outcome })
+			if s.deps.OnFallback != nil {
+				s.deps.OnFallback(outcome)
+			}
+		}
 		span.End(trace.WithTimestamp(end))
+		reqSpan.SetAttributes(attrs...)
 	})
-	s.stampLookup(sq, LookupAbandoned, nil)
+}
+
+// lookupAttrs are the cb.request attributes of a lookup outcome (see
+// contract/spans.yaml): the statistics the blend server reported for a done
+// lookup; otherwise zero hit statistics, the whole prompt requested and,
+// with no prefix coverage, all of it the non-prefix complement.
+func lookupAttrs(outcome string, res *cbv1.LookupResult, nPrompt int) []attribute.KeyValue {
+	if outcome != LookupDone || res == nil {
+		res = &cbv1.LookupResult{RequestedTokens: int32(nPrompt)}
+	}
+	prefix, nonPrefix := int(res.GetPrefixHitTokens()), int(res.GetNonPrefixHitTokens())
+	coverage := int(res.GetPrefixCoverageTokens())
+	// The non-prefix leg searches the prompt past the prefix coverage.
+	complement := reuseplan.Range{Start: coverage, End: int(res.GetRequestedTokens())}
+	return []attribute.KeyValue{
+		attribute.String("lookup", outcome),
+		attribute.Float64("hit_rate", res.GetHitRate()),
+		attribute.Int("hit_tokens", prefix+nonPrefix),
+		attribute.Int("requested_tokens", int(res.GetRequestedTokens())),
+		attribute.Int("prefix_hit_tokens", prefix),
+		attribute.Int("non_prefix_hit_tokens", nonPrefix),
+		attribute.Int("prefix_coverage_tokens", coverage),
+		attribute.Int("n_non_prefix_tokens", complement.Len()),
+		attribute.Int("fingerprint_hits", int(res.GetFingerprintHits())),
+		attribute.Int("storage_hits", int(res.GetStorageHits())),
+		attribute.Int("stale_chunks", int(res.GetStaleChunks())),
+		attribute.Int("prefix_chunks", int(res.GetPrefixChunks())),
+	}
 }
 
 // planOf builds the request's reuse plan from its lookup result, given the
@@ -315,4 +216,33 @@ func planOf(res *cbv1.LookupResult, local, total int, recompRatio float64) (reus
 	}
 	p, err := reuseplan.New(matches, int(res.GetChunkSize()), local, total, recompRatio)
 	return p, err == nil
+}
+
+// planReuse sets sq.reuse from its lookup result at its first admission,
+// given the tokens its own prefix cache covers (local), and returns the
+// first position to compute, the tokens the plan loads and, of them, those
+// of its prefix leg (not computed). Without a plan: local, 0, 0.
+func (s *Scheduler) planReuse(sq *seq, local int) (start, reused, prefixLeg int) {
+	r := &sq.reuse
+	r.reset()
+	if sq.lk == nil || sq.lk.result == nil || sq.resumed {
+		return local, 0, 0
+	}
+	total := len(sq.kv.tokens)
+	p, ok := planOf(sq.lk.result, local, total, s.cfg.RecompRatio)
+	if !ok {
+		return local, 0, 0
+	}
+	for _, pc := range p.Pieces(local, total) {
+		switch pc.Kind {
+		case reuseplan.Prefix:
+			prefixLeg += pc.Len()
+		case reuseplan.Reused:
+			r.ranges = append(r.ranges, pc.Range)
+		}
+	}
+	info := s.worker.info
+	r.plan = rpc.PlanToProto(p)
+	r.cost = blendTokenCost(int(info.GetNumLayers()), int(info.GetCheckLayer()), p.RecompRatio)
+	return p.Start, p.ReusedTokens(), prefixLeg
 }

@@ -206,9 +206,12 @@ func (h *Handle) update(f func(r *Result)) {
 	h.poke()
 }
 
-func (h *Handle) poke() {
+func (h *Handle) poke() { notify(h.notify) }
+
+// notify sends on ch (capacity 1) unless a value is already waiting.
+func notify(ch chan struct{}) {
 	select {
-	case h.notify <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 }

@@ -18,9 +18,11 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cacheblend/cacheblend/contract/spanname"
+	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/engine/internal/enginetest"
 	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rpc"
@@ -44,6 +46,26 @@ type opts struct {
 	worker    *enginetest.Worker
 	blend     *enginetest.Blend
 	deadBlend bool
+	// checkLayer is the check layer the worker reports in Info; nil: the
+	// default a real worker reports (defaults.CheckLayer).
+	checkLayer *int32
+}
+
+// checkLayerWorker is a worker client whose Info reports checkLayer (the
+// worker double reports none).
+type checkLayerWorker struct {
+	cbv1.WorkerServiceClient
+	checkLayer int32
+}
+
+func (w checkLayerWorker) Info(ctx context.Context, in *cbv1.InfoRequest, o ...grpc.CallOption) (*cbv1.InfoResponse, error) {
+	info, err := w.WorkerServiceClient.Info(ctx, in, o...)
+	if err != nil {
+		return nil, err
+	}
+	info = proto.CloneOf(info)
+	info.CheckLayer = w.checkLayer
+	return info, nil
 }
 
 func newHarness(t *testing.T, o opts) *harness {
@@ -54,8 +76,12 @@ func newHarness(t *testing.T, o opts) *harness {
 	h := &harness{worker: o.worker, blend: o.blend, rec: tracetest.NewSpanRecorder()}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(h.rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	cl := int32(defaults.CheckLayer)
+	if o.checkLayer != nil {
+		cl = *o.checkLayer
+	}
 	deps := Deps{
-		Worker: enginetest.WorkerClient(t, o.worker),
+		Worker: checkLayerWorker{enginetest.WorkerClient(t, o.worker), cl},
 		Spans:  telemetry.NewSpans(tp, "test", nil),
 		OnFallback: func(r string) {
 			h.fbMu.Lock()
@@ -485,14 +511,7 @@ func TestReusedPromptChargedItsCompute(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w := enginetest.NewWorker(1024, 16, 4096)
 			w.NumLayers = 12
-			blend := &enginetest.Blend{Result: func(tokens []int32) *cbv1.LookupResult {
-				m := &cbv1.Match{StoredSt: 0, StoredEd: 1600, CurSt: 100, CurEd: 1700}
-				for i := range 7 { // 1,600 stored tokens in chunks of 256
-					m.ChunkKeys = append(m.ChunkKeys, testKey(byte(i)))
-				}
-				return &cbv1.LookupResult{RequestedTokens: int32(len(tokens)), ChunkSize: 256, NonPrefixHitTokens: 1600,
-					Matches: []*cbv1.Match{m}}
-			}}
+			blend := &enginetest.Blend{Result: reusedMiddle}
 			h := newHarness(t, opts{worker: w, blend: blend, cfg: Config{StepTokenBudget: 512, LoneBlendTokens: tc.lone}})
 			p := prompt(1800, 3)
 			res := run(t, h.s, &Request{ID: "r", Prompt: p, MaxTokens: 2, NoReuse: tc.noReuse})
@@ -546,23 +565,80 @@ func TestBlendChunk(t *testing.T) {
 
 func TestBlendTokenCost(t *testing.T) {
 	tests := []struct {
-		name   string
-		layers int
-		ratio  float64
-		want   float64
+		name       string
+		layers, cl int
+		ratio      float64
+		want       float64
 	}{
-		{name: "12 layers, ratio 0.15", layers: 12, ratio: 0.15, want: 3.5 / 12},
-		{name: "too shallow", layers: 2, ratio: 0.15, want: 1},
-		{name: "unknown depth", layers: 0, ratio: 0.15, want: 1},
-		{name: "ratio 1 recomputes all", layers: 12, ratio: 1, want: 1},
+		{name: "12 layers, check layer 1, ratio 0.15", layers: 12, cl: 1, ratio: 0.15, want: 3.5 / 12},
+		{name: "12 layers, check layer 3, ratio 0.15", layers: 12, cl: 3, ratio: 0.15, want: 5.2 / 12},
+		{name: "no check layer reported", layers: 12, cl: 0, ratio: 0.15, want: 1},
+		{name: "too shallow", layers: 2, cl: 1, ratio: 0.15, want: 1},
+		{name: "check layer at the top", layers: 4, cl: 3, ratio: 0.15, want: 1},
+		{name: "unknown depth", layers: 0, cl: 1, ratio: 0.15, want: 1},
+		{name: "ratio 1 recomputes all", layers: 12, cl: 1, ratio: 1, want: 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := blendTokenCost(tc.layers, tc.ratio); math.Abs(got-tc.want) > 1e-12 {
-				t.Fatalf("blendTokenCost(%d, %v) = %v, want %v", tc.layers, tc.ratio, got, tc.want)
+			if got := blendTokenCost(tc.layers, tc.cl, tc.ratio); math.Abs(got-tc.want) > 1e-12 {
+				t.Fatalf("blendTokenCost(%d, %d, %v) = %v, want %v", tc.layers, tc.cl, tc.ratio, got, tc.want)
 			}
 		})
 	}
+}
+
+// TestReportedCheckLayerSetsTheCost: the cost of a reused token follows the
+// check layer the worker reports. With 12 layers, 1,600 reused tokens of an
+// 1,800-token prompt and no lone exception, check layer 1 charges ~667 of the
+// 512 budget (2 prefill steps) and check layer 3 ~793 (2 steps, the first
+// one shorter: 1,050 tokens, not 1,512); check layer 0 (none reported)
+// charges every token in full (4 steps).
+func TestReportedCheckLayerSetsTheCost(t *testing.T) {
+	tests := []struct {
+		name       string
+		checkLayer int32
+		wantSteps  int
+		wantFirstN int // tokens of the first prefill step
+	}{
+		{name: "check layer 1", checkLayer: 1, wantSteps: 2, wantFirstN: 1512},
+		{name: "check layer 3", checkLayer: 3, wantSteps: 2, wantFirstN: 1050},
+		{name: "no check layer", checkLayer: 0, wantSteps: 4, wantFirstN: 512},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w := enginetest.NewWorker(1024, 16, 4096)
+			w.NumLayers = 12
+			h := newHarness(t, opts{worker: w, blend: &enginetest.Blend{Result: reusedMiddle}, checkLayer: &tc.checkLayer,
+				cfg: Config{StepTokenBudget: 512, LoneBlendTokens: -1}})
+			if info, _ := h.s.WorkerInfo(); info.GetCheckLayer() != tc.checkLayer {
+				t.Fatalf("worker reports check layer %d, want %d", info.GetCheckLayer(), tc.checkLayer)
+			}
+			p := prompt(1800, 3)
+			res := run(t, h.s, &Request{ID: "r", Prompt: p, MaxTokens: 2})
+			if res.Err != nil || !slices.Equal(res.Tokens, enginetest.Reference(p, 2)) {
+				t.Fatalf("result %+v", res)
+			}
+			var prefill []int
+			for _, st := range w.SeqSteps("r") {
+				if st.GetIsPrefill() {
+					prefill = append(prefill, len(st.GetTokens()))
+				}
+			}
+			if len(prefill) != tc.wantSteps || prefill[0] != tc.wantFirstN {
+				t.Fatalf("prefill steps of %v tokens, want %d steps, the first of %d", prefill, tc.wantSteps, tc.wantFirstN)
+			}
+		})
+	}
+}
+
+// reusedMiddle is a lookup result reusing 1,600 stored tokens at [100, 1700).
+func reusedMiddle(tokens []int32) *cbv1.LookupResult {
+	m := &cbv1.Match{StoredSt: 0, StoredEd: 1600, CurSt: 100, CurEd: 1700}
+	for i := range 7 { // 1,600 stored tokens in chunks of 256
+		m.ChunkKeys = append(m.ChunkKeys, testKey(byte(i)))
+	}
+	return &cbv1.LookupResult{RequestedTokens: int32(len(tokens)), ChunkSize: 256, NonPrefixHitTokens: 1600,
+		Matches: []*cbv1.Match{m}}
 }
 
 func TestDeferredRequestDoesNotBlockOthers(t *testing.T) {
@@ -966,7 +1042,7 @@ func BenchmarkScheduleStep(b *testing.B) {
 	outs := map[string]*cbv1.SeqOutput{}
 	gen := 0
 	refill := func() {
-		for len(s.byID) < running {
+		for len(s.q.byID) < running {
 			id := fmt.Sprint(gen)
 			if _, err := s.Submit(&Request{ID: id, Prompt: prompt(200, int32(gen)), MaxTokens: 1024}); err != nil {
 				b.Fatal(err)
@@ -979,7 +1055,6 @@ func BenchmarkScheduleStep(b *testing.B) {
 	step := func() {
 		s.mu.Lock()
 		now := time.Now()
-		s.firstSights(now)
 		batch := s.schedule(now)
 		req := s.buildExecute(batch, now)
 		resp.Outputs = resp.Outputs[:0]
@@ -995,7 +1070,7 @@ func BenchmarkScheduleStep(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if len(s.byID) < running {
+		if len(s.q.byID) < running {
 			b.StopTimer()
 			refill()
 			b.StartTimer()
@@ -1007,7 +1082,7 @@ func BenchmarkScheduleStep(b *testing.B) {
 		b.Fatalf("not a steady decode batch: %+v", st)
 	}
 	s.Abort(nil)
-	s.cancelLoop()
+	s.loop.cancel()
 }
 
 // TestScheduleSpansWithoutLookup: a request computed in full (no lookup)
