@@ -60,7 +60,10 @@
 // Tensor parallelism: fingerprints are registered for rank 0's stores; a
 // store by rank r > 0 records, for each chunk, the rank-0 key it
 // corresponds to, so Retrieve by rank r translates the lookup's rank-0 keys
-// and a lookup with world_size > 1 checks every rank (per_rank_ok).
+// and a lookup with world_size > 1 checks every rank (per_rank_ok). With a
+// fleet tier every rank's chunks are written to Redis under their rank-0
+// keys too, so another node's lookup of world_size N (cb.coordinator_match)
+// loads every rank's chunk, and counts a chunk only when all N are there.
 //
 // The fingerprint tables and rank aliases live in memory: after a restart,
 // chunks found in the L2 directory serve the prefix leg only, until they

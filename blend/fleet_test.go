@@ -2,6 +2,7 @@ package blend
 
 import (
 	"context"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/cacheblend/cacheblend/blend/fleet"
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/internal/redistest"
+	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 )
 
@@ -27,7 +29,7 @@ func TestFleetTwoNodes(t *testing.T) {
 			a, _, doc := docEnv(t, Config{Fleet: fc})
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			if err := a.s.fleet.Flush(ctx); err != nil {
+			if err := a.s.chunks.fleet.Flush(ctx); err != nil {
 				t.Fatal(err)
 			}
 			b := newEnv(t, Config{Fleet: fc})
@@ -97,10 +99,10 @@ func TestFleetEvictedChunkIsStale(t *testing.T) {
 	a, _, doc := docEnv(t, Config{Fleet: fc})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := a.s.fleet.Flush(ctx); err != nil {
+	if err := a.s.chunks.fleet.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	ns, _, _ := a.s.fleetSpace(testModel)
+	ns, _, _ := a.s.fleetSpace(testModel, 1)
 	keys := chunkstore.ChainKeys(testModel, 0, doc, 256)
 	if _, err := srv.Command("DEL", "cb:"+ns+":c:"+keys[1].String()); err != nil {
 		t.Fatal(err)
@@ -111,5 +113,76 @@ func TestFleetEvictedChunkIsStale(t *testing.T) {
 	// Chunk 0 (256 tokens) is still served; chunk 1 is stale and cut out.
 	if res.GetStaleChunks() != 1 || res.GetFound() != 1 || res.GetNonPrefixHitTokens() != 256 {
 		t.Fatalf("lookup after eviction: %+v", res)
+	}
+}
+
+// TestFleetTensorParallel: with tensor parallelism (world size 2) and the
+// fleet tier, a document stored by node A's two ranks is found by node B
+// (whose two ranks never saw it) through the fleet directory
+// (cb.coordinator_match), every rank's chunk is read from Redis, and B's
+// retrieve fills each rank's memory with that rank's KV from A.
+func TestFleetTensorParallel(t *testing.T) {
+	fc := fleet.Config{URL: redistest.Start(t, redistest.Options{}).URL(), CoordinatorTimeout: 2 * time.Second}
+	a := newEnv(t, Config{Fleet: fc})
+	doc := tokens(rand.New(rand.NewPCG(1, 2)), docLen, 1000, 1000)
+	bt := blocks(docBlock, (docLen+bs-1)/bs)
+	for rank := range 2 {
+		mem := newMem(t)
+		a.registerRank("tp", rank, 2, mem)
+		a.prefill(mem, bt, docSeq+rank, docLen) // each rank holds its own KV
+		resp, err := a.c.Store(ctxT(t), &cbv1.StoreRequest{RequestId: "store-doc", WorkerId: "tp", Rank: int32(rank), Tokens: doc, BlockTable: bt, Document: true, Model: testModel})
+		if err != nil || resp.GetStoredChunks() != 2 {
+			t.Fatalf("rank %d store: %+v %v", rank, resp, err)
+		}
+	}
+	a.s.waitRegistrations(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.s.chunks.fleet.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	b := newEnv(t, Config{Fleet: fc})
+	mems := []*kvcache.Memory{newMem(t), newMem(t)}
+	for rank, mem := range mems {
+		b.registerRank("tp", rank, 2, mem)
+	}
+	const off = 700
+	prompt := promptWith(promptN, off, doc, 11)
+	// A whole-model lookup finds nothing: the group's chunks are its own.
+	if res := b.lookup(&cbv1.LookupRequest{RequestId: "whole", Tokens: prompt, WorldSize: 1, Model: testModel}); len(res.GetMatches()) != 0 {
+		t.Fatalf("whole-model lookup found the group's chunks: %+v", res)
+	}
+	res := b.lookup(&cbv1.LookupRequest{RequestId: "b-tp", Tokens: prompt, WorldSize: 2, Model: testModel})
+	if res.GetNonPrefixHitTokens() != docLen || len(res.GetMatches()) != 1 || !res.GetPerRankOk() || res.GetFound() != 2 || res.GetStaleChunks() != 0 {
+		t.Fatalf("node B lookup: %+v", res)
+	}
+	tbt := targetTable(promptN / bs)
+	for rank, mem := range mems {
+		rr, err := b.c.Retrieve(ctxT(t), &cbv1.RetrieveRequest{RequestId: "b-tp", WorkerId: "tp", Rank: int32(rank), BlockTable: tbt, Matches: res.GetMatches(), ChunkSize: 256})
+		if err != nil || rr.GetScatteredTokens() != docLen || len(rr.GetMissing()) != 0 {
+			t.Fatalf("node B rank %d retrieve: %+v %v", rank, rr, err)
+		}
+		b.checkSeqSlots(mem, tbt, docSeq+rank, off, docLen, 0)
+	}
+	b.s.MetricsBefore()
+	if hits := b.value("lmcache_blend_remote_reads_total", map[string]string{"result": "hit"}); hits != 4 {
+		t.Fatalf("remote hits %v, want 4 (2 chunks × 2 ranks)", hits)
+	}
+
+	b.shutdown()
+	var coord, redisLoad bool
+	for _, sp := range spansNamed(b.exp.GetSpans(), spanname.CBCoordinatorMatch) {
+		if v, _ := attr(sp, "matches"); v.AsInt64() == 1 && sp.Parent.IsValid() {
+			coord = true
+		}
+	}
+	for _, sp := range spansNamed(b.exp.GetSpans(), spanname.CBL2Load) {
+		tier, _ := attr(sp, "tier")
+		chunks, _ := attr(sp, "chunks")
+		redisLoad = redisLoad || (tier.AsString() == "redis" && chunks.AsInt64() == 4)
+	}
+	if !coord || !redisLoad {
+		t.Fatalf("node B trace: coordinator match %v, redis load of both ranks' chunks %v", coord, redisLoad)
 	}
 }

@@ -13,20 +13,32 @@ import (
 	"github.com/cacheblend/cacheblend/blend/fleet"
 )
 
-// fleetSpace is where model mdl's chunks live in the fleet tier: the
-// namespace of the model and the layout of a rank-0 KV memory registered
-// for it (chunks of other layouts never mix). ok is false without a fleet
-// tier or such a registration.
-func (s *Server) fleetSpace(mdl string) (ns string, layout chunkstore.Layout, ok bool) {
-	if s.fleet == nil {
+// The fleet tier serves groups of every world size: a group's chunks live
+// in the namespace of its key space (keySpace: model and world size) and
+// layout, and rank r's chunk of a rank-0 chunk k under fleet.Ref{k, r}, so
+// that a node that never saw the group's store finds every rank's chunk
+// from the rank-0 keys of a match.
+
+// fleetNamespace is the fleet namespace of the chunks of registration w.
+func fleetNamespace(mdl string, w *workerMem) (string, chunkstore.Layout) {
+	layout := chunkstore.LayoutOf(w.layout, w.theta)
+	return fleet.Namespace(keySpace(mdl, w.world), layout), layout
+}
+
+// fleetSpace is where the chunks of model mdl served by groups of ws ranks
+// live in the fleet tier: the namespace of a rank-0 KV memory registered
+// for them (chunks of other layouts never mix). ok is false without a
+// fleet tier or such a registration.
+func (s *Server) fleetSpace(mdl string, ws int) (ns string, layout chunkstore.Layout, ok bool) {
+	if s.chunks.fleet == nil {
 		return "", chunkstore.Layout{}, false
 	}
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	for k, w := range s.workers {
-		if k.rank == 0 && (w.model == mdl || w.model == "") {
-			layout = chunkstore.LayoutOf(w.layout, w.theta)
-			return fleet.Namespace(mdl, layout), layout, true
+	s.regs.mu.Lock()
+	defer s.regs.mu.Unlock()
+	for k, w := range s.regs.workers {
+		if k.rank == 0 && w.world == ws && (w.model == mdl || w.model == "") {
+			ns, layout = fleetNamespace(mdl, w)
+			return ns, layout, true
 		}
 	}
 	return "", chunkstore.Layout{}, false
@@ -36,30 +48,30 @@ func (s *Server) fleetSpace(mdl string) (ns string, layout chunkstore.Layout, ok
 // coordinator match against the fleet directory when a fleet tier is
 // configured (cb.coordinator_match; on timeout or error, what the local
 // table finds, with timed_out), else the local table (cb.fingerprint_match).
-func (s *Server) nonPrefixMatch(id, mdl string, toks []int32, from int) fingerprint.Result {
+func (s *Server) nonPrefixMatch(q lookupQuery, from int) fingerprint.Result {
 	local := func() fingerprint.Result {
-		if t := s.table(mdl, false); t != nil {
-			return t.Match(toks, from)
+		if t := s.chunks.table(q.ns, false); t != nil {
+			return t.Match(q.toks, from)
 		}
 		return fingerprint.Result{}
 	}
-	ns, _, ok := s.fleetSpace(mdl)
+	ns, _, ok := s.fleetSpace(q.mdl, q.ws)
 	if !ok {
-		s.publish(events.Event{Type: events.FingerprintMatchStart, RequestID: id})
+		s.publish(events.Event{Type: events.FingerprintMatchStart, RequestID: q.id})
 		fm := local()
-		s.publish(events.Event{Type: events.FingerprintMatchEnd, RequestID: id, Attrs: []attribute.KeyValue{
+		s.publish(events.Event{Type: events.FingerprintMatchEnd, RequestID: q.id, Attrs: []attribute.KeyValue{
 			events.AttrNProbes.Int(fm.Stats.Probes), events.AttrTableHits.Int(fm.Stats.TableHits), events.AttrMatches.Int(len(fm.Matches)),
 		}})
 		return fm
 	}
-	s.publish(events.Event{Type: events.CoordinatorMatchStart, RequestID: id})
-	fm, st, err := s.fleet.Match(context.Background(), ns, s.table(mdl, true), toks, from)
+	s.publish(events.Event{Type: events.CoordinatorMatchStart, RequestID: q.id})
+	fm, st, err := s.chunks.fleet.Match(context.Background(), ns, s.chunks.table(q.ns, true), q.toks, from)
 	timedOut := errors.Is(err, fleet.ErrTimeout)
 	if err != nil {
 		fm = local()
-		s.logger.Debug("coordinator match failed; local table used", "request_id", id, "err", err)
+		s.logger.Debug("coordinator match failed; local table used", "request_id", q.id, "err", err)
 	}
-	s.publish(events.Event{Type: events.CoordinatorMatchEnd, RequestID: id, Attrs: []attribute.KeyValue{
+	s.publish(events.Event{Type: events.CoordinatorMatchEnd, RequestID: q.id, Attrs: []attribute.KeyValue{
 		events.AttrMatches.Int(len(fm.Matches)), attribute.Bool("timed_out", timedOut),
 		events.AttrNProbes.Int(st.Probes), attribute.Int("round_trips", st.RoundTrips),
 		attribute.Int("directory_hits", st.DirectoryHits), events.AttrTableHits.Int(fm.Stats.TableHits),
@@ -67,52 +79,72 @@ func (s *Server) nonPrefixMatch(id, mdl string, toks []int32, from int) fingerpr
 	return fm
 }
 
-// fleetLoad reads the chunks the local tiers miss from the fleet tier
-// (cb.l2_load with tier=redis), keeps them in the local store so that the
-// retrieve finds them, and adds them to got.
-func (s *Server) fleetLoad(id, mdl string, keys []chunkstore.Key, got map[chunkstore.Key]*chunkstore.Chunk) {
-	ns, layout, ok := s.fleetSpace(mdl)
+// fleetMissing lists the chunks of keys, on every rank of ws, that the local
+// tiers do not hold.
+func (s *Server) fleetMissing(keys []chunkstore.Key, ws int, got map[chunkstore.Key]*chunkstore.Chunk) []fleet.Ref {
+	var missing []fleet.Ref
+	for _, k := range keys {
+		if got[k] == nil {
+			missing = append(missing, fleet.Ref{Base: k})
+		}
+		for rank := 1; rank < ws; rank++ {
+			if !s.chunks.onRank(k, rank) {
+				missing = append(missing, fleet.Ref{Base: k, Rank: rank})
+			}
+		}
+	}
+	return missing
+}
+
+// fleetLoad reads the chunks the local tiers miss, of every rank of the
+// query's world, from the fleet tier (cb.l2_load with tier=redis), keeps
+// them in the local store (another rank's under its alias) so that the
+// classification and the retrieve find them, and adds the rank-0 ones to
+// got.
+func (s *Server) fleetLoad(q lookupQuery, keys []chunkstore.Key, got map[chunkstore.Key]*chunkstore.Chunk) {
+	ns, layout, ok := s.fleetSpace(q.mdl, q.ws)
 	if !ok {
 		return
 	}
-	var missing []chunkstore.Key
-	for _, k := range keys {
-		if got[k] == nil {
-			missing = append(missing, k)
-		}
-	}
+	missing := s.fleetMissing(keys, q.ws, got)
 	if len(missing) == 0 {
 		return
 	}
 	start := time.Now()
-	s.publish(events.Event{Type: events.L2LoadTaskStart, RequestID: id, Time: start,
+	s.publish(events.Event{Type: events.L2LoadTaskStart, RequestID: q.id, Time: start,
 		Attrs: []attribute.KeyValue{attribute.Int("keys", len(missing)), attribute.String("tier", "redis")}})
-	chunks, st, err := s.fleet.GetChunks(context.Background(), ns, missing, layout)
+	loaded, st, err := s.chunks.fleet.GetChunks(context.Background(), ns, missing, layout)
 	s.metrics.ObserveRemoteLoad(context.Background(), st.Duration)
-	for k, c := range chunks {
-		if perr := s.store.Put(c); perr != nil {
-			s.logger.Debug("fleet chunk not kept locally", "key", k, "err", perr)
+	for ref, c := range loaded {
+		if perr := s.chunks.store.Put(c); perr != nil {
+			s.logger.Debug("fleet chunk not kept locally", "key", c.Key, "rank", ref.Rank, "err", perr)
 		}
-		got[k] = c
+		if ref.Rank == 0 {
+			got[ref.Base] = c
+		} else {
+			s.chunks.setAlias(ref.Base, c.Key, ref.Rank)
+		}
 	}
 	end := time.Now()
-	s.publish(events.Event{Type: events.L2LoadTaskEnd, RequestID: id, Time: end, Err: err, Attrs: []attribute.KeyValue{
+	s.publish(events.Event{Type: events.L2LoadTaskEnd, RequestID: q.id, Time: end, Err: err, Attrs: []attribute.KeyValue{
 		events.AttrChunks.Int(st.Hits), events.AttrBytes.Int64(st.Bytes),
 		events.AttrMs.Float64(float64(end.Sub(start)) / float64(time.Millisecond)),
 		attribute.String("tier", "redis"), attribute.Int("misses", st.Misses), attribute.Int("corrupt", st.Corrupt),
 	}})
 }
 
-// fleetStore writes a stored sequence's rank-0 chunks and its directory
-// entry to the fleet tier (asynchronously; drops are counted there). Chunks
-// the node held already are written again: Redis may have lost them.
-func (s *Server) fleetStore(mdl string, seq fingerprint.Sequence, stored []*chunkstore.Chunk) {
-	ns, _, ok := s.fleetSpace(mdl)
-	if !ok {
-		return
+// fleetStore writes the chunks a rank stored (or held already: Redis may
+// have lost them) to the fleet tier under their rank-0 keys base, and for
+// rank 0 the sequence's directory entry (asynchronously; drops are counted
+// there).
+func (s *Server) fleetStore(mdl string, w *workerMem, base []chunkstore.Key, stored []*chunkstore.Chunk, seq fingerprint.Sequence) {
+	ns, _ := fleetNamespace(mdl, w)
+	for i, c := range stored {
+		if c != nil {
+			s.chunks.fleet.PutChunk(ns, base[i], c)
+		}
 	}
-	for _, c := range stored {
-		s.fleet.PutChunk(ns, c)
+	if w.key.rank == 0 {
+		s.chunks.fleet.RegisterSequence(ns, s.chunks.table(keySpace(mdl, w.world), true), seq)
 	}
-	s.fleet.RegisterSequence(ns, s.table(mdl, true), seq)
 }

@@ -11,21 +11,21 @@ import (
 )
 
 // runLookups is lookup worker i: it runs the queued lookups until the queue
-// is closed and drained, stamping the start of each in s.busy[i] for the
+// is closed and drained, stamping the start of each in s.lookups.busy[i] for the
 // watchdog.
 func (s *Server) runLookups(i int) {
-	for run := range s.lookupQ {
-		s.busy[i].Store(time.Now().UnixNano())
+	for run := range s.lookups.queue {
+		s.lookups.busy[i].Store(time.Now().UnixNano())
 		run()
-		s.busy[i].Store(0)
+		s.lookups.busy[i].Store(0)
 	}
 }
 
 // stuckLookups returns how many lookup workers have been running one lookup
 // for longer than Config.LookupStuckAfter at now, and the longest run.
 func (s *Server) stuckLookups(now time.Time) (n int, longest time.Duration) {
-	for i := range s.busy {
-		t0 := s.busy[i].Load()
+	for i := range s.lookups.busy {
+		t0 := s.lookups.busy[i].Load()
 		if t0 == 0 {
 			continue
 		}
@@ -46,9 +46,9 @@ func (s *Server) stuckLookups(now time.Time) (n int, longest time.Duration) {
 // same state (NOT_SERVING while stuck), updated by a watchdog within a
 // quarter of LookupStuckAfter (at most 1 s). Safe for concurrent use.
 func (s *Server) Health() error {
-	s.gateMu.RLock()
-	state := s.state
-	s.gateMu.RUnlock()
+	s.life.gateMu.RLock()
+	state := s.life.state
+	s.life.gateMu.RUnlock()
 	switch state {
 	case stateNew:
 		return errors.New("blend server not started")
@@ -57,7 +57,7 @@ func (s *Server) Health() error {
 	}
 	if n, longest := s.stuckLookups(time.Now()); n > 0 {
 		return fmt.Errorf("%d of %d lookup workers stuck: a lookup running for %v (limit %v)",
-			n, len(s.busy), longest.Round(time.Millisecond), s.cfg.LookupStuckAfter)
+			n, len(s.lookups.busy), longest.Round(time.Millisecond), s.cfg.LookupStuckAfter)
 	}
 	return nil
 }
@@ -76,7 +76,7 @@ func (s *Server) watchLookups() {
 	serving := true
 	for {
 		select {
-		case <-s.stop:
+		case <-s.life.stop:
 			return
 		case <-t.C:
 		}
@@ -90,12 +90,12 @@ func (s *Server) watchLookups() {
 			s.logger.Info("lookup workers recovered: serving")
 		} else {
 			st = healthpb.HealthCheckResponse_NOT_SERVING
-			s.logger.Warn("lookup worker stuck: health NOT_SERVING", "stuck", n, "workers", len(s.busy),
+			s.logger.Warn("lookup worker stuck: health NOT_SERVING", "stuck", n, "workers", len(s.lookups.busy),
 				"running_for", longest.String(), "limit", s.cfg.LookupStuckAfter.String())
 		}
-		s.grpcMu.Lock()
-		hs := s.health
-		s.grpcMu.Unlock()
+		s.life.grpcMu.Lock()
+		hs := s.life.health
+		s.life.grpcMu.Unlock()
 		if hs != nil {
 			hs.SetServingStatus("", st)
 			hs.SetServingStatus(cbv1.BlendService_ServiceDesc.ServiceName, st)

@@ -85,7 +85,7 @@ func TestStuckLookupWorkerMarksUnhealthy(t *testing.T) {
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
 	defer free()
-	blockQueue(t, e.s.lookupQ, release) // one worker blocked, as in open() of a FIFO
+	blockQueue(t, e.s.lookups.queue, release) // one worker blocked, as in open() of a FIFO
 	d := waitStatus(healthpb.HealthCheckResponse_NOT_SERVING)
 	t.Logf("NOT_SERVING %v after the lookup began (limit %v)", d.Round(time.Millisecond), stuckAfter)
 	err = e.s.Health()

@@ -262,7 +262,7 @@ func tokens(r *rand.Rand, n int, lo, span int32) []int32 {
 func (s *Server) waitRegistrations(t testing.TB) {
 	t.Helper()
 	b := make(chan struct{})
-	s.regQ <- func() { close(b) }
+	s.chunks.regQ <- func() { close(b) }
 	select {
 	case <-b:
 	case <-time.After(20 * time.Second):

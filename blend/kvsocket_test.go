@@ -340,7 +340,7 @@ func TestAnotherPeersMemoryNeedsItsToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys := chunkstore.ChainKeys(testModel, 0, make([]int32, len(whole)*bs), 256)
-	c, _ := e.s.store.GetMany(keys[:1])
+	c, _ := e.s.chunks.store.GetMany(keys[:1])
 	if ch := c[keys[0]]; ch == nil || ch.K(0)[0] != sentinel {
 		t.Fatal("the attacker's store did not come from the attacker's memory")
 	}

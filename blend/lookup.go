@@ -2,6 +2,7 @@ package blend
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/blend/events"
+	"github.com/cacheblend/cacheblend/blend/fingerprint"
 	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
@@ -17,6 +19,19 @@ import (
 
 // maxRequestID bounds the length of a request id.
 const maxRequestID = 1024
+
+// lookups is the part of a Server that owns the lookup pool: the bounded
+// queue, what each lookup worker runs (for the watchdog, health.go) and the
+// counters.
+type lookups struct {
+	queue                     chan func()    // lookups waiting for a lookup worker
+	busy                      []atomic.Int64 // per worker: start (Unix ns) of its running lookup, 0 when idle
+	rejected, abandoned, done atomic.Uint64
+}
+
+func newLookups(cfg Config) lookups {
+	return lookups{queue: make(chan func(), cfg.LookupQueue), busy: make([]atomic.Int64, cfg.LookupWorkers)}
+}
 
 type lookupJob struct {
 	req       *cbv1.LookupRequest
@@ -34,39 +49,47 @@ func checkRequestID(id string) error {
 	return nil
 }
 
+// checkLookup bounds a lookup request.
+func checkLookup(r *cbv1.LookupRequest) error {
+	if err := checkRequestID(r.GetRequestId()); err != nil {
+		return err
+	}
+	switch n := len(r.GetTokens()); {
+	case n == 0:
+		return status.Error(codes.InvalidArgument, "lookup: no tokens")
+	case n > MaxTokens:
+		return status.Errorf(codes.InvalidArgument, "lookup: %d tokens exceed %d", n, MaxTokens)
+	}
+	if ws := r.GetWorldSize(); ws < 0 || ws > MaxWorldSize {
+		return status.Errorf(codes.InvalidArgument, "lookup: world_size %d outside 0..%d", ws, MaxWorldSize)
+	}
+	if len(r.GetModel()) > chunkstore.MaxModelLen {
+		return status.Errorf(codes.InvalidArgument, "lookup: model name of %d bytes", len(r.GetModel()))
+	}
+	return nil
+}
+
 // lookupRPC queues the lookup on the bounded lookup pool and answers when
 // it is done, or when the caller's context ends first (the queued lookup is
 // then skipped, counted as abandoned, when a worker reaches it).
 func (s *Server) lookupRPC(ctx context.Context, r *cbv1.LookupRequest) (*cbv1.LookupResult, error) {
-	if err := checkRequestID(r.GetRequestId()); err != nil {
+	if err := checkLookup(r); err != nil {
 		return nil, err
-	}
-	switch n := len(r.GetTokens()); {
-	case n == 0:
-		return nil, status.Error(codes.InvalidArgument, "lookup: no tokens")
-	case n > MaxTokens:
-		return nil, status.Errorf(codes.InvalidArgument, "lookup: %d tokens exceed %d", n, MaxTokens)
-	}
-	if ws := r.GetWorldSize(); ws < 0 || ws > MaxWorldSize {
-		return nil, status.Errorf(codes.InvalidArgument, "lookup: world_size %d outside 0..%d", ws, MaxWorldSize)
-	}
-	if len(r.GetModel()) > chunkstore.MaxModelLen {
-		return nil, status.Errorf(codes.InvalidArgument, "lookup: model name of %d bytes", len(r.GetModel()))
 	}
 	job := &lookupJob{req: r, submitted: time.Now()}
 	job.tc, job.ts = traceContext(ctx, r.GetTraceContext(), r.GetTraceState())
 	done := make(chan *cbv1.LookupResult, 1) // never blocks the pool
 	run := func() {
 		if ctx.Err() != nil {
-			s.lookupsAbandoned.Add(1)
+			s.lookups.abandoned.Add(1)
 			return
 		}
 		done <- s.lookup(job)
-		s.lookupsDone.Add(1)
+		s.lookups.done.Add(1)
 	}
-	if !enqueue(s, s.lookupQ, run) {
-		s.lookupsRejected.Add(1)
-		return nil, status.Errorf(codes.ResourceExhausted, "lookup queue full (%d waiting)", cap(s.lookupQ))
+	if !enqueue(s, s.lookups.queue, run) {
+		s.lookups.rejected.Add(1)
+		return nil, status.Errorf(codes.ResourceExhausted, "lookup queue full (%d waiting)", cap(s.lookups.queue))
 	}
 	select {
 	case res := <-done:
@@ -83,37 +106,66 @@ func runQueue(q <-chan func()) {
 	}
 }
 
+// lookupQuery is one lookup's prompt and where its chunks live.
+type lookupQuery struct {
+	id   string
+	toks []int32
+	mdl  string
+	ws   int    // the world size of the ranks that will load it (1: a whole model)
+	ns   string // keySpace(mdl, ws)
+}
+
+// classified is what cb.classify found of the matched chunks.
+type classified struct {
+	usable                  map[chunkstore.Key]bool // present, and on every rank
+	found, stale, perRankOK int
+	fingerprintKeys         int // keys the non-prefix leg added
+}
+
 // lookup is the unified lookup of one prompt, publishing the paired events
-// of cb.lookup and its children.
+// of cb.lookup and its children: the prefix leg, the non-prefix leg after
+// its coverage, the sparse prefetch of every matched chunk, their
+// classification, and the matches cut to the usable chunks.
 func (s *Server) lookup(job *lookupJob) *cbv1.LookupResult {
 	r := job.req
-	id, toks, mdl := r.GetRequestId(), r.GetTokens(), r.GetModel()
-	ws := max(1, int(r.GetWorldSize()))
+	q := lookupQuery{id: r.GetRequestId(), toks: r.GetTokens(), mdl: r.GetModel(), ws: max(1, int(r.GetWorldSize()))}
+	q.ns = keySpace(q.mdl, q.ws)
 	cs := s.cfg.ChunkSize
-	s.publish(events.Event{Type: events.LookupStart, RequestID: id, Time: job.submitted, TraceContext: job.tc, TraceState: job.ts,
-		Attrs: []attribute.KeyValue{attribute.Int("world_size", ws), attribute.String("model", mdl)}})
+	s.publish(events.Event{Type: events.LookupStart, RequestID: q.id, Time: job.submitted, TraceContext: job.tc, TraceState: job.ts,
+		Attrs: []attribute.KeyValue{attribute.Int("world_size", q.ws), attribute.String("model", q.mdl)}})
+	pkeys, prefixChunks := s.prefixLeg(q)
+	fm := s.nonPrefixMatch(q, reuseplan.Coverage(prefixChunks, cs))
+	keys, fpKeys := matchedKeys(pkeys[:prefixChunks], fm)
+	got, ls := s.sparsePrefetch(q, keys)
+	cl := s.classify(q, keys, got)
+	cl.fingerprintKeys = fpKeys
+	matches := usableMatches(pkeys, fm, cs, cl.usable)
+	hits := reuseplan.HitsOf(len(q.toks), prefixChunks, cs, matches)
+	res := lookupResult(hits, matches, cl, fm.Stats, ls, cs)
+	s.publish(events.Event{Type: events.LookupEnd, RequestID: q.id, Attrs: lookupEndAttrs(hits, cl, int(res.PrefixChunks))})
+	return res
+}
 
-	// Prefix leg (mp.lookup_prefetch): the chain keys of the full chunks.
-	s.publish(events.Event{Type: events.PrefixLookupStart, RequestID: id})
-	full := len(toks) / cs
-	ns := keySpace(mdl, ws)
-	pkeys := chunkstore.ChainKeys(ns, 0, toks[:full*cs], cs)
-	prefixChunks := s.store.PrefixChunks(pkeys)
-	s.publish(events.Event{Type: events.PrefixLookupEnd, RequestID: id,
-		Attrs: []attribute.KeyValue{events.AttrPrefixChunks.Int(prefixChunks)}})
+// prefixLeg (mp.lookup_prefetch) returns the chain keys of the prompt's
+// whole chunks and how many of them lead the store.
+func (s *Server) prefixLeg(q lookupQuery) ([]chunkstore.Key, int) {
+	s.publish(events.Event{Type: events.PrefixLookupStart, RequestID: q.id})
+	cs := s.cfg.ChunkSize
+	pkeys := chunkstore.ChainKeys(q.ns, 0, q.toks[:reuseplan.WholeChunks(len(q.toks), cs)], cs)
+	n := s.chunks.store.PrefixChunks(pkeys)
+	s.publish(events.Event{Type: events.PrefixLookupEnd, RequestID: q.id,
+		Attrs: []attribute.KeyValue{events.AttrPrefixChunks.Int(n)}})
+	return pkeys, n
+}
 
-	// Non-prefix leg (cb.fingerprint_match, or cb.coordinator_match with a
-	// fleet tier), after the prefix coverage.
-	fm := s.nonPrefixMatch(id, ns, toks, prefixChunks*cs)
-
-	// Sparse prefetch (cb.sparse_prefetch ⊃ cb.l2_load) of every matched chunk.
-	keys := make([]chunkstore.Key, 0, prefixChunks+2*len(fm.Matches))
+// matchedKeys lists the prefix keys, then the keys of the non-prefix
+// matches not seen yet (counted: the fingerprint hits).
+func matchedKeys(prefix []chunkstore.Key, fm fingerprint.Result) (keys []chunkstore.Key, fpKeys int) {
+	keys = append(make([]chunkstore.Key, 0, len(prefix)+2*len(fm.Matches)), prefix...)
 	seen := make(map[chunkstore.Key]bool, cap(keys))
-	keys = append(keys, pkeys[:prefixChunks]...)
 	for _, k := range keys {
 		seen[k] = true
 	}
-	fpKeys := 0
 	for _, m := range fm.Matches {
 		for _, k := range m.Keys {
 			if !seen[k] {
@@ -123,120 +175,124 @@ func (s *Server) lookup(job *lookupJob) *cbv1.LookupResult {
 			}
 		}
 	}
-	s.publish(events.Event{Type: events.SparsePrefetchStart, RequestID: id})
-	got, ls := s.store.GetMany(keys)
+	return keys, fpKeys
+}
+
+// sparsePrefetch (cb.sparse_prefetch ⊃ cb.l2_load) reads every matched
+// chunk from the local tiers, then what they miss from the fleet tier, for
+// every rank of the query's world.
+func (s *Server) sparsePrefetch(q lookupQuery, keys []chunkstore.Key) (map[chunkstore.Key]*chunkstore.Chunk, chunkstore.LoadStats) {
+	s.publish(events.Event{Type: events.SparsePrefetchStart, RequestID: q.id})
+	got, ls := s.chunks.store.GetMany(keys)
 	end := time.Now()
 	if got == nil {
 		got = make(map[chunkstore.Key]*chunkstore.Chunk, len(keys))
 	}
 	if ls.L2Misses > 0 {
-		s.publish(events.Event{Type: events.L2LoadTaskStart, RequestID: id, Time: end.Add(-ls.Duration),
+		s.publish(events.Event{Type: events.L2LoadTaskStart, RequestID: q.id, Time: end.Add(-ls.Duration),
 			Attrs: []attribute.KeyValue{attribute.Int("keys", ls.L2Misses)}})
-		s.publish(events.Event{Type: events.L2LoadTaskEnd, RequestID: id, Time: end, Attrs: []attribute.KeyValue{
+		s.publish(events.Event{Type: events.L2LoadTaskEnd, RequestID: q.id, Time: end, Attrs: []attribute.KeyValue{
 			events.AttrChunks.Int(ls.Chunks), events.AttrBytes.Int64(ls.Bytes),
 			events.AttrMs.Float64(float64(ls.Duration) / float64(time.Millisecond)),
 		}})
 	}
-	if s.fleet != nil && ws == 1 {
-		s.fleetLoad(id, mdl, keys, got)
+	if s.chunks.fleet != nil {
+		s.fleetLoad(q, keys, got)
 		end = time.Now()
 	}
-	s.publish(events.Event{Type: events.SparsePrefetchEnd, RequestID: id, Time: end, Attrs: []attribute.KeyValue{
+	s.publish(events.Event{Type: events.SparsePrefetchEnd, RequestID: q.id, Time: end, Attrs: []attribute.KeyValue{
 		events.AttrNKeys.Int(ls.Keys), events.AttrL1Hits.Int(ls.L1Hits), events.AttrL2Misses.Int(ls.L2Misses),
 	}})
-	s.syncStoreCounters()
+	s.chunks.syncCounters()
+	return got, ls
+}
 
-	// Classify (cb.classify): found, stale, available on every rank.
-	s.publish(events.Event{Type: events.ClassifyStart, RequestID: id})
-	usable := make(map[chunkstore.Key]bool, len(keys))
-	found, stale, perRankOK := 0, 0, 0
+// classify (cb.classify) sorts the matched chunks: found, stale (indexed
+// but gone; a stale strike when no tier holds it), available on every rank
+// (usable).
+func (s *Server) classify(q lookupQuery, keys []chunkstore.Key, got map[chunkstore.Key]*chunkstore.Chunk) classified {
+	s.publish(events.Event{Type: events.ClassifyStart, RequestID: q.id})
+	cl := classified{usable: make(map[chunkstore.Key]bool, len(keys))}
 	for _, k := range keys {
 		if got[k] == nil {
-			stale++
-			if s.store.Contains(k) == chunkstore.TierNone {
-				s.markStale(k)
+			cl.stale++
+			if s.chunks.store.Contains(k) == chunkstore.TierNone {
+				s.chunks.markStale(k)
 			}
 			continue
 		}
-		found++
-		if s.onAllRanks(k, ws) {
-			perRankOK++
-			usable[k] = true
+		cl.found++
+		if s.chunks.onAllRanks(k, q.ws) {
+			cl.perRankOK++
+			cl.usable[k] = true
 		}
 	}
-	s.publish(events.Event{Type: events.ClassifyEnd, RequestID: id, Attrs: []attribute.KeyValue{
-		events.AttrFound.Int(found), events.AttrStale.Int(stale), events.AttrPerRankOK.Int(perRankOK),
+	s.publish(events.Event{Type: events.ClassifyEnd, RequestID: q.id, Attrs: []attribute.KeyValue{
+		events.AttrFound.Int(cl.found), events.AttrStale.Int(cl.stale), events.AttrPerRankOK.Int(cl.perRankOK),
 	}})
-
-	// The result: the usable prefix, and the non-prefix matches cut to their
-	// usable chunks.
-	pc := 0
-	for pc < prefixChunks && usable[pkeys[pc]] {
-		pc++
-	}
-	var matches []reuseplan.Match
-	if pc > 0 {
-		matches = append(matches, reuseplan.Match{
-			Cur: reuseplan.Range{End: pc * cs}, Prefix: true, Keys: pkeys[:pc],
-		})
-	}
-	nonPrefix := 0
-	isUsable := func(k chunkstore.Key) bool { return usable[k] }
-	for _, m := range fm.Matches {
-		for _, p := range m.Plan().Runs(m.ChunkSize, isUsable) {
-			matches = append(matches, p)
-			nonPrefix += p.Cur.Len()
-		}
-	}
-	prefixHit := pc * cs
-	// The prefix leg covers the stored leading chunks; the non-prefix leg
-	// searched the complement (cur_st >= coverage), so the two hit counts
-	// are disjoint and add up.
-	coverage := prefixChunks * cs
-	res := &cbv1.LookupResult{
-		RequestedTokens:      int32(len(toks)),
-		PrefixHitTokens:      int32(prefixHit),
-		NonPrefixHitTokens:   int32(nonPrefix),
-		HitRate:              float64(prefixHit+nonPrefix) / float64(len(toks)),
-		Matches:              rpc.MatchesToProto(matches),
-		PrefixChunks:         int32(pc),
-		FingerprintHits:      int32(fpKeys),
-		StorageHits:          int32(found),
-		StaleChunks:          int32(stale),
-		NProbes:              int32(fm.Stats.Probes),
-		TableHits:            int32(fm.Stats.TableHits),
-		L1Hits:               int32(ls.L1Hits),
-		L2Misses:             int32(ls.L2Misses),
-		Found:                int32(found),
-		PerRankOk:            perRankOK == found,
-		ChunkSize:            int32(cs),
-		PrefixCoverageTokens: int32(coverage),
-	}
-	s.publish(events.Event{Type: events.LookupEnd, RequestID: id, Attrs: []attribute.KeyValue{
-		events.AttrRequestedTokens.Int(len(toks)),
-		events.AttrPrefixHitTokens.Int(prefixHit),
-		events.AttrNonPrefixHitTokens.Int(nonPrefix),
-		events.AttrHitTokens.Int(prefixHit + nonPrefix),
-		events.AttrHitRate.Float64(res.HitRate),
-		events.AttrPrefixCoverageTokens.Int(coverage),
-		events.AttrNNonPrefixTokens.Int(len(toks) - coverage),
-		events.AttrFingerprintHits.Int(fpKeys),
-		events.AttrStorageHits.Int(found),
-		events.AttrStaleChunks.Int(stale),
-		events.AttrPrefixChunks.Int(pc),
-		events.AttrLookup.String("done"),
-	}})
-	return res
+	return cl
 }
 
-// onAllRanks reports whether the chunk of rank-0 key k is held for every
-// rank 1..ws-1 too.
-func (s *Server) onAllRanks(k chunkstore.Key, ws int) bool {
-	for rank := 1; rank < ws; rank++ {
-		rk, ok := s.rankKey(k, rank)
-		if !ok || !s.store.Present(rk) {
-			return false
+// usableMatches is the lookup's answer: the usable prefix, and the
+// non-prefix matches (of the server's chunk size) cut to their usable
+// chunks.
+func usableMatches(pkeys []chunkstore.Key, fm fingerprint.Result, cs int, usable map[chunkstore.Key]bool) []reuseplan.Match {
+	isUsable := func(k chunkstore.Key) bool { return usable[k] }
+	var matches []reuseplan.Match
+	if m, ok := reuseplan.PrefixMatch(pkeys, cs, isUsable); ok {
+		matches = append(matches, m)
+	}
+	for _, m := range fm.Matches {
+		if m.ChunkSize == cs {
+			matches = append(matches, m.Runs(cs, isUsable)...)
 		}
 	}
-	return true
+	return matches
+}
+
+// lookupResult is the answer of a lookup. The prefix leg covers the stored
+// leading chunks; the non-prefix leg searched the complement, so the two
+// hit counts are disjoint and add up.
+func lookupResult(h reuseplan.Hits, matches []reuseplan.Match, cl classified, fs fingerprint.MatchStats, ls chunkstore.LoadStats, cs int) *cbv1.LookupResult {
+	pc := 0
+	if len(matches) > 0 && matches[0].Prefix {
+		pc = len(matches[0].Keys)
+	}
+	return &cbv1.LookupResult{
+		RequestedTokens:      int32(h.Requested),
+		PrefixHitTokens:      int32(h.Prefix),
+		NonPrefixHitTokens:   int32(h.NonPrefix),
+		HitRate:              h.Rate(),
+		Matches:              rpc.MatchesToProto(matches),
+		PrefixChunks:         int32(pc),
+		FingerprintHits:      int32(cl.fingerprintKeys),
+		StorageHits:          int32(cl.found),
+		StaleChunks:          int32(cl.stale),
+		NProbes:              int32(fs.Probes),
+		TableHits:            int32(fs.TableHits),
+		L1Hits:               int32(ls.L1Hits),
+		L2Misses:             int32(ls.L2Misses),
+		Found:                int32(cl.found),
+		PerRankOk:            cl.perRankOK == cl.found,
+		ChunkSize:            int32(cs),
+		PrefixCoverageTokens: int32(h.Coverage),
+	}
+}
+
+// lookupEndAttrs are the attributes of CB_LOOKUP_END.
+func lookupEndAttrs(h reuseplan.Hits, cl classified, prefixChunks int) []attribute.KeyValue {
+	return []attribute.KeyValue{
+		events.AttrRequestedTokens.Int(h.Requested),
+		events.AttrPrefixHitTokens.Int(h.Prefix),
+		events.AttrNonPrefixHitTokens.Int(h.NonPrefix),
+		events.AttrHitTokens.Int(h.Tokens()),
+		events.AttrHitRate.Float64(h.Rate()),
+		events.AttrPrefixCoverageTokens.Int(h.Coverage),
+		events.AttrNNonPrefixTokens.Int(h.Searched()),
+		events.AttrFingerprintHits.Int(cl.fingerprintKeys),
+		events.AttrStorageHits.Int(cl.found),
+		events.AttrStaleChunks.Int(cl.stale),
+		events.AttrPrefixChunks.Int(prefixChunks),
+		events.AttrLookup.String("done"),
+	}
 }

@@ -146,14 +146,14 @@ func (s *Server) restoreSequences() (int, error) {
 		model, seq, err := readSequenceFile(path)
 		if err == nil {
 			for _, k := range seq.Keys {
-				if s.store.Contains(k) == chunkstore.TierNone {
+				if s.chunks.store.Contains(k) == chunkstore.TierNone {
 					err = fmt.Errorf("chunk %s is gone", k)
 					break
 				}
 			}
 		}
 		if err == nil {
-			_, err = s.table(model, true).Register(seq)
+			_, err = s.chunks.table(model, true).Register(seq)
 		}
 		if err != nil {
 			s.logger.Warn("sequence in L2 dropped", "file", e.Name(), "err", err)

@@ -22,152 +22,203 @@ import (
 // its cb.retrieve span) when nothing could be written.
 var ErrRetrieveFailed = errors.New("blend: retrieve failed: no matched chunk could be served")
 
+// copies is the part of a Server that owns the copies into the workers'
+// memories: the copy pool, and the ids pairing the events of retrieves,
+// their copies and stores.
+type copies struct {
+	pool *scatter.Pool
+	ids  atomic.Uint64
+}
+
+// retrievePass is one validated Retrieve: the matches to write into the
+// registration's memory through the block table, from position from up to
+// the table's capacity.
+type retrievePass struct {
+	id                        string
+	w                         *workerMem
+	rank, from, fromLayer, cs int
+	bt                        []int32
+	capacity                  int // positions the block table holds
+	matches                   []reuseplan.Match
+}
+
 // copyJob is one copy of a retrieve: the segments of one match.
 type copyJob struct {
-	id      uint64
-	rid     uint64 // the CopyID of its retrieve's events
-	segs    []scatter.Segment
-	ranges  []reuseplan.Range // the writable current ranges, missing if the copy fails
+	id, rid uint64 // its CopyID, and its retrieve's
+	copy    scatter.Copy
+	ranges  []reuseplan.Range // the written current ranges, missing if the copy fails
+	dropped int               // the match's positions left to a later pass
 	ch      <-chan scatter.Result
 	start   time.Time // CB_SCATTER_START: the copy's submission
 	endSent atomic.Bool
 }
 
-func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.RetrieveResponse, error) {
+// copyPlan is what a retrieve pass copies and what it cannot.
+type copyPlan struct {
+	copies            []*copyJob
+	missing           []reuseplan.Range // positions to write that no chunk serves
+	dropped, writable int               // positions left to a later pass; to write now
+}
+
+// checkRetrieve bounds the fields of a Retrieve that need no registration.
+func checkRetrieve(r *cbv1.RetrieveRequest, cs int) error {
 	if err := checkRequestID(r.GetRequestId()); err != nil {
-		return nil, err
+		return err
 	}
-	cs := s.cfg.ChunkSize
 	if c := int(r.GetChunkSize()); c != 0 && c != cs {
-		return nil, status.Errorf(codes.InvalidArgument, "retrieve: chunk_size %d, the server stores chunks of %d", c, cs)
+		return status.Errorf(codes.InvalidArgument, "retrieve: chunk_size %d, the server stores chunks of %d", c, cs)
 	}
-	from := int(r.GetFromToken())
-	if from < 0 || from > MaxTokens {
-		return nil, status.Errorf(codes.InvalidArgument, "retrieve: from_token %d outside [0,%d]", from, MaxTokens)
+	if from := r.GetFromToken(); from < 0 || from > MaxTokens {
+		return status.Errorf(codes.InvalidArgument, "retrieve: from_token %d outside [0,%d]", from, MaxTokens)
 	}
 	if n := len(r.GetMatches()); n > MaxMatches {
-		return nil, status.Errorf(codes.InvalidArgument, "retrieve: %d matches (at most %d)", n, MaxMatches)
+		return status.Errorf(codes.InvalidArgument, "retrieve: %d matches (at most %d)", n, MaxMatches)
 	}
-	rank := int(r.GetRank())
-	w, err := s.acquire("retrieve", r.GetWorkerId(), rank, r.GetRegistrationToken())
-	if err != nil {
-		return nil, err
-	}
-	defer s.release(w)
+	return nil
+}
+
+// newRetrievePass checks a Retrieve against registration w: the layer to
+// re-RoPE from, the block table, and every match.
+func newRetrievePass(r *cbv1.RetrieveRequest, w *workerMem, cs int) (*retrievePass, error) {
 	l := w.layout
-	fromLayer := int(r.GetShiftedFromLayer())
-	if fromLayer < 0 || fromLayer > l.NumLayers {
-		return nil, status.Errorf(codes.InvalidArgument, "retrieve: shifted_from_layer %d outside [0,%d]", fromLayer, l.NumLayers)
+	p := &retrievePass{id: r.GetRequestId(), w: w, rank: w.key.rank, from: int(r.GetFromToken()),
+		fromLayer: int(r.GetShiftedFromLayer()), cs: cs, bt: r.GetBlockTable()}
+	if p.fromLayer < 0 || p.fromLayer > l.NumLayers {
+		return nil, status.Errorf(codes.InvalidArgument, "retrieve: shifted_from_layer %d outside [0,%d]", p.fromLayer, l.NumLayers)
 	}
-	bt := r.GetBlockTable()
-	if err := checkBlockTable("retrieve", bt, l); err != nil {
+	if err := checkBlockTable("retrieve", p.bt, l); err != nil {
 		return nil, err
 	}
-	matches, err := rpc.MatchesFromProto(r.GetMatches())
-	if err != nil {
+	p.capacity = len(p.bt) * l.BlockSize
+	var err error
+	if p.matches, err = rpc.MatchesFromProto(r.GetMatches()); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "retrieve: %v", err)
 	}
-	type segment struct {
-		reuseplan.Segment
-		match int
-	}
-	var segs []segment
 	matched := 0
-	for mi, m := range matches {
+	for mi, m := range p.matches {
 		if err := m.Validate(cs, MaxTokens); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "retrieve: match %d: %v", mi, err)
 		}
-		if matched += m.Cur.Len(); matched > MaxTokens {
+		if matched += m.Len(); matched > MaxTokens {
 			return nil, status.Errorf(codes.InvalidArgument, "retrieve: matches span more than %d tokens", MaxTokens)
 		}
-		for _, sg := range m.Segments(cs) {
-			segs = append(segs, segment{sg, mi})
-		}
 	}
-	capacity := len(bt) * l.BlockSize
-	id := r.GetRequestId()
+	return p, nil
+}
+
+func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.RetrieveResponse, error) {
+	if err := checkRetrieve(r, s.cfg.ChunkSize); err != nil {
+		return nil, err
+	}
+	w, err := s.regs.acquire("retrieve", r.GetWorkerId(), int(r.GetRank()), r.GetRegistrationToken())
+	if err != nil {
+		return nil, err
+	}
+	defer s.regs.release(w)
+	p, err := newRetrievePass(r, w, s.cfg.ChunkSize)
+	if err != nil {
+		return nil, err
+	}
 	tp, ts := traceContext(ctx, r.GetTraceContext(), r.GetTraceState())
 	// The ranks of a tensor-parallel worker retrieve one request
 	// concurrently: each retrieve is its own instance (CopyID).
-	rid := s.copyIDs.Add(1)
-	s.publish(events.Event{Type: events.RetrieveStart, RequestID: id, CopyID: rid, TraceContext: tp, TraceState: ts,
+	rid := s.copies.ids.Add(1)
+	s.publish(events.Event{Type: events.RetrieveStart, RequestID: p.id, CopyID: rid, TraceContext: tp, TraceState: ts,
 		Attrs: []attribute.KeyValue{
-			attribute.Int("from_token", from), attribute.Int("capacity_tokens", capacity),
-			attribute.Int("n_matches", len(r.GetMatches())), attribute.Int("rank", rank),
-			attribute.Int("shifted_from_layer", fromLayer),
+			attribute.Int("from_token", p.from), attribute.Int("capacity_tokens", p.capacity),
+			attribute.Int("n_matches", len(p.matches)), attribute.Int("rank", p.rank),
+			attribute.Int("shifted_from_layer", p.fromLayer),
 		}})
-
-	// The segments with positions to write in this pass, and their chunks.
-	var resp cbv1.RetrieveResponse
-	var missing []reuseplan.Range
-	type todo struct {
-		seg   segment
-		rk    chunkstore.Key
-		write reuseplan.Range // the positions written in this pass
+	plan := s.planCopies(p)
+	st, scatterMs := s.runCopies(p.id, rid, &plan)
+	resp := retrieveResponse(st, plan)
+	missingTokens := reuseplan.Tokens(plan.missing)
+	var endErr error
+	if plan.writable > 0 && st.ScatteredTokens == 0 && missingTokens > 0 {
+		endErr = ErrRetrieveFailed
 	}
-	var work []todo
+	s.publish(events.Event{Type: events.RetrieveEnd, RequestID: p.id, CopyID: rid, Err: endErr, Attrs: []attribute.KeyValue{
+		events.AttrScatteredTokens.Int(int(resp.ScatteredTokens)), events.AttrSlotWrites.Int(int(resp.SlotWrites)),
+		events.AttrPartialBlocks.Int(int(resp.PartialBlocks)), events.AttrNPrefixTokens.Int(int(resp.NPrefix)),
+		events.AttrNShiftedTokens.Int(int(resp.NShifted)), events.AttrDropped.Int(int(resp.Dropped)),
+		events.AttrScatterMs.Float64(scatterMs),
+		attribute.Int("missing_tokens", missingTokens), events.AttrBytes.Int64(resp.Bytes),
+	}})
+	return resp, nil
+}
+
+// planCopies cuts the pass's matches into their segments, windowed to what
+// the pass writes (reuseplan.Window), and makes one copy per match of the
+// segments whose chunk the server holds for the rank and can serve; the
+// others are missing.
+func (s *Server) planCopies(p *retrievePass) copyPlan {
+	var plan copyPlan
+	jobs := make([]*copyJob, len(p.matches))
 	var need []chunkstore.Key
-	writable := 0
-	for _, sg := range segs {
-		write, dropped := sg.Window(from, capacity)
-		resp.Dropped += int32(dropped) // no block yet: a later pass writes them
-		if write.Empty() {
-			continue
+	for mi, m := range p.matches {
+		write, dropped := reuseplan.Window(m.Segments(p.cs), p.from, p.capacity)
+		plan.dropped += dropped
+		plan.writable += reuseplan.Tokens(reuseplan.Ranges(write))
+		cj := &copyJob{dropped: dropped, copy: scatter.Copy{Dst: p.w.mem, BlockTable: p.bt, RoPE: p.w.rope, FromLayer: p.fromLayer,
+			Chunks: make(map[reuseplan.Key]*chunkstore.Chunk, len(write))}}
+		for _, sg := range write {
+			rk, ok := s.chunks.rankKey(sg.Key, p.rank)
+			if !ok {
+				plan.missing = append(plan.missing, sg.Cur)
+				continue
+			}
+			sg.Key = rk
+			cj.copy.Segments = append(cj.copy.Segments, sg)
+			need = append(need, rk)
 		}
-		writable += write.Len()
-		rk, ok := s.rankKey(sg.Key, rank)
-		if !ok {
-			missing = append(missing, write)
-			continue
-		}
-		work = append(work, todo{sg, rk, write})
-		need = append(need, rk)
+		jobs[mi] = cj
 	}
-	got, _ := s.store.GetMany(need)
-	s.syncStoreCounters()
+	got, _ := s.chunks.store.GetMany(need)
+	s.chunks.syncCounters()
+	for _, cj := range jobs {
+		segs := cj.copy.Segments
+		cj.copy.Segments = nil
+		for _, sg := range segs {
+			if c := got[sg.Key]; p.serves(c, sg) {
+				cj.copy.Chunks[sg.Key] = c
+				cj.copy.Segments = append(cj.copy.Segments, sg)
+				continue
+			}
+			plan.missing = append(plan.missing, sg.Cur)
+		}
+		if len(cj.copy.Segments) > 0 {
+			cj.ranges = reuseplan.Ranges(cj.copy.Segments)
+			plan.copies = append(plan.copies, cj)
+		}
+	}
+	return plan
+}
 
-	// One copy per match, on the copy pool.
-	var copies []*copyJob
-	byMatch := map[int]*copyJob{}
-	for _, t := range work {
-		c := got[t.rk]
-		sg := t.seg.Trim(t.write)
-		ok := c != nil && c.Rank == rank && (w.model == "" || c.Model == w.model) &&
-			c.Layout.Compatible(l) && sg.ChunkOff+sg.Cur.Len() <= c.Len() &&
-			(!sg.Shift || c.Layout.RoPETheta == w.theta)
-		if !ok {
-			missing = append(missing, t.write)
-			continue
-		}
-		cj := byMatch[t.seg.match]
-		if cj == nil {
-			cj = &copyJob{}
-			byMatch[t.seg.match] = cj
-			copies = append(copies, cj)
-		}
-		seg := scatter.Segment{Chunk: c, ChunkOff: sg.ChunkOff, Len: sg.Cur.Len(), CurSt: sg.Cur.Start, Shift: sg.Shift}
-		if sg.Shift {
-			seg.FromLayer = fromLayer
-		}
-		cj.segs = append(cj.segs, seg)
-		cj.ranges = append(cj.ranges, t.write)
-	}
-	for _, cj := range copies {
-		cj.id, cj.rid = s.copyIDs.Add(1), rid
+// serves reports whether chunk c can fill segment sg of the pass: the
+// rank's, of the registration's model and layout, long enough, and for a
+// re-RoPE'd segment stored with the registration's RoPE base.
+func (p *retrievePass) serves(c *chunkstore.Chunk, sg reuseplan.Segment) bool {
+	w := p.w
+	return c != nil && c.Rank == p.rank && (w.model == "" || c.Model == w.model) &&
+		c.Layout.Compatible(w.layout) && sg.ChunkOff+sg.Cur.Len() <= c.Len() &&
+		(!sg.Shift || c.Layout.RoPETheta == w.theta)
+}
+
+// runCopies submits the plan's copies to the copy pool and waits for every
+// one, whatever the caller's context says: they write into the worker's
+// memory, which the worker reuses once the retrieve returns. A failed
+// copy's ranges are missing. It returns the copies' totals and their wall
+// time (the first start to the last end) in milliseconds.
+func (s *Server) runCopies(id string, rid uint64, plan *copyPlan) (scatter.Stats, float64) {
+	for _, cj := range plan.copies {
+		cj.id, cj.rid = s.copies.ids.Add(1), rid
 		cj.start = time.Now()
 		s.publish(events.Event{Type: events.ScatterStart, RequestID: id, CopyID: cj.id, ParentCopyID: cj.rid, Time: cj.start})
-		cj.ch = s.pool.Submit(scatter.Job{
-			Dst: w.mem, BlockTable: bt, FromToken: from, RoPE: w.rope, Segments: cj.segs,
-			Done: func(res scatter.Result) {
-				s.publishScatterEnd(id, cj, res)
-			},
-		})
+		cj.ch = s.copies.pool.Submit(scatter.Job{Copy: cj.copy, Done: func(res scatter.Result) { s.publishScatterEnd(id, cj, res) }})
 	}
-	// Wait for every copy, whatever ctx says: they write into the worker's
-	// memory, which the worker reuses once this call returns.
 	var st scatter.Stats
-	var first, last time.Time // the copies' wall time: scatter_ms of cb.retrieve
-	for _, cj := range copies {
+	var first, last time.Time
+	for _, cj := range plan.copies {
 		res := <-cj.ch
 		s.publishScatterEnd(id, cj, res) // when the pool refused the job
 		if first.IsZero() || cj.start.Before(first) {
@@ -177,7 +228,7 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 			last = end
 		}
 		if res.Err != nil {
-			missing = append(missing, cj.ranges...)
+			plan.missing = append(plan.missing, cj.ranges...)
 			s.logger.Warn("scatter failed", "request_id", id, "err", res.Err)
 			if errors.Is(res.Err, scatter.ErrPoolClosed) {
 				continue
@@ -185,35 +236,20 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 		}
 		st.Add(res.Stats)
 	}
-	missing = reuseplan.Merge(missing)
-	resp.ScatteredTokens += int32(st.ScatteredTokens)
-	resp.SlotWrites = int32(st.SlotWrites)
-	resp.PartialBlocks = int32(st.PartialBlocks)
-	resp.NPrefix = int32(st.NPrefix)
-	resp.NShifted = int32(st.NShifted)
-	resp.Dropped += int32(st.Dropped)
-	resp.Bytes = st.Bytes
-	resp.Missing = rpc.RangesToProto(missing)
-	missingTokens := 0
-	for _, m := range missing {
-		missingTokens += m.Len()
+	plan.missing = reuseplan.Merge(plan.missing)
+	if len(plan.copies) == 0 {
+		return st, 0
 	}
-	var endErr error
-	if writable > 0 && st.ScatteredTokens == 0 && missingTokens > 0 {
-		endErr = ErrRetrieveFailed
+	return st, float64(last.Sub(first)) / float64(time.Millisecond)
+}
+
+// retrieveResponse is the answer of a retrieve pass.
+func retrieveResponse(st scatter.Stats, plan copyPlan) *cbv1.RetrieveResponse {
+	return &cbv1.RetrieveResponse{
+		ScatteredTokens: int32(st.ScatteredTokens), SlotWrites: int32(st.SlotWrites), PartialBlocks: int32(st.PartialBlocks),
+		NPrefix: int32(st.NPrefix), NShifted: int32(st.NShifted), Dropped: int32(plan.dropped), Bytes: st.Bytes,
+		Missing: rpc.RangesToProto(plan.missing),
 	}
-	scatterMs := 0.0
-	if len(copies) > 0 {
-		scatterMs = float64(last.Sub(first)) / float64(time.Millisecond)
-	}
-	s.publish(events.Event{Type: events.RetrieveEnd, RequestID: id, CopyID: rid, Err: endErr, Attrs: []attribute.KeyValue{
-		events.AttrScatteredTokens.Int(int(resp.ScatteredTokens)), events.AttrSlotWrites.Int(int(resp.SlotWrites)),
-		events.AttrPartialBlocks.Int(int(resp.PartialBlocks)), events.AttrNPrefixTokens.Int(int(resp.NPrefix)),
-		events.AttrNShiftedTokens.Int(int(resp.NShifted)), events.AttrDropped.Int(int(resp.Dropped)),
-		events.AttrScatterMs.Float64(scatterMs),
-		attribute.Int("missing_tokens", missingTokens), events.AttrBytes.Int64(resp.Bytes),
-	}})
-	return &resp, nil
 }
 
 // copyEnd is when a copy finished: its End, or now for a copy the pool
@@ -226,7 +262,7 @@ func copyEnd(res scatter.Result) time.Time {
 }
 
 // publishScatterEnd publishes a copy's CB_SCATTER_END once, at the time the
-// copy finished.
+// copy finished; dropped is its match's positions left to a later pass.
 func (s *Server) publishScatterEnd(id string, cj *copyJob, res scatter.Result) {
 	if cj.endSent.Swap(true) {
 		return
@@ -238,6 +274,6 @@ func (s *Server) publishScatterEnd(id string, cj *copyJob, res scatter.Result) {
 			events.AttrPartialBlocks.Int(res.Stats.PartialBlocks),
 			events.AttrNPrefixTokens.Int(res.Stats.NPrefix),
 			events.AttrNShiftedTokens.Int(res.Stats.NShifted),
-			events.AttrDropped.Int(res.Stats.Dropped),
+			events.AttrDropped.Int(cj.dropped),
 		}})
 }

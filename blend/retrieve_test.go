@@ -56,6 +56,12 @@ func promptWith(n, off int, doc []int32, seed uint64) []int32 {
 // rotated to pos within 1e-4; every other slot of bt's blocks is sentinel.
 func (e *env) checkSlots(mem *kvcache.Memory, bt []int32, off, n, from int) {
 	e.t.Helper()
+	e.checkSeqSlots(mem, bt, docSeq, off, n, from)
+}
+
+// checkSeqSlots is checkSlots for the KV of sequence seq.
+func (e *env) checkSeqSlots(mem *kvcache.Memory, bt []int32, seq, off, n, from int) {
+	e.t.Helper()
 	bad := 0
 	for b, id := range bt {
 		for o := range bs {
@@ -65,11 +71,11 @@ func (e *env) checkSlots(mem *kvcache.Memory, bt []int32, off, n, from int) {
 				k, v := mem.TokenK(layer, slot), mem.TokenV(layer, slot)
 				if pos >= off && pos < off+n && pos >= from {
 					j := pos - off
-					want := e.wantK(docSeq, j, layer, pos)
+					want := e.wantK(seq, j, layer, pos)
 					for f := range k {
-						if math.Abs(float64(k[f]-want[f])) > 1e-4 || v[f] != rawV(docSeq, j, layer, f) {
+						if math.Abs(float64(k[f]-want[f])) > 1e-4 || v[f] != rawV(seq, j, layer, f) {
 							if bad++; bad < 5 {
-								e.t.Errorf("pos %d layer %d f %d: K %v want %v, V %v want %v", pos, layer, f, k[f], want[f], v[f], rawV(docSeq, j, layer, f))
+								e.t.Errorf("pos %d layer %d f %d: K %v want %v, V %v want %v", pos, layer, f, k[f], want[f], v[f], rawV(seq, j, layer, f))
 							}
 						}
 					}

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -20,7 +19,6 @@ import (
 
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/blend/events"
-	"github.com/cacheblend/cacheblend/blend/fingerprint"
 	"github.com/cacheblend/cacheblend/blend/fleet"
 	"github.com/cacheblend/cacheblend/blend/scatter"
 	"github.com/cacheblend/cacheblend/component"
@@ -43,64 +41,39 @@ var _ component.Lifecycle = (*Server)(nil)
 // Server is the blend server. Create it with New, Start it (it serves gRPC
 // on Config.Addr; Service can also be mounted on another gRPC server), and
 // Shutdown it: the lifecycle of component.Lifecycle. All methods are safe
-// for concurrent use.
+// for concurrent use. Its state is in parts named after what they own: the
+// lifecycle and gRPC server (life), the workers' KV registrations (regs,
+// workers.go), the chunks and what indexes them (chunks, chunks.go), the
+// lookup pool (lookups, lookup.go) and the copies of retrieves (copies,
+// retrieve.go).
 type Server struct {
-	cfg     Config
-	logger  *slog.Logger
-	epoch   string
-	store   *chunkstore.Store
-	fleet   *fleet.Tier // nil without a fleet tier
-	bus     *events.Bus
-	pool    *scatter.Pool
-	metrics *metrics.BlendMetrics
-
+	cfg      Config
+	logger   *slog.Logger
+	epoch    string
+	bus      *events.Bus
+	metrics  *metrics.BlendMetrics
 	grpcOpts []grpc.ServerOption // component.Deps.GRPCServerOptions (mutual TLS, callers' roles)
 
+	life    lifecycle
+	regs    registrations
+	chunks  chunks
+	lookups lookups
+	copies  copies
+}
+
+// lifecycle is the state of a Server's run and of the gRPC server Start
+// serves.
+type lifecycle struct {
 	gateMu   sync.RWMutex // guards state; RPCs hold it shared while they enqueue
 	state    int
 	inflight sync.WaitGroup // RPC handlers in progress
-
-	lookupQ chan func()   // lookups waiting for a lookup worker
-	regQ    chan func()   // fingerprint registrations waiting for their goroutine
-	stop    chan struct{} // closed by Shutdown
-	bg      sync.WaitGroup
-
-	busy []atomic.Int64 // per lookup worker: start (Unix ns) of its running lookup, 0 when idle
-
-	// wmu guards the registrations and the KV socket's connections.
-	wmu       sync.Mutex
-	workers   map[workerKey]*workerMem
-	kvln      *kvsock.Listener
-	kvConns   map[*kvsock.Conn]struct{} // open connections, registered or handshaking
-	kvPerPeer map[int32]int             // open connections per peer pid
-	kvClosed  bool
-	refusing  chan struct{} // semaphore of refuseKV's goroutines
-
-	tmu    sync.RWMutex
-	tables map[string]*fingerprint.Table // per model
-
-	amu     sync.Mutex
-	aliases map[aliasKey]chunkstore.Key // (rank-0 key, rank) -> that rank's key
-	aliasOf map[chunkstore.Key]aliasKey // reverse, to forget on eviction
-
-	copyIDs atomic.Uint64
-
-	syncMu                             sync.Mutex // serializes syncStoreCounters
-	lastL1Evict, lastL2Evict, lastCorr int64
-
-	lookupsRejected, lookupsAbandoned, lookupsDone atomic.Uint64
-	regDone, regDropped                            atomic.Uint64
-	regsRefused, regsReleased                      atomic.Uint64
+	stop     chan struct{}  // closed by Shutdown
+	bg       sync.WaitGroup // the goroutines Start runs
 
 	grpcMu  sync.Mutex // guards the gRPC server, set by Start
 	grpcSrv *grpc.Server
 	health  *health.Server
 	ln      net.Listener
-}
-
-type aliasKey struct {
-	base chunkstore.Key
-	rank int
 }
 
 // Stats is a snapshot of a Server's state and counters.
@@ -166,39 +139,19 @@ func New(cfg Config, deps component.Deps) (*Server, error) {
 		return nil, fmt.Errorf("blend: server epoch: %w", err)
 	}
 	s := &Server{
-		cfg:       cfg,
-		logger:    logger,
-		epoch:     hex.EncodeToString(eb[:]),
-		bus:       events.NewBus(events.Config{QueueSize: cfg.EventQueue}),
-		pool:      scatter.NewPool(scatter.PoolConfig{Workers: cfg.CopyWorkers}),
-		metrics:   bm,
-		lookupQ:   make(chan func(), cfg.LookupQueue),
-		busy:      make([]atomic.Int64, cfg.LookupWorkers),
-		regQ:      make(chan func(), cfg.RegisterQueue),
-		stop:      make(chan struct{}),
-		workers:   make(map[workerKey]*workerMem),
-		kvConns:   make(map[*kvsock.Conn]struct{}),
-		kvPerPeer: make(map[int32]int),
-		refusing:  make(chan struct{}, maxRefusing),
-		tables:    make(map[string]*fingerprint.Table),
-		aliases:   make(map[aliasKey]chunkstore.Key),
-		aliasOf:   make(map[chunkstore.Key]aliasKey),
+		cfg:      cfg,
+		logger:   logger,
+		epoch:    hex.EncodeToString(eb[:]),
+		bus:      events.NewBus(events.Config{QueueSize: cfg.EventQueue}),
+		metrics:  bm,
+		grpcOpts: deps.GRPCServerOptions,
+		life:     lifecycle{stop: make(chan struct{})},
+		regs:     newRegistrations(),
+		lookups:  newLookups(cfg),
+		copies:   copies{pool: scatter.NewPool(scatter.PoolConfig{Workers: cfg.CopyWorkers})},
 	}
-	if cfg.Fleet.URL != "" {
-		if s.fleet, err = fleet.New(cfg.Fleet, logger); err != nil {
-			return nil, fmt.Errorf("blend: %w", err)
-		}
-	}
-	s.grpcOpts = deps.GRPCServerOptions
-	s.store, err = chunkstore.New(chunkstore.Config{
-		L1Bytes:   cfg.L1Bytes,
-		Dir:       cfg.L2Dir,
-		L2Bytes:   cfg.L2Bytes,
-		ChunkSize: cfg.ChunkSize,
-		OnEvict:   s.onEvict,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("blend: chunk store: %w", err)
+	if err := s.chunks.init(cfg, logger, bm); err != nil {
+		return nil, err
 	}
 	if n, err := s.restoreSequences(); err != nil {
 		return nil, err
@@ -240,9 +193,9 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	s.gateMu.Lock()
-	defer s.gateMu.Unlock()
-	if s.state != stateNew {
+	s.life.gateMu.Lock()
+	defer s.life.gateMu.Unlock()
+	if s.life.state != stateNew {
 		return errors.New("blend: server already started or shut down")
 	}
 	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", s.cfg.Addr)
@@ -254,30 +207,30 @@ func (s *Server) Start(ctx context.Context) error {
 		ln.Close()
 		return fmt.Errorf("blend: KV socket: %w", err)
 	}
-	if err := s.pool.Start(ctx); err != nil {
+	if err := s.copies.pool.Start(ctx); err != nil {
 		ln.Close()
 		kvln.Close()
 		return fmt.Errorf("blend: copy pool: %w", err)
 	}
-	if s.fleet != nil {
-		if err := s.fleet.Start(ctx); err != nil {
+	if s.chunks.fleet != nil {
+		if err := s.chunks.fleet.Start(ctx); err != nil {
 			ln.Close()
 			kvln.Close()
-			_ = s.pool.Shutdown(ctx)
+			_ = s.copies.pool.Shutdown(ctx)
 			return fmt.Errorf("blend: fleet tier: %w", err)
 		}
 	}
 	s.bus.Start()
 	for i := range s.cfg.LookupWorkers {
-		s.bg.Go(func() { s.runLookups(i) })
+		s.life.bg.Go(func() { s.runLookups(i) })
 	}
-	s.bg.Go(s.watchLookups)
-	s.bg.Go(func() { runQueue(s.regQ) })
-	s.state = stateRunning
-	s.wmu.Lock()
-	s.kvln = kvln
-	s.wmu.Unlock()
-	s.bg.Go(func() { s.acceptKV(kvln) })
+	s.life.bg.Go(s.watchLookups)
+	s.life.bg.Go(func() { runQueue(s.chunks.regQ) })
+	s.life.state = stateRunning
+	s.regs.mu.Lock()
+	s.regs.ln = kvln
+	s.regs.mu.Unlock()
+	s.life.bg.Go(func() { s.acceptKV(kvln) })
 	s.serve(ln)
 	return nil
 }
@@ -291,24 +244,24 @@ func (s *Server) Start(ctx context.Context) error {
 // when ctx ends first; the goroutines still finish on their own. Later
 // calls return nil.
 func (s *Server) Shutdown(ctx context.Context) error {
-	s.gateMu.Lock()
-	if s.state == stateStopped {
-		s.gateMu.Unlock()
+	s.life.gateMu.Lock()
+	if s.life.state == stateStopped {
+		s.life.gateMu.Unlock()
 		return nil
 	}
-	s.state = stateStopped
+	s.life.state = stateStopped
 	// No RPC can enqueue after this (they check the state under the shared
 	// lock while sending), so the queues can be closed.
-	close(s.lookupQ)
-	close(s.regQ)
-	close(s.stop)
-	s.gateMu.Unlock()
+	close(s.lookups.queue)
+	close(s.chunks.regQ)
+	close(s.life.stop)
+	s.life.gateMu.Unlock()
 	s.closeKV()
 
 	var errs []error
-	s.grpcMu.Lock()
-	srv, hs := s.grpcSrv, s.health
-	s.grpcMu.Unlock()
+	s.life.grpcMu.Lock()
+	srv, hs := s.life.grpcSrv, s.life.health
+	s.life.grpcMu.Unlock()
 	if hs != nil {
 		hs.Shutdown()
 	}
@@ -322,17 +275,17 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			<-done
 		}
 	}
-	if err := waitCtx(ctx, s.inflight.Wait); err != nil {
+	if err := waitCtx(ctx, s.life.inflight.Wait); err != nil {
 		errs = append(errs, fmt.Errorf("blend: waiting for RPCs: %w", err))
 	}
-	if err := waitCtx(ctx, s.bg.Wait); err != nil {
+	if err := waitCtx(ctx, s.life.bg.Wait); err != nil {
 		errs = append(errs, fmt.Errorf("blend: waiting for workers: %w", err))
 	}
-	if err := s.pool.Shutdown(ctx); err != nil {
+	if err := s.copies.pool.Shutdown(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("blend: copy pool: %w", err))
 	}
-	if s.fleet != nil {
-		if err := s.fleet.Shutdown(ctx); err != nil {
+	if s.chunks.fleet != nil {
+		if err := s.chunks.fleet.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("blend: %w", err))
 		}
 	}
@@ -357,19 +310,19 @@ func waitCtx(ctx context.Context, wait func()) error {
 
 // enter admits an RPC while the server runs; the caller must call leave.
 func (s *Server) enter() error {
-	s.gateMu.RLock()
-	defer s.gateMu.RUnlock()
-	switch s.state {
+	s.life.gateMu.RLock()
+	defer s.life.gateMu.RUnlock()
+	switch s.life.state {
 	case stateNew:
 		return status.Error(codes.Unavailable, "blend server not started")
 	case stateStopped:
 		return status.Error(codes.Unavailable, "blend server shutting down")
 	}
-	s.inflight.Add(1)
+	s.life.inflight.Add(1)
 	return nil
 }
 
-func (s *Server) leave() { s.inflight.Done() }
+func (s *Server) leave() { s.life.inflight.Done() }
 
 // Epoch is the server epoch: random per process start, sent with every KV
 // registration's answer (for the workers' logs).
@@ -393,10 +346,10 @@ func (s *Server) serve(ln net.Listener) {
 	healthpb.RegisterHealthServer(srv, hs)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(cbv1.BlendService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	s.grpcMu.Lock()
-	s.grpcSrv, s.health, s.ln = srv, hs, ln
-	s.grpcMu.Unlock()
-	s.bg.Go(func() {
+	s.life.grpcMu.Lock()
+	s.life.grpcSrv, s.life.health, s.life.ln = srv, hs, ln
+	s.life.grpcMu.Unlock()
+	s.life.bg.Go(func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			s.logger.Error("blend gRPC server stopped", "err", err)
 		}
@@ -405,23 +358,23 @@ func (s *Server) serve(ln net.Listener) {
 
 // KVSocket returns the path of the KV socket once started ("" before).
 func (s *Server) KVSocket() string {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	if s.kvln == nil {
+	s.regs.mu.Lock()
+	defer s.regs.mu.Unlock()
+	if s.regs.ln == nil {
 		return ""
 	}
-	return s.kvln.Path()
+	return s.regs.ln.Path()
 }
 
 // Addr returns the bound gRPC address once started ("" before), e.g. the
 // port picked for "127.0.0.1:0".
 func (s *Server) Addr() string {
-	s.grpcMu.Lock()
-	defer s.grpcMu.Unlock()
-	if s.ln == nil {
+	s.life.grpcMu.Lock()
+	defer s.life.grpcMu.Unlock()
+	if s.life.ln == nil {
 		return ""
 	}
-	return s.ln.Addr().String()
+	return s.life.ln.Addr().String()
 }
 
 // MetricsBefore refreshes the instruments that mirror running totals and
@@ -430,15 +383,12 @@ func (s *Server) Addr() string {
 // metrics.Handler. Safe for concurrent use.
 func (s *Server) MetricsBefore() {
 	s.metrics.SetEventBusTotals(s.bus.Published(), s.bus.Dropped())
-	st := s.store.Stats()
-	fps := 0
-	for _, t := range s.tableList() {
-		fps += t.Stats().Fingerprints
-	}
+	st := s.chunks.store.Stats()
+	fps, _ := s.chunks.fingerprints()
 	s.metrics.SetStorage(metrics.StorageStats{L1Bytes: st.L1Bytes, L1Chunks: int64(st.L1Chunks), Fingerprints: int64(fps)})
-	s.syncStoreCounters()
-	if s.fleet != nil {
-		f := s.fleet.Stats()
+	s.chunks.syncCounters()
+	if s.chunks.fleet != nil {
+		f := s.chunks.fleet.Stats()
 		s.metrics.SetRemoteTotals(metrics.RemoteStats{
 			Hits: f.Hits, Misses: f.Misses, Corrupt: f.Corrupt, ReadErrors: f.ReadErrors,
 			Writes: f.Writes, WritesDropped: f.WritesDropped, WriteErrors: f.WriteErrors,
@@ -448,133 +398,29 @@ func (s *Server) MetricsBefore() {
 	}
 }
 
-// syncStoreCounters advances chunks_evicted{tier} and l2_corrupt_chunks to
-// the chunk store's totals (budget evictions only; corrupt files count
-// apart).
-func (s *Server) syncStoreCounters() {
-	st := s.store.Stats()
-	s.syncMu.Lock()
-	defer s.syncMu.Unlock()
-	if d := st.L1Evictions - s.lastL1Evict; d > 0 {
-		s.metrics.AddChunksEvicted(metrics.TierL1, int(d))
-		s.lastL1Evict = st.L1Evictions
-	}
-	if d := st.L2Evictions - s.lastL2Evict; d > 0 {
-		s.metrics.AddChunksEvicted(metrics.TierL2, int(d))
-		s.lastL2Evict = st.L2Evictions
-	}
-	if d := st.Corrupt - s.lastCorr; d > 0 {
-		s.metrics.AddL2CorruptChunks(int(d))
-		s.lastCorr = st.Corrupt
-	}
-}
-
 // Stats returns a snapshot of the server's state and counters.
 func (s *Server) Stats() Stats {
 	st := Stats{
-		LookupsDone: s.lookupsDone.Load(), LookupsRejected: s.lookupsRejected.Load(), LookupsAbandoned: s.lookupsAbandoned.Load(),
-		Registrations: s.regDone.Load(), RegistrationsDropped: s.regDropped.Load(),
-		KVRegistrationsRefused: s.regsRefused.Load(), KVRegistrationsReleased: s.regsReleased.Load(),
-		Store: s.store.Stats(), Pool: s.pool.Stats(),
+		LookupsDone: s.lookups.done.Load(), LookupsRejected: s.lookups.rejected.Load(), LookupsAbandoned: s.lookups.abandoned.Load(),
+		Registrations: s.chunks.regDone.Load(), RegistrationsDropped: s.chunks.regDropped.Load(),
+		KVRegistrationsRefused: s.regs.refused.Load(), KVRegistrationsReleased: s.regs.released.Load(),
+		Store: s.chunks.store.Stats(), Pool: s.copies.pool.Stats(),
 		EventsPublished: s.bus.Published(), EventsDropped: s.bus.Dropped(),
 	}
 	st.LookupsStuck, _ = s.stuckLookups(time.Now())
-	if s.fleet != nil {
-		st.Fleet = s.fleet.Stats()
+	if s.chunks.fleet != nil {
+		st.Fleet = s.chunks.fleet.Stats()
 	}
-	s.wmu.Lock()
-	st.Workers = len(s.workers)
-	st.KVConnections = len(s.kvConns)
-	s.wmu.Unlock()
-	for _, t := range s.tableList() {
-		ts := t.Stats()
-		st.Fingerprints += ts.Fingerprints
-		st.UnregisteredStale += ts.StaleUnregistered
-	}
+	s.regs.mu.Lock()
+	st.Workers = len(s.regs.workers)
+	st.KVConnections = len(s.regs.conns)
+	s.regs.mu.Unlock()
+	st.Fingerprints, st.UnregisteredStale = s.chunks.fingerprints()
 	return st
 }
 
 // publish puts ev on the bus (dropped and counted when full).
 func (s *Server) publish(ev events.Event) { s.bus.Publish(ev) }
-
-// table returns the fingerprint table of model, creating it when create.
-func (s *Server) table(model string, create bool) *fingerprint.Table {
-	s.tmu.RLock()
-	t := s.tables[model]
-	s.tmu.RUnlock()
-	if t != nil || !create {
-		return t
-	}
-	s.tmu.Lock()
-	defer s.tmu.Unlock()
-	if t = s.tables[model]; t == nil {
-		t = fingerprint.NewTable(fingerprint.Config{Window: s.cfg.FingerprintWindow})
-		s.tables[model] = t
-	}
-	return t
-}
-
-func (s *Server) tableList() []*fingerprint.Table {
-	s.tmu.RLock()
-	defer s.tmu.RUnlock()
-	out := make([]*fingerprint.Table, 0, len(s.tables))
-	for _, t := range s.tables {
-		out = append(out, t)
-	}
-	return out
-}
-
-// onEvict is the chunk store's eviction callback: a chunk held by no tier
-// any more gets a stale strike in the fingerprint tables (two strikes
-// unregister it) and loses its rank alias.
-func (s *Server) onEvict(key chunkstore.Key, _ chunkstore.Tier, gone bool) {
-	if !gone {
-		return
-	}
-	s.amu.Lock()
-	if a, ok := s.aliasOf[key]; ok {
-		delete(s.aliasOf, key)
-		if s.aliases[a] == key {
-			delete(s.aliases, a)
-		}
-	}
-	s.amu.Unlock()
-	s.markStale(key)
-}
-
-// markStale gives key a stale strike in every table holding it and counts
-// the fingerprints that this unregisters.
-func (s *Server) markStale(key chunkstore.Key) {
-	for _, t := range s.tableList() {
-		if t.MarkStale(key) {
-			s.metrics.AddFingerprintsUnregistered(1)
-		}
-	}
-}
-
-// rankKey translates a rank-0 chunk key to rank's key.
-func (s *Server) rankKey(key chunkstore.Key, rank int) (chunkstore.Key, bool) {
-	if rank == 0 {
-		return key, true
-	}
-	s.amu.Lock()
-	defer s.amu.Unlock()
-	k, ok := s.aliases[aliasKey{key, rank}]
-	return k, ok
-}
-
-func (s *Server) setAliases(base, keys []chunkstore.Key, rank int) {
-	s.amu.Lock()
-	defer s.amu.Unlock()
-	for i, k := range keys {
-		a := aliasKey{base[i], rank}
-		if old, ok := s.aliases[a]; ok && old != k {
-			delete(s.aliasOf, old)
-		}
-		s.aliases[a] = k
-		s.aliasOf[k] = a
-	}
-}
 
 // service adapts Server to cbv1.BlendServiceServer.
 type service struct {
@@ -582,36 +428,29 @@ type service struct {
 	s *Server
 }
 
-func (v *service) UnregisterKV(ctx context.Context, r *cbv1.UnregisterKVRequest) (*cbv1.UnregisterKVResponse, error) {
-	if err := v.s.enter(); err != nil {
-		return nil, err
+// serveRPC runs handler f for an RPC admitted while the server runs.
+func serveRPC[Req, Resp any](s *Server, ctx context.Context, r Req, f func(context.Context, Req) (Resp, error)) (resp Resp, err error) {
+	if err := s.enter(); err != nil {
+		return resp, err
 	}
-	defer v.s.leave()
-	return v.s.unregisterKV(ctx, r)
+	defer s.leave()
+	return f(ctx, r)
+}
+
+func (v *service) UnregisterKV(ctx context.Context, r *cbv1.UnregisterKVRequest) (*cbv1.UnregisterKVResponse, error) {
+	return serveRPC(v.s, ctx, r, v.s.unregisterKV)
 }
 
 func (v *service) Lookup(ctx context.Context, r *cbv1.LookupRequest) (*cbv1.LookupResult, error) {
-	if err := v.s.enter(); err != nil {
-		return nil, err
-	}
-	defer v.s.leave()
-	return v.s.lookupRPC(ctx, r)
+	return serveRPC(v.s, ctx, r, v.s.lookupRPC)
 }
 
 func (v *service) Retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.RetrieveResponse, error) {
-	if err := v.s.enter(); err != nil {
-		return nil, err
-	}
-	defer v.s.leave()
-	return v.s.retrieve(ctx, r)
+	return serveRPC(v.s, ctx, r, v.s.retrieve)
 }
 
 func (v *service) Store(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.StoreResponse, error) {
-	if err := v.s.enter(); err != nil {
-		return nil, err
-	}
-	defer v.s.leave()
-	return v.s.storeKV(ctx, r)
+	return serveRPC(v.s, ctx, r, v.s.storeKV)
 }
 
 // traceContext is the payload's trace_context and trace_state, or else the

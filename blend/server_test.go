@@ -83,7 +83,7 @@ func TestL1EvictionStaleTwoStrikes(t *testing.T) {
 		t.Fatalf("lookup %+v", res)
 	}
 	keysA := chunkstore.ChainKeys(testModel, 0, docA, 256)
-	if tb := e.s.table(testModel, false); tb.Contains(keysA[0]) || tb.Contains(keysA[1]) {
+	if tb := e.s.chunks.table(testModel, false); tb.Contains(keysA[0]) || tb.Contains(keysA[1]) {
 		t.Fatal("stale chunks still registered after two strikes")
 	}
 	res = e.lookup(&cbv1.LookupRequest{RequestId: "stale2", Tokens: prompt, WorldSize: 1, Model: testModel})
@@ -245,11 +245,11 @@ func TestGRPCErrors(t *testing.T) {
 func TestReregistrationReplaces(t *testing.T) {
 	e, _, doc := docEnv(t, Config{})
 	ctx := ctxT(t)
-	old, err := e.s.acquire("test", "w0", 0, e.tokens[workerKey{"w0", 0}])
+	old, err := e.s.regs.acquire("test", "w0", 0, e.tokens[workerKey{"w0", 0}])
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.s.release(old)
+	e.s.regs.release(old)
 	oldToken := e.tokens[workerKey{"w0", 0}]
 	mem := newMem(t)
 	c, tok := e.register("w0", 0, mem)
@@ -349,7 +349,7 @@ func TestLookupQueueFullAndDeadline(t *testing.T) {
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
 	defer free()
-	blockQueue(t, e.s.lookupQ, release)
+	blockQueue(t, e.s.lookups.queue, release)
 
 	// "b" waits in the queue; its caller's deadline passes first. (Called
 	// in process so that the server sees the caller's own context.)
@@ -360,7 +360,7 @@ func TestLookupQueueFullAndDeadline(t *testing.T) {
 		_, err := e.s.Service().Lookup(bctx, &cbv1.LookupRequest{RequestId: "b", Tokens: []int32{1, 2, 3}})
 		berr <- err
 	}()
-	for len(e.s.lookupQ) == 0 {
+	for len(e.s.lookups.queue) == 0 {
 		time.Sleep(time.Millisecond)
 	}
 	if _, err := e.c.Lookup(ctxT(t), &cbv1.LookupRequest{RequestId: "c", Tokens: []int32{1, 2, 3}}); status.Code(err) != codes.ResourceExhausted {
@@ -487,7 +487,7 @@ func TestRegistrationQueueFullDrops(t *testing.T) {
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
 	defer free()
-	blockQueue(t, e.s.regQ, release) // the registration goroutine is busy
+	blockQueue(t, e.s.chunks.regQ, release) // the registration goroutine is busy
 	mem := e.newWorker("w0", 0)
 	bt := blocks(0, 2)
 	e.prefill(mem, bt, 3, 20)

@@ -16,101 +16,68 @@ import (
 	"github.com/cacheblend/cacheblend/blend/fingerprint"
 	"github.com/cacheblend/cacheblend/blend/scatter"
 	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 )
 
-func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.StoreResponse, error) {
-	if err := checkRequestID(r.GetRequestId()); err != nil {
-		return nil, err
-	}
-	toks := r.GetTokens()
-	if len(toks) == 0 || len(toks) > MaxTokens {
-		return nil, status.Errorf(codes.InvalidArgument, "store: %d tokens (want 1..%d)", len(toks), MaxTokens)
-	}
-	rank := int(r.GetRank())
-	w, err := s.acquire("store", r.GetWorkerId(), rank, r.GetRegistrationToken())
-	if err != nil {
-		return nil, err
-	}
-	defer s.release(w)
+// storeModel is the model a store is for: the registration's, or the
+// request's for a registration without one.
+func storeModel(r *cbv1.StoreRequest, w *workerMem) (string, error) {
 	mdl := w.model
 	switch {
 	case mdl == "":
 		mdl = r.GetModel()
 	case r.GetModel() != "" && r.GetModel() != mdl:
-		return nil, status.Errorf(codes.InvalidArgument, "store: model %q, the worker registered %q", r.GetModel(), mdl)
+		return "", status.Errorf(codes.InvalidArgument, "store: model %q, the worker registered %q", r.GetModel(), mdl)
 	}
 	if len(mdl) > chunkstore.MaxModelLen {
-		return nil, status.Errorf(codes.InvalidArgument, "store: model name of %d bytes", len(mdl))
+		return "", status.Errorf(codes.InvalidArgument, "store: model name of %d bytes", len(mdl))
 	}
-	l := w.layout
-	bt := r.GetBlockTable()
+	return mdl, nil
+}
+
+// storeBlocks bounds a store's block table by the registration's layout and
+// the tokens, and returns the blocks the tokens occupy (only they are read).
+func storeBlocks(r *cbv1.StoreRequest, l kvcache.Layout) ([]int32, error) {
+	bt, n := r.GetBlockTable(), len(r.GetTokens())
 	if err := checkBlockTable("store", bt, l); err != nil {
 		return nil, err
 	}
-	if capTok := len(bt) * l.BlockSize; capTok < len(toks) {
-		return nil, status.Errorf(codes.InvalidArgument, "store: block table of %d blocks holds %d tokens, want %d", len(bt), capTok, len(toks))
+	if capTok := len(bt) * l.BlockSize; capTok < n {
+		return nil, status.Errorf(codes.InvalidArgument, "store: block table of %d blocks holds %d tokens, want %d", len(bt), capTok, n)
 	}
-	bt = bt[:(len(toks)+l.BlockSize-1)/l.BlockSize] // only the tokens' blocks are read
-	id := r.GetRequestId()
-	cs := s.cfg.ChunkSize
-	tp, ts := traceContext(ctx, r.GetTraceContext(), r.GetTraceState())
-	sid := s.copyIDs.Add(1) // the ranks of a tensor-parallel worker store one request concurrently
-	s.publish(events.Event{Type: events.StoreStart, RequestID: id, CopyID: sid, TraceContext: tp, TraceState: ts,
-		Attrs: []attribute.KeyValue{events.AttrTokens.Int(len(toks)), attribute.Bool("document", r.GetDocument()), attribute.Int("rank", rank)}})
+	return bt[:(n+l.BlockSize-1)/l.BlockSize], nil
+}
 
-	// Copy the KV out now: the engine frees the blocks once the worker
-	// reports the store done.
-	ns := keySpace(mdl, w.world)
-	keys := chunkstore.ChainKeys(ns, rank, toks, cs)
-	layout := chunkstore.LayoutOf(l, w.theta)
-	var resp cbv1.StoreResponse
-	var errs []error
-	var base []chunkstore.Key
-	if rank != 0 {
-		base = chunkstore.ChainKeys(ns, 0, toks, cs)
+func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.StoreResponse, error) {
+	if err := checkRequestID(r.GetRequestId()); err != nil {
+		return nil, err
 	}
-	var aliasBase, aliasKeys []chunkstore.Key
-	var stored []*chunkstore.Chunk // rank-0 chunks for the fleet tier
-	for i, k := range keys {
-		lo, hi := i*cs, min((i+1)*cs, len(toks))
-		present := s.store.Contains(k) != chunkstore.TierNone
-		if present {
-			resp.SkippedChunks++
-			if rank == 0 && s.fleet != nil && w.world == 1 { // the fleet tier may have lost it (a Redis restart, eviction)
-				if c, _, err := s.store.Get(k); err == nil {
-					stored = append(stored, c)
-				}
-			}
-		} else if c, err := s.storeChunk(k, mdl, rank, layout, toks[lo:hi], lo, w, bt); err != nil {
-			errs = append(errs, fmt.Errorf("chunk %d: %w", i, err))
-			if s.store.Contains(k) == chunkstore.TierNone {
-				continue
-			}
-		} else {
-			resp.StoredChunks++
-			resp.Bytes += int64(hi-lo) * l.TokenBytes()
-			if rank == 0 && s.fleet != nil && w.world == 1 {
-				stored = append(stored, c)
-			}
-		}
-		if rank != 0 {
-			aliasBase, aliasKeys = append(aliasBase, base[i]), append(aliasKeys, k)
-		}
+	if n := len(r.GetTokens()); n == 0 || n > MaxTokens {
+		return nil, status.Errorf(codes.InvalidArgument, "store: %d tokens (want 1..%d)", n, MaxTokens)
 	}
-	s.syncStoreCounters()
-	if rank != 0 {
-		s.setAliases(aliasBase, aliasKeys, rank)
-	} else {
-		s.enqueueRegistration(ns, keys, toks)
-		if s.fleet != nil && w.world == 1 {
-			s.fleetStore(mdl, fingerprint.Sequence{Keys: keys, Tokens: slices.Clone(toks), ChunkSize: cs}, stored)
-		}
+	rank := int(r.GetRank())
+	w, err := s.regs.acquire("store", r.GetWorkerId(), rank, r.GetRegistrationToken())
+	if err != nil {
+		return nil, err
 	}
-	var endErr error
-	if len(errs) > 0 {
-		endErr = errors.Join(errs...)
-		s.logger.Warn("store: chunks not stored", "request_id", id, "failed", len(errs), "err", endErr)
+	defer s.regs.release(w)
+	mdl, err := storeModel(r, w)
+	if err != nil {
+		return nil, err
+	}
+	bt, err := storeBlocks(r, w.layout)
+	if err != nil {
+		return nil, err
+	}
+	id := r.GetRequestId()
+	tp, ts := traceContext(ctx, r.GetTraceContext(), r.GetTraceState())
+	sid := s.copies.ids.Add(1) // the ranks of a tensor-parallel worker store one request concurrently
+	s.publish(events.Event{Type: events.StoreStart, RequestID: id, CopyID: sid, TraceContext: tp, TraceState: ts,
+		Attrs: []attribute.KeyValue{events.AttrTokens.Int(len(r.GetTokens())), attribute.Bool("document", r.GetDocument()), attribute.Int("rank", rank)}})
+	resp, endErr := s.storeChunks(mdl, w, r.GetTokens(), bt)
+	if endErr != nil {
+		s.logger.Warn("store: chunks not stored", "request_id", id, "err", endErr)
 	}
 	s.publish(events.Event{Type: events.StoreEnd, RequestID: id, CopyID: sid, Err: endErr, Attrs: []attribute.KeyValue{
 		events.AttrStoredChunks.Int(int(resp.StoredChunks)), attribute.Int("skipped_chunks", int(resp.SkippedChunks)),
@@ -123,14 +90,63 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 		}
 		return nil, status.Errorf(code, "store: %v", endErr)
 	}
-	return &resp, nil
+	return resp, nil
+}
+
+// storeChunks copies the KV of toks out of w's memory now (the engine frees
+// the blocks once the worker reports the store done): chunk by chunk, those
+// the store does not hold; then indexes them: a rank's chunks under their
+// rank-0 keys (aliases), rank 0's sequence in the fingerprint table, and
+// both in the fleet tier.
+func (s *Server) storeChunks(mdl string, w *workerMem, toks []int32, bt []int32) (*cbv1.StoreResponse, error) {
+	cs, rank := s.cfg.ChunkSize, w.key.rank
+	ns := keySpace(mdl, w.world)
+	keys := chunkstore.ChainKeys(ns, rank, toks, cs)
+	base := keys // the rank-0 keys
+	if rank != 0 {
+		base = chunkstore.ChainKeys(ns, 0, toks, cs)
+	}
+	layout := chunkstore.LayoutOf(w.layout, w.theta)
+	var resp cbv1.StoreResponse
+	var errs []error
+	held := make([]*chunkstore.Chunk, len(keys)) // for the fleet tier: the chunks held now
+	for i, k := range keys {
+		part := reuseplan.Chunk(i, cs, len(toks))
+		if s.chunks.store.Contains(k) != chunkstore.TierNone {
+			resp.SkippedChunks++
+			if s.chunks.fleet != nil { // the fleet tier may have lost it (a Redis restart, eviction)
+				held[i], _, _ = s.chunks.store.Get(k)
+			}
+		} else if c, err := s.storeChunk(k, mdl, rank, layout, toks[part.Start:part.End], part.Start, w, bt); err != nil {
+			errs = append(errs, fmt.Errorf("chunk %d: %w", i, err))
+			if s.chunks.store.Contains(k) == chunkstore.TierNone {
+				continue
+			}
+		} else {
+			resp.StoredChunks++
+			resp.Bytes += int64(part.Len()) * w.layout.TokenBytes()
+			held[i] = c
+		}
+		if rank != 0 {
+			s.chunks.setAlias(base[i], k, rank)
+		}
+	}
+	s.chunks.syncCounters()
+	seq := fingerprint.Sequence{Keys: keys, Tokens: slices.Clone(toks), ChunkSize: cs}
+	if rank == 0 {
+		s.enqueueRegistration(ns, seq)
+	}
+	if s.chunks.fleet != nil {
+		s.fleetStore(mdl, w, base, held, seq)
+	}
+	return &resp, errors.Join(errs...)
 }
 
 // keySpace is the namespace of the chunk keys and fingerprint tables of a
 // model served by groups of world ranks: the model name for a whole-model
 // worker, "model@tpN" for N ranks (whose chunks hold 1/N of the KV heads,
-// so groups of different sizes never share them). The fleet tier serves
-// whole-model workers only.
+// so groups of different sizes never share them), in the local tiers and
+// the fleet tier alike.
 func keySpace(mdl string, world int) string {
 	if world <= 1 {
 		return mdl
@@ -168,37 +184,27 @@ func (s *Server) storeChunk(k chunkstore.Key, mdl string, rank int, layout chunk
 	if err := scatter.Gather(c, w.mem, bt); err != nil {
 		return nil, err
 	}
-	return c, s.store.Put(c)
+	return c, s.chunks.store.Put(c)
 }
 
 // enqueueRegistration queues the fingerprint registration of a rank-0
-// stored sequence, unless every chunk is registered already; a full queue
-// drops it (counted).
-func (s *Server) enqueueRegistration(mdl string, keys []chunkstore.Key, toks []int32) {
-	if t := s.table(mdl, false); t != nil {
-		all := true
-		for _, k := range keys {
-			if !t.Contains(k) {
-				all = false
-				break
-			}
-		}
-		if all {
-			return
-		}
+// stored sequence in the table of key space ns, unless every chunk is
+// registered already; a full queue drops it (counted).
+func (s *Server) enqueueRegistration(ns string, seq fingerprint.Sequence) {
+	if s.chunks.registered(ns, seq.Keys) {
+		return
 	}
-	seq := fingerprint.Sequence{Keys: keys, Tokens: slices.Clone(toks), ChunkSize: s.cfg.ChunkSize}
-	if !enqueue(s, s.regQ, func() { s.register(mdl, seq) }) {
-		s.regDropped.Add(1)
+	if !enqueue(s, s.chunks.regQ, func() { s.register(ns, seq) }) {
+		s.chunks.regDropped.Add(1)
 	}
 }
 
 // register registers a stored sequence in its model's fingerprint table.
 func (s *Server) register(mdl string, seq fingerprint.Sequence) {
-	if _, err := s.table(mdl, true).Register(seq); err != nil {
+	if _, err := s.chunks.table(mdl, true).Register(seq); err != nil {
 		s.logger.Warn("fingerprint registration failed", "model", mdl, "err", err)
 		return
 	}
 	s.persistSequence(mdl, seq)
-	s.regDone.Add(1)
+	s.chunks.regDone.Add(1)
 }

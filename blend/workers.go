@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -23,6 +25,28 @@ import (
 // TokenBytes is the length of a registration token (256 random bits).
 const TokenBytes = 32
 
+// registrations is the part of a Server that owns the workers' KV
+// memories: the KV socket, its connections, and the registrations they
+// hold. mu guards every field but the counters.
+type registrations struct {
+	mu       sync.Mutex
+	workers  map[workerKey]*workerMem
+	ln       *kvsock.Listener
+	conns    map[*kvsock.Conn]struct{} // open connections, registered or handshaking
+	perPeer  map[int32]int             // open connections per peer pid
+	closed   bool
+	refusing chan struct{} // semaphore of refuseKV's goroutines
+
+	refused, released atomic.Uint64
+}
+
+func newRegistrations() registrations {
+	return registrations{
+		workers: make(map[workerKey]*workerMem), conns: make(map[*kvsock.Conn]struct{}),
+		perPeer: make(map[int32]int), refusing: make(chan struct{}, maxRefusing),
+	}
+}
+
 type workerKey struct {
 	id   string
 	rank int
@@ -31,7 +55,7 @@ type workerKey struct {
 // workerMem is one registered worker KV memory: the mapping of the
 // descriptor its peer handed over on the KV socket, bound to that
 // connection and to a random token. refs and retired are guarded by
-// Server.wmu; the rest is immutable.
+// registrations.mu; the rest is immutable.
 type workerMem struct {
 	key    workerKey
 	token  [TokenBytes]byte
@@ -86,41 +110,41 @@ func (s *Server) acceptKV(ln *kvsock.Listener) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
-			s.wmu.Lock()
-			closed := s.kvClosed
-			s.wmu.Unlock()
+			s.regs.mu.Lock()
+			closed := s.regs.closed
+			s.regs.mu.Unlock()
 			if closed {
 				return
 			}
 			s.logger.Warn("KV socket: accept failed", "err", err)
 			select { // e.g. out of descriptors: do not spin
-			case <-s.stop:
+			case <-s.life.stop:
 				return
 			case <-time.After(50 * time.Millisecond):
 			}
 			continue
 		}
 		pid := c.Peer().PID
-		s.wmu.Lock()
+		s.regs.mu.Lock()
 		var refuse string
 		switch {
-		case s.kvClosed:
+		case s.regs.closed:
 			refuse = "blend server shutting down"
-		case len(s.kvConns) >= s.cfg.MaxKVRegistrations:
+		case len(s.regs.conns) >= s.cfg.MaxKVRegistrations:
 			refuse = fmt.Sprintf("%d KV registrations, the server's limit", s.cfg.MaxKVRegistrations)
-		case s.kvPerPeer[pid] >= s.cfg.MaxKVRegistrationsPerPeer:
+		case s.regs.perPeer[pid] >= s.cfg.MaxKVRegistrationsPerPeer:
 			refuse = fmt.Sprintf("process %d holds %d KV registrations, the per-peer limit", pid, s.cfg.MaxKVRegistrationsPerPeer)
 		default:
-			s.kvConns[c] = struct{}{}
-			s.kvPerPeer[pid]++
+			s.regs.conns[c] = struct{}{}
+			s.regs.perPeer[pid]++
 		}
-		s.wmu.Unlock()
+		s.regs.mu.Unlock()
 		if refuse != "" {
-			s.regsRefused.Add(1)
+			s.regs.refused.Add(1)
 			s.refuseKV(c, codes.ResourceExhausted, refuse)
 			continue
 		}
-		s.bg.Go(func() { s.serveKV(c) })
+		s.life.bg.Go(func() { s.serveKV(c) })
 	}
 }
 
@@ -134,13 +158,13 @@ const maxRefusing = 16
 // unread data would reset the peer before it reads the answer.
 func (s *Server) refuseKV(c *kvsock.Conn, code codes.Code, msg string) {
 	select {
-	case s.refusing <- struct{}{}:
+	case s.regs.refusing <- struct{}{}:
 	default:
 		c.Close()
 		return
 	}
-	s.bg.Go(func() {
-		defer func() { <-s.refusing }()
+	s.life.bg.Go(func() {
+		defer func() { <-s.regs.refusing }()
 		defer c.Close()
 		var r cbv1.KVRegistration
 		files, _ := c.Recv(time.Now().Add(min(s.cfg.KVHandshakeTimeout, time.Second)), &r)
@@ -171,21 +195,21 @@ func (s *Server) serveKV(c *kvsock.Conn) {
 	defer func() {
 		c.Close()
 		var toClose *kvcache.Memory
-		s.wmu.Lock()
-		delete(s.kvConns, c)
-		if pid := c.Peer().PID; s.kvPerPeer[pid] <= 1 {
-			delete(s.kvPerPeer, pid)
+		s.regs.mu.Lock()
+		delete(s.regs.conns, c)
+		if pid := c.Peer().PID; s.regs.perPeer[pid] <= 1 {
+			delete(s.regs.perPeer, pid)
 		} else {
-			s.kvPerPeer[pid]--
+			s.regs.perPeer[pid]--
 		}
-		if mine != nil && s.workers[mine.key] == mine {
-			delete(s.workers, mine.key)
-			s.regsReleased.Add(1)
-			if s.retireLocked(mine) {
+		if mine != nil && s.regs.workers[mine.key] == mine {
+			delete(s.regs.workers, mine.key)
+			s.regs.released.Add(1)
+			if s.regs.retireLocked(mine) {
 				toClose = mine.mem
 			}
 		}
-		s.wmu.Unlock()
+		s.regs.mu.Unlock()
 		if toClose != nil {
 			toClose.Close()
 		}
@@ -193,7 +217,7 @@ func (s *Server) serveKV(c *kvsock.Conn) {
 	peer := c.Peer()
 	w, code, err := s.receiveKV(c)
 	if err != nil {
-		s.regsRefused.Add(1)
+		s.regs.refused.Add(1)
 		s.logger.Warn("KV registration refused", "pid", peer.PID, "code", code.String(), "err", err)
 		s.replyKV(c, code, err.Error(), nil)
 		return
@@ -202,23 +226,23 @@ func (s *Server) serveKV(c *kvsock.Conn) {
 	// restarted worker); its connection is closed, its mapping released
 	// once no RPC holds it.
 	var toClose *kvcache.Memory
-	s.wmu.Lock()
-	if s.kvClosed {
-		s.wmu.Unlock()
+	s.regs.mu.Lock()
+	if s.regs.closed {
+		s.regs.mu.Unlock()
 		w.mem.Close()
 		s.replyKV(c, codes.Unavailable, "blend server shutting down", nil)
 		return
 	}
-	old := s.workers[w.key]
-	s.workers[w.key] = w
+	old := s.regs.workers[w.key]
+	s.regs.workers[w.key] = w
 	mine = w
 	if old != nil {
-		s.regsReleased.Add(1)
-		if s.retireLocked(old) {
+		s.regs.released.Add(1)
+		if s.regs.retireLocked(old) {
 			toClose = old.mem
 		}
 	}
-	s.wmu.Unlock()
+	s.regs.mu.Unlock()
 	if old != nil {
 		old.conn.Close()
 	}
@@ -230,9 +254,9 @@ func (s *Server) serveKV(c *kvsock.Conn) {
 		"memory", w.mem.Name(), "sealed", w.mem.Sealed(), "replaced", old != nil,
 		"layers", w.layout.NumLayers, "blocks", w.layout.NumBlocks)
 	err = c.WaitClosed()
-	s.wmu.Lock()
-	current := s.workers[w.key] == w
-	s.wmu.Unlock()
+	s.regs.mu.Lock()
+	current := s.regs.workers[w.key] == w
+	s.regs.mu.Unlock()
 	if current {
 		s.logger.Info("worker KV registration released (connection closed)", "worker_id", w.key.id, "rank", w.key.rank, "pid", peer.PID, "err", err)
 	}
@@ -298,8 +322,8 @@ func (s *Server) receiveKV(c *kvsock.Conn) (*workerMem, codes.Code, error) {
 }
 
 // retireLocked marks w replaced and reports whether it can be unmapped now
-// (no RPC holds it). Caller holds wmu.
-func (s *Server) retireLocked(w *workerMem) bool {
+// (no RPC holds it). Caller holds registrations.mu.
+func (r *registrations) retireLocked(w *workerMem) bool {
 	if w.retired {
 		return false
 	}
@@ -312,16 +336,16 @@ func (s *Server) retireLocked(w *workerMem) bool {
 // constant time). Otherwise a gRPC error: PermissionDenied without a
 // well-formed token or with another one, FailedPrecondition when nothing
 // is registered under (id, rank).
-func (s *Server) acquire(op, id string, rank int, token []byte) (*workerMem, error) {
+func (r *registrations) acquire(op, id string, rank int, token []byte) (*workerMem, error) {
 	if id == "" || len(id) > MaxWorkerIDLen || rank < 0 || rank >= MaxWorldSize {
 		return nil, status.Errorf(codes.InvalidArgument, "%s: bad worker_id (%d bytes) / rank %d", op, len(id), rank)
 	}
 	if len(token) != TokenBytes {
 		return nil, status.Errorf(codes.PermissionDenied, "%s: missing or malformed registration_token", op)
 	}
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	w := s.workers[workerKey{id, rank}]
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w := r.workers[workerKey{id, rank}]
 	if w == nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "%s: worker %q rank %d has no KV memory registered (register on the KV socket first)", op, id, rank)
 	}
@@ -332,11 +356,11 @@ func (s *Server) acquire(op, id string, rank int, token []byte) (*workerMem, err
 	return w, nil
 }
 
-func (s *Server) release(w *workerMem) {
-	s.wmu.Lock()
+func (r *registrations) release(w *workerMem) {
+	r.mu.Lock()
 	w.refs--
 	closeNow := w.retired && w.refs == 0
-	s.wmu.Unlock()
+	r.mu.Unlock()
 	if closeNow {
 		w.mem.Close()
 	}
@@ -345,18 +369,18 @@ func (s *Server) release(w *workerMem) {
 // unregisterKV releases the caller's registration (by its token) and
 // closes its connection.
 func (s *Server) unregisterKV(_ context.Context, r *cbv1.UnregisterKVRequest) (*cbv1.UnregisterKVResponse, error) {
-	w, err := s.acquire("unregister", r.GetWorkerId(), int(r.GetRank()), r.GetRegistrationToken())
+	w, err := s.regs.acquire("unregister", r.GetWorkerId(), int(r.GetRank()), r.GetRegistrationToken())
 	if err != nil {
 		return nil, err
 	}
-	s.wmu.Lock()
-	if s.workers[w.key] == w {
-		delete(s.workers, w.key)
-		s.regsReleased.Add(1)
-		s.retireLocked(w) // unmapped by the release below
+	s.regs.mu.Lock()
+	if s.regs.workers[w.key] == w {
+		delete(s.regs.workers, w.key)
+		s.regs.released.Add(1)
+		s.regs.retireLocked(w) // unmapped by the release below
 	}
-	s.wmu.Unlock()
-	s.release(w)
+	s.regs.mu.Unlock()
+	s.regs.release(w)
 	w.conn.Close()
 	s.logger.Info("worker KV registration released (unregistered)", "worker_id", w.key.id, "rank", w.key.rank, "pid", w.peer.PID)
 	return &cbv1.UnregisterKVResponse{}, nil
@@ -365,15 +389,15 @@ func (s *Server) unregisterKV(_ context.Context, r *cbv1.UnregisterKVRequest) (*
 // closeKV stops the KV socket: no new connection is accepted, every
 // connection is closed (their goroutines release their registrations).
 func (s *Server) closeKV() {
-	s.wmu.Lock()
-	s.kvClosed = true
-	conns := make([]*kvsock.Conn, 0, len(s.kvConns))
-	for c := range s.kvConns {
+	s.regs.mu.Lock()
+	s.regs.closed = true
+	conns := make([]*kvsock.Conn, 0, len(s.regs.conns))
+	for c := range s.regs.conns {
 		conns = append(conns, c)
 	}
-	s.wmu.Unlock()
-	if s.kvln != nil {
-		s.kvln.Close()
+	s.regs.mu.Unlock()
+	if s.regs.ln != nil {
+		s.regs.ln.Close()
 	}
 	for _, c := range conns {
 		c.Close()
@@ -384,14 +408,14 @@ func (s *Server) closeKV() {
 // holds (the others are unmapped by their last release).
 func (s *Server) releaseAllWorkers() {
 	var toClose []*workerMem
-	s.wmu.Lock()
-	for k, w := range s.workers {
-		delete(s.workers, k)
-		if s.retireLocked(w) {
+	s.regs.mu.Lock()
+	for k, w := range s.regs.workers {
+		delete(s.regs.workers, k)
+		if s.regs.retireLocked(w) {
 			toClose = append(toClose, w)
 		}
 	}
-	s.wmu.Unlock()
+	s.regs.mu.Unlock()
 	for _, w := range toClose {
 		w.mem.Close()
 	}
@@ -401,9 +425,9 @@ func (s *Server) releaseAllWorkers() {
 // server is not running or q is full (the caller drops and counts). The
 // gate's read lock keeps Shutdown from closing q meanwhile.
 func enqueue[T any](s *Server, q chan T, v T) bool {
-	s.gateMu.RLock()
-	defer s.gateMu.RUnlock()
-	if s.state != stateRunning {
+	s.life.gateMu.RLock()
+	defer s.life.gateMu.RUnlock()
+	if s.life.state != stateRunning {
 		return false
 	}
 	select {

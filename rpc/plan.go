@@ -103,3 +103,11 @@ func RangesFromProto(ps []*cbv1.Range) []reuseplan.Range {
 	}
 	return out
 }
+
+// HitsFromProto is the hit statistics of a lookup result. A server that
+// does not report its prefix coverage covers at least its usable prefix.
+func HitsFromProto(r *cbv1.LookupResult) reuseplan.Hits {
+	h := reuseplan.Hits{Requested: int(r.GetRequestedTokens()), Prefix: int(r.GetPrefixHitTokens()), NonPrefix: int(r.GetNonPrefixHitTokens())}
+	h.Coverage = max(int(r.GetPrefixCoverageTokens()), h.Prefix)
+	return h
+}

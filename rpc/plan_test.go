@@ -43,3 +43,24 @@ func TestMatchFromProtoRejects(t *testing.T) {
 		})
 	}
 }
+
+func TestHitsFromProto(t *testing.T) {
+	tests := []struct {
+		name string
+		res  *cbv1.LookupResult
+		want reuseplan.Hits
+	}{
+		{"reported coverage", &cbv1.LookupResult{RequestedTokens: 100, PrefixHitTokens: 16, NonPrefixHitTokens: 30, PrefixCoverageTokens: 32},
+			reuseplan.Hits{Requested: 100, Coverage: 32, Prefix: 16, NonPrefix: 30}},
+		{"coverage not reported: the usable prefix", &cbv1.LookupResult{RequestedTokens: 100, PrefixHitTokens: 16},
+			reuseplan.Hits{Requested: 100, Coverage: 16, Prefix: 16}},
+		{"nil result", nil, reuseplan.Hits{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := HitsFromProto(tc.res); got != tc.want {
+				t.Fatalf("HitsFromProto = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}

@@ -156,6 +156,11 @@ type Store struct {
 	l2order list.List // front = oldest written
 	l2bytes int64
 
+	storeCounters
+}
+
+// storeCounters are a Store's running totals (see Stats).
+type storeCounters struct {
 	puts, l1hits, l2hits, misses       atomic.Int64
 	l1evict, l2evict, l1rej, l2rej     atomic.Int64
 	corrupt, readErrs, writeErrs       atomic.Int64

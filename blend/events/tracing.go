@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/cacheblend/cacheblend/contract"
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/telemetry"
 )
@@ -89,59 +90,88 @@ type SpanDef struct {
 // DefaultSpanDefs returns the span table of docs/design.md §6, in parent-first
 // order: cb.lookup ⊃ {mp.lookup_prefetch, cb.fingerprint_match,
 // cb.coordinator_match, cb.sparse_prefetch ⊃ cb.l2_load, cb.classify};
-// cb.retrieve ⊃ cb.scatter; cb.store. Each call returns a fresh slice.
-func DefaultSpanDefs() []SpanDef {
+// cb.retrieve ⊃ cb.scatter; cb.store. The events and attributes of each span
+// are written here; its kind and parent come from contract/spans.yaml: a
+// span whose contract parent is in this process gets it as Parent, one
+// with a remote parent is top level and takes its parent from the START
+// event's trace context. An error (wrapping [ErrInvalidSpanDefs]) means the
+// embedded contract lacks one of the spans. Each call returns a fresh slice.
+func DefaultSpanDefs() ([]SpanDef, error) {
 	lookupStats := []attribute.Key{
 		AttrRequestedTokens, AttrPrefixHitTokens, AttrNonPrefixHitTokens, AttrHitTokens,
 		AttrHitRate, AttrPrefixCoverageTokens, AttrNNonPrefixTokens, AttrFingerprintHits,
 		AttrStorageHits, AttrStaleChunks,
 	}
-	return []SpanDef{
+	defs := []SpanDef{
 		{
-			Name: spanname.CBLookup, Start: LookupStart, End: LookupEnd, Kind: trace.SpanKindServer,
+			Name: spanname.CBLookup, Start: LookupStart, End: LookupEnd,
 			EndAttrs:     append(append([]attribute.Key(nil), lookupStats...), AttrPrefixChunks),
 			StampRoot:    append(append([]attribute.Key(nil), lookupStats...), AttrLookup),
-			TraceContext: true, RootFallback: true,
+			RootFallback: true,
 		},
 		{
-			Name: spanname.MPLookupPrefetch, Start: PrefixLookupStart, End: PrefixLookupEnd, Parent: spanname.CBLookup,
+			Name: spanname.MPLookupPrefetch, Start: PrefixLookupStart, End: PrefixLookupEnd,
 			EndAttrs: []attribute.Key{AttrPrefixChunks}, StampParent: []attribute.Key{AttrPrefixChunks},
 		},
 		{
-			Name: spanname.CBFingerprintMatch, Start: FingerprintMatchStart, End: FingerprintMatchEnd, Parent: spanname.CBLookup,
+			Name: spanname.CBFingerprintMatch, Start: FingerprintMatchStart, End: FingerprintMatchEnd,
 			EndAttrs: []attribute.Key{AttrNProbes, AttrTableHits, AttrMatches},
 		},
 		{
-			Name: spanname.CBCoordinatorMatch, Start: CoordinatorMatchStart, End: CoordinatorMatchEnd, Parent: spanname.CBLookup,
+			Name: spanname.CBCoordinatorMatch, Start: CoordinatorMatchStart, End: CoordinatorMatchEnd,
 			EndAttrs: []attribute.Key{AttrMatches, AttrTimedOut, AttrNProbes, AttrTableHits, "round_trips", "directory_hits"},
 		},
 		{
-			Name: spanname.CBSparsePrefetch, Start: SparsePrefetchStart, End: SparsePrefetchEnd, Parent: spanname.CBLookup,
+			Name: spanname.CBSparsePrefetch, Start: SparsePrefetchStart, End: SparsePrefetchEnd,
 			EndAttrs: []attribute.Key{AttrNKeys, AttrL1Hits, AttrL2Misses},
 		},
 		{
-			Name: spanname.CBL2Load, Start: L2LoadTaskStart, End: L2LoadTaskEnd, Parent: spanname.CBSparsePrefetch,
+			Name: spanname.CBL2Load, Start: L2LoadTaskStart, End: L2LoadTaskEnd,
 			EndAttrs: []attribute.Key{AttrChunks, AttrBytes, AttrMs, "tier", "misses", "corrupt"}, DurationMsAttr: AttrMs,
 		},
 		{
-			Name: spanname.CBClassify, Start: ClassifyStart, End: ClassifyEnd, Parent: spanname.CBLookup,
+			Name: spanname.CBClassify, Start: ClassifyStart, End: ClassifyEnd,
 			EndAttrs: []attribute.Key{AttrFound, AttrStale, AttrPerRankOK},
 		},
+		{Name: spanname.CBRetrieve, Start: RetrieveStart, End: RetrieveEnd, RootFallback: true, GatesRoot: true},
 		{
-			Name: spanname.CBRetrieve, Start: RetrieveStart, End: RetrieveEnd, Kind: trace.SpanKindServer,
-			TraceContext: true, RootFallback: true, GatesRoot: true,
-		},
-		{
-			Name: spanname.CBScatter, Start: ScatterStart, End: ScatterEnd, Parent: spanname.CBRetrieve, Async: true,
+			Name: spanname.CBScatter, Start: ScatterStart, End: ScatterEnd, Async: true,
 			EndAttrs:       []attribute.Key{AttrScatteredTokens, AttrSlotWrites, AttrPartialBlocks, AttrNPrefixTokens, AttrNShiftedTokens, AttrDropped, AttrScatterMs},
 			DurationMsAttr: AttrScatterMs,
 		},
-		{
-			Name: spanname.CBStore, Start: StoreStart, End: StoreEnd, Kind: trace.SpanKindServer,
-			TraceContext: true,
-		},
+		{Name: spanname.CBStore, Start: StoreStart, End: StoreEnd},
 	}
+	return defs, fromContract(defs)
 }
+
+// fromContract sets the kind and the parent (or trace context) of every
+// definition from contract/spans.yaml.
+func fromContract(defs []SpanDef) error {
+	set, err := contract.Spans()
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidSpanDefs, err)
+	}
+	kinds := map[contract.SpanKind]trace.SpanKind{
+		contract.KindServer: trace.SpanKindServer, contract.KindInternal: trace.SpanKindInternal, contract.KindClient: trace.SpanKindClient,
+	}
+	for i := range defs {
+		d := &defs[i]
+		sp, ok := set.Lookup(d.Name)
+		if !ok || sp.Service != Service {
+			return fmt.Errorf("%w: %s is not a %s span of the contract", ErrInvalidSpanDefs, d.Name, Service)
+		}
+		d.Kind = kinds[sp.Kind]
+		if sp.RemoteParent || sp.Parent == "" {
+			d.TraceContext = true
+		} else {
+			d.Parent = sp.Parent
+		}
+	}
+	return nil
+}
+
+// Service is the contract's service name of the blend server's spans.
+const Service = "cb-blend"
 
 // TracingOption configures [NewTracingSubscriber].
 type TracingOption func(*tracingOptions)
@@ -252,7 +282,10 @@ func NewTracingSubscriber(tp trace.TracerProvider, opts ...TracingOption) (*Trac
 		opt(&o)
 	}
 	if !o.defsSet {
-		o.defs = DefaultSpanDefs()
+		var err error
+		if o.defs, err = DefaultSpanDefs(); err != nil {
+			return nil, fmt.Errorf("new tracing subscriber: %w", err)
+		}
 	}
 	s := &TracingSubscriber{
 		tracer: tp.Tracer(ScopeName),

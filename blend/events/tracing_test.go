@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/cacheblend/cacheblend/contract"
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/telemetry"
 	"github.com/cacheblend/cacheblend/telemetry/provider"
@@ -730,6 +731,43 @@ func TestConcurrentRetrievesOfRanks(t *testing.T) {
 			wantParent(t, s, r0)
 		} else {
 			wantParent(t, s, r1)
+		}
+	}
+}
+
+// TestDefaultSpanDefsFollowContract: every blend span's kind and parent are
+// the contract's (contract/spans.yaml), and the table is parent-first.
+func TestDefaultSpanDefsFollowContract(t *testing.T) {
+	defs, err := DefaultSpanDefs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := contract.Spans()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[trace.SpanKind]contract.SpanKind{trace.SpanKindServer: contract.KindServer, trace.SpanKindInternal: contract.KindInternal}
+	seen := map[string]bool{}
+	for _, d := range defs {
+		t.Run(d.Name, func(t *testing.T) {
+			sp, ok := set.Lookup(d.Name)
+			switch {
+			case !ok || sp.Service != Service:
+				t.Fatalf("not a %s span of the contract", Service)
+			case kinds[d.Kind] != sp.Kind:
+				t.Errorf("kind %v, contract %v", d.Kind, sp.Kind)
+			case sp.RemoteParent != d.TraceContext:
+				t.Errorf("trace context %v, contract remote_parent %v", d.TraceContext, sp.RemoteParent)
+			case !sp.RemoteParent && (d.Parent != sp.Parent || !seen[d.Parent]):
+				t.Errorf("parent %q, contract %q (defined before: %v)", d.Parent, sp.Parent, seen[d.Parent])
+			}
+		})
+		seen[d.Name] = true
+	}
+	// Every blend span of the request trace is in the table.
+	for _, sp := range set.Spans {
+		if sp.Service == Service && sp.Trace == contract.TraceRequest && !seen[sp.Name] {
+			t.Errorf("contract span %s has no definition", sp.Name)
 		}
 	}
 }

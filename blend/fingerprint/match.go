@@ -1,6 +1,10 @@
 package fingerprint
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/cacheblend/cacheblend/reuseplan"
+)
 
 // Match finds the reusable ranges of prompt[from:] (the part after the
 // prefix leg's coverage) at any token offset: it computes the rolling hash
@@ -46,7 +50,7 @@ func (t *Table) Match(prompt []int32, from int) Result {
 						res.Matches = append(res.Matches, m)
 						res.Stats.Matches++
 						res.Stats.HitTokens += m.Len()
-						lower = m.CurEd
+						lower = m.Cur.End
 					}
 				}
 				break
@@ -90,7 +94,7 @@ func (t *Table) verify(prompt []int32, p, lower int, e int32, st *MatchStats) (M
 		en := &t.entries[e]
 		seq := en.seq
 		cs := seq.chunkSize
-		s0 := int(en.chunk) * cs
+		s0 := reuseplan.Chunk(int(en.chunk), cs, len(seq.tokens)).Start
 		if !slices.Equal(win, seq.tokens[s0:s0+w]) {
 			st.Collisions++
 			continue
@@ -114,19 +118,15 @@ func (t *Table) verify(prompt []int32, p, lower int, e int32, st *MatchStats) (M
 		if found && back+fwd <= best.Len() {
 			continue
 		}
-		best = Match{
-			StoredSt: s0 - back, StoredEd: s0 + fwd,
-			CurSt: p - back, CurEd: p + fwd,
-			ChunkSize: cs,
-		}
+		best = Match{Match: reuseplan.Match{Cur: reuseplan.Range{Start: p - back, End: p + fwd}, StoredStart: s0 - back}, ChunkSize: cs}
 		bestSeq = seq
 		found = true
 	}
 	if found {
-		cs := best.ChunkSize
-		first, last := best.StoredSt/cs, (best.StoredEd-1)/cs
-		best.Keys = slices.Clone(bestSeq.keys[first : last+1])
-		best.FirstChunkStart = first * cs
+		// The sequence's keys, clipped to the chunks the stored range spans.
+		best.Keys = bestSeq.keys
+		best.Match, _ = best.Clip(best.Cur, best.ChunkSize)
+		best.Keys = slices.Clone(best.Keys)
 		best.Sequence = bestSeq.id
 	}
 	return best, found

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
+	"github.com/cacheblend/cacheblend/reuseplan"
 )
 
 // registry remembers what the test registered, by sequence id, to check
@@ -43,24 +44,25 @@ func (r *registry) check(prompt []int32, from, minMatch int, res Result) error {
 		if !ok {
 			return fmt.Errorf("match %d: unknown sequence %d", i, m.Sequence)
 		}
+		st := m.Stored()
 		switch {
-		case m.CurSt < prevEd:
+		case m.Cur.Start < prevEd:
 			return fmt.Errorf("match %d %+v overlaps or precedes %d", i, m, prevEd)
-		case m.CurEd > len(prompt) || m.StoredSt < 0 || m.StoredEd > len(seq.Tokens):
+		case m.Cur.End > len(prompt) || st.Start < 0 || st.End > len(seq.Tokens):
 			return fmt.Errorf("match %d %+v out of range", i, m)
-		case m.CurEd-m.CurSt != m.StoredEd-m.StoredSt:
-			return fmt.Errorf("match %d %+v lengths differ", i, m)
+		case m.Prefix || m.Validate(seq.ChunkSize, len(prompt)) != nil:
+			return fmt.Errorf("match %d %+v invalid", i, m)
 		case m.Len() < minMatch:
 			return fmt.Errorf("match %d %+v shorter than %d", i, m, minMatch)
-		case !slices.Equal(prompt[m.CurSt:m.CurEd], seq.Tokens[m.StoredSt:m.StoredEd]):
+		case !slices.Equal(prompt[m.Cur.Start:m.Cur.End], seq.Tokens[st.Start:st.End]):
 			return fmt.Errorf("match %d %+v not token-exact", i, m)
 		}
 		cs := seq.ChunkSize
-		first, last := m.StoredSt/cs, (m.StoredEd-1)/cs
+		first, last := st.Start/cs, (st.End-1)/cs
 		if m.ChunkSize != cs || m.FirstChunkStart != first*cs || !slices.Equal(m.Keys, seq.Keys[first:last+1]) {
 			return fmt.Errorf("match %d %+v: wrong chunk keys or start", i, m)
 		}
-		prevEd = m.CurEd
+		prevEd = m.Cur.End
 		hit += m.Len()
 	}
 	if res.Stats.Matches != len(res.Matches) || res.Stats.HitTokens != hit {
@@ -91,7 +93,7 @@ func TestFindsDocumentAtEveryOffset(t *testing.T) {
 		prompt := slices.Clone(base)
 		copy(prompt[off:], doc)
 		res := tab.Match(prompt, 0)
-		want := Match{StoredSt: 0, StoredEd: 300, CurSt: off, CurEd: off + 300, Keys: keys, FirstChunkStart: 0, ChunkSize: 256, Sequence: 1}
+		want := mt(0, off, off+300, keys, 0)
 		if len(res.Matches) != 1 || !equalMatch(res.Matches[0], want) {
 			t.Fatalf("offset %d: matches %+v, want %+v", off, res.Matches, want)
 		}
@@ -105,8 +107,15 @@ func TestFindsDocumentAtEveryOffset(t *testing.T) {
 	}
 }
 
+// mt is the match of stored position ss at current [c0, c1) in a registered
+// sequence 1 of 256-token chunks.
+func mt(ss, c0, c1 int, keys []chunkstore.Key, fcs int) Match {
+	return Match{Match: reuseplan.Match{Cur: reuseplan.Range{Start: c0, End: c1}, StoredStart: ss, Keys: keys, FirstChunkStart: fcs},
+		ChunkSize: 256, Sequence: 1}
+}
+
 func equalMatch(a, b Match) bool {
-	return a.StoredSt == b.StoredSt && a.StoredEd == b.StoredEd && a.CurSt == b.CurSt && a.CurEd == b.CurEd &&
+	return a.StoredStart == b.StoredStart && a.Cur == b.Cur && a.Prefix == b.Prefix &&
 		slices.Equal(a.Keys, b.Keys) && a.FirstChunkStart == b.FirstChunkStart && a.ChunkSize == b.ChunkSize &&
 		a.Sequence == b.Sequence
 }
@@ -134,24 +143,24 @@ func TestMatchCases(t *testing.T) {
 		{"no document", base, 0, nil},
 		{"tail of document found by its second chunk, extended backward",
 			with(700, doc[100:]), 0,
-			[]Match{{StoredSt: 100, StoredEd: 300, CurSt: 700, CurEd: 900, Keys: keys, ChunkSize: 256, Sequence: 1}}},
+			[]Match{mt(100, 700, 900, keys, 0)}},
 		{"head of document only",
 			with(10, doc[:200]), 0,
-			[]Match{{StoredSt: 0, StoredEd: 200, CurSt: 10, CurEd: 210, Keys: keys[:1], ChunkSize: 256, Sequence: 1}}},
+			[]Match{mt(0, 10, 210, keys[:1], 0)}},
 		{"from inside the document: backward extension stops at from",
 			with(50, doc), 120,
-			[]Match{{StoredSt: 70, StoredEd: 300, CurSt: 120, CurEd: 350, Keys: keys, ChunkSize: 256, Sequence: 1}}},
+			[]Match{mt(70, 120, 350, keys, 0)}},
 		{"document twice, back to back",
 			with(0, doc, 300, doc), 0,
 			[]Match{
-				{StoredSt: 0, StoredEd: 300, CurSt: 0, CurEd: 300, Keys: keys, ChunkSize: 256, Sequence: 1},
-				{StoredSt: 0, StoredEd: 300, CurSt: 300, CurEd: 600, Keys: keys, ChunkSize: 256, Sequence: 1},
+				mt(0, 0, 300, keys, 0),
+				mt(0, 300, 600, keys, 0),
 			}},
 		{"overlapping copies: the second starts at the first's end",
 			with(0, doc, 280, doc[250:]), 0,
 			[]Match{
-				{StoredSt: 0, StoredEd: 280, CurSt: 0, CurEd: 280, Keys: keys, ChunkSize: 256, Sequence: 1},
-				{StoredSt: 250, StoredEd: 300, CurSt: 280, CurEd: 330, Keys: keys, ChunkSize: 256, Sequence: 1},
+				mt(0, 0, 280, keys, 0),
+				mt(250, 280, 330, keys, 0),
 			}},
 		{"prompt shorter than the window", doc[:10], 0, nil},
 		{"from past the end", with(0, doc), 5000, nil},
@@ -199,7 +208,7 @@ func TestCollisionsRejected(t *testing.T) {
 		if err := reg.check(prompt, 0, 16, res); err != nil {
 			t.Fatal(err)
 		}
-		if len(res.Matches) != 1 || res.Matches[0].CurSt != 40 || res.Matches[0].Len() != 100 {
+		if len(res.Matches) != 1 || res.Matches[0].Cur.Start != 40 || res.Matches[0].Len() != 100 {
 			t.Fatalf("matches %+v", res.Matches)
 		}
 		if res.Stats.TableHits != res.Stats.Probes || res.Stats.Collisions < 3*40 {
@@ -395,10 +404,10 @@ func TestConcurrentRegisterAndMatch(t *testing.T) {
 				res := tab.Match(prompt, 0)
 				prev := 0
 				for _, m := range res.Matches {
-					if m.CurSt < prev || m.CurEd > len(prompt) || m.Len() < 16 {
+					if m.Cur.Start < prev || m.Cur.End > len(prompt) || m.Len() < 16 {
 						t.Errorf("bad match %+v", m)
 					}
-					prev = m.CurEd
+					prev = m.Cur.End
 				}
 			}
 		})

@@ -55,28 +55,14 @@ type Sequence struct {
 	ChunkSize int // chunkstore.DefaultChunkSize when <= 0
 }
 
-// Match is a token-exact reused range: stored tokens [StoredSt, StoredEd) of
-// a registered sequence equal the prompt's [CurSt, CurEd). Keys are the
-// stored chunks spanning [StoredSt, StoredEd), in order; Keys[i] covers
-// stored offsets [FirstChunkStart + i*ChunkSize, …).
+// Match is a token-exact reused range found in a table: the reuse plan's
+// (non-prefix) match, whose Keys are the stored chunks spanning its stored
+// range, with the chunk size of the stored sequence it came from and that
+// registration's id.
 type Match struct {
-	StoredSt, StoredEd int
-	CurSt, CurEd       int
-	Keys               []chunkstore.Key
-	FirstChunkStart    int
-	ChunkSize          int
-	Sequence           uint64 // the registration the match came from
-}
-
-// Len is the number of tokens matched.
-func (m Match) Len() int { return m.CurEd - m.CurSt }
-
-// Plan is m as a reuse-plan match (non-prefix).
-func (m Match) Plan() reuseplan.Match {
-	return reuseplan.Match{
-		Cur: reuseplan.Range{Start: m.CurSt, End: m.CurEd}, StoredStart: m.StoredSt,
-		Keys: m.Keys, FirstChunkStart: m.FirstChunkStart,
-	}
+	reuseplan.Match
+	ChunkSize int
+	Sequence  uint64 // the registration the match came from
 }
 
 // MatchStats describes one Match call.
@@ -90,7 +76,7 @@ type MatchStats struct {
 }
 
 // Result is the outcome of Match: non-overlapping matches in increasing
-// CurSt order, and the stats.
+// Cur.Start order, and the stats.
 type Result struct {
 	Matches []Match
 	Stats   MatchStats
@@ -139,9 +125,7 @@ type chunkInfo struct {
 // concurrently with Match (a RWMutex; Match holds the read lock for its
 // whole scan). All methods are safe for concurrent use.
 type Table struct {
-	window, minMatch, strikes, maxCand int
-	base, basePowW1                    uint64 // B and B^(W-1)
-	seed, mixMul                       uint64 // token mixing (mixMul 0 only in tests)
+	params
 
 	mu      sync.RWMutex
 	keys    []uint64 // slot -> hash|1; 0 = empty
@@ -158,6 +142,13 @@ type Table struct {
 	nextSeq uint64
 
 	registered, unregistered, staleMarks, staleUnreg int64
+}
+
+// params are a Table's fixed settings and hash constants.
+type params struct {
+	window, minMatch, strikes, maxCand int
+	base, basePowW1                    uint64 // B and B^(W-1)
+	seed, mixMul                       uint64 // token mixing (mixMul 0 only in tests)
 }
 
 const (
@@ -190,8 +181,8 @@ func NewTable(cfg Config) *Table {
 		cfg.MaxCandidates = DefaultMaxCandidates
 	}
 	t := &Table{
-		window: cfg.Window, minMatch: cfg.MinMatch, strikes: cfg.StaleStrikes, maxCand: cfg.MaxCandidates,
-		base: cfg.Base, seed: defaultSeed, mixMul: mixConst,
+		params: params{window: cfg.Window, minMatch: cfg.MinMatch, strikes: cfg.StaleStrikes, maxCand: cfg.MaxCandidates,
+			base: cfg.Base, seed: defaultSeed, mixMul: mixConst},
 		chunks: make(map[chunkstore.Key]*chunkInfo),
 	}
 	t.basePowW1 = 1
@@ -353,7 +344,7 @@ func (t *Table) Register(s Sequence) (int, error) {
 	}
 	hashes := make([]uint64, len(s.Keys))
 	for i := range s.Keys {
-		if lo := i * cs; len(seq.tokens)-lo >= t.window {
+		if lo := reuseplan.Chunk(i, cs, len(seq.tokens)).Start; len(seq.tokens)-lo >= t.window {
 			hashes[i] = t.hashWindow(seq.tokens[lo:lo+t.window]) | 1
 		}
 	}

@@ -49,7 +49,7 @@ func BenchmarkFleetRead(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		tier.PutChunk(ns, c)
+		tier.PutChunk(ns, c.Key, c)
 		keys = append(keys, k)
 		size += chunkstore.EncodedSize(c)
 	}
@@ -63,7 +63,7 @@ func BenchmarkFleetRead(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(size)
 		for b.Loop() {
-			got, _, err := tier.GetChunks(ctx, ns, keys, benchLayout)
+			got, _, err := tier.GetChunks(ctx, ns, Refs(keys), benchLayout)
 			if err != nil || len(got) != len(keys) {
 				b.Fatalf("%d chunks, %v", len(got), err)
 			}
@@ -76,7 +76,7 @@ func BenchmarkFleetRead(b *testing.B) {
 			pipe := raw.Pipeline()
 			cmds := make([]*redis.StringCmd, len(keys))
 			for i, k := range keys {
-				cmds[i] = pipe.Get(ctx, chunkKey(ns, k))
+				cmds[i] = pipe.Get(ctx, chunkKey(ns, Ref{Base: k}))
 			}
 			if _, err := pipe.Exec(ctx); err != nil {
 				b.Fatal(err)

@@ -2,9 +2,11 @@
 // by every node of a fleet, and the fingerprint directory behind
 // cb.coordinator_match (docs/design.md §3).
 //
-// Keys are namespaced by model and KV layout ([Namespace]; the rank is part
-// of every chunk key): cb:<ns>:c:<chunk key> holds an encoded chunk (the L2
-// file format, with its CRC32C), cb:<ns>:s:<id> a stored sequence (tokens
+// Keys are namespaced by key space (model and tensor-parallel world size)
+// and KV layout ([Namespace]): cb:<ns>:c:<chunk key> holds an encoded rank-0
+// chunk (the L2 file format, with its CRC32C), cb:<ns>:c:<rank-0 key>:r<r>
+// rank r's chunk of it ([Ref]: a node finds every rank's chunk from the
+// rank-0 keys a match holds), cb:<ns>:s:<id> a stored sequence (tokens
 // and chunk keys, CRC32C), cb:<ns>:f:<fingerprint> the sequence and chunk a
 // fingerprint points at. Writes are asynchronous on a bounded queue that
 // drops and counts when full; reads are pipelined, one round trip per shard;

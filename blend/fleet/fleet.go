@@ -20,6 +20,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/blend/fingerprint"
+	"github.com/cacheblend/cacheblend/reuseplan"
 )
 
 // Defaults of a zero Config (other than URL).
@@ -97,6 +98,11 @@ type Tier struct {
 	started bool
 	stopped bool
 
+	tierCounters
+}
+
+// tierCounters are a Tier's running totals (see Stats).
+type tierCounters struct {
 	hits, misses, corrupt, readErrs, bytesRead atomic.Uint64
 	writes, dropped, writeErrs, bytesWritten   atomic.Uint64
 	matches, matchTimeouts, matchErrs          atomic.Uint64
@@ -290,20 +296,44 @@ func Namespace(model string, l chunkstore.Layout) string {
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
-func chunkKey(ns string, k chunkstore.Key) string { return "cb:" + ns + ":c:" + k.String() }
-func fpKey(ns string, fp uint64) string           { return "cb:" + ns + ":f:" + strconv.FormatUint(fp, 16) }
-func seqKey(ns, id string) string                 { return "cb:" + ns + ":s:" + id }
+// Ref names a chunk of the fleet tier: rank Rank's chunk of the rank-0
+// chunk Base (Base itself for rank 0). The ranks of a tensor-parallel group
+// keep their chunks under their rank-0 chunk's key, so that a node that
+// never saw them finds every rank's chunk from the rank-0 keys of a match.
+type Ref struct {
+	Base chunkstore.Key
+	Rank int
+}
 
-// PutChunk writes c under ns, asynchronously; false when the write was
-// dropped (queue full).
-func (t *Tier) PutChunk(ns string, c *chunkstore.Chunk) bool {
+// Refs are the rank-0 refs of keys.
+func Refs(keys []chunkstore.Key) []Ref {
+	out := make([]Ref, len(keys))
+	for i, k := range keys {
+		out[i] = Ref{Base: k}
+	}
+	return out
+}
+
+func chunkKey(ns string, r Ref) string {
+	if r.Rank == 0 {
+		return "cb:" + ns + ":c:" + r.Base.String()
+	}
+	return "cb:" + ns + ":c:" + r.Base.String() + ":r" + strconv.Itoa(r.Rank)
+}
+func fpKey(ns string, fp uint64) string { return "cb:" + ns + ":f:" + strconv.FormatUint(fp, 16) }
+func seqKey(ns, id string) string       { return "cb:" + ns + ":s:" + id }
+
+// PutChunk writes c, rank c.Rank's chunk of the rank-0 chunk base (c.Key
+// for rank 0), under ns, asynchronously; false when the write was dropped
+// (queue full).
+func (t *Tier) PutChunk(ns string, base chunkstore.Key, c *chunkstore.Chunk) bool {
 	return t.enqueue(func(ctx context.Context) {
 		b, err := chunkstore.EncodeChunk(c)
 		if err != nil {
 			t.writeErrs.Add(1)
 			return
 		}
-		t.set(ctx, chunkKey(ns, c.Key), b)
+		t.set(ctx, chunkKey(ns, Ref{base, c.Rank}), b)
 	})
 }
 
@@ -335,8 +365,8 @@ func (t *Tier) RegisterSequence(ns string, tab *fingerprint.Table, seq fingerpri
 	}
 	var fps []entry
 	for i := range seq.Keys {
-		lo := i * cs
-		if fp, ok := tab.ChunkFingerprint(seq.Tokens[lo:min(lo+cs, len(seq.Tokens))]); ok {
+		c := reuseplan.Chunk(i, cs, len(seq.Tokens))
+		if fp, ok := tab.ChunkFingerprint(seq.Tokens[c.Start:c.End]); ok {
 			fps = append(fps, entry{fp, i})
 		}
 	}
@@ -411,12 +441,13 @@ type LoadStats struct {
 	Duration                    time.Duration
 }
 
-// GetChunks reads keys under ns in one pipelined batch (one round trip per
-// shard). A value that does not decode, holds another key, or another
-// layout than want (when want is set) is a miss, counted, never returned.
-// err is set when the batch failed as a whole (Redis down, timeout): every
-// key is then a miss.
-func (t *Tier) GetChunks(ctx context.Context, ns string, keys []chunkstore.Key, want chunkstore.Layout) (map[chunkstore.Key]*chunkstore.Chunk, LoadStats, error) {
+// GetChunks reads the chunks of refs under ns in one pipelined batch (one
+// round trip per shard). A value that does not decode, is of another rank,
+// holds another key than a rank-0 ref's Base, or another layout than want
+// (when want is set) is a miss, counted, never returned. err is set when
+// the batch failed as a whole (Redis down, timeout): every ref is then a
+// miss.
+func (t *Tier) GetChunks(ctx context.Context, ns string, keys []Ref, want chunkstore.Layout) (map[Ref]*chunkstore.Chunk, LoadStats, error) {
 	st := LoadStats{Keys: len(keys)}
 	if len(keys) == 0 {
 		return nil, st, nil
@@ -437,7 +468,7 @@ func (t *Tier) GetChunks(ctx context.Context, ns string, keys []chunkstore.Key, 
 		st.Misses = len(keys)
 		return nil, st, t.wrap(err)
 	}
-	out := make(map[chunkstore.Key]*chunkstore.Chunk, len(keys))
+	out := make(map[Ref]*chunkstore.Chunk, len(keys))
 	for i, k := range keys {
 		b, err := cmds[i].Bytes()
 		if err != nil {
@@ -445,7 +476,7 @@ func (t *Tier) GetChunks(ctx context.Context, ns string, keys []chunkstore.Key, 
 			continue
 		}
 		c, err := chunkstore.DecodeOwnedChunk(b) // b is ours: a copy of the reply
-		if err != nil || c.Key != k || (want != (chunkstore.Layout{}) && c.Layout != want) {
+		if err != nil || c.Rank != k.Rank || (k.Rank == 0 && c.Key != k.Base) || (want != (chunkstore.Layout{}) && c.Layout != want) {
 			st.Corrupt++
 			st.Misses++
 			continue

@@ -15,6 +15,7 @@ import (
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/blend/fingerprint"
 	"github.com/cacheblend/cacheblend/internal/redistest"
+	"github.com/cacheblend/cacheblend/reuseplan"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -76,7 +77,7 @@ func storeDoc(t *testing.T, tier *Tier, tab *fingerprint.Table, doc []int32, cs 
 		for j := range c.KV {
 			c.KV[j] = float32(i*1000 + j)
 		}
-		if !tier.PutChunk(ns, c) {
+		if !tier.PutChunk(ns, c.Key, c) {
 			t.Fatal("write dropped")
 		}
 		chunks = append(chunks, c)
@@ -120,8 +121,8 @@ func TestSharedChunksAndCoordinatorMatch(t *testing.T) {
 				if st.RoundTrips > 2 || st.Probes != len(prompt)-tab.Window()+1 {
 					t.Fatalf("offset %d: stats %+v", off, st)
 				}
-				if len(res.Matches) != 1 || res.Matches[0].CurSt != off || res.Matches[0].CurEd != off+len(doc) ||
-					res.Matches[0].StoredSt != 0 || len(res.Matches[0].Keys) != len(chunks) {
+				if len(res.Matches) != 1 || res.Matches[0].Cur != (reuseplan.Range{Start: off, End: off + len(doc)}) ||
+					res.Matches[0].StoredStart != 0 || len(res.Matches[0].Keys) != len(chunks) {
 					t.Fatalf("offset %d: matches %+v", off, res.Matches)
 				}
 			}
@@ -129,12 +130,12 @@ func TestSharedChunksAndCoordinatorMatch(t *testing.T) {
 			for i, c := range chunks {
 				keys[i] = c.Key
 			}
-			got, st, err := b.GetChunks(context.Background(), ns, keys, testLayout)
+			got, st, err := b.GetChunks(context.Background(), ns, Refs(keys), testLayout)
 			if err != nil || st.Hits != len(chunks) {
 				t.Fatalf("GetChunks: %+v %v", st, err)
 			}
 			for _, c := range chunks {
-				g := got[c.Key]
+				g := got[Ref{Base: c.Key}]
 				if g == nil || fmt.Sprint(g.KV) != fmt.Sprint(c.KV) || fmt.Sprint(g.Tokens) != fmt.Sprint(c.Tokens) {
 					t.Fatalf("chunk %s differs", c.Key)
 				}
@@ -142,7 +143,7 @@ func TestSharedChunksAndCoordinatorMatch(t *testing.T) {
 			// Another layout's namespace never sees them.
 			other := testLayout
 			other.HeadDim = 16
-			if got, _, _ := b.GetChunks(context.Background(), Namespace(testModel, other), keys, other); len(got) != 0 {
+			if got, _, _ := b.GetChunks(context.Background(), Namespace(testModel, other), Refs(keys), other); len(got) != 0 {
 				t.Fatal("chunks visible under another layout")
 			}
 		})
@@ -159,17 +160,17 @@ func TestCorruptValuesAreMisses(t *testing.T) {
 	doc := tokens(r, 100)
 	chunks := storeDoc(t, tier, tab, doc, 64)
 	ns := Namespace(testModel, testLayout)
-	if _, err := srv.Command("SET", chunkKey(ns, chunks[0].Key), "garbage"); err != nil {
+	if _, err := srv.Command("SET", chunkKey(ns, Ref{Base: chunks[0].Key}), "garbage"); err != nil {
 		t.Fatal(err)
 	}
 	good, err := chunkstore.EncodeChunk(chunks[1])
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := srv.Command("SET", chunkKey(ns, chunks[1].Key), string(good[:len(good)/2])); err != nil {
+	if _, err := srv.Command("SET", chunkKey(ns, Ref{Base: chunks[1].Key}), string(good[:len(good)/2])); err != nil {
 		t.Fatal(err)
 	}
-	got, st, err := tier.GetChunks(context.Background(), ns, []chunkstore.Key{chunks[0].Key, chunks[1].Key}, testLayout)
+	got, st, err := tier.GetChunks(context.Background(), ns, Refs([]chunkstore.Key{chunks[0].Key, chunks[1].Key}), testLayout)
 	if err != nil || len(got) != 0 || st.Corrupt != 2 || tier.Stats().Corrupt != 2 {
 		t.Fatalf("corrupt values served: %d chunks, %+v, %v", len(got), st, err)
 	}
@@ -195,7 +196,7 @@ func TestRedisDownSlowAndBack(t *testing.T) {
 
 	srv.Kill()
 	t0 = time.Now()
-	if _, _, err := tier.GetChunks(context.Background(), ns, []chunkstore.Key{{1}}, testLayout); err == nil || time.Since(t0) > 2*time.Second {
+	if _, _, err := tier.GetChunks(context.Background(), ns, []Ref{{Base: chunkstore.Key{1}}}, testLayout); err == nil || time.Since(t0) > 2*time.Second {
 		t.Fatalf("Redis down: %v after %v", err, time.Since(t0))
 	}
 	if st := tier.Stats(); st.ReadErrors == 0 || st.MatchTimeouts != 1 {
@@ -278,7 +279,7 @@ func TestMaxMemoryEvicts(t *testing.T) {
 			c.KV[j] = float32(i*7919 + j)
 		}
 		written = append(written, c)
-		if !tier.PutChunk(ns, c) {
+		if !tier.PutChunk(ns, c.Key, c) {
 			t.Fatal("write dropped")
 		}
 		flush(t, tier)
@@ -287,7 +288,7 @@ func TestMaxMemoryEvicts(t *testing.T) {
 		var k chunkstore.Key
 		k[0], k[1] = byte(i), 43
 		c, _ := chunkstore.NewChunk(k, testModel, 0, testLayout, tokens(r, 200), 0)
-		tier.PutChunk(ns, c)
+		tier.PutChunk(ns, c.Key, c)
 	}
 	flush(t, tier)
 	info, err := exec.Command("redis-cli", "-a", redistest.Password, "--no-auth-warning", "-p", fmt.Sprint(srv.Port), "info", "stats").Output()
@@ -301,12 +302,12 @@ func TestMaxMemoryEvicts(t *testing.T) {
 	for i, c := range written {
 		keys[i] = c.Key
 	}
-	got, st, err := tier.GetChunks(context.Background(), ns, keys, testLayout)
+	got, st, err := tier.GetChunks(context.Background(), ns, Refs(keys), testLayout)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range written {
-		if g := got[c.Key]; g != nil && (fmt.Sprint(g.KV) != fmt.Sprint(c.KV) || fmt.Sprint(g.Tokens) != fmt.Sprint(c.Tokens)) {
+		if g := got[Ref{Base: c.Key}]; g != nil && (fmt.Sprint(g.KV) != fmt.Sprint(c.KV) || fmt.Sprint(g.Tokens) != fmt.Sprint(c.Tokens)) {
 			t.Fatalf("chunk %s served with other content after eviction", c.Key)
 		}
 	}

@@ -37,7 +37,7 @@ func BenchmarkScatter(b *testing.B) {
 		workers int
 	}{{"prefix", false, 1}, {"shifted", true, 1}, {"shifted-2workers", true, 2}} {
 		b.Run(bc.name, func(b *testing.B) {
-			segs := []Segment{{Chunk: c, Len: 256, Shift: bc.shift}}
+			cp := rawCopy(m, bt, rope, 0, seg{c, 0, 256, 0, bc.shift})
 			if bc.shift {
 				// Stored at 1000..1255, reused at 0..255.
 				for i := range c.Positions {
@@ -54,7 +54,7 @@ func BenchmarkScatter(b *testing.B) {
 			var bytes int64
 			for b.Loop() {
 				t0 := time.Now()
-				st, err := ScatterParallel(m, bt, 0, rope, segs, bc.workers)
+				st, err := ScatterParallel(cp, bc.workers)
 				tScatter += time.Since(t0)
 				if err != nil || st.ScatteredTokens != 256 {
 					b.Fatalf("%+v %v", st, err)

@@ -2,10 +2,10 @@
 // matched token ranges of stored chunks into a worker's paged KV memory
 // (package kvcache), slot by slot, slot = block_table[pos/bs]*bs + pos%bs.
 //
-// Only the matched slots are written, so a partial block holding reused and
-// recomputed tokens is correct. Positions beyond the blocks allocated so far
-// are not written (the bound guard of a first, partial retrieve; counted as
-// dropped) and positions below fromToken are skipped (the second pass). K of
+// It takes the reuse plan's segments (reuseplan.Segment) as the blend
+// server's retrieve windowed them (reuseplan.Window: what a pass writes is
+// decided there, once). Only the matched slots are written, so a partial
+// block holding reused and recomputed tokens is correct. K of
 // non-prefix matches is re-RoPE'd from the position it was stored at to its
 // new position with rope.RoPE.Shift; prefix matches are copied as stored.
 // [Gather] is the opposite direction, used to store a prefilled sequence.

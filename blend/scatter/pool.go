@@ -6,9 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/cacheblend/cacheblend/kvcache"
-	"github.com/cacheblend/cacheblend/rope"
 )
 
 // Defaults of a zero PoolConfig.
@@ -23,11 +20,7 @@ var ErrPoolClosed = errors.New("scatter: pool not running")
 
 // Job is one Scatter call to run on the pool (one retrieve's copy).
 type Job struct {
-	Dst        *kvcache.Memory
-	BlockTable []int32
-	FromToken  int
-	RoPE       *rope.RoPE
-	Segments   []Segment
+	Copy
 	// Workers is the layer parallelism of this copy (see ScatterParallel);
 	// <= 1 copies on the pool worker alone.
 	Workers int
@@ -124,7 +117,7 @@ func (p *Pool) work() {
 
 func (p *Pool) run(q queued, inline bool) {
 	res := Result{Queued: q.queued, Start: time.Now(), Inline: inline}
-	res.Stats, res.Err = ScatterParallel(q.job.Dst, q.job.BlockTable, q.job.FromToken, q.job.RoPE, q.job.Segments, q.job.Workers)
+	res.Stats, res.Err = ScatterParallel(q.job.Copy, q.job.Workers)
 	res.End = time.Now()
 	p.completed.Add(1)
 	if q.job.Done != nil {

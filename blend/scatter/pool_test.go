@@ -25,9 +25,10 @@ func TestPoolRunsJobs(t *testing.T) {
 		c := newChunk(t, r, kvLayout, 12, 100)
 		m, want := newMem(t, kvLayout), newMem(t, kvLayout)
 		bt := []int32{int32(i), int32(i + 6), 15}
-		segs := []Segment{{Chunk: c, ChunkOff: 1, Len: 10, CurSt: 1, Shift: i%2 == 0}}
-		reference(want, bt, 0, rope, segs)
-		outs = append(outs, p.Submit(Job{Dst: m, BlockTable: bt, RoPE: rope, Segments: segs, Done: func(r Result) { done <- r }}))
+		cp := rawCopy(want, bt, rope, 0, seg{c, 1, 10, 1, i%2 == 0})
+		reference(want, cp)
+		cp.Dst = m
+		outs = append(outs, p.Submit(Job{Copy: cp, Done: func(r Result) { done <- r }}))
 		t.Cleanup(func() { memEqual(t, m, want) })
 	}
 	for _, out := range outs {
@@ -61,7 +62,7 @@ func TestPoolFullQueueRunsInline(t *testing.T) {
 	}
 	c := newChunk(t, r, kvLayout, 4, 0)
 	job := func(done func(Result)) Job {
-		return Job{Dst: newMem(t, kvLayout), BlockTable: []int32{3}, Segments: []Segment{{Chunk: c, Len: 4}}, Done: done}
+		return Job{Copy: rawCopy(newMem(t, kvLayout), []int32{3}, nil, 0, seg{c, 0, 4, 0, false}), Done: done}
 	}
 	started, release := make(chan struct{}), make(chan struct{})
 	// The worker is held inside the first job's Done callback.
@@ -100,7 +101,7 @@ func TestPoolShutdownDrainsQueue(t *testing.T) {
 	c := newChunk(t, r, kvLayout, 4, 0)
 	var outs []<-chan Result
 	for range 10 {
-		outs = append(outs, p.Submit(Job{Dst: newMem(t, kvLayout), BlockTable: []int32{2}, Segments: []Segment{{Chunk: c, Len: 4}}}))
+		outs = append(outs, p.Submit(Job{Copy: rawCopy(newMem(t, kvLayout), []int32{2}, nil, 0, seg{c, 0, 4, 0, false})}))
 	}
 	if err := p.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)

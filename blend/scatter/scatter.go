@@ -7,6 +7,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rope"
 )
 
@@ -20,20 +21,21 @@ var ErrBadSegment = errors.New("scatter: bad segment")
 // whose positions are not allocated.
 var ErrBadGather = errors.New("scatter: bad gather")
 
-// Segment is one matched token range to write: tokens
-// [ChunkOff, ChunkOff+Len) of Chunk go to prompt positions
-// [CurSt, CurSt+Len). With Shift, K of token i is re-RoPE'd from
-// Chunk.Positions[ChunkOff+i] to CurSt+i (non-prefix matches); without, K is
-// copied as stored (prefix matches, where the positions agree). Layers
-// below FromLayer are not written (the worker recomputes them); 0 writes
-// every layer.
-type Segment struct {
-	Chunk     *chunkstore.Chunk
-	ChunkOff  int
-	Len       int
-	CurSt     int
-	Shift     bool
-	FromLayer int
+// Copy is one scatter: the reuse plan's segments to write into Dst through
+// BlockTable, each read from its chunk in Chunks (by Segment.Key): tokens
+// [ChunkOff, ChunkOff+Cur.Len()) of the chunk go to positions Cur. The
+// segments are windowed already (reuseplan.Window): every position has a
+// block. K of a Shift segment is re-RoPE'd with RoPE from the chunk's stored
+// positions to Cur (non-prefix matches), and its layers below FromLayer are
+// not written (the worker recomputes them); other segments are copied as
+// stored, every layer.
+type Copy struct {
+	Dst        *kvcache.Memory
+	BlockTable []int32
+	RoPE       *rope.RoPE
+	Chunks     map[reuseplan.Key]*chunkstore.Chunk
+	Segments   []reuseplan.Segment
+	FromLayer  int
 }
 
 // Stats describes one Scatter call (the cb.scatter span attributes).
@@ -43,9 +45,7 @@ type Stats struct {
 	PartialBlocks   int   // blocks that got some but not all of their slots written by this call
 	NPrefix         int   // tokens written as stored
 	NShifted        int   // tokens written re-RoPE'd
-	Dropped         int   // tokens whose block is not allocated yet (bound guard)
-	Skipped         int   // tokens below fromToken (written by an earlier pass)
-	Invalid         int   // tokens of bad segments, or whose block id is outside the memory
+	Invalid         int   // tokens of bad segments, or whose block is outside the table or the memory
 	Bytes           int64 // bytes written
 }
 
@@ -56,8 +56,6 @@ func (s *Stats) Add(o Stats) {
 	s.PartialBlocks += o.PartialBlocks
 	s.NPrefix += o.NPrefix
 	s.NShifted += o.NShifted
-	s.Dropped += o.Dropped
-	s.Skipped += o.Skipped
 	s.Invalid += o.Invalid
 	s.Bytes += o.Bytes
 }
@@ -72,83 +70,26 @@ type run struct {
 	delta int // re-RoPE rotation (to - from); used when the segment shifts
 }
 
-// Scatter copies the segments' K and V into dst, slot by slot
-// (slot = blockTable[pos/bs]*bs + pos%bs): only the matched slots are
-// written, so a partial block keeps its other slots. Positions below
-// fromToken are skipped (a second pass); positions beyond the blocks in
-// blockTable are not written and counted as Dropped. K of Shift segments is
+// Scatter copies the segments' K and V into c.Dst, slot by slot
+// (slot = BlockTable[pos/bs]*bs + pos%bs): only the matched slots are
+// written, so a partial block keeps its other slots. K of Shift segments is
 // rotated with rope.Shift, which must be built for the chunks' head dimension
-// and RoPE base. Bad segments are skipped and reported with an error wrapping
+// and RoPE base. Bad segments (see [ErrBadSegment]; a position beyond the
+// block table is one) are skipped and reported with an error wrapping
 // ErrBadSegment; the rest is still written. Scatter does not retain its
-// arguments. It is safe for concurrent use as long as concurrent calls write
+// argument. It is safe for concurrent use as long as concurrent calls write
 // disjoint slots.
-func Scatter(dst *kvcache.Memory, blockTable []int32, fromToken int, rope *rope.RoPE, segs []Segment) (Stats, error) {
-	return ScatterParallel(dst, blockTable, fromToken, rope, segs, 1)
-}
+func Scatter(c Copy) (Stats, error) { return ScatterParallel(c, 1) }
 
 // ScatterParallel is Scatter with the layers split among up to workers
 // goroutines (at most one per layer; workers <= 1 runs in the caller), all
 // joined before it returns. The result is identical to Scatter's; it lowers
 // the latency of one large re-RoPE'd retrieve on an otherwise idle machine.
-func ScatterParallel(dst *kvcache.Memory, blockTable []int32, fromToken int, rope *rope.RoPE, segs []Segment, workers int) (Stats, error) {
-	var st Stats
-	l := dst.Layout()
-	bs := l.BlockSize
-	var errs []error
-	var runs []run
-	tokenLayers := 0 // Σ tokens × layers written
-	written := make([]int32, len(blockTable))
-	for si, sg := range segs {
-		if err := checkSegment(sg, l, rope); err != nil {
-			st.Invalid += max(sg.Len, 0)
-			if len(errs) < 4 {
-				errs = append(errs, fmt.Errorf("segment %d: %w", si, err))
-			}
-			continue
-		}
-		for i := 0; i < sg.Len; {
-			pos := sg.CurSt + i
-			if pos < fromToken {
-				skip := min(fromToken-pos, sg.Len-i)
-				st.Skipped += skip
-				i += skip
-				continue
-			}
-			b := pos / bs
-			if b >= len(blockTable) {
-				st.Dropped += sg.Len - i
-				break
-			}
-			n := min(bs-pos%bs, sg.Len-i)
-			if id := blockTable[b]; id < 0 || int(id) >= l.NumBlocks {
-				st.Invalid += n
-				if len(errs) < 4 {
-					errs = append(errs, fmt.Errorf("%w: segment %d: block id %d outside the memory's %d blocks", ErrBadSegment, si, id, l.NumBlocks))
-				}
-				i += n
-				continue
-			}
-			r := run{seg: si, off: sg.ChunkOff + i, slot: int(blockTable[b])*bs + pos%bs, n: n}
-			if sg.Shift {
-				r.delta = pos - int(sg.Chunk.Positions[r.off])
-				// Split where the stored positions stop being consecutive.
-				for j := 1; j < r.n; j++ {
-					if pos+j-int(sg.Chunk.Positions[r.off+j]) != r.delta {
-						r.n = j
-						break
-					}
-				}
-				st.NShifted += r.n
-			} else {
-				st.NPrefix += r.n
-			}
-			runs = append(runs, r)
-			written[b] += int32(r.n)
-			st.ScatteredTokens += r.n
-			tokenLayers += r.n * (l.NumLayers - sg.FromLayer)
-			i += r.n
-		}
-	}
+func ScatterParallel(c Copy, workers int) (Stats, error) {
+	l := c.Dst.Layout()
+	p := planRuns(c)
+	st, runs, chunks, fromLayer, segs := p.st, p.runs, p.chunks, p.fromLayer, c.Segments
+	dst := c.Dst
 	tf := l.TokenFloats()
 	// Group the re-RoPE'd runs that continue each other in the chunk with the
 	// same rotation, so K is rotated with one Shift call (one set of sines)
@@ -163,15 +104,14 @@ func ScatterParallel(dst *kvcache.Memory, blockTable []int32, fromToken int, rop
 		for layer := lo; layer < hi; layer++ {
 			dk, dv := dst.K(layer), dst.V(layer)
 			for _, g := range groups {
-				if layer < segs[g.seg].FromLayer {
+				if layer < fromLayer[g.seg] {
 					continue
 				}
-				c := segs[g.seg].Chunk
-				ck, cv := c.K(layer), c.V(layer)
+				ck, cv := chunks[g.seg].K(layer), chunks[g.seg].V(layer)
 				if g.shift {
 					buf := (*scratch)[:g.n*tf]
 					copy(buf, ck[g.off*tf:(g.off+g.n)*tf])
-					rope.Shift(buf, 0, g.delta)
+					c.RoPE.Shift(buf, 0, g.delta)
 					for _, r := range runs[g.lo:g.hi] {
 						o := r.off - g.off
 						copy(dk[r.slot*tf:(r.slot+r.n)*tf], buf[o*tf:(o+r.n)*tf])
@@ -201,14 +141,87 @@ func ScatterParallel(dst *kvcache.Memory, blockTable []int32, fromToken int, rop
 		}
 		wg.Wait()
 	}
-	for _, w := range written {
-		if w > 0 && int(w) < bs {
+	for _, w := range p.written {
+		if w > 0 && int(w) < l.BlockSize {
 			st.PartialBlocks++
 		}
 	}
-	st.SlotWrites = tokenLayers * 2
-	st.Bytes = int64(tokenLayers) * (l.TokenBytes() / int64(l.NumLayers))
-	return st, errors.Join(errs...)
+	st.SlotWrites = p.tokenLayers * 2
+	st.Bytes = int64(p.tokenLayers) * (l.TokenBytes() / int64(l.NumLayers))
+	return st, errors.Join(p.errs...)
+}
+
+// runPlan is the runs of a Copy and its statistics so far.
+type runPlan struct {
+	st          Stats
+	runs        []run
+	chunks      []*chunkstore.Chunk // segment i's chunk
+	fromLayer   []int               // segment i's first written layer
+	written     []int32             // per block of the table: its slots written
+	tokenLayers int                 // Σ tokens × layers written
+	errs        []error
+}
+
+// planRuns checks the segments of c and cuts the good ones into runs of
+// consecutive slots (and, for re-RoPE, consecutive stored positions).
+func planRuns(c Copy) runPlan {
+	var st Stats
+	dst, segs := c.Dst, c.Segments
+	l := dst.Layout()
+	bs := l.BlockSize
+	var errs []error
+	var runs []run
+	tokenLayers := 0 // Σ tokens × layers written
+	written := make([]int32, len(c.BlockTable))
+	chunks := make([]*chunkstore.Chunk, len(segs)) // segs[i]'s chunk
+	fromLayer := make([]int, len(segs))            // segs[i]'s first written layer
+	for si, sg := range segs {
+		chunks[si] = c.Chunks[sg.Key]
+		if sg.Shift {
+			fromLayer[si] = c.FromLayer
+		}
+		err := checkSegment(sg, chunks[si], fromLayer[si], l, c.RoPE, len(c.BlockTable))
+		if err != nil {
+			st.Invalid += sg.Cur.Len()
+			if len(errs) < 4 {
+				errs = append(errs, fmt.Errorf("segment %d: %w", si, err))
+			}
+			continue
+		}
+		for i := 0; i < sg.Cur.Len(); {
+			pos := sg.Cur.Start + i
+			b := pos / bs
+			n := min(bs-pos%bs, sg.Cur.Len()-i)
+			if id := c.BlockTable[b]; id < 0 || int(id) >= l.NumBlocks {
+				st.Invalid += n
+				if len(errs) < 4 {
+					errs = append(errs, fmt.Errorf("%w: segment %d: block id %d outside the memory's %d blocks", ErrBadSegment, si, id, l.NumBlocks))
+				}
+				i += n
+				continue
+			}
+			r := run{seg: si, off: sg.ChunkOff + i, slot: int(c.BlockTable[b])*bs + pos%bs, n: n}
+			if sg.Shift {
+				r.delta = pos - int(chunks[si].Positions[r.off])
+				// Split where the stored positions stop being consecutive.
+				for j := 1; j < r.n; j++ {
+					if pos+j-int(chunks[si].Positions[r.off+j]) != r.delta {
+						r.n = j
+						break
+					}
+				}
+				st.NShifted += r.n
+			} else {
+				st.NPrefix += r.n
+			}
+			runs = append(runs, r)
+			written[b] += int32(r.n)
+			st.ScatteredTokens += r.n
+			tokenLayers += r.n * (l.NumLayers - fromLayer[si])
+			i += r.n
+		}
+	}
+	return runPlan{st: st, runs: runs, chunks: chunks, fromLayer: fromLayer, written: written, tokenLayers: tokenLayers, errs: errs}
 }
 
 // group is runs[lo:hi]: runs of one segment covering chunk tokens
@@ -218,7 +231,7 @@ type group struct {
 	shift                      bool
 }
 
-func groupRuns(runs []run, segs []Segment) ([]group, int) {
+func groupRuns(runs []run, segs []reuseplan.Segment) ([]group, int) {
 	var gs []group
 	maxShift := 0
 	for i, r := range runs {
@@ -253,15 +266,16 @@ func getScratch(n int) *[]float32 {
 	return &b
 }
 
-func checkSegment(sg Segment, l kvcache.Layout, rope *rope.RoPE) error {
-	c := sg.Chunk
+func checkSegment(sg reuseplan.Segment, c *chunkstore.Chunk, fromLayer int, l kvcache.Layout, rope *rope.RoPE, blocks int) error {
 	switch {
 	case c == nil:
-		return fmt.Errorf("%w: no chunk", ErrBadSegment)
-	case sg.Len < 0 || sg.ChunkOff < 0 || sg.ChunkOff+sg.Len > c.Len() || sg.CurSt < 0:
-		return fmt.Errorf("%w: tokens [%d,+%d) of a %d-token chunk at position %d", ErrBadSegment, sg.ChunkOff, sg.Len, c.Len(), sg.CurSt)
-	case sg.FromLayer < 0 || sg.FromLayer > l.NumLayers:
-		return fmt.Errorf("%w: from layer %d outside [0,%d]", ErrBadSegment, sg.FromLayer, l.NumLayers)
+		return fmt.Errorf("%w: no chunk %s", ErrBadSegment, sg.Key)
+	case sg.Cur.End < sg.Cur.Start || sg.ChunkOff < 0 || sg.ChunkOff+sg.Cur.Len() > c.Len() || sg.Cur.Start < 0:
+		return fmt.Errorf("%w: tokens [%d,+%d) of a %d-token chunk at position %d", ErrBadSegment, sg.ChunkOff, sg.Cur.Len(), c.Len(), sg.Cur.Start)
+	case !sg.Cur.Empty() && (sg.Cur.End-1)/l.BlockSize >= blocks:
+		return fmt.Errorf("%w: positions [%d,%d) beyond the %d blocks of the table", ErrBadSegment, sg.Cur.Start, sg.Cur.End, blocks)
+	case fromLayer < 0 || fromLayer > l.NumLayers:
+		return fmt.Errorf("%w: from layer %d outside [0,%d]", ErrBadSegment, fromLayer, l.NumLayers)
 	case !c.Layout.Compatible(l):
 		return fmt.Errorf("%w: chunk layout %+v does not fit memory layout %+v", ErrBadSegment, c.Layout, l)
 	case c.Validate() != nil:

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rope"
 
 	"go.uber.org/goleak"
@@ -57,27 +58,61 @@ func newChunk(t testing.TB, r *rand.Rand, l kvcache.Layout, n, start int) *chunk
 	return c
 }
 
-// reference writes the segments token by token with kvcache.Slot and a
-// per-token rope.Shift: the obviously-correct version of Scatter.
-func reference(dst *kvcache.Memory, bt []int32, from int, rope *rope.RoPE, segs []Segment) {
+// seg is a test segment: tokens [off, off+n) of c go to positions
+// [cur, cur+n), re-RoPE'd with shift.
+type seg struct {
+	c           *chunkstore.Chunk
+	off, n, cur int
+	shift       bool
+}
+
+// rawCopy is the Copy of segs into dst through bt, as they are; each
+// segment's chunk gets a key of its own.
+func rawCopy(dst *kvcache.Memory, bt []int32, rp *rope.RoPE, fromLayer int, segs ...seg) Copy {
+	c := Copy{Dst: dst, BlockTable: bt, RoPE: rp, FromLayer: fromLayer, Chunks: map[reuseplan.Key]*chunkstore.Chunk{}}
+	for i, s := range segs {
+		k := reuseplan.Key{0xff, byte(i)}
+		if s.c != nil {
+			c.Chunks[k] = s.c
+		}
+		c.Segments = append(c.Segments, reuseplan.Segment{Key: k, ChunkOff: s.off, Cur: reuseplan.Range{Start: s.cur, End: s.cur + s.n}, Shift: s.shift})
+	}
+	return c
+}
+
+// copyOf is rawCopy windowed for a retrieve pass from position from over
+// the blocks of bt, as the blend server windows it (reuseplan.Window); it
+// also returns the positions the window left to a later pass.
+func copyOf(dst *kvcache.Memory, bt []int32, from int, rp *rope.RoPE, fromLayer int, segs ...seg) (Copy, int) {
+	c := rawCopy(dst, bt, rp, fromLayer, segs...)
+	var dropped int
+	c.Segments, dropped = reuseplan.Window(c.Segments, from, len(bt)*dst.Layout().BlockSize)
+	return c, dropped
+}
+
+// reference writes the segments of c into dst token by token with
+// kvcache.Slot and a per-token rope.Shift: the obviously-correct version of
+// Scatter.
+func reference(dst *kvcache.Memory, c Copy) {
 	l := dst.Layout()
-	for _, sg := range segs {
-		for i := range sg.Len {
-			pos := sg.CurSt + i
-			if pos < from {
-				continue
-			}
-			slot, err := kvcache.Slot(bt, pos, l.BlockSize)
+	for _, sg := range c.Segments {
+		ch, from := c.Chunks[sg.Key], 0
+		if sg.Shift {
+			from = c.FromLayer
+		}
+		for i := range sg.Cur.Len() {
+			pos := sg.Cur.Start + i
+			slot, err := kvcache.Slot(c.BlockTable, pos, l.BlockSize)
 			if err != nil {
 				continue
 			}
-			for layer := sg.FromLayer; layer < l.NumLayers; layer++ {
+			for layer := from; layer < l.NumLayers; layer++ {
 				k := dst.TokenK(layer, slot)
-				copy(k, sg.Chunk.TokenK(layer, sg.ChunkOff+i))
+				copy(k, ch.TokenK(layer, sg.ChunkOff+i))
 				if sg.Shift {
-					rope.Shift(k, int(sg.Chunk.Positions[sg.ChunkOff+i]), pos)
+					c.RoPE.Shift(k, int(ch.Positions[sg.ChunkOff+i]), pos)
 				}
-				copy(dst.TokenV(layer, slot), sg.Chunk.TokenV(layer, sg.ChunkOff+i))
+				copy(dst.TokenV(layer, slot), ch.TokenV(layer, sg.ChunkOff+i))
 			}
 		}
 	}
@@ -124,41 +159,47 @@ func TestScatterWritesExactSlots(t *testing.T) {
 	}
 	tests := []struct {
 		name      string
-		segs      []Segment
+		segs      []seg
 		from      int
+		fromLayer int
 		want      Stats
+		dropped   int   // left by the window to a later pass
 		wantSlots []int // slots written in layer 0
 		layers    int   // layers written per token when not all
 	}{
 		{"prefix, block aligned",
-			[]Segment{{Chunk: c, ChunkOff: 0, Len: 8, CurSt: 0}}, 0,
-			Stats{ScatteredTokens: 8, NPrefix: 8}, slotsOf(0, 8), 0},
+			[]seg{{c, 0, 8, 0, false}}, 0, 0,
+			Stats{ScatteredTokens: 8, NPrefix: 8}, 0, slotsOf(0, 8), 0},
 		{"mid-block start and end: two partial blocks, neighbours untouched",
-			[]Segment{{Chunk: c, ChunkOff: 3, Len: 9, CurSt: 6, Shift: true}}, 0,
-			Stats{ScatteredTokens: 9, NShifted: 9, PartialBlocks: 2}, slotsOf(6, 15), 0},
+			[]seg{{c, 3, 9, 6, true}}, 0, 0,
+			Stats{ScatteredTokens: 9, NShifted: 9, PartialBlocks: 2}, 0, slotsOf(6, 15), 0},
 		{"two segments sharing a block fill it",
-			[]Segment{{Chunk: c, ChunkOff: 0, Len: 2, CurSt: 4}, {Chunk: c, ChunkOff: 10, Len: 2, CurSt: 6, Shift: true}}, 0,
-			Stats{ScatteredTokens: 4, NPrefix: 2, NShifted: 2}, slotsOf(4, 8), 0},
-		{"beyond the block table is dropped",
-			[]Segment{{Chunk: c, ChunkOff: 0, Len: 10, CurSt: 18, Shift: true}}, 0,
-			Stats{ScatteredTokens: 6, NShifted: 6, Dropped: 4, PartialBlocks: 1}, slotsOf(18, 24), 0},
-		{"below fromToken is skipped",
-			[]Segment{{Chunk: c, ChunkOff: 0, Len: 10, CurSt: 2}}, 5,
-			Stats{ScatteredTokens: 7, NPrefix: 7, Skipped: 3, PartialBlocks: 1}, slotsOf(5, 12), 0},
-		{"empty segment", []Segment{{Chunk: c, Len: 0, CurSt: 3}}, 0, Stats{}, nil, 0},
+			[]seg{{c, 0, 2, 4, false}, {c, 10, 2, 6, true}}, 0, 0,
+			Stats{ScatteredTokens: 4, NPrefix: 2, NShifted: 2}, 0, slotsOf(4, 8), 0},
+		{"beyond the block table is left to a later pass",
+			[]seg{{c, 0, 10, 18, true}}, 0, 0,
+			Stats{ScatteredTokens: 6, NShifted: 6, PartialBlocks: 1}, 4, slotsOf(18, 24), 0},
+		{"below from is not written again",
+			[]seg{{c, 0, 10, 2, false}}, 5, 0,
+			Stats{ScatteredTokens: 7, NPrefix: 7, PartialBlocks: 1}, 0, slotsOf(5, 12), 0},
+		{"empty segment", []seg{{c, 0, 0, 3, false}}, 0, 0, Stats{}, 0, nil, 0},
 		{"shifted from layer 1: layer 0 left to the worker",
-			[]Segment{{Chunk: c, ChunkOff: 0, Len: 8, CurSt: 4, Shift: true, FromLayer: 1}}, 0,
-			Stats{ScatteredTokens: 8, NShifted: 8}, nil, 1},
+			[]seg{{c, 0, 8, 4, true}}, 0, 1,
+			Stats{ScatteredTokens: 8, NShifted: 8}, 0, nil, 1},
 		{"from layer = every layer: nothing written, tokens still counted",
-			[]Segment{{Chunk: c, ChunkOff: 0, Len: 4, CurSt: 4, Shift: true, FromLayer: 2}}, 0,
-			Stats{ScatteredTokens: 4, NShifted: 4}, nil, -1},
+			[]seg{{c, 0, 4, 4, true}}, 0, 2,
+			Stats{ScatteredTokens: 4, NShifted: 4}, 0, nil, -1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			got, want := newMem(t, kvLayout), newMem(t, kvLayout)
-			st, err := Scatter(got, bt, tc.from, rope, tc.segs)
+			cp, dropped := copyOf(got, bt, tc.from, rope, tc.fromLayer, tc.segs...)
+			st, err := Scatter(cp)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if dropped != tc.dropped {
+				t.Fatalf("window dropped %d, want %d", dropped, tc.dropped)
 			}
 			layers := kvLayout.NumLayers
 			switch {
@@ -172,7 +213,8 @@ func TestScatterWritesExactSlots(t *testing.T) {
 			if st != tc.want {
 				t.Fatalf("stats %+v, want %+v", st, tc.want)
 			}
-			reference(want, bt, tc.from, rope, tc.segs)
+			cp.Dst = want
+			reference(want, cp)
 			memEqual(t, got, want)
 			gotSlots := writtenSlots(got)
 			slices.Sort(tc.wantSlots)
@@ -189,31 +231,34 @@ func TestTwoPassEqualsOnePass(t *testing.T) {
 	c1 := newChunk(t, r, kvLayout, 20, 0)
 	c2 := newChunk(t, r, kvLayout, 30, 500)
 	full := []int32{4, 11, 2, 8, 15, 1, 6, 13, 10}
-	segs := []Segment{
-		{Chunk: c1, ChunkOff: 0, Len: 13, CurSt: 0},               // prefix
-		{Chunk: c2, ChunkOff: 5, Len: 17, CurSt: 15, Shift: true}, // non-prefix, re-RoPE'd
+	segs := []seg{
+		{c1, 0, 13, 0, false}, // prefix
+		{c2, 5, 17, 15, true}, // non-prefix, re-RoPE'd
 	}
 	one := newMem(t, kvLayout)
-	stOne, err := Scatter(one, full, 0, rope, segs)
+	cp, _ := copyOf(one, full, 0, rope, 0, segs...)
+	stOne, err := Scatter(cp)
 	if err != nil {
 		t.Fatal(err)
 	}
 	two := newMem(t, kvLayout)
 	// First pass: only 5 blocks (20 slots) allocated so far.
-	st1, err := Scatter(two, full[:5], 0, rope, segs)
+	cp, dropped := copyOf(two, full[:5], 0, rope, 0, segs...)
+	st1, err := Scatter(cp)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st1.ScatteredTokens != 13+5 || st1.Dropped != 12 {
-		t.Fatalf("first pass %+v", st1)
+	if st1.ScatteredTokens != 13+5 || dropped != 12 {
+		t.Fatalf("first pass %+v, %d dropped", st1, dropped)
 	}
 	// Second pass: the full table, from the first unallocated position.
-	st2, err := Scatter(two, full, 20, rope, segs)
+	cp, dropped = copyOf(two, full, 20, rope, 0, segs...)
+	st2, err := Scatter(cp)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st2.ScatteredTokens != 12 || st2.Skipped != 18 || st2.Dropped != 0 {
-		t.Fatalf("second pass %+v", st2)
+	if st2.ScatteredTokens != 12 || dropped != 0 {
+		t.Fatalf("second pass %+v, %d dropped", st2, dropped)
 	}
 	if st1.ScatteredTokens+st2.ScatteredTokens != stOne.ScatteredTokens {
 		t.Fatalf("passes wrote %d+%d tokens, one pass %d", st1.ScatteredTokens, st2.ScatteredTokens, stOne.ScatteredTokens)
@@ -250,7 +295,7 @@ func TestReRoPEMatchesDirectRotation(t *testing.T) {
 				bt[i] = int32((i*7 + 3) % 64)
 			}
 			m := newMem(t, l)
-			st, err := Scatter(m, bt, 0, rope, []Segment{{Chunk: c, Len: n, CurSt: tc.pos1, Shift: true}})
+			st, err := Scatter(rawCopy(m, bt, rope, 0, seg{c, 0, n, tc.pos1, true}))
 			if err != nil || st.NShifted != n {
 				t.Fatalf("stats %+v err %v", st, err)
 			}
@@ -288,13 +333,14 @@ func TestNonConsecutivePositions(t *testing.T) {
 	c := newChunk(t, r, kvLayout, 10, 50)
 	c.Positions[4] = 7 // a stored position out of sequence
 	bt := []int32{1, 2, 3, 4}
-	segs := []Segment{{Chunk: c, Len: 10, CurSt: 2, Shift: true}}
 	got, want := newMem(t, kvLayout), newMem(t, kvLayout)
-	st, err := Scatter(got, bt, 0, rope, segs)
+	cp := rawCopy(got, bt, rope, 0, seg{c, 0, 10, 2, true})
+	st, err := Scatter(cp)
 	if err != nil || st.NShifted != 10 {
 		t.Fatalf("%+v %v", st, err)
 	}
-	reference(want, bt, 0, rope, segs)
+	cp.Dst = want
+	reference(want, cp)
 	memEqual(t, got, want)
 }
 
@@ -306,29 +352,31 @@ func TestBadSegments(t *testing.T) {
 	other.HeadDim = 4
 	wrongLayout := newChunk(t, r, other, 8, 0)
 	tests := []struct {
-		name string
-		seg  Segment
-		bt   []int32
-		rope *rope.RoPE
+		name      string
+		seg       seg
+		bt        []int32
+		rope      *rope.RoPE
+		fromLayer int
 	}{
-		{"nil chunk", Segment{Len: 4}, []int32{0, 1}, rp},
-		{"past the chunk", Segment{Chunk: good, ChunkOff: 6, Len: 4}, []int32{0, 1}, rp},
-		{"negative offset", Segment{Chunk: good, ChunkOff: -1, Len: 4}, []int32{0, 1}, rp},
-		{"negative position", Segment{Chunk: good, Len: 4, CurSt: -4}, []int32{0, 1}, rp},
-		{"layout mismatch", Segment{Chunk: wrongLayout, Len: 4}, []int32{0, 1}, rp},
-		{"shift without rope", Segment{Chunk: good, Len: 4, Shift: true}, []int32{0, 1}, nil},
-		{"shift with wrong rope", Segment{Chunk: good, Len: 4, Shift: true}, []int32{0, 1}, rope.New(4, theta)},
-		{"block id outside memory", Segment{Chunk: good, Len: 4}, []int32{99, 1}, rp},
-		{"negative block id", Segment{Chunk: good, Len: 4}, []int32{-1, 1}, rp},
-		{"from layer past the memory", Segment{Chunk: good, Len: 4, FromLayer: 3}, []int32{0, 1}, rp},
-		{"negative from layer", Segment{Chunk: good, Len: 4, FromLayer: -1}, []int32{0, 1}, rp},
+		{"nil chunk", seg{nil, 0, 4, 0, false}, []int32{0, 1}, rp, 0},
+		{"past the chunk", seg{good, 6, 4, 0, false}, []int32{0, 1}, rp, 0},
+		{"negative offset", seg{good, -1, 4, 0, false}, []int32{0, 1}, rp, 0},
+		{"negative position", seg{good, 0, 4, -4, false}, []int32{0, 1}, rp, 0},
+		{"layout mismatch", seg{wrongLayout, 0, 4, 0, false}, []int32{0, 1}, rp, 0},
+		{"shift without rope", seg{good, 0, 4, 0, true}, []int32{0, 1}, nil, 0},
+		{"shift with wrong rope", seg{good, 0, 4, 0, true}, []int32{0, 1}, rope.New(4, theta), 0},
+		{"block id outside memory", seg{good, 0, 4, 0, false}, []int32{99, 1}, rp, 0},
+		{"negative block id", seg{good, 0, 4, 0, false}, []int32{-1, 1}, rp, 0},
+		{"beyond the block table", seg{good, 0, 4, 8, false}, []int32{0, 1}, rp, 0},
+		{"from layer past the memory", seg{good, 0, 4, 0, true}, []int32{0, 1}, rp, 3},
+		{"negative from layer", seg{good, 0, 4, 0, true}, []int32{0, 1}, rp, -1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newMem(t, kvLayout)
 			// A good segment in the same call is still written.
-			ok := Segment{Chunk: good, Len: 4, CurSt: 4}
-			st, err := Scatter(m, tc.bt, 0, tc.rope, []Segment{tc.seg, ok})
+			ok := seg{good, 0, 4, 4, false}
+			st, err := Scatter(rawCopy(m, tc.bt, tc.rope, tc.fromLayer, tc.seg, ok))
 			if !errors.Is(err, ErrBadSegment) {
 				t.Fatalf("err = %v", err)
 			}
@@ -347,7 +395,7 @@ func TestGatherRoundTrip(t *testing.T) {
 	src := newChunk(t, r, kvLayout, 13, 6)
 	bt := []int32{5, 9, 1, 14, 3}
 	m := newMem(t, kvLayout)
-	if _, err := Scatter(m, bt, 0, nil, []Segment{{Chunk: src, Len: 13, CurSt: 6}}); err != nil {
+	if _, err := Scatter(rawCopy(m, bt, nil, 0, seg{src, 0, 13, 6, false})); err != nil {
 		t.Fatal(err)
 	}
 	back, err := chunkstore.NewChunk(src.Key, "m", 0, src.Layout, src.Tokens, 6)
@@ -375,11 +423,13 @@ func TestScatterParallelEqualsScatter(t *testing.T) {
 	for i, p := range r.Perm(32)[:20] {
 		bt[i] = int32(p)
 	}
-	segs := []Segment{{Chunk: c1, Len: 37, CurSt: 0}, {Chunk: c2, ChunkOff: 3, Len: 47, CurSt: 41, Shift: true}}
+	segs := []seg{{c1, 0, 37, 0, false}, {c2, 3, 47, 41, true}}
 	for _, workers := range []int{0, 2, 3, 5, 9} {
 		one, par := newMem(t, l), newMem(t, l)
-		st1, err1 := Scatter(one, bt, 4, rope, segs)
-		st2, err2 := ScatterParallel(par, bt, 4, rope, segs, workers)
+		cp, _ := copyOf(one, bt, 4, rope, 0, segs...)
+		st1, err1 := Scatter(cp)
+		cp.Dst = par
+		st2, err2 := ScatterParallel(cp, workers)
 		if err1 != nil || err2 != nil || st1 != st2 {
 			t.Fatalf("workers %d: %+v %v vs %+v %v", workers, st1, err1, st2, err2)
 		}
