@@ -1,39 +1,9 @@
 package demo
 
-import (
-	"embed"
-	"io/fs"
-	"path"
-	"sort"
-	"strings"
+import "github.com/cacheblend/cacheblend/corpus"
 
-	"github.com/cacheblend/cacheblend/apiclient"
-)
+// Document is a sample document (corpus.Document).
+type Document = corpus.Document
 
-//go:embed docs/*.txt
-var docFS embed.FS
-
-// Document is one sample document shipped with the repo: ID is the file name without
-// extension (e.g. "03-cacheblend"), Text the document's text. It is package apiclient's
-// Document, so the documents are ingested as they are.
-type Document = apiclient.Document
-
-// Documents returns the sample documents, sorted by ID. They are short
-// technical paragraphs (~600 bytes, so ~600 byte-level tokens each) written
-// for this repo; RAG prompts are built from them.
-func Documents() []Document {
-	entries, err := fs.ReadDir(docFS, "docs")
-	if err != nil {
-		panic("demo: embedded documents missing: " + err.Error()) // a build defect, not input
-	}
-	docs := make([]Document, 0, len(entries))
-	for _, e := range entries {
-		b, err := docFS.ReadFile(path.Join("docs", e.Name()))
-		if err != nil {
-			panic("demo: read embedded document: " + err.Error())
-		}
-		docs = append(docs, Document{ID: strings.TrimSuffix(e.Name(), ".txt"), Text: strings.TrimSpace(string(b))})
-	}
-	sort.Slice(docs, func(i, j int) bool { return docs[i].ID < docs[j].ID })
-	return docs
-}
+// Documents returns the sample documents of package corpus, sorted by ID.
+func Documents() []Document { return corpus.Documents() }

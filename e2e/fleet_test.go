@@ -23,13 +23,16 @@ import (
 // node B, which never saw them: B's trace holds cb.coordinator_match with
 // matches and a Redis load, B reuses at least 90 % of the documents'
 // tokens, and B's answer is A's answer to the same request with reuse. On
-// one Redis server and on a 3-master Redis Cluster.
+// one Redis server, on a 3-master Redis Cluster, and with both nodes' workers
+// running as two tensor-parallel ranks (--tp 2: the fleet holds every rank's
+// chunks and B's coordinator match and load cover both ranks).
 func TestFleetTwoNodesShareDocuments(t *testing.T) {
-	t.Run("single", func(t *testing.T) { fleetTwoNodes(t, redistest.Start(t, redistest.Options{}).URL()) })
-	t.Run("cluster", func(t *testing.T) { fleetTwoNodes(t, redistest.StartCluster(t).URL()) })
+	t.Run("single", func(t *testing.T) { fleetTwoNodes(t, redistest.Start(t, redistest.Options{}).URL(), 1) })
+	t.Run("cluster", func(t *testing.T) { fleetTwoNodes(t, redistest.StartCluster(t).URL(), 1) })
+	t.Run("tp2", func(t *testing.T) { fleetTwoNodes(t, redistest.Start(t, redistest.Options{}).URL(), 2) })
 }
 
-func fleetTwoNodes(t *testing.T, url string) {
+func fleetTwoNodes(t *testing.T, url string, tp int) {
 	fleetArgs := []string{"--redis-url", url, "--coordinator-timeout", "2s"}
 	// --no-store: a request's prompt is not stored (through Redis the
 	// other node would reuse it whole), so both nodes reuse the documents
@@ -39,8 +42,8 @@ func fleetTwoNodes(t *testing.T, url string) {
 	// parallel packages) a lookup that gives up is a full prefill, and this
 	// test is about what the lookup finds, not how fast.
 	engineArgs := []string{"--no-store", "--lookup-timeout", "10s"}
-	a := startEnv(t, options{blendArgs: fleetArgs, engineArgs: engineArgs})
-	b := startEnv(t, options{blendArgs: fleetArgs, engineArgs: engineArgs})
+	a := startEnv(t, options{blendArgs: fleetArgs, engineArgs: engineArgs, tp: tp})
+	b := startEnv(t, options{blendArgs: fleetArgs, engineArgs: engineArgs, tp: tp})
 	a.ingest()
 	a.awaitFleetWrites()
 
@@ -57,9 +60,16 @@ func fleetTwoNodes(t *testing.T, url string) {
 	}
 	num := func(s *tracecheck.Span, k string) float64 { v, _ := s.Attributes[k].Number(); return v }
 	spans := byName(tr)
+	req := spans[spanname.CBRequest][0]
 	cm := spans[spanname.CBCoordinatorMatch][0]
 	if num(cm, "matches") < 1 || cm.Attributes["timed_out"].String() != "false" {
 		t.Fatalf("cb.coordinator_match %v", cm.Attributes)
+	}
+	if got := num(req, "world_size"); int(got) != tp {
+		t.Fatalf("cb.request world_size %v, want %d", got, tp)
+	}
+	if got := len(spans[spanname.CBRetrieve]); got < tp {
+		t.Fatalf("%d cb.retrieve spans on node B, want one per rank (%d) at least", got, tp)
 	}
 	redisLoad := false
 	for _, s := range spans[spanname.CBL2Load] {
@@ -68,7 +78,6 @@ func fleetTwoNodes(t *testing.T, url string) {
 	if !redisLoad {
 		t.Fatal("no cb.l2_load from Redis on node B")
 	}
-	req := spans[spanname.CBRequest][0]
 	docTokens := 0.0
 	for _, i := range []int{2, 0, 5} {
 		docTokens += float64(len(demo.Documents()[i].Text)) // byte-level tokenizer: a token per byte

@@ -54,11 +54,7 @@ func (e *Engine) serveDocuments(w *statusWriter, r *http.Request, _ string, t0 t
 		}
 	}
 
-	if err := e.authorize(r); err != nil {
-		fail(err)
-		return
-	}
-	body, err := e.readBody(w, r)
+	body, err := e.front.ReadRequest(w, r)
 	if err != nil {
 		fail(err)
 		return

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,6 +16,7 @@ import (
 	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
+	"github.com/cacheblend/cacheblend/httpfront"
 	"github.com/cacheblend/cacheblend/httpserve"
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/modelfile"
@@ -42,18 +42,11 @@ type Engine struct {
 	log      *slog.Logger
 	tok      Tokenizer
 	file     *modelfile.File // the model file (nil: the built-in model)
-	handler  http.Handler
+	front    *httpfront.Front
 	worker   cbv1.WorkerServiceClient // the worker: steps (through the scheduler) and KV pulls
 	client   *http.Client             // calls to decode engines
 	created  int64
 	drain    drainMeter // the queue's drain rate, for Retry-After
-
-	mu        sync.Mutex
-	srv       *httpserve.Server
-	lis       net.Listener
-	started   bool
-	shutdown  bool
-	serveDone chan struct{}
 }
 
 // New builds an engine from cfg and deps; it does nothing until Start.
@@ -116,7 +109,7 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	e.handler = e.routes()
+	e.front = e.newFront()
 	return e, nil
 }
 
@@ -124,7 +117,7 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 // until Start has started the scheduler and the worker answered. The HTTP
 // limits of Config (timeouts, connection cap) belong to the server Start
 // runs; a caller mounting Handler elsewhere brings its own.
-func (e *Engine) Handler() http.Handler { return e.handler }
+func (e *Engine) Handler() http.Handler { return e.front.Handler() }
 
 // Metrics returns the engine's metrics facade.
 func (e *Engine) Metrics() *metrics.EngineMetrics { return e.metrics }
@@ -153,91 +146,35 @@ func (e *Engine) refreshMetrics() {
 // (ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout,
 // MaxHeaderBytes, MaxConns; see ConnStats).
 func (e *Engine) Start(ctx context.Context) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.started || e.shutdown {
-		return errors.New("engine: Start called twice or after Shutdown")
+	if err := e.front.Start(ctx, e.sched.Start); err != nil {
+		return err
 	}
-	lis, err := (&net.ListenConfig{}).Listen(ctx, "tcp", e.cfg.Addr)
-	if err != nil {
-		return fmt.Errorf("engine: listen on %s: %w", e.cfg.Addr, err)
-	}
-	if err := e.sched.Start(ctx); err != nil {
-		_ = lis.Close()
-		return fmt.Errorf("engine: %w", err)
-	}
-	e.started = true
-	e.lis = lis
-	e.srv = httpserve.New("api", e.handler, e.cfg.httpLimits(), e.log)
-	e.serveDone = make(chan struct{})
-	srv, done := e.srv, e.serveDone
-	go func() {
-		defer close(done)
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			e.log.Error("http server stopped", "error", err.Error())
-		}
-	}()
-	e.log.Info("cb-engine listening", "addr", lis.Addr().String(), "model", e.cfg.Model, "max_conns", e.srv.Limits().MaxConns)
+	e.log.Info("cb-engine listening", "addr", e.front.Addr(), "model", e.cfg.Model, "max_conns", e.front.Stats().MaxConns)
 	return nil
 }
 
 // ConnStats returns the API server's connection counters (zero before
 // Start): connections held, admitted, evicted and refused at the cap.
-func (e *Engine) ConnStats() httpserve.Stats {
-	e.mu.Lock()
-	srv := e.srv
-	e.mu.Unlock()
-	if srv == nil {
-		return httpserve.Stats{}
-	}
-	return srv.Stats()
-}
+func (e *Engine) ConnStats() httpserve.Stats { return e.front.Stats() }
 
 // Addr returns the bound listen address once started ("" before).
-func (e *Engine) Addr() string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.lis == nil {
-		return ""
-	}
-	return e.lis.Addr().String()
-}
+func (e *Engine) Addr() string { return e.front.Addr() }
 
 // Shutdown stops accepting connections and requests, lets the requests in
 // flight finish until ctx ends, then fails the rest (503) and closes the
 // connections, and stops the step loop. It returns ctx's error when it had
 // to cut requests short. Later calls return nil.
 func (e *Engine) Shutdown(ctx context.Context) error {
-	e.mu.Lock()
-	if e.shutdown {
-		e.mu.Unlock()
+	var schedErr error
+	first, srvErr := e.front.Shutdown(ctx, func() {
+		schedErr = e.sched.Shutdown(ctx) // refuses new requests at once; aborts at ctx's end
+	})
+	switch {
+	case !first:
 		return nil
-	}
-	e.shutdown = true
-	srv, done := e.srv, e.serveDone
-	e.mu.Unlock()
-
-	var wg sync.WaitGroup
-	var srvErr error
-	if srv != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			srvErr = srv.Shutdown(ctx)
-		}()
-	}
-	schedErr := e.sched.Shutdown(ctx) // refuses new requests at once; aborts at ctx's end
-	wg.Wait()
-	if srv != nil {
-		if srvErr != nil {
-			_ = srv.Close()
-		}
-		<-done
-	}
-	if srvErr != nil {
+	case srvErr != nil:
 		return fmt.Errorf("engine: shutdown: %w", srvErr)
-	}
-	if schedErr != nil {
+	case schedErr != nil:
 		return fmt.Errorf("engine: shutdown: %w", schedErr)
 	}
 	return nil

@@ -54,11 +54,7 @@ func (e *Engine) serveGenerate(w *statusWriter, r *http.Request, opName, route s
 	w.Header().Set("X-Request-Id", rec.id)
 
 	// Auth and body come first: the span is named after the model in the body.
-	apiErr := e.authorize(r)
-	var body []byte
-	if apiErr == nil {
-		body, apiErr = e.readBody(w, r)
-	}
+	body, apiErr := e.front.ReadRequest(w, r)
 	var g *api.Generation
 	if apiErr == nil {
 		g, apiErr = e.decodeGeneration(rec, op, body)

@@ -1,13 +1,12 @@
 package engine
 
 import (
-	"encoding/json"
-	"fmt"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/cacheblend/cacheblend/engine/api"
+	"github.com/cacheblend/cacheblend/httpfront"
 	"github.com/cacheblend/cacheblend/metrics"
 )
 
@@ -24,56 +23,25 @@ const (
 	RouteUnmatched = api.RouteUnmatched
 )
 
-// statusWriter is the API writer (api.StatusWriter).
-type statusWriter = api.StatusWriter
+// statusWriter is the API writer (httpfront.StatusWriter).
+type statusWriter = httpfront.StatusWriter
 
-// routes builds the engine's handler: routing, the HTTP duration metric, and
-// OpenAI-shaped 404/405 errors.
-func (e *Engine) routes() http.Handler {
-	metricsHandler := metrics.Handler(e.gatherer, e.refreshMetrics)
-	table := map[string]api.Route{
-		RouteChat: {Method: http.MethodPost, Handler: func(w *statusWriter, r *http.Request, route string, t0 time.Time) {
-			e.serveGenerate(w, r, api.OperationChat, route, t0)
-		}},
-		RouteCompletions: {Method: http.MethodPost, Handler: func(w *statusWriter, r *http.Request, route string, t0 time.Time) {
-			e.serveGenerate(w, r, api.OperationTextCompletion, route, t0)
-		}},
-		RouteModels:    {Method: http.MethodGet, Handler: e.serveModels},
-		RouteModel:     {Method: http.MethodGet, Handler: e.serveModels},
-		RouteDocuments: {Method: http.MethodPost, Handler: e.serveDocuments},
-		RouteHealth:    {Method: http.MethodGet, Handler: e.serveHealth},
-		RouteMetrics: {Method: http.MethodGet, Handler: func(w *statusWriter, r *http.Request, _ string, _ time.Time) {
-			metricsHandler.ServeHTTP(w, r)
-		}},
-	}
-	return api.Routes(table, e.cfg.WriteTimeout, e.metrics.RecordHTTP)
-}
+// writeJSON writes a JSON body (httpfront.WriteJSON).
+var writeJSON = httpfront.WriteJSON
 
-// authorize checks the API key of a /v1/ request (api.Authorize).
-func (e *Engine) authorize(r *http.Request) *api.Error { return api.Authorize(r, e.cfg.APIKey) }
-
-// readBody reads a request body within the limits of the server
-// (api.ReadBody), after checking it is declared JSON (api.CheckJSON: 415).
-func (e *Engine) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *api.Error) {
-	if apiErr := api.CheckJSON(r); apiErr != nil {
-		return nil, apiErr
-	}
-	return api.ReadBody(w, r, e.cfg.MaxBodyBytes, e.cfg.ReadTimeout)
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	body, err := json.Marshal(v)
-	if err != nil {
-		api.Internal(fmt.Sprintf("encode response: %v", err)).Write(w)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(append(body, '\n'))
+// newFront builds the engine's HTTP front: its routes, API key, body bounds and server.
+func (e *Engine) newFront() *httpfront.Front {
+	return httpfront.New(httpfront.Config{
+		Component: "engine", Addr: e.cfg.Addr, APIKey: e.cfg.APIKey, MaxBodyBytes: e.cfg.MaxBodyBytes,
+		Limits: e.cfg.httpLimits(), Logger: e.log,
+	}, httpfront.Handlers{
+		Generate: e.serveGenerate, Documents: e.serveDocuments, Models: e.serveModels, Health: e.serveHealth,
+		Metrics: metrics.Handler(e.gatherer, e.refreshMetrics), Record: e.metrics.RecordHTTP,
+	})
 }
 
 func (e *Engine) serveModels(w *statusWriter, r *http.Request, route string, _ time.Time) {
-	if apiErr := e.authorize(r); apiErr != nil {
+	if apiErr := e.front.Authorize(r); apiErr != nil {
 		apiErr.Write(w)
 		return
 	}
@@ -94,9 +62,7 @@ func (e *Engine) serveModels(w *statusWriter, r *http.Request, route string, _ t
 
 func (e *Engine) serveHealth(w *statusWriter, _ *http.Request, _ string, _ time.Time) {
 	_, ready := e.sched.WorkerInfo()
-	e.mu.Lock()
-	down := e.shutdown
-	e.mu.Unlock()
+	down := e.front.ShuttingDown()
 	switch {
 	case down:
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "shutting down", "role": e.cfg.Role})

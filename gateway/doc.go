@@ -19,7 +19,7 @@
 //
 //   - kv-aware (default): score(e) = expected_hit_tokens(e)/prompt_tokens − α·load(e), α =
 //     Config.Alpha (0.1: a fully reused prompt outweighs ten requests of load); the highest
-//     score wins (ties: lower load, fewer recent requests, rotation). When the winner's load
+//     score wins (ties: lower load, less KV held, fewer recent requests, rotation). When the winner's load
 //     exceeds the least loaded engine's by more than Config.SpreadMargin (4 requests), the
 //     request is spread: it goes to the best-scoring engine among those within the margin of
 //     the least load. The engine it lands on then holds the prompt too, so a hot document

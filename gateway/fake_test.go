@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"net/http"
@@ -47,8 +48,23 @@ type fakeEngine struct {
 	documents   int
 	traceparent []string
 	auth        []string
-	decodeHdr   []string // X-CB-Decode-Engine of each generation
-	badDecode   string   // a generation handed over to this decode URL gets 503 decode_unavailable
+	decodeHdr   []string        // X-CB-Decode-Engine of each generation
+	badDecode   string          // a generation handed over to this decode URL gets 503 decode_unavailable
+	cached      map[uint64]bool // prefix cache: the chained hashes of every 16-byte block seen
+}
+
+// cache records body in the fake's prefix cache: one block per 16 bytes (a byte per token,
+// as the built-in tokenizer), keyed by the hash of the body up to the block's end, so that
+// bodies sharing a prefix share its blocks (f.mu held).
+func (f *fakeEngine) cache(body []byte) {
+	if f.cached == nil {
+		f.cached = map[uint64]bool{}
+	}
+	h := fnv.New64a()
+	for i := 0; i+16 <= len(body); i += 16 {
+		h.Write(body[i : i+16])
+		f.cached[h.Sum64()] = true
+	}
 }
 
 func newFakeEngine(t *testing.T) *fakeEngine {
@@ -74,7 +90,7 @@ func (f *fakeEngine) count() (requests, documents int) {
 
 func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
-	health, answer, waiting, running, hold := f.health, f.answer, f.waiting, f.running, f.hold
+	health, answer, waiting, running, hold, cached := f.health, f.answer, f.waiting, f.running, f.hold, len(f.cached)
 	f.mu.Unlock()
 	switch r.URL.Path {
 	case "/health":
@@ -82,7 +98,8 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	case "/metrics":
 		fmt.Fprintf(w, "cb_engine_requests_waiting %d\ncb_engine_requests_running %d\n"+
-			"cb_engine_kv_blocks{state=\"free\"} 96\ncb_engine_kv_blocks{state=\"used\"} 32\ncb_engine_kv_pool_blocks 128\n", waiting, running)
+			"cb_engine_kv_blocks{state=\"free\"} 96\ncb_engine_kv_blocks{state=\"used\"} 32\ncb_engine_kv_blocks{state=\"cached\"} %d\n"+
+			"cb_engine_kv_pool_blocks 128\n", waiting, running, cached)
 		return
 	case "/v1/models":
 		w.Header().Set("Content-Type", "application/json")
@@ -103,6 +120,7 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	_ = json.Unmarshal(body, &req)
 	f.mu.Lock()
+	f.cache(body)
 	f.requests++
 	f.traceparent = append(f.traceparent, r.Header.Get("Traceparent"))
 	f.auth = append(f.auth, r.Header.Get("Authorization"))

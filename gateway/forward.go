@@ -95,11 +95,7 @@ func (g *Gateway) serveGenerate(w *statusWriter, r *http.Request, op, route stri
 	rec := &record{op: op, route: route, t0: t0}
 	ctx, span := g.startSpan(r, rec)
 	defer func() { g.finish(ctx, span, rec, w) }()
-	if apiErr := g.authorize(r); apiErr != nil {
-		rec.fail(w, apiErr)
-		return
-	}
-	body, apiErr := g.readBody(w, r)
+	body, apiErr := g.front.ReadRequest(w, r)
 	if apiErr != nil {
 		rec.fail(w, apiErr)
 		return
@@ -166,11 +162,7 @@ func (g *Gateway) serveDocuments(w *statusWriter, r *http.Request, route string,
 	rec := &record{route: route, t0: t0}
 	ctx, span := g.startSpan(r, rec)
 	defer func() { g.finish(ctx, span, rec, w) }()
-	if apiErr := g.authorize(r); apiErr != nil {
-		rec.fail(w, apiErr)
-		return
-	}
-	body, apiErr := g.readBody(w, r)
+	body, apiErr := g.front.ReadRequest(w, r)
 	if apiErr != nil {
 		rec.fail(w, apiErr)
 		return
@@ -718,7 +710,7 @@ func (g *Gateway) finish(ctx context.Context, span *telemetry.Span, rec *record,
 // serveModels forwards GET /v1/models (and /v1/models/{model}) to an engine that is up, the
 // least loaded first, failing over to the others.
 func (g *Gateway) serveModels(w *statusWriter, r *http.Request, _ string, _ time.Time) {
-	if apiErr := g.authorize(r); apiErr != nil {
+	if apiErr := g.front.Authorize(r); apiErr != nil {
 		apiErr.Write(w)
 		return
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"github.com/cacheblend/cacheblend/modelfile"
 	"log/slog"
-	"net"
 	"net/http"
 	"slices"
 	"sync"
@@ -15,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cacheblend/cacheblend/component"
-	"github.com/cacheblend/cacheblend/httpserve"
+	"github.com/cacheblend/cacheblend/httpfront"
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/telemetry"
 )
@@ -41,14 +40,9 @@ type Gateway struct {
 	gatherer   prometheus.Gatherer
 	spans      *telemetry.Spans
 	log        *slog.Logger
-	handler    http.Handler
+	front      *httpfront.Front
 
-	mu        sync.Mutex
-	srv       *httpserve.Server
-	lis       net.Listener
-	started   bool
-	shutdown  bool
-	serveDone chan struct{}
+	// Set by Start under the front's lock (its prepare), read by Shutdown after the front's.
 	stopCheck context.CancelFunc
 	checkDone chan struct{}
 }
@@ -103,7 +97,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 			g.decode.engines = append(g.decode.engines, newUpstream(i, u, newReuseIndex(cfg.Model, cfg.ChunkSize, 0, 1)))
 		}
 	}
-	g.handler = g.routes()
+	g.front = g.newFront()
 	return g, nil
 }
 
@@ -111,7 +105,7 @@ func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastRe
 
 // Handler returns the gateway's HTTP routes. Requests get 503 until Start has checked the
 // engines' health.
-func (g *Gateway) Handler() http.Handler { return g.handler }
+func (g *Gateway) Handler() http.Handler { return g.front.Handler() }
 
 // Metrics returns the gateway's metrics facade.
 func (g *Gateway) Metrics() *metrics.GatewayMetrics { return g.metrics }
@@ -119,50 +113,29 @@ func (g *Gateway) Metrics() *metrics.GatewayMetrics { return g.metrics }
 // Start checks every engine's health once (bounded by Config.HealthInterval), starts the
 // health checks and listens on Config.Addr, serving in the background until Shutdown.
 func (g *Gateway) Start(ctx context.Context) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.started || g.shutdown {
-		return errors.New("gateway: Start called twice or after Shutdown")
-	}
-	lis, err := (&net.ListenConfig{}).Listen(ctx, "tcp", g.cfg.Addr)
+	err := g.front.Start(ctx, func(ctx context.Context) error {
+		g.checkAll(ctx)
+		cctx, cancel := context.WithCancel(context.Background())
+		g.stopCheck, g.checkDone = cancel, make(chan struct{})
+		go g.healthLoop(cctx, g.checkDone)
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("gateway: listen on %s: %w", g.cfg.Addr, err)
+		return err
 	}
-	g.checkAll(ctx)
-	cctx, cancel := context.WithCancel(context.Background())
-	g.stopCheck, g.checkDone = cancel, make(chan struct{})
-	go g.healthLoop(cctx, g.checkDone)
-	g.started = true
-	g.lis = lis
-	g.srv = httpserve.New("api", g.handler, g.cfg.httpLimits(), g.log)
-	g.serveDone = make(chan struct{})
-	srv, done := g.srv, g.serveDone
-	go func() {
-		defer close(done)
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			g.log.Error("http server stopped", "error", err.Error())
-		}
-	}()
 	up := 0
 	for _, s := range g.pool.snapshot() {
 		if s.up {
 			up++
 		}
 	}
-	g.log.Info("cb-gateway listening", "addr", lis.Addr().String(), "policy", g.policy.Name(),
-		"engines", len(g.cfg.Engines), "engines_up", up, "max_conns", g.srv.Limits().MaxConns)
+	g.log.Info("cb-gateway listening", "addr", g.front.Addr(), "policy", g.policy.Name(),
+		"engines", len(g.cfg.Engines), "engines_up", up, "max_conns", g.front.Stats().MaxConns)
 	return nil
 }
 
 // Addr returns the bound listen address once started ("" before).
-func (g *Gateway) Addr() string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.lis == nil {
-		return ""
-	}
-	return g.lis.Addr().String()
-}
+func (g *Gateway) Addr() string { return g.front.Addr() }
 
 // Engines returns the engines' base URLs, in the order of Config.Engines (with prefill/decode
 // routing: the prefill engines).
@@ -184,27 +157,17 @@ func (g *Gateway) pools() []*pool {
 // requests in flight finish until ctx ends, then closes the connections and stops the health
 // checks. It returns ctx's error when it had to cut requests short. Later calls return nil.
 func (g *Gateway) Shutdown(ctx context.Context) error {
-	g.mu.Lock()
-	if g.shutdown {
-		g.mu.Unlock()
+	first, err := g.front.Shutdown(ctx, func() {
+		for _, p := range g.pools() {
+			p.close()
+		}
+	})
+	if !first {
 		return nil
 	}
-	g.shutdown = true
-	srv, done, stop, checkDone := g.srv, g.serveDone, g.stopCheck, g.checkDone
-	g.mu.Unlock()
-	for _, p := range g.pools() {
-		p.close()
-	}
-	var err error
-	if srv != nil {
-		if err = srv.Shutdown(ctx); err != nil {
-			_ = srv.Close()
-		}
-		<-done
-	}
-	if stop != nil {
-		stop()
-		<-checkDone
+	if g.stopCheck != nil {
+		g.stopCheck()
+		<-g.checkDone
 	}
 	g.client.CloseIdleConnections()
 	if err != nil {
@@ -247,6 +210,7 @@ func (g *Gateway) checkAll(ctx context.Context) {
 // check runs one health check of u: GET /health must answer 200; GET /metrics gives its load
 // gauges (a failure there keeps the engine up with its last gauges).
 func (g *Gateway) check(ctx context.Context, p *pool, u *upstream) {
+	mark := p.placedMark(u)
 	ok, reason := g.probeHealth(ctx, u)
 	var gauges *engineGauges
 	if ok {
@@ -255,7 +219,7 @@ func (g *Gateway) check(ctx context.Context, p *pool, u *upstream) {
 		}
 	}
 	g.metrics.HealthCheck(u.name, ok)
-	if p.setHealth(u, ok, reason, gauges) {
+	if p.setHealth(u, ok, reason, gauges, mark) {
 		if ok {
 			g.log.Info("engine up", "engine", u.name)
 		} else {
@@ -318,7 +282,7 @@ func (g *Gateway) markDown(u *upstream, reason string) { g.markDownIn(g.pool, u,
 
 // markDownIn is markDown for an engine of pool p.
 func (g *Gateway) markDownIn(p *pool, u *upstream, reason string) {
-	if p.setHealth(u, false, reason, nil) {
+	if p.setHealth(u, false, reason, nil, 0) {
 		g.log.Warn("engine down", "engine", u.name, "reason", reason)
 	}
 }

@@ -104,6 +104,43 @@ func TestKVAwareKeepsDocumentsWhereTheyWere(t *testing.T) {
 	}
 }
 
+// TestNewDocumentsSpreadOverIdleEngines: sequential requests over 4 documents on 2 idle
+// engines put 2 documents on each, however often the first one is asked about before the
+// others appear: a tie goes to the engine holding less KV, not the one asked fewer times.
+func TestNewDocumentsSpreadOverIdleEngines(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		order []int
+	}{
+		{"round robin", []int{0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3}},
+		{"first document repeated", []int{0, 0, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1}},
+		{"in pairs", []int{0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 1, 1, 2, 2, 3, 3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := newFakeEngine(t), newFakeEngine(t)
+			tg := startGateway(t, Config{}, a, b)
+			docs := []string{randomText(11, 1500), randomText(12, 1500), randomText(13, 1500), randomText(14, 1500)}
+			home := map[int]string{}
+			for i, d := range tc.order {
+				_, hdr, _ := tg.post(t, RouteChat, chatBody("Answer with this document.\n\n"+docs[d]+"\n\nQuestion "+randomText(uint64(200+i), 40), false), nil)
+				e := hdr.Get(HeaderEngine)
+				if h, ok := home[d]; !ok {
+					home[d] = e
+				} else if h != e {
+					t.Errorf("request %d for document %d went to %s, its first request to %s", i, d, e, h)
+				}
+			}
+			perEngine := map[string]int{}
+			for _, e := range home {
+				perEngine[e]++
+			}
+			if perEngine[a.name] != 2 || perEngine[b.name] != 2 {
+				t.Fatalf("documents per engine %v, want 2 and 2", perEngine)
+			}
+		})
+	}
+}
+
 func TestKVAwareSpreadsALoadedEngine(t *testing.T) {
 	a, b := newFakeEngine(t), newFakeEngine(t)
 	tg := startGateway(t, Config{SpreadMargin: 2}, a, b)

@@ -1,12 +1,11 @@
 package gateway
 
 import (
-	"encoding/json"
-	"fmt"
 	"net/http"
 	"time"
 
 	"github.com/cacheblend/cacheblend/engine/api"
+	"github.com/cacheblend/cacheblend/httpfront"
 	"github.com/cacheblend/cacheblend/metrics"
 )
 
@@ -26,51 +25,21 @@ const (
 // HeaderEngine is the response header naming the engine (host:port) that answered.
 const HeaderEngine = "X-Cb-Engine"
 
-// statusWriter is the API writer (api.StatusWriter).
-type statusWriter = api.StatusWriter
+// statusWriter is the API writer (httpfront.StatusWriter).
+type statusWriter = httpfront.StatusWriter
 
-// routes builds the gateway's handler: routing, the HTTP duration metric, OpenAI-shaped
-// 404/405 errors.
-func (g *Gateway) routes() http.Handler {
-	metricsHandler := metrics.Handler(g.gatherer, g.refreshEngineMetrics)
-	table := map[string]api.Route{
-		RouteChat: {Method: http.MethodPost, Handler: func(w *statusWriter, r *http.Request, route string, t0 time.Time) {
-			g.serveGenerate(w, r, api.OperationChat, route, t0)
-		}},
-		RouteCompletions: {Method: http.MethodPost, Handler: func(w *statusWriter, r *http.Request, route string, t0 time.Time) {
-			g.serveGenerate(w, r, api.OperationTextCompletion, route, t0)
-		}},
-		RouteDocuments: {Method: http.MethodPost, Handler: g.serveDocuments},
-		RouteModels:    {Method: http.MethodGet, Handler: g.serveModels},
-		RouteModel:     {Method: http.MethodGet, Handler: g.serveModels},
-		RouteHealth:    {Method: http.MethodGet, Handler: g.serveHealth},
-		RouteMetrics: {Method: http.MethodGet, Handler: func(w *statusWriter, r *http.Request, _ string, _ time.Time) {
-			metricsHandler.ServeHTTP(w, r)
-		}},
-	}
-	return api.Routes(table, g.cfg.WriteTimeout, g.metrics.RecordHTTP)
-}
+// writeJSON writes a JSON body (httpfront.WriteJSON).
+var writeJSON = httpfront.WriteJSON
 
-// authorize checks the API key of a /v1/ request (api.Authorize).
-func (g *Gateway) authorize(r *http.Request) *api.Error { return api.Authorize(r, g.cfg.APIKey) }
-
-// readBody reads a request body within the limits of the server (api.ReadBody).
-func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *api.Error) {
-	if apiErr := api.CheckJSON(r); apiErr != nil { // 415: never served as JSON
-		return nil, apiErr
-	}
-	return api.ReadBody(w, r, g.cfg.MaxBodyBytes, g.cfg.ReadTimeout)
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	body, err := json.Marshal(v)
-	if err != nil {
-		api.Internal(fmt.Sprintf("encode response: %v", err)).Write(w)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(append(body, '\n'))
+// newFront builds the gateway's HTTP front: its routes, API key, body bounds and server.
+func (g *Gateway) newFront() *httpfront.Front {
+	return httpfront.New(httpfront.Config{
+		Component: "gateway", Addr: g.cfg.Addr, APIKey: g.cfg.APIKey, MaxBodyBytes: g.cfg.MaxBodyBytes,
+		Limits: g.cfg.httpLimits(), Logger: g.log,
+	}, httpfront.Handlers{
+		Generate: g.serveGenerate, Documents: g.serveDocuments, Models: g.serveModels, Health: g.serveHealth,
+		Metrics: metrics.Handler(g.gatherer, g.refreshEngineMetrics), Record: g.metrics.RecordHTTP,
+	})
 }
 
 // healthBody is the JSON body of GET /health.
@@ -92,9 +61,7 @@ type healthEngine struct {
 // serveHealth answers 200 when at least one engine is up, else 503 with the reasons; the body
 // lists every engine's state.
 func (g *Gateway) serveHealth(w *statusWriter, _ *http.Request, _ string, _ time.Time) {
-	g.mu.Lock()
-	down := g.shutdown
-	g.mu.Unlock()
+	down := g.front.ShuttingDown()
 	b := healthBody{Status: "ok", Policy: g.policy.Name()}
 	up := 0
 	for i, s := range g.pool.snapshot() {

@@ -40,6 +40,15 @@ func TestParseEngineGauges(t *testing.T) {
 	if g, err := parseEngineGauges(strings.NewReader(long)); err != nil || g.Running != 2 {
 		t.Fatalf("after a long line: %+v %v", g, err)
 	}
+	// A hostile engine repeating the gauges is refused beyond maxGaugeLines, whatever the body.
+	flood := strings.Repeat("cb_engine_requests_waiting 1\n", maxGaugeLines) + "cb_engine_requests_running 2\n"
+	if _, err := parseEngineGauges(strings.NewReader(flood)); !errors.Is(err, errBadMetrics) {
+		t.Fatalf("flood of gauge lines: %v, want errBadMetrics", err)
+	}
+	// Other metrics, however many, are not kept.
+	if g, err := parseEngineGauges(strings.NewReader("cb_engine_requests_waiting 1\ncb_engine_requests_running 2\n" + strings.Repeat("other_metric 1\n", 1000))); err != nil || g.Waiting != 1 {
+		t.Fatalf("other metrics around the gauges: %+v %v", g, err)
+	}
 }
 
 // FuzzParseEngineGauges: any exposition parses without panic, within its bounds.

@@ -52,8 +52,13 @@ type Candidate struct {
 	// ExpectedHitTokens is how many prompt tokens the engine is expected to reuse, learned
 	// from the prompts and documents the gateway routed there.
 	ExpectedHitTokens int
+	// KVHeld is the share of the engine's KV pool that holds KV: its used and cached blocks
+	// (cb_engine_kv_blocks) over cb_engine_kv_pool_blocks at its last /metrics, plus the new
+	// prompt tokens the gateway routed there since (at 16 tokens a block). The first
+	// tie-breaker between equally loaded engines: new KV goes where it fits.
+	KVHeld float64
 	// Recent is a decayed count of the requests routed to the engine lately (half-life 10 s),
-	// a tie-breaker that spreads new documents over the engines.
+	// the tie-breaker after KVHeld.
 	Recent float64
 }
 
@@ -92,19 +97,17 @@ func newPolicy(name string, alpha, margin float64) Policy {
 	return kvAware{alpha: alpha, margin: margin}
 }
 
-// better reports whether candidate a wins a tie against b: lower load, then fewer recent
-// requests. Equal on both, neither wins (the caller rotates).
+// better reports whether candidate a wins a tie against b: lower load, then less KV held,
+// then fewer recent requests. Equal on all, neither wins (the caller rotates).
 func better(a, b *Candidate) (win, tie bool) {
 	const eps = 1e-9
-	switch {
-	case a.Load < b.Load-eps:
-		return true, false
-	case a.Load > b.Load+eps:
-		return false, false
-	case a.Recent < b.Recent-eps:
-		return true, false
-	case a.Recent > b.Recent+eps:
-		return false, false
+	for _, k := range [][2]float64{{a.Load, b.Load}, {a.KVHeld, b.KVHeld}, {a.Recent, b.Recent}} {
+		switch {
+		case k[0] < k[1]-eps:
+			return true, false
+		case k[0] > k[1]+eps:
+			return false, false
+		}
 	}
 	return false, true
 }
@@ -135,7 +138,7 @@ func argmin(c []Candidate, seq uint64, key func(*Candidate) float64) int {
 //
 //	score(e) = expected_hit_tokens(e)/prompt_tokens − alpha·load(e)
 //
-// The highest score wins (ties: lower load, fewer recent requests, rotation). When the
+// The highest score wins (ties: lower load, less KV held, fewer recent requests, rotation). When the
 // winner's load exceeds the least loaded candidate's by more than margin, the request goes to
 // the best-scoring candidate among those within margin of the least load instead.
 type kvAware struct{ alpha, margin float64 }
@@ -179,7 +182,8 @@ func (p kvAware) Choose(r *RouteRequest, c []Candidate, seq uint64) Decision {
 	return Decision{Index: chosen, Score: p.score(r, &c[chosen]), Reason: reason}
 }
 
-// leastLoaded picks the lowest load (ties: fewer recent requests, rotation); score −load.
+// leastLoaded picks the lowest load (ties: less KV held, fewer recent requests, rotation);
+// score −load.
 type leastLoaded struct{}
 
 func (leastLoaded) Name() string { return PolicyLeastLoaded }

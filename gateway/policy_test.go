@@ -55,6 +55,13 @@ func TestKVAwareNewDocumentsSpread(t *testing.T) {
 	if d := p.Choose(r, c, 0); d.Index != 1 || d.Reason != ReasonLoad {
 		t.Fatalf("decision %+v, want b (fewer recent requests)", d)
 	}
+	// Less KV held comes before fewer recent requests: new KV goes where it fits.
+	c = []Candidate{{Name: "a", KVHeld: 0.5, Recent: 1}, {Name: "b", KVHeld: 0.1, Recent: 5}}
+	for _, name := range []string{PolicyKVAware, PolicyLeastLoaded} {
+		if d := newPolicy(name, DefaultAlpha, DefaultSpreadMargin).Choose(r, c, 0); d.Index != 1 {
+			t.Fatalf("%s: decision %+v, want b (less KV held)", name, d)
+		}
+	}
 	// A complete tie rotates.
 	c = []Candidate{{Name: "a"}, {Name: "b"}}
 	if a, b := p.Choose(r, c, 0), p.Choose(r, c, 1); a.Index == b.Index {

@@ -39,6 +39,8 @@ type upstream struct {
 	units    int // the engine requests they make (a document ingest makes one per document)
 	recent   float64
 	recentAt time.Time
+	placed   int                                   // new prompt tokens routed to the engine, a running total
+	placedAt int                                   // placed when the probe that read the gauges began
 	pending  map[*context.CancelCauseFunc]struct{} // attempts whose response has not begun
 }
 
@@ -59,8 +61,29 @@ func (u *upstream) candidate(now time.Time, hits int) Candidate {
 			c.KVUsed = math.Min(1, float64(g.KVUsed)/float64(g.KVPool))
 		}
 	}
-	c.Load = u.load()
+	c.Load, c.KVHeld = u.load(), u.kvHeld()
 	return c
+}
+
+// Assumptions of kvHeld: the tokens of a KV block (the stack's block size), and the pool of
+// an engine that reported none.
+const (
+	kvBlockTokens     = 16
+	nominalPoolBlocks = 4096
+)
+
+// kvHeld is the share of the engine's KV pool that holds KV (pool lock held): its used and
+// cached blocks at its last gauges, plus the new prompt tokens routed there since the probe
+// that read them.
+func (u *upstream) kvHeld() float64 {
+	held, pool := float64(u.placed-u.placedAt)/kvBlockTokens, nominalPoolBlocks
+	if g := u.gauges; g.Has {
+		held += float64(g.KVUsed + g.KVCached)
+		if g.KVPool > 0 {
+			pool = g.KVPool
+		}
+	}
+	return held / float64(pool)
 }
 
 // load is the load the policies compare (pool lock held): the gateway's in-flight requests
@@ -167,6 +190,7 @@ func (p *pool) decide(j *routeJob, now time.Time) *lease {
 	u.units += max(1, j.units)
 	u.recent = u.decayed(now) + 1
 	u.recentAt = now
+	u.placed += max(0, j.req.PromptTokens-j.hits[u.i])
 	return &lease{u: u, units: max(1, j.units), decision: d, cand: cands[d.Index], all: cands}
 }
 
@@ -264,9 +288,18 @@ func (p *pool) notifyQueue() {
 	}
 }
 
+// placedMark returns u's running total of new prompt tokens routed to it, read before a probe
+// of its gauges (for setHealth).
+func (p *pool) placedMark(u *upstream) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return u.placed
+}
+
 // setHealth records the outcome of a health check (or of a failed attempt: up false) and
-// serves the queue when an engine came up or went down. It returns whether the state changed.
-func (p *pool) setHealth(u *upstream, up bool, reason string, g *engineGauges) bool {
+// serves the queue when an engine came up or went down; g, when not nil, are the gauges read
+// by a probe that began at placed total mark. It returns whether the state changed.
+func (p *pool) setHealth(u *upstream, up bool, reason string, g *engineGauges, mark int) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	changed := u.up != up || !u.checked
@@ -279,7 +312,7 @@ func (p *pool) setHealth(u *upstream, up bool, reason string, g *engineGauges) b
 	}
 	u.up, u.reason = up, reason
 	if g != nil {
-		u.gauges, u.gwAtPoll = *g, u.units
+		u.gauges, u.gwAtPoll, u.placedAt = *g, u.units, mark
 	}
 	if changed {
 		p.dispatch()

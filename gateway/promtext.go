@@ -4,9 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"math"
-	"strconv"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // Engine gauges the gateway reads from each engine's /metrics (contract/instruments.yaml).
@@ -17,10 +21,14 @@ const (
 	gaugeKVPool  = "cb_engine_kv_pool_blocks"
 )
 
-// maxMetricsBytes bounds an engine's /metrics body the gateway reads; maxMetricsLine one line.
+// Bounds of reading an engine's /metrics: the body (maxMetricsBytes), one line
+// (maxMetricsLine; longer lines are skipped) and the lines of the load gauges kept for the
+// parser (maxGaugeLines: an engine writes 6 samples and their comments), so that a hostile
+// engine cannot make the gateway hold more than a few KiB per health check.
 const (
 	maxMetricsBytes = 4 << 20
 	maxMetricsLine  = 64 << 10
+	maxGaugeLines   = 64
 )
 
 // engineGauges are the engine's load gauges; Has is false until they were read.
@@ -35,40 +43,60 @@ type engineGauges struct {
 var errBadMetrics = errors.New("gateway: engine /metrics: no load gauges")
 
 // parseEngineGauges reads the engine's load gauges from a Prometheus text exposition (at most
-// maxMetricsBytes; lines longer than maxMetricsLine are skipped). Only the gauges it needs are
-// parsed: `name value` or `name{labels} value [timestamp]`; comments, other metrics and
-// malformed lines are ignored. Values must be finite, non-negative and below 2^31. It returns
-// errBadMetrics when waiting or running is missing.
+// maxMetricsBytes; lines longer than maxMetricsLine are skipped). The lines of the four gauge
+// families (samples, HELP and TYPE) are kept, at most maxGaugeLines, and parsed with expfmt;
+// the rest is not looked at. Values must be finite, non-negative and below 2^31 (a KV gauge
+// outside is ignored). It returns errBadMetrics when the kept lines do not parse or waiting or
+// running is missing.
 func parseEngineGauges(r io.Reader) (engineGauges, error) {
-	var g engineGauges
+	var kept bytes.Buffer
 	br := bufio.NewReaderSize(io.LimitReader(r, maxMetricsBytes), 4096)
-	var hasWaiting, hasRunning bool
-	for {
+	for n := 0; ; {
 		line, err := readLine(br, maxMetricsLine)
-		if len(line) > 0 && line[0] != '#' {
-			name, labels, value, ok := splitSample(line)
-			if ok {
-				switch string(name) {
-				case gaugeWaiting:
-					g.Waiting, hasWaiting = value, true
-				case gaugeRunning:
-					g.Running, hasRunning = value, true
-				case gaugeKVPool:
-					g.KVPool = value
-				case gaugeKV:
-					switch labelValue(labels, "state") {
-					case "free":
-						g.KVFree = value
-					case "used":
-						g.KVUsed = value
-					case "cached":
-						g.KVCached = value
-					}
-				}
+		if gaugeLine(line) {
+			if n++; n > maxGaugeLines {
+				return engineGauges{}, fmt.Errorf("%w: over %d lines of load gauges", errBadMetrics, maxGaugeLines)
 			}
+			kept.Write(line)
+			kept.WriteByte('\n')
 		}
 		if err != nil {
 			break
+		}
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(&kept)
+	if err != nil {
+		return engineGauges{}, fmt.Errorf("%w: %w", errBadMetrics, err)
+	}
+	var g engineGauges
+	var hasWaiting, hasRunning bool
+	for name, f := range fams {
+		for _, m := range f.GetMetric() {
+			v, ok := gaugeValue(m)
+			if !ok {
+				continue
+			}
+			switch name {
+			case gaugeWaiting:
+				g.Waiting, hasWaiting = v, true
+			case gaugeRunning:
+				g.Running, hasRunning = v, true
+			case gaugeKVPool:
+				g.KVPool = v
+			case gaugeKV:
+				for _, l := range m.GetLabel() {
+					switch {
+					case l.GetName() != "state":
+					case l.GetValue() == "free":
+						g.KVFree = v
+					case l.GetValue() == "used":
+						g.KVUsed = v
+					case l.GetValue() == "cached":
+						g.KVCached = v
+					}
+				}
+			}
 		}
 	}
 	if !hasWaiting || !hasRunning {
@@ -76,6 +104,40 @@ func parseEngineGauges(r io.Reader) (engineGauges, error) {
 	}
 	g.Has = true
 	return g, nil
+}
+
+// gaugeLine reports whether line is a sample, HELP or TYPE line of one of the four gauges.
+func gaugeLine(line []byte) bool {
+	for _, prefix := range [][]byte{[]byte("# HELP "), []byte("# TYPE ")} {
+		if rest, ok := bytes.CutPrefix(line, prefix); ok {
+			line = rest
+			break
+		}
+	}
+	for _, name := range []string{gaugeWaiting, gaugeRunning, gaugeKV, gaugeKVPool} {
+		if rest, ok := bytes.CutPrefix(line, []byte(name)); ok && len(rest) > 0 && (rest[0] == ' ' || rest[0] == '\t' || rest[0] == '{') {
+			return true
+		}
+	}
+	return false
+}
+
+// gaugeValue returns a sample's value (gauge or untyped) as a count: finite, non-negative and
+// below 2^31.
+func gaugeValue(m *dto.Metric) (int, bool) {
+	var v float64
+	switch {
+	case m.GetGauge() != nil:
+		v = m.GetGauge().GetValue()
+	case m.GetUntyped() != nil:
+		v = m.GetUntyped().GetValue()
+	default:
+		return 0, false
+	}
+	if math.IsNaN(v) || v < 0 || v >= 1<<31 {
+		return 0, false
+	}
+	return int(v), true
 }
 
 // readLine returns the next line without its newline; a line longer than limit is returned
@@ -101,86 +163,4 @@ func readLine(br *bufio.Reader, limit int) ([]byte, error) {
 			return bytes.TrimRight(out, "\r\n"), err
 		}
 	}
-}
-
-// splitSample splits `name{labels} value [timestamp]` (labels optional) and parses the value
-// as a gauge count.
-func splitSample(line []byte) (name, labels []byte, value int, ok bool) {
-	i := bytes.IndexAny(line, "{ \t")
-	if i <= 0 {
-		return nil, nil, 0, false
-	}
-	name, rest := line[:i], line[i:]
-	if rest[0] == '{' {
-		j := closingBrace(rest)
-		if j < 0 {
-			return nil, nil, 0, false
-		}
-		labels, rest = rest[1:j], rest[j+1:]
-	}
-	fields := bytes.Fields(rest)
-	if len(fields) < 1 || len(fields) > 2 {
-		return nil, nil, 0, false
-	}
-	v, err := strconv.ParseFloat(string(fields[0]), 64)
-	if err != nil || math.IsNaN(v) || v < 0 || v >= 1<<31 {
-		return nil, nil, 0, false
-	}
-	return name, labels, int(v), true
-}
-
-// closingBrace returns the index of the '}' closing the label set that s starts with, skipping
-// quoted values (with backslash escapes), or -1.
-func closingBrace(s []byte) int {
-	quoted := false
-	for i := 1; i < len(s); i++ {
-		switch c := s[i]; {
-		case quoted && c == '\\':
-			i++
-		case c == '"':
-			quoted = !quoted
-		case !quoted && c == '}':
-			return i
-		}
-	}
-	return -1
-}
-
-// labelValue returns the unescaped value of label key in a label set (`k="v",k2="v2"`), or "".
-func labelValue(labels []byte, key string) string {
-	for len(labels) > 0 {
-		eq := bytes.IndexByte(labels, '=')
-		if eq < 0 || eq+1 >= len(labels) || labels[eq+1] != '"' {
-			return ""
-		}
-		k := string(bytes.TrimSpace(labels[:eq]))
-		rest := labels[eq+2:]
-		var val []byte
-		end := -1
-		for i := 0; i < len(rest); i++ {
-			if rest[i] == '\\' && i+1 < len(rest) {
-				switch rest[i+1] {
-				case 'n':
-					val = append(val, '\n')
-				default:
-					val = append(val, rest[i+1])
-				}
-				i++
-				continue
-			}
-			if rest[i] == '"' {
-				end = i
-				break
-			}
-			val = append(val, rest[i])
-		}
-		if end < 0 {
-			return ""
-		}
-		if k == key {
-			return string(val)
-		}
-		labels = bytes.TrimLeft(rest[end+1:], ", ")
-	}
-	return ""
 }

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cacheblend/cacheblend/corpus"
 	"github.com/cacheblend/cacheblend/defaults"
-	"github.com/cacheblend/cacheblend/demo"
 )
 
 // Defaults of Config: a run is always bounded by DefaultRequests and DefaultDuration unless
@@ -33,7 +33,7 @@ var ErrConfig = errors.New("loadgen: invalid config")
 
 // Document is one corpus document: an ID and its text (the type of package demo, whose
 // sample documents are the default corpus).
-type Document = demo.Document
+type Document = corpus.Document
 
 // Config configures Run. API is required; the zero value of every other field takes the
 // default documented on it. Negative values are refused with ErrConfig.
@@ -73,7 +73,7 @@ type Config struct {
 	// placed before the documents; each request draws a length uniformly in [0, MaxPrefix].
 	// Default 0: no filler.
 	MaxPrefix int
-	// Documents is the corpus; default demo.Documents(), the repo's sample documents.
+	// Documents is the corpus; default corpus.Documents(), the repo's sample documents.
 	Documents []Document
 	// Seed makes the prompts reproducible: request i's prompt depends only on Seed and i.
 	// Default 0.
@@ -166,7 +166,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.SettleTimeout = DefaultSettleTimeout
 	}
 	if c.Documents == nil {
-		c.Documents = demo.Documents()
+		c.Documents = corpus.Documents()
 	}
 	if len(c.Documents) == 0 {
 		return bad("the corpus is empty")

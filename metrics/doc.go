@@ -11,7 +11,7 @@
 //     infinite increments, and [Counter.SetTotal] mirrors an external running total, refusing
 //     a lower one. Histograms refuse negative and non-finite observations.
 //   - Typed facades, one per process role: [EngineMetrics] (GenAI request latencies, HTTP,
-//     scheduler gauges, KV transfer), [WorkerMetrics], [BlendMetrics] (every lmcache_blend_*
+//     scheduler gauges, KV hand-overs), [WorkerMetrics] (with KV transfer), [BlendMetrics] (every lmcache_blend_*
 //     instrument), [ProcessMetrics] (build info, trace exporter totals) and [GatewayMetrics]
 //     (cb gateway: the GenAI request histograms as seen at the gateway, routing, failovers,
 //     queue, per-engine health and load). Each registers exactly the contract instruments it

@@ -50,7 +50,7 @@ type EngineStats struct {
 
 // EngineMetrics records every instrument the contract assigns to cb-engine: GenAI request
 // latencies (TTFT, TPOT, request duration, with trace exemplars), token counters, the HTTP
-// server histogram, scheduler gauges, lookup fallbacks and KV transfer. Its record methods
+// server histogram, scheduler gauges, lookup fallbacks and KV hand-overs. Its record methods
 // return nothing; a record they cannot take is refused whole (nothing recorded, counted in
 // Registry().RecordStats(), reported to Config.OnRefused) as described on Registry. Safe for
 // concurrent use.
@@ -66,7 +66,6 @@ type EngineMetrics struct {
 	evictions, preemptions                           *series
 	fallbacksIn                                      *instrument
 	fallbacks                                        [len(fallbackReasons)]*series
-	kv                                               kvTransfer
 	handoff                                          kvHandoff
 
 	statsMu sync.Mutex // serialises SetEngine so its check-then-set is atomic
@@ -88,7 +87,7 @@ var fallbackReasons = [...]string{"error", "timeout", "unavailable", "queue_full
 
 // NewEngineMetrics registers the engine's contract instruments on reg and resolves every series
 // whose label values are fixed (scheduler gauges, KV blocks by state, fallback reasons, KV
-// transfer directions); a contract that lacks one of them is an error here, so a running
+// hand-over directions); a contract that lacks one of them is an error here, so a running
 // facade has nothing left to fail on. Options: WithContract (default: the embedded contract),
 // WithLabelCap (default 64), WithOnRefused (default: refusals are only counted).
 func NewEngineMetrics(reg prometheus.Registerer, opts ...Option) (*EngineMetrics, error) {
@@ -106,7 +105,6 @@ func NewEngineMetrics(reg prometheus.Registerer, opts ...Option) (*EngineMetrics
 		promptTokens: b.counter("cb_engine_prompt_tokens_total"),
 		genTokens:    b.counter("cb_engine_generation_tokens_total"),
 		fallbacksIn:  instrumentOf(b.counter("cb_engine_lookup_fallbacks_total")),
-		kv:           newKVTransfer(b),
 		handoff:      newKVHandoff(b),
 	}
 	b.enumSeries(m.fallbacks[:], m.fallbacksIn, fallbackReasons[:])
@@ -304,10 +302,6 @@ func (m *EngineMetrics) setEngine(s EngineStats) error {
 	}
 	return m.preemptions.setTotal("cb_engine_preemptions_total", float64(s.Preemptions))
 }
-
-// AddKVTransfer counts KV moved by the engine's connector in direction d. Negative bytes or
-// tokens, or a d that is not a KVDirection constant, refuse the record (see Registry).
-func (m *EngineMetrics) AddKVTransfer(d KVDirection, bytes, tokens int64) { m.kv.add(d, bytes, tokens) }
 
 // LookupFallback counts a request scheduled without a lookup result; reason is "error",
 // "timeout", "unavailable" or "queue_full" (the scheduler's reasons, passed on as they come). Another

@@ -121,7 +121,7 @@ func instrumentOf(c *Counter) *instrument {
 	return c.in
 }
 
-// kvTransfer records cb_kv_transfer_{bytes,tokens}_total; shared by engine and worker. Its
+// kvTransfer records cb_kv_transfer_{bytes,tokens}_total (the worker's). Its
 // series are resolved by the constructor, one per KVDirection.
 type kvTransfer struct {
 	bytesIn       *instrument

@@ -32,13 +32,13 @@ func exercise(t testing.TB, e *EngineMetrics, w *WorkerMetrics, b *BlendMetrics,
 	e.RecordRequest(ctx, RequestRecord{Operation: "text_completion", Model: "m1", E2E: 3e7, ErrorType: "queue_full"})
 	e.RecordHTTP("POST", "/v1/chat/completions", 200, 1.0)
 	e.SetEngine(EngineStats{Waiting: 2, Running: 3, KVFree: 10, KVUsed: 5, KVCached: 1, KVTotal: 16, Evictions: 4, Preemptions: 1, BatchTokens: 64, PrefixHitRatio: 0.25})
-	e.AddKVTransfer(KVLoad, 4096, 16)
 	e.LookupFallback("timeout")
 	w.ObserveForward(ctx, PhasePrefill, 30*time.Millisecond)
 	w.ObserveRecomputeRatio(15, 100)
 	w.Step()
 	w.BlendFailure(BlendOpStore)
 	w.AddKVTransfer(KVStore, 8192, 32)
+	w.AddKVTransfer(KVLoad, 4096, 16)
 	b.RecordLookup(ctx, LookupRecord{Duration: 2 * time.Millisecond, PrefixHitTokens: 256, NonPrefixHitTokens: 300, RequestedTokens: 1000, FingerprintHits: 3, StorageHits: 2, StaleChunks: 1})
 	b.ObserveFingerprintMatch(ctx, time.Millisecond)
 	b.ObserveSparsePrefetch(ctx, time.Millisecond)
@@ -304,26 +304,34 @@ func TestRecordRequestRefusals(t *testing.T) {
 		!slices.Equal(le.Want, []string{"error", "timeout", "unavailable", "queue_full"}) {
 		t.Errorf("unknown fallback reason: %v", err)
 	}
-	e.AddKVTransfer(KVDirection(7), 1, 1)
+	// KV transfer is the worker's (the engine moves no KV of its own).
+	w, err := NewWorkerMetrics(reg, rf.opt())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.AddKVTransfer(KVDirection(7), 1, 1)
 	if err := rf.one(t, "forged direction"); !errors.As(err, &le) || le.Label != "direction" || le.Value != "KVDirection(7)" {
 		t.Errorf("forged direction: %v", err)
 	}
-	e.AddKVTransfer(KVLoad, -1, 1)
+	w.AddKVTransfer(KVLoad, -1, 1)
 	if err := rf.one(t, "negative bytes"); !errors.Is(err, ErrNegative) {
 		t.Errorf("negative bytes: %v", err)
+	}
+	if st := w.Registry().RecordStats(); st != (RecordStats{Refused: 2}) {
+		t.Errorf("worker RecordStats %+v, want 2 refused", st)
 	}
 	e.RecordHTTP("GET", "/", 200, math.NaN())
 	if err := rf.one(t, "NaN duration"); !errors.Is(err, ErrNaN) {
 		t.Errorf("NaN duration: %v", err)
 	}
-	if st := e.Registry().RecordStats(); st != (RecordStats{Refused: 9}) {
-		t.Errorf("RecordStats %+v, want 9 refused", st)
+	if st := e.Registry().RecordStats(); st != (RecordStats{Refused: 7}) {
+		t.Errorf("RecordStats %+v, want 7 refused", st)
 	}
 	e.RecordHTTP("GET", "/", 99, 0.1)
 	e.RecordHTTP("BREW", "/pot", 418, 0.1)
 	rf.none(t, "status 99 and method BREW")
-	if st := e.Registry().RecordStats(); st != (RecordStats{Refused: 9, InvalidLabelValues: 1}) {
-		t.Errorf("RecordStats %+v, want 9 refused, 1 invalid label value", st)
+	if st := e.Registry().RecordStats(); st != (RecordStats{Refused: 7, InvalidLabelValues: 1}) {
+		t.Errorf("RecordStats %+v, want 7 refused, 1 invalid label value", st)
 	}
 	fams := gather(t, reg)
 	for _, name := range []string{NameTTFT, NameRequestDuration, "cb_engine_prompt_tokens_total"} {
@@ -829,9 +837,9 @@ func TestConstructorsResolveFixedSeries(t *testing.T) {
 				_, err := NewWorkerMetrics(prometheus.NewRegistry(), WithContract(set))
 				return err
 			}},
-		{"engine direction", "allowed: [load, store]", "allowed: [load, unload]",
+		{"worker direction", "allowed: [load, store]", "allowed: [load, unload]",
 			func(set *contract.InstrumentSet) error {
-				_, err := NewEngineMetrics(prometheus.NewRegistry(), WithContract(set))
+				_, err := NewWorkerMetrics(prometheus.NewRegistry(), WithContract(set))
 				return err
 			}},
 		{"engine reason", "allowed: [error, timeout, unavailable, queue_full]", "allowed: [error, timeout, unavailable]",

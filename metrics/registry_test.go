@@ -505,7 +505,7 @@ func TestHotPathsDoNotAllocate(t *testing.T) {
 		"Histogram.ObserveContext": func() { e.ttft.ObserveContext(ctx, 0.3, "chat", "m") },
 		"HistogramSeries.Observe":  func() { bound.Observe(0.3) },
 		"Counter.Add":              func() { e.promptTokens.Add(3, "m") },
-		"AddKVTransfer":            func() { e.AddKVTransfer(KVLoad, 10, 1) },
+		"AddKVTransfer":            func() { w.AddKVTransfer(KVLoad, 10, 1) },
 		"LookupFallback":           func() { e.LookupFallback("timeout") },
 		"ObserveForward":           func() { w.ObserveForward(ctx, PhaseDecode, time.Millisecond) },
 		"ObserveRecomputeRatio":    func() { w.ObserveRecomputeRatio(3, 10) },

@@ -258,8 +258,6 @@ func newEngine(t testing.TB) *process {
 				Waiting: 3, Running: 8, KVFree: 400, KVUsed: 500, KVCached: 124, KVTotal: 1024,
 				Evictions: uint64(7 * b), Preemptions: uint64(b), BatchTokens: 2048, PrefixHitRatio: 0.42,
 			})
-			m.AddKVTransfer(metrics.KVLoad, 48<<20, 3072)
-			m.AddKVTransfer(metrics.KVStore, 16<<20, 1024)
 			m.LookupFallback("timeout")
 		}, nil
 	})

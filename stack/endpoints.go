@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 )
 
 // supervision returns cfg with an OnReady that records every (re)started
@@ -125,4 +126,24 @@ func DefaultStateDir() (string, error) {
 		return "", fmt.Errorf("stack: default state directory: %w", err)
 	}
 	return filepath.Join(home, ".local", "state", "cacheblend"), nil
+}
+
+// OpenLogFile creates a log file for one run of name (e.g. "demo") in the logs directory of
+// the state directory dir (MakeStateDir; the logs directory 0700):
+// <dir>/logs/<name>-<UTC time>.log, mode 0600 (the logs may hold request details). The caller
+// closes it.
+func OpenLogFile(dir, name string) (*os.File, error) {
+	logs := filepath.Join(dir, "logs")
+	if err := MakeStateDir(dir); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(logs, 0o700); err != nil {
+		return nil, fmt.Errorf("stack: logs directory: %w", err)
+	}
+	path := filepath.Join(logs, name+"-"+time.Now().UTC().Format("20060102-150405.000")+".log")
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("stack: log file: %w", err)
+	}
+	return f, nil
 }

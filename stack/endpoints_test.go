@@ -227,3 +227,24 @@ func TestEndpointsIsACopy(t *testing.T) {
 		t.Fatalf("the stack's endpoints were not updated: %+v", now)
 	}
 }
+
+func TestOpenLogFile(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	f, err := OpenLogFile(dir, "demo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if got := filepath.Dir(f.Name()); got != filepath.Join(dir, "logs") {
+		t.Fatalf("log file in %s, want %s/logs", got, dir)
+	}
+	for path, want := range map[string]os.FileMode{dir: 0o700 | os.ModeDir, filepath.Join(dir, "logs"): 0o700 | os.ModeDir, f.Name(): 0o600} {
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode() != want {
+			t.Errorf("%s: mode %v, want %v", path, fi.Mode(), want)
+		}
+	}
+}

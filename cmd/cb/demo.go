@@ -15,6 +15,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/demo"
 	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/stack"
 )
 
 func init() { subcommands = append(subcommands, newDemoCmd) }
@@ -26,23 +27,34 @@ func newDemoCmd() *cobra.Command {
 		exit     bool
 		jsonPath string
 		checkURL string
+		verbose  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Start the stack, ingest the sample documents, run RAG requests with and without reuse, and show where the time went",
-		Long: `Start the stack (as cb up), ingest the sample documents shipped in demo/docs, run RAG-style
+		Long: `Start the stack (as cb up), ingest the sample documents shipped in corpus/docs, run RAG-style
 requests (documents in varying order and positions, then a question) once with CacheBlend reuse and
 once as a full prefill, and print a table per request (TTFT with and without reuse, speedup, hit rate,
 prefix / non-prefix hit tokens, imp_count, spans, services), the text waterfall of the slowest request,
 the contract check of every trace, and the URL of the trace page. With --nodes N the requests go
 through the gateway: the table names the node (X-Cb-Engine) that served each request, and a routing
-table gives each node's requests and hit rate. It keeps running until Ctrl-C, or
-exits with --exit (status 1 when a check fails).`,
+table gives each node's requests and hit rate. The processes' log lines go to a file in the
+logs directory of the state directory (its path is printed first); --verbose prints them instead.
+It keeps running until Ctrl-C, or exits with --exit (status 1 when a check fails).`,
 		RunE: func(c *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(c.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			if cfg.APIKey != "" {
 				u.engineArgs = append(u.engineArgs, "--api-key="+cfg.APIKey)
+			}
+			if !verbose {
+				logs, err := demoLogFile()
+				if err != nil {
+					return err
+				}
+				defer logs.Close()
+				u.logs = logs
+				fmt.Fprintf(os.Stderr, "logs of the processes: %s (--verbose prints them here)\n", logs.Name())
 			}
 			r, err := startStack(ctx, &u)
 			if err != nil {
@@ -100,8 +112,21 @@ exits with --exit (status 1 when a check fails).`,
 	f.StringVar(&cfg.APIKey, "api-key", "", "protect the engine's API with this key (the demo sends it)")
 	f.BoolVar(&exit, "exit", false, "exit after the report instead of serving until Ctrl-C")
 	f.StringVar(&jsonPath, "json", "", "also write the report as JSON to this file")
+	f.BoolVar(&verbose, "verbose", false, "print the processes' log lines here instead of into a file in the state directory")
 	f.StringVar(&checkURL, "check-url", "", "Jaeger-compatible query API to read traces from (default: the embedded collector; with OTEL_EXPORTER_OTLP_ENDPOINT set and no --check-url the checks are not run)")
 	return withEnv(cmd)
+}
+
+// demoLogFile opens the file the demo's processes log into: in the logs directory of the
+// default state directory (stack.DefaultStateDir), else of a new temporary directory.
+func demoLogFile() (*os.File, error) {
+	dir, err := stack.DefaultStateDir()
+	if err != nil {
+		if dir, err = os.MkdirTemp("", "cb-demo-"); err != nil {
+			return nil, fmt.Errorf("demo: log directory: %w", err)
+		}
+	}
+	return stack.OpenLogFile(dir, "demo")
 }
 
 // servedShape is the shape of the model the demo's workers serve: the

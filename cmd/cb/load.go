@@ -22,7 +22,7 @@ func newLoadCmd() *cobra.Command {
 		Use:   "load",
 		Short: "Send RAG-style load to an engine and cross-check client-side TTFT/TPOT against its /metrics",
 		Long: `Send streamed chat completions to a running engine: each prompt is a random subset of the sample
-documents (demo/docs) in random order, after a random-length filler prefix so the documents land at
+documents (corpus/docs) in random order, after a random-length filler prefix so the documents land at
 arbitrary offsets, then a question. Closed loop (--rate 0: --concurrency workers back to back) or open
 loop (--rate requests/s with at most --concurrency in flight). A run is always bounded by --requests and
 --duration. Every request carries its own W3C traceparent (trace ids are in the --json report).

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -35,7 +37,8 @@ type upFlags struct {
 	tp            int
 	stateDir      string // cb up only: the blend servers' L2 ("" with --no-l2, and for cb demo)
 	noL2          bool
-	model         string // a GGUF model file for every engine and worker
+	model         string    // a GGUF model file for every engine and worker
+	logs          io.Writer // the processes' log lines (cb demo: a file unless --verbose); nil: stderr
 }
 
 func (u *upFlags) register(cmd *cobra.Command, defaultAPI string) {
@@ -91,13 +94,18 @@ func startStack(ctx context.Context, u *upFlags) (*running, error) {
 		PrefillNodes: u.prefillNodes, DecodeNodes: u.decodeNodes,
 		StateDir: u.stateDir, ModelPath: u.model,
 		// Export batches often so a request's trace is complete quickly.
-		Env: []string{"OTEL_BSP_SCHEDULE_DELAY=200"},
+		Env:        []string{"OTEL_BSP_SCHEDULE_DELAY=200"},
+		Supervisor: stack.Config{Logs: u.logs},
 	}
 	if u.noL2 {
 		cfg.StateDir = ""
 	}
 	if !externalOTLP() {
-		col, err := startCollector(ctx, tracestore.Config{OTLPAddr: u.otlpAddr, QueryAddr: u.uiAddr}, component.Deps{})
+		var deps component.Deps
+		if u.logs != nil {
+			deps.Logger = slog.New(slog.NewJSONHandler(u.logs, nil))
+		}
+		col, err := startCollector(ctx, tracestore.Config{OTLPAddr: u.otlpAddr, QueryAddr: u.uiAddr}, deps)
 		if err != nil {
 			return nil, fmt.Errorf("start the trace collector: %w", err)
 		}

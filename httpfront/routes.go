@@ -1,23 +1,11 @@
-package api
+package httpfront
 
 import (
 	"net/http"
 	"strings"
 	"time"
-)
 
-// Route templates of the OpenAI-compatible API (the http_route label), served by the engine
-// and the gateway alike.
-const (
-	RouteChat        = "/v1/chat/completions"
-	RouteCompletions = "/v1/completions"
-	RouteModels      = "/v1/models"
-	RouteModel       = "/v1/models/{model}"
-	RouteDocuments   = "/v1/documents"
-	RouteHealth      = "/health"
-	RouteMetrics     = "/metrics"
-	// RouteUnmatched labels requests to unknown paths.
-	RouteUnmatched = "unmatched"
+	"github.com/cacheblend/cacheblend/engine/api"
 )
 
 // StatusWriter records the status a handler sent and whether anything was written, and
@@ -87,35 +75,35 @@ func (w *StatusWriter) Flush() { _ = w.FlushError() }
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (w *StatusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// HandlerFunc serves one route of a [Routes] table.
+// HandlerFunc serves one route of a front (see [Handlers]).
 type HandlerFunc func(w *StatusWriter, r *http.Request, route string, t0 time.Time)
 
-// Route is one entry of a [Routes] table: its method (GET also answers HEAD) and handler.
-type Route struct {
+// route is one entry of a routing table: its method (GET also answers HEAD) and handler.
+type route struct {
 	Method  string
 	Handler HandlerFunc
 }
 
-// Routes serves table by path (/v1/models/… is RouteModel), answering OpenAI-shaped 404 and
+// routes serves table by path (/v1/models/… is RouteModel), answering OpenAI-shaped 404 and
 // 405 errors, and after every request calls record with the method, the route template and
 // the status (200 when none was written). Responses are written through a StatusWriter that
 // renews writeTimeout.
-func Routes(table map[string]Route, writeTimeout time.Duration, record func(method, route string, status int, seconds float64)) http.Handler {
+func routes(table map[string]route, writeTimeout time.Duration, record func(method, route string, status int, seconds float64)) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		t0 := time.Now()
 		w := NewStatusWriter(rw, writeTimeout)
 		route := r.URL.Path
-		if strings.HasPrefix(route, RouteModels+"/") {
-			route = RouteModel
+		if strings.HasPrefix(route, api.RouteModels+"/") {
+			route = api.RouteModel
 		}
 		ent, ok := table[route]
 		switch {
 		case !ok:
-			route = RouteUnmatched
-			RouteNotFound(r.Method, r.URL.Path).Write(w)
+			route = api.RouteUnmatched
+			api.RouteNotFound(r.Method, r.URL.Path).Write(w)
 		case r.Method != ent.Method && !(ent.Method == http.MethodGet && r.Method == http.MethodHead):
 			w.Header().Set("Allow", ent.Method)
-			MethodNotAllowed(r.Method, r.URL.Path).Write(w)
+			api.MethodNotAllowed(r.Method, r.URL.Path).Write(w)
 		default:
 			ent.Handler(w, r, route, t0)
 		}
