@@ -94,8 +94,10 @@ func StartCluster(t testing.TB) *Cluster {
 	if out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
+	// Every node must see the whole cluster before a client writes: a node
+	// that has not learnt the slot map yet answers CLUSTERDOWN.
 	deadline := time.Now().Add(30 * time.Second)
-	for !clusterOK(c.Nodes[0]) {
+	for !clusterOK(c.Nodes...) {
 		if time.Now().After(deadline) {
 			t.Fatal("redis cluster not ok in time")
 		}
@@ -104,8 +106,16 @@ func StartCluster(t testing.TB) *Cluster {
 	return c
 }
 
-// clusterOK reads the whole CLUSTER INFO bulk reply.
-func clusterOK(s *Server) bool {
-	out, err := exec.Command("redis-cli", "-a", Password, "--no-auth-warning", "-p", strconv.Itoa(s.Port), "cluster", "info").Output()
-	return err == nil && strings.Contains(string(out), "cluster_state:ok")
+// clusterOK reports whether every node's CLUSTER INFO says the cluster is
+// ok with every slot assigned and every node known.
+func clusterOK(nodes ...*Server) bool {
+	for _, s := range nodes {
+		out, err := exec.Command("redis-cli", "-a", Password, "--no-auth-warning", "-p", strconv.Itoa(s.Port), "cluster", "info").Output()
+		info := string(out)
+		if err != nil || !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_slots_ok:16384") ||
+			!strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(len(nodes))) {
+			return false
+		}
+	}
+	return true
 }
