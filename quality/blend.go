@@ -52,12 +52,11 @@ const blockSize = 16
 // next-token distributions: a full prefill of the prompt, and CacheBlend —
 // each document's KV computed alone at positions 0.., moved to its place in
 // the prompt with K re-rotated by the shift (the blend server's scatter),
-// then the selective-recompute forward. With opt.Positions K > 1 the prompt
-// is extended by the full prefill's first K-1 greedy tokens and both
-// forwards return the distributions at the last K positions.
+// then the selective-recompute forward. Over opt.Positions K > 1 positions
+// both are fed the full prefill's first K-1 greedy tokens (Served).
 //
-// It allocates a KV memory for three copies of the prompt and is not meant
-// for a request's critical path. m must be a whole (unsharded) model.
+// It allocates a KV memory for the prompt and its documents and is not
+// meant for a request's critical path. m must be a whole (unsharded) model.
 func Blend(m *model.Model, c Case, opt Options) (Report, error) {
 	if m.WorldSize() > 1 {
 		return Report{}, errors.New("quality: blend check on a sharded model")
@@ -65,59 +64,103 @@ func Blend(m *model.Model, c Case, opt Options) (Report, error) {
 	if len(c.Docs) == 0 {
 		return Report{}, errors.New("quality: a case without documents reuses nothing")
 	}
-	k := max(opt.Positions, 1)
 	prompt, docs := c.tokens()
-	n := len(prompt) + k - 1
-	per := (n + blockSize - 1) / blockSize
-	var docBlocks []int
-	total := 2 * per
+	per := blocksFor(len(prompt))
+	total := per
 	for _, d := range c.Docs {
-		b := (len(d) + blockSize - 1) / blockSize
-		docBlocks = append(docBlocks, total)
-		total += b
+		total += blocksFor(len(d))
 	}
 	kv, err := kvcache.Create("", m.KVLayout(total, blockSize))
 	if err != nil {
 		return Report{}, fmt.Errorf("quality: KV memory: %w", err)
 	}
 	defer kv.Close()
-	full, blend := blocks(0, per), blocks(per, per)
-
-	// The full prefill's greedy continuation (K-1 tokens) extends the prompt.
-	seq := append([]int32(nil), prompt...)
-	logits, err := m.Prefill(kv, model.PrefillInput{Tokens: prompt, BlockTable: full})
-	if err != nil {
-		return Report{}, fmt.Errorf("quality: full prefill: %w", err)
-	}
-	for len(seq) < n {
-		tok := int32(Argmax(logits))
-		out, err := m.Decode(kv, []model.DecodeInput{{Token: tok, Pos: len(seq), BlockTable: full}})
-		if err != nil {
-			return Report{}, fmt.Errorf("quality: greedy continuation: %w", err)
-		}
-		seq, logits = append(seq, tok), out[0]
-	}
-	ref, err := m.Prefill(kv, model.PrefillInput{Tokens: seq, BlockTable: full, Logits: k})
-	if err != nil {
-		return Report{}, fmt.Errorf("quality: full prefill: %w", err)
-	}
-
-	// CacheBlend: the documents alone, moved into place.
+	blend, next := blocks(0, per), per
 	for i, d := range c.Docs {
-		stored := blocks(docBlocks[i], (len(d)+blockSize-1)/blockSize)
+		stored := blocks(next, blocksFor(len(d)))
+		next += len(stored)
 		if _, err := m.Prefill(kv, model.PrefillInput{Tokens: d, BlockTable: stored}); err != nil {
 			return Report{}, fmt.Errorf("quality: document %d alone: %w", i, err)
 		}
 		moveKV(m, kv, stored, blend, docs[i].Start, len(d))
 	}
-	got, _, err := m.BlendForward(kv, model.BlendInput{
-		Tokens: seq, BlockTable: blend, Reused: docs, CheckLayer: model.UseConfig,
-		RecompRatio: opt.Ratio, Select: opt.Select, SelectSeed: opt.Seed, Logits: k,
+	logits, _, err := m.BlendForward(kv, model.BlendInput{
+		Tokens: prompt, BlockTable: blend, Reused: docs, CheckLayer: model.UseConfig,
+		RecompRatio: opt.Ratio, Select: opt.Select, SelectSeed: opt.Seed,
 	})
 	if err != nil {
 		return Report{}, fmt.Errorf("quality: blend: %w", err)
 	}
-	return Compare(ref, got, m.Config().Vocab)
+	return Served(m, kv, blend, prompt, logits, opt.Positions)
+}
+
+// Served compares a prompt's KV as a request was served — in kv under the
+// block table bt, with logits the forward's next-token logits — with a full
+// prefill of the prompt, over k positions (0 means 1): the full prefill's
+// first k-1 greedy tokens are fed to both (teacher forcing) and the
+// distributions at each position compared. It reads kv and bt only (the
+// served KV is copied into a private KV memory), so it may run after the
+// request's step while the request still holds its blocks.
+func Served(m *model.Model, kv *kvcache.Memory, bt []int32, prompt []int32, logits []float32, k int) (Report, error) {
+	k = max(k, 1)
+	n, l := len(prompt), kv.Layout()
+	per := blocksFor(n + k)
+	ol := m.KVLayout(2*per, blockSize)
+	switch {
+	case n == 0 || kvcache.Capacity(bt, l.BlockSize) < n:
+		return Report{}, fmt.Errorf("quality: %d prompt tokens, block table holds %d", n, kvcache.Capacity(bt, l.BlockSize))
+	case l.NumLayers != ol.NumLayers || l.KVHeads != ol.KVHeads || l.HeadDim != ol.HeadDim:
+		return Report{}, fmt.Errorf("quality: KV memory of layout %+v for a model of %+v", l, ol)
+	case len(logits) != m.Config().Vocab:
+		return Report{}, fmt.Errorf("%w: %d logits over a vocabulary of %d", ErrShape, len(logits), m.Config().Vocab)
+	}
+	for _, b := range bt[:blocksFor2(n, l.BlockSize)] {
+		if b < 0 || int(b) >= l.NumBlocks {
+			return Report{}, fmt.Errorf("quality: block %d outside the KV memory's %d", b, l.NumBlocks)
+		}
+	}
+	own, err := kvcache.Create("", ol)
+	if err != nil {
+		return Report{}, fmt.Errorf("quality: KV memory: %w", err)
+	}
+	defer own.Close()
+	full, served := blocks(0, per), blocks(per, per)
+	copyServed(m, kv, bt, own, served, n)
+
+	ref, err := m.Prefill(own, model.PrefillInput{Tokens: prompt, BlockTable: full})
+	if err != nil {
+		return Report{}, fmt.Errorf("quality: full prefill: %w", err)
+	}
+	v := m.Config().Vocab
+	refs, gots := append(make([]float32, 0, k*v), ref...), append(make([]float32, 0, k*v), logits...)
+	for pos := n; pos < n+k-1; pos++ {
+		tok := int32(Argmax(ref)) // the full prefill's greedy continuation
+		outs, err := m.Decode(own, []model.DecodeInput{{Token: tok, Pos: pos, BlockTable: full}, {Token: tok, Pos: pos, BlockTable: served}})
+		if err != nil {
+			return Report{}, fmt.Errorf("quality: teacher-forced step %d: %w", pos-n+1, err)
+		}
+		ref = outs[0]
+		refs, gots = append(refs, outs[0]...), append(gots, outs[1]...)
+	}
+	return Compare(refs, gots, v)
+}
+
+func blocksFor(n int) int { return blocksFor2(n, blockSize) }
+
+func blocksFor2(n, bs int) int { return (n + bs - 1) / bs }
+
+// copyServed copies positions [0, n) of every layer from kv under bt to own
+// under dst (same positions: no rotation).
+func copyServed(m *model.Model, kv *kvcache.Memory, bt []int32, own *kvcache.Memory, dst []int32, n int) {
+	bs := kv.Layout().BlockSize
+	for l := range m.Config().Layers {
+		for p := range n {
+			s := int(bt[p/bs])*bs + p%bs
+			d := int(dst[p/blockSize])*blockSize + p%blockSize
+			copy(own.TokenK(l, d), kv.TokenK(l, s))
+			copy(own.TokenV(l, d), kv.TokenV(l, s))
+		}
+	}
 }
 
 // blocks is the block table [first, first+n).

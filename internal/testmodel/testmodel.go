@@ -33,6 +33,12 @@ type Spec struct {
 	VocabFile string
 	// Template, when set, is written as tokenizer.chat_template.
 	Template string
+	// MixContext makes CacheBlend wrong by construction: every layer's
+	// queries are zero (each token attends uniformly over all tokens before
+	// it) and the attention's output dominates the residual stream, so a
+	// token's KV above the first layer is an average of everything before
+	// it, and a document's KV computed alone is not its KV in a prompt.
+	MixContext bool
 }
 
 func (s Spec) withDefaults() Spec {
@@ -156,10 +162,14 @@ func Encode(s Spec) ([]byte, error) {
 		}
 		add("rope_freqs.weight", quant.F32, f, uint64(hd/2))
 	}
+	qStd, outStd := 2*inStd, 2*resid/math.Sqrt(float64(qd))
+	if s.MixContext {
+		qStd, outStd = 0, 8/math.Sqrt(float64(qd))
+	}
 	for l := range s.Layers {
 		p := func(x string) string { return fmt.Sprintf("blk.%d.%s", l, x) }
 		add(p("attn_norm.weight"), quant.F32, gains(d), du)
-		add(p("attn_q.weight"), s.Type, normal(qd*d, 2*inStd), du, qu)
+		add(p("attn_q.weight"), s.Type, normal(qd*d, qStd), du, qu)
 		add(p("attn_k.weight"), s.Type, normal(kvd*d, 2*inStd), du, uint64(kvd))
 		add(p("attn_v.weight"), s.Type, normal(kvd*d, inStd), du, uint64(kvd))
 		if a == "qwen2" {
@@ -167,7 +177,7 @@ func Encode(s Spec) ([]byte, error) {
 			add(p("attn_k.bias"), quant.F32, normal(kvd, 0.5), uint64(kvd))
 			add(p("attn_v.bias"), quant.F32, normal(kvd, 0.1), uint64(kvd))
 		}
-		add(p("attn_output.weight"), s.Type, normal(d*qd, 2*resid/math.Sqrt(float64(qd))), qu, du)
+		add(p("attn_output.weight"), s.Type, normal(d*qd, outStd), qu, du)
 		add(p("ffn_norm.weight"), quant.F32, gains(d), du)
 		add(p("ffn_gate.weight"), s.Type, normal(s.FFNDim*d, inStd), du, fu)
 		add(p("ffn_up.weight"), s.Type, normal(s.FFNDim*d, inStd), du, fu)
