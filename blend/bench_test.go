@@ -17,7 +17,7 @@ func BenchmarkLookup(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		res := e.s.lookup(&lookupJob{req: &cbv1.LookupRequest{RequestId: fmt.Sprint("b", i), Tokens: prompt, WorldSize: 1, Model: testModel}, submitted: time.Now()})
+		res := e.s.lookup(&cbv1.LookupRequest{RequestId: fmt.Sprint("b", i), Tokens: prompt, WorldSize: 1, Model: testModel}, "", "", time.Now())
 		if res.GetNonPrefixHitTokens() != docLen {
 			b.Fatalf("lookup %+v", res)
 		}

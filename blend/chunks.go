@@ -3,7 +3,6 @@ package blend
 import (
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -14,10 +13,9 @@ import (
 )
 
 // chunks is the part of a Server that owns the stored chunks and what
-// indexes them: the chunk store (L1, L2), the fleet tier, the fingerprint
-// tables per key space, the rank aliases of tensor-parallel chunks, and the
-// queue of fingerprint registrations. Its methods are safe for concurrent
-// use.
+// indexes them: the chunk store, the fleet tier, the fingerprint tables,
+// the rank aliases and the fingerprint registrations. Its methods are safe
+// for concurrent use.
 type chunks struct {
 	store   *chunkstore.Store
 	fleet   *fleet.Tier // nil without a fleet tier
@@ -92,12 +90,6 @@ func (c *chunks) tableList() []*fingerprint.Table {
 		out = append(out, t)
 	}
 	return out
-}
-
-// registered reports whether every key is registered in the table of ns.
-func (c *chunks) registered(ns string, keys []chunkstore.Key) bool {
-	t := c.table(ns, false)
-	return t != nil && !slices.ContainsFunc(keys, func(k chunkstore.Key) bool { return !t.Contains(k) })
 }
 
 // onEvict is the chunk store's eviction callback: a chunk held by no tier

@@ -2,12 +2,12 @@ package blend
 
 import (
 	"fmt"
-	"github.com/cacheblend/cacheblend/blend/fleet"
 	"time"
 
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/blend/events"
 	"github.com/cacheblend/cacheblend/blend/fingerprint"
+	"github.com/cacheblend/cacheblend/blend/fleet"
 )
 
 // Defaults of a zero Config.
@@ -20,23 +20,17 @@ const (
 	DefaultEventQueue    = events.DefaultQueueSize // 4096
 	DefaultRegisterQueue = 1024
 	DefaultAddr          = "127.0.0.1:0"
-	// DefaultMaxKVRegistrations bounds the KV socket's connections
-	// (registered or handshaking) in total: one per worker rank, so 64
-	// leaves room for a large host and bounds the server's mappings.
+	// DefaultMaxKVRegistrations bounds the KV socket's connections in
+	// total (one per worker rank).
 	DefaultMaxKVRegistrations = 64
-	// DefaultMaxKVRegistrationsPerPeer bounds them per peer process: a
-	// worker (one rank) holds one; the slack covers a connection whose
-	// close the server has not handled yet.
+	// DefaultMaxKVRegistrationsPerPeer bounds them per peer process: one
+	// rank, plus slack for a close the server has not handled yet.
 	DefaultMaxKVRegistrationsPerPeer = 4
-	// DefaultKVHandshakeTimeout bounds the wait for a connection's
-	// registration message.
-	DefaultKVHandshakeTimeout = 5 * time.Second
+	DefaultKVHandshakeTimeout        = 5 * time.Second
 )
 
 // DefaultLookupStuckAfter is the default of Config.LookupStuckAfter: 10× the
-// engine's default lookup timeout (2 s). A lookup running that long has long
-// been given up by its caller, so its worker is stuck (e.g. blocked opening
-// an L2 file that never answers).
+// engine's default lookup timeout (2 s), long after its caller gave up.
 const DefaultLookupStuckAfter = 20 * time.Second
 
 // Limits on what a request may ask for.
@@ -91,74 +85,51 @@ type Config struct {
 	// (DefaultRegisterQueue when <= 0).
 	RegisterQueue int
 	// LookupStuckAfter is how long one lookup may run before its worker
-	// counts as stuck: the server is then unhealthy (the gRPC health
-	// service answers NOT_SERVING, Server.Health returns the reason, the
-	// process's /health answers 503) until the lookup returns
-	// (DefaultLookupStuckAfter when <= 0).
+	// counts as stuck and the server unhealthy (see Server.Health) until it
+	// returns (DefaultLookupStuckAfter when <= 0).
 	LookupStuckAfter time.Duration
 	// KVSocket is the path of the Unix socket on which workers hand over
-	// their KV memory (package rpc/kvsock): its directory must belong to
-	// this user with no access for group or others (its last element is
-	// created 0700 when missing). Empty: kv.sock in a new private directory
-	// under the OS temp directory, removed at Shutdown (see
-	// Server.KVSocket). `cb blend` defaults to kvsock.DefaultPath().
+	// their KV memory (package rpc/kvsock; its directory must be private to
+	// this user). Empty: kv.sock in a new private temporary directory,
+	// removed at Shutdown (see Server.KVSocket).
 	KVSocket string
-	// MaxKVRegistrations bounds the KV socket's connections, registered or
-	// handshaking, in total; MaxKVRegistrationsPerPeer per peer process.
-	// A connection beyond either is answered RESOURCE_EXHAUSTED and closed
-	// (DefaultMaxKVRegistrations, DefaultMaxKVRegistrationsPerPeer when
-	// <= 0).
+	// MaxKVRegistrations bounds the KV socket's connections in total,
+	// MaxKVRegistrationsPerPeer per peer process; beyond either one is
+	// answered RESOURCE_EXHAUSTED (the Default* constants when <= 0).
 	MaxKVRegistrations, MaxKVRegistrationsPerPeer int
 	// KVHandshakeTimeout bounds the wait for a connection's registration
 	// (DefaultKVHandshakeTimeout when <= 0).
 	KVHandshakeTimeout time.Duration
 }
 
+// withDefaults fills the zero fields of c with their defaults and bounds
+// the chunk size.
 func (c Config) withDefaults() (Config, error) {
 	if c.Addr == "" {
 		c.Addr = DefaultAddr
 	}
-	if c.ChunkSize <= 0 {
-		c.ChunkSize = DefaultChunkSize
-	}
+	orDefault(&c.ChunkSize, DefaultChunkSize)
 	if c.ChunkSize > chunkstore.MaxChunkTokens {
 		return c, fmt.Errorf("blend: chunk size %d exceeds %d", c.ChunkSize, chunkstore.MaxChunkTokens)
 	}
-	if c.L1Bytes <= 0 {
-		c.L1Bytes = DefaultL1Bytes
-	}
-	if c.L2Bytes < 0 {
-		c.L2Bytes = 0
-	}
-	if c.FingerprintWindow <= 0 {
-		c.FingerprintWindow = fingerprint.DefaultWindow
-	}
-	if c.LookupWorkers <= 0 {
-		c.LookupWorkers = DefaultLookupWorkers
-	}
-	if c.LookupQueue <= 0 {
-		c.LookupQueue = DefaultLookupQueue
-	}
-	if c.CopyWorkers <= 0 {
-		c.CopyWorkers = DefaultCopyWorkers
-	}
-	if c.EventQueue <= 0 {
-		c.EventQueue = DefaultEventQueue
-	}
-	if c.RegisterQueue <= 0 {
-		c.RegisterQueue = DefaultRegisterQueue
-	}
-	if c.MaxKVRegistrations <= 0 {
-		c.MaxKVRegistrations = DefaultMaxKVRegistrations
-	}
-	if c.MaxKVRegistrationsPerPeer <= 0 {
-		c.MaxKVRegistrationsPerPeer = DefaultMaxKVRegistrationsPerPeer
-	}
-	if c.KVHandshakeTimeout <= 0 {
-		c.KVHandshakeTimeout = DefaultKVHandshakeTimeout
-	}
-	if c.LookupStuckAfter <= 0 {
-		c.LookupStuckAfter = DefaultLookupStuckAfter
-	}
+	orDefault(&c.L1Bytes, DefaultL1Bytes)
+	c.L2Bytes = max(c.L2Bytes, 0)
+	orDefault(&c.FingerprintWindow, fingerprint.DefaultWindow)
+	orDefault(&c.LookupWorkers, DefaultLookupWorkers)
+	orDefault(&c.LookupQueue, DefaultLookupQueue)
+	orDefault(&c.CopyWorkers, DefaultCopyWorkers)
+	orDefault(&c.EventQueue, DefaultEventQueue)
+	orDefault(&c.RegisterQueue, DefaultRegisterQueue)
+	orDefault(&c.MaxKVRegistrations, DefaultMaxKVRegistrations)
+	orDefault(&c.MaxKVRegistrationsPerPeer, DefaultMaxKVRegistrationsPerPeer)
+	orDefault(&c.KVHandshakeTimeout, DefaultKVHandshakeTimeout)
+	orDefault(&c.LookupStuckAfter, DefaultLookupStuckAfter)
 	return c, nil
+}
+
+// orDefault sets *v to def when it is not positive.
+func orDefault[T int | int64 | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
 }

@@ -10,15 +10,11 @@
 //   - A worker registers its KV memory on the server's KV socket
 //     (Config.KVSocket; package rpc/kvsock), not by RPC: a peer of the
 //     server's own user (SO_PEERCRED) sends a KVRegistration with the
-//     memory's descriptor attached; the server checks every field and the
-//     descriptor (fstat: a regular file or memfd of exactly the layout's
-//     size, read-write), maps it — it never opens a path — and answers with
-//     a random 256-bit registration token. The registration is kept per
-//     (worker_id, rank) and lives as long as the connection: a new one for
-//     the same key replaces it (the old connection is closed), a closed
-//     connection releases it, and so does UnregisterKV with its token.
-//     Connections are capped in total and per peer process
-//     (Config.MaxKVRegistrations, MaxKVRegistrationsPerPeer).
+//     memory's descriptor attached; the server checks it, maps it (it never
+//     opens a path) and answers with a random 256-bit registration token.
+//     The registration is kept per (worker_id, rank) as long as the
+//     connection lives, until replaced or unregistered (UnregisterKV).
+//     Connections are capped in total and per peer process.
 //   - Retrieve, Store and UnregisterKV must carry the registration's token,
 //     compared in constant time: without it they are PermissionDenied.
 //     Every field is bounded by the registered layout before use (block ids
@@ -38,24 +34,16 @@
 //     tokens are cut out of the matches.
 //   - Retrieve scatters the matched token ranges into the worker's KV memory
 //     slot by slot on the copy pool (package scatter), re-RoPE'ing K of
-//     non-prefix matches (every match is validated and cut into per-chunk
-//     segments by package reuseplan); slots beyond the given block table are dropped,
-//     positions below from_token skipped; chunks gone since the lookup come
-//     back as missing ranges.
+//     non-prefix matches (segments from package reuseplan); slots beyond the
+//     block table are dropped, positions below from_token skipped; chunks
+//     gone since the lookup come back as missing ranges.
 //   - Store copies a prefilled sequence's KV out of the worker's memory
 //     during the call, into chunks (full chunks and the partial tail) keyed
 //     by the prefix chain, and registers the fingerprints asynchronously.
 //
-// Lookup statistics: requested_tokens is the prompt length;
-// prefix_hit_tokens = prefix_chunks × chunk_size; non_prefix_hit_tokens sums
-// the non-prefix matches (disjoint from the prefix); hit_rate is their sum
-// over requested_tokens (hit_tokens). prefix_coverage_tokens is the leading
-// chunks found by the prefix leg before classification, × chunk_size: the
-// non-prefix leg searches its complement (n_non_prefix_tokens =
-// requested_tokens − prefix_coverage_tokens), so the two hit counts are
-// disjoint. fingerprint_hits counts the distinct chunks the non-prefix
-// matches span, storage_hits the matched chunks (both legs) found in
-// storage, stale_chunks the matched chunks found in no tier.
+// The lookup statistics are reuseplan.Hits (docs/design.md, "The request's
+// statistics"): the non-prefix leg searches the complement of the prefix
+// leg's coverage, so the two hit counts are disjoint.
 //
 // Tensor parallelism: fingerprints are registered for rank 0's stores; a
 // store by rank r > 0 records, for each chunk, the rank-0 key it

@@ -13,21 +13,17 @@ import (
 	"github.com/cacheblend/cacheblend/blend/fleet"
 )
 
-// The fleet tier serves groups of every world size: a group's chunks live
-// in the namespace of its key space (keySpace: model and world size) and
-// layout, and rank r's chunk of a rank-0 chunk k under fleet.Ref{k, r}, so
-// that a node that never saw the group's store finds every rank's chunk
-// from the rank-0 keys of a match.
-
-// fleetNamespace is the fleet namespace of the chunks of registration w.
+// fleetNamespace is the fleet namespace of the chunks of registration w: its
+// key space and layout. Rank r's chunk of a rank-0 chunk k lives there under
+// fleet.Ref{k, r}, so another node finds every rank's chunk from the rank-0
+// keys of a match.
 func fleetNamespace(mdl string, w *workerMem) (string, chunkstore.Layout) {
 	layout := chunkstore.LayoutOf(w.layout, w.theta)
 	return fleet.Namespace(keySpace(mdl, w.world), layout), layout
 }
 
-// fleetSpace is where the chunks of model mdl served by groups of ws ranks
-// live in the fleet tier: the namespace of a rank-0 KV memory registered
-// for them (chunks of other layouts never mix). ok is false without a
+// fleetSpace is the fleet namespace of model mdl served by groups of ws
+// ranks: that of a rank-0 registration for them; ok is false without a
 // fleet tier or such a registration.
 func (s *Server) fleetSpace(mdl string, ws int) (ns string, layout chunkstore.Layout, ok bool) {
 	if s.chunks.fleet == nil {
@@ -45,9 +41,9 @@ func (s *Server) fleetSpace(mdl string, ws int) (ns string, layout chunkstore.La
 }
 
 // nonPrefixMatch runs the non-prefix leg from position from: the
-// coordinator match against the fleet directory when a fleet tier is
-// configured (cb.coordinator_match; on timeout or error, what the local
-// table finds, with timed_out), else the local table (cb.fingerprint_match).
+// coordinator match against the fleet directory (cb.coordinator_match; on
+// error, the local table's) with a fleet tier, else the local table
+// (cb.fingerprint_match).
 func (s *Server) nonPrefixMatch(q lookupQuery, from int) fingerprint.Result {
 	local := func() fingerprint.Result {
 		if t := s.chunks.table(q.ns, false); t != nil {
@@ -57,21 +53,21 @@ func (s *Server) nonPrefixMatch(q lookupQuery, from int) fingerprint.Result {
 	}
 	ns, _, ok := s.fleetSpace(q.mdl, q.ws)
 	if !ok {
-		s.publish(events.Event{Type: events.FingerprintMatchStart, RequestID: q.id})
+		s.bus.Publish(events.Event{Type: events.FingerprintMatchStart, RequestID: q.id})
 		fm := local()
-		s.publish(events.Event{Type: events.FingerprintMatchEnd, RequestID: q.id, Attrs: []attribute.KeyValue{
+		s.bus.Publish(events.Event{Type: events.FingerprintMatchEnd, RequestID: q.id, Attrs: []attribute.KeyValue{
 			events.AttrNProbes.Int(fm.Stats.Probes), events.AttrTableHits.Int(fm.Stats.TableHits), events.AttrMatches.Int(len(fm.Matches)),
 		}})
 		return fm
 	}
-	s.publish(events.Event{Type: events.CoordinatorMatchStart, RequestID: q.id})
+	s.bus.Publish(events.Event{Type: events.CoordinatorMatchStart, RequestID: q.id})
 	fm, st, err := s.chunks.fleet.Match(context.Background(), ns, s.chunks.table(q.ns, true), q.toks, from)
 	timedOut := errors.Is(err, fleet.ErrTimeout)
 	if err != nil {
 		fm = local()
 		s.logger.Debug("coordinator match failed; local table used", "request_id", q.id, "err", err)
 	}
-	s.publish(events.Event{Type: events.CoordinatorMatchEnd, RequestID: q.id, Attrs: []attribute.KeyValue{
+	s.bus.Publish(events.Event{Type: events.CoordinatorMatchEnd, RequestID: q.id, Attrs: []attribute.KeyValue{
 		events.AttrMatches.Int(len(fm.Matches)), attribute.Bool("timed_out", timedOut),
 		events.AttrNProbes.Int(st.Probes), attribute.Int("round_trips", st.RoundTrips),
 		attribute.Int("directory_hits", st.DirectoryHits), events.AttrTableHits.Int(fm.Stats.TableHits),
@@ -79,39 +75,31 @@ func (s *Server) nonPrefixMatch(q lookupQuery, from int) fingerprint.Result {
 	return fm
 }
 
-// fleetMissing lists the chunks of keys, on every rank of ws, that the local
-// tiers do not hold.
-func (s *Server) fleetMissing(keys []chunkstore.Key, ws int, got map[chunkstore.Key]*chunkstore.Chunk) []fleet.Ref {
-	var missing []fleet.Ref
-	for _, k := range keys {
-		if got[k] == nil {
-			missing = append(missing, fleet.Ref{Base: k})
-		}
-		for rank := 1; rank < ws; rank++ {
-			if !s.chunks.onRank(k, rank) {
-				missing = append(missing, fleet.Ref{Base: k, Rank: rank})
-			}
-		}
-	}
-	return missing
-}
-
-// fleetLoad reads the chunks the local tiers miss, of every rank of the
-// query's world, from the fleet tier (cb.l2_load with tier=redis), keeps
-// them in the local store (another rank's under its alias) so that the
-// classification and the retrieve find them, and adds the rank-0 ones to
-// got.
+// fleetLoad reads the chunks of keys the local tiers miss, of every rank of
+// the query's world, from the fleet tier (cb.l2_load with tier=redis), keeps
+// them in the local store (another rank's under its alias) for the
+// classification and the retrieve, and adds the rank-0 ones to got.
 func (s *Server) fleetLoad(q lookupQuery, keys []chunkstore.Key, got map[chunkstore.Key]*chunkstore.Chunk) {
 	ns, layout, ok := s.fleetSpace(q.mdl, q.ws)
 	if !ok {
 		return
 	}
-	missing := s.fleetMissing(keys, q.ws, got)
+	var missing []fleet.Ref
+	for _, k := range keys {
+		if got[k] == nil {
+			missing = append(missing, fleet.Ref{Base: k})
+		}
+		for rank := 1; rank < q.ws; rank++ {
+			if !s.chunks.onRank(k, rank) {
+				missing = append(missing, fleet.Ref{Base: k, Rank: rank})
+			}
+		}
+	}
 	if len(missing) == 0 {
 		return
 	}
 	start := time.Now()
-	s.publish(events.Event{Type: events.L2LoadTaskStart, RequestID: q.id, Time: start,
+	s.bus.Publish(events.Event{Type: events.L2LoadTaskStart, RequestID: q.id, Time: start,
 		Attrs: []attribute.KeyValue{attribute.Int("keys", len(missing)), attribute.String("tier", "redis")}})
 	loaded, st, err := s.chunks.fleet.GetChunks(context.Background(), ns, missing, layout)
 	s.metrics.ObserveRemoteLoad(context.Background(), st.Duration)
@@ -126,17 +114,16 @@ func (s *Server) fleetLoad(q lookupQuery, keys []chunkstore.Key, got map[chunkst
 		}
 	}
 	end := time.Now()
-	s.publish(events.Event{Type: events.L2LoadTaskEnd, RequestID: q.id, Time: end, Err: err, Attrs: []attribute.KeyValue{
+	s.bus.Publish(events.Event{Type: events.L2LoadTaskEnd, RequestID: q.id, Time: end, Err: err, Attrs: []attribute.KeyValue{
 		events.AttrChunks.Int(st.Hits), events.AttrBytes.Int64(st.Bytes),
 		events.AttrMs.Float64(float64(end.Sub(start)) / float64(time.Millisecond)),
 		attribute.String("tier", "redis"), attribute.Int("misses", st.Misses), attribute.Int("corrupt", st.Corrupt),
 	}})
 }
 
-// fleetStore writes the chunks a rank stored (or held already: Redis may
-// have lost them) to the fleet tier under their rank-0 keys base, and for
-// rank 0 the sequence's directory entry (asynchronously; drops are counted
-// there).
+// fleetStore writes the chunks a rank holds to the fleet tier under their
+// rank-0 keys base, and for rank 0 the sequence's directory entry
+// (asynchronously; drops are counted there).
 func (s *Server) fleetStore(mdl string, w *workerMem, base []chunkstore.Key, stored []*chunkstore.Chunk, seq fingerprint.Sequence) {
 	ns, _ := fleetNamespace(mdl, w)
 	for i, c := range stored {

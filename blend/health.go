@@ -1,18 +1,17 @@
 package blend
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
+	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 )
 
 // runLookups is lookup worker i: it runs the queued lookups until the queue
-// is closed and drained, stamping the start of each in s.lookups.busy[i] for the
-// watchdog.
+// is closed and drained, stamping the start of each for the watchdog.
 func (s *Server) runLookups(i int) {
 	for run := range s.lookups.queue {
 		s.lookups.busy[i].Store(time.Now().UnixNano())
@@ -38,22 +37,18 @@ func (s *Server) stuckLookups(now time.Time) (n int, longest time.Duration) {
 }
 
 // Health reports whether the server can answer lookups: nil when running
-// with no stuck lookup worker; an error naming the reason when a lookup has
-// run longer than Config.LookupStuckAfter (the worker is blocked, e.g. on an
-// L2 file that never answers; it recovers when the lookup returns), before
-// Start, or once shut down. The process's /health uses it
-// (service.Runtime.AddHealthCheck); the gRPC health service reports the
-// same state (NOT_SERVING while stuck), updated by a watchdog within a
-// quarter of LookupStuckAfter (at most 1 s). Safe for concurrent use.
+// with no stuck lookup worker, else an error naming the reason (not
+// started, shut down, or a lookup running longer than
+// Config.LookupStuckAfter: its worker recovers when it returns). The gRPC
+// health service reports the same (NOT_SERVING while stuck), updated by a
+// watchdog within a quarter of LookupStuckAfter (at most 1 s). Safe for
+// concurrent use.
 func (s *Server) Health() error {
 	s.life.gateMu.RLock()
-	state := s.life.state
+	err := stateErr(s.life.state)
 	s.life.gateMu.RUnlock()
-	switch state {
-	case stateNew:
-		return errors.New("blend server not started")
-	case stateStopped:
-		return errors.New("blend server shutting down")
+	if err != nil {
+		return err
 	}
 	if n, longest := s.stuckLookups(time.Now()); n > 0 {
 		return fmt.Errorf("%d of %d lookup workers stuck: a lookup running for %v (limit %v)",
@@ -93,12 +88,18 @@ func (s *Server) watchLookups() {
 			s.logger.Warn("lookup worker stuck: health NOT_SERVING", "stuck", n, "workers", len(s.lookups.busy),
 				"running_for", longest.String(), "limit", s.cfg.LookupStuckAfter.String())
 		}
-		s.life.grpcMu.Lock()
+		s.life.gateMu.RLock()
 		hs := s.life.health
-		s.life.grpcMu.Unlock()
-		if hs != nil {
-			hs.SetServingStatus("", st)
-			hs.SetServingStatus(cbv1.BlendService_ServiceDesc.ServiceName, st)
-		}
+		s.life.gateMu.RUnlock()
+		setServing(hs, st)
+	}
+}
+
+// setServing sets the status of the server and of BlendService in hs (nil:
+// not serving yet).
+func setServing(hs *health.Server, st healthpb.HealthCheckResponse_ServingStatus) {
+	if hs != nil {
+		hs.SetServingStatus("", st)
+		hs.SetServingStatus(cbv1.BlendService_ServiceDesc.ServiceName, st)
 	}
 }

@@ -33,32 +33,24 @@ func newLookups(cfg Config) lookups {
 	return lookups{queue: make(chan func(), cfg.LookupQueue), busy: make([]atomic.Int64, cfg.LookupWorkers)}
 }
 
-type lookupJob struct {
-	req       *cbv1.LookupRequest
-	tc, ts    string    // trace context (traceparent, tracestate) of the caller
-	submitted time.Time // wall clock of the Lookup call (the cb.lookup start)
-}
-
-func checkRequestID(id string) error {
-	if id == "" {
+// checkRequest bounds the request id of an RPC and, unless it is -1, its
+// number of tokens.
+func checkRequest(op, id string, tokens int) error {
+	switch {
+	case id == "":
 		return status.Error(codes.InvalidArgument, "missing request_id")
-	}
-	if len(id) > maxRequestID {
+	case len(id) > maxRequestID:
 		return status.Errorf(codes.InvalidArgument, "request_id of %d bytes exceeds %d", len(id), maxRequestID)
+	case tokens != -1 && (tokens == 0 || tokens > MaxTokens):
+		return status.Errorf(codes.InvalidArgument, "%s: %d tokens (want 1..%d)", op, tokens, MaxTokens)
 	}
 	return nil
 }
 
 // checkLookup bounds a lookup request.
 func checkLookup(r *cbv1.LookupRequest) error {
-	if err := checkRequestID(r.GetRequestId()); err != nil {
+	if err := checkRequest("lookup", r.GetRequestId(), len(r.GetTokens())); err != nil {
 		return err
-	}
-	switch n := len(r.GetTokens()); {
-	case n == 0:
-		return status.Error(codes.InvalidArgument, "lookup: no tokens")
-	case n > MaxTokens:
-		return status.Errorf(codes.InvalidArgument, "lookup: %d tokens exceed %d", n, MaxTokens)
 	}
 	if ws := r.GetWorldSize(); ws < 0 || ws > MaxWorldSize {
 		return status.Errorf(codes.InvalidArgument, "lookup: world_size %d outside 0..%d", ws, MaxWorldSize)
@@ -76,15 +68,15 @@ func (s *Server) lookupRPC(ctx context.Context, r *cbv1.LookupRequest) (*cbv1.Lo
 	if err := checkLookup(r); err != nil {
 		return nil, err
 	}
-	job := &lookupJob{req: r, submitted: time.Now()}
-	job.tc, job.ts = traceContext(ctx, r.GetTraceContext(), r.GetTraceState())
+	submitted := time.Now()
+	tc, ts := traceContext(ctx, r.GetTraceContext(), r.GetTraceState())
 	done := make(chan *cbv1.LookupResult, 1) // never blocks the pool
 	run := func() {
 		if ctx.Err() != nil {
 			s.lookups.abandoned.Add(1)
 			return
 		}
-		done <- s.lookup(job)
+		done <- s.lookup(r, tc, ts, submitted)
 		s.lookups.done.Add(1)
 	}
 	if !enqueue(s, s.lookups.queue, run) {
@@ -123,39 +115,44 @@ type classified struct {
 }
 
 // lookup is the unified lookup of one prompt, publishing the paired events
-// of cb.lookup and its children: the prefix leg, the non-prefix leg after
-// its coverage, the sparse prefetch of every matched chunk, their
-// classification, and the matches cut to the usable chunks.
-func (s *Server) lookup(job *lookupJob) *cbv1.LookupResult {
-	r := job.req
+// of cb.lookup and its children: the prefix leg (mp.lookup_prefetch), the
+// non-prefix leg after its coverage, the sparse prefetch of every matched
+// chunk, their classification, and the matches cut to the usable chunks.
+// cb.lookup starts at submitted, in the caller's trace context tc, ts.
+func (s *Server) lookup(r *cbv1.LookupRequest, tc, ts string, submitted time.Time) *cbv1.LookupResult {
 	q := lookupQuery{id: r.GetRequestId(), toks: r.GetTokens(), mdl: r.GetModel(), ws: max(1, int(r.GetWorldSize()))}
 	q.ns = keySpace(q.mdl, q.ws)
 	cs := s.cfg.ChunkSize
-	s.publish(events.Event{Type: events.LookupStart, RequestID: q.id, Time: job.submitted, TraceContext: job.tc, TraceState: job.ts,
+	s.bus.Publish(events.Event{Type: events.LookupStart, RequestID: q.id, Time: submitted, TraceContext: tc, TraceState: ts,
 		Attrs: []attribute.KeyValue{attribute.Int("world_size", q.ws), attribute.String("model", q.mdl)}})
-	pkeys, prefixChunks := s.prefixLeg(q)
+	s.bus.Publish(events.Event{Type: events.PrefixLookupStart, RequestID: q.id})
+	pkeys := chunkstore.ChainKeys(q.ns, 0, q.toks[:reuseplan.WholeChunks(len(q.toks), cs)], cs)
+	prefixChunks := s.chunks.store.PrefixChunks(pkeys)
+	s.bus.Publish(events.Event{Type: events.PrefixLookupEnd, RequestID: q.id,
+		Attrs: []attribute.KeyValue{events.AttrPrefixChunks.Int(prefixChunks)}})
 	fm := s.nonPrefixMatch(q, reuseplan.Coverage(prefixChunks, cs))
 	keys, fpKeys := matchedKeys(pkeys[:prefixChunks], fm)
 	got, ls := s.sparsePrefetch(q, keys)
 	cl := s.classify(q, keys, got)
 	cl.fingerprintKeys = fpKeys
 	matches := usableMatches(pkeys, fm, cs, cl.usable)
-	hits := reuseplan.HitsOf(len(q.toks), prefixChunks, cs, matches)
-	res := lookupResult(hits, matches, cl, fm.Stats, ls, cs)
-	s.publish(events.Event{Type: events.LookupEnd, RequestID: q.id, Attrs: lookupEndAttrs(hits, cl, int(res.PrefixChunks))})
+	h := reuseplan.HitsOf(len(q.toks), prefixChunks, cs, matches)
+	res := lookupResult(h, matches, cl, fm.Stats, ls, cs)
+	s.bus.Publish(events.Event{Type: events.LookupEnd, RequestID: q.id, Attrs: []attribute.KeyValue{
+		events.AttrRequestedTokens.Int(h.Requested),
+		events.AttrPrefixHitTokens.Int(h.Prefix),
+		events.AttrNonPrefixHitTokens.Int(h.NonPrefix),
+		events.AttrHitTokens.Int(h.Tokens()),
+		events.AttrHitRate.Float64(h.Rate()),
+		events.AttrPrefixCoverageTokens.Int(h.Coverage),
+		events.AttrNNonPrefixTokens.Int(h.Searched()),
+		events.AttrFingerprintHits.Int(cl.fingerprintKeys),
+		events.AttrStorageHits.Int(cl.found),
+		events.AttrStaleChunks.Int(cl.stale),
+		events.AttrPrefixChunks.Int(int(res.PrefixChunks)),
+		events.AttrLookup.String("done"),
+	}})
 	return res
-}
-
-// prefixLeg (mp.lookup_prefetch) returns the chain keys of the prompt's
-// whole chunks and how many of them lead the store.
-func (s *Server) prefixLeg(q lookupQuery) ([]chunkstore.Key, int) {
-	s.publish(events.Event{Type: events.PrefixLookupStart, RequestID: q.id})
-	cs := s.cfg.ChunkSize
-	pkeys := chunkstore.ChainKeys(q.ns, 0, q.toks[:reuseplan.WholeChunks(len(q.toks), cs)], cs)
-	n := s.chunks.store.PrefixChunks(pkeys)
-	s.publish(events.Event{Type: events.PrefixLookupEnd, RequestID: q.id,
-		Attrs: []attribute.KeyValue{events.AttrPrefixChunks.Int(n)}})
-	return pkeys, n
 }
 
 // matchedKeys lists the prefix keys, then the keys of the non-prefix
@@ -182,16 +179,16 @@ func matchedKeys(prefix []chunkstore.Key, fm fingerprint.Result) (keys []chunkst
 // chunk from the local tiers, then what they miss from the fleet tier, for
 // every rank of the query's world.
 func (s *Server) sparsePrefetch(q lookupQuery, keys []chunkstore.Key) (map[chunkstore.Key]*chunkstore.Chunk, chunkstore.LoadStats) {
-	s.publish(events.Event{Type: events.SparsePrefetchStart, RequestID: q.id})
+	s.bus.Publish(events.Event{Type: events.SparsePrefetchStart, RequestID: q.id})
 	got, ls := s.chunks.store.GetMany(keys)
 	end := time.Now()
 	if got == nil {
 		got = make(map[chunkstore.Key]*chunkstore.Chunk, len(keys))
 	}
 	if ls.L2Misses > 0 {
-		s.publish(events.Event{Type: events.L2LoadTaskStart, RequestID: q.id, Time: end.Add(-ls.Duration),
+		s.bus.Publish(events.Event{Type: events.L2LoadTaskStart, RequestID: q.id, Time: end.Add(-ls.Duration),
 			Attrs: []attribute.KeyValue{attribute.Int("keys", ls.L2Misses)}})
-		s.publish(events.Event{Type: events.L2LoadTaskEnd, RequestID: q.id, Time: end, Attrs: []attribute.KeyValue{
+		s.bus.Publish(events.Event{Type: events.L2LoadTaskEnd, RequestID: q.id, Time: end, Attrs: []attribute.KeyValue{
 			events.AttrChunks.Int(ls.Chunks), events.AttrBytes.Int64(ls.Bytes),
 			events.AttrMs.Float64(float64(ls.Duration) / float64(time.Millisecond)),
 		}})
@@ -200,7 +197,7 @@ func (s *Server) sparsePrefetch(q lookupQuery, keys []chunkstore.Key) (map[chunk
 		s.fleetLoad(q, keys, got)
 		end = time.Now()
 	}
-	s.publish(events.Event{Type: events.SparsePrefetchEnd, RequestID: q.id, Time: end, Attrs: []attribute.KeyValue{
+	s.bus.Publish(events.Event{Type: events.SparsePrefetchEnd, RequestID: q.id, Time: end, Attrs: []attribute.KeyValue{
 		events.AttrNKeys.Int(ls.Keys), events.AttrL1Hits.Int(ls.L1Hits), events.AttrL2Misses.Int(ls.L2Misses),
 	}})
 	s.chunks.syncCounters()
@@ -211,7 +208,7 @@ func (s *Server) sparsePrefetch(q lookupQuery, keys []chunkstore.Key) (map[chunk
 // but gone; a stale strike when no tier holds it), available on every rank
 // (usable).
 func (s *Server) classify(q lookupQuery, keys []chunkstore.Key, got map[chunkstore.Key]*chunkstore.Chunk) classified {
-	s.publish(events.Event{Type: events.ClassifyStart, RequestID: q.id})
+	s.bus.Publish(events.Event{Type: events.ClassifyStart, RequestID: q.id})
 	cl := classified{usable: make(map[chunkstore.Key]bool, len(keys))}
 	for _, k := range keys {
 		if got[k] == nil {
@@ -227,7 +224,7 @@ func (s *Server) classify(q lookupQuery, keys []chunkstore.Key, got map[chunksto
 			cl.usable[k] = true
 		}
 	}
-	s.publish(events.Event{Type: events.ClassifyEnd, RequestID: q.id, Attrs: []attribute.KeyValue{
+	s.bus.Publish(events.Event{Type: events.ClassifyEnd, RequestID: q.id, Attrs: []attribute.KeyValue{
 		events.AttrFound.Int(cl.found), events.AttrStale.Int(cl.stale), events.AttrPerRankOK.Int(cl.perRankOK),
 	}})
 	return cl
@@ -250,9 +247,7 @@ func usableMatches(pkeys []chunkstore.Key, fm fingerprint.Result, cs int, usable
 	return matches
 }
 
-// lookupResult is the answer of a lookup. The prefix leg covers the stored
-// leading chunks; the non-prefix leg searched the complement, so the two
-// hit counts are disjoint and add up.
+// lookupResult is the answer of a lookup.
 func lookupResult(h reuseplan.Hits, matches []reuseplan.Match, cl classified, fs fingerprint.MatchStats, ls chunkstore.LoadStats, cs int) *cbv1.LookupResult {
 	pc := 0
 	if len(matches) > 0 && matches[0].Prefix {
@@ -276,23 +271,5 @@ func lookupResult(h reuseplan.Hits, matches []reuseplan.Match, cl classified, fs
 		PerRankOk:            cl.perRankOK == cl.found,
 		ChunkSize:            int32(cs),
 		PrefixCoverageTokens: int32(h.Coverage),
-	}
-}
-
-// lookupEndAttrs are the attributes of CB_LOOKUP_END.
-func lookupEndAttrs(h reuseplan.Hits, cl classified, prefixChunks int) []attribute.KeyValue {
-	return []attribute.KeyValue{
-		events.AttrRequestedTokens.Int(h.Requested),
-		events.AttrPrefixHitTokens.Int(h.Prefix),
-		events.AttrNonPrefixHitTokens.Int(h.NonPrefix),
-		events.AttrHitTokens.Int(h.Tokens()),
-		events.AttrHitRate.Float64(h.Rate()),
-		events.AttrPrefixCoverageTokens.Int(h.Coverage),
-		events.AttrNNonPrefixTokens.Int(h.Searched()),
-		events.AttrFingerprintHits.Int(cl.fingerprintKeys),
-		events.AttrStorageHits.Int(cl.found),
-		events.AttrStaleChunks.Int(cl.stale),
-		events.AttrPrefixChunks.Int(prefixChunks),
-		events.AttrLookup.String("done"),
 	}
 }

@@ -22,12 +22,9 @@ import (
 // <L2Dir>/sequences/<last chunk key>.seq and registered again at start-up
 // when all its chunks are still in L2 (the file is removed otherwise).
 const (
-	// seqDirName is the sequences' directory under the L2 directory.
-	seqDirName = "sequences"
-	// seqExt is a sequence file's extension.
-	seqExt = ".seq"
-	// seqMagic starts a sequence file.
-	seqMagic = "CBS1"
+	seqDirName = "sequences" // under the L2 directory
+	seqExt     = ".seq"
+	seqMagic   = "CBS1" // starts a sequence file
 	// MaxSequenceFileBytes bounds a sequence file read at start-up.
 	MaxSequenceFileBytes = 16 + chunkstore.MaxModelLen + 12 + 4*fleet.MaxSequenceTokens + 32*fleet.MaxSequenceTokens + 8
 )
@@ -116,9 +113,8 @@ func writeFileAtomic(dir, path string, b []byte) error {
 }
 
 // restoreSequences registers again, at start-up, the sequences kept in L2
-// whose chunks are all still there, and removes the others (and any file
-// that does not decode, or temporary file left by a crash). It returns how
-// many it registered.
+// whose chunks are all still there and removes the other files; it returns
+// how many it registered.
 func (s *Server) restoreSequences() (int, error) {
 	dir := s.seqDir()
 	if dir == "" {

@@ -46,8 +46,7 @@ type retrievePass struct {
 type copyJob struct {
 	id, rid uint64 // its CopyID, and its retrieve's
 	copy    scatter.Copy
-	ranges  []reuseplan.Range // the written current ranges, missing if the copy fails
-	dropped int               // the match's positions left to a later pass
+	dropped int // the match's positions left to a later pass
 	ch      <-chan scatter.Result
 	start   time.Time // CB_SCATTER_START: the copy's submission
 	endSent atomic.Bool
@@ -55,14 +54,14 @@ type copyJob struct {
 
 // copyPlan is what a retrieve pass copies and what it cannot.
 type copyPlan struct {
-	copies            []*copyJob
-	missing           []reuseplan.Range // positions to write that no chunk serves
-	dropped, writable int               // positions left to a later pass; to write now
+	copies  []*copyJob
+	missing []reuseplan.Range // positions to write that no chunk serves
+	dropped int               // positions left to a later pass
 }
 
 // checkRetrieve bounds the fields of a Retrieve that need no registration.
 func checkRetrieve(r *cbv1.RetrieveRequest, cs int) error {
-	if err := checkRequestID(r.GetRequestId()); err != nil {
+	if err := checkRequest("retrieve", r.GetRequestId(), -1); err != nil {
 		return err
 	}
 	if c := int(r.GetChunkSize()); c != 0 && c != cs {
@@ -123,7 +122,7 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 	// The ranks of a tensor-parallel worker retrieve one request
 	// concurrently: each retrieve is its own instance (CopyID).
 	rid := s.copies.ids.Add(1)
-	s.publish(events.Event{Type: events.RetrieveStart, RequestID: p.id, CopyID: rid, TraceContext: tp, TraceState: ts,
+	s.bus.Publish(events.Event{Type: events.RetrieveStart, RequestID: p.id, CopyID: rid, TraceContext: tp, TraceState: ts,
 		Attrs: []attribute.KeyValue{
 			attribute.Int("from_token", p.from), attribute.Int("capacity_tokens", p.capacity),
 			attribute.Int("n_matches", len(p.matches)), attribute.Int("rank", p.rank),
@@ -131,13 +130,17 @@ func (s *Server) retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.R
 		}})
 	plan := s.planCopies(p)
 	st, scatterMs := s.runCopies(p.id, rid, &plan)
-	resp := retrieveResponse(st, plan)
+	resp := &cbv1.RetrieveResponse{
+		ScatteredTokens: int32(st.ScatteredTokens), SlotWrites: int32(st.SlotWrites), PartialBlocks: int32(st.PartialBlocks),
+		NPrefix: int32(st.NPrefix), NShifted: int32(st.NShifted), Dropped: int32(plan.dropped), Bytes: st.Bytes,
+		Missing: rpc.RangesToProto(plan.missing),
+	}
 	missingTokens := reuseplan.Tokens(plan.missing)
 	var endErr error
-	if plan.writable > 0 && st.ScatteredTokens == 0 && missingTokens > 0 {
+	if st.ScatteredTokens == 0 && missingTokens > 0 { // missing positions are writable ones
 		endErr = ErrRetrieveFailed
 	}
-	s.publish(events.Event{Type: events.RetrieveEnd, RequestID: p.id, CopyID: rid, Err: endErr, Attrs: []attribute.KeyValue{
+	s.bus.Publish(events.Event{Type: events.RetrieveEnd, RequestID: p.id, CopyID: rid, Err: endErr, Attrs: []attribute.KeyValue{
 		events.AttrScatteredTokens.Int(int(resp.ScatteredTokens)), events.AttrSlotWrites.Int(int(resp.SlotWrites)),
 		events.AttrPartialBlocks.Int(int(resp.PartialBlocks)), events.AttrNPrefixTokens.Int(int(resp.NPrefix)),
 		events.AttrNShiftedTokens.Int(int(resp.NShifted)), events.AttrDropped.Int(int(resp.Dropped)),
@@ -158,7 +161,6 @@ func (s *Server) planCopies(p *retrievePass) copyPlan {
 	for mi, m := range p.matches {
 		write, dropped := reuseplan.Window(m.Segments(p.cs), p.from, p.capacity)
 		plan.dropped += dropped
-		plan.writable += reuseplan.Tokens(reuseplan.Ranges(write))
 		cj := &copyJob{dropped: dropped, copy: scatter.Copy{Dst: p.w.mem, BlockTable: p.bt, RoPE: p.w.rope, FromLayer: p.fromLayer,
 			Chunks: make(map[reuseplan.Key]*chunkstore.Chunk, len(write))}}
 		for _, sg := range write {
@@ -187,7 +189,6 @@ func (s *Server) planCopies(p *retrievePass) copyPlan {
 			plan.missing = append(plan.missing, sg.Cur)
 		}
 		if len(cj.copy.Segments) > 0 {
-			cj.ranges = reuseplan.Ranges(cj.copy.Segments)
 			plan.copies = append(plan.copies, cj)
 		}
 	}
@@ -205,15 +206,14 @@ func (p *retrievePass) serves(c *chunkstore.Chunk, sg reuseplan.Segment) bool {
 }
 
 // runCopies submits the plan's copies to the copy pool and waits for every
-// one, whatever the caller's context says: they write into the worker's
-// memory, which the worker reuses once the retrieve returns. A failed
-// copy's ranges are missing. It returns the copies' totals and their wall
-// time (the first start to the last end) in milliseconds.
+// one, whatever the caller's context says (the worker reuses its memory once
+// the retrieve returns); a failed copy's ranges are missing. It returns the
+// copies' totals and their wall time in milliseconds.
 func (s *Server) runCopies(id string, rid uint64, plan *copyPlan) (scatter.Stats, float64) {
 	for _, cj := range plan.copies {
 		cj.id, cj.rid = s.copies.ids.Add(1), rid
 		cj.start = time.Now()
-		s.publish(events.Event{Type: events.ScatterStart, RequestID: id, CopyID: cj.id, ParentCopyID: cj.rid, Time: cj.start})
+		s.bus.Publish(events.Event{Type: events.ScatterStart, RequestID: id, CopyID: cj.id, ParentCopyID: cj.rid, Time: cj.start})
 		cj.ch = s.copies.pool.Submit(scatter.Job{Copy: cj.copy, Done: func(res scatter.Result) { s.publishScatterEnd(id, cj, res) }})
 	}
 	var st scatter.Stats
@@ -228,7 +228,7 @@ func (s *Server) runCopies(id string, rid uint64, plan *copyPlan) (scatter.Stats
 			last = end
 		}
 		if res.Err != nil {
-			plan.missing = append(plan.missing, cj.ranges...)
+			plan.missing = append(plan.missing, reuseplan.Ranges(cj.copy.Segments)...)
 			s.logger.Warn("scatter failed", "request_id", id, "err", res.Err)
 			if errors.Is(res.Err, scatter.ErrPoolClosed) {
 				continue
@@ -243,15 +243,6 @@ func (s *Server) runCopies(id string, rid uint64, plan *copyPlan) (scatter.Stats
 	return st, float64(last.Sub(first)) / float64(time.Millisecond)
 }
 
-// retrieveResponse is the answer of a retrieve pass.
-func retrieveResponse(st scatter.Stats, plan copyPlan) *cbv1.RetrieveResponse {
-	return &cbv1.RetrieveResponse{
-		ScatteredTokens: int32(st.ScatteredTokens), SlotWrites: int32(st.SlotWrites), PartialBlocks: int32(st.PartialBlocks),
-		NPrefix: int32(st.NPrefix), NShifted: int32(st.NShifted), Dropped: int32(plan.dropped), Bytes: st.Bytes,
-		Missing: rpc.RangesToProto(plan.missing),
-	}
-}
-
 // copyEnd is when a copy finished: its End, or now for a copy the pool
 // refused (it never ran, and this is when the retrieve learnt so).
 func copyEnd(res scatter.Result) time.Time {
@@ -262,12 +253,12 @@ func copyEnd(res scatter.Result) time.Time {
 }
 
 // publishScatterEnd publishes a copy's CB_SCATTER_END once, at the time the
-// copy finished; dropped is its match's positions left to a later pass.
+// copy finished.
 func (s *Server) publishScatterEnd(id string, cj *copyJob, res scatter.Result) {
 	if cj.endSent.Swap(true) {
 		return
 	}
-	s.publish(events.Event{Type: events.ScatterEnd, RequestID: id, CopyID: cj.id, Time: copyEnd(res), Err: res.Err,
+	s.bus.Publish(events.Event{Type: events.ScatterEnd, RequestID: id, CopyID: cj.id, Time: copyEnd(res), Err: res.Err,
 		Attrs: []attribute.KeyValue{
 			events.AttrScatteredTokens.Int(res.Stats.ScatteredTokens),
 			events.AttrSlotWrites.Int(res.Stats.SlotWrites),

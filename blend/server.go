@@ -41,11 +41,7 @@ var _ component.Lifecycle = (*Server)(nil)
 // Server is the blend server. Create it with New, Start it (it serves gRPC
 // on Config.Addr; Service can also be mounted on another gRPC server), and
 // Shutdown it: the lifecycle of component.Lifecycle. All methods are safe
-// for concurrent use. Its state is in parts named after what they own: the
-// lifecycle and gRPC server (life), the workers' KV registrations (regs,
-// workers.go), the chunks and what indexes them (chunks, chunks.go), the
-// lookup pool (lookups, lookup.go) and the copies of retrieves (copies,
-// retrieve.go).
+// for concurrent use. Its state is in parts named after what they own.
 type Server struct {
 	cfg      Config
 	logger   *slog.Logger
@@ -64,28 +60,25 @@ type Server struct {
 // lifecycle is the state of a Server's run and of the gRPC server Start
 // serves.
 type lifecycle struct {
-	gateMu   sync.RWMutex // guards state; RPCs hold it shared while they enqueue
+	gateMu   sync.RWMutex // guards state and the gRPC server; RPCs hold it shared while they enqueue
 	state    int
 	inflight sync.WaitGroup // RPC handlers in progress
 	stop     chan struct{}  // closed by Shutdown
 	bg       sync.WaitGroup // the goroutines Start runs
-
-	grpcMu  sync.Mutex // guards the gRPC server, set by Start
-	grpcSrv *grpc.Server
-	health  *health.Server
-	ln      net.Listener
+	grpcSrv  *grpc.Server   // set by Start
+	health   *health.Server
+	ln       net.Listener
 }
 
 // Stats is a snapshot of a Server's state and counters.
 type Stats struct {
 	// Workers is the number of registered (worker, rank) KV memories.
 	Workers int
-	// LookupsDone counts lookups run; LookupsRejected the calls refused
-	// because the queue was full; LookupsAbandoned the queued lookups skipped
-	// because their caller's deadline had passed.
+	// LookupsDone counts lookups run, LookupsRejected those refused (queue
+	// full), LookupsAbandoned those skipped (their caller was gone).
 	LookupsDone, LookupsRejected, LookupsAbandoned uint64
-	// Registrations counts sequences registered in a fingerprint table;
-	// RegistrationsDropped those dropped because the queue was full.
+	// Registrations counts sequences registered in a fingerprint table,
+	// RegistrationsDropped those dropped (queue full).
 	Registrations, RegistrationsDropped uint64
 	// LookupsStuck is the number of lookup workers running one lookup for
 	// longer than Config.LookupStuckAfter (see Server.Health).
@@ -93,10 +86,8 @@ type Stats struct {
 	// KVConnections is the number of open KV socket connections
 	// (registered or handshaking).
 	KVConnections int
-	// KVRegistrationsRefused counts KV socket connections refused (limits,
-	// another user, a bad registration or descriptor);
-	// KVRegistrationsReleased the registrations released (connection
-	// closed, replaced, unregistered).
+	// KVRegistrationsRefused counts KV socket connections refused,
+	// KVRegistrationsReleased the registrations released.
 	KVRegistrationsRefused, KVRegistrationsReleased uint64
 	// Fingerprints is the number of live fingerprints over every model's
 	// table; UnregisteredStale the chunks unregistered by stale strikes.
@@ -113,14 +104,11 @@ type Stats struct {
 
 // New builds a Server for cfg and deps; nothing runs and nothing listens
 // until Start. deps.TracerProvider receives the spans of the tracing
-// subscriber; for option-B cb.request roots to carry the trace id derived
-// from the request id, it must honour telemetry.ContextWithTraceID (a
-// telemetry/provider Provider's provider, or an SDK provider built with
-// provider.NewIDGenerator(nil)). deps.Registerer receives the
-// lmcache_blend_* instruments. deps.GRPCServerOptions are added to its gRPC
-// server's (mutual TLS and the callers' roles, see rpc/mtls). The server has
-// no span helper, so deps.Profile is unused. Nil fields take the defaults of
-// component.Deps.WithDefaults.
+// subscriber and must honour telemetry.ContextWithTraceID for option-B
+// cb.request roots (a telemetry/provider provider, or an SDK provider built
+// with provider.NewIDGenerator(nil)); deps.Registerer receives the
+// lmcache_blend_* instruments; deps.GRPCServerOptions are added to its gRPC
+// server's (see rpc/mtls). Nil fields take component.Deps.WithDefaults.
 func New(cfg Config, deps component.Deps) (*Server, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -158,23 +146,17 @@ func New(cfg Config, deps component.Deps) (*Server, error) {
 	} else if n > 0 {
 		logger.Info("sequences restored from L2", "sequences", n)
 	}
-	ts, err := events.NewTracingSubscriber(tp)
-	if err != nil {
+	ts, terr := events.NewTracingSubscriber(tp)
+	ms, merr := events.NewMetricsSubscriber(bm)
+	ls, lerr := events.NewL2ThroughputSubscriber(bm)
+	if err := errors.Join(terr, merr, lerr); err != nil {
 		return nil, fmt.Errorf("blend: %w", err)
 	}
-	ms, err := events.NewMetricsSubscriber(bm)
-	if err != nil {
-		return nil, fmt.Errorf("blend: %w", err)
-	}
-	ls, err := events.NewL2ThroughputSubscriber(bm)
-	if err != nil {
-		return nil, fmt.Errorf("blend: %w", err)
-	}
-	for _, sub := range []struct {
-		s     events.Subscriber
-		types []events.EventType
-	}{{ts, ts.EventTypes()}, {ms, ms.EventTypes()}, {ls, ls.EventTypes()}} {
-		if err := s.bus.Subscribe(sub.s, sub.types...); err != nil {
+	for _, sub := range []interface {
+		events.Subscriber
+		EventTypes() []events.EventType
+	}{ts, ms, ls} {
+		if err := s.bus.Subscribe(sub, sub.EventTypes()...); err != nil {
 			return nil, fmt.Errorf("blend: %w", err)
 		}
 	}
@@ -182,13 +164,12 @@ func New(cfg Config, deps component.Deps) (*Server, error) {
 }
 
 // Start listens on Config.Addr and on the KV socket (Config.KVSocket),
-// starts the event bus, the copy pool, the lookup workers and their
-// watchdog (see Health) and the fingerprint-registration goroutine, then
-// serves gRPC on the listener (with telemetry.UnaryServerInterceptor, the
-// BlendService and the gRPC health service) and accepts KV registrations on
-// the socket until Shutdown; see Addr and KVSocket for the bound addresses.
-// RPCs are answered Unavailable before it. ctx bounds the start-up only. Starting twice or
-// after Shutdown is an error; when Start fails nothing is left running.
+// starts the event bus, the copy pool, the lookup workers, their watchdog
+// and the fingerprint registrations, then serves gRPC (BlendService and the
+// gRPC health service) and accepts KV registrations until Shutdown. RPCs are
+// answered Unavailable before it. ctx bounds the start-up only. Starting
+// twice or after Shutdown is an error; when Start fails nothing is left
+// running.
 func (s *Server) Start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -235,14 +216,12 @@ func (s *Server) Start(ctx context.Context) error {
 	return nil
 }
 
-// Shutdown stops accepting RPCs (they are answered Unavailable), closes the
-// KV socket and its connections (which ends every registration), stops the
-// gRPC server started by Start (gracefully, forcibly when ctx ends), lets
-// the queued lookups and fingerprint registrations finish, waits for the
-// RPCs and copies in progress, drains the event bus into its subscribers,
-// and unmaps the workers' KV memories. It returns ctx's error (wrapped)
-// when ctx ends first; the goroutines still finish on their own. Later
-// calls return nil.
+// Shutdown stops accepting RPCs (answered Unavailable) and KV connections
+// (ending every registration), stops the gRPC server (gracefully, forcibly
+// when ctx ends), lets the queued lookups and registrations finish, waits
+// for the RPCs and copies in progress, drains the event bus and unmaps the
+// workers' KV memories. It returns ctx's error (wrapped) when ctx ends
+// first; the goroutines still finish on their own. Later calls return nil.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.life.gateMu.Lock()
 	if s.life.state == stateStopped {
@@ -255,25 +234,16 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	close(s.lookups.queue)
 	close(s.chunks.regQ)
 	close(s.life.stop)
+	srv, hs := s.life.grpcSrv, s.life.health
 	s.life.gateMu.Unlock()
 	s.closeKV()
 
 	var errs []error
-	s.life.grpcMu.Lock()
-	srv, hs := s.life.grpcSrv, s.life.health
-	s.life.grpcMu.Unlock()
 	if hs != nil {
 		hs.Shutdown()
 	}
-	if srv != nil {
-		done := make(chan struct{})
-		go func() { srv.GracefulStop(); close(done) }()
-		select {
-		case <-done:
-		case <-ctx.Done():
-			srv.Stop()
-			<-done
-		}
+	if srv != nil && waitCtx(ctx, srv.GracefulStop) != nil {
+		srv.Stop() // GracefulStop returns at once then
 	}
 	if err := waitCtx(ctx, s.life.inflight.Wait); err != nil {
 		errs = append(errs, fmt.Errorf("blend: waiting for RPCs: %w", err))
@@ -308,21 +278,16 @@ func waitCtx(ctx context.Context, wait func()) error {
 	}
 }
 
-// enter admits an RPC while the server runs; the caller must call leave.
-func (s *Server) enter() error {
-	s.life.gateMu.RLock()
-	defer s.life.gateMu.RUnlock()
-	switch s.life.state {
+// stateErr is why the server does not answer in state, nil while running.
+func stateErr(state int) error {
+	switch state {
 	case stateNew:
-		return status.Error(codes.Unavailable, "blend server not started")
+		return errors.New("blend server not started")
 	case stateStopped:
-		return status.Error(codes.Unavailable, "blend server shutting down")
+		return errors.New("blend server shutting down")
 	}
-	s.life.inflight.Add(1)
 	return nil
 }
-
-func (s *Server) leave() { s.life.inflight.Done() }
 
 // Epoch is the server epoch: random per process start, sent with every KV
 // registration's answer (for the workers' logs).
@@ -338,17 +303,14 @@ func (s *Server) Metrics() *metrics.BlendMetrics { return s.metrics }
 func (s *Server) Service() cbv1.BlendServiceServer { return &service{s: s} }
 
 // serve serves the BlendService and the gRPC health service on ln until
-// Shutdown.
+// Shutdown. Caller holds gateMu.
 func (s *Server) serve(ln net.Listener) {
 	srv := rpc.NewServer(s.grpcOpts...)
 	cbv1.RegisterBlendServiceServer(srv, s.Service())
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
-	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	hs.SetServingStatus(cbv1.BlendService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	s.life.grpcMu.Lock()
+	setServing(hs, healthpb.HealthCheckResponse_SERVING)
 	s.life.grpcSrv, s.life.health, s.life.ln = srv, hs, ln
-	s.life.grpcMu.Unlock()
 	s.life.bg.Go(func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			s.logger.Error("blend gRPC server stopped", "err", err)
@@ -369,8 +331,8 @@ func (s *Server) KVSocket() string {
 // Addr returns the bound gRPC address once started ("" before), e.g. the
 // port picked for "127.0.0.1:0".
 func (s *Server) Addr() string {
-	s.life.grpcMu.Lock()
-	defer s.life.grpcMu.Unlock()
+	s.life.gateMu.RLock()
+	defer s.life.gateMu.RUnlock()
 	if s.life.ln == nil {
 		return ""
 	}
@@ -419,21 +381,25 @@ func (s *Server) Stats() Stats {
 	return st
 }
 
-// publish puts ev on the bus (dropped and counted when full).
-func (s *Server) publish(ev events.Event) { s.bus.Publish(ev) }
-
 // service adapts Server to cbv1.BlendServiceServer.
 type service struct {
 	cbv1.UnimplementedBlendServiceServer
 	s *Server
 }
 
-// serveRPC runs handler f for an RPC admitted while the server runs.
+// serveRPC runs handler f for an RPC admitted while the server runs
+// (Unavailable otherwise); Shutdown waits for it.
 func serveRPC[Req, Resp any](s *Server, ctx context.Context, r Req, f func(context.Context, Req) (Resp, error)) (resp Resp, err error) {
-	if err := s.enter(); err != nil {
-		return resp, err
+	s.life.gateMu.RLock()
+	err = stateErr(s.life.state)
+	if err == nil {
+		s.life.inflight.Add(1)
 	}
-	defer s.leave()
+	s.life.gateMu.RUnlock()
+	if err != nil {
+		return resp, status.Error(codes.Unavailable, err.Error())
+	}
+	defer s.life.inflight.Done()
 	return f(ctx, r)
 }
 

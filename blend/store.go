@@ -20,41 +20,13 @@ import (
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 )
 
-// storeModel is the model a store is for: the registration's, or the
-// request's for a registration without one.
-func storeModel(r *cbv1.StoreRequest, w *workerMem) (string, error) {
-	mdl := w.model
-	switch {
-	case mdl == "":
-		mdl = r.GetModel()
-	case r.GetModel() != "" && r.GetModel() != mdl:
-		return "", status.Errorf(codes.InvalidArgument, "store: model %q, the worker registered %q", r.GetModel(), mdl)
-	}
-	if len(mdl) > chunkstore.MaxModelLen {
-		return "", status.Errorf(codes.InvalidArgument, "store: model name of %d bytes", len(mdl))
-	}
-	return mdl, nil
-}
-
-// storeBlocks bounds a store's block table by the registration's layout and
-// the tokens, and returns the blocks the tokens occupy (only they are read).
-func storeBlocks(r *cbv1.StoreRequest, l kvcache.Layout) ([]int32, error) {
-	bt, n := r.GetBlockTable(), len(r.GetTokens())
-	if err := checkBlockTable("store", bt, l); err != nil {
-		return nil, err
-	}
-	if capTok := len(bt) * l.BlockSize; capTok < n {
-		return nil, status.Errorf(codes.InvalidArgument, "store: block table of %d blocks holds %d tokens, want %d", len(bt), capTok, n)
-	}
-	return bt[:(n+l.BlockSize-1)/l.BlockSize], nil
-}
-
+// storeKV checks a store against the caller's registration (the model is
+// the registration's, or the request's for a registration without one; only
+// the blocks the tokens occupy are read), then stores its chunks.
 func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.StoreResponse, error) {
-	if err := checkRequestID(r.GetRequestId()); err != nil {
+	id, n := r.GetRequestId(), len(r.GetTokens())
+	if err := checkRequest("store", id, n); err != nil {
 		return nil, err
-	}
-	if n := len(r.GetTokens()); n == 0 || n > MaxTokens {
-		return nil, status.Errorf(codes.InvalidArgument, "store: %d tokens (want 1..%d)", n, MaxTokens)
 	}
 	rank := int(r.GetRank())
 	w, err := s.regs.acquire("store", r.GetWorkerId(), rank, r.GetRegistrationToken())
@@ -62,24 +34,33 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 		return nil, err
 	}
 	defer s.regs.release(w)
-	mdl, err := storeModel(r, w)
-	if err != nil {
+	mdl := w.model
+	switch {
+	case mdl == "":
+		mdl = r.GetModel()
+	case r.GetModel() != "" && r.GetModel() != mdl:
+		return nil, status.Errorf(codes.InvalidArgument, "store: model %q, the worker registered %q", r.GetModel(), mdl)
+	}
+	if len(mdl) > chunkstore.MaxModelLen {
+		return nil, status.Errorf(codes.InvalidArgument, "store: model name of %d bytes", len(mdl))
+	}
+	bt, l := r.GetBlockTable(), w.layout
+	if err := checkBlockTable("store", bt, l); err != nil {
 		return nil, err
 	}
-	bt, err := storeBlocks(r, w.layout)
-	if err != nil {
-		return nil, err
+	if capTok := len(bt) * l.BlockSize; capTok < n {
+		return nil, status.Errorf(codes.InvalidArgument, "store: block table of %d blocks holds %d tokens, want %d", len(bt), capTok, n)
 	}
-	id := r.GetRequestId()
+	bt = bt[:(n+l.BlockSize-1)/l.BlockSize]
 	tp, ts := traceContext(ctx, r.GetTraceContext(), r.GetTraceState())
 	sid := s.copies.ids.Add(1) // the ranks of a tensor-parallel worker store one request concurrently
-	s.publish(events.Event{Type: events.StoreStart, RequestID: id, CopyID: sid, TraceContext: tp, TraceState: ts,
-		Attrs: []attribute.KeyValue{events.AttrTokens.Int(len(r.GetTokens())), attribute.Bool("document", r.GetDocument()), attribute.Int("rank", rank)}})
+	s.bus.Publish(events.Event{Type: events.StoreStart, RequestID: id, CopyID: sid, TraceContext: tp, TraceState: ts,
+		Attrs: []attribute.KeyValue{events.AttrTokens.Int(n), attribute.Bool("document", r.GetDocument()), attribute.Int("rank", rank)}})
 	resp, endErr := s.storeChunks(mdl, w, r.GetTokens(), bt)
 	if endErr != nil {
 		s.logger.Warn("store: chunks not stored", "request_id", id, "err", endErr)
 	}
-	s.publish(events.Event{Type: events.StoreEnd, RequestID: id, CopyID: sid, Err: endErr, Attrs: []attribute.KeyValue{
+	s.bus.Publish(events.Event{Type: events.StoreEnd, RequestID: id, CopyID: sid, Err: endErr, Attrs: []attribute.KeyValue{
 		events.AttrStoredChunks.Int(int(resp.StoredChunks)), attribute.Int("skipped_chunks", int(resp.SkippedChunks)),
 		events.AttrBytes.Int64(resp.Bytes),
 	}})
@@ -143,10 +124,8 @@ func (s *Server) storeChunks(mdl string, w *workerMem, toks []int32, bt []int32)
 }
 
 // keySpace is the namespace of the chunk keys and fingerprint tables of a
-// model served by groups of world ranks: the model name for a whole-model
-// worker, "model@tpN" for N ranks (whose chunks hold 1/N of the KV heads,
-// so groups of different sizes never share them), in the local tiers and
-// the fleet tier alike.
+// model served by groups of world ranks: the model name, or "model@tpN" for
+// N ranks (whose chunks hold 1/N of the KV heads).
 func keySpace(mdl string, world int) string {
 	if world <= 1 {
 		return mdl
@@ -191,7 +170,7 @@ func (s *Server) storeChunk(k chunkstore.Key, mdl string, rank int, layout chunk
 // stored sequence in the table of key space ns, unless every chunk is
 // registered already; a full queue drops it (counted).
 func (s *Server) enqueueRegistration(ns string, seq fingerprint.Sequence) {
-	if s.chunks.registered(ns, seq.Keys) {
+	if t := s.chunks.table(ns, false); t != nil && !slices.ContainsFunc(seq.Keys, func(k chunkstore.Key) bool { return !t.Contains(k) }) {
 		return
 	}
 	if !enqueue(s, s.chunks.regQ, func() { s.register(ns, seq) }) {

@@ -6,7 +6,6 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -84,16 +83,12 @@ func layoutOf(l *cbv1.KVLayout) (kvcache.Layout, float64, error) {
 	if err := kl.Validate(); err != nil {
 		return kl, 0, err
 	}
-	cl := chunkstore.LayoutOf(kl, l.GetRopeTheta())
-	if err := cl.Validate(); err != nil {
+	theta := l.GetRopeTheta()
+	if err := chunkstore.LayoutOf(kl, theta).Validate(); err != nil { // dimensions, and a finite non-negative theta
 		return kl, 0, err
 	}
 	if kl.HeadDim%2 != 0 {
 		return kl, 0, fmt.Errorf("head_dim %d is odd (RoPE needs an even head dimension)", kl.HeadDim)
-	}
-	theta := l.GetRopeTheta()
-	if math.IsNaN(theta) || math.IsInf(theta, 0) || theta < 0 {
-		return kl, 0, fmt.Errorf("rope_theta %v", theta)
 	}
 	if theta == 0 {
 		theta = rope.DefaultTheta
@@ -102,10 +97,8 @@ func layoutOf(l *cbv1.KVLayout) (kvcache.Layout, float64, error) {
 }
 
 // acceptKV accepts connections on the KV socket until it is closed. The
-// limits are checked here, before a goroutine is spent on a connection:
-// at most MaxKVRegistrations connections (registered or handshaking) in
-// total and MaxKVRegistrationsPerPeer per peer process; beyond them the
-// peer gets RESOURCE_EXHAUSTED and the connection is closed.
+// connection limits (Config.MaxKVRegistrations, MaxKVRegistrationsPerPeer)
+// are checked before a goroutine is spent on a connection.
 func (s *Server) acceptKV(ln *kvsock.Listener) {
 	for {
 		c, err := ln.Accept()
@@ -194,7 +187,6 @@ func (s *Server) serveKV(c *kvsock.Conn) {
 	var mine *workerMem
 	defer func() {
 		c.Close()
-		var toClose *kvcache.Memory
 		s.regs.mu.Lock()
 		delete(s.regs.conns, c)
 		if pid := c.Peer().PID; s.regs.perPeer[pid] <= 1 {
@@ -202,16 +194,10 @@ func (s *Server) serveKV(c *kvsock.Conn) {
 		} else {
 			s.regs.perPeer[pid]--
 		}
-		if mine != nil && s.regs.workers[mine.key] == mine {
-			delete(s.regs.workers, mine.key)
-			s.regs.released.Add(1)
-			if s.regs.retireLocked(mine) {
-				toClose = mine.mem
-			}
-		}
+		unmap := s.regs.dropLocked(mine)
 		s.regs.mu.Unlock()
-		if toClose != nil {
-			toClose.Close()
+		if unmap {
+			mine.mem.Close()
 		}
 	}()
 	peer := c.Peer()
@@ -225,7 +211,6 @@ func (s *Server) serveKV(c *kvsock.Conn) {
 	// Register: a registration of the same (worker, rank) is replaced (a
 	// restarted worker); its connection is closed, its mapping released
 	// once no RPC holds it.
-	var toClose *kvcache.Memory
 	s.regs.mu.Lock()
 	if s.regs.closed {
 		s.regs.mu.Unlock()
@@ -234,20 +219,15 @@ func (s *Server) serveKV(c *kvsock.Conn) {
 		return
 	}
 	old := s.regs.workers[w.key]
+	unmapOld := s.regs.dropLocked(old)
 	s.regs.workers[w.key] = w
 	mine = w
-	if old != nil {
-		s.regs.released.Add(1)
-		if s.regs.retireLocked(old) {
-			toClose = old.mem
-		}
-	}
 	s.regs.mu.Unlock()
 	if old != nil {
 		old.conn.Close()
 	}
-	if toClose != nil {
-		toClose.Close()
+	if unmapOld {
+		old.mem.Close()
 	}
 	s.replyKV(c, codes.OK, "", w)
 	s.logger.Info("worker KV memory registered", "worker_id", w.key.id, "rank", w.key.rank, "pid", peer.PID,
@@ -262,14 +242,11 @@ func (s *Server) serveKV(c *kvsock.Conn) {
 	}
 }
 
-// receiveKV reads a connection's registration within KVHandshakeTimeout
-// and maps the descriptor that came with it, after checking every field
-// against the limits; the error's code is the answer's.
-//
-// The peer's message is read before its credentials are checked (a
-// connection closed with unread data would reset the peer before it reads
-// the answer); a peer of another user is refused without looking at it,
-// and its descriptor is closed.
+// receiveKV reads a connection's registration within KVHandshakeTimeout,
+// checks every field against the limits and maps the descriptor that came
+// with it; the error's code is the answer's. The message is read before the
+// peer's user is checked (a connection closed with unread data would reset
+// the peer before it reads the answer).
 func (s *Server) receiveKV(c *kvsock.Conn) (*workerMem, codes.Code, error) {
 	var r cbv1.KVRegistration
 	files, err := c.Recv(time.Now().Add(s.cfg.KVHandshakeTimeout), &r)
@@ -319,6 +296,18 @@ func (s *Server) receiveKV(c *kvsock.Conn) (*workerMem, codes.Code, error) {
 		return nil, codes.Internal, fmt.Errorf("registration token: %w", err)
 	}
 	return w, codes.OK, nil
+}
+
+// dropLocked forgets w (nil: nothing) when it is still the registration of
+// its key, counting the release, and reports whether it can be unmapped now.
+// Caller holds registrations.mu.
+func (r *registrations) dropLocked(w *workerMem) bool {
+	if w == nil || r.workers[w.key] != w {
+		return false
+	}
+	delete(r.workers, w.key)
+	r.released.Add(1)
+	return r.retireLocked(w)
 }
 
 // retireLocked marks w replaced and reports whether it can be unmapped now
@@ -374,11 +363,7 @@ func (s *Server) unregisterKV(_ context.Context, r *cbv1.UnregisterKVRequest) (*
 		return nil, err
 	}
 	s.regs.mu.Lock()
-	if s.regs.workers[w.key] == w {
-		delete(s.regs.workers, w.key)
-		s.regs.released.Add(1)
-		s.regs.retireLocked(w) // unmapped by the release below
-	}
+	s.regs.dropLocked(w) // unmapped by the release below
 	s.regs.mu.Unlock()
 	s.regs.release(w)
 	w.conn.Close()

@@ -53,17 +53,15 @@ func (r Range) Subtract(minus []Range) []Range {
 	}
 	out := []Range{r}
 	for _, m := range minus {
+		if m.Empty() {
+			continue
+		}
 		var next []Range
-		for _, o := range out {
-			if m.End <= o.Start || m.Start >= o.End || m.Empty() {
-				next = append(next, o)
-				continue
-			}
-			if m.Start > o.Start {
-				next = append(next, Range{o.Start, m.Start})
-			}
-			if m.End < o.End {
-				next = append(next, Range{m.End, o.End})
+		for _, o := range out { // the parts of o before and after m
+			for _, part := range [2]Range{{o.Start, min(o.End, m.Start)}, {max(o.Start, m.End), o.End}} {
+				if !part.Empty() {
+					next = append(next, part)
+				}
 			}
 		}
 		out = next
@@ -109,10 +107,9 @@ type Match struct {
 func (m Match) Stored() Range { return Range{m.StoredStart, m.StoredStart + m.Cur.Len()} }
 
 // Validate checks m for chunks of cs tokens and prompts of at most maxTokens
-// tokens: a non-empty current range inside [0, maxTokens), a stored range
-// that starts at or after the first chunk and is covered by the keys, and a
-// prefix match at its own position. Matches from outside the process must
-// pass it before [Match.Segments].
+// tokens (current range, stored range covered by the keys, a prefix match at
+// its own position); matches from outside must pass it before
+// [Match.Segments].
 func (m Match) Validate(cs, maxTokens int) error {
 	ss := m.StoredStart
 	switch {
@@ -156,35 +153,24 @@ func (m Match) Clip(r Range, cs int) (Match, bool) {
 }
 
 // Runs cuts m into the maximal runs of its chunks for which usable is true,
-// each a Match of its own (the blend server serves only chunks it holds).
+// each a Match of its own (see [Match.Clip]; the blend server serves only
+// chunks it holds).
 func (m Match) Runs(cs int, usable func(Key) bool) []Match {
 	var out []Match
-	stored := m.Stored()
-	run := -1 // first key index of the current run
-	flush := func(last int) {
-		if run < 0 {
-			return
-		}
-		part := stored.Intersect(Range{m.FirstChunkStart + run*cs, m.FirstChunkStart + (last+1)*cs})
-		if !part.Empty() {
-			cur := m.Cur.Start + (part.Start - m.StoredStart)
-			out = append(out, Match{
-				Cur: Range{cur, cur + part.Len()}, StoredStart: part.Start, Prefix: m.Prefix,
-				Keys: m.Keys[run : last+1], FirstChunkStart: m.FirstChunkStart + run*cs,
-			})
-		}
-		run = -1
-	}
-	for j, k := range m.Keys {
-		if usable(k) {
-			if run < 0 {
-				run = j
-			}
+	off := m.Cur.Start - m.StoredStart + m.FirstChunkStart // current position of Keys[0]'s start
+	for j := 0; j < len(m.Keys); j++ {
+		if !usable(m.Keys[j]) {
 			continue
 		}
-		flush(j - 1)
+		k := j + 1
+		for k < len(m.Keys) && usable(m.Keys[k]) {
+			k++
+		}
+		if c, ok := m.Clip(Range{off + j*cs, off + k*cs}, cs); ok {
+			out = append(out, c)
+		}
+		j = k
 	}
-	flush(len(m.Keys) - 1)
 	return out
 }
 
@@ -216,22 +202,13 @@ func (m Match) Segments(cs int) []Segment {
 	return out
 }
 
-// Window bounds one retrieve pass: positions below from were written by an
-// earlier pass, positions from capacity on have no block yet. It returns the
-// part of s to write now and the number of its positions that a later pass
-// must write (dropped now).
+// Window bounds one retrieve pass (positions below from were written by an
+// earlier pass, positions from capacity on have no block yet): the part of s
+// to write now and the number of positions a later pass must write.
 func (s Segment) Window(from, capacity int) (write Range, dropped int) {
 	todo := Range{max(s.Cur.Start, from), s.Cur.End}
 	write = todo.Intersect(Range{todo.Start, capacity})
 	return write, todo.Len() - write.Len()
-}
-
-// Trim returns s restricted to the current positions in r (r inside s.Cur).
-func (s Segment) Trim(r Range) Segment {
-	r = s.Cur.Intersect(r)
-	s.ChunkOff += r.Start - s.Cur.Start
-	s.Cur = r
-	return s
 }
 
 // Plan is the CacheBlend plan of one request: which matches the worker
@@ -253,11 +230,10 @@ var ErrEmpty = errors.New("reuseplan: nothing to reuse")
 
 // New builds the plan of a prompt of total tokens whose first local tokens
 // are in the engine's own prefix cache: matches are clipped to [local,
-// total) (cached blocks may be shared and are never written), invalid ones
-// (see [Match.Validate]) or overlapping ones dropped (the earlier kept), and Start is local extended
-// through the prefix matches that follow it, at most total-1 (a token is
-// always computed, to sample from). It returns ErrEmpty when no match is
-// left.
+// total) (cached blocks are never written), invalid or overlapping ones
+// dropped (the earlier kept), and Start is local extended through the
+// following prefix matches, at most total-1 (a token is always computed, to
+// sample from). It returns ErrEmpty when no match is left.
 func New(matches []Match, cs, local, total int, recompRatio float64) (Plan, error) {
 	p := Plan{ChunkSize: cs, RecompRatio: recompRatio, Start: local}
 	for _, m := range matches {
@@ -298,16 +274,6 @@ func (p Plan) ReusedTokens() int {
 	return n
 }
 
-// isPrefixAt reports whether a prefix match holds position pos.
-func (p Plan) isPrefixAt(pos int) bool {
-	for _, m := range p.Matches {
-		if m.Prefix && m.Cur.Start <= pos && pos < m.Cur.End {
-			return true
-		}
-	}
-	return false
-}
-
 // Kind says where a piece of the prompt comes from.
 type Kind uint8
 
@@ -324,16 +290,11 @@ const (
 	Recompute
 )
 
+var kindNames = [...]string{Cached: "cached", Prefix: "prefix", Reused: "reused", Recompute: "recompute"}
+
 func (k Kind) String() string {
-	switch k {
-	case Cached:
-		return "cached"
-	case Prefix:
-		return "prefix"
-	case Reused:
-		return "reused"
-	case Recompute:
-		return "recompute"
+	if int(k) < len(kindNames) {
+		return kindNames[k]
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
@@ -408,7 +369,7 @@ func (l *Loaded) Add(p Plan, capacity int, missing []Range) {
 	l.To = max(l.To, capacity)
 	for _, m := range p.Matches {
 		for _, r := range m.Cur.Intersect(window).Subtract(missing) {
-			if r.Start == l.Prefix && p.isPrefixAt(r.Start) {
+			if r.Start == l.Prefix && m.Prefix { // matches are disjoint: m alone holds r
 				l.Prefix = r.End
 				continue
 			}

@@ -1,9 +1,5 @@
 package reuseplan
 
-// The arithmetic of the blend server's side of a plan: the chunks of a
-// stored sequence, the prefix leg's match, a lookup's hit statistics and a
-// retrieve pass's window.
-
 // Chunk is the range of chunk i of a sequence of n tokens cut into chunks of
 // cs tokens (the last one may be shorter).
 func Chunk(i, cs, n int) Range { return Range{i * cs, min((i+1)*cs, n)} }
@@ -48,7 +44,7 @@ type Hits struct {
 }
 
 // HitsOf is the statistics of a lookup of requested tokens whose prefix leg
-// found coverageChunks stored chunks of cs tokens and which answers matches.
+// found coverageChunks chunks of cs tokens and which answers matches.
 func HitsOf(requested, coverageChunks, cs int, matches []Match) Hits {
 	h := Hits{Requested: requested, Coverage: Coverage(coverageChunks, cs)}
 	for _, m := range matches {
@@ -76,22 +72,23 @@ func (h Hits) Rate() float64 {
 // searches: Requested - Coverage.
 func (h Hits) Searched() int { return h.Requested - h.Coverage }
 
-// Window cuts the segments of a retrieve pass to what it writes (see
-// [Segment.Window]): the non-empty written parts, trimmed, in order, and the
-// number of positions a later pass must write.
+// Window cuts the segments of a retrieve pass to their non-empty written
+// parts (see [Segment.Window]), in order, and counts the positions a later
+// pass must write.
 func Window(segs []Segment, from, capacity int) (write []Segment, dropped int) {
 	for _, s := range segs {
 		w, d := s.Window(from, capacity)
 		dropped += d
 		if !w.Empty() {
-			write = append(write, s.Trim(w))
+			s.ChunkOff += w.Start - s.Cur.Start
+			s.Cur = w
+			write = append(write, s)
 		}
 	}
 	return write, dropped
 }
 
-// Tokens is the number of positions in rs (which should be disjoint, as
-// [Merge] leaves them).
+// Tokens is the number of positions in rs (disjoint, as [Merge] leaves them).
 func Tokens(rs []Range) int {
 	n := 0
 	for _, r := range rs {

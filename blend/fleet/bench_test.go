@@ -63,7 +63,7 @@ func BenchmarkFleetRead(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(size)
 		for b.Loop() {
-			got, _, err := tier.GetChunks(ctx, ns, Refs(keys), benchLayout)
+			got, _, err := tier.GetChunks(ctx, ns, rank0Refs(keys), benchLayout)
 			if err != nil || len(got) != len(keys) {
 				b.Fatalf("%d chunks, %v", len(got), err)
 			}

@@ -305,15 +305,6 @@ type Ref struct {
 	Rank int
 }
 
-// Refs are the rank-0 refs of keys.
-func Refs(keys []chunkstore.Key) []Ref {
-	out := make([]Ref, len(keys))
-	for i, k := range keys {
-		out[i] = Ref{Base: k}
-	}
-	return out
-}
-
 func chunkKey(ns string, r Ref) string {
 	if r.Rank == 0 {
 		return "cb:" + ns + ":c:" + r.Base.String()

@@ -130,7 +130,7 @@ func TestSharedChunksAndCoordinatorMatch(t *testing.T) {
 			for i, c := range chunks {
 				keys[i] = c.Key
 			}
-			got, st, err := b.GetChunks(context.Background(), ns, Refs(keys), testLayout)
+			got, st, err := b.GetChunks(context.Background(), ns, rank0Refs(keys), testLayout)
 			if err != nil || st.Hits != len(chunks) {
 				t.Fatalf("GetChunks: %+v %v", st, err)
 			}
@@ -143,7 +143,7 @@ func TestSharedChunksAndCoordinatorMatch(t *testing.T) {
 			// Another layout's namespace never sees them.
 			other := testLayout
 			other.HeadDim = 16
-			if got, _, _ := b.GetChunks(context.Background(), Namespace(testModel, other), Refs(keys), other); len(got) != 0 {
+			if got, _, _ := b.GetChunks(context.Background(), Namespace(testModel, other), rank0Refs(keys), other); len(got) != 0 {
 				t.Fatal("chunks visible under another layout")
 			}
 		})
@@ -170,7 +170,7 @@ func TestCorruptValuesAreMisses(t *testing.T) {
 	if _, err := srv.Command("SET", chunkKey(ns, Ref{Base: chunks[1].Key}), string(good[:len(good)/2])); err != nil {
 		t.Fatal(err)
 	}
-	got, st, err := tier.GetChunks(context.Background(), ns, Refs([]chunkstore.Key{chunks[0].Key, chunks[1].Key}), testLayout)
+	got, st, err := tier.GetChunks(context.Background(), ns, rank0Refs([]chunkstore.Key{chunks[0].Key, chunks[1].Key}), testLayout)
 	if err != nil || len(got) != 0 || st.Corrupt != 2 || tier.Stats().Corrupt != 2 {
 		t.Fatalf("corrupt values served: %d chunks, %+v, %v", len(got), st, err)
 	}
@@ -302,7 +302,7 @@ func TestMaxMemoryEvicts(t *testing.T) {
 	for i, c := range written {
 		keys[i] = c.Key
 	}
-	got, st, err := tier.GetChunks(context.Background(), ns, Refs(keys), testLayout)
+	got, st, err := tier.GetChunks(context.Background(), ns, rank0Refs(keys), testLayout)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,4 +315,13 @@ func TestMaxMemoryEvicts(t *testing.T) {
 		t.Fatalf("after eviction: %+v", st)
 	}
 	t.Logf("after eviction: %d of %d chunks still served, %d misses", st.Hits, len(keys), st.Misses)
+}
+
+// rank0Refs are the rank-0 refs of keys.
+func rank0Refs(keys []chunkstore.Key) []Ref {
+	out := make([]Ref, len(keys))
+	for i, k := range keys {
+		out[i] = Ref{Base: k}
+	}
+	return out
 }
