@@ -118,7 +118,7 @@ func TestSeedPerRequest(t *testing.T) {
 	send := func(seed string) string {
 		t.Helper()
 		body := `{"model":"cb-llama","prompt":"x","max_tokens":1,"temperature":1` + seed + `}`
-		resp, err := http.Post(ev.base+RouteCompletions, "application/json", strings.NewReader(body))
+		resp, err := http.Post(ev.base+api.RouteCompletions, "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -204,21 +204,21 @@ func TestOpenAIErrorCodes(t *testing.T) {
 		name, path, body string
 		param, code      string
 	}{
-		{"max_tokens beyond context", RouteChat, `{"model":"cb-llama",` + msg + `,"max_tokens":600}`, "max_tokens", api.CodeContextLengthExceeded},
-		{"max_completion_tokens beyond context", RouteChat, `{"model":"cb-llama",` + msg + `,"max_completion_tokens":600}`, "max_completion_tokens", api.CodeContextLengthExceeded},
-		{"both: the newer name", RouteChat, `{"model":"cb-llama",` + msg + `,"max_tokens":5,"max_completion_tokens":600}`, "max_completion_tokens", api.CodeContextLengthExceeded},
-		{"completion max_tokens beyond context", RouteCompletions, `{"model":"cb-llama","prompt":"x","max_tokens":600}`, "max_tokens", api.CodeContextLengthExceeded},
-		{"prompt too long", RouteCompletions, `{"model":"cb-llama","prompt":"` + long + `"}`, "prompt", api.CodeContextLengthExceeded},
-		{"messages too long", RouteChat, `{"model":"cb-llama","messages":[{"role":"user","content":"` + long + `"}]}`, "messages", api.CodeContextLengthExceeded},
-		{"temperature above", RouteChat, `{"model":"cb-llama",` + msg + `,"temperature":3}`, "temperature", api.CodeDecimalAboveMax},
-		{"temperature below", RouteChat, `{"model":"cb-llama",` + msg + `,"temperature":-1}`, "temperature", api.CodeDecimalBelowMin},
-		{"top_p zero", RouteChat, `{"model":"cb-llama",` + msg + `,"top_p":0}`, "top_p", api.CodeDecimalBelowMin},
-		{"max_completion_tokens zero", RouteChat, `{"model":"cb-llama",` + msg + `,"max_completion_tokens":0}`, "max_completion_tokens", api.CodeIntegerBelowMin},
-		{"too many stops", RouteChat, `{"model":"cb-llama",` + msg + `,"stop":["a","b","c","d","e"]}`, "stop", api.CodeArrayAboveMaxLength},
-		{"empty messages", RouteChat, `{"model":"cb-llama","messages":[]}`, "messages", api.CodeEmptyArray},
-		{"n above 1", RouteChat, `{"model":"cb-llama",` + msg + `,"n":2}`, "n", api.CodeUnsupportedValue},
-		{"tools", RouteChat, `{"model":"cb-llama",` + msg + `,"tools":[{"type":"function"}]}`, "tools", api.CodeUnsupportedParameter},
-		{"token outside the vocabulary", RouteCompletions, `{"model":"cb-llama","prompt":[1,300]}`, "prompt", api.CodeInvalidValue},
+		{"max_tokens beyond context", api.RouteChat, `{"model":"cb-llama",` + msg + `,"max_tokens":600}`, "max_tokens", api.CodeContextLengthExceeded},
+		{"max_completion_tokens beyond context", api.RouteChat, `{"model":"cb-llama",` + msg + `,"max_completion_tokens":600}`, "max_completion_tokens", api.CodeContextLengthExceeded},
+		{"both: the newer name", api.RouteChat, `{"model":"cb-llama",` + msg + `,"max_tokens":5,"max_completion_tokens":600}`, "max_completion_tokens", api.CodeContextLengthExceeded},
+		{"completion max_tokens beyond context", api.RouteCompletions, `{"model":"cb-llama","prompt":"x","max_tokens":600}`, "max_tokens", api.CodeContextLengthExceeded},
+		{"prompt too long", api.RouteCompletions, `{"model":"cb-llama","prompt":"` + long + `"}`, "prompt", api.CodeContextLengthExceeded},
+		{"messages too long", api.RouteChat, `{"model":"cb-llama","messages":[{"role":"user","content":"` + long + `"}]}`, "messages", api.CodeContextLengthExceeded},
+		{"temperature above", api.RouteChat, `{"model":"cb-llama",` + msg + `,"temperature":3}`, "temperature", api.CodeDecimalAboveMax},
+		{"temperature below", api.RouteChat, `{"model":"cb-llama",` + msg + `,"temperature":-1}`, "temperature", api.CodeDecimalBelowMin},
+		{"top_p zero", api.RouteChat, `{"model":"cb-llama",` + msg + `,"top_p":0}`, "top_p", api.CodeDecimalBelowMin},
+		{"max_completion_tokens zero", api.RouteChat, `{"model":"cb-llama",` + msg + `,"max_completion_tokens":0}`, "max_completion_tokens", api.CodeIntegerBelowMin},
+		{"too many stops", api.RouteChat, `{"model":"cb-llama",` + msg + `,"stop":["a","b","c","d","e"]}`, "stop", api.CodeArrayAboveMaxLength},
+		{"empty messages", api.RouteChat, `{"model":"cb-llama","messages":[]}`, "messages", api.CodeEmptyArray},
+		{"n above 1", api.RouteChat, `{"model":"cb-llama",` + msg + `,"n":2}`, "n", api.CodeUnsupportedValue},
+		{"tools", api.RouteChat, `{"model":"cb-llama",` + msg + `,"tools":[{"type":"function"}]}`, "tools", api.CodeUnsupportedParameter},
+		{"token outside the vocabulary", api.RouteCompletions, `{"model":"cb-llama","prompt":[1,300]}`, "prompt", api.CodeInvalidValue},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp, err := http.Post(ev.base+tc.path, "application/json", strings.NewReader(tc.body))
@@ -238,7 +238,7 @@ func TestOpenAIErrorCodes(t *testing.T) {
 	}
 	// A completion that sent no max_tokens gets the API's default (16),
 	// lowered to fit the context instead of refused.
-	resp, err := http.Post(ev.base+RouteCompletions, "application/json",
+	resp, err := http.Post(ev.base+api.RouteCompletions, "application/json",
 		strings.NewReader(`{"model":"cb-llama","prompt":"`+strings.Repeat("a", 505)+`"}`))
 	if err != nil {
 		t.Fatal(err)
@@ -274,17 +274,17 @@ func TestUnsupportedMediaType(t *testing.T) {
 		name, path, contentType string
 		status                  int
 	}{
-		{"json", RouteChat, "application/json", 200},
-		{"json utf-8", RouteChat, "application/json; charset=utf-8", 200},
-		{"json UTF-8 completions", RouteCompletions, "application/json; charset=UTF-8", 400}, // served (a chat body on the completions route)
-		{"text/plain", RouteChat, "text/plain", 415},
-		{"text/plain completions", RouteCompletions, "text/plain;charset=UTF-8", 415},
-		{"form", RouteChat, "application/x-www-form-urlencoded", 415},
-		{"multipart", RouteChat, "multipart/form-data; boundary=x", 415},
-		{"none", RouteChat, "", 415},
-		{"json latin-1", RouteChat, "application/json; charset=iso-8859-1", 415},
-		{"malformed", RouteChat, "application/json; =", 415},
-		{"documents text/plain", RouteDocuments, "text/plain", 415},
+		{"json", api.RouteChat, "application/json", 200},
+		{"json utf-8", api.RouteChat, "application/json; charset=utf-8", 200},
+		{"json UTF-8 completions", api.RouteCompletions, "application/json; charset=UTF-8", 400}, // served (a chat body on the completions route)
+		{"text/plain", api.RouteChat, "text/plain", 415},
+		{"text/plain completions", api.RouteCompletions, "text/plain;charset=UTF-8", 415},
+		{"form", api.RouteChat, "application/x-www-form-urlencoded", 415},
+		{"multipart", api.RouteChat, "multipart/form-data; boundary=x", 415},
+		{"none", api.RouteChat, "", 415},
+		{"json latin-1", api.RouteChat, "application/json; charset=iso-8859-1", 415},
+		{"malformed", api.RouteChat, "application/json; =", 415},
+		{"documents text/plain", api.RouteDocuments, "text/plain", 415},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp := send(t, http.MethodPost, ev.base+tc.path, chat, map[string]string{"Content-Type": tc.contentType})
@@ -362,7 +362,7 @@ func TestQueueFullCarriesRetryAfter(t *testing.T) {
 	ev := newEnv(t, envOpts{worker: w, cfg: Config{Config: scheduler.Config{MaxQueue: 1, MaxRunning: 1}}})
 	body := `{"model":"cb-llama","prompt":"x","max_tokens":1}`
 	post := func() *http.Response {
-		resp, err := http.Post(ev.base+RouteCompletions, "application/json", strings.NewReader(body))
+		resp, err := http.Post(ev.base+api.RouteCompletions, "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Error(err)
 			return nil

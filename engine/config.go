@@ -2,29 +2,20 @@ package engine
 
 import (
 	"net/http"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
-	"github.com/cacheblend/cacheblend/httpserve"
+	"github.com/cacheblend/cacheblend/httpfront"
 	"github.com/cacheblend/cacheblend/modelfile"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 )
 
-// Defaults applied to zero fields of [Config].
+// Defaults applied to zero fields of [Config] (the HTTP settings' are httpfront's).
 const (
-	DefaultAddr              = "127.0.0.1:8000"
-	DefaultMaxBodyBytes      = 1 << 20
-	DefaultMaxTokens         = 256
-	DefaultRequestTimeout    = 10 * time.Minute
-	DefaultReadHeaderTimeout = httpserve.DefaultReadHeaderTimeout // 10 s
-	DefaultReadTimeout       = httpserve.DefaultReadTimeout       // 30 s
-	DefaultWriteTimeout      = httpserve.DefaultWriteTimeout      // 30 s
-	DefaultIdleTimeout       = httpserve.DefaultIdleTimeout       // 60 s
-	DefaultMaxHeaderBytes    = httpserve.DefaultMaxHeaderBytes    // 64 KiB
-	DefaultMaxConns          = 4096
+	DefaultAddr      = "127.0.0.1:8000"
+	DefaultMaxTokens = 256
 )
 
 // Config holds cb-engine's settings. The zero value is valid: every zero
@@ -40,44 +31,13 @@ type Config struct {
 	// Addr is the listen address. Default "127.0.0.1:8000" (loopback only);
 	// ":0" picks a free port (see Engine.Addr).
 	Addr string
-	// APIKey, when set, is required as "Authorization: Bearer <key>" on every
-	// /v1/ route (401 otherwise). /health and /metrics stay open.
-	APIKey string
-	// MaxBodyBytes bounds a request body (413 beyond). Default 1 MiB.
-	MaxBodyBytes int64
 	// DefaultMaxTokens is the output limit of a chat request without
 	// max_tokens (capped by the model's positions). Completions default to
 	// 16, as in the OpenAI API. Default 256.
 	DefaultMaxTokens int
-	// RequestTimeout bounds one request from receipt to its end (504
-	// beyond). Default 10 min.
-	RequestTimeout time.Duration
-	// ReadHeaderTimeout bounds reading a request's headers; a connection
-	// that sends none within it is closed. Default 10 s.
-	ReadHeaderTimeout time.Duration
-	// ReadTimeout bounds reading a whole request, headers and body, so that
-	// a client sending its body slowly holds a connection no longer: the
-	// request is answered 408 and the connection closed. It never cuts a
-	// response (net/http lifts it once the body is read). Default 30 s.
-	ReadTimeout time.Duration
-	// WriteTimeout bounds each write of a response: a write (or flush of a
-	// streamed event) that a client does not take within it fails and the
-	// connection is closed. The deadline is renewed before every write, so a
-	// long generation or stream is never cut. Default 30 s.
-	WriteTimeout time.Duration
-	// IdleTimeout closes a keep-alive connection that sends no new request
-	// within it. Default 60 s.
-	IdleTimeout time.Duration
-	// MaxHeaderBytes bounds a request's header block (431 beyond). Default
-	// 64 KiB.
-	MaxHeaderBytes int
-	// MaxConns caps the connections the API holds at once (lowered to half
-	// the process's open-file limit when that is smaller). At the cap a new
-	// connection replaces the oldest idle one or the oldest still sending
-	// its request; when every held connection is being served, it is
-	// refused (see package httpserve). Default 4096 (about 95 MB of memory
-	// when every one is held by a slow client).
-	MaxConns int
+	// Settings are the API's key, body bound, request timeout and server
+	// limits (connections, timeouts), each with httpfront's default.
+	httpfront.Settings
 	// Role is the engine's part in prefill/decode disaggregation
 	// (docs/design.md §9): RoleBoth (default) serves every request whole;
 	// RolePrefill also hands requests naming a decode engine
@@ -107,30 +67,14 @@ func (c Config) withDefaults() Config {
 	if c.Model == "" {
 		c.Model = scheduler.DefaultModel
 	}
-	if c.MaxBodyBytes <= 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	}
 	if c.DefaultMaxTokens <= 0 {
 		c.DefaultMaxTokens = DefaultMaxTokens
-	}
-	if c.RequestTimeout <= 0 {
-		c.RequestTimeout = DefaultRequestTimeout
 	}
 	if c.Role == "" {
 		c.Role = RoleBoth
 	}
-	l := c.httpLimits().WithDefaults(httpserve.Limits{MaxConns: DefaultMaxConns})
-	c.ReadHeaderTimeout, c.ReadTimeout, c.WriteTimeout, c.IdleTimeout = l.ReadHeaderTimeout, l.ReadTimeout, l.WriteTimeout, l.IdleTimeout
-	c.MaxHeaderBytes, c.MaxConns = l.MaxHeaderBytes, l.MaxConns
+	c.Settings = c.Settings.WithDefaults()
 	return c
-}
-
-// httpLimits returns the HTTP server's limits of c.
-func (c Config) httpLimits() httpserve.Limits {
-	return httpserve.Limits{
-		ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout, WriteTimeout: c.WriteTimeout,
-		IdleTimeout: c.IdleTimeout, MaxHeaderBytes: c.MaxHeaderBytes, MaxConns: c.MaxConns,
-	}
 }
 
 // Tokenizer turns text into token ids and back. tokenizer.Tokenizer

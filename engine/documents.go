@@ -25,11 +25,11 @@ func (e *Engine) serveDocuments(w *statusWriter, r *http.Request, _ string, t0 t
 	callID := newID("docs-")
 	w.Header().Set("X-Request-Id", callID)
 	parent := telemetry.ExtractHTTP(r.Context(), r.Header)
-	var (
-		apiErr  *api.Error
-		nDocs   int
-		nTokens int
-	)
+	docs, toks, apiErr := e.readDocuments(w, r)
+	nTokens := 0
+	for _, t := range toks {
+		nTokens += len(t)
+	}
 	defer func() {
 		status, errType, level := http.StatusOK, "", slog.LevelInfo
 		if apiErr != nil {
@@ -40,50 +40,59 @@ func (e *Engine) serveDocuments(w *statusWriter, r *http.Request, _ string, t0 t
 		}
 		e.log.LogAttrs(parent, level, "documents",
 			slog.String("request_id", callID), slog.Int("status", status), slog.String("error_type", errType),
-			slog.Float64("duration_s", time.Since(t0).Seconds()), slog.Int("documents", nDocs), slog.Int("tokens", nTokens))
+			slog.Float64("duration_s", time.Since(t0).Seconds()), slog.Int("documents", len(toks)), slog.Int("tokens", nTokens))
 	}()
-	fail := func(err *api.Error) {
-		if err.Status == http.StatusServiceUnavailable && err.RetryAfter == 0 {
-			err = err.WithRetryAfter(WorkerRetryAfter)
-		}
-		apiErr = err
-		if err.Status != api.StatusClientClosedRequest {
-			err.Write(w)
-		} else {
-			w.Status = err.Status
-		}
+	var out *api.DocumentList
+	if apiErr == nil {
+		out, apiErr = e.storeDocuments(parent, r, docs, toks)
 	}
+	if apiErr == nil {
+		out.Usage = api.Usage{PromptTokens: nTokens, TotalTokens: nTokens}
+		writeJSON(w, http.StatusOK, out)
+		return
+	}
+	if apiErr.Status == http.StatusServiceUnavailable && apiErr.RetryAfter == 0 {
+		apiErr = apiErr.WithRetryAfter(WorkerRetryAfter)
+	}
+	if apiErr.Status != api.StatusClientClosedRequest {
+		apiErr.Write(w)
+	} else {
+		w.Status = apiErr.Status
+	}
+}
 
-	body, err := e.front.ReadRequest(w, r)
-	if err != nil {
-		fail(err)
-		return
+// readDocuments reads and decodes a documents request and tokenizes its
+// documents, each within the model's positions.
+func (e *Engine) readDocuments(w *statusWriter, r *http.Request) (*api.Documents, [][]int32, *api.Error) {
+	body, apiErr := e.front.ReadRequest(w, r)
+	if apiErr != nil {
+		return nil, nil, apiErr
 	}
-	docs, err := api.DecodeDocuments(body)
-	if err != nil {
-		fail(err)
-		return
+	docs, apiErr := api.DecodeDocuments(body)
+	if apiErr != nil {
+		return nil, nil, apiErr
 	}
 	if docs.Model != "" && docs.Model != e.cfg.Model {
-		fail(api.ModelNotFound(docs.Model))
-		return
+		return nil, nil, api.ModelNotFound(docs.Model)
 	}
 	info, ready := e.sched.WorkerInfo()
 	if !ready {
-		fail(api.WorkerUnavailable("it has not answered yet"))
-		return
+		return nil, nil, api.WorkerUnavailable("it has not answered yet")
 	}
 	toks := make([][]int32, len(docs.Docs))
 	for i, d := range docs.Docs {
 		toks[i] = e.tok.Encode(d.Text)
 		if mp := int(info.GetMaxPositions()); mp > 0 && len(toks[i]) > mp {
-			fail(api.BadRequest("documents", "Document %d has %d tokens; the model allows %d.", i, len(toks[i]), mp))
-			return
+			return nil, nil, api.BadRequest("documents", "Document %d has %d tokens; the model allows %d.", i, len(toks[i]), mp)
 		}
-		nTokens += len(toks[i])
 	}
-	nDocs = len(docs.Docs)
+	return docs, toks, nil
+}
 
+// storeDocuments submits every document to the scheduler, each under its
+// cb.store_pre_computed span (a child of parent), and waits until all are
+// stored. On a failure the documents still queued are abandoned.
+func (e *Engine) storeDocuments(parent context.Context, r *http.Request, docs *api.Documents, toks [][]int32) (*api.DocumentList, *api.Error) {
 	reqCtx, cancel := context.WithTimeout(r.Context(), e.cfg.RequestTimeout)
 	defer cancel()
 	type job struct {
@@ -92,16 +101,18 @@ func (e *Engine) serveDocuments(w *statusWriter, r *http.Request, _ string, t0 t
 		span *telemetry.Span
 	}
 	jobs := make([]job, 0, len(docs.Docs))
-	// endSpans ends every document span after a failure: stored documents
-	// end normally, the others carry the failure (or their abandonment).
-	endSpans := func(err error, errType string) {
+	// abandon cancels the documents still queued and ends every document
+	// span: stored documents end normally, the others carry the failure
+	// (or their abandonment).
+	abandon := func(err error) {
+		cancel()
 		for _, j := range jobs {
 			switch res := j.h.Snapshot(); {
 			case res.Done && res.Err == nil:
 			case res.Done:
 				j.span.SetError(scheduler.ErrorType(res.Err), res.Err)
 			default:
-				j.span.SetError(errType, err)
+				j.span.SetError("canceled", err)
 			}
 			j.span.End()
 		}
@@ -119,25 +130,21 @@ func (e *Engine) serveDocuments(w *statusWriter, r *http.Request, _ string, t0 t
 		ctx := trace.ContextWithSpanContext(reqCtx, span.SpanContext())
 		h, serr := e.sched.Submit(&scheduler.Request{ID: id, Prompt: toks[i], Document: true, Ctx: ctx})
 		if serr != nil {
-			span.SetError(errorTypeOf(e.submitError(serr, "documents")), serr)
+			apiErr := e.submitError(serr, "documents")
+			span.SetError(apiErr.ErrorType, serr)
 			span.End()
-			cancel() // abandon the documents already queued
-			endSpans(context.Canceled, "canceled")
-			fail(e.submitError(serr, "documents"))
-			return
+			abandon(context.Canceled)
+			return nil, apiErr
 		}
 		jobs = append(jobs, job{id: id, h: h, span: span})
 	}
-
-	out := api.DocumentList{Object: "list", Model: e.cfg.Model, Usage: api.Usage{PromptTokens: nTokens, TotalTokens: nTokens}}
+	out := &api.DocumentList{Object: "list", Model: e.cfg.Model}
 	for i, j := range jobs {
 		res := wait(reqCtx, j.h)
 		if !res.Done || res.Err != nil {
-			aerr, cause := resultError(r, reqCtx, res)
-			cancel()
-			endSpans(cause, "canceled")
-			fail(aerr)
-			return
+			apiErr, cause := resultError(r, reqCtx, res)
+			abandon(cause)
+			return nil, apiErr
 		}
 		id := docs.Docs[i].ID
 		if id == "" {
@@ -148,7 +155,5 @@ func (e *Engine) serveDocuments(w *statusWriter, r *http.Request, _ string, t0 t
 	for _, j := range jobs {
 		j.span.End()
 	}
-	writeJSON(w, http.StatusOK, out)
+	return out, nil
 }
-
-func errorTypeOf(e *api.Error) string { return e.ErrorType }

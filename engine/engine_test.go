@@ -31,6 +31,7 @@ import (
 	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/engine/internal/enginetest"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
+	"github.com/cacheblend/cacheblend/httpfront"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
 	"github.com/cacheblend/cacheblend/tokenizer"
@@ -409,15 +410,15 @@ func TestServeLoopRecordsMetrics(t *testing.T) {
 		t.Errorf("a failed request has a TTFT")
 	}
 	if n := histCount(fams, "http_server_request_duration_seconds",
-		map[string]string{"http_request_method": "POST", "http_route": RouteChat, "http_response_status_code": "200"}); n != 3 {
+		map[string]string{"http_request_method": "POST", "http_route": api.RouteChat, "http_response_status_code": "200"}); n != 3 {
 		t.Errorf("http chat 200 count %d, want 3", n)
 	}
 	if n := histCount(fams, "http_server_request_duration_seconds",
-		map[string]string{"http_route": RouteChat, "http_response_status_code": "404"}); n != 1 {
+		map[string]string{"http_route": api.RouteChat, "http_response_status_code": "404"}); n != 1 {
 		t.Errorf("http chat 404 count %d, want 1", n)
 	}
 	if n := histCount(fams, "http_server_request_duration_seconds",
-		map[string]string{"http_route": RouteCompletions, "http_response_status_code": "200"}); n != 1 {
+		map[string]string{"http_route": api.RouteCompletions, "http_response_status_code": "200"}); n != 1 {
 		t.Errorf("http completions count %d", n)
 	}
 	if m := series(fams, "cb_engine_generation_tokens_total", map[string]string{"gen_ai_request_model": "cb-llama"}); m == nil ||
@@ -444,7 +445,7 @@ func TestServeLoopRecordsMetrics(t *testing.T) {
 	// The /metrics scrape itself was recorded.
 	fams = scrape(t, ev.base)
 	if n := histCount(fams, "http_server_request_duration_seconds",
-		map[string]string{"http_request_method": "GET", "http_route": RouteMetrics, "http_response_status_code": "200"}); n < 1 {
+		map[string]string{"http_request_method": "GET", "http_route": api.RouteMetrics, "http_response_status_code": "200"}); n < 1 {
 		t.Errorf("metrics route not recorded")
 	}
 }
@@ -599,7 +600,7 @@ func TestFailureSpanStatus(t *testing.T) {
 	gate := w.Gate()
 	ev := newEnv(t, envOpts{worker: w, cfg: Config{Config: scheduler.Config{MaxQueue: 1, MaxRunning: 1}}})
 	post := func(body string) *http.Response {
-		resp, err := http.Post(ev.base+RouteCompletions, "application/json", strings.NewReader(body))
+		resp, err := http.Post(ev.base+api.RouteCompletions, "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Error(err)
 			return nil
@@ -656,28 +657,28 @@ func TestFailureSpanStatus(t *testing.T) {
 }
 
 func TestBadInputs(t *testing.T) {
-	ev := newEnv(t, envOpts{cfg: Config{MaxBodyBytes: 4096}, worker: enginetest.NewWorker(64, 16, 512)})
+	ev := newEnv(t, envOpts{cfg: Config{Settings: httpfront.Settings{MaxBodyBytes: 4096}}, worker: enginetest.NewWorker(64, 16, 512)})
 	long := strings.Repeat("a", 600)
 	for _, tc := range []struct {
 		name, method, path, body string
 		status                   int
 		errType                  string
 	}{
-		{"malformed json", "POST", RouteChat, `{"model":`, 400, "invalid_request_error"},
-		{"not an object", "POST", RouteChat, `[]`, 400, "invalid_request_error"},
-		{"missing messages", "POST", RouteChat, `{"model":"cb-llama"}`, 400, "invalid_request_error"},
-		{"bad temperature", "POST", RouteChat, `{"model":"cb-llama","messages":[{"role":"user","content":"x"}],"temperature":9}`, 400, "invalid_request_error"},
-		{"bad max_tokens type", "POST", RouteCompletions, `{"model":"cb-llama","prompt":"x","max_tokens":"many"}`, 400, "invalid_request_error"},
-		{"prompt too long", "POST", RouteCompletions, `{"model":"cb-llama","prompt":"` + long + `"}`, 400, "invalid_request_error"},
-		{"max_tokens beyond context", "POST", RouteCompletions, `{"model":"cb-llama","prompt":"x","max_tokens":600}`, 400, "invalid_request_error"},
-		{"token out of vocab", "POST", RouteCompletions, `{"model":"cb-llama","prompt":[1,300]}`, 400, "invalid_request_error"},
-		{"unknown model", "POST", RouteChat, `{"model":"gpt-4","messages":[]}`, 404, "invalid_request_error"},
-		{"unknown model first", "POST", RouteCompletions, `{"model":"gpt-4","prompt":null,"temperature":-5}`, 404, "invalid_request_error"},
+		{"malformed json", "POST", api.RouteChat, `{"model":`, 400, "invalid_request_error"},
+		{"not an object", "POST", api.RouteChat, `[]`, 400, "invalid_request_error"},
+		{"missing messages", "POST", api.RouteChat, `{"model":"cb-llama"}`, 400, "invalid_request_error"},
+		{"bad temperature", "POST", api.RouteChat, `{"model":"cb-llama","messages":[{"role":"user","content":"x"}],"temperature":9}`, 400, "invalid_request_error"},
+		{"bad max_tokens type", "POST", api.RouteCompletions, `{"model":"cb-llama","prompt":"x","max_tokens":"many"}`, 400, "invalid_request_error"},
+		{"prompt too long", "POST", api.RouteCompletions, `{"model":"cb-llama","prompt":"` + long + `"}`, 400, "invalid_request_error"},
+		{"max_tokens beyond context", "POST", api.RouteCompletions, `{"model":"cb-llama","prompt":"x","max_tokens":600}`, 400, "invalid_request_error"},
+		{"token out of vocab", "POST", api.RouteCompletions, `{"model":"cb-llama","prompt":[1,300]}`, 400, "invalid_request_error"},
+		{"unknown model", "POST", api.RouteChat, `{"model":"gpt-4","messages":[]}`, 404, "invalid_request_error"},
+		{"unknown model first", "POST", api.RouteCompletions, `{"model":"gpt-4","prompt":null,"temperature":-5}`, 404, "invalid_request_error"},
 		{"unknown route", "GET", "/v1/nothing", ``, 404, "invalid_request_error"},
-		{"wrong method", "GET", RouteChat, ``, 405, "invalid_request_error"},
-		{"body too large", "POST", RouteChat, `{"model":"cb-llama","x":"` + strings.Repeat("b", 5000) + `"}`, 413, "invalid_request_error"},
-		{"documents empty", "POST", RouteDocuments, `{"documents":[]}`, 400, "invalid_request_error"},
-		{"documents unknown model", "POST", RouteDocuments, `{"model":"m2","documents":["a"]}`, 404, "invalid_request_error"},
+		{"wrong method", "GET", api.RouteChat, ``, 405, "invalid_request_error"},
+		{"body too large", "POST", api.RouteChat, `{"model":"cb-llama","x":"` + strings.Repeat("b", 5000) + `"}`, 413, "invalid_request_error"},
+		{"documents empty", "POST", api.RouteDocuments, `{"documents":[]}`, 400, "invalid_request_error"},
+		{"documents unknown model", "POST", api.RouteDocuments, `{"model":"m2","documents":["a"]}`, 404, "invalid_request_error"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			checkErrorBody(t, send(t, tc.method, ev.base+tc.path, tc.body, jsonHeader), tc.status, tc.errType)
@@ -736,7 +737,7 @@ func checkErrorBody(t *testing.T, resp *http.Response, status int, typ string) {
 }
 
 func TestAPIKey(t *testing.T) {
-	ev := newEnv(t, envOpts{cfg: Config{APIKey: "s3cret"}})
+	ev := newEnv(t, envOpts{cfg: Config{Settings: httpfront.Settings{APIKey: "s3cret"}}})
 	for _, tc := range []struct {
 		name, auth string
 		status     int
@@ -747,7 +748,7 @@ func TestAPIKey(t *testing.T) {
 		{"right", "Bearer s3cret", 200},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			resp := send(t, http.MethodPost, ev.base+RouteCompletions, `{"model":"cb-llama","prompt":"x","max_tokens":1}`,
+			resp := send(t, http.MethodPost, ev.base+api.RouteCompletions, `{"model":"cb-llama","prompt":"x","max_tokens":1}`,
 				map[string]string{"Content-Type": "application/json", "Authorization": tc.auth})
 			if tc.status != 200 {
 				checkErrorBody(t, resp, tc.status, "invalid_request_error")
@@ -765,7 +766,7 @@ func TestAPIKey(t *testing.T) {
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != 401 || apiErr.Code != "invalid_api_key" {
 		t.Fatalf("client with a bad key: %v", err)
 	}
-	for _, p := range []string{RouteHealth, RouteMetrics} {
+	for _, p := range []string{api.RouteHealth, api.RouteMetrics} {
 		resp, err := http.Get(ev.base + p)
 		if err != nil {
 			t.Fatal(err)
@@ -783,14 +784,14 @@ func TestAPIKey(t *testing.T) {
 
 func TestWorkerUnavailable(t *testing.T) {
 	ev := newEnv(t, envOpts{notReady: true})
-	resp, err := http.Post(ev.base+RouteChat, "application/json",
+	resp, err := http.Post(ev.base+api.RouteChat, "application/json",
 		strings.NewReader(`{"model":"cb-llama","messages":[{"role":"user","content":"x"}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkErrorBody(t, resp, 503, "server_error")
 	_ = resp.Body.Close()
-	h, err := http.Get(ev.base + RouteHealth)
+	h, err := http.Get(ev.base + api.RouteHealth)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -800,7 +801,7 @@ func TestWorkerUnavailable(t *testing.T) {
 	}
 	ev.worker.SetInfoError(nil)
 	waitFor(t, "healthy", func() bool {
-		h, err := http.Get(ev.base + RouteHealth)
+		h, err := http.Get(ev.base + api.RouteHealth)
 		if err != nil {
 			return false
 		}
@@ -823,14 +824,14 @@ func TestModelMismatchRefused(t *testing.T) {
 	w.SetInfoError(nil) // answers, with another file
 	n := w.InfoCalls()
 	waitFor(t, "probe", func() bool { return w.InfoCalls() > n })
-	resp, err := http.Post(ev.base+RouteChat, "application/json",
+	resp, err := http.Post(ev.base+api.RouteChat, "application/json",
 		strings.NewReader(`{"model":"cb-llama","messages":[{"role":"user","content":"x"}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkErrorBody(t, resp, 503, "server_error")
 	_ = resp.Body.Close()
-	h, err := http.Get(ev.base + RouteHealth)
+	h, err := http.Get(ev.base + api.RouteHealth)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -845,7 +846,7 @@ func TestDocumentsIngest(t *testing.T) {
 	w.StoreDelaySteps = 2
 	ev := newEnv(t, envOpts{worker: w, blend: &enginetest.Blend{}})
 	body := `{"documents":["The quick brown fox jumps over the lazy dog.",{"id":"d2","text":"Second document, a bit longer than the first one."}]}`
-	resp := send(t, http.MethodPost, ev.base+RouteDocuments, body, map[string]string{"traceparent": callerTP, "Content-Type": "application/json"})
+	resp := send(t, http.MethodPost, ev.base+api.RouteDocuments, body, map[string]string{"traceparent": callerTP, "Content-Type": "application/json"})
 	var out api.DocumentList
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("status %d err %v", resp.StatusCode, err)
@@ -910,7 +911,7 @@ func TestShutdownFinishesInFlightStream(t *testing.T) {
 	if n < 3 {
 		t.Fatalf("%d chunks, want the role chunk, content and the finish", n)
 	}
-	if resp, err := http.Get(ev.base + RouteHealth); err == nil {
+	if resp, err := http.Get(ev.base + api.RouteHealth); err == nil {
 		_ = resp.Body.Close()
 		t.Fatal("still accepting connections after Shutdown")
 	}

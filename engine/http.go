@@ -10,19 +10,6 @@ import (
 	"github.com/cacheblend/cacheblend/metrics"
 )
 
-// Route templates (the http_route label): the API's, see package api.
-const (
-	RouteChat        = api.RouteChat
-	RouteCompletions = api.RouteCompletions
-	RouteModels      = api.RouteModels
-	RouteModel       = api.RouteModel
-	RouteDocuments   = api.RouteDocuments
-	RouteHealth      = api.RouteHealth
-	RouteMetrics     = api.RouteMetrics
-	// RouteUnmatched labels requests to unknown paths.
-	RouteUnmatched = api.RouteUnmatched
-)
-
 // statusWriter is the API writer (httpfront.StatusWriter).
 type statusWriter = httpfront.StatusWriter
 
@@ -32,8 +19,7 @@ var writeJSON = httpfront.WriteJSON
 // newFront builds the engine's HTTP front: its routes, API key, body bounds and server.
 func (e *Engine) newFront() *httpfront.Front {
 	return httpfront.New(httpfront.Config{
-		Component: "engine", Addr: e.cfg.Addr, APIKey: e.cfg.APIKey, MaxBodyBytes: e.cfg.MaxBodyBytes,
-		Limits: e.cfg.httpLimits(), Logger: e.log,
+		Component: "engine", Addr: e.cfg.Addr, Settings: e.cfg.Settings, Logger: e.log,
 	}, httpfront.Handlers{
 		Generate: e.serveGenerate, Documents: e.serveDocuments, Models: e.serveModels, Health: e.serveHealth,
 		Metrics: metrics.Handler(e.gatherer, e.refreshMetrics), Record: e.metrics.RecordHTTP,
@@ -49,8 +35,8 @@ func (e *Engine) serveModels(w *statusWriter, r *http.Request, route string, _ t
 	if info, ok := e.sched.WorkerInfo(); ok {
 		m.MaxModelLen = int(info.GetMaxPositions())
 	}
-	if route == RouteModel {
-		if id := strings.TrimPrefix(r.URL.Path, RouteModels+"/"); id != e.cfg.Model {
+	if route == api.RouteModel {
+		if id := strings.TrimPrefix(r.URL.Path, api.RouteModels+"/"); id != e.cfg.Model {
 			api.ModelNotFound(id).Write(w)
 			return
 		}

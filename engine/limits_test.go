@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/cacheblend/cacheblend/internal/fdlimit"
 	"io"
 	"net"
 	"net/http"
@@ -19,7 +18,10 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
+	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/engine/internal/enginetest"
+	"github.com/cacheblend/cacheblend/httpfront"
+	"github.com/cacheblend/cacheblend/internal/fdlimit"
 )
 
 // slowBodyRequest is a chat request whose headers promise a body that never
@@ -44,7 +46,7 @@ func normalChat(t *testing.T, base string) time.Duration {
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	t0 := time.Now()
-	resp, err := c.Post(base+RouteChat, "application/json",
+	resp, err := c.Post(base+api.RouteChat, "application/json",
 		strings.NewReader(`{"model":"cb-llama","messages":[{"role":"user","content":"hi"}],"max_tokens":4}`))
 	if err != nil {
 		t.Fatalf("normal request under attack: %v", err)
@@ -67,9 +69,9 @@ func TestSlowBodyAttack(t *testing.T) {
 	const attackers = 5000
 	raiseFileLimit(t, 2*attackers+1000) // both ends of every connection are in this process
 	const readTimeout = 6 * time.Second
-	ev := newEnv(t, envOpts{cfg: Config{ReadTimeout: readTimeout}})
+	ev := newEnv(t, envOpts{cfg: Config{Settings: httpfront.Settings{ReadTimeout: readTimeout}}})
 	maxConns := ev.e.ConnStats().MaxConns
-	if maxConns != DefaultMaxConns {
+	if maxConns != httpfront.DefaultMaxConns {
 		t.Logf("MaxConns lowered to %d by the open-file limit", maxConns)
 	}
 	runtime.GC()
@@ -164,7 +166,7 @@ func TestSlowBodyAttack(t *testing.T) {
 }
 
 func TestSlowBodyGets408(t *testing.T) {
-	ev := newEnv(t, envOpts{cfg: Config{ReadTimeout: 300 * time.Millisecond}})
+	ev := newEnv(t, envOpts{cfg: Config{Settings: httpfront.Settings{ReadTimeout: 300 * time.Millisecond}}})
 	c, err := net.Dial("tcp", ev.e.Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -191,7 +193,7 @@ func TestSlowBodyGets408(t *testing.T) {
 }
 
 func TestIdleConnectionsClosed(t *testing.T) {
-	ev := newEnv(t, envOpts{cfg: Config{IdleTimeout: 200 * time.Millisecond, ReadHeaderTimeout: 200 * time.Millisecond}})
+	ev := newEnv(t, envOpts{cfg: Config{Settings: httpfront.Settings{IdleTimeout: 200 * time.Millisecond, ReadHeaderTimeout: 200 * time.Millisecond}}})
 	idle, err := net.Dial("tcp", ev.e.Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -229,7 +231,7 @@ func TestIdleConnectionsClosed(t *testing.T) {
 // each event).
 func TestStreamOutlivesHTTPTimeouts(t *testing.T) {
 	w := enginetest.NewWorker(64, 16, 2048)
-	ev := newEnv(t, envOpts{worker: w, cfg: Config{ReadTimeout: 150 * time.Millisecond, WriteTimeout: 150 * time.Millisecond}})
+	ev := newEnv(t, envOpts{worker: w, cfg: Config{Settings: httpfront.Settings{ReadTimeout: 150 * time.Millisecond, WriteTimeout: 150 * time.Millisecond}}})
 	gate := w.Gate()
 	stop := make(chan struct{})
 	defer close(stop)

@@ -117,13 +117,17 @@ func (e *Engine) endGenerate(ctx context.Context, span *telemetry.Span, rec *gen
 	// TTFT as measured: the first token's time and t0 are both read from the
 	// monotonic clock, so it lies in [0, E2E] without any repair (a value
 	// that did not would be refused and counted by the metrics, not hidden).
-	var ttft time.Duration
 	if len(res.TokenTimes) > 0 {
-		ttft = res.TokenTimes[0].Sub(rec.t0)
-		mrec.TTFT, mrec.HasTTFT = ttft, true
+		mrec.TTFT, mrec.HasTTFT = res.TokenTimes[0].Sub(rec.t0), true
 	}
 	e.metrics.RecordRequest(ctx, mrec)
+	e.logGenerate(ctx, rec, res, status, mrec)
+	span.End(trace.WithTimestamp(end))
+}
 
+// logGenerate writes the request's JSON log line (inside the SERVER span of
+// ctx) from its record, result, status and metrics record.
+func (e *Engine) logGenerate(ctx context.Context, rec *genRecord, res scheduler.Result, status int, mrec metrics.RequestRecord) {
 	level := slog.LevelInfo
 	if status >= 500 {
 		level = slog.LevelError
@@ -133,17 +137,17 @@ func (e *Engine) endGenerate(ctx context.Context, span *telemetry.Span, rec *gen
 		slog.String("operation", rec.op),
 		slog.String("model", rec.model),
 		slog.Int("status", status),
-		slog.String("error_type", errType),
+		slog.String("error_type", mrec.ErrorType),
 		slog.Bool("stream", rec.stream),
-		slog.Float64("duration_s", end.Sub(rec.t0).Seconds()),
+		slog.Float64("duration_s", mrec.E2E.Seconds()),
 		slog.Int("prompt_tokens", rec.promptTokens),
-		slog.Int("completion_tokens", nOut),
+		slog.Int("completion_tokens", mrec.OutputTokens),
 	}
 	if rec.seeded {
 		logAttrs = append(logAttrs, slog.Int64("seed", rec.seed), slog.Bool("seed_generated", rec.seedGenerated))
 	}
 	if mrec.HasTTFT {
-		logAttrs = append(logAttrs, slog.Float64("ttft_s", ttft.Seconds()))
+		logAttrs = append(logAttrs, slog.Float64("ttft_s", mrec.TTFT.Seconds()))
 	} else {
 		logAttrs = append(logAttrs, slog.Any("ttft_s", nil))
 	}
@@ -167,7 +171,6 @@ func (e *Engine) endGenerate(ctx context.Context, span *telemetry.Span, rec *gen
 		logAttrs = append(logAttrs, slog.String("error", rec.apiErr.Message))
 	}
 	e.log.LogAttrs(ctx, level, "request", logAttrs...)
-	span.End(trace.WithTimestamp(end))
 }
 
 // engineSpans records engine.queue, engine.prefill and engine.decode from

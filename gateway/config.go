@@ -13,7 +13,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/defaults"
-	"github.com/cacheblend/cacheblend/httpserve"
+	"github.com/cacheblend/cacheblend/httpfront"
 	"github.com/cacheblend/cacheblend/modelfile"
 )
 
@@ -27,27 +27,19 @@ const (
 // Policies lists the built-in routing policies, the default first.
 func Policies() []string { return []string{PolicyKVAware, PolicyLeastLoaded, PolicyRoundRobin} }
 
-// Defaults applied to zero fields of [Config].
+// Defaults applied to zero fields of [Config] (the HTTP settings' are httpfront's).
 const (
-	DefaultAddr              = "127.0.0.1:8080"
-	DefaultPolicy            = PolicyKVAware
-	DefaultAlpha             = 0.1
-	DefaultSpreadMargin      = 4.0
-	DefaultMaxInFlight       = 128
-	DefaultMaxQueue          = 512
-	DefaultQueueTimeout      = 30 * time.Second
-	DefaultHealthInterval    = time.Second
-	DefaultIndexBytes        = 64 << 20
-	DefaultIndexSequences    = 16384
-	DefaultMaxBodyBytes      = 1 << 20
-	DefaultRequestTimeout    = 10 * time.Minute
-	DefaultMaxBufferedBody   = 16 << 20
-	DefaultReadHeaderTimeout = httpserve.DefaultReadHeaderTimeout // 10 s
-	DefaultReadTimeout       = httpserve.DefaultReadTimeout       // 30 s
-	DefaultWriteTimeout      = httpserve.DefaultWriteTimeout      // 30 s
-	DefaultIdleTimeout       = httpserve.DefaultIdleTimeout       // 60 s
-	DefaultMaxHeaderBytes    = httpserve.DefaultMaxHeaderBytes    // 64 KiB
-	DefaultMaxConns          = 4096
+	DefaultAddr            = "127.0.0.1:8080"
+	DefaultPolicy          = PolicyKVAware
+	DefaultAlpha           = 0.1
+	DefaultSpreadMargin    = 4.0
+	DefaultMaxInFlight     = 128
+	DefaultMaxQueue        = 512
+	DefaultQueueTimeout    = 30 * time.Second
+	DefaultHealthInterval  = time.Second
+	DefaultIndexBytes      = 64 << 20
+	DefaultIndexSequences  = 16384
+	DefaultMaxBufferedBody = 16 << 20
 )
 
 // Config holds the gateway's settings. Every zero field takes its documented default; Engines
@@ -99,29 +91,16 @@ type Config struct {
 	ChunkSize int
 	// Model names the chunk keys of the reuse index. Default defaults.Model.
 	Model string
-	// APIKey, when set, is required as "Authorization: Bearer <key>" on every /v1/ route (401
-	// otherwise). /health and /metrics stay open.
-	APIKey string
 	// EngineAPIKey, when set, is sent to the engines as "Authorization: Bearer <key>";
 	// otherwise the client's Authorization header is forwarded as it came.
 	EngineAPIKey string
-	// MaxBodyBytes bounds a request body (413 beyond). Default 1 MiB.
-	MaxBodyBytes int64
-	// RequestTimeout bounds one request from receipt to its end, queue and attempts included
-	// (504 beyond). Default 10 min.
-	RequestTimeout time.Duration
 	// MaxBufferedBody is the largest non-streamed engine response the gateway holds back
 	// until it is complete (so that an engine lost in the middle can still be failed over);
 	// a larger one is streamed through. Default 16 MiB.
 	MaxBufferedBody int64
-	// HTTP limits of the API server, as engine.Config's: header, read, write (renewed before
-	// every write: streams are never cut) and idle timeouts, header bytes, connections.
-	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
-	// MaxHeaderBytes bounds a request's header block. Default 64 KiB.
-	MaxHeaderBytes int
-	// MaxConns caps the connections the API holds at once (see package httpserve). Default
-	// 4096.
-	MaxConns int
+	// Settings are the API's key, body bound, request timeout (queue and attempts included)
+	// and server limits, as engine.Config's, each with httpfront's default.
+	httpfront.Settings
 }
 
 // withDefaults returns c with defaults applied and the engine URLs normalized, or an error.
@@ -165,18 +144,10 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Model == "" {
 		c.Model = defaults.Model
 	}
-	if c.MaxBodyBytes <= 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if c.RequestTimeout <= 0 {
-		c.RequestTimeout = DefaultRequestTimeout
-	}
 	if c.MaxBufferedBody <= 0 {
 		c.MaxBufferedBody = DefaultMaxBufferedBody
 	}
-	l := c.httpLimits().WithDefaults(httpserve.Limits{MaxConns: DefaultMaxConns})
-	c.ReadHeaderTimeout, c.ReadTimeout, c.WriteTimeout, c.IdleTimeout = l.ReadHeaderTimeout, l.ReadTimeout, l.WriteTimeout, l.IdleTimeout
-	c.MaxHeaderBytes, c.MaxConns = l.MaxHeaderBytes, l.MaxConns
+	c.Settings = c.Settings.WithDefaults()
 	if len(c.Prefill) > 0 || len(c.Decode) > 0 {
 		switch {
 		case len(c.Engines) > 0:
@@ -232,14 +203,6 @@ func normalizeEngineURL(s string) (string, error) {
 		return "", fmt.Errorf("gateway: engine URL %q: want http(s)://host:port[/path]", s)
 	}
 	return strings.TrimRight(u.String(), "/"), nil
-}
-
-// httpLimits returns the API server's limits of c.
-func (c Config) httpLimits() httpserve.Limits {
-	return httpserve.Limits{
-		ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout, WriteTimeout: c.WriteTimeout,
-		IdleTimeout: c.IdleTimeout, MaxHeaderBytes: c.MaxHeaderBytes, MaxConns: c.MaxConns,
-	}
 }
 
 // Deps are the gateway's collaborators: the process-wide ones of component.Deps, and optional

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/cacheblend/cacheblend/modelfile"
 	"io"
 	"log/slog"
 	"net/http"
@@ -19,6 +18,7 @@ import (
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/metrics"
+	"github.com/cacheblend/cacheblend/modelfile"
 	"github.com/cacheblend/cacheblend/telemetry"
 	"github.com/cacheblend/cacheblend/tokenizer"
 )
@@ -37,17 +37,32 @@ const (
 
 // record is what the gateway learns of one request, for its span, metrics and log line.
 type record struct {
-	// detach stops the current attempt's upstream call from following the client (see
-	// forward); nil outside an attempt.
-	detach           func()
+	request
+	outcome
+	routing
+	output
+	hooks attemptHooks
+	last  lastFailure
+}
+
+// request is what the client asked.
+type request struct {
 	op, model, route string
 	t0               time.Time
 	stream           bool
-	status           int
-	errType          string
-	apiErr           *api.Error
+	promptTokens     int
+}
 
-	promptTokens int
+// outcome is how the request was answered.
+type outcome struct {
+	status    int
+	errType   string
+	apiErr    *api.Error
+	requestID string // the answering engine's X-Request-Id
+}
+
+// routing is where the request went.
+type routing struct {
 	routed       bool // a decision was made
 	engine       string
 	decodeEngine string // with prefill/decode routing: the decode engine of the last attempt
@@ -56,26 +71,37 @@ type record struct {
 	cands        []Candidate
 	attempts     int
 	queueWait    time.Duration
-	requestID    string
+}
+
+// output is what the engine's answer carried.
+type output struct {
 	hasTTFT      bool
 	ttft         time.Duration
 	outputTokens int
 	contentEvts  int
+}
 
+// attemptHooks are the current attempt's callbacks.
+type attemptHooks struct {
+	// detach stops the attempt's upstream call from following the client (see forward); nil
+	// outside an attempt.
+	detach func()
 	// onCommit, when set, runs once before the first byte of an engine's response is written.
 	onCommit func()
+}
 
-	// The last retryable failure's response, sent when no engine is left.
-	lastFail   string
-	lastStatus int
-	lastHeader http.Header
-	lastBody   []byte
+// lastFailure is the last retryable failure's response, sent when no engine is left.
+type lastFailure struct {
+	reason string
+	status int
+	header http.Header
+	body   []byte
 }
 
 // commit runs onCommit once: the response is about to be written.
 func (rec *record) commit() {
-	if f := rec.onCommit; f != nil {
-		rec.onCommit = nil
+	if f := rec.hooks.onCommit; f != nil {
+		rec.hooks.onCommit = nil
 		f()
 	}
 }
@@ -92,7 +118,7 @@ func (rec *record) fail(w http.ResponseWriter, apiErr *api.Error) {
 // decode the body (the engine's decoder: a bad request is answered here with the engine's
 // error), tokenize the prompt as the engine does, route it and forward it.
 func (g *Gateway) serveGenerate(w *statusWriter, r *http.Request, op, route string, t0 time.Time) {
-	rec := &record{op: op, route: route, t0: t0}
+	rec := &record{request: request{op: op, route: route, t0: t0}}
 	ctx, span := g.startSpan(r, rec)
 	defer func() { g.finish(ctx, span, rec, w) }()
 	body, apiErr := g.front.ReadRequest(w, r)
@@ -159,7 +185,7 @@ func (g *Gateway) expectedHits(match func(*reuseIndex) int) []int {
 // policy, by the reuse of the documents and the load), which ingests them; on success they
 // are registered in that engine's reuse index.
 func (g *Gateway) serveDocuments(w *statusWriter, r *http.Request, route string, t0 time.Time) {
-	rec := &record{route: route, t0: t0}
+	rec := &record{request: request{route: route, t0: t0}}
 	ctx, span := g.startSpan(r, rec)
 	defer func() { g.finish(ctx, span, rec, w) }()
 	body, apiErr := g.front.ReadRequest(w, r)
@@ -277,23 +303,23 @@ func (g *Gateway) refuse(w *statusWriter, r *http.Request, rec *record, reqCtx c
 		g.metrics.Rejection("queue_timeout")
 		w.Header().Set("Retry-After", ra)
 		rec.fail(w, queueTimeout(g.cfg.QueueTimeout))
-	case errors.Is(err, errNoEngine) && rec.lastStatus != 0:
+	case errors.Is(err, errNoEngine) && rec.last.status != 0:
 		// Every engine that could be tried failed; send the last one's answer.
 		g.metrics.Rejection("no_engine")
-		copyHeaders(w.Header(), rec.lastHeader)
+		copyHeaders(w.Header(), rec.last.header)
 		w.Header().Set(HeaderEngine, rec.engine)
 		if w.Header().Get("Retry-After") == "" {
 			w.Header().Set("Retry-After", ra)
 		}
-		w.WriteHeader(rec.lastStatus)
-		_, _ = w.Write(rec.lastBody)
-		rec.status, rec.errType = rec.lastStatus, errorTypeOfStatus(rec.lastStatus)
+		w.WriteHeader(rec.last.status)
+		_, _ = w.Write(rec.last.body)
+		rec.status, rec.errType = rec.last.status, errorTypeOfStatus(rec.last.status)
 	case errors.Is(err, errNoEngine):
 		g.metrics.Rejection("no_engine")
 		w.Header().Set("Retry-After", ra)
 		detail := "no engine is up"
-		if rec.lastFail != "" {
-			detail = fmt.Sprintf("every engine tried failed (last: %s %s)", rec.engine, rec.lastFail)
+		if rec.last.reason != "" {
+			detail = fmt.Sprintf("every engine tried failed (last: %s %s)", rec.engine, rec.last.reason)
 		}
 		rec.fail(w, noEngine(detail))
 	case r.Context().Err() == nil && errors.Is(reqCtx.Err(), context.DeadlineExceeded):
@@ -322,7 +348,7 @@ func (g *Gateway) attempt(ctx context.Context, w *statusWriter, r *http.Request,
 	// (a failed health check, or another request's failed attempt): it fails over.
 	actx, cancel := context.WithCancelCause(actx)
 	defer cancel(nil)
-	rec.onCommit = g.pool.track(u, cancel)
+	rec.hooks.onCommit = g.pool.track(u, cancel)
 	fail, errType, err := g.forward(actx, w, r, rec, u, extra, body, path, span)
 	rec.commit()
 	switch {
@@ -333,9 +359,9 @@ func (g *Gateway) attempt(ctx context.Context, w *statusWriter, r *http.Request,
 			result = failUnavailable // the prefill engine answered 503
 		}
 		g.metrics.Attempt(u.name, result)
-		rec.lastFail = fail
+		rec.last.reason = fail
 		if fail == failUnreachable {
-			rec.lastStatus, rec.lastHeader, rec.lastBody = 0, nil, nil
+			rec.last.status, rec.last.header, rec.last.body = 0, nil, nil
 		}
 	case errType == "broken":
 		span.SetError(api.ErrorTypeWorkerUnavailable, err)
@@ -361,7 +387,7 @@ func (g *Gateway) forward(ctx context.Context, w *statusWriter, r *http.Request,
 	defer upCancel(nil)
 	stopFollow := context.AfterFunc(ctx, func() { upCancel(context.Cause(ctx)) })
 	defer stopFollow()
-	rec.detach = func() {
+	rec.hooks.detach = func() {
 		if stopFollow() {
 			time.AfterFunc(trailerWait, func() { upCancel(errTrailerWait) })
 		}
@@ -400,7 +426,7 @@ func (g *Gateway) forward(ctx context.Context, w *statusWriter, r *http.Request,
 	switch resp.StatusCode {
 	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
 		b, _ := drain(resp.Body, 64<<10)
-		rec.lastStatus, rec.lastHeader, rec.lastBody = resp.StatusCode, resp.Header.Clone(), b
+		rec.last.status, rec.last.header, rec.last.body = resp.StatusCode, resp.Header.Clone(), b
 		if resp.StatusCode == http.StatusTooManyRequests {
 			return failQueueFull, "", fmt.Errorf("engine %s: %s", u.name, resp.Status)
 		}
@@ -519,7 +545,7 @@ func (g *Gateway) relayStream(ctx context.Context, w *statusWriter, r *http.Requ
 				e := &api.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: failDecode,
 					Message: "The decode engine " + rec.decodeEngine + " is unavailable.", ErrorType: api.ErrorTypeWorkerUnavailable}
 				eb, _ := json.Marshal(e.Body())
-				rec.lastStatus, rec.lastHeader, rec.lastBody = e.Status, http.Header{"Content-Type": {"application/json"}}, eb
+				rec.last.status, rec.last.header, rec.last.body = e.Status, http.Header{"Content-Type": {"application/json"}}, eb
 				return failDecode, "", fmt.Errorf("engine %s: error event %s before the stream began", u.name, ev.Code)
 			}
 			if !(ev.Content || ev.Finish || ev.Usage || ev.Done || ev.Error) {
@@ -557,8 +583,8 @@ func (g *Gateway) relayStream(ctx context.Context, w *statusWriter, r *http.Requ
 			return "", rec.errType, err
 		}
 		if ev.Done {
-			if rec.detach != nil {
-				rec.detach()
+			if rec.hooks.detach != nil {
+				rec.hooks.detach()
 			}
 			_, _ = drain(resp.Body, 4096)
 			return "", rec.errType, nil
@@ -728,7 +754,7 @@ func (g *Gateway) serveModels(w *statusWriter, r *http.Request, _ string, _ time
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.RequestTimeout)
 	defer cancel()
-	rec := &record{t0: time.Now()}
+	rec := &record{request: request{t0: time.Now()}}
 	for _, i := range order {
 		u := g.pool.engines[i]
 		rec.engine = u.name

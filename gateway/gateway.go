@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/cacheblend/cacheblend/modelfile"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -16,6 +15,7 @@ import (
 	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/httpfront"
 	"github.com/cacheblend/cacheblend/metrics"
+	"github.com/cacheblend/cacheblend/modelfile"
 	"github.com/cacheblend/cacheblend/telemetry"
 )
 

@@ -14,26 +14,28 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cacheblend/cacheblend/contract/spanname"
+	"github.com/cacheblend/cacheblend/engine/api"
+	"github.com/cacheblend/cacheblend/httpfront"
 	"github.com/cacheblend/cacheblend/telemetry"
 )
 
 func TestForwardsAndStreams(t *testing.T) {
 	a, b := newFakeEngine(t), newFakeEngine(t)
 	tg := startGateway(t, Config{}, a, b)
-	status, hdr, body := tg.post(t, RouteChat, chatBody("hello", false), nil)
+	status, hdr, body := tg.post(t, api.RouteChat, chatBody("hello", false), nil)
 	if status != 200 || !strings.Contains(body, "hello from "+hdr.Get(HeaderEngine)) || hdr.Get("X-Request-Id") == "" {
 		t.Fatalf("non-streamed: %d %v %s", status, hdr, body)
 	}
-	status, hdr, body = tg.post(t, RouteChat, chatBody("hello", true), nil)
+	status, hdr, body = tg.post(t, api.RouteChat, chatBody("hello", true), nil)
 	if status != 200 || hdr.Get("Content-Type") != "text/event-stream" || !strings.HasSuffix(body, "data: [DONE]\n\n") ||
 		strings.Count(body, "data: ") != 7 || !strings.Contains(body, `"role":"assistant"`) {
 		t.Fatalf("streamed: %d %v\n%s", status, hdr, body)
 	}
-	status, _, body = tg.post(t, RouteCompletions, `{"model":"cb-llama","prompt":"hi","max_tokens":2}`, nil)
+	status, _, body = tg.post(t, api.RouteCompletions, `{"model":"cb-llama","prompt":"hi","max_tokens":2}`, nil)
 	if status != 200 {
 		t.Fatalf("completion: %d %s", status, body)
 	}
-	resp, err := http.Get(tg.url + RouteModels)
+	resp, err := http.Get(tg.url + api.RouteModels)
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("models: %v %v", err, resp)
 	}
@@ -47,7 +49,7 @@ func TestForwardsAndStreams(t *testing.T) {
 
 func TestBadRequestsAnsweredByTheGateway(t *testing.T) {
 	a := newFakeEngine(t)
-	tg := startGateway(t, Config{APIKey: "k"}, a)
+	tg := startGateway(t, Config{Settings: httpfront.Settings{APIKey: "k"}}, a)
 	auth := map[string]string{"Authorization": "Bearer k"}
 	for _, tc := range []struct {
 		path, body string
@@ -55,9 +57,9 @@ func TestBadRequestsAnsweredByTheGateway(t *testing.T) {
 		status     int
 		code       string
 	}{
-		{RouteChat, chatBody("x", false), nil, 401, "invalid_api_key"},
-		{RouteChat, `{"model":"cb-llama","messages":[]}`, auth, 400, ""},
-		{RouteChat, `not json`, auth, 400, ""},
+		{api.RouteChat, chatBody("x", false), nil, 401, "invalid_api_key"},
+		{api.RouteChat, `{"model":"cb-llama","messages":[]}`, auth, 400, ""},
+		{api.RouteChat, `not json`, auth, 400, ""},
 		{"/v1/nothing", `{}`, auth, 404, "not_found"},
 	} {
 		status, _, body := tg.post(t, tc.path, tc.body, tc.hdr)
@@ -65,7 +67,7 @@ func TestBadRequestsAnsweredByTheGateway(t *testing.T) {
 			t.Errorf("%s %s: %d %s", tc.path, tc.body, status, body)
 		}
 	}
-	resp, _ := http.Get(tg.url + RouteChat)
+	resp, _ := http.Get(tg.url + api.RouteChat)
 	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "POST" {
 		t.Errorf("GET chat: %v", resp.Status)
 	}
@@ -74,7 +76,7 @@ func TestBadRequestsAnsweredByTheGateway(t *testing.T) {
 		t.Fatalf("the engine saw %d bad requests", n)
 	}
 	// The client's key goes to the engine as it came.
-	if status, _, _ := tg.post(t, RouteChat, chatBody("x", false), auth); status != 200 || a.auth[0] != "Bearer k" {
+	if status, _, _ := tg.post(t, api.RouteChat, chatBody("x", false), auth); status != 200 || a.auth[0] != "Bearer k" {
 		t.Fatalf("authorized request: %d, engine saw %q", status, a.auth)
 	}
 }
@@ -87,7 +89,7 @@ func TestKVAwareKeepsDocumentsWhereTheyWere(t *testing.T) {
 	served := map[string]int{}
 	for i := range 40 {
 		d := (i*7 + i/4) % 4
-		_, hdr, _ := tg.post(t, RouteChat, chatBody("Answer with these documents.\n\n"+docs[d]+"\n\nQuestion "+randomText(uint64(100+i), 40), false), nil)
+		_, hdr, _ := tg.post(t, api.RouteChat, chatBody("Answer with these documents.\n\n"+docs[d]+"\n\nQuestion "+randomText(uint64(100+i), 40), false), nil)
 		e := hdr.Get(HeaderEngine)
 		served[e]++
 		if h, ok := home[d]; !ok {
@@ -122,7 +124,7 @@ func TestNewDocumentsSpreadOverIdleEngines(t *testing.T) {
 			docs := []string{randomText(11, 1500), randomText(12, 1500), randomText(13, 1500), randomText(14, 1500)}
 			home := map[int]string{}
 			for i, d := range tc.order {
-				_, hdr, _ := tg.post(t, RouteChat, chatBody("Answer with this document.\n\n"+docs[d]+"\n\nQuestion "+randomText(uint64(200+i), 40), false), nil)
+				_, hdr, _ := tg.post(t, api.RouteChat, chatBody("Answer with this document.\n\n"+docs[d]+"\n\nQuestion "+randomText(uint64(200+i), 40), false), nil)
 				e := hdr.Get(HeaderEngine)
 				if h, ok := home[d]; !ok {
 					home[d] = e
@@ -145,7 +147,7 @@ func TestKVAwareSpreadsALoadedEngine(t *testing.T) {
 	a, b := newFakeEngine(t), newFakeEngine(t)
 	tg := startGateway(t, Config{SpreadMargin: 2}, a, b)
 	doc := "Answer with this document.\n\n" + randomText(5, 1500)
-	_, hdr, _ := tg.post(t, RouteChat, chatBody(doc+" Q1", false), nil)
+	_, hdr, _ := tg.post(t, api.RouteChat, chatBody(doc+" Q1", false), nil)
 	home, other := a, b
 	if hdr.Get(HeaderEngine) == b.name {
 		home, other = b, a
@@ -153,7 +155,7 @@ func TestKVAwareSpreadsALoadedEngine(t *testing.T) {
 	// The home engine reports 5 requests of other clients: beyond the margin, spread.
 	home.set(func(f *fakeEngine) { f.running = 5 })
 	time.Sleep(200 * time.Millisecond) // a few health checks
-	_, hdr, _ = tg.post(t, RouteChat, chatBody(doc+" Q2", false), nil)
+	_, hdr, _ = tg.post(t, api.RouteChat, chatBody(doc+" Q2", false), nil)
 	if hdr.Get(HeaderEngine) != other.name {
 		t.Fatalf("request went to %s, want the less loaded %s", hdr.Get(HeaderEngine), other.name)
 	}
@@ -161,7 +163,7 @@ func TestKVAwareSpreadsALoadedEngine(t *testing.T) {
 		t.Fatalf("decisions %v", tg.metric(t, "cb_gateway_routing_decisions_total"))
 	}
 	// Now both hold the document: the less loaded one serves it, as a reuse.
-	_, hdr, _ = tg.post(t, RouteChat, chatBody(doc+" Q3", false), nil)
+	_, hdr, _ = tg.post(t, api.RouteChat, chatBody(doc+" Q3", false), nil)
 	if hdr.Get(HeaderEngine) != other.name {
 		t.Fatalf("request went to %s", hdr.Get(HeaderEngine))
 	}
@@ -185,7 +187,7 @@ func TestFailover(t *testing.T) {
 			bad.set(func(f *fakeEngine) { f.answer = tc.answer })
 			tg := startGateway(t, Config{Policy: PolicyRoundRobin, HealthInterval: time.Hour}, bad, good)
 			for range 2 { // round-robin: one of the two starts on the bad engine
-				status, hdr, body := tg.post(t, RouteChat, chatBody("x", tc.stream), nil)
+				status, hdr, body := tg.post(t, api.RouteChat, chatBody("x", tc.stream), nil)
 				if status != 200 || hdr.Get(HeaderEngine) != good.name || strings.Contains(body, "error") {
 					t.Fatalf("%d from %s: %s", status, hdr.Get(HeaderEngine), body)
 				}
@@ -210,7 +212,7 @@ func TestStreamLostAfterItBegan(t *testing.T) {
 	a := newFakeEngine(t)
 	a.set(func(f *fakeEngine) { f.answer = answerDieAfterText })
 	tg := startGateway(t, Config{}, a)
-	status, _, body := tg.post(t, RouteChat, chatBody("x", true), nil)
+	status, _, body := tg.post(t, api.RouteChat, chatBody("x", true), nil)
 	if status != 200 || !strings.Contains(body, `"content":"t0"`) || !strings.Contains(body, CodeEngineLost) ||
 		!strings.HasSuffix(body, "data: [DONE]\n\n") {
 		t.Fatalf("%d\n%s", status, body)
@@ -225,11 +227,11 @@ func TestNoEngine(t *testing.T) {
 	a := newFakeEngine(t)
 	a.set(func(f *fakeEngine) { f.health = 503 })
 	tg := startGateway(t, Config{}, a)
-	status, hdr, body := tg.post(t, RouteChat, chatBody("x", false), nil)
+	status, hdr, body := tg.post(t, api.RouteChat, chatBody("x", false), nil)
 	if status != 503 || hdr.Get("Retry-After") == "" || !strings.Contains(body, CodeNoEngine) {
 		t.Fatalf("%d %v %s", status, hdr, body)
 	}
-	resp, _ := http.Get(tg.url + RouteHealth)
+	resp, _ := http.Get(tg.url + api.RouteHealth)
 	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("health %v", resp.Status)
 	}
@@ -238,7 +240,7 @@ func TestNoEngine(t *testing.T) {
 	a.set(func(f *fakeEngine) { f.health = 200 })
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		if status, _, _ := tg.post(t, RouteChat, chatBody("x", false), nil); status == 200 {
+		if status, _, _ := tg.post(t, api.RouteChat, chatBody("x", false), nil); status == 200 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -248,7 +250,7 @@ func TestNoEngine(t *testing.T) {
 	}
 	// Every engine failing with 503: the engine's answer goes back, with Retry-After.
 	a.set(func(f *fakeEngine) { f.answer = answer503 })
-	status, hdr, body = tg.post(t, RouteChat, chatBody("x", false), nil)
+	status, hdr, body = tg.post(t, api.RouteChat, chatBody("x", false), nil)
 	if status != 503 || hdr.Get("Retry-After") == "" || !strings.Contains(body, "worker_unavailable") {
 		t.Fatalf("%d %v %s", status, hdr, body)
 	}
@@ -265,12 +267,12 @@ func TestQueue(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s, _, _ := tg.post(t, RouteChat, chatBody("x", false), nil)
+			s, _, _ := tg.post(t, api.RouteChat, chatBody("x", false), nil)
 			statuses <- s
 		}()
 		time.Sleep(50 * time.Millisecond)
 	}
-	status, hdr, body := tg.post(t, RouteChat, chatBody("x", false), nil)
+	status, hdr, body := tg.post(t, api.RouteChat, chatBody("x", false), nil)
 	if status != 429 || hdr.Get("Retry-After") == "" || !strings.Contains(body, CodeQueueFull) {
 		t.Fatalf("queue full: %d %v %s", status, hdr, body)
 	}
@@ -294,7 +296,7 @@ func TestQueuedRequestServedWhenASlotFrees(t *testing.T) {
 	tg := startGateway(t, Config{MaxInFlight: 1}, a)
 	done := make(chan int, 2)
 	for range 2 {
-		go func() { s, _, _ := tg.post(t, RouteChat, chatBody("x", true), nil); done <- s }()
+		go func() { s, _, _ := tg.post(t, api.RouteChat, chatBody("x", true), nil); done <- s }()
 	}
 	time.Sleep(100 * time.Millisecond)
 	if len(tg.metric(t, "cb_gateway_queue_waiting 1")) != 1 {
@@ -310,7 +312,7 @@ func TestOneTraceThroughTheGateway(t *testing.T) {
 	a := newFakeEngine(t)
 	tg := startGateway(t, Config{}, a)
 	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-	if status, _, _ := tg.post(t, RouteChat, chatBody("x", true), map[string]string{"traceparent": tp}); status != 200 {
+	if status, _, _ := tg.post(t, api.RouteChat, chatBody("x", true), map[string]string{"traceparent": tp}); status != 200 {
 		t.Fatal(status)
 	}
 	var server, attempt sdktrace.ReadOnlySpan
@@ -355,13 +357,13 @@ func TestDocumentsGoToOneEngineAndAreRemembered(t *testing.T) {
 	a, b := newFakeEngine(t), newFakeEngine(t)
 	tg := startGateway(t, Config{}, a, b)
 	d := randomText(9, 1200)
-	status, hdr, _ := tg.post(t, RouteDocuments, `{"documents":[{"id":"d","text":"`+d+`"}]}`, nil)
+	status, hdr, _ := tg.post(t, api.RouteDocuments, `{"documents":[{"id":"d","text":"`+d+`"}]}`, nil)
 	if status != 200 {
 		t.Fatal(status)
 	}
 	home := hdr.Get(HeaderEngine)
 	for i := range 4 {
-		_, h, _ := tg.post(t, RouteChat, chatBody("Use this: "+d+" question "+randomText(uint64(i), 20), false), nil)
+		_, h, _ := tg.post(t, api.RouteChat, chatBody("Use this: "+d+" question "+randomText(uint64(i), 20), false), nil)
 		if h.Get(HeaderEngine) != home {
 			t.Fatalf("request %d went to %s, the document to %s", i, h.Get(HeaderEngine), home)
 		}
@@ -371,7 +373,7 @@ func TestDocumentsGoToOneEngineAndAreRemembered(t *testing.T) {
 func TestStreamIsFlushedAsItComes(t *testing.T) {
 	a := newFakeEngine(t)
 	tg := startGateway(t, Config{}, a)
-	req, _ := http.NewRequest(http.MethodPost, tg.url+RouteChat, strings.NewReader(chatBody("x", true)))
+	req, _ := http.NewRequest(http.MethodPost, tg.url+api.RouteChat, strings.NewReader(chatBody("x", true)))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -399,7 +401,7 @@ func TestHungEngineTakenOutOfRoutingFailsOver(t *testing.T) {
 	done := make(chan string, 2)
 	for range 2 { // round-robin: one of them waits on the hung engine
 		go func() {
-			status, hdr, _ := tg.post(t, RouteChat, chatBody("x", true), nil)
+			status, hdr, _ := tg.post(t, api.RouteChat, chatBody("x", true), nil)
 			done <- fmt.Sprint(status, " ", hdr.Get(HeaderEngine))
 		}()
 	}

@@ -4,22 +4,8 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/httpfront"
 	"github.com/cacheblend/cacheblend/metrics"
-)
-
-// Route templates (the http_route label): the API's, see package api.
-const (
-	RouteChat        = api.RouteChat
-	RouteCompletions = api.RouteCompletions
-	RouteModels      = api.RouteModels
-	RouteModel       = api.RouteModel
-	RouteDocuments   = api.RouteDocuments
-	RouteHealth      = api.RouteHealth
-	RouteMetrics     = api.RouteMetrics
-	// RouteUnmatched labels requests to unknown paths.
-	RouteUnmatched = api.RouteUnmatched
 )
 
 // HeaderEngine is the response header naming the engine (host:port) that answered.
@@ -34,8 +20,7 @@ var writeJSON = httpfront.WriteJSON
 // newFront builds the gateway's HTTP front: its routes, API key, body bounds and server.
 func (g *Gateway) newFront() *httpfront.Front {
 	return httpfront.New(httpfront.Config{
-		Component: "gateway", Addr: g.cfg.Addr, APIKey: g.cfg.APIKey, MaxBodyBytes: g.cfg.MaxBodyBytes,
-		Limits: g.cfg.httpLimits(), Logger: g.log,
+		Component: "gateway", Addr: g.cfg.Addr, Settings: g.cfg.Settings, Logger: g.log,
 	}, httpfront.Handlers{
 		Generate: g.serveGenerate, Documents: g.serveDocuments, Models: g.serveModels, Health: g.serveHealth,
 		Metrics: metrics.Handler(g.gatherer, g.refreshEngineMetrics), Record: g.metrics.RecordHTTP,

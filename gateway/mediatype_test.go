@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/cacheblend/cacheblend/engine/api"
 )
 
 // TestNonJSONBodyRefused: the gateway refuses (415) a body that is not
@@ -22,7 +24,7 @@ func TestNonJSONBodyRefused(t *testing.T) {
 		{"none", "", http.StatusUnsupportedMediaType},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			req, _ := http.NewRequest(http.MethodPost, tg.url+RouteChat, strings.NewReader(chatBody("x", false)))
+			req, _ := http.NewRequest(http.MethodPost, tg.url+api.RouteChat, strings.NewReader(chatBody("x", false)))
 			if tc.contentType != "" {
 				req.Header.Set("Content-Type", tc.contentType)
 			}

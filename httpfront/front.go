@@ -15,21 +15,15 @@ import (
 	"github.com/cacheblend/cacheblend/httpserve"
 )
 
-// Config holds a front's settings, read once by [New]. The component fills every field (its
-// own defaults applied); there are none here.
+// Config holds a front's settings, read once by [New].
 type Config struct {
 	// Component names the component in errors ("engine: listen on …").
 	Component string
 	// Addr is the listen address.
 	Addr string
-	// APIKey, when set, is required as "Authorization: Bearer <key>" by [Front.Authorize] and
-	// [Front.ReadRequest] (401 otherwise).
-	APIKey string
-	// MaxBodyBytes bounds a request body (413 beyond).
-	MaxBodyBytes int64
-	// Limits are the HTTP server's (package httpserve); ReadTimeout also names the 408 of a
-	// slow body, WriteTimeout is renewed before every write (see [StatusWriter]).
-	Limits httpserve.Limits
+	// Settings are the API key, body bound and server limits; zero fields take their
+	// defaults. RequestTimeout is the component's to apply.
+	Settings
 	// Logger receives the server's errors; nil: slog.Default().
 	Logger *slog.Logger
 }
@@ -70,6 +64,7 @@ func New(cfg Config, h Handlers) *Front {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	cfg.Settings = cfg.Settings.WithDefaults()
 	generate := func(op string) HandlerFunc {
 		return func(w *StatusWriter, r *http.Request, route string, t0 time.Time) { h.Generate(w, r, op, route, t0) }
 	}
@@ -84,7 +79,7 @@ func New(cfg Config, h Handlers) *Front {
 			h.Metrics.ServeHTTP(w, r)
 		}},
 	}
-	return &Front{cfg: cfg, handler: routes(table, cfg.Limits.WriteTimeout, h.Record)}
+	return &Front{cfg: cfg, handler: routes(table, cfg.WriteTimeout, h.Record)}
 }
 
 // Handler returns the routes (without the server's limits).
@@ -103,7 +98,7 @@ func (f *Front) ReadRequest(w http.ResponseWriter, r *http.Request) ([]byte, *ap
 	if apiErr := checkJSON(r); apiErr != nil {
 		return nil, apiErr
 	}
-	return readBody(w, r, f.cfg.MaxBodyBytes, f.cfg.Limits.ReadTimeout)
+	return readBody(w, r, f.cfg.MaxBodyBytes, f.cfg.ReadTimeout)
 }
 
 // Start listens on Config.Addr, runs prepare (nil: nothing) with the listener bound and then
@@ -126,7 +121,7 @@ func (f *Front) Start(ctx context.Context, prepare func(context.Context) error) 
 		}
 	}
 	f.started, f.lis = true, lis
-	f.srv = httpserve.New("api", f.handler, f.cfg.Limits, f.cfg.Logger)
+	f.srv = httpserve.New("api", f.handler, f.cfg.serverLimits(), f.cfg.Logger)
 	f.done = make(chan struct{})
 	srv, done, log := f.srv, f.done, f.cfg.Logger
 	go func() {

@@ -20,7 +20,7 @@ func TestFront(t *testing.T) {
 		WriteJSON(w, http.StatusOK, map[string]string{"ok": "1"})
 	}
 	var f *Front
-	f = New(Config{Component: "test", Addr: "127.0.0.1:0", APIKey: "k", MaxBodyBytes: 8}, Handlers{
+	f = New(Config{Component: "test", Addr: "127.0.0.1:0", Settings: Settings{APIKey: "k", MaxBodyBytes: 8}}, Handlers{
 		Generate: func(w *StatusWriter, r *http.Request, op, _ string, _ time.Time) {
 			body, apiErr := f.ReadRequest(w, r)
 			if apiErr != nil {

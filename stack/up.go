@@ -194,15 +194,9 @@ func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
 	if cfg.RedisURL != "" {
 		cfg.BlendArgs = append(slices.Clip(cfg.BlendArgs), "--redis-url", cfg.RedisURL)
 	}
-	if cfg.Exe == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("stack: find cb binary: %w", err)
-		}
-		cfg.Exe = exe
-	}
-	if cfg.APIAddr == "" {
-		cfg.APIAddr = "127.0.0.1:8000"
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	if cfg.ModelPath != "" {
 		abs, err := filepath.Abs(cfg.ModelPath)
@@ -214,9 +208,6 @@ func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
 		}
 		cfg.ModelPath = abs
 	}
-	if cfg.OTLPProtocol == "" {
-		cfg.OTLPProtocol = "http/protobuf"
-	}
 	ports, err := FreePorts(4)
 	if err != nil {
 		return nil, err
@@ -225,10 +216,7 @@ func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
 	blendMetrics := "127.0.0.1:" + strconv.Itoa(ports[1])
 	workerGRPC := "127.0.0.1:" + strconv.Itoa(ports[2])
 	workerMetrics := "127.0.0.1:" + strconv.Itoa(ports[3])
-	env := append([]string(nil), cfg.Env...)
-	if cfg.OTLPEndpoint != "" {
-		env = append(env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="+cfg.OTLPEndpoint, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="+cfg.OTLPProtocol)
-	}
+	env := cfg.env()
 	// The blend server's KV socket, in a directory of this stack's own
 	// (0700), at a path that survives a restart of cb blend.
 	kvDir, err := os.MkdirTemp("", "cb-up-")
@@ -271,25 +259,19 @@ func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
 	if err != nil {
 		return fail(err)
 	}
-	s.setEndpoint(func(e *Endpoints) {
-		e.Blend = Endpoint{GRPC: r.Values["grpc"], Metrics: r.Values["metrics"], PID: r.PID}
-	})
+	s.setEndpoint(func(e *Endpoints) { e.Blend = endpointOf(r) })
 	r, err = s.sup.Start(ctx, Spec{Name: "cb-worker", Path: cfg.Exe, Env: env,
 		Args: args(append([]string{"worker", "--addr", workerGRPC, "--metrics-addr", workerMetrics, "--blend", blendGRPC, "--blend-kv-socket", kvSocket}, modelArgs(cfg)...), mtls.Worker, tpArgs(cfg))})
 	if err != nil {
 		return fail(err)
 	}
-	s.setEndpoint(func(e *Endpoints) {
-		e.Worker = Endpoint{GRPC: r.Values["grpc"], Metrics: r.Values["metrics"], PID: r.PID}
-	})
+	s.setEndpoint(func(e *Endpoints) { e.Worker = endpointOf(r) })
 	r, err = s.sup.Start(ctx, Spec{Name: "cb-engine", Path: cfg.Exe, Env: env,
 		Args: args(append([]string{"engine", "--addr", cfg.APIAddr, "--worker", workerGRPC, "--blend", blendGRPC}, modelArgs(cfg)...), mtls.Engine, cfg.EngineArgs)})
 	if err != nil {
 		return fail(err)
 	}
-	s.setEndpoint(func(e *Endpoints) {
-		e.Engine = Endpoint{API: r.Values["api"], Metrics: r.Values["metrics"], PID: r.PID}
-	})
+	s.setEndpoint(func(e *Endpoints) { e.Engine = endpointOf(r) })
 	// Ready means serving: the engine's /health answers 200 once its worker
 	// has answered.
 	if err := WaitHealthy(ctx, r.Values["api"]+"/health", s.sup.cfg.ReadyTimeout); err != nil {
@@ -486,15 +468,9 @@ func FreePorts(n int) ([]int, error) {
 // gateway on cfg.APIAddr in front of their engines; it returns node 0
 // holding the others and the gateway.
 func upNodes(ctx context.Context, cfg UpConfig) (*Stack, error) {
-	if cfg.Exe == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("stack: find cb binary: %w", err)
-		}
-		cfg.Exe = exe
-	}
-	if cfg.APIAddr == "" {
-		cfg.APIAddr = "127.0.0.1:8000"
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	// The nodes' roles: "" for every node of Nodes, else prefill then decode.
 	roles := make([]string, cfg.Nodes)
@@ -505,7 +481,6 @@ func upNodes(ctx context.Context, cfg UpConfig) (*Stack, error) {
 	// when generated here.
 	tlsDir, ownTLS := cfg.TLSDir, false
 	if !cfg.Plaintext && tlsDir == "" {
-		var err error
 		if tlsDir, err = makeCerts(cfg.TLSValidity); err != nil {
 			return nil, err
 		}
@@ -514,7 +489,6 @@ func upNodes(ctx context.Context, cfg UpConfig) (*Stack, error) {
 	var rp *redisproc.Server
 	url := cfg.RedisURL
 	if url == "" {
-		var err error
 		if rp, err = redisproc.Start(ctx, redisproc.Options{}); err != nil {
 			if ownTLS {
 				os.RemoveAll(tlsDir)
@@ -594,14 +568,6 @@ func upNodes(ctx context.Context, cfg UpConfig) (*Stack, error) {
 // startGateway starts cb gateway on cfg.APIAddr in front of the nodes'
 // engines and waits until it is healthy.
 func (s *Stack) startGateway(ctx context.Context, cfg UpConfig) error {
-	env := append([]string(nil), cfg.Env...)
-	if cfg.OTLPEndpoint != "" {
-		proto := cfg.OTLPProtocol
-		if proto == "" {
-			proto = "http/protobuf"
-		}
-		env = append(env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="+cfg.OTLPEndpoint, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="+proto)
-	}
 	args := append([]string{"gateway", "--addr", cfg.APIAddr}, modelArgs(cfg)...)
 	for _, n := range s.Endpoints().Nodes {
 		flag := "--engine"
@@ -611,14 +577,47 @@ func (s *Stack) startGateway(ctx context.Context, cfg UpConfig) error {
 		args = append(args, flag, n.Engine.API)
 	}
 	s.gw = NewSupervisor(s.supervision(cfg.Supervisor))
-	r, err := s.gw.Start(ctx, Spec{Name: "cb-gateway", Path: cfg.Exe, Env: env, Args: append(args, cfg.GatewayArgs...)})
+	r, err := s.gw.Start(ctx, Spec{Name: "cb-gateway", Path: cfg.Exe, Env: cfg.env(), Args: append(args, cfg.GatewayArgs...)})
 	if err != nil {
 		return err
 	}
-	s.setEndpoint(func(e *Endpoints) {
-		e.Gateway = &Endpoint{API: r.Values["api"], Metrics: r.Values["metrics"], PID: r.PID}
-	})
+	gw := endpointOf(r)
+	s.setEndpoint(func(e *Endpoints) { e.Gateway = &gw })
 	return WaitHealthy(ctx, r.Values["api"]+"/health", s.gw.cfg.ReadyTimeout)
+}
+
+// withDefaults returns c with the default Exe (the current executable), APIAddr and
+// OTLPProtocol.
+func (c UpConfig) withDefaults() (UpConfig, error) {
+	if c.Exe == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return c, fmt.Errorf("stack: find cb binary: %w", err)
+		}
+		c.Exe = exe
+	}
+	if c.APIAddr == "" {
+		c.APIAddr = "127.0.0.1:8000"
+	}
+	if c.OTLPProtocol == "" {
+		c.OTLPProtocol = "http/protobuf"
+	}
+	return c, nil
+}
+
+// env is the environment added to every process: Env, and the OTLP exporter's variables
+// when OTLPEndpoint is set.
+func (c UpConfig) env() []string {
+	env := slices.Clone(c.Env)
+	if c.OTLPEndpoint != "" {
+		env = append(env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="+c.OTLPEndpoint, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="+c.OTLPProtocol)
+	}
+	return env
+}
+
+// endpointOf is the endpoint a process announced when it became ready.
+func endpointOf(r Ready) Endpoint {
+	return Endpoint{API: r.Values["api"], GRPC: r.Values["grpc"], Metrics: r.Values["metrics"], PID: r.PID}
 }
 
 // modelArgs is --model for an engine or a worker when cfg names a model

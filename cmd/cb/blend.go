@@ -11,7 +11,6 @@ import (
 	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/rpc/kvsock"
 	"github.com/cacheblend/cacheblend/rpc/mtls"
-	"github.com/cacheblend/cacheblend/service"
 )
 
 func init() { subcommands = append(subcommands, newBlendCmd) }
@@ -20,8 +19,7 @@ func newBlendCmd() *cobra.Command {
 	var (
 		cfg         blend.Config
 		metricsAddr string
-		otlp        string
-		tf          tlsFlags
+		daemon      daemonFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "blend",
@@ -33,15 +31,10 @@ func newBlendCmd() *cobra.Command {
 			if os.Getenv("GOMEMLIMIT") == "" && cfg.L1Bytes > 0 {
 				debug.SetMemoryLimit(cfg.L1Bytes + cfg.L1Bytes/4 + 256<<20)
 			}
-			id, err := tf.load(mtls.Blend)
+			rt, id, err := daemon.start(ctx, "cb-blend", cfg.Addr, true)
 			if err != nil {
 				return err
 			}
-			rt, err := service.New(ctx, service.Options{ServiceName: "cb-blend", OTLPEndpoint: otlp, InstanceID: service.InstanceID(cfg.Addr)})
-			if err != nil {
-				return err
-			}
-			logTLS(rt.Logger, id, true)
 			deps := rt.Deps()
 			deps.GRPCServerOptions = serverOptions(id, mtls.BlendCallers...)
 			srv, err := blend.New(cfg, deps)
@@ -79,7 +72,6 @@ func newBlendCmd() *cobra.Command {
 	f.StringVar(&cfg.Fleet.URL, "redis-url", "", "fleet tier: Redis shared by many nodes, redis://[user:password@]host:port or rediss://… (cluster: ?cluster=true or &addr=host:port seeds); empty: off")
 	f.DurationVar(&cfg.Fleet.CoordinatorTimeout, "coordinator-timeout", fleet.DefaultCoordinatorTimeout, "bound of a coordinator match (fleet directory lookup); on timeout the local table's matches are used")
 	f.DurationVar(&cfg.Fleet.OpTimeout, "redis-timeout", fleet.DefaultOpTimeout, "bound of one Redis round trip of the data path")
-	f.StringVar(&otlp, "otlp-traces-endpoint", "", "OTLP traces endpoint (overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
-	tf.register(f, mtls.Blend)
+	daemon.register(f, mtls.Blend)
 	return withEnv(cmd)
 }

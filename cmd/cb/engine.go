@@ -9,11 +9,9 @@ import (
 	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/engine"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
-	"github.com/cacheblend/cacheblend/modelfile"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/rpc/mtls"
-	"github.com/cacheblend/cacheblend/service"
 )
 
 func init() { subcommands = append(subcommands, newEngineCmd) }
@@ -31,8 +29,7 @@ func newEngineCmd() *cobra.Command {
 	var (
 		cfg                   engine.Config
 		workerAddr, blendAddr string
-		otlp                  string
-		tf                    tlsFlags
+		daemon                daemonFlags
 		procs                 int
 		modelPath             string
 	)
@@ -47,41 +44,27 @@ func newEngineCmd() *cobra.Command {
 			if cfg.WorkerAdvertise == "" {
 				cfg.WorkerAdvertise = workerAddr
 			}
-			id, err := tf.load(mtls.Engine)
+			rt, id, err := daemon.start(ctx, "cb-engine", cfg.Addr, false)
 			if err != nil {
 				return err
 			}
-			rt, err := service.New(ctx, service.Options{ServiceName: "cb-engine", OTLPEndpoint: otlp, InstanceID: service.InstanceID(cfg.Addr)})
-			if err != nil {
-				return err
-			}
-			logTLS(rt.Logger, id, false)
 			wconn, err := rpc.Dial(workerAddr, dialOptions(id, mtls.Worker)...)
 			if err != nil {
 				return err
 			}
 			defer wconn.Close()
-			deps := engine.Deps{
-				Deps:     rt.Deps(),
-				Worker:   cbv1.NewWorkerServiceClient(wconn),
-				Gatherer: rt.Gatherer(),
+			deps := engine.Deps{Deps: rt.Deps(), Worker: cbv1.NewWorkerServiceClient(wconn), Gatherer: rt.Gatherer()}
+			mf, closeModel, err := openModelFile(modelPath)
+			if err != nil {
+				return err
 			}
-			if modelPath != "" {
-				mf, err := modelfile.Open(modelPath)
-				if err != nil {
-					return err
-				}
-				defer mf.Close()
-				deps.ModelFile = mf
+			defer closeModel()
+			bc, closeBlend, err := dialBlend(blendAddr, id)
+			if err != nil {
+				return err
 			}
-			if blendAddr != "" {
-				bconn, err := rpc.Dial(blendAddr, dialOptions(id, mtls.Blend)...)
-				if err != nil {
-					return err
-				}
-				defer bconn.Close()
-				deps.Blend = cbv1.NewBlendServiceClient(bconn)
-			}
+			defer closeBlend()
+			deps.ModelFile, deps.Blend = mf, bc
 			eng, err := engine.New(cfg, deps)
 			if err != nil {
 				return err
@@ -106,8 +89,6 @@ func newEngineCmd() *cobra.Command {
 	f.StringSliceVar(&cfg.HandoffSources, "handoff-source", nil, "role decode: a prefill worker (host:port) to take requests over from; repeatable (none: any)")
 	f.DurationVar(&cfg.HandoffTimeout, "handoff-timeout", scheduler.DefaultHandoffTimeout, "role prefill: release a handed-over request's blocks after this when the worker never reports the read")
 	f.IntVar(&cfg.MaxTransfers, "max-transfers", scheduler.DefaultMaxTransfers, "role decode: KV pulls in flight")
-	f.StringVar(&cfg.APIKey, "api-key", "", "require this bearer key on /v1/* (empty: no auth)")
-	f.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", engine.DefaultMaxBodyBytes, "largest request body (413 beyond)")
 	f.IntVar(&cfg.MaxQueue, "max-queue", scheduler.DefaultMaxQueue, "waiting requests before 429")
 	f.IntVar(&cfg.MaxRunning, "max-running", scheduler.DefaultMaxRunning, "running sequences per step")
 	f.IntVar(&cfg.StepTokenBudget, "step-tokens", scheduler.DefaultStepTokenBudget, "tokens per scheduler step (chunked prefill)")
@@ -116,15 +97,10 @@ func newEngineCmd() *cobra.Command {
 	f.Float64Var(&cfg.RecompRatio, "recomp-ratio", defaults.RecompRatio, "CacheBlend recompute ratio sent to the worker")
 	f.BoolVar(&cfg.DisableStore, "no-store", false, "do not store prompts' KV in the blend server (documents still are)")
 	f.IntVar(&cfg.DefaultMaxTokens, "default-max-tokens", engine.DefaultMaxTokens, "max_tokens when a request gives none")
-	f.IntVar(&cfg.MaxConns, "max-conns", engine.DefaultMaxConns, "connections held at once; at the cap the oldest idle or still-sending one is closed, or the new one refused when all are being served")
-	f.DurationVar(&cfg.ReadHeaderTimeout, "read-header-timeout", engine.DefaultReadHeaderTimeout, "time to send a request's headers")
-	f.DurationVar(&cfg.ReadTimeout, "read-timeout", engine.DefaultReadTimeout, "time to send a whole request, headers and body (408 beyond)")
-	f.DurationVar(&cfg.WriteTimeout, "write-timeout", engine.DefaultWriteTimeout, "time a client may take to accept each write of a response (renewed per write: streams are not cut)")
-	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", engine.DefaultIdleTimeout, "close a keep-alive connection idle this long")
 	f.BoolVar(&cfg.CaptureContent, "capture-content", os.Getenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT") == "true",
 		"record prompts and completions as span events (off by default; also OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true)")
-	f.StringVar(&otlp, "otlp-traces-endpoint", "", "OTLP traces endpoint (overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
 	f.IntVar(&procs, "procs", defaultEngineProcs(), "Go procs (GOMAXPROCS) the engine runs on (0: Go's default, all cores); default 1 unless GOMAXPROCS is set: the engine only coordinates, and on one proc its goroutines hand work over without waking threads (a third less CPU per request) and leave the cores to the worker")
-	tf.register(f, mtls.Engine)
+	registerFrontFlags(f, &cfg.Settings)
+	daemon.register(f, mtls.Engine)
 	return withEnv(cmd)
 }

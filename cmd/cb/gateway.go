@@ -8,8 +8,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/gateway"
-	"github.com/cacheblend/cacheblend/modelfile"
-	"github.com/cacheblend/cacheblend/service"
+	"github.com/cacheblend/cacheblend/httpfront"
 )
 
 func init() { subcommands = append(subcommands, newGatewayCmd) }
@@ -17,7 +16,7 @@ func init() { subcommands = append(subcommands, newGatewayCmd) }
 func newGatewayCmd() *cobra.Command {
 	var (
 		cfg       gateway.Config
-		otlp      string
+		daemon    daemonFlags
 		modelPath string
 	)
 	cmd := &cobra.Command{
@@ -47,20 +46,16 @@ decode_unavailable before anything was streamed is retried with another decode e
 			if len(cfg.Engines) == 0 && (len(cfg.Prefill) == 0 || len(cfg.Decode) == 0) {
 				return fmt.Errorf("cb gateway: give at least one --engine URL, or --prefill and --decode URLs")
 			}
-			rt, err := service.New(ctx, service.Options{ServiceName: "cb-gateway", OTLPEndpoint: otlp, InstanceID: service.InstanceID(cfg.Addr)})
+			rt, _, err := daemon.start(ctx, "cb-gateway", cfg.Addr, false)
 			if err != nil {
 				return err
 			}
-			deps := gateway.Deps{Deps: rt.Deps(), Gatherer: rt.Gatherer()}
-			if modelPath != "" {
-				mf, err := modelfile.Open(modelPath)
-				if err != nil {
-					return err
-				}
-				defer mf.Close()
-				deps.ModelFile = mf
+			mf, closeModel, err := openModelFile(modelPath)
+			if err != nil {
+				return err
 			}
-			gw, err := gateway.New(cfg, deps)
+			defer closeModel()
+			gw, err := gateway.New(cfg, gateway.Deps{Deps: rt.Deps(), Gatherer: rt.Gatherer(), ModelFile: mf})
 			if err != nil {
 				return err
 			}
@@ -90,15 +85,9 @@ decode_unavailable before anything was streamed is retried with another decode e
 	f.IntVar(&cfg.IndexBytes, "index-bytes", gateway.DefaultIndexBytes, "kv-aware: bytes of each engine's reuse index (least recently used prompts evicted beyond)")
 	f.IntVar(&cfg.IndexSequences, "index-sequences", gateway.DefaultIndexSequences, "kv-aware: prompts and documents per engine's reuse index")
 	f.IntVar(&cfg.ChunkSize, "chunk-size", defaults.ChunkSize, "chunk of the reuse index in tokens (the engines' chunk size)")
-	f.StringVar(&cfg.APIKey, "api-key", "", "require this bearer key on /v1/* (empty: no auth)")
 	f.StringVar(&cfg.EngineAPIKey, "engine-api-key", "", "send this bearer key to the engines (empty: forward the client's Authorization header)")
-	f.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", gateway.DefaultMaxBodyBytes, "largest request body (413 beyond)")
-	f.DurationVar(&cfg.RequestTimeout, "request-timeout", gateway.DefaultRequestTimeout, "longest request, queue and attempts included (504 beyond)")
-	f.IntVar(&cfg.MaxConns, "max-conns", gateway.DefaultMaxConns, "connections held at once; at the cap the oldest idle or still-sending one is closed, or the new one refused when all are being served")
-	f.DurationVar(&cfg.ReadHeaderTimeout, "read-header-timeout", gateway.DefaultReadHeaderTimeout, "time to send a request's headers")
-	f.DurationVar(&cfg.ReadTimeout, "read-timeout", gateway.DefaultReadTimeout, "time to send a whole request, headers and body (408 beyond)")
-	f.DurationVar(&cfg.WriteTimeout, "write-timeout", gateway.DefaultWriteTimeout, "time a client may take to accept each write of a response (renewed per write: streams are not cut)")
-	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", gateway.DefaultIdleTimeout, "close a keep-alive connection idle this long")
-	f.StringVar(&otlp, "otlp-traces-endpoint", "", "OTLP traces endpoint (overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
+	f.DurationVar(&cfg.RequestTimeout, "request-timeout", httpfront.DefaultRequestTimeout, "longest request, queue and attempts included (504 beyond)")
+	registerFrontFlags(f, &cfg.Settings)
+	daemon.register(f, "")
 	return withEnv(cmd)
 }

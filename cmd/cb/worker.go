@@ -12,108 +12,33 @@ import (
 	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/rankgroup"
 	"github.com/cacheblend/cacheblend/rpc"
-	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/rpc/kvsock"
 	"github.com/cacheblend/cacheblend/rpc/mtls"
-	"github.com/cacheblend/cacheblend/service"
 	"github.com/cacheblend/cacheblend/worker"
 )
 
 func init() { subcommands = append(subcommands, newWorkerCmd) }
 
+// workerFlags are cb worker's settings, from its flags.
+type workerFlags struct {
+	cfg                    worker.Config
+	metricsAddr, blendAddr string
+	daemon                 daemonFlags
+	tpSize, tpRank         int
+}
+
 func newWorkerCmd() *cobra.Command {
-	var (
-		cfg         worker.Config
-		metricsAddr string
-		blendAddr   string
-		otlp        string
-		tf          tlsFlags
-		tpSize      int
-		tpRank      int
-	)
+	var wf workerFlags
 	cmd := &cobra.Command{
 		Use:   "worker",
 		Short: "Run cb-worker: the model, the paged KV cache in shared memory (a memfd handed to cb blend), the CacheBlend connector (worker side)",
-		RunE: func(c *cobra.Command, _ []string) error {
-			ctx := c.Context()
-			id, err := tf.load(mtls.Worker)
-			if err != nil {
-				return err
-			}
-			rt, err := service.New(ctx, service.Options{ServiceName: "cb-worker", OTLPEndpoint: otlp, InstanceID: service.InstanceID(cfg.Addr)})
-			if err != nil {
-				return err
-			}
-			logTLS(rt.Logger, id, true)
-			deps := worker.Deps{Deps: rt.Deps()}
-			if tpSize > 1 {
-				// The worker's series differ by rank: each rank labels its own.
-				deps.Registerer = rankgroup.RankRegisterer(deps.Registerer, tpRank)
-			}
-			if id != nil {
-				// WorkerService: the engine; KVTransferService: other workers.
-				deps.GRPCServerOptions = id.ServerOptionsFor(mtls.WorkerPolicy())
-			}
-			deps.DialPeer = func(addr string) (*grpc.ClientConn, error) {
-				return rpc.Dial(addr, dialOptions(id, mtls.Worker)...)
-			}
-			if blendAddr != "" {
-				bconn, err := rpc.Dial(blendAddr, dialOptions(id, mtls.Blend)...)
-				if err != nil {
-					return err
-				}
-				defer bconn.Close()
-				deps.Blend = cbv1.NewBlendServiceClient(bconn)
-			}
-			if tpRank > 0 {
-				// A rank process a --tp group's rank 0 started (rankgroup).
-				return runRank(ctx, rt, cfg, deps, tpRank)
-			}
-			var group *rankgroup.Group
-			if tpSize > 1 {
-				if cfg.WorkerID == "" {
-					cfg.WorkerID = fmt.Sprintf("worker-%d", os.Getpid()) // every rank registers under it
-				}
-				args := rankArgs(c, cfg.WorkerID, tpSize)
-				if group, err = rankgroup.New(rankgroup.Config{World: tpSize}, args, rt.Logger); err != nil {
-					return err
-				}
-				if err := group.Start(ctx); err != nil {
-					return err
-				}
-				deps.Reducer, deps.Peers = group.Reducer(), group
-				rt.AddGatherer(group.Gatherer()) // the other ranks' series on this /metrics
-			}
-			w, err := worker.New(cfg, deps)
-			if err == nil {
-				err = w.Start(ctx)
-			}
-			if err != nil {
-				if group != nil {
-					_ = group.Shutdown(ctx)
-				}
-				return err
-			}
-			maddr, err := rt.ServeMetrics(metricsAddr, nil)
-			if err != nil {
-				_ = w.Shutdown(ctx)
-				if group != nil {
-					_ = group.Shutdown(ctx)
-				}
-				return err
-			}
-			announce("cb-worker", "grpc", w.Addr(), "metrics", "http://"+maddr.String()+"/metrics", "kv_memory", w.KVMemory(),
-				"world_size", strconv.Itoa(max(1, tpSize)))
-			if group == nil {
-				return runUntilSignal(ctx, rt, w)
-			}
-			return runGroupUntilSignal(ctx, rt, w, group)
-		},
+		RunE:  func(c *cobra.Command, _ []string) error { return runWorker(c, &wf) },
 	}
+	cfg := &wf.cfg
 	f := cmd.Flags()
 	f.StringVar(&cfg.Addr, "addr", "127.0.0.1:50061", "gRPC listen address (127.0.0.1:0 picks a free port)")
-	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:0", "address of /metrics and /health")
-	f.StringVar(&blendAddr, "blend", "", "blend server gRPC address (empty: no KV reuse)")
+	f.StringVar(&wf.metricsAddr, "metrics-addr", "127.0.0.1:0", "address of /metrics and /health")
+	f.StringVar(&wf.blendAddr, "blend", "", "blend server gRPC address (empty: no KV reuse)")
 	f.StringVar(&cfg.BlendKVSocket, "blend-kv-socket", kvsock.DefaultPath(), "the blend server's KV socket (its --kv-socket), on which the worker hands over its KV memory")
 	f.StringVar(&cfg.WorkerID, "worker-id", "", "name of this worker at the blend server (default worker-<pid>)")
 	f.StringVar(&cfg.ModelPath, "model", "", "GGUF model file to serve (memory-mapped; architectures llama and qwen2); empty: the built-in seeded model")
@@ -132,10 +57,79 @@ func newWorkerCmd() *cobra.Command {
 	f.Uint64Var(&cfg.Model.Seed, "seed", d.Seed, "weight seed")
 	f.IntVar(&cfg.Model.CheckLayer, "check-layer", d.CheckLayer, "CacheBlend check layer")
 	f.Float64Var(&cfg.Model.RecompRatio, "recomp-ratio", d.RecompRatio, "CacheBlend recompute ratio")
-	f.StringVar(&otlp, "otlp-traces-endpoint", "", "OTLP traces endpoint (overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
-	f.IntVar(&tpSize, "tp", 1, "tensor-parallel ranks: the worker runs as this many rank processes (this one is rank 0), each with 1/N of the heads and SwiGLU columns and its own KV memory")
-	f.IntVar(&tpRank, "tp-rank", 0, "internal: the rank of a process started by a --tp worker (descriptors 3 and 4 are its segment and step socket)")
+	f.IntVar(&wf.tpSize, "tp", 1, "tensor-parallel ranks: the worker runs as this many rank processes (this one is rank 0), each with 1/N of the heads and SwiGLU columns and its own KV memory")
+	f.IntVar(&wf.tpRank, "tp-rank", 0, "internal: the rank of a process started by a --tp worker (descriptors 3 and 4 are its segment and step socket)")
 	_ = f.MarkHidden("tp-rank")
-	tf.register(f, mtls.Worker)
+	wf.daemon.register(f, mtls.Worker)
 	return withEnv(cmd)
+}
+
+// runWorker runs cb worker (rank 0 of a --tp group, or alone), or a rank process of a group.
+func runWorker(c *cobra.Command, wf *workerFlags) error {
+	ctx, cfg, tpSize := c.Context(), wf.cfg, wf.tpSize
+	rt, id, err := wf.daemon.start(ctx, "cb-worker", cfg.Addr, true)
+	if err != nil {
+		return err
+	}
+	deps := worker.Deps{Deps: rt.Deps()}
+	if tpSize > 1 {
+		// The worker's series differ by rank: each rank labels its own.
+		deps.Registerer = rankgroup.RankRegisterer(deps.Registerer, wf.tpRank)
+	}
+	if id != nil {
+		// WorkerService: the engine; KVTransferService: other workers.
+		deps.GRPCServerOptions = id.ServerOptionsFor(mtls.WorkerPolicy())
+	}
+	deps.DialPeer = func(addr string) (*grpc.ClientConn, error) {
+		return rpc.Dial(addr, dialOptions(id, mtls.Worker)...)
+	}
+	bc, closeBlend, err := dialBlend(wf.blendAddr, id)
+	if err != nil {
+		return err
+	}
+	defer closeBlend()
+	deps.Blend = bc
+	if wf.tpRank > 0 {
+		// A rank process a --tp group's rank 0 started (rankgroup).
+		return runRank(ctx, rt, cfg, deps, wf.tpRank)
+	}
+	var group *rankgroup.Group
+	if tpSize > 1 {
+		if cfg.WorkerID == "" {
+			cfg.WorkerID = fmt.Sprintf("worker-%d", os.Getpid()) // every rank registers under it
+		}
+		args := rankArgs(c, cfg.WorkerID, tpSize)
+		if group, err = rankgroup.New(rankgroup.Config{World: tpSize}, args, rt.Logger); err != nil {
+			return err
+		}
+		if err := group.Start(ctx); err != nil {
+			return err
+		}
+		deps.Reducer, deps.Peers = group.Reducer(), group
+		rt.AddGatherer(group.Gatherer()) // the other ranks' series on this /metrics
+	}
+	w, err := worker.New(cfg, deps)
+	if err == nil {
+		err = w.Start(ctx)
+	}
+	if err != nil {
+		if group != nil {
+			_ = group.Shutdown(ctx)
+		}
+		return err
+	}
+	maddr, err := rt.ServeMetrics(wf.metricsAddr, nil)
+	if err != nil {
+		_ = w.Shutdown(ctx)
+		if group != nil {
+			_ = group.Shutdown(ctx)
+		}
+		return err
+	}
+	announce("cb-worker", "grpc", w.Addr(), "metrics", "http://"+maddr.String()+"/metrics", "kv_memory", w.KVMemory(),
+		"world_size", strconv.Itoa(max(1, tpSize)))
+	if group == nil {
+		return runUntilSignal(ctx, rt, w)
+	}
+	return runGroupUntilSignal(ctx, rt, w, group)
 }

@@ -64,15 +64,21 @@ type ChatChoice struct {
 	FinishReason string         `json:"finish_reason"`
 }
 
-// ChatCompletion is the body of a non-streamed chat completion.
-type ChatCompletion struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"` // "chat.completion"
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
-	Choices []ChatChoice `json:"choices"`
-	Usage   Usage        `json:"usage"`
+// Response is the body of a generation: a chat completion (object
+// "chat.completion"), a streamed chat chunk ("chat.completion.chunk") or a
+// text completion and each of its chunks ("text_completion"). Choices are
+// C; Usage U is a Usage (always written) or a *Usage (omitted when nil).
+type Response[C, U any] struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+	Choices []C    `json:"choices"`
+	Usage   U      `json:"usage,omitempty"`
 }
+
+// ChatCompletion is the body of a non-streamed chat completion.
+type ChatCompletion = Response[ChatChoice, Usage]
 
 // ChatDelta is the incremental message of a chat chunk.
 type ChatDelta struct {
@@ -91,14 +97,7 @@ type ChatChunkChoice struct {
 
 // ChatChunk is one server-sent event of a streamed chat completion. The
 // usage-only chunk (stream_options.include_usage) has no choices.
-type ChatChunk struct {
-	ID      string            `json:"id"`
-	Object  string            `json:"object"` // "chat.completion.chunk"
-	Created int64             `json:"created"`
-	Model   string            `json:"model"`
-	Choices []ChatChunkChoice `json:"choices"`
-	Usage   *Usage            `json:"usage,omitempty"`
-}
+type ChatChunk = Response[ChatChunkChoice, *Usage]
 
 // CompletionChoice is one choice of a text completion (or of a chunk; then
 // FinishReason is null until the last).
@@ -110,15 +109,8 @@ type CompletionChoice struct {
 }
 
 // Completion is the body of a text completion and of each of its streamed
-// chunks (object "text_completion" in both).
-type Completion struct {
-	ID      string             `json:"id"`
-	Object  string             `json:"object"`
-	Created int64              `json:"created"`
-	Model   string             `json:"model"`
-	Choices []CompletionChoice `json:"choices"`
-	Usage   *Usage             `json:"usage,omitempty"`
-}
+// chunks.
+type Completion = Response[CompletionChoice, *Usage]
 
 // Model is one entry of GET /v1/models.
 type Model struct {
