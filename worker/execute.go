@@ -38,6 +38,7 @@ func (s *service) Info(context.Context, *cbv1.InfoRequest) (*cbv1.InfoResponse, 
 		Bos: tokenizer.BOS, Eos: tokenizer.EOS, NumLayers: int32(c.Layers), WorkerId: w.cfg.WorkerID,
 		MaxStepSeqs: MaxStepSeqs, MaxStepTokens: MaxStepTokens, WorldSize: int32(w.group.world),
 		StopTokens: []int32{tokenizer.EOS}, CheckLayer: int32(c.CheckLayer),
+		BlendGate: w.gate.Outcome, BlendGateKl: w.gate.KL, BlendOff: w.gate.Off,
 	}
 	if f := w.file; f != nil {
 		r.ModelIdentity, r.ModelFileName = f.Identity, f.Name

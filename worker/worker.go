@@ -97,6 +97,15 @@ type Config struct {
 	// serves to that many bytes per second (a cap on the KV transfer's share
 	// of the network). Default 0: unpaced.
 	KVSendRate int64
+	// BlendGate is the blend gate's mode: GateAuto (the default) checks at
+	// start that blending reused documents keeps the model's answers close
+	// to a full prefill and turns blending off for the model when it does
+	// not (the engine then reuses exact prefixes only); GateOn and GateOff
+	// force it either way without a check.
+	BlendGate string
+	// BlendGateKL is the gate's threshold on the mean KL (nats); default
+	// DefaultBlendGateKL.
+	BlendGateKL float64
 }
 
 func (c Config) withDefaults() Config {
@@ -111,6 +120,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.NumBlocks <= 0 {
 		c.NumBlocks = DefaultNumBlocks
+	}
+	if c.BlendGate == "" {
+		c.BlendGate = GateAuto
+	}
+	if c.BlendGateKL <= 0 {
+		c.BlendGateKL = DefaultBlendGateKL
 	}
 	if c.BlockSize <= 0 {
 		c.BlockSize = DefaultBlockSize
@@ -213,6 +228,8 @@ type Worker struct {
 
 	reg    registration
 	stores storeQueue
+
+	gate gateResult // the blend gate's outcome (set by Start)
 
 	ho    *handoffs                                   // prefill/decode hand-overs (handoff.go)
 	dial  func(addr string) (*grpc.ClientConn, error) // Deps.DialPeer
@@ -359,6 +376,13 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.logger.Info("worker started", "addr", ln.Addr().String(), "kv_memory", kv.Name(), "sealed", kv.Sealed(), "layers", m.Config().Layers,
 		"dim", m.Config().Dim, "blocks", w.cfg.NumBlocks, "block_size", w.cfg.BlockSize, "blend", w.blend != nil,
 		"rank", w.cfg.Rank, "world_size", w.group.world)
+	if g := w.gate; g.Off != "" {
+		w.logger.Warn("CacheBlend blending is off for this model: the engine reuses exact prefixes only", "reason", g.Off,
+			"blend_gate", g.Outcome, "kl", g.KL, "top1", g.Top1, "cases", g.Cases, "gate_ms", g.Duration.Milliseconds())
+	} else {
+		w.logger.Info("CacheBlend blend gate", "blend_gate", g.Outcome, "kl", g.KL, "top1", g.Top1, "cases", g.Cases,
+			"threshold", w.cfg.BlendGateKL, "gate_ms", g.Duration.Milliseconds())
+	}
 	return nil
 }
 
@@ -492,6 +516,17 @@ func (w *Worker) loadModel() (*model.Model, error) {
 			return nil, err
 		}
 		w.kvModel = w.cfg.ModelName
+	}
+	// The gate checks the whole model, on every rank alike.
+	encode, bos := w.tok.Encode, w.tok.BOS()
+	if w.file != nil {
+		encode, bos = w.file.Vocab.Encode, -1
+		if w.file.AddBOS {
+			bos = w.file.BOS
+		}
+	}
+	if w.gate, err = runGate(m, w.cfg, encode, bos); err != nil {
+		return nil, err
 	}
 	if w.group.reducer != nil {
 		if m, err = m.Shard(w.group.reducer); err != nil {

@@ -28,18 +28,20 @@ const (
 	// CBRequest is the span "cb.request" of cb-engine (kind internal, phase "schedule"), child of
 	// the SERVER span "{operation} {model}" (see [Server]); required.
 	//
-	// The CacheBlend request span. lookup says how the request's lookup ended: done (the blend
-	// server answered), skipped (no lookup: reuse off, "cacheblend": {"reuse": false}, or no blend
-	// server configured), unavailable (the blend server is down), timeout (no answer within the
-	// lookup timeout), error (any other failure), queue_full (the blend server refused it),
-	// abandoned (the request ended first). The engine stamps the statistics of the lookup result
-	// (hit statistics of zero when lookup is not done): hit_tokens = prefix_hit_tokens +
-	// non_prefix_hit_tokens; hit_rate = hit_tokens / requested_tokens; prefix_coverage_tokens is
-	// the prompt's leading tokens covered by stored prefix chunks (the prefix leg;
-	// prefix_hit_tokens is its usable part), n_non_prefix_tokens = requested_tokens -
-	// prefix_coverage_tokens is the non-prefix complement the non-prefix leg searches
-	// (non_prefix_hit_tokens is its reused part); fingerprint_hits, storage_hits and stale_chunks
-	// count chunks (fingerprint-matched, found in storage, indexed but gone).
+	// The CacheBlend request span. blend_off, present when the worker's blend gate turned blending
+	// off for its model (cb worker --blend-gate), says why: the request reused exact prefixes only.
+	// lookup says how the request's lookup ended: done (the blend server answered), skipped (no
+	// lookup: reuse off, "cacheblend": {"reuse": false}, or no blend server configured),
+	// unavailable (the blend server is down), timeout (no answer within the lookup timeout), error
+	// (any other failure), queue_full (the blend server refused it), abandoned (the request ended
+	// first). The engine stamps the statistics of the lookup result (hit statistics of zero when
+	// lookup is not done): hit_tokens = prefix_hit_tokens + non_prefix_hit_tokens; hit_rate =
+	// hit_tokens / requested_tokens; prefix_coverage_tokens is the prompt's leading tokens covered
+	// by stored prefix chunks (the prefix leg; prefix_hit_tokens is its usable part),
+	// n_non_prefix_tokens = requested_tokens - prefix_coverage_tokens is the non-prefix complement
+	// the non-prefix leg searches (non_prefix_hit_tokens is its reused part); fingerprint_hits,
+	// storage_hits and stale_chunks count chunks (fingerprint-matched, found in storage, indexed
+	// but gone).
 	CBRequest = "cb.request"
 
 	// CBSchedule is the span "cb.schedule" of cb-engine (kind internal, phase "schedule"), child of

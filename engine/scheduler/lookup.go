@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -154,6 +155,9 @@ func (s *Scheduler) endLookup(sq *seq, outcome string, res *cbv1.LookupResult, e
 	}
 	span, reqSpan, waited := lk.span, sq.trace.reqSpan, lk.waited
 	attrs := lookupAttrs(outcome, res, sq.kv.nPrompt)
+	if off := s.worker.info.GetBlendOff(); off != "" {
+		attrs = append(attrs, attribute.String("blend_off", off))
+	}
 	s.defer_(func() {
 		span.SetAttributes(attribute.Int("n_polls", waited))
 		switch outcome {
@@ -207,12 +211,16 @@ func lookupAttrs(outcome string, res *cbv1.LookupResult, nPrompt int) []attribut
 }
 
 // planOf builds the request's reuse plan from its lookup result, given the
-// tokens already covered by the engine's own prefix cache (local). ok is
-// false when nothing is reused.
-func planOf(res *cbv1.LookupResult, local, total int, recompRatio float64) (reuseplan.Plan, bool) {
+// tokens already covered by the engine's own prefix cache (local); with
+// prefixOnly (the worker's blend gate turned blending off) only the prefix
+// leg's matches are kept. ok is false when nothing is reused.
+func planOf(res *cbv1.LookupResult, local, total int, recompRatio float64, prefixOnly bool) (reuseplan.Plan, bool) {
 	matches, err := rpc.MatchesFromProto(res.GetMatches())
 	if err != nil {
 		return reuseplan.Plan{}, false
+	}
+	if prefixOnly {
+		matches = slices.DeleteFunc(matches, func(m reuseplan.Match) bool { return !m.Prefix })
 	}
 	p, err := reuseplan.New(matches, int(res.GetChunkSize()), local, total, recompRatio)
 	return p, err == nil
@@ -229,7 +237,7 @@ func (s *Scheduler) planReuse(sq *seq, local int) (start, reused, prefixLeg int)
 		return local, 0, 0
 	}
 	total := len(sq.kv.tokens)
-	p, ok := planOf(sq.lk.result, local, total, s.cfg.RecompRatio)
+	p, ok := planOf(sq.lk.result, local, total, s.cfg.RecompRatio, s.worker.info.GetBlendOff() != "")
 	if !ok {
 		return local, 0, 0
 	}

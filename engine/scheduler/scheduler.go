@@ -638,7 +638,11 @@ func (s *Scheduler) probe() {
 	w.info, w.ready, w.failures = info, true, 0
 	s.unlock()
 	s.deps.Logger.Info("worker ready", "worker_id", info.GetWorkerId(), "model", info.GetModel(),
-		"kv_blocks", info.GetNumBlocks(), "block_size", info.GetBlockSize(), "max_positions", info.GetMaxPositions())
+		"kv_blocks", info.GetNumBlocks(), "block_size", info.GetBlockSize(), "max_positions", info.GetMaxPositions(),
+		"blend_gate", info.GetBlendGate(), "blend_gate_kl", info.GetBlendGateKl())
+	if off := info.GetBlendOff(); off != "" {
+		s.deps.Logger.Warn("CacheBlend blending is off for the worker's model: requests reuse exact prefixes only", "reason", off)
+	}
 }
 
 // workerFailed fails every request: the worker's state is gone or unknown.

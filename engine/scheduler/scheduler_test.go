@@ -957,6 +957,7 @@ func TestPlanOf(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
 		matches       []*cbv1.Match
+		prefixOnly    bool
 		local, total  int
 		wantStart     int
 		wantReused    int
@@ -964,22 +965,25 @@ func TestPlanOf(t *testing.T) {
 		wantNil       bool
 		wantFirstKeys int
 	}{
-		{"no matches", nil, 0, 100, 0, 0, nil, true, 0},
-		{"prefix and shifted", []*cbv1.Match{m(0, 40, 0, 40, true), m(10, 30, 60, 80, false)}, 0, 100, 40, 60,
+		{"no matches", nil, false, 0, 100, 0, 0, nil, true, 0},
+		{"prefix and shifted", []*cbv1.Match{m(0, 40, 0, 40, true), m(10, 30, 60, 80, false)}, false, 0, 100, 40, 60,
 			[][4]int32{{0, 40, 0, 40}, {10, 30, 60, 80}}, false, 1},
-		{"clipped at local cache", []*cbv1.Match{m(0, 600, 0, 600, true)}, 512, 1000, 600, 88,
+		{"blending off: prefix only", []*cbv1.Match{m(0, 40, 0, 40, true), m(10, 30, 60, 80, false)}, true, 0, 100, 40, 40,
+			[][4]int32{{0, 40, 0, 40}}, false, 1},
+		{"blending off: nothing but shifted", []*cbv1.Match{m(10, 30, 60, 80, false)}, true, 0, 100, 0, 0, nil, true, 0},
+		{"clipped at local cache", []*cbv1.Match{m(0, 600, 0, 600, true)}, false, 512, 1000, 600, 88,
 			[][4]int32{{512, 600, 512, 600}}, false, 1},
-		{"inside local cache", []*cbv1.Match{m(0, 32, 0, 32, true)}, 48, 100, 48, 0, nil, true, 0},
-		{"full prompt", []*cbv1.Match{m(0, 100, 0, 100, true)}, 0, 100, 99, 100, [][4]int32{{0, 100, 0, 100}}, false, 1},
-		{"invalid dropped", []*cbv1.Match{m(0, 10, 0, 20, false)}, 0, 100, 0, 0, nil, true, 0},
-		{"out of prompt dropped", []*cbv1.Match{m(5, 5, 5, 5, false), m(0, 300, 0, 300, true)}, 0, 100, 0, 0, nil, true, 0},
-		{"overlap dropped", []*cbv1.Match{m(0, 20, 30, 50, false), m(0, 20, 40, 60, false)}, 0, 100, 0, 20,
+		{"inside local cache", []*cbv1.Match{m(0, 32, 0, 32, true)}, false, 48, 100, 48, 0, nil, true, 0},
+		{"full prompt", []*cbv1.Match{m(0, 100, 0, 100, true)}, false, 0, 100, 99, 100, [][4]int32{{0, 100, 0, 100}}, false, 1},
+		{"invalid dropped", []*cbv1.Match{m(0, 10, 0, 20, false)}, false, 0, 100, 0, 0, nil, true, 0},
+		{"out of prompt dropped", []*cbv1.Match{m(5, 5, 5, 5, false), m(0, 300, 0, 300, true)}, false, 0, 100, 0, 0, nil, true, 0},
+		{"overlap dropped", []*cbv1.Match{m(0, 20, 30, 50, false), m(0, 20, 40, 60, false)}, false, 0, 100, 0, 20,
 			[][4]int32{{0, 20, 30, 50}}, false, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := &cbv1.LookupResult{Matches: tc.matches, ChunkSize: 256}
 			orig := proto.Clone(res)
-			p, ok := planOf(res, tc.local, tc.total, 0.2)
+			p, ok := planOf(res, tc.local, tc.total, 0.2, tc.prefixOnly)
 			if !proto.Equal(res, orig) {
 				t.Fatal("planOf modified the lookup result")
 			}

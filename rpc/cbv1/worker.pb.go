@@ -401,7 +401,15 @@ type InfoResponse struct {
 	// CacheBlend's check layer (cb worker --check-layer): the layers below it
 	// recompute every reused token, so the scheduler's cost of a reused token
 	// depends on it. 0 with no check layer (reuse loads without recompute).
-	CheckLayer    int32 `protobuf:"varint,16,opt,name=check_layer,json=checkLayer,proto3" json:"check_layer,omitempty"`
+	CheckLayer int32 `protobuf:"varint,16,opt,name=check_layer,json=checkLayer,proto3" json:"check_layer,omitempty"`
+	// The blend gate (cb worker --blend-gate): its outcome (passed, failed,
+	// forced_on, forced_off; empty from a worker without one), the mean KL it
+	// measured between full prefills and blends of sample documents, and why
+	// blending is off for the model ("" when it is on). With blend_off set the
+	// engine reuses exact prefixes only and says why on every request.
+	BlendGate     string  `protobuf:"bytes,17,opt,name=blend_gate,json=blendGate,proto3" json:"blend_gate,omitempty"`
+	BlendGateKl   float64 `protobuf:"fixed64,18,opt,name=blend_gate_kl,json=blendGateKl,proto3" json:"blend_gate_kl,omitempty"`
+	BlendOff      string  `protobuf:"bytes,19,opt,name=blend_off,json=blendOff,proto3" json:"blend_off,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -546,6 +554,27 @@ func (x *InfoResponse) GetCheckLayer() int32 {
 		return x.CheckLayer
 	}
 	return 0
+}
+
+func (x *InfoResponse) GetBlendGate() string {
+	if x != nil {
+		return x.BlendGate
+	}
+	return ""
+}
+
+func (x *InfoResponse) GetBlendGateKl() float64 {
+	if x != nil {
+		return x.BlendGateKl
+	}
+	return 0
+}
+
+func (x *InfoResponse) GetBlendOff() string {
+	if x != nil {
+		return x.BlendOff
+	}
+	return ""
 }
 
 type SamplingParams struct {
@@ -1101,7 +1130,7 @@ const file_worker_proto_rawDesc = "" +
 	"firstBlock\x12\x19\n" +
 	"\bn_blocks\x18\x02 \x01(\x05R\anBlocks\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\"\r\n" +
-	"\vInfoRequest\"\xf9\x03\n" +
+	"\vInfoRequest\"\xd9\x04\n" +
 	"\fInfoResponse\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05vocab\x18\x02 \x01(\x05R\x05vocab\x12#\n" +
@@ -1125,7 +1154,11 @@ const file_worker_proto_rawDesc = "" +
 	"\vstop_tokens\x18\x0f \x03(\x05R\n" +
 	"stopTokens\x12\x1f\n" +
 	"\vcheck_layer\x18\x10 \x01(\x05R\n" +
-	"checkLayer\"[\n" +
+	"checkLayer\x12\x1d\n" +
+	"\n" +
+	"blend_gate\x18\x11 \x01(\tR\tblendGate\x12\"\n" +
+	"\rblend_gate_kl\x18\x12 \x01(\x01R\vblendGateKl\x12\x1b\n" +
+	"\tblend_off\x18\x13 \x01(\tR\bblendOff\"[\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x01R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x01R\x04topP\x12\x12\n" +
