@@ -51,6 +51,17 @@ func TestFleetTwoNodes(t *testing.T) {
 			if hits, ok := b.value("lmcache_blend_remote_reads_total", map[string]string{"result": "hit"}), b.value("lmcache_blend_coordinator_matches_total", map[string]string{"result": "ok"}); hits != 2 || ok != 1 {
 				t.Fatalf("metrics: remote hits %v, coordinator ok %v", hits, ok)
 			}
+			// The document at the start of a prompt on a node that holds none
+			// of it (the prefix leg covers nothing, the fleet's match all of
+			// it): its tokens are counted once, and no prefix hit exceeds the
+			// prefix coverage.
+			c := newEnv(t, Config{Fleet: fc})
+			c.newWorker("w2", 0)
+			res0 := c.lookup(&cbv1.LookupRequest{RequestId: "c0", Tokens: promptWith(promptN, 0, doc, 12), WorldSize: 1, Model: testModel})
+			if hit := res0.GetPrefixHitTokens() + res0.GetNonPrefixHitTokens(); hit != docLen || res0.GetPrefixHitTokens() > res0.GetPrefixCoverageTokens() {
+				t.Fatalf("document at offset 0 on node C: %d hit tokens (prefix %d of coverage %d), want %d", hit,
+					res0.GetPrefixHitTokens(), res0.GetPrefixCoverageTokens(), docLen)
+			}
 
 			b.shutdown()
 			var coord, redisLoad bool

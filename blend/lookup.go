@@ -135,7 +135,7 @@ func (s *Server) lookup(r *cbv1.LookupRequest, tc, ts string, submitted time.Tim
 	got, ls := s.sparsePrefetch(q, keys)
 	cl := s.classify(q, keys, got)
 	cl.fingerprintKeys = fpKeys
-	matches := usableMatches(pkeys, fm, cs, cl.usable)
+	matches := usableMatches(pkeys[:prefixChunks], fm, cs, cl.usable)
 	h := reuseplan.HitsOf(len(q.toks), prefixChunks, cs, matches)
 	res := lookupResult(h, matches, cl, fm.Stats, ls, cs)
 	s.bus.Publish(events.Event{Type: events.LookupEnd, RequestID: q.id, Attrs: []attribute.KeyValue{
@@ -230,7 +230,8 @@ func (s *Server) classify(q lookupQuery, keys []chunkstore.Key, got map[chunksto
 	return cl
 }
 
-// usableMatches is the lookup's answer: the usable prefix, and the
+// usableMatches is the lookup's answer: the usable part of the stored
+// prefix (pkeys: the prompt's leading chunks the store holds), and the
 // non-prefix matches (of the server's chunk size) cut to their usable
 // chunks.
 func usableMatches(pkeys []chunkstore.Key, fm fingerprint.Result, cs int, usable map[chunkstore.Key]bool) []reuseplan.Match {

@@ -33,7 +33,9 @@ func TestFleetTwoNodesShareDocuments(t *testing.T) {
 }
 
 func fleetTwoNodes(t *testing.T, url string, tp int) {
-	fleetArgs := []string{"--redis-url", url, "--coordinator-timeout", "2s"}
+	// A generous Redis deadline too: a pipelined read of megabytes that
+	// overruns the default 250 ms on a loaded machine is a miss.
+	fleetArgs := []string{"--redis-url", url, "--coordinator-timeout", "2s", "--redis-timeout", "5s"}
 	// --no-store: a request's prompt is not stored (through Redis the
 	// other node would reuse it whole), so both nodes reuse the documents
 	// alone, one plan, and must give one answer (CacheBlend is approximate:
@@ -192,7 +194,7 @@ func TestUpNodes(t *testing.T) {
 	dir := t.TempDir()
 	eps := filepath.Join(dir, "endpoints.json")
 	cmd := exec.Command(cbBin, "up", "--nodes", "2", "--api", "127.0.0.1:0", "--ui-addr", "127.0.0.1:0", "--endpoints-file", eps,
-		"--state-dir", filepath.Join(dir, "state"), "--blend-arg=--coordinator-timeout=2s")
+		"--state-dir", filepath.Join(dir, "state"), "--blend-arg=--coordinator-timeout=2s", "--blend-arg=--redis-timeout=5s")
 	cmd.Env = append(os.Environ(), "OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=")
 	var out syncWriter
 	cmd.Stdout, cmd.Stderr = &out, &out
