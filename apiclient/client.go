@@ -53,9 +53,6 @@ func New(baseURL string, cfg Config) *Client {
 	return &Client{base: strings.TrimRight(baseURL, "/"), apiKey: cfg.APIKey, http: hc}
 }
 
-// BaseURL returns the engine's base URL without a trailing slash.
-func (c *Client) BaseURL() string { return c.base }
-
 // NewTraceparent returns a fresh, sampled W3C traceparent ("00-<trace id>-<span id>-01")
 // with random, never all-zero ids, and its trace id. Safe for concurrent use.
 func NewTraceparent() (traceparent, traceID string) {
@@ -149,9 +146,9 @@ func (c *Client) Ingest(ctx context.Context, docs []Document) error {
 	return nil
 }
 
-// Metrics GETs a Prometheus text exposition from url (BaseURL()+"/metrics" when url is
+// Metrics GETs a Prometheus text exposition from url (the base URL+"/metrics" when url is
 // empty) and returns its body, which the caller must close. The API key is sent only when
-// url is the engine's own BaseURL()+"/metrics", never to another endpoint. A non-200
+// url is the engine's own base URL+"/metrics", never to another endpoint. A non-200
 // answer is an *HTTPError.
 func (c *Client) Metrics(ctx context.Context, url string) (io.ReadCloser, error) {
 	if url == "" {

@@ -19,6 +19,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/cacheblend/cacheblend/chat"
+	"github.com/cacheblend/cacheblend/contract"
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/demo"
 	"github.com/cacheblend/cacheblend/engine/api"
@@ -28,6 +29,7 @@ import (
 	"github.com/cacheblend/cacheblend/modelfile"
 	"github.com/cacheblend/cacheblend/quant"
 	"github.com/cacheblend/cacheblend/stack"
+	"github.com/cacheblend/cacheblend/tracecheck"
 	"github.com/cacheblend/cacheblend/vocab"
 )
 
@@ -153,6 +155,41 @@ func usageOf(t *testing.T, out map[string]any) (prompt int, ext api.UsageCacheBl
 // on lines of their own). Then, each on stacks of its own:
 // prefill/decode disaggregation and a two-node Redis fleet on the same
 // file answer as a single node.
+// blendGateOn forces CacheBlend's blending on for the GGUF test model: its
+// random weights make a blend drift far from a full prefill (the blend gate
+// measures several nats and turns blending off: TestGGUFBlendGate), and
+// these tests check the mechanics of reuse, not its quality.
+var blendGateOn = []string{"--blend-gate", "on"}
+
+// TestGGUFBlendGate: with the blend gate on its default (auto), a worker on
+// the GGUF test model finds at start that blending drifts from a full
+// prefill and turns it off: a request over ingested documents reuses
+// nothing but exact prefixes, its cb.request says why (blend_off), and its
+// trace passes the contract.
+func TestGGUFBlendGate(t *testing.T) {
+	e := startEnv(t, options{model: ggufModel(t), modelName: ggufName})
+	e.ingest()
+	const tp = "00-8c2a7f1e5b3d4c6a9e0f1a2b3c4d5e6f-1122334455667788-01"
+	out := e.chat(tp, ragPrompt(3, 1), 4)
+	_, ext := usageOf(t, out)
+	if ext.NonPrefixHitTokens != 0 {
+		t.Fatalf("blending off, yet %d non-prefix tokens reused (split %+v)", ext.NonPrefixHitTokens, ext)
+	}
+	tr := e.trace("8c2a7f1e5b3d4c6a9e0f1a2b3c4d5e6f", spanname.CBRequest)
+	spec, err := contract.Spans()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := tracecheck.Check([]tracecheck.Trace{*tr}, spec); !rep.OK() {
+		t.Fatalf("the trace fails the contract:\n%s", rep.String())
+	}
+	req := byName(tr)[spanname.CBRequest][0]
+	if off := req.Attributes["blend_off"].String(); !strings.Contains(off, "blend gate failed: mean KL") {
+		t.Fatalf("cb.request blend_off %q", off)
+	}
+	t.Logf("blend_off: %s", req.Attributes["blend_off"].String())
+}
+
 func TestGGUFStack(t *testing.T) {
 	path := ggufModel(t)
 	mf := openModelFile(t, path)
@@ -168,12 +205,12 @@ func TestGGUFStack(t *testing.T) {
 	t0 := time.Now()
 	var one, two, docsOnly *env
 	var wg sync.WaitGroup
-	wg.Go(func() { one = startEnv(t, options{model: path, modelName: ggufName}) })
+	wg.Go(func() { one = startEnv(t, options{model: path, modelName: ggufName, workerArgs: blendGateOn}) })
 	wg.Go(func() {
-		two = startEnv(t, options{tp: 2, model: path, modelName: ggufName, engineArgs: []string{"--no-store"}})
+		two = startEnv(t, options{tp: 2, model: path, modelName: ggufName, engineArgs: []string{"--no-store"}, workerArgs: blendGateOn})
 	})
 	wg.Go(func() {
-		docsOnly = startEnv(t, options{model: path, modelName: ggufName, engineArgs: []string{"--no-store"}})
+		docsOnly = startEnv(t, options{model: path, modelName: ggufName, engineArgs: []string{"--no-store"}, workerArgs: blendGateOn})
 	})
 	wg.Wait()
 	if one == nil || two == nil || docsOnly == nil {
@@ -637,7 +674,7 @@ func ggufFleet(t *testing.T, ref *env, path string, v *vocab.Vocab) {
 	t0 := time.Now()
 	st, err := stack.Up(context.Background(), stack.UpConfig{
 		Exe: cbBin, APIAddr: "127.0.0.1:0", Nodes: 2, ModelPath: path,
-		BlendArgs:  []string{"--coordinator-timeout=2s"},
+		BlendArgs: []string{"--coordinator-timeout=2s"}, WorkerArgs: blendGateOn,
 		Supervisor: stack.Config{Logs: logs, ReadyTimeout: 120 * time.Second},
 	})
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cacheblend/cacheblend/contract"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -38,24 +39,42 @@ type StorageStats struct {
 // Registry().RecordStats(), reported to Config.OnRefused — as described on Registry. Safe for
 // concurrent use.
 type BlendMetrics struct {
-	reg *Registry
+	facade
+	lookup   blendLookup
+	transfer blendTransfer
+	storage  blendStorage
+	bus      eventBus
+	remote   remoteSeries
+}
 
-	lookupRequests, lookupRequested, fingerprintHits, storageHits, staleChunks *series
-	hitPrefix, hitNonPrefix                                                    *series
-	unregistered, retrieveRequests, retrieveFailures, scattered                *series
-	storeRequests, storedChunks, l2Corrupt, l2ReadBytes                        *series
-	busPublished, busDropped                                                   *series
-	evictedIn                                                                  *instrument
-	evicted                                                                    [len(tierNames)]*series
+// blendLookup measures the unified lookup: requests, tokens asked for and found per leg,
+// fingerprint and storage hits, stale chunks, and the durations of the lookup and its phases.
+type blendLookup struct {
+	requests, requested, hitPrefix, hitNonPrefix *series
+	fingerprintHits, storageHits, staleChunks    *series
+	duration, fingerprintDur, prefetchDur        *HistogramSeries
+}
 
-	l1Bytes, l1Chunks, fingerprints *series
+// blendTransfer measures KV moving between the server and the workers: retrieves, the scatter
+// into worker KV memory, and stores.
+type blendTransfer struct {
+	retrieves, retrieveFailures, scattered, stores, storedChunks *series
+	retrieveDur, scatterDur                                      *HistogramSeries
+}
 
-	lookupDur, fingerprintDur, prefetchDur, retrieveDur, scatterDur *HistogramSeries
-	l2Throughput                                                    *HistogramSeries
+// blendStorage measures what the server holds: L1 and the fingerprint table, evictions per
+// tier, and L2 reads.
+type blendStorage struct {
+	l1Bytes, l1Chunks, fingerprints, unregistered *series
+	evicted                                       enumSeries // one series per Tier
+	l2Corrupt, l2ReadBytes                        *series
+	l2Throughput                                  *HistogramSeries
+}
 
-	remote remoteSeries
-
-	busMu sync.Mutex // serialises SetEventBusTotals so both totals are checked before either moves
+// eventBus measures the event bus's published and dropped events.
+type eventBus struct {
+	mu                 sync.Mutex // serialises SetEventBusTotals so both totals are checked before either moves
+	published, dropped *series
 }
 
 // NewBlendMetrics registers the blend server's contract instruments on reg and resolves all
@@ -63,52 +82,48 @@ type BlendMetrics struct {
 // here. Options: WithContract (default: the embedded contract), WithLabelCap, WithOnRefused
 // (default: refusals are only counted).
 func NewBlendMetrics(reg prometheus.Registerer, opts ...Option) (*BlendMetrics, error) {
-	r, err := newFacadeRegistry("blend", reg, opts)
-	if err != nil {
-		return nil, err
-	}
-	b := &builder{r: r}
-	m := &BlendMetrics{
-		reg:              r,
-		lookupRequests:   b.counterSeries("lmcache_blend_lookup_requests_total"),
-		hitPrefix:        b.counterSeries("lmcache_blend_lookup_hit_tokens_total", "prefix"),
-		hitNonPrefix:     b.counterSeries("lmcache_blend_lookup_hit_tokens_total", "non_prefix"),
-		lookupRequested:  b.counterSeries("lmcache_blend_lookup_requested_tokens_total"),
-		fingerprintHits:  b.counterSeries("lmcache_blend_lookup_fingerprint_hits_total"),
-		storageHits:      b.counterSeries("lmcache_blend_lookup_storage_hits_total"),
-		staleChunks:      b.counterSeries("lmcache_blend_lookup_stale_chunks_total"),
-		unregistered:     b.counterSeries("lmcache_blend_fingerprints_unregistered_total"),
-		retrieveRequests: b.counterSeries("lmcache_blend_retrieve_requests_total"),
-		retrieveFailures: b.counterSeries("lmcache_blend_retrieve_failures_total"),
-		scattered:        b.counterSeries("lmcache_blend_scattered_tokens_total"),
-		storeRequests:    b.counterSeries("lmcache_blend_store_requests_total"),
-		storedChunks:     b.counterSeries("lmcache_blend_stored_chunks_total"),
-		evictedIn:        instrumentOf(b.counter("lmcache_blend_chunks_evicted_total")),
-		l2Corrupt:        b.counterSeries("lmcache_blend_l2_corrupt_chunks_total"),
-		l2ReadBytes:      b.counterSeries("lmcache_blend_l2_read_bytes_total"),
-		busPublished:     b.counterSeries("lmcache_blend_event_bus_published_total"),
-		busDropped:       b.counterSeries("lmcache_blend_event_bus_dropped_total"),
-		l1Bytes:          b.gaugeSeries("lmcache_blend_l1_bytes"),
-		l1Chunks:         b.gaugeSeries("lmcache_blend_l1_chunks"),
-		fingerprints:     b.gaugeSeries("lmcache_blend_fingerprints"),
-		lookupDur:        b.histogramSeries("lmcache_blend_lookup_duration_seconds"),
-		fingerprintDur:   b.histogramSeries("lmcache_blend_fingerprint_match_duration_seconds"),
-		prefetchDur:      b.histogramSeries("lmcache_blend_sparse_prefetch_duration_seconds"),
-		retrieveDur:      b.histogramSeries("lmcache_blend_retrieve_duration_seconds"),
-		scatterDur:       b.histogramSeries("lmcache_blend_scatter_duration_seconds"),
-		l2Throughput:     b.histogramSeries("lmcache_blend_l2_load_throughput_gbps"),
-		remote:           newRemoteSeries(b),
-	}
-	b.enumSeries(m.evicted[:], m.evictedIn, tierNames[:])
-	if b.err != nil {
-		return nil, fmt.Errorf("metrics: blend: %w", b.err)
-	}
-	return m, nil
+	return newFacade("blend", reg, opts, func(b *builder) *BlendMetrics {
+		return &BlendMetrics{
+			facade: facade{b.r},
+			lookup: blendLookup{
+				requests:        b.counterSeries("lmcache_blend_lookup_requests_total"),
+				requested:       b.counterSeries("lmcache_blend_lookup_requested_tokens_total"),
+				hitPrefix:       b.counterSeries("lmcache_blend_lookup_hit_tokens_total", "prefix"),
+				hitNonPrefix:    b.counterSeries("lmcache_blend_lookup_hit_tokens_total", "non_prefix"),
+				fingerprintHits: b.counterSeries("lmcache_blend_lookup_fingerprint_hits_total"),
+				storageHits:     b.counterSeries("lmcache_blend_lookup_storage_hits_total"),
+				staleChunks:     b.counterSeries("lmcache_blend_lookup_stale_chunks_total"),
+				duration:        b.histogramSeries("lmcache_blend_lookup_duration_seconds"),
+				fingerprintDur:  b.histogramSeries("lmcache_blend_fingerprint_match_duration_seconds"),
+				prefetchDur:     b.histogramSeries("lmcache_blend_sparse_prefetch_duration_seconds"),
+			},
+			transfer: blendTransfer{
+				retrieves:        b.counterSeries("lmcache_blend_retrieve_requests_total"),
+				retrieveFailures: b.counterSeries("lmcache_blend_retrieve_failures_total"),
+				scattered:        b.counterSeries("lmcache_blend_scattered_tokens_total"),
+				stores:           b.counterSeries("lmcache_blend_store_requests_total"),
+				storedChunks:     b.counterSeries("lmcache_blend_stored_chunks_total"),
+				retrieveDur:      b.histogramSeries("lmcache_blend_retrieve_duration_seconds"),
+				scatterDur:       b.histogramSeries("lmcache_blend_scatter_duration_seconds"),
+			},
+			storage: blendStorage{
+				l1Bytes:      b.gaugeSeries("lmcache_blend_l1_bytes"),
+				l1Chunks:     b.gaugeSeries("lmcache_blend_l1_chunks"),
+				fingerprints: b.gaugeSeries("lmcache_blend_fingerprints"),
+				unregistered: b.counterSeries("lmcache_blend_fingerprints_unregistered_total"),
+				evicted:      b.enum(contract.Counter, "lmcache_blend_chunks_evicted_total", tierNames[:]),
+				l2Corrupt:    b.counterSeries("lmcache_blend_l2_corrupt_chunks_total"),
+				l2ReadBytes:  b.counterSeries("lmcache_blend_l2_read_bytes_total"),
+				l2Throughput: b.histogramSeries("lmcache_blend_l2_load_throughput_gbps"),
+			},
+			bus: eventBus{
+				published: b.counterSeries("lmcache_blend_event_bus_published_total"),
+				dropped:   b.counterSeries("lmcache_blend_event_bus_dropped_total"),
+			},
+			remote: newRemoteSeries(b),
+		}
+	})
 }
-
-// Registry returns the registry the facade registers through (its RecordStats count the
-// facade's refusals).
-func (m *BlendMetrics) Registry() *Registry { return m.reg }
 
 // RecordLookup records one unified lookup: the request, hit tokens per leg, requested tokens,
 // fingerprint hits, storage hits, stale chunks and the lookup duration. A negative value
@@ -119,26 +134,27 @@ func (m *BlendMetrics) RecordLookup(ctx context.Context, r LookupRecord) {
 		m.reg.sink.refuse(fmt.Errorf("metrics: lookup record %+v: %w", r, ErrNegative))
 		return
 	}
-	m.lookupRequests.counter.Inc()
-	m.hitPrefix.counter.Add(float64(r.PrefixHitTokens))
-	m.hitNonPrefix.counter.Add(float64(r.NonPrefixHitTokens))
-	m.lookupRequested.counter.Add(float64(r.RequestedTokens))
-	m.fingerprintHits.counter.Add(float64(r.FingerprintHits))
-	m.storageHits.counter.Add(float64(r.StorageHits))
-	m.staleChunks.counter.Add(float64(r.StaleChunks))
-	m.lookupDur.ObserveContext(ctx, r.Duration.Seconds())
+	l := &m.lookup
+	l.requests.counter.Inc()
+	l.hitPrefix.counter.Add(float64(r.PrefixHitTokens))
+	l.hitNonPrefix.counter.Add(float64(r.NonPrefixHitTokens))
+	l.requested.counter.Add(float64(r.RequestedTokens))
+	l.fingerprintHits.counter.Add(float64(r.FingerprintHits))
+	l.storageHits.counter.Add(float64(r.StorageHits))
+	l.staleChunks.counter.Add(float64(r.StaleChunks))
+	l.duration.ObserveContext(ctx, r.Duration.Seconds())
 }
 
 // ObserveFingerprintMatch records the duration of a lookup's fingerprint match; a negative d
 // is refused (see Registry).
 func (m *BlendMetrics) ObserveFingerprintMatch(ctx context.Context, d time.Duration) {
-	m.fingerprintDur.ObserveContext(ctx, d.Seconds())
+	m.lookup.fingerprintDur.ObserveContext(ctx, d.Seconds())
 }
 
 // ObserveSparsePrefetch records the duration of a lookup's sparse prefetch; a negative d is
 // refused (see Registry).
 func (m *BlendMetrics) ObserveSparsePrefetch(ctx context.Context, d time.Duration) {
-	m.prefetchDur.ObserveContext(ctx, d.Seconds())
+	m.lookup.prefetchDur.ObserveContext(ctx, d.Seconds())
 }
 
 // RecordL2Load records one coalesced L2 read: the bytes read, and its throughput in GB/s
@@ -149,17 +165,15 @@ func (m *BlendMetrics) RecordL2Load(bytes int64, d time.Duration) {
 		m.reg.sink.refuse(fmt.Errorf("metrics: l2 load of %d bytes in %v: %w", bytes, d, ErrNegative))
 		return
 	}
-	m.l2ReadBytes.counter.Add(float64(bytes))
+	m.storage.l2ReadBytes.counter.Add(float64(bytes))
 	if d > 0 {
-		m.l2Throughput.Observe(float64(bytes) / 1e9 / d.Seconds())
+		m.storage.l2Throughput.Observe(float64(bytes) / 1e9 / d.Seconds())
 	}
 }
 
 // AddL2CorruptChunks counts L2 chunk files that failed their integrity check; a negative n is
 // refused (see Registry).
-func (m *BlendMetrics) AddL2CorruptChunks(n int) {
-	m.addInt("lmcache_blend_l2_corrupt_chunks_total", m.l2Corrupt, n)
-}
+func (m *BlendMetrics) AddL2CorruptChunks(n int) { m.addInt(m.storage.l2Corrupt, n) }
 
 // RecordRetrieve records one retrieve call: the request, its failure if failed, and its
 // duration. A negative d refuses the record (see Registry).
@@ -168,11 +182,11 @@ func (m *BlendMetrics) RecordRetrieve(ctx context.Context, d time.Duration, fail
 		m.reg.sink.refuse(fmt.Errorf("metrics: retrieve in %v: %w", d, ErrNegative))
 		return
 	}
-	m.retrieveRequests.counter.Inc()
+	m.transfer.retrieves.counter.Inc()
 	if failed {
-		m.retrieveFailures.counter.Inc()
+		m.transfer.retrieveFailures.counter.Inc()
 	}
-	m.retrieveDur.ObserveContext(ctx, d.Seconds())
+	m.transfer.retrieveDur.ObserveContext(ctx, d.Seconds())
 }
 
 // RecordScatter records one scatter into worker KV memory: the tokens written and its
@@ -182,8 +196,8 @@ func (m *BlendMetrics) RecordScatter(ctx context.Context, d time.Duration, token
 		m.reg.sink.refuse(fmt.Errorf("metrics: scatter of %d tokens in %v: %w", tokens, d, ErrNegative))
 		return
 	}
-	m.scattered.counter.Add(float64(tokens))
-	m.scatterDur.ObserveContext(ctx, d.Seconds())
+	m.transfer.scattered.counter.Add(float64(tokens))
+	m.transfer.scatterDur.ObserveContext(ctx, d.Seconds())
 }
 
 // RecordStore records one store call and the chunks it wrote; negative chunks refuse the
@@ -193,21 +207,19 @@ func (m *BlendMetrics) RecordStore(chunks int) {
 		m.reg.sink.refuse(fmt.Errorf("metrics: store of %d chunks: %w", chunks, ErrNegative))
 		return
 	}
-	m.storeRequests.counter.Inc()
-	m.storedChunks.counter.Add(float64(chunks))
+	m.transfer.stores.counter.Inc()
+	m.transfer.storedChunks.counter.Add(float64(chunks))
 }
 
 // AddFingerprintsUnregistered counts fingerprints removed from the table; a negative n is
 // refused (see Registry).
-func (m *BlendMetrics) AddFingerprintsUnregistered(n int) {
-	m.addInt("lmcache_blend_fingerprints_unregistered_total", m.unregistered, n)
-}
+func (m *BlendMetrics) AddFingerprintsUnregistered(n int) { m.addInt(m.storage.unregistered, n) }
 
 // AddChunksEvicted counts chunks evicted from tier. A negative n, or a tier that is not a Tier
 // constant, is refused (see Registry).
 func (m *BlendMetrics) AddChunksEvicted(tier Tier, n int) {
-	if s := pick(m.evictedIn, m.evicted[:], tier); s != nil {
-		m.addInt(m.evictedIn.name, s, n)
+	if s := pick(m.storage.evicted, tier); s != nil {
+		m.addInt(s, n)
 	}
 }
 
@@ -215,24 +227,10 @@ func (m *BlendMetrics) AddChunksEvicted(tier Tier, n int) {
 // and dropped events (call before each scrape). A total lower than the previous one refuses
 // the pair — neither counter moves (ErrCounterDecrease; see Registry).
 func (m *BlendMetrics) SetEventBusTotals(published, dropped uint64) {
-	if err := m.setEventBusTotals(published, dropped); err != nil {
-		m.reg.sink.refuse(err)
-	}
-}
-
-func (m *BlendMetrics) setEventBusTotals(published, dropped uint64) error {
-	m.busMu.Lock()
-	defer m.busMu.Unlock()
-	if err := m.busDropped.checkTotal("lmcache_blend_event_bus_dropped_total", float64(dropped)); err != nil {
-		return err
-	}
-	if err := m.busPublished.checkTotal("lmcache_blend_event_bus_published_total", float64(published)); err != nil {
-		return err
-	}
-	if err := m.busDropped.setTotal("lmcache_blend_event_bus_dropped_total", float64(dropped)); err != nil {
-		return err
-	}
-	return m.busPublished.setTotal("lmcache_blend_event_bus_published_total", float64(published))
+	m.bus.mu.Lock()
+	err := setTotals(runningTotal{m.bus.dropped, dropped}, runningTotal{m.bus.published, published})
+	m.bus.mu.Unlock()
+	m.reg.sink.refuseErr(err)
 }
 
 // SetStorage sets the storage gauges from a snapshot; a negative value refuses the snapshot
@@ -242,15 +240,15 @@ func (m *BlendMetrics) SetStorage(s StorageStats) {
 		m.reg.sink.refuse(fmt.Errorf("metrics: storage stats %+v: %w", s, ErrNegative))
 		return
 	}
-	m.l1Bytes.gauge.Set(float64(s.L1Bytes))
-	m.l1Chunks.gauge.Set(float64(s.L1Chunks))
-	m.fingerprints.gauge.Set(float64(s.Fingerprints))
+	m.storage.l1Bytes.gauge.Set(float64(s.L1Bytes))
+	m.storage.l1Chunks.gauge.Set(float64(s.L1Chunks))
+	m.storage.fingerprints.gauge.Set(float64(s.Fingerprints))
 }
 
-// addInt adds n to the series s of counter name; a negative n is refused.
-func (m *BlendMetrics) addInt(name string, s *series, n int) {
+// addInt adds n to the counter series s; a negative n is refused.
+func (m *BlendMetrics) addInt(s *series, n int) {
 	if n < 0 {
-		m.reg.sink.refuse(fmt.Errorf("metrics: %s: increment %d: %w", name, n, ErrNegative))
+		m.reg.sink.refuse(fmt.Errorf("metrics: %s: increment %d: %w", s.name, n, ErrNegative))
 		return
 	}
 	s.counter.Add(float64(n))

@@ -22,8 +22,10 @@
 // label values are fixed by the contract (phase, direction, op, tier, reason, state, leg...),
 // so a contract mismatch is a startup error returned by NewEngineMetrics & co. The record methods
 // return nothing: fixed labels our code picks are typed constants ([ForwardPhase],
-// [KVDirection], [BlendOp], [Tier]) so a wrong value does not compile; user-fed labels (model,
-// route) go through the capped lookup, which cannot fail. What is still wrong at record time
+// [KVDirection], [BlendOp], [Tier], [HandoffDirection], [HandoffState]) so a wrong value does
+// not compile (another value, made by converting an integer, is refused with a *LabelError
+// whose Value reads e.g. "ForwardPhase(9)"); user-fed labels (model, route) go through the
+// capped lookup, which cannot fail. What is still wrong at record time
 // (a forged enum value, an operation or error type outside the contract, a negative count, a
 // counter total going down...) is refused whole: nothing is recorded, [Registry.RecordStats]
 // counts it and the [WithOnRefused] handler, if any, receives the reason. Nothing panics on

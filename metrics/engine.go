@@ -4,10 +4,11 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"strconv"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/cacheblend/cacheblend/contract"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -55,31 +56,39 @@ type EngineStats struct {
 // Registry().RecordStats(), reported to Config.OnRefused) as described on Registry. Safe for
 // concurrent use.
 type EngineMetrics struct {
-	reg *Registry
+	facade
+	requests  engineRequests
+	http      *Histogram
+	scheduler schedulerSeries
+	fallbacks enumSeries // one series per fallbackReasons
+	handoff   kvHandoff
+}
 
-	ttft, tpot, duration, http *Histogram
-	promptTokens, genTokens    *Counter
+// engineRequests measures finished generation requests: the GenAI latency histograms and the
+// token counters, with a cache of the series of each (operation, model) pair.
+type engineRequests struct {
+	genAIRequests
+	promptTokens, genTokens *Counter
 
-	// Fixed series of the scheduler gauges and counters, resolved once.
-	waiting, running, kvPool, batchTokens, prefixHit *series
-	kvFree, kvUsed, kvCached                         *series
-	evictions, preemptions                           *series
-	fallbacksIn                                      *instrument
-	fallbacks                                        [len(fallbackReasons)]*series
-	handoff                                          kvHandoff
-
-	statsMu sync.Mutex // serialises SetEngine so its check-then-set is atomic
-
-	// reqCache maps (operation, model) to the series a successful request records into, so
+	// cache maps (operation, model) to the series a successful request records into, so
 	// RecordRequest does one lock-free lookup instead of five.
-	reqCache  trie[*requestSeries]
-	reqMu     sync.Mutex // serialises reqCache inserts and reqCached
-	reqCached int
+	cache  trie[*requestSeries]
+	mu     sync.Mutex // serialises cache inserts and cached
+	cached int
 }
 
 // requestSeries are the series of one (operation, model) pair.
 type requestSeries struct {
 	ttft, tpot, durationOK, prompt, gen *series
+}
+
+// schedulerSeries measure the scheduler: queue, batch, KV blocks by state, prefix cache hits,
+// evictions and preemptions.
+type schedulerSeries struct {
+	mu                                               sync.Mutex // serialises SetEngine so its check-then-set is atomic
+	waiting, running, kvPool, batchTokens, prefixHit *series
+	kvFree, kvUsed, kvCached                         *series
+	evictions, preemptions                           *series
 }
 
 // fallbackReasons are the reason values of cb_engine_lookup_fallbacks_total.
@@ -91,42 +100,32 @@ var fallbackReasons = [...]string{"error", "timeout", "unavailable", "queue_full
 // facade has nothing left to fail on. Options: WithContract (default: the embedded contract),
 // WithLabelCap (default 64), WithOnRefused (default: refusals are only counted).
 func NewEngineMetrics(reg prometheus.Registerer, opts ...Option) (*EngineMetrics, error) {
-	r, err := newFacadeRegistry("engine", reg, opts)
-	if err != nil {
-		return nil, err
-	}
-	b := &builder{r: r}
-	m := &EngineMetrics{
-		reg:          r,
-		ttft:         b.histogram(NameTTFT),
-		tpot:         b.histogram(NameTPOT),
-		duration:     b.histogram(NameRequestDuration),
-		http:         b.histogram(NameHTTPDuration),
-		promptTokens: b.counter("cb_engine_prompt_tokens_total"),
-		genTokens:    b.counter("cb_engine_generation_tokens_total"),
-		fallbacksIn:  instrumentOf(b.counter("cb_engine_lookup_fallbacks_total")),
-		handoff:      newKVHandoff(b),
-	}
-	b.enumSeries(m.fallbacks[:], m.fallbacksIn, fallbackReasons[:])
-	m.waiting = b.gaugeSeries("cb_engine_requests_waiting")
-	m.running = b.gaugeSeries("cb_engine_requests_running")
-	m.kvPool = b.gaugeSeries("cb_engine_kv_pool_blocks")
-	m.batchTokens = b.gaugeSeries("cb_engine_batch_tokens")
-	m.prefixHit = b.gaugeSeries("cb_engine_prefix_cache_hit_ratio")
-	m.kvFree = b.gaugeSeries("cb_engine_kv_blocks", "free")
-	m.kvUsed = b.gaugeSeries("cb_engine_kv_blocks", "used")
-	m.kvCached = b.gaugeSeries("cb_engine_kv_blocks", "cached")
-	m.evictions = b.counterSeries("cb_engine_kv_evictions_total")
-	m.preemptions = b.counterSeries("cb_engine_preemptions_total")
-	if b.err != nil {
-		return nil, fmt.Errorf("metrics: engine: %w", b.err)
-	}
-	return m, nil
+	return newFacade("engine", reg, opts, func(b *builder) *EngineMetrics {
+		return &EngineMetrics{
+			facade: facade{b.r},
+			requests: engineRequests{
+				genAIRequests: newGenAIRequests(b),
+				promptTokens:  b.counter("cb_engine_prompt_tokens_total"),
+				genTokens:     b.counter("cb_engine_generation_tokens_total"),
+			},
+			http: b.histogram(NameHTTPDuration),
+			scheduler: schedulerSeries{
+				waiting:     b.gaugeSeries("cb_engine_requests_waiting"),
+				running:     b.gaugeSeries("cb_engine_requests_running"),
+				kvPool:      b.gaugeSeries("cb_engine_kv_pool_blocks"),
+				batchTokens: b.gaugeSeries("cb_engine_batch_tokens"),
+				prefixHit:   b.gaugeSeries("cb_engine_prefix_cache_hit_ratio"),
+				kvFree:      b.gaugeSeries("cb_engine_kv_blocks", "free"),
+				kvUsed:      b.gaugeSeries("cb_engine_kv_blocks", "used"),
+				kvCached:    b.gaugeSeries("cb_engine_kv_blocks", "cached"),
+				evictions:   b.counterSeries("cb_engine_kv_evictions_total"),
+				preemptions: b.counterSeries("cb_engine_preemptions_total"),
+			},
+			fallbacks: b.enum(contract.Counter, "cb_engine_lookup_fallbacks_total", fallbackReasons[:]),
+			handoff:   newKVHandoff(b),
+		}
+	})
 }
-
-// Registry returns the registry the facade registers through (its RecordStats count the
-// facade's refusals).
-func (m *EngineMetrics) Registry() *Registry { return m.reg }
 
 // RecordRequest records one finished request: the request duration always (error_type =
 // r.ErrorType); for a successful request with a first token, TTFT; and, when it produced
@@ -139,23 +138,20 @@ func (m *EngineMetrics) Registry() *Registry { return m.reg }
 // after E2E (ErrInvalidRecord). Into existing series, without a sampled span, it allocates
 // nothing.
 func (m *EngineMetrics) RecordRequest(ctx context.Context, r RequestRecord) {
-	if r.E2E < 0 || r.TTFT < 0 || r.PromptTokens < 0 || r.OutputTokens < 0 {
-		m.reg.sink.refuse(fmt.Errorf("metrics: request record: %w", ErrNegative))
+	if err := checkRequest("request record", r.E2E, r.TTFT, r.HasTTFT, r.PromptTokens, r.OutputTokens); err != nil {
+		m.reg.sink.refuse(err)
 		return
 	}
-	if r.HasTTFT && r.TTFT > r.E2E {
-		m.reg.sink.refuse(fmt.Errorf("metrics: request record: ttft %v after e2e %v: %w", r.TTFT, r.E2E, ErrInvalidRecord))
-		return
-	}
+	q := &m.requests
 	var dur *series
 	if r.ErrorType != "" { // validates the error type before anything is created
 		var err error
-		if dur, err = m.duration.in.lookup([]string{r.Operation, r.Model, r.ErrorType}); err != nil {
+		if dur, err = q.duration.in.lookup([]string{r.Operation, r.Model, r.ErrorType}); err != nil {
 			m.reg.sink.refuse(err)
 			return
 		}
 	}
-	rs, err := m.requestSeries(r.Operation, r.Model)
+	rs, err := q.series(r.Operation, r.Model)
 	if err != nil {
 		m.reg.sink.refuse(err)
 		return
@@ -165,10 +161,9 @@ func (m *EngineMetrics) RecordRequest(ctx context.Context, r RequestRecord) {
 	}
 	sc := spanOf(ctx)
 	if r.ErrorType == "" && r.HasTTFT {
-		rs.ttft.observeSpan(sc, m.ttft.in.exemplars, r.TTFT.Seconds())
+		rs.ttft.observeSpan(sc, q.ttft.in.exemplars, r.TTFT.Seconds())
 		if r.OutputTokens >= 2 {
-			perToken := (r.E2E - r.TTFT) / time.Duration(r.OutputTokens-1)
-			rs.tpot.observeSpan(sc, m.tpot.in.exemplars, perToken.Seconds())
+			rs.tpot.observeSpan(sc, q.tpot.in.exemplars, timePerToken(r.E2E, r.TTFT, r.OutputTokens).Seconds())
 		}
 	}
 	if r.PromptTokens > 0 {
@@ -180,20 +175,20 @@ func (m *EngineMetrics) RecordRequest(ctx context.Context, r RequestRecord) {
 	// The duration is observed last: its count is the request count, so a
 	// scrape that counts the request also sees its TTFT, TPOT and tokens
 	// (cb load settles on that count before it reads the histograms).
-	dur.observeSpan(sc, m.duration.in.exemplars, r.E2E.Seconds())
+	dur.observeSpan(sc, q.duration.in.exemplars, r.E2E.Seconds())
 }
 
-// requestSeries returns the series bundle of (op, model), resolving and caching it on first
-// use. Models beyond the label cap resolve to the OtherValue series and are not cached.
-func (m *EngineMetrics) requestSeries(op, model string) (*requestSeries, error) {
-	if rs, ok := m.reqCache.get([]string{op, model}); ok {
+// series returns the series bundle of (op, model), resolving and caching it on first use.
+// Models beyond the label cap resolve to the OtherValue series and are not cached.
+func (q *engineRequests) series(op, model string) (*requestSeries, error) {
+	if rs, ok := q.cache.get([]string{op, model}); ok {
 		return rs, nil
 	}
-	return m.resolveRequestSeries(op, model)
+	return q.resolve(op, model)
 }
 
-// resolveRequestSeries is the slow path of requestSeries.
-func (m *EngineMetrics) resolveRequestSeries(op, model string) (*requestSeries, error) {
+// resolve is the slow path of series (the key escapes).
+func (q *engineRequests) resolve(op, model string) (*requestSeries, error) {
 	key := []string{op, model}
 	var rs requestSeries
 	stable := true
@@ -202,11 +197,11 @@ func (m *EngineMetrics) resolveRequestSeries(op, model string) (*requestSeries, 
 		in  *instrument
 		lvs []string
 	}{
-		{&rs.durationOK, m.duration.in, []string{op, model, ""}},
-		{&rs.ttft, m.ttft.in, key},
-		{&rs.tpot, m.tpot.in, key},
-		{&rs.prompt, m.promptTokens.in, []string{model}},
-		{&rs.gen, m.genTokens.in, []string{model}},
+		{&rs.durationOK, q.duration.in, []string{op, model, ""}},
+		{&rs.ttft, q.ttft.in, key},
+		{&rs.tpot, q.tpot.in, key},
+		{&rs.prompt, q.promptTokens.in, []string{model}},
+		{&rs.gen, q.genTokens.in, []string{model}},
 	} {
 		s, ok, err := x.in.lookupStable(x.lvs)
 		if err != nil {
@@ -215,29 +210,15 @@ func (m *EngineMetrics) resolveRequestSeries(op, model string) (*requestSeries, 
 		*x.dst, stable = s, stable && ok
 	}
 	if stable {
-		m.reqMu.Lock()
-		if _, ok := m.reqCache.get(key); !ok && m.reqCached < maxCachedSeries {
-			m.reqCache.insert(key, &rs)
-			m.reqCached++
+		q.mu.Lock()
+		if _, ok := q.cache.get(key); !ok && q.cached < maxCachedSeries {
+			q.cache.insert(key, &rs)
+			q.cached++
 		}
-		m.reqMu.Unlock()
+		q.mu.Unlock()
 	}
 	return &rs, nil
 }
-
-// httpMethods are the methods HTTP semantic conventions keep; any other becomes "_OTHER".
-var httpMethods = map[string]string{
-	"GET": "GET", "POST": "POST", "PUT": "PUT", "DELETE": "DELETE", "PATCH": "PATCH",
-	"HEAD": "HEAD", "OPTIONS": "OPTIONS",
-}
-
-// statusCodes holds the label value of every valid status code, so recording allocates nothing.
-var statusCodes = func() (t [600]string) {
-	for i := 100; i < len(t); i++ {
-		t[i] = strconv.Itoa(i)
-	}
-	return t
-}()
 
 // RecordHTTP records one HTTP server request: method (anything but the standard methods is
 // recorded as "_OTHER", per HTTP semantic conventions), route (the matched route template, a
@@ -246,17 +227,7 @@ var statusCodes = func() (t [600]string) {
 // RecordStats.InvalidLabelValues) and its duration in seconds. A negative, NaN or infinite
 // duration refuses the record (see Registry). Into an existing series it allocates nothing.
 func (m *EngineMetrics) RecordHTTP(method, route string, status int, seconds float64) {
-	meth, ok := httpMethods[method]
-	if !ok {
-		meth = "_OTHER"
-	}
-	code := OtherValue
-	if status >= 100 && status < len(statusCodes) {
-		code = statusCodes[status]
-	} else if validValue(seconds, false) {
-		m.reg.sink.invalid.Add(1)
-	}
-	m.http.Observe(seconds, meth, route, code)
+	recordHTTP(m.http, method, route, status, seconds)
 }
 
 // SetEngine sets the scheduler gauges from one snapshot and advances the eviction and
@@ -265,12 +236,10 @@ func (m *EngineMetrics) RecordHTTP(method, route string, status int, seconds flo
 // cached != total or the ratio is outside [0, 1] (ErrInvalidRecord), or a running total is
 // lower than the previous one (ErrCounterDecrease).
 func (m *EngineMetrics) SetEngine(s EngineStats) {
-	if err := m.setEngine(s); err != nil {
-		m.reg.sink.refuse(err)
-	}
+	m.reg.sink.refuseErr(m.scheduler.set(s))
 }
 
-func (m *EngineMetrics) setEngine(s EngineStats) error {
+func (c *schedulerSeries) set(s EngineStats) error {
 	if s.Waiting < 0 || s.Running < 0 || s.KVFree < 0 || s.KVUsed < 0 || s.KVCached < 0 || s.KVTotal < 0 || s.BatchTokens < 0 {
 		return fmt.Errorf("metrics: engine stats %+v: %w", s, ErrNegative)
 	}
@@ -281,26 +250,20 @@ func (m *EngineMetrics) setEngine(s EngineStats) error {
 	if math.IsNaN(s.PrefixHitRatio) || s.PrefixHitRatio < 0 || s.PrefixHitRatio > 1 {
 		return fmt.Errorf("metrics: engine stats: prefix hit ratio %v outside [0, 1]: %w", s.PrefixHitRatio, ErrInvalidRecord)
 	}
-	m.statsMu.Lock()
-	defer m.statsMu.Unlock()
-	if err := m.evictions.checkTotal("cb_engine_kv_evictions_total", float64(s.Evictions)); err != nil {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := setTotals(runningTotal{c.evictions, s.Evictions}, runningTotal{c.preemptions, s.Preemptions}); err != nil {
 		return err
 	}
-	if err := m.preemptions.checkTotal("cb_engine_preemptions_total", float64(s.Preemptions)); err != nil {
-		return err
-	}
-	m.waiting.gauge.Set(float64(s.Waiting))
-	m.running.gauge.Set(float64(s.Running))
-	m.kvFree.gauge.Set(float64(s.KVFree))
-	m.kvUsed.gauge.Set(float64(s.KVUsed))
-	m.kvCached.gauge.Set(float64(s.KVCached))
-	m.kvPool.gauge.Set(float64(s.KVTotal))
-	m.batchTokens.gauge.Set(float64(s.BatchTokens))
-	m.prefixHit.gauge.Set(s.PrefixHitRatio)
-	if err := m.evictions.setTotal("cb_engine_kv_evictions_total", float64(s.Evictions)); err != nil {
-		return err
-	}
-	return m.preemptions.setTotal("cb_engine_preemptions_total", float64(s.Preemptions))
+	c.waiting.gauge.Set(float64(s.Waiting))
+	c.running.gauge.Set(float64(s.Running))
+	c.kvFree.gauge.Set(float64(s.KVFree))
+	c.kvUsed.gauge.Set(float64(s.KVUsed))
+	c.kvCached.gauge.Set(float64(s.KVCached))
+	c.kvPool.gauge.Set(float64(s.KVTotal))
+	c.batchTokens.gauge.Set(float64(s.BatchTokens))
+	c.prefixHit.gauge.Set(s.PrefixHitRatio)
+	return nil
 }
 
 // LookupFallback counts a request scheduled without a lookup result; reason is "error",
@@ -308,12 +271,9 @@ func (m *EngineMetrics) setEngine(s EngineStats) error {
 // reason is a programming error and is refused (a *LabelError; see Registry). Its signature
 // fits scheduler.Deps.OnFallback.
 func (m *EngineMetrics) LookupFallback(reason string) {
-	for i, r := range fallbackReasons {
-		if r == reason {
-			m.fallbacks[i].counter.Inc()
-			return
-		}
+	if i := slices.Index(fallbackReasons[:], reason); i >= 0 {
+		m.fallbacks.ss[i].counter.Inc()
+		return
 	}
-	p := &m.fallbacksIn.policies[0]
-	m.reg.sink.refuse(&LabelError{Metric: m.fallbacksIn.name, Label: p.key, Value: reason, Reason: ReasonNotAllowed, Want: p.allowedList})
+	m.fallbacks.refuse(reason)
 }

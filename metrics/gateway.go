@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cacheblend/cacheblend/contract"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -56,9 +57,10 @@ type GatewayEngineStats struct {
 // (a reason or policy outside the contract, a negative value) is refused whole as described on
 // Registry. Safe for concurrent use.
 type GatewayMetrics struct {
-	reg *Registry
+	facade
+	genAI genAIRequests
 
-	ttft, tpot, genDuration, http, duration        *Histogram
+	http, duration                                 *Histogram
 	queueWait                                      *HistogramSeries
 	decisions, expectedHit, promptTokens, attempts *Counter
 	failovers, rejections, healthChecks            *Counter
@@ -70,49 +72,32 @@ type GatewayMetrics struct {
 // (default: the embedded contract), WithLabelCap (default 64), WithOnRefused (default: refusals
 // are only counted).
 func NewGatewayMetrics(reg prometheus.Registerer, opts ...Option) (*GatewayMetrics, error) {
-	r, err := newFacadeRegistry("gateway", reg, opts)
-	if err != nil {
-		return nil, err
-	}
-	b := &builder{r: r}
-	m := &GatewayMetrics{
-		reg:          r,
-		ttft:         b.histogram(NameTTFT),
-		tpot:         b.histogram(NameTPOT),
-		genDuration:  b.histogram(NameRequestDuration),
-		http:         b.histogram(NameHTTPDuration),
-		duration:     b.histogram("cb_gateway_request_duration_seconds"),
-		queueWait:    b.histogramSeries("cb_gateway_queue_wait_seconds"),
-		decisions:    b.counter("cb_gateway_routing_decisions_total"),
-		expectedHit:  b.counter("cb_gateway_expected_hit_tokens_total"),
-		promptTokens: b.counter("cb_gateway_prompt_tokens_total"),
-		attempts:     b.counter("cb_gateway_attempts_total"),
-		failovers:    b.counter("cb_gateway_failovers_total"),
-		rejections:   b.counter("cb_gateway_rejections_total"),
-		healthChecks: b.counter("cb_gateway_health_checks_total"),
-		up:           b.gauge("cb_gateway_engine_up"),
-		inFlight:     b.gauge("cb_gateway_engine_in_flight"),
-		load:         b.gauge("cb_gateway_engine_load"),
-		indexSeqs:    b.gauge("cb_gateway_index_sequences"),
-		indexBytes:   b.gauge("cb_gateway_index_bytes"),
-		queueWaiting: b.gaugeSeries("cb_gateway_queue_waiting"),
-	}
-	// The rejection reasons are fixed: resolve them so a contract lacking one fails here.
-	for _, reason := range []string{"queue_full", "queue_timeout", "no_engine"} {
-		if m.rejections != nil {
-			_, err := m.rejections.Series(reason)
-			b.keep(err)
+	return newFacade("gateway", reg, opts, func(b *builder) *GatewayMetrics {
+		m := &GatewayMetrics{
+			facade:       facade{b.r},
+			genAI:        newGenAIRequests(b),
+			http:         b.histogram(NameHTTPDuration),
+			duration:     b.histogram("cb_gateway_request_duration_seconds"),
+			queueWait:    b.histogramSeries("cb_gateway_queue_wait_seconds"),
+			decisions:    b.counter("cb_gateway_routing_decisions_total"),
+			expectedHit:  b.counter("cb_gateway_expected_hit_tokens_total"),
+			promptTokens: b.counter("cb_gateway_prompt_tokens_total"),
+			attempts:     b.counter("cb_gateway_attempts_total"),
+			failovers:    b.counter("cb_gateway_failovers_total"),
+			rejections:   b.counter("cb_gateway_rejections_total"),
+			healthChecks: b.counter("cb_gateway_health_checks_total"),
+			up:           b.gauge("cb_gateway_engine_up"),
+			inFlight:     b.gauge("cb_gateway_engine_in_flight"),
+			load:         b.gauge("cb_gateway_engine_load"),
+			indexSeqs:    b.gauge("cb_gateway_index_sequences"),
+			indexBytes:   b.gauge("cb_gateway_index_bytes"),
+			queueWaiting: b.gaugeSeries("cb_gateway_queue_waiting"),
 		}
-	}
-	if b.err != nil {
-		return nil, fmt.Errorf("metrics: gateway: %w", b.err)
-	}
-	return m, nil
+		// The rejection reasons are fixed: resolve them so a contract lacking one fails here.
+		b.enum(contract.Counter, "cb_gateway_rejections_total", []string{"queue_full", "queue_timeout", "no_engine"})
+		return m
+	})
 }
-
-// Registry returns the registry the facade registers through (its RecordStats count the
-// facade's refusals).
-func (m *GatewayMetrics) Registry() *Registry { return m.reg }
 
 // RecordRequest records one finished request: cb_gateway_request_duration_seconds always; for
 // a generation (Operation set) gen_ai_server_request_duration_seconds (error_type =
@@ -120,43 +105,27 @@ func (m *GatewayMetrics) Registry() *Registry { return m.reg }
 // tokens) TPOT = (E2E − TTFT)/(n − 1). A sampled span context in ctx (which may be nil) becomes
 // the exemplar. Negative durations or counts, or a TTFT after E2E, refuse the record whole.
 func (m *GatewayMetrics) RecordRequest(ctx context.Context, r GatewayRequestRecord) {
-	if r.E2E < 0 || r.TTFT < 0 || r.OutputTokens < 0 {
-		m.reg.sink.refuse(fmt.Errorf("metrics: gateway request record: %w", ErrNegative))
+	if err := checkRequest("gateway request record", r.E2E, r.TTFT, r.HasTTFT, r.OutputTokens); err != nil {
+		m.reg.sink.refuse(err)
 		return
 	}
-	if r.HasTTFT && r.TTFT > r.E2E {
-		m.reg.sink.refuse(fmt.Errorf("metrics: gateway request record: ttft %v after e2e %v: %w", r.TTFT, r.E2E, ErrInvalidRecord))
-		return
-	}
-	code := OtherValue
-	if r.Status >= 100 && r.Status < len(statusCodes) {
-		code = statusCodes[r.Status]
-	}
+	code, _ := statusLabel(r.Status)
 	m.duration.ObserveContext(ctx, r.E2E.Seconds(), r.Policy, r.Engine, code)
 	if r.Operation == "" {
 		return
 	}
-	m.genDuration.ObserveContext(ctx, r.E2E.Seconds(), r.Operation, r.Model, r.ErrorType)
+	m.genAI.duration.ObserveContext(ctx, r.E2E.Seconds(), r.Operation, r.Model, r.ErrorType)
 	if r.ErrorType == "" && r.HasTTFT {
-		m.ttft.ObserveContext(ctx, r.TTFT.Seconds(), r.Operation, r.Model)
+		m.genAI.ttft.ObserveContext(ctx, r.TTFT.Seconds(), r.Operation, r.Model)
 		if r.OutputTokens >= 2 {
-			m.tpot.ObserveContext(ctx, ((r.E2E - r.TTFT) / time.Duration(r.OutputTokens-1)).Seconds(), r.Operation, r.Model)
+			m.genAI.tpot.ObserveContext(ctx, timePerToken(r.E2E, r.TTFT, r.OutputTokens).Seconds(), r.Operation, r.Model)
 		}
 	}
 }
 
-// RecordHTTP records one HTTP request served by the gateway, as EngineMetrics.RecordHTTP:
-// method ("_OTHER" beyond the standard ones), route template, status and duration.
+// RecordHTTP records one HTTP request served by the gateway, as EngineMetrics.RecordHTTP.
 func (m *GatewayMetrics) RecordHTTP(method, route string, status int, seconds float64) {
-	meth, ok := httpMethods[method]
-	if !ok {
-		meth = "_OTHER"
-	}
-	code := OtherValue
-	if status >= 100 && status < len(statusCodes) {
-		code = statusCodes[status]
-	}
-	m.http.Observe(seconds, meth, route, code)
+	recordHTTP(m.http, method, route, status, seconds)
 }
 
 // RouteDecision counts one routing decision: the policy, the chosen engine, the reason

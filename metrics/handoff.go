@@ -1,6 +1,10 @@
 package metrics
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/cacheblend/cacheblend/contract"
+)
 
 // Outcome label values of cb_kv_handoff_blocks_total and result values of
 // cb_kv_handoffs_total, in contract order.
@@ -26,28 +30,19 @@ type KVHandoff struct {
 // kvHandoff holds the resolved series of the hand-over instruments, one per label value
 // combination.
 type kvHandoff struct {
-	bytesIn *instrument
-	bytes   [len(handoffDirectionNames)]*series
-	blocks  [len(handoffDirectionNames)][len(handoffOutcomes)]*series
-	count   [len(handoffDirectionNames)][len(handoffResults)]*series
+	bytes  enumSeries // one series per HandoffDirection
+	blocks [len(handoffDirectionNames)][len(handoffOutcomes)]*series
+	count  [len(handoffDirectionNames)][len(handoffResults)]*series
 }
 
 func newKVHandoff(b *builder) kvHandoff {
-	var k kvHandoff
-	k.bytesIn = instrumentOf(b.counter("cb_kv_handoff_bytes_total"))
-	b.enumSeries(k.bytes[:], k.bytesIn, handoffDirectionNames[:])
-	blocks := instrumentOf(b.counter("cb_kv_handoff_blocks_total"))
-	count := instrumentOf(b.counter("cb_kv_handoffs_total"))
+	k := kvHandoff{bytes: b.enum(contract.Counter, "cb_kv_handoff_bytes_total", handoffDirectionNames[:])}
 	for d, dn := range handoffDirectionNames {
 		for o, on := range handoffOutcomes {
-			if blocks != nil {
-				k.blocks[d][o] = b.series(blocks, []string{dn, on})
-			}
+			_, k.blocks[d][o] = b.fixed(contract.Counter, "cb_kv_handoff_blocks_total", []string{dn, on})
 		}
 		for r, rn := range handoffResults {
-			if count != nil {
-				k.count[d][r] = b.series(count, []string{dn, rn})
-			}
+			_, k.count[d][r] = b.fixed(contract.Counter, "cb_kv_handoffs_total", []string{dn, rn})
 		}
 	}
 	return k
@@ -56,11 +51,11 @@ func newKVHandoff(b *builder) kvHandoff {
 // record validates the whole record before recording any of it.
 func (k *kvHandoff) record(h KVHandoff) {
 	if h.Bytes < 0 || h.BlocksSent < 0 || h.BlocksDeduped < 0 {
-		k.bytesIn.sink.refuse(fmt.Errorf("metrics: kv hand-over: bytes %d blocks sent %d deduped %d: %w",
+		k.bytes.in.sink.refuse(fmt.Errorf("metrics: kv hand-over: bytes %d blocks sent %d deduped %d: %w",
 			h.Bytes, h.BlocksSent, h.BlocksDeduped, ErrNegative))
 		return
 	}
-	sb := pick(k.bytesIn, k.bytes[:], h.Direction)
+	sb := pick(k.bytes, h.Direction)
 	if sb == nil {
 		return
 	}
@@ -85,10 +80,10 @@ func (m *EngineMetrics) RecordKVHandoff(h KVHandoff) { m.handoff.record(h) }
 // negative n, or an s that is not a HandoffState constant, refuses the record (see Registry).
 func (m *WorkerMetrics) SetKVHandoffs(s HandoffState, n int) {
 	if n < 0 {
-		m.handoffsIn.sink.refuse(fmt.Errorf("metrics: worker hand-overs %s: %d: %w", s, n, ErrNegative))
+		m.reg.sink.refuse(fmt.Errorf("metrics: worker hand-overs %s: %d: %w", s, n, ErrNegative))
 		return
 	}
-	if sr := pick(m.handoffsIn, m.handoffs[:], s); sr != nil {
+	if sr := pick(m.handoffs, s); sr != nil {
 		sr.gauge.Set(float64(n))
 	}
 }

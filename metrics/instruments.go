@@ -19,26 +19,16 @@ func (c *Counter) Name() string { return c.in.name }
 // Add increases the series by v. Negative, NaN and infinite v, and label values the contract
 // refuses, are refused (nothing recorded; see Registry).
 func (c *Counter) Add(v float64, labelValues ...string) {
-	if !validValue(v, false) {
-		c.in.refuseValue(v, false)
-		return
+	if s := c.in.take(v, false, labelValues); s != nil {
+		s.counter.Add(v)
 	}
-	s, err := c.in.lookup(labelValues)
-	if err != nil {
-		c.in.sink.refuse(err)
-		return
-	}
-	s.counter.Add(v)
 }
 
 // Inc increases the series by 1. Label values the contract refuses are refused (see Registry).
 func (c *Counter) Inc(labelValues ...string) {
-	s, err := c.in.lookup(labelValues)
-	if err != nil {
-		c.in.sink.refuse(err)
-		return
+	if s := c.in.take(1, false, labelValues); s != nil {
+		s.counter.Inc()
 	}
-	s.counter.Inc()
 }
 
 // SetTotal mirrors an external running total (e.g. a component's atomic counter read before
@@ -48,25 +38,17 @@ func (c *Counter) Inc(labelValues ...string) {
 // not mix with Add on the same series, and avoid it on capped labels, whose overflow values
 // share the "_other" series.
 func (c *Counter) SetTotal(total float64, labelValues ...string) {
-	if !validValue(total, false) {
-		c.in.refuseValue(total, false)
-		return
-	}
-	s, err := c.in.lookup(labelValues)
-	if err == nil {
-		err = s.setTotal(c.in.name, total)
-	}
-	if err != nil {
-		c.in.sink.refuse(err)
+	if s := c.in.take(total, false, labelValues); s != nil {
+		c.in.sink.refuseErr(s.setTotal(total))
 	}
 }
 
 // setTotal advances the series to total; a lower total is an ErrCounterDecrease.
-func (s *series) setTotal(name string, total float64) error {
+func (s *series) setTotal(total float64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if total < s.total {
-		return fmt.Errorf("metrics: %s: total %v after %v: %w", name, total, s.total, ErrCounterDecrease)
+		return fmt.Errorf("metrics: %s: total %v after %v: %w", s.name, total, s.total, ErrCounterDecrease)
 	}
 	if d := total - s.total; d > 0 {
 		s.counter.Add(d)
@@ -75,12 +57,27 @@ func (s *series) setTotal(name string, total float64) error {
 	return nil
 }
 
-// checkTotal reports whether setTotal(total) would be accepted, without recording.
-func (s *series) checkTotal(name string, total float64) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if total < s.total {
-		return fmt.Errorf("metrics: %s: total %v after %v: %w", name, total, s.total, ErrCounterDecrease)
+// runningTotal is a counter series with the external running total to advance it to.
+type runningTotal struct {
+	s     *series
+	total uint64
+}
+
+// setTotals advances every series to its total, or none of them when one total is lower than
+// its series' previous one (ErrCounterDecrease). Callers serialise calls on the same series.
+func setTotals(ts ...runningTotal) error {
+	for _, t := range ts {
+		t.s.mu.Lock()
+		prev := t.s.total
+		t.s.mu.Unlock()
+		if float64(t.total) < prev {
+			return fmt.Errorf("metrics: %s: total %v after %v: %w", t.s.name, float64(t.total), prev, ErrCounterDecrease)
+		}
+	}
+	for _, t := range ts {
+		if err := t.s.setTotal(float64(t.total)); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -105,11 +102,9 @@ type CounterSeries struct {
 
 // Add increases the series by v; negative, NaN and infinite v are refused (see Registry).
 func (cs *CounterSeries) Add(v float64) {
-	if !validValue(v, false) {
-		cs.in.refuseValue(v, false)
-		return
+	if cs.in.accepts(v, false) {
+		cs.s.counter.Add(v)
 	}
-	cs.s.counter.Add(v)
 }
 
 // Inc increases the series by 1.
@@ -117,12 +112,8 @@ func (cs *CounterSeries) Inc() { cs.s.counter.Inc() }
 
 // SetTotal advances the series to an external running total; see Counter.SetTotal.
 func (cs *CounterSeries) SetTotal(total float64) {
-	if !validValue(total, false) {
-		cs.in.refuseValue(total, false)
-		return
-	}
-	if err := cs.s.setTotal(cs.in.name, total); err != nil {
-		cs.in.sink.refuse(err)
+	if cs.in.accepts(total, false) {
+		cs.in.sink.refuseErr(cs.s.setTotal(total))
 	}
 }
 
@@ -136,16 +127,9 @@ func (g *Gauge) Name() string { return g.in.name }
 // Set sets the series to v. NaN and infinite v, and label values the contract refuses, are
 // refused (see Registry); negative values are allowed.
 func (g *Gauge) Set(v float64, labelValues ...string) {
-	if !validValue(v, true) {
-		g.in.refuseValue(v, true)
-		return
+	if s := g.in.take(v, true, labelValues); s != nil {
+		s.gauge.Set(v)
 	}
-	s, err := g.in.lookup(labelValues)
-	if err != nil {
-		g.in.sink.refuse(err)
-		return
-	}
-	s.gauge.Set(v)
 }
 
 // Series resolves the series for labelValues once and returns a handle that sets it without
@@ -166,11 +150,9 @@ type GaugeSeries struct {
 
 // Set sets the series to v; NaN and infinite v are refused (see Registry).
 func (gs *GaugeSeries) Set(v float64) {
-	if !validValue(v, true) {
-		gs.in.refuseValue(v, true)
-		return
+	if gs.in.accepts(v, true) {
+		gs.s.gauge.Set(v)
 	}
-	gs.s.gauge.Set(v)
 }
 
 // Histogram is a contract histogram. Its record methods return nothing (see Registry). Safe
@@ -184,32 +166,18 @@ func (h *Histogram) Name() string { return h.in.name }
 // and label values the contract refuses, are refused (see Registry). Into an existing series
 // it allocates nothing.
 func (h *Histogram) Observe(v float64, labelValues ...string) {
-	if !validValue(v, false) {
-		h.in.refuseValue(v, false)
-		return
+	if s := h.in.take(v, false, labelValues); s != nil {
+		s.obs.Observe(v)
 	}
-	s, err := h.in.lookup(labelValues)
-	if err != nil {
-		h.in.sink.refuse(err)
-		return
-	}
-	s.obs.Observe(v)
 }
 
 // ObserveContext is Observe that, when the contract declares exemplars for the histogram and
 // ctx carries a sampled span context, attaches the exemplar {trace_id, span_id} (visible in
 // OpenMetrics exposition). A nil ctx records without exemplar.
 func (h *Histogram) ObserveContext(ctx context.Context, v float64, labelValues ...string) {
-	if !validValue(v, false) {
-		h.in.refuseValue(v, false)
-		return
+	if s := h.in.take(v, false, labelValues); s != nil {
+		s.observe(ctx, h.in.exemplars, v)
 	}
-	s, err := h.in.lookup(labelValues)
-	if err != nil {
-		h.in.sink.refuse(err)
-		return
-	}
-	s.observe(ctx, h.in.exemplars, v)
 }
 
 // Series resolves the series for labelValues once (validation and label cap included) and
@@ -232,21 +200,17 @@ type HistogramSeries struct {
 // Observe records v; negative, NaN and infinite values are refused (see Registry). No
 // allocation.
 func (hs *HistogramSeries) Observe(v float64) {
-	if !validValue(v, false) {
-		hs.in.refuseValue(v, false)
-		return
+	if hs.in.accepts(v, false) {
+		hs.s.obs.Observe(v)
 	}
-	hs.s.obs.Observe(v)
 }
 
 // ObserveContext records v with a {trace_id, span_id} exemplar when the contract declares
 // exemplars and ctx (which may be nil) carries a sampled span context; values as for Observe.
 func (hs *HistogramSeries) ObserveContext(ctx context.Context, v float64) {
-	if !validValue(v, false) {
-		hs.in.refuseValue(v, false)
-		return
+	if hs.in.accepts(v, false) {
+		hs.s.observe(ctx, hs.in.exemplars, v)
 	}
-	hs.s.observe(ctx, hs.in.exemplars, v)
 }
 
 // observe records v with an exemplar when wanted and ctx carries a sampled span context.

@@ -2,21 +2,8 @@ package metrics
 
 import "strconv"
 
-// Typed label values. For the fixed labels whose value our own code picks at the call site
-// (phase, direction, op, tier), the facades take these typed constants instead of strings, so
-// a misspelt value does not compile. Each constant's String is the contract's label value;
-// the facade constructors resolve one series per constant up front (a contract lacking one of
-// the values is a constructor error) and the record methods only index them.
-//
-// A value other than the declared constants can only be made by converting an integer (e.g.
-// ForwardPhase(9)). It is a programming error and is refused like every other bad record (see
-// Registry): nothing is recorded, RecordStats.Refused counts it and Config.OnRefused receives
-// a *LabelError with Reason ReasonNotAllowed and Value "ForwardPhase(9)".
-
 // ForwardPhase is the phase label of cb_worker_forward_duration_seconds. The zero value is
-// PhasePrefill. A value other than the constants (only made by converting an integer) is
-// refused by the methods taking it, see Registry. Values are plain integers, safe to copy and
-// to share between goroutines.
+// PhasePrefill. Other values are refused (see the package doc); a plain integer, safe to share.
 type ForwardPhase uint8
 
 // Forward phases, in contract order.
@@ -41,9 +28,7 @@ var forwardPhaseNames = [...]string{"prefill", "full_recomp", "check", "partial"
 func (p ForwardPhase) String() string { return enumName(forwardPhaseNames[:], "ForwardPhase", p) }
 
 // KVDirection is the direction label of cb_kv_transfer_{bytes,tokens}_total. The zero value is
-// KVLoad. A value other than the constants (only made by converting an integer) is refused by
-// the methods taking it, see Registry. Values are plain integers, safe to copy and to share
-// between goroutines.
+// KVLoad. Other values are refused (see the package doc); a plain integer, safe to share.
 type KVDirection uint8
 
 // KV transfer directions, in contract order.
@@ -61,9 +46,8 @@ var kvDirectionNames = [...]string{"load", "store"}
 func (d KVDirection) String() string { return enumName(kvDirectionNames[:], "KVDirection", d) }
 
 // BlendOp is the op label of cb_worker_blend_failures_total: the worker's call to the blend
-// server that failed. The zero value is BlendOpRegister. A value other than the constants (only
-// made by converting an integer) is refused by the methods taking it, see Registry. Values are
-// plain integers, safe to copy and to share between goroutines.
+// server that failed. The zero value is BlendOpRegister. Other values are refused (see the
+// package doc); a plain integer, safe to share.
 type BlendOp uint8
 
 // Blend server operations, in contract order.
@@ -82,10 +66,8 @@ var blendOpNames = [...]string{"register", "retrieve", "store"}
 // of the constants.
 func (o BlendOp) String() string { return enumName(blendOpNames[:], "BlendOp", o) }
 
-// Tier is the tier label of lmcache_blend_chunks_evicted_total. The zero value is TierL1. A
-// value other than the constants (only made by converting an integer) is refused by the methods
-// taking it, see Registry. Values are plain integers, safe to copy and to share between
-// goroutines.
+// Tier is the tier label of lmcache_blend_chunks_evicted_total. The zero value is TierL1. Other
+// values are refused (see the package doc); a plain integer, safe to share.
 type Tier uint8
 
 // Storage tiers, in contract order.
@@ -116,23 +98,10 @@ type labelEnum interface {
 	String() string
 }
 
-// pick returns the series ss[e] of in, resolved by the constructor for each constant of E, or
-// refuses a value that is not a constant and returns nil. in has the one label the enum names.
-func pick[E labelEnum](in *instrument, ss []*series, e E) *series {
-	if int(e) < len(ss) {
-		return ss[e]
-	}
-	in.sink.refuse(&LabelError{Metric: in.name, Label: in.policies[0].key, Value: e.String(),
-		Reason: ReasonNotAllowed, Want: in.policies[0].allowedList})
-	return nil
-}
-
 // HandoffDirection is the direction label of the prefill/decode hand-over instruments
 // (cb_kv_handoff_bytes_total, cb_kv_handoff_blocks_total, cb_kv_handoffs_total): the prefill
-// engine records HandoffSent, the decode engine HandoffReceived. The zero value is
-// HandoffSent. A value other than the constants (only made by converting an integer) is
-// refused by the methods taking it, see Registry. Values are plain integers, safe to copy and
-// to share between goroutines.
+// engine records HandoffSent, the decode engine HandoffReceived. The zero value is HandoffSent.
+// Other values are refused (see the package doc); a plain integer, safe to share.
 type HandoffDirection uint8
 
 // Hand-over directions, in contract order.
@@ -151,8 +120,8 @@ func (d HandoffDirection) String() string {
 	return enumName(handoffDirectionNames[:], "HandoffDirection", d)
 }
 
-// HandoffState is the state label of cb_worker_kv_handoffs. The zero value is HandoffKept. A
-// value other than the constants is refused by the methods taking it, see Registry.
+// HandoffState is the state label of cb_worker_kv_handoffs. The zero value is HandoffKept.
+// Other values are refused (see the package doc); a plain integer, safe to share.
 type HandoffState uint8
 
 // Hand-over states of a worker, in contract order.

@@ -1,7 +1,6 @@
 package metrics
 
 import (
-	"fmt"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,7 +25,7 @@ type TraceTotals struct {
 // exporter's dropped spans and export errors. Its record methods return nothing; a pair of
 // totals going down is refused (see Registry). Safe for concurrent use.
 type ProcessMetrics struct {
-	reg     *Registry
+	facade
 	dropped *series
 	errors  *series
 	totals  func() TraceTotals
@@ -41,29 +40,19 @@ type ProcessMetrics struct {
 // WithContract (default: the embedded contract), WithLabelCap, WithOnRefused (default:
 // refusals are only counted).
 func NewProcessMetrics(reg prometheus.Registerer, info BuildInfo, totals func() TraceTotals, opts ...Option) (*ProcessMetrics, error) {
-	r, err := newFacadeRegistry("process", reg, opts)
-	if err != nil {
-		return nil, err
-	}
-	b := &builder{r: r}
-	m := &ProcessMetrics{
-		reg:     r,
-		dropped: b.counterSeries("cb_trace_spans_dropped_total"),
-		errors:  b.counterSeries("cb_trace_export_errors_total"),
-		totals:  totals,
-	}
-	if s := b.gaugeSeries("cb_build_info", info.Service, info.Version); s != nil {
-		s.gauge.Set(1)
-	}
-	if b.err != nil {
-		return nil, fmt.Errorf("metrics: process: %w", b.err)
-	}
-	return m, nil
+	return newFacade("process", reg, opts, func(b *builder) *ProcessMetrics {
+		m := &ProcessMetrics{
+			facade:  facade{b.r},
+			dropped: b.counterSeries("cb_trace_spans_dropped_total"),
+			errors:  b.counterSeries("cb_trace_export_errors_total"),
+			totals:  totals,
+		}
+		if s := b.gaugeSeries("cb_build_info", info.Service, info.Version); s != nil {
+			s.gauge.Set(1)
+		}
+		return m
+	})
 }
-
-// Registry returns the registry the facade registers through (its RecordStats count the
-// facade's refusals).
-func (m *ProcessMetrics) Registry() *Registry { return m.reg }
 
 // Refresh reads the totals function given to NewProcessMetrics (if any) and advances the
 // counters to it, as SetTraceTotals. Call it before each scrape, e.g. from Handler's before
@@ -78,22 +67,8 @@ func (m *ProcessMetrics) Refresh() {
 // the exporter's running totals. A total lower than the previous one refuses the pair —
 // neither counter moves (ErrCounterDecrease; see Registry).
 func (m *ProcessMetrics) SetTraceTotals(t TraceTotals) {
-	if err := m.setTraceTotals(t); err != nil {
-		m.reg.sink.refuse(err)
-	}
-}
-
-func (m *ProcessMetrics) setTraceTotals(t TraceTotals) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err := m.dropped.checkTotal("cb_trace_spans_dropped_total", float64(t.SpansDropped)); err != nil {
-		return err
-	}
-	if err := m.errors.checkTotal("cb_trace_export_errors_total", float64(t.ExportErrors)); err != nil {
-		return err
-	}
-	if err := m.dropped.setTotal("cb_trace_spans_dropped_total", float64(t.SpansDropped)); err != nil {
-		return err
-	}
-	return m.errors.setTotal("cb_trace_export_errors_total", float64(t.ExportErrors))
+	err := setTotals(runningTotal{m.dropped, t.SpansDropped}, runningTotal{m.errors, t.ExportErrors})
+	m.mu.Unlock()
+	m.reg.sink.refuseErr(err)
 }

@@ -217,6 +217,13 @@ func (k *recordSink) refuse(err error) {
 	}
 }
 
+// refuseErr refuses err when it is not nil.
+func (k *recordSink) refuseErr(err error) {
+	if err != nil {
+		k.refuse(err)
+	}
+}
+
 // Contract returns the instrument set the registry builds from (read-only).
 func (r *Registry) Contract() *contract.InstrumentSet { return r.set }
 
@@ -388,6 +395,7 @@ type labelPolicy struct {
 
 // series is one resolved child of a vec.
 type series struct {
+	name    string // the instrument's
 	counter prometheus.Counter
 	gauge   prometheus.Gauge
 	obs     prometheus.Observer
@@ -511,7 +519,7 @@ func cloneKey(k [contract.MaxLabels]string) [contract.MaxLabels]string {
 // newSeries creates the vec child for resolved values; in.mu is held.
 func (in *instrument) newSeries(vals []string) (*series, error) {
 	vals = slices.Clone(vals)
-	s := &series{}
+	s := &series{name: in.name}
 	var err error
 	switch {
 	case in.counterVec != nil:
@@ -581,20 +589,34 @@ func validValue(v float64, negOK bool) bool {
 	return (v >= 0 || negOK && v < 0) && v <= math.MaxFloat64 && v >= -math.MaxFloat64
 }
 
-// refuseValue refuses v, which validValue(v, negOK) rejected.
-func (in *instrument) refuseValue(v float64, negOK bool) {
-	in.sink.refuse(valueError(in.name, v, negOK))
-}
-
-// valueError is the refusal of a value validValue rejected.
-func valueError(name string, v float64, negOK bool) error {
+// accepts reports whether v is a value to record (see validValue), refusing it if not.
+func (in *instrument) accepts(v float64, negOK bool) bool {
+	if validValue(v, negOK) {
+		return true
+	}
+	var err error
 	switch {
 	case math.IsNaN(v):
-		return fmt.Errorf("metrics: %s: %w", name, ErrNaN)
+		err = fmt.Errorf("metrics: %s: %w", in.name, ErrNaN)
 	case math.IsInf(v, 0):
-		return fmt.Errorf("metrics: %s: %v: %w", name, v, ErrInfinite)
-	case v < 0 && !negOK:
-		return fmt.Errorf("metrics: %s: %v: %w", name, v, ErrNegative)
+		err = fmt.Errorf("metrics: %s: %v: %w", in.name, v, ErrInfinite)
+	default:
+		err = fmt.Errorf("metrics: %s: %v: %w", in.name, v, ErrNegative)
 	}
-	return fmt.Errorf("metrics: %s: %v: %w", name, v, ErrInvalidRecord) // not reached: v was rejected
+	in.sink.refuse(err)
+	return false
+}
+
+// take returns the series of lvs to record v into, or nil after refusing v (see accepts) or
+// label values lookup rejects.
+func (in *instrument) take(v float64, negOK bool, lvs []string) *series {
+	if !in.accepts(v, negOK) {
+		return nil
+	}
+	s, err := in.lookup(lvs)
+	if err != nil {
+		in.sink.refuse(err)
+		return nil
+	}
+	return s
 }

@@ -492,7 +492,7 @@ func TestHotPathsDoNotAllocate(t *testing.T) {
 	rec := RequestRecord{Operation: "chat", Model: "m", HasTTFT: true, TTFT: 1e8, E2E: 1e9, PromptTokens: 10, OutputTokens: 8}
 	e.RecordRequest(t.Context(), rec)
 	e.RecordHTTP("POST", "/v1/chat/completions", 200, 0.5)
-	bound, err := e.ttft.Series("chat", "m")
+	bound, err := e.requests.ttft.Series("chat", "m")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -501,10 +501,10 @@ func TestHotPathsDoNotAllocate(t *testing.T) {
 	for name, f := range map[string]func(){
 		"RecordRequest":            func() { e.RecordRequest(ctx, rec) },
 		"RecordHTTP":               func() { e.RecordHTTP("POST", "/v1/chat/completions", 200, 0.5) },
-		"Histogram.Observe":        func() { e.ttft.Observe(0.3, "chat", "m") },
-		"Histogram.ObserveContext": func() { e.ttft.ObserveContext(ctx, 0.3, "chat", "m") },
+		"Histogram.Observe":        func() { e.requests.ttft.Observe(0.3, "chat", "m") },
+		"Histogram.ObserveContext": func() { e.requests.ttft.ObserveContext(ctx, 0.3, "chat", "m") },
 		"HistogramSeries.Observe":  func() { bound.Observe(0.3) },
-		"Counter.Add":              func() { e.promptTokens.Add(3, "m") },
+		"Counter.Add":              func() { e.requests.promptTokens.Add(3, "m") },
 		"AddKVTransfer":            func() { w.AddKVTransfer(KVLoad, 10, 1) },
 		"LookupFallback":           func() { e.LookupFallback("timeout") },
 		"ObserveForward":           func() { w.ObserveForward(ctx, PhaseDecode, time.Millisecond) },

@@ -50,31 +50,16 @@ func newRemoteSeries(b *builder) remoteSeries {
 func (m *BlendMetrics) SetRemoteTotals(s RemoteStats) {
 	r := &m.remote
 	var errs []error
-	for _, c := range []struct {
-		name  string
-		s     *series
-		total uint64
-	}{
-		{"lmcache_blend_remote_reads_total", r.hits, s.Hits},
-		{"lmcache_blend_remote_reads_total", r.misses, s.Misses},
-		{"lmcache_blend_remote_reads_total", r.corrupt, s.Corrupt},
-		{"lmcache_blend_remote_errors_total", r.readErrs, s.ReadErrors},
-		{"lmcache_blend_remote_errors_total", r.writeErrs, s.WriteErrors},
-		{"lmcache_blend_remote_writes_total", r.writes, s.Writes},
-		{"lmcache_blend_remote_writes_total", r.dropped, s.WritesDropped},
-		{"lmcache_blend_remote_bytes_total", r.bytesRead, s.BytesRead},
-		{"lmcache_blend_remote_bytes_total", r.bytesWritten, s.BytesWritten},
-		{"lmcache_blend_coordinator_matches_total", r.matches, s.Matches},
-		{"lmcache_blend_coordinator_matches_total", r.matchTimeouts, s.MatchTimeouts},
-		{"lmcache_blend_coordinator_matches_total", r.matchErrs, s.MatchErrors},
+	for _, t := range []runningTotal{
+		{r.hits, s.Hits}, {r.misses, s.Misses}, {r.corrupt, s.Corrupt},
+		{r.readErrs, s.ReadErrors}, {r.writeErrs, s.WriteErrors},
+		{r.writes, s.Writes}, {r.dropped, s.WritesDropped},
+		{r.bytesRead, s.BytesRead}, {r.bytesWritten, s.BytesWritten},
+		{r.matches, s.Matches}, {r.matchTimeouts, s.MatchTimeouts}, {r.matchErrs, s.MatchErrors},
 	} {
-		if err := c.s.setTotal(c.name, float64(c.total)); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, t.s.setTotal(float64(t.total)))
 	}
-	if err := errors.Join(errs...); err != nil {
-		m.reg.sink.refuse(err)
-	}
+	m.reg.sink.refuseErr(errors.Join(errs...))
 }
 
 // ObserveRemoteLoad records the duration of one pipelined chunk read from the fleet tier; a

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cacheblend/cacheblend/contract"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -15,16 +16,13 @@ import (
 // Registry().RecordStats(), reported to Config.OnRefused) as described on Registry. Safe for
 // concurrent use.
 type WorkerMetrics struct {
-	reg        *Registry
-	forwardIn  *instrument
-	forward    [len(forwardPhaseNames)]*series
-	recompute  *HistogramSeries
-	steps      *series
-	failuresIn *instrument
-	failures   [len(blendOpNames)]*series
-	kv         kvTransfer
-	handoffsIn *instrument
-	handoffs   [len(handoffStateNames)]*series
+	facade
+	forward   enumSeries // one series per ForwardPhase
+	recompute *HistogramSeries
+	steps     *series
+	failures  enumSeries // one series per BlendOp
+	kv        kvTransfer
+	handoffs  enumSeries // one series per HandoffState
 }
 
 // NewWorkerMetrics registers the worker's contract instruments on reg and resolves all their
@@ -32,36 +30,18 @@ type WorkerMetrics struct {
 // an error here. Options: WithContract (default: the embedded contract), WithLabelCap,
 // WithOnRefused (default: refusals are only counted).
 func NewWorkerMetrics(reg prometheus.Registerer, opts ...Option) (*WorkerMetrics, error) {
-	r, err := newFacadeRegistry("worker", reg, opts)
-	if err != nil {
-		return nil, err
-	}
-	b := &builder{r: r}
-	m := &WorkerMetrics{
-		reg:        r,
-		recompute:  b.histogramSeries("cb_worker_recompute_ratio"),
-		steps:      b.counterSeries("cb_worker_steps_total"),
-		failuresIn: instrumentOf(b.counter("cb_worker_blend_failures_total")),
-		kv:         newKVTransfer(b),
-	}
-	if h := b.histogram("cb_worker_forward_duration_seconds"); h != nil {
-		m.forwardIn = h.in
-		b.enumSeries(m.forward[:], h.in, forwardPhaseNames[:])
-	}
-	b.enumSeries(m.failures[:], m.failuresIn, blendOpNames[:])
-	if g := b.gauge("cb_worker_kv_handoffs"); g != nil {
-		m.handoffsIn = g.in
-		b.enumSeries(m.handoffs[:], g.in, handoffStateNames[:])
-	}
-	if b.err != nil {
-		return nil, fmt.Errorf("metrics: worker: %w", b.err)
-	}
-	return m, nil
+	return newFacade("worker", reg, opts, func(b *builder) *WorkerMetrics {
+		return &WorkerMetrics{
+			facade:    facade{b.r},
+			forward:   b.enum(contract.Histogram, "cb_worker_forward_duration_seconds", forwardPhaseNames[:]),
+			recompute: b.histogramSeries("cb_worker_recompute_ratio"),
+			steps:     b.counterSeries("cb_worker_steps_total"),
+			failures:  b.enum(contract.Counter, "cb_worker_blend_failures_total", blendOpNames[:]),
+			kv:        newKVTransfer(b),
+			handoffs:  b.enum(contract.Gauge, "cb_worker_kv_handoffs", handoffStateNames[:]),
+		}
+	})
 }
-
-// Registry returns the registry the facade registers through (its RecordStats count the
-// facade's refusals).
-func (m *WorkerMetrics) Registry() *Registry { return m.reg }
 
 // ObserveForward records the duration of one forward phase. A sampled span context in ctx
 // (which may be nil) becomes an exemplar. A negative duration, or a phase that is not a
@@ -69,12 +49,11 @@ func (m *WorkerMetrics) Registry() *Registry { return m.reg }
 // span.
 func (m *WorkerMetrics) ObserveForward(ctx context.Context, phase ForwardPhase, d time.Duration) {
 	v := d.Seconds()
-	if !validValue(v, false) {
-		m.forwardIn.refuseValue(v, false)
+	if !m.forward.in.accepts(v, false) {
 		return
 	}
-	if s := pick(m.forwardIn, m.forward[:], phase); s != nil {
-		s.observe(ctx, m.forwardIn.exemplars, v)
+	if s := pick(m.forward, phase); s != nil {
+		s.observe(ctx, m.forward.in.exemplars, v)
 	}
 }
 
@@ -99,7 +78,7 @@ func (m *WorkerMetrics) Step() { m.steps.counter.Inc() }
 // BlendFailure counts a failed call to the blend server. An op that is not a BlendOp constant
 // is refused (see Registry).
 func (m *WorkerMetrics) BlendFailure(op BlendOp) {
-	if s := pick(m.failuresIn, m.failures[:], op); s != nil {
+	if s := pick(m.failures, op); s != nil {
 		s.counter.Inc()
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -120,22 +121,10 @@ func scrapeRank(client *http.Client, addr string) ([]*dto.MetricFamily, error) {
 	return out, nil
 }
 
-// rankLabelled reports whether every series of mf carries RankLabel.
+// rankLabelled reports whether mf has series and every one of them carries RankLabel.
 func rankLabelled(mf *dto.MetricFamily) bool {
-	if len(mf.GetMetric()) == 0 {
-		return false
+	hasRank := func(m *dto.Metric) bool {
+		return slices.ContainsFunc(m.GetLabel(), func(lp *dto.LabelPair) bool { return lp.GetName() == RankLabel })
 	}
-	for _, m := range mf.GetMetric() {
-		found := false
-		for _, lp := range m.GetLabel() {
-			if lp.GetName() == RankLabel {
-				found = true
-				break
-			}
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
+	return len(mf.GetMetric()) > 0 && !slices.ContainsFunc(mf.GetMetric(), func(m *dto.Metric) bool { return !hasRank(m) })
 }

@@ -75,22 +75,9 @@ func extractSpanContext(carrier propagation.TextMapCarrier) (trace.SpanContext, 
 			ts = strings.Join(states, ",")
 		}
 	} else {
-		tp = carrier.Get(TraceparentKey)
-		if tp == "" {
-			return trace.SpanContext{}, false
-		}
-		ts = carrier.Get(TracestateKey)
+		tp, ts = carrier.Get(TraceparentKey), carrier.Get(TracestateKey)
 	}
-	sc, err := ParseTraceparent(tp)
-	if err != nil {
-		return trace.SpanContext{}, false
-	}
-	if ts != "" {
-		if state, err := trace.ParseTraceState(ts); err == nil {
-			sc = sc.WithTraceState(state)
-		}
-	}
-	return sc, true
+	return SpanContextFromStrings(tp, ts)
 }
 
 // InjectHTTP writes the span context of ctx into h (traceparent and

@@ -3,6 +3,7 @@ package telemetry
 import (
 	"bufio"
 	"context"
+	"encoding/hex"
 	"io"
 	"math"
 	"strconv"
@@ -305,14 +306,14 @@ func appendProfileLine(b []byte, p *profSpan, end time.Time, attrs []attribute.K
 	b = append(b, `,"scope":`...)
 	b = appendJSONString(b, p.h.scope)
 	b = append(b, `,"trace_id":"`...)
-	encodeHex(hexBuf[:32], tid[:])
+	hex.Encode(hexBuf[:32], tid[:])
 	b = append(b, hexBuf[:32]...)
 	b = append(b, `","span_id":"`...)
-	encodeHex(hexBuf[:16], sid[:])
+	hex.Encode(hexBuf[:16], sid[:])
 	b = append(b, hexBuf[:16]...)
 	b = append(b, `","parent_span_id":"`...)
 	if p.parent.IsValid() {
-		encodeHex(hexBuf[:16], p.parent[:])
+		hex.Encode(hexBuf[:16], p.parent[:])
 		b = append(b, hexBuf[:16]...)
 	}
 	b = append(b, `","start":"`...)

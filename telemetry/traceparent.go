@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
 
@@ -126,18 +127,11 @@ func FormatTraceparent(sc trace.SpanContext) string {
 	var b [traceparentLen]byte
 	b[0], b[1], b[2] = '0', '0', '-'
 	tid, sid := sc.TraceID(), sc.SpanID()
-	encodeHex(b[3:35], tid[:])
+	hex.Encode(b[3:35], tid[:])
 	b[35] = '-'
-	encodeHex(b[36:52], sid[:])
+	hex.Encode(b[36:52], sid[:])
 	b[52] = '-'
 	f := byte(sc.TraceFlags() & knownFlags)
 	b[53], b[54] = hexDigits[f>>4], hexDigits[f&0x0f]
 	return string(b[:])
-}
-
-func encodeHex(dst, src []byte) {
-	for i, v := range src {
-		dst[2*i] = hexDigits[v>>4]
-		dst[2*i+1] = hexDigits[v&0x0f]
-	}
 }

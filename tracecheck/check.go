@@ -2,6 +2,7 @@ package tracecheck
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -106,7 +107,7 @@ func CheckWith(traces []Trace, spec *contract.SpanSet, opts Options) Report {
 			}
 		}
 	}
-	for _, rid := range sortedKeys(byRequest) {
+	for _, rid := range slices.Sorted(maps.Keys(byRequest)) {
 		idx := byRequest[rid]
 		if len(idx) < 2 {
 			continue
@@ -261,7 +262,7 @@ func (c *checker) classify(root int) {
 		return
 	}
 	best := 0
-	for _, k := range sortedKeys(count) {
+	for _, k := range slices.Sorted(maps.Keys(count)) {
 		if count[k] > best {
 			c.kind, best = k, count[k]
 		}
@@ -391,7 +392,7 @@ func (c *checker) checkSpan(i int) {
 			v(RuleAttrType, "attribute %s is %s %q, want %s", key, got.Type, got.String(), want)
 		}
 	}
-	for _, key := range sortedKeys(cs.OptionalAttributes) {
+	for _, key := range slices.Sorted(maps.Keys(cs.OptionalAttributes)) {
 		want := cs.OptionalAttributes[key]
 		if got, ok := sp.Attributes[key]; ok && !typeMatches(got, want) {
 			v(RuleAttrType, "attribute %s is %s %q, want %s", key, got.Type, got.String(), want)
@@ -639,7 +640,7 @@ func (c *checker) requestIDs() {
 	}
 	if len(ids) > 1 {
 		c.res.add(Violation{Rule: RuleOneTraceID,
-			Message: fmt.Sprintf("spans of several requests in one trace: request ids %s", strings.Join(sortedKeys(ids), ", "))})
+			Message: fmt.Sprintf("spans of several requests in one trace: request ids %s", strings.Join(slices.Sorted(maps.Keys(ids)), ", "))})
 	}
 }
 

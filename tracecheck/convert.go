@@ -6,9 +6,11 @@ import (
 	"cmp"
 	"context"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -86,20 +88,11 @@ func sortTraces(ts []Trace) {
 	})
 }
 
-func hexID(b []byte) string {
-	const digits = "0123456789abcdef"
-	out := make([]byte, 0, 2*len(b))
-	for _, c := range b {
-		out = append(out, digits[c>>4], digits[c&15])
-	}
-	return string(out)
-}
-
 func fromPSpan(ps ptrace.Span, service string) Span {
 	tid, sid, pid := ps.TraceID(), ps.SpanID(), ps.ParentSpanID()
 	sp := Span{
-		TraceID:       hexID(tid[:]),
-		SpanID:        hexID(sid[:]),
+		TraceID:       hex.EncodeToString(tid[:]),
+		SpanID:        hex.EncodeToString(sid[:]),
 		Name:          ps.Name(),
 		Service:       service,
 		Kind:          kindOf(ps.Kind()),
@@ -111,7 +104,7 @@ func fromPSpan(ps ptrace.Span, service string) Span {
 		TraceState:    ps.TraceState().AsRaw(),
 	}
 	if !pid.IsEmpty() {
-		sp.ParentSpanID = hexID(pid[:])
+		sp.ParentSpanID = hex.EncodeToString(pid[:])
 	}
 	evs := ps.Events()
 	for i := 0; i < evs.Len(); i++ {
@@ -121,34 +114,30 @@ func fromPSpan(ps ptrace.Span, service string) Span {
 	return sp
 }
 
+// spanKinds pairs the span kinds of the contract with OTLP's.
+var spanKinds = []struct {
+	c contract.SpanKind
+	p ptrace.SpanKind
+}{
+	{contract.KindServer, ptrace.SpanKindServer}, {contract.KindClient, ptrace.SpanKindClient},
+	{contract.KindInternal, ptrace.SpanKindInternal}, {"producer", ptrace.SpanKindProducer},
+	{"consumer", ptrace.SpanKindConsumer},
+}
+
 func kindOf(k ptrace.SpanKind) contract.SpanKind {
-	switch k {
-	case ptrace.SpanKindServer:
-		return contract.KindServer
-	case ptrace.SpanKindClient:
-		return contract.KindClient
-	case ptrace.SpanKindInternal:
-		return contract.KindInternal
-	case ptrace.SpanKindProducer:
-		return "producer"
-	case ptrace.SpanKindConsumer:
-		return "consumer"
+	for _, x := range spanKinds {
+		if x.p == k {
+			return x.c
+		}
 	}
 	return ""
 }
 
 func pKind(k contract.SpanKind) ptrace.SpanKind {
-	switch k {
-	case contract.KindServer:
-		return ptrace.SpanKindServer
-	case contract.KindClient:
-		return ptrace.SpanKindClient
-	case contract.KindInternal:
-		return ptrace.SpanKindInternal
-	case "producer":
-		return ptrace.SpanKindProducer
-	case "consumer":
-		return ptrace.SpanKindConsumer
+	for _, x := range spanKinds {
+		if x.c == k {
+			return x.p
+		}
 	}
 	return ptrace.SpanKindUnspecified
 }
@@ -225,23 +214,15 @@ func ToPtrace(traces ...Trace) ptrace.Traces {
 	return td
 }
 
+// decodeHex decodes s into dst when it is exactly len(dst) bytes of hex, else leaves dst zero.
 func decodeHex(dst []byte, s string) {
-	if len(s) != 2*len(dst) {
-		return
+	if b, err := hex.DecodeString(s); err == nil && len(b) == len(dst) {
+		copy(dst, b)
 	}
-	var tmp [16]byte
-	for i := range dst {
-		n, err := strconv.ParseUint(s[2*i:2*i+2], 16, 8)
-		if err != nil {
-			return
-		}
-		tmp[i] = byte(n)
-	}
-	copy(dst, tmp[:len(dst)])
 }
 
 func toPMap(m pcommon.Map, attrs map[string]Value) {
-	for _, k := range sortedKeys(attrs) {
+	for _, k := range slices.Sorted(maps.Keys(attrs)) {
 		v := attrs[k]
 		switch v.Type {
 		case ValueInt:
@@ -256,15 +237,6 @@ func toPMap(m pcommon.Map, attrs map[string]Value) {
 			m.PutStr(k, v.Str)
 		}
 	}
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 // ParseOTLPJSON parses OTLP/JSON trace data: one ExportTraceServiceRequest document

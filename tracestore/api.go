@@ -130,31 +130,30 @@ func (h *queryHandler) findTraces(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *queryHandler) trace(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	if !jaeger.IsTraceID(id) {
-		writeError(w, http.StatusBadRequest, "malformed trace id "+strconv.Quote(id))
-		return
-	}
-	t, ok := h.store.Trace(id)
-	if !ok {
-		writeError(w, http.StatusNotFound, "trace not found")
-		return
-	}
-	writeJSON(w, http.StatusOK, jaeger.Response[[]jaeger.Trace]{Data: []jaeger.Trace{t}, Total: 1})
+	serveTrace(w, r, func(id string) ([]jaeger.Trace, bool) {
+		t, ok := h.store.Trace(id)
+		return []jaeger.Trace{t}, ok
+	})
 }
 
 func (h *queryHandler) breakdown(w http.ResponseWriter, r *http.Request) {
+	serveTrace(w, r, h.store.Breakdown)
+}
+
+// serveTrace answers a request for the trace of the path's id with what get returns for it:
+// 400 for a malformed id, 404 when get finds nothing.
+func serveTrace[T any](w http.ResponseWriter, r *http.Request, get func(id string) (T, bool)) {
 	id := r.PathValue("id")
 	if !jaeger.IsTraceID(id) {
 		writeError(w, http.StatusBadRequest, "malformed trace id "+strconv.Quote(id))
 		return
 	}
-	bd, ok := h.store.Breakdown(id)
+	v, ok := get(id)
 	if !ok {
 		writeError(w, http.StatusNotFound, "trace not found")
 		return
 	}
-	writeJSON(w, http.StatusOK, jaeger.Response[Breakdown]{Data: bd, Total: 1})
+	writeJSON(w, http.StatusOK, jaeger.Response[T]{Data: v, Total: 1})
 }
 
 var errBadInt = errors.New("not a non-negative integer")

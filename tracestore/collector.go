@@ -53,32 +53,14 @@ type Config struct {
 	// DefaultMaxBytes. Request bodies are capped at it too.
 	MaxBytes int64
 
-	// ReadHeaderTimeout bounds reading a request's headers on either port; 0 means
-	// DefaultReadHeaderTimeout.
-	ReadHeaderTimeout time.Duration
-	// ReadTimeout bounds reading a whole request, headers and body (a body still
-	// arriving then gets 400 and its connection is closed); 0 means DefaultReadTimeout.
-	ReadTimeout time.Duration
-	// WriteTimeout bounds writing a response; 0 means DefaultWriteTimeout.
-	WriteTimeout time.Duration
-	// IdleTimeout closes a keep-alive connection idle that long; 0 means
-	// DefaultIdleTimeout.
-	IdleTimeout time.Duration
-	// MaxHeaderBytes bounds a request's headers (431 beyond); 0 means
-	// DefaultMaxHeaderBytes.
-	MaxHeaderBytes int
-	// MaxConns caps the connections each port holds (at the cap the oldest idle or
-	// still-sending connection makes room; see package httpserve); 0 means
-	// DefaultMaxConns.
-	MaxConns int
+	// Limits bound each of the two HTTP servers (see package httpserve); a zero field means
+	// the Default* limit above.
+	httpserve.Limits
 }
 
 // httpLimits returns the limits of each HTTP server, defaults applied.
 func (c Config) httpLimits() httpserve.Limits {
-	return httpserve.Limits{
-		ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout, WriteTimeout: c.WriteTimeout,
-		IdleTimeout: c.IdleTimeout, MaxHeaderBytes: c.MaxHeaderBytes, MaxConns: c.MaxConns,
-	}.WithDefaults(httpserve.Limits{
+	return c.Limits.WithDefaults(httpserve.Limits{
 		ReadHeaderTimeout: DefaultReadHeaderTimeout, ReadTimeout: DefaultReadTimeout, WriteTimeout: DefaultWriteTimeout,
 		IdleTimeout: DefaultIdleTimeout, MaxHeaderBytes: DefaultMaxHeaderBytes, MaxConns: DefaultMaxConns,
 	})

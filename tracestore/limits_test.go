@@ -8,14 +8,16 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/cacheblend/cacheblend/httpserve"
 )
 
 // TestCollectorHTTPLimits: a slow OTLP body is cut at ReadTimeout, idle and
 // silent connections on the query port are closed, and both servers carry
 // the configured cap.
 func TestCollectorHTTPLimits(t *testing.T) {
-	c := startCollector(t, Config{ReadTimeout: 200 * time.Millisecond, IdleTimeout: 200 * time.Millisecond,
-		ReadHeaderTimeout: 200 * time.Millisecond, MaxConns: 7})
+	c := startCollector(t, Config{Limits: httpserve.Limits{ReadTimeout: 200 * time.Millisecond,
+		IdleTimeout: 200 * time.Millisecond, ReadHeaderTimeout: 200 * time.Millisecond, MaxConns: 7}})
 	for _, s := range c.servers {
 		if l := s.Limits(); l.MaxConns != 7 || l.WriteTimeout != DefaultWriteTimeout || l.MaxHeaderBytes != DefaultMaxHeaderBytes {
 			t.Fatalf("limits %+v", l)

@@ -104,22 +104,18 @@ type candidate struct {
 
 // FindTraces searches the store with Jaeger's semantics (see [jaeger.Query]): newest
 // traces first (by earliest span start), at most q.Limit (default jaeger.DefaultLimit).
-func (s *Store) FindTraces(q jaeger.Query) []jaeger.Trace {
-	cands := s.find(q)
-	out := make([]jaeger.Trace, 0, len(cands))
-	for _, c := range cands {
-		out = append(out, toJaeger(c.spans))
-	}
-	return out
-}
+func (s *Store) FindTraces(q jaeger.Query) []jaeger.Trace { return findAs(s, q, toJaeger) }
 
 // FindPTraces is [Store.FindTraces] returning each trace as OTLP data (fresh copies owned
 // by the caller), with full nanosecond precision and typed attributes.
-func (s *Store) FindPTraces(q jaeger.Query) []ptrace.Traces {
+func (s *Store) FindPTraces(q jaeger.Query) []ptrace.Traces { return findAs(s, q, toPdata) }
+
+// findAs returns the traces s.find(q) finds, each converted by conv.
+func findAs[T any](s *Store, q jaeger.Query, conv func([]*span) T) []T {
 	cands := s.find(q)
-	out := make([]ptrace.Traces, 0, len(cands))
+	out := make([]T, 0, len(cands))
 	for _, c := range cands {
-		out = append(out, toPdata(c.spans))
+		out = append(out, conv(c.spans))
 	}
 	return out
 }

@@ -80,7 +80,8 @@ type Receiver struct {
 	maxInFlight int64
 	inFlight    atomic.Int64
 
-	requests, accepted, badRequest, tooLarge, unsupported, badMethod, busy atomic.Uint64
+	requests atomic.Uint64
+	answered map[int]*atomic.Uint64 // responses by the statuses ReceiverStats counts
 }
 
 // NewReceiver returns a receiver that stores into store, with cfg's limits (defaults for
@@ -94,7 +95,12 @@ func NewReceiver(store *Store, cfg ReceiverConfig) *Receiver {
 		cfg.MaxInFlightBytes = 4 * cfg.MaxBodyBytes
 	}
 	cfg.MaxInFlightBytes = max(cfg.MaxInFlightBytes, 2*cfg.MaxBodyBytes)
-	return &Receiver{store: store, maxBody: cfg.MaxBodyBytes, maxInFlight: cfg.MaxInFlightBytes}
+	r := &Receiver{store: store, maxBody: cfg.MaxBodyBytes, maxInFlight: cfg.MaxInFlightBytes, answered: map[int]*atomic.Uint64{}}
+	for _, code := range []int{http.StatusOK, http.StatusBadRequest, http.StatusRequestEntityTooLarge,
+		http.StatusUnsupportedMediaType, http.StatusMethodNotAllowed, http.StatusTooManyRequests} {
+		r.answered[code] = new(atomic.Uint64)
+	}
+	return r
 }
 
 // Limits returns the body and in-flight limits in force (see [ReceiverConfig]).
@@ -104,12 +110,12 @@ func (r *Receiver) Limits() (maxBodyBytes, maxInFlightBytes int64) { return r.ma
 func (r *Receiver) Stats() ReceiverStats {
 	return ReceiverStats{
 		Requests:             r.requests.Load(),
-		Accepted:             r.accepted.Load(),
-		BadRequest:           r.badRequest.Load(),
-		TooLarge:             r.tooLarge.Load(),
-		UnsupportedMediaType: r.unsupported.Load(),
-		MethodNotAllowed:     r.badMethod.Load(),
-		TooManyRequests:      r.busy.Load(),
+		Accepted:             r.answered[http.StatusOK].Load(),
+		BadRequest:           r.answered[http.StatusBadRequest].Load(),
+		TooLarge:             r.answered[http.StatusRequestEntityTooLarge].Load(),
+		UnsupportedMediaType: r.answered[http.StatusUnsupportedMediaType].Load(),
+		MethodNotAllowed:     r.answered[http.StatusMethodNotAllowed].Load(),
+		TooManyRequests:      r.answered[http.StatusTooManyRequests].Load(),
 	}
 }
 
@@ -211,7 +217,7 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if err != nil { // cannot happen for a response this small; still never a 5xx to a client
 		out = nil
 	}
-	r.accepted.Add(1)
+	r.answered[http.StatusOK].Add(1)
 	w.Header().Set("Content-Type", ct)
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(out)
@@ -321,17 +327,8 @@ func decode(ct string, body []byte) (td ptrace.Traces, err error) {
 // fail writes an error response with a google.rpc.Status body in the request's encoding
 // (JSON when the request's content type is unsupported).
 func (r *Receiver) fail(w http.ResponseWriter, ct string, code int, format string, args ...any) {
-	switch code {
-	case http.StatusBadRequest:
-		r.badRequest.Add(1)
-	case http.StatusRequestEntityTooLarge:
-		r.tooLarge.Add(1)
-	case http.StatusUnsupportedMediaType:
-		r.unsupported.Add(1)
-	case http.StatusMethodNotAllowed:
-		r.badMethod.Add(1)
-	case http.StatusTooManyRequests:
-		r.busy.Add(1)
+	if c := r.answered[code]; c != nil {
+		c.Add(1)
 	}
 	// The message may quote the body; protobuf strings must be valid UTF-8.
 	msg := strings.ToValidUTF8(fmt.Sprintf(format, args...), "\uFFFD")

@@ -66,24 +66,22 @@ type RequestSummary struct {
 
 // clone returns a copy that shares nothing mutable with s.
 func (s RequestSummary) clone() RequestSummary {
-	cp := func(p *float64) *float64 {
-		if p == nil {
-			return nil
-		}
-		v := *p
-		return &v
+	s.TTFTMs, s.HitRate = clonePtr(s.TTFTMs), clonePtr(s.HitRate)
+	for _, p := range []**int64{&s.HitTokens, &s.PrefixHitTokens, &s.NonPrefixHitTokens,
+		&s.PrefixCoverageTokens, &s.NNonPrefixTokens, &s.RequestedTokens} {
+		*p = clonePtr(*p)
 	}
-	cpi := func(p *int64) *int64 {
-		if p == nil {
-			return nil
-		}
-		v := *p
-		return &v
-	}
-	s.TTFTMs, s.HitRate = cp(s.TTFTMs), cp(s.HitRate)
-	s.PrefixHitTokens, s.NonPrefixHitTokens, s.RequestedTokens = cpi(s.PrefixHitTokens), cpi(s.NonPrefixHitTokens), cpi(s.RequestedTokens)
 	s.Services = slices.Clone(s.Services)
 	return s
+}
+
+// clonePtr returns a pointer to a copy of *p, nil for a nil p.
+func clonePtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
 }
 
 // summarize computes the index row of one trace in O(n log n) for n spans (the tree's

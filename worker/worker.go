@@ -295,6 +295,9 @@ type seqState struct {
 // New builds a Worker from cfg and deps; nothing runs until Start.
 func New(cfg Config, deps Deps) (*Worker, error) {
 	cfg = cfg.withDefaults()
+	if g := cfg.BlendGate; g != GateAuto && g != GateOn && g != GateOff {
+		return nil, fmt.Errorf("worker: blend gate %q (want %s, %s or %s)", g, GateAuto, GateOn, GateOff)
+	}
 	d := deps.Deps.WithDefaults()
 	wm, err := metrics.NewWorkerMetrics(d.Registerer, metrics.WithOnRefused(func(err error) {
 		d.Logger.Warn("metrics record refused", "err", err)

@@ -57,6 +57,8 @@ func newWorkerCmd() *cobra.Command {
 	f.Uint64Var(&cfg.Model.Seed, "seed", d.Seed, "weight seed")
 	f.IntVar(&cfg.Model.CheckLayer, "check-layer", d.CheckLayer, "CacheBlend check layer")
 	f.Float64Var(&cfg.Model.RecompRatio, "recomp-ratio", d.RecompRatio, "CacheBlend recompute ratio")
+	f.StringVar(&cfg.BlendGate, "blend-gate", worker.GateAuto, "CacheBlend blend gate: auto (at start, blend sample documents and compare with a full prefill; blending off for the model above --blend-gate-kl), on, off (forced either way, no check)")
+	f.Float64Var(&cfg.BlendGateKL, "blend-gate-kl", worker.DefaultBlendGateKL, "the blend gate's threshold: mean KL (nats) between the next-token distributions of a full prefill and a blend")
 	f.IntVar(&wf.tpSize, "tp", 1, "tensor-parallel ranks: the worker runs as this many rank processes (this one is rank 0), each with 1/N of the heads and SwiGLU columns and its own KV memory")
 	f.IntVar(&wf.tpRank, "tp-rank", 0, "internal: the rank of a process started by a --tp worker (descriptors 3 and 4 are its segment and step socket)")
 	_ = f.MarkHidden("tp-rank")

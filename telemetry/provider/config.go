@@ -134,110 +134,77 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	env := func(k string) string { return strings.TrimSpace(getenv(k)) }
+	r := &envReader{getenv: getenv}
 	var c Config
-	var errs []error
-	fail := func(name, val string, err error) {
-		errs = append(errs, fmt.Errorf("%w: %s=%q: %w", ErrConfig, name, val, err))
-	}
-
-	if v := env("OTEL_RESOURCE_ATTRIBUTES"); v != "" {
-		attrs, err := parseResourceAttributes(v)
-		if err != nil {
-			fail("OTEL_RESOURCE_ATTRIBUTES", v, err)
-		}
-		c.ResourceAttributes = attrs
-	}
-	c.ServiceName = env("OTEL_SERVICE_NAME")
+	readEnv(r, &c.ResourceAttributes, parseResourceAttributes, "OTEL_RESOURCE_ATTRIBUTES")
+	c.ServiceName = r.get("OTEL_SERVICE_NAME")
 	if c.ServiceName == "" {
 		c.ServiceName = attrValue(c.ResourceAttributes, "service.name")
 	}
 
 	// Protocol first: it decides how the generic endpoint is completed.
 	c.Protocol = DefaultProtocol
-	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
-		if v := env(k); v != "" {
-			if err := validateProtocol(v); err != nil {
-				fail(k, v, err)
-			}
-			c.Protocol = v
-			break
-		}
+	readEnv(r, &c.Protocol, func(v string) (string, error) { return v, validateProtocol(v) },
+		"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+	if r.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "" {
+		readEnv(r, &c.Endpoint, func(v string) (string, error) { return v, validateEndpoint(v) }, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+	} else {
+		readEnv(r, &c.Endpoint, func(v string) (string, error) { return signalEndpoint(v, c.Protocol), validateEndpoint(v) },
+			"OTEL_EXPORTER_OTLP_ENDPOINT")
 	}
-	if v := env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"); v != "" {
-		if err := validateEndpoint(v); err != nil {
-			fail("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", v, err)
-		}
-		c.Endpoint = v
-	} else if v := env("OTEL_EXPORTER_OTLP_ENDPOINT"); v != "" {
-		if err := validateEndpoint(v); err != nil {
-			fail("OTEL_EXPORTER_OTLP_ENDPOINT", v, err)
-		}
-		c.Endpoint = signalEndpoint(v, c.Protocol)
-	}
-	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"} {
-		if v := env(k); v != "" {
-			d, err := parseMillis(v)
-			if err != nil {
-				fail(k, v, err)
-			}
-			c.ExportTimeout = d
-			break
-		}
-	}
+	readEnv(r, &c.ExportTimeout, parseMillis, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
 
-	if v := env("OTEL_TRACES_SAMPLER"); v != "" {
+	if v := r.get("OTEL_TRACES_SAMPLER"); v != "" {
 		c.Sampler = v
 	}
-	c.SamplerArg = env("OTEL_TRACES_SAMPLER_ARG")
+	c.SamplerArg = r.get("OTEL_TRACES_SAMPLER_ARG")
 	if _, err := c.sampler(); err != nil {
-		fail("OTEL_TRACES_SAMPLER(_ARG)", c.Sampler+" "+c.SamplerArg, err)
+		r.fail("OTEL_TRACES_SAMPLER(_ARG)", c.Sampler+" "+c.SamplerArg, err)
 	}
 
-	if v := env("OTEL_BSP_MAX_QUEUE_SIZE"); v != "" {
-		n, err := parsePositiveInt(v)
-		if err != nil {
-			fail("OTEL_BSP_MAX_QUEUE_SIZE", v, err)
-		}
-		c.MaxQueueSize = n
-	}
-	if v := env("OTEL_BSP_MAX_EXPORT_BATCH_SIZE"); v != "" {
-		n, err := parsePositiveInt(v)
-		if err != nil {
-			fail("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", v, err)
-		}
-		c.MaxExportBatchSize = n
-	}
-	if v := env("OTEL_BSP_SCHEDULE_DELAY"); v != "" {
-		d, err := parseMillis(v)
-		if err != nil {
-			fail("OTEL_BSP_SCHEDULE_DELAY", v, err)
-		}
-		c.BatchTimeout = d
-	}
+	readEnv(r, &c.MaxQueueSize, parsePositiveInt, "OTEL_BSP_MAX_QUEUE_SIZE")
+	readEnv(r, &c.MaxExportBatchSize, parsePositiveInt, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE")
+	readEnv(r, &c.BatchTimeout, parseMillis, "OTEL_BSP_SCHEDULE_DELAY")
+	readEnv(r, &c.Disabled, boolParser(false), "OTEL_SDK_DISABLED")
+	readEnv(r, &c.Enabled, boolParser(true), "CB_TRACING")
+	readEnv(r, &c.Profile, boolParser(true), "CB_PROFILE")
+	c.ProfilePath = r.get("CB_PROFILE_FILE")
 
-	var err error
-	if v := env("OTEL_SDK_DISABLED"); v != "" {
-		if c.Disabled, err = parseBool(v, false); err != nil {
-			fail("OTEL_SDK_DISABLED", v, err)
-		}
-	}
-	if v := env("CB_TRACING"); v != "" {
-		if c.Enabled, err = parseBool(v, true); err != nil {
-			fail("CB_TRACING", v, err)
-		}
-	}
-	if v := env("CB_PROFILE"); v != "" {
-		if c.Profile, err = parseBool(v, true); err != nil {
-			fail("CB_PROFILE", v, err)
-		}
-	}
-	c.ProfilePath = env("CB_PROFILE_FILE")
-
-	if len(errs) > 0 {
-		return Config{}, errors.Join(errs...)
+	if len(r.errs) > 0 {
+		return Config{}, errors.Join(r.errs...)
 	}
 	return c, nil
+}
+
+// envReader reads the environment for ConfigFromEnv, collecting the errors of malformed
+// values.
+type envReader struct {
+	getenv func(string) string
+	errs   []error
+}
+
+// get returns the variable k, trimmed.
+func (r *envReader) get(k string) string { return strings.TrimSpace(r.getenv(k)) }
+
+// fail records that the variable name has the malformed value val.
+func (r *envReader) fail(name, val string, err error) {
+	r.errs = append(r.errs, fmt.Errorf("%w: %s=%q: %w", ErrConfig, name, val, err))
+}
+
+// readEnv parses the first of keys that is set into *dst; a malformed value is recorded and
+// leaves *dst as it was.
+func readEnv[T any](r *envReader, dst *T, parse func(string) (T, error), keys ...string) {
+	for _, k := range keys {
+		if v := r.get(k); v != "" {
+			x, err := parse(v)
+			if err != nil {
+				r.fail(k, v, err)
+				return
+			}
+			*dst = x
+			return
+		}
+	}
 }
 
 // validate checks the fields New relies on.
@@ -378,15 +345,18 @@ func parsePositiveInt(v string) (int, error) {
 	return n, nil
 }
 
-// parseBool accepts true/false (any case) and, when digits is set, 1/0.
-func parseBool(v string, digits bool) (bool, error) {
-	switch strings.ToLower(v) {
-	case "true":
-		return true, nil
-	case "false":
-		return false, nil
-	}
-	if digits {
+// boolParser returns a parser of true/false (any case) and, when digits is set, 1/0.
+func boolParser(digits bool) func(string) (bool, error) {
+	return func(v string) (bool, error) {
+		switch strings.ToLower(v) {
+		case "true":
+			return true, nil
+		case "false":
+			return false, nil
+		}
+		if !digits {
+			return false, errors.New("want true or false")
+		}
 		switch v {
 		case "1":
 			return true, nil
@@ -395,7 +365,6 @@ func parseBool(v string, digits bool) (bool, error) {
 		}
 		return false, errors.New("want 1, 0, true or false")
 	}
-	return false, errors.New("want true or false")
 }
 
 // parseResourceAttributes parses OTEL_RESOURCE_ATTRIBUTES: comma-separated

@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"cmp"
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
@@ -112,10 +113,10 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Provider, error) {
 		opt(&o)
 	}
 	cfg = cfg.withDefaults()
-	cfg.ServiceName = firstNonEmpty(cfg.ServiceName, attrValue(cfg.ResourceAttributes, "service.name"),
+	cfg.ServiceName = cmp.Or(cfg.ServiceName, attrValue(cfg.ResourceAttributes, "service.name"),
 		"unknown_service:"+filepath.Base(os.Args[0]))
-	cfg.InstanceID = firstNonEmpty(cfg.InstanceID, attrValue(cfg.ResourceAttributes, "service.instance.id"), newUUID())
-	cfg.ServiceVersion = firstNonEmpty(cfg.ServiceVersion, attrValue(cfg.ResourceAttributes, "service.version"))
+	cfg.InstanceID = cmp.Or(cfg.InstanceID, attrValue(cfg.ResourceAttributes, "service.instance.id"), newUUID())
+	cfg.ServiceVersion = cmp.Or(cfg.ServiceVersion, attrValue(cfg.ResourceAttributes, "service.version"))
 
 	p := &Provider{cfg: cfg, enabled: cfg.TracingEnabled(), tp: noop.NewTracerProvider()}
 
@@ -490,15 +491,6 @@ func newUUID() string {
 	b[8] = b[8]&0x3f | 0x80
 	h := hex.EncodeToString(b[:])
 	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
-}
-
-func firstNonEmpty(vals ...string) string {
-	for _, v := range vals {
-		if v != "" {
-			return v
-		}
-	}
-	return ""
 }
 
 func sanitizeFileName(s string) string {

@@ -58,21 +58,21 @@ func NewClient(baseURL string, cfg ClientConfig) (*Client, error) {
 // Services returns the service names the server knows.
 func (c *Client) Services(ctx context.Context) ([]string, error) {
 	var out []string
-	_, err := c.get(ctx, "/api/services", nil, &out)
+	_, err := c.Get(ctx, "/api/services", nil, &out)
 	return out, err
 }
 
 // Operations returns the operation (span) names recorded by a service.
 func (c *Client) Operations(ctx context.Context, service string) ([]string, error) {
 	var out []string
-	_, err := c.get(ctx, "/api/services/"+url.PathEscape(service)+"/operations", nil, &out)
+	_, err := c.Get(ctx, "/api/services/"+url.PathEscape(service)+"/operations", nil, &out)
 	return out, err
 }
 
 // FindTraces searches traces.
 func (c *Client) FindTraces(ctx context.Context, q Query) ([]Trace, error) {
 	var out []Trace
-	_, err := c.get(ctx, "/api/traces", q.Values(), &out)
+	_, err := c.Get(ctx, "/api/traces", q.Values(), &out)
 	return out, err
 }
 
@@ -82,7 +82,7 @@ func (c *Client) Trace(ctx context.Context, traceID string) (Trace, error) {
 		return Trace{}, fmt.Errorf("jaeger: trace id %q is not hex", traceID)
 	}
 	var out []Trace
-	status, err := c.get(ctx, "/api/traces/"+traceID, nil, &out)
+	status, err := c.Get(ctx, "/api/traces/"+traceID, nil, &out)
 	if status == http.StatusNotFound || err == nil && len(out) == 0 {
 		return Trace{}, fmt.Errorf("%w: %s", ErrNotFound, traceID)
 	}
@@ -96,10 +96,6 @@ func (c *Client) Trace(ctx context.Context, traceID string) (Trace, error) {
 // data field) and returns the HTTP status; for extensions such as the collector's
 // /api/requests.
 func (c *Client) Get(ctx context.Context, path string, params url.Values, data any) (int, error) {
-	return c.get(ctx, path, params, data)
-}
-
-func (c *Client) get(ctx context.Context, path string, params url.Values, data any) (int, error) {
 	target := c.base.String() + path // path is already escaped
 	if len(params) > 0 {
 		target += "?" + params.Encode()

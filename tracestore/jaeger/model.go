@@ -155,28 +155,20 @@ type Operation struct {
 
 // NormalizeTraceID lower-cases a hex trace id and left-pads it with zeros to 32 digits
 // (Jaeger prints 64-bit ids as 16 digits).
-func NormalizeTraceID(id string) string {
-	b := []byte(id)
-	for i, c := range b {
-		if 'A' <= c && c <= 'F' {
-			b[i] = c + 'a' - 'A'
-		}
-	}
-	for len(b) < 32 {
-		b = append([]byte{'0'}, b...)
-	}
-	return string(b)
-}
+func NormalizeTraceID(id string) string { return normalizeID(id, 32) }
 
 // NormalizeSpanID lower-cases a hex span id and left-pads it with zeros to 16 digits.
-func NormalizeSpanID(id string) string {
+func NormalizeSpanID(id string) string { return normalizeID(id, 16) }
+
+// normalizeID lower-cases the hex digits A-F of id and left-pads it with zeros to digits.
+func normalizeID(id string, digits int) string {
 	b := []byte(id)
 	for i, c := range b {
 		if 'A' <= c && c <= 'F' {
 			b[i] = c + 'a' - 'A'
 		}
 	}
-	for len(b) < 16 {
+	for len(b) < digits {
 		b = append([]byte{'0'}, b...)
 	}
 	return string(b)
