@@ -3,6 +3,7 @@ package quality
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/model"
@@ -84,14 +85,18 @@ func Blend(m *model.Model, c Case, opt Options) (Report, error) {
 		}
 		moveKV(m, kv, stored, blend, docs[i].Start, len(d))
 	}
+	t0 := time.Now()
 	logits, _, err := m.BlendForward(kv, model.BlendInput{
 		Tokens: prompt, BlockTable: blend, Reused: docs, CheckLayer: model.UseConfig,
 		RecompRatio: opt.Ratio, Select: opt.Select, SelectSeed: opt.Seed,
 	})
+	took := time.Since(t0)
 	if err != nil {
 		return Report{}, fmt.Errorf("quality: blend: %w", err)
 	}
-	return Served(m, kv, blend, prompt, logits, opt.Positions)
+	r, err := Served(m, kv, blend, prompt, logits, opt.Positions)
+	r.BlendTime = took
+	return r, err
 }
 
 // Served compares a prompt's KV as a request was served — in kv under the
@@ -127,7 +132,9 @@ func Served(m *model.Model, kv *kvcache.Memory, bt []int32, prompt []int32, logi
 	full, served := blocks(0, per), blocks(per, per)
 	copyServed(m, kv, bt, own, served, n)
 
+	t0 := time.Now()
 	ref, err := m.Prefill(own, model.PrefillInput{Tokens: prompt, BlockTable: full})
+	fullTime := time.Since(t0)
 	if err != nil {
 		return Report{}, fmt.Errorf("quality: full prefill: %w", err)
 	}
@@ -142,7 +149,9 @@ func Served(m *model.Model, kv *kvcache.Memory, bt []int32, prompt []int32, logi
 		ref = outs[0]
 		refs, gots = append(refs, outs[0]...), append(gots, outs[1]...)
 	}
-	return Compare(refs, gots, v)
+	r, err := Compare(refs, gots, v)
+	r.FullTime = fullTime
+	return r, err
 }
 
 func blocksFor(n int) int { return blocksFor2(n, blockSize) }

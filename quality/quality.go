@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 )
 
 // ErrShape is returned when two logit sets do not describe the same
@@ -91,6 +92,11 @@ type Report struct {
 	// token: the length of the common greedy output (Positions when the
 	// greedy outputs match throughout).
 	GreedyMatch int `json:"greedy_match"`
+	// FullTime and BlendTime are the wall times of the prompt's full
+	// prefill and of its blended forward (set by Served and Blend; the
+	// documents' own prefills, done once per document, are not counted).
+	FullTime  time.Duration `json:"-"`
+	BlendTime time.Duration `json:"-"`
 }
 
 // Compare compares full and blend, each the logits of the same positions

@@ -1,0 +1,323 @@
+package eval
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/cacheblend/cacheblend/chat"
+	"github.com/cacheblend/cacheblend/corpus"
+	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/modelfile"
+	"github.com/cacheblend/cacheblend/quality"
+	"github.com/cacheblend/cacheblend/tokenizer"
+)
+
+// Defaults of a zero Config.
+var (
+	// DefaultRatios are the recompute ratios measured.
+	DefaultRatios = []float64{0, 0.05, 0.15, 0.3, 1}
+	// DefaultQuestions are asked over the sample documents.
+	DefaultQuestions = []string{
+		"What do these documents describe?",
+		"Which component stores the KV cache, and where?",
+		"How is a request traced across processes?",
+		"What limits how fast a prompt is prefilled?",
+	}
+)
+
+// Default sizes of a zero Config.
+const (
+	DefaultPrompts   = 6
+	DefaultDocs      = 3
+	DefaultPositions = 8
+	// MaxDocTokens bounds one document's tokens (a longer one is cut).
+	MaxDocTokens = 512
+)
+
+// Config is one evaluation; zero fields take the defaults.
+type Config struct {
+	// Ratios are the recompute ratios (each in [0, 1]); default
+	// DefaultRatios.
+	Ratios []float64
+	// Prompts is how many prompts are built; default 6.
+	Prompts int
+	// Docs is how many documents each prompt holds; default 3.
+	Docs int
+	// Positions is K, the output tokens compared; default 8.
+	Positions int
+	// Documents and Questions replace the sample corpus and
+	// DefaultQuestions.
+	Documents []string
+	Questions []string
+	// Seed seeds random selection; default 1.
+	Seed uint64
+}
+
+// Point is one configuration's measurements, averaged over the prompts.
+type Point struct {
+	// Rule is "hkvd", "random" or "full_reuse" (ratio 0: no recompute).
+	Rule  string  `json:"rule"`
+	Ratio float64 `json:"ratio"`
+	// FirstKL and MeanKL are KL(full ‖ blend) in nats at the first output
+	// token and over the first K, averaged over the prompts.
+	FirstKL float64 `json:"first_kl"`
+	MeanKL  float64 `json:"mean_kl"`
+	// Top1 is the share of positions whose most likely token agrees.
+	Top1 float64 `json:"top1"`
+	// GreedyMatch is the share of prompts whose K greedy tokens all match.
+	GreedyMatch float64 `json:"greedy_match"`
+	// FullMs and BlendMs are the mean full prefill and blended forward
+	// times; Speedup is FullMs / BlendMs.
+	FullMs  float64 `json:"full_ms"`
+	BlendMs float64 `json:"blend_ms"`
+	Speedup float64 `json:"speedup"`
+}
+
+// Report is an evaluation's result.
+type Report struct {
+	Model        string  `json:"model"`
+	Layers       int     `json:"layers"`
+	CheckLayer   int     `json:"check_layer"`
+	Prompts      int     `json:"prompts"`
+	PromptTokens float64 `json:"mean_prompt_tokens"`
+	DocTokens    float64 `json:"mean_document_tokens"`
+	Positions    int     `json:"positions"`
+	Points       []Point `json:"points"`
+}
+
+// Prompts is the workload on one model: how it tokenizes and wraps text.
+type Prompts struct {
+	// Encode tokenizes document and question text (no special tokens).
+	Encode func(string) []int32
+	// Wrap returns the tokens before and after the documents of a prompt
+	// asking question (the chat template's rendering around them).
+	Wrap func(question string) (before, after []int32, err error)
+}
+
+// BuiltinPrompts is the workload on the built-in model: byte tokens, BOS
+// and a plain "documents, question, answer" layout.
+func BuiltinPrompts() Prompts {
+	var tok tokenizer.Tokenizer
+	return Prompts{
+		Encode: tok.Encode,
+		Wrap: func(q string) ([]int32, []int32, error) {
+			before := append([]int32{tok.BOS()}, tok.Encode("Answer from the documents.\n")...)
+			return before, tok.Encode("\nQuestion: " + q + "\nAnswer:"), nil
+		},
+	}
+}
+
+// docMark stands for the documents in a rendered chat prompt.
+const docMark = "\x1fDOCUMENTS\x1f"
+
+// FilePrompts is the workload on a model file: its tokenizer, and prompts
+// rendered with its chat template (a system message, then a user message
+// holding the documents and the question); without a template the
+// built-in layout with the file's tokenizer.
+func FilePrompts(f *modelfile.File) Prompts {
+	p := Prompts{Encode: f.Vocab.Encode}
+	p.Wrap = func(q string) ([]int32, []int32, error) {
+		if f.Template == nil {
+			return f.PromptTokens("Answer from the documents.\n"), f.Vocab.Encode("\nQuestion: " + q + "\nAnswer:"), nil
+		}
+		text, err := f.Template.Render([]chat.Message{
+			{Role: "system", Content: "Answer from the documents."},
+			{Role: "user", Content: "Documents:\n" + docMark + "\nQuestion: " + q},
+		}, f.ChatOptions(true))
+		if err != nil {
+			return nil, nil, fmt.Errorf("eval: chat template: %w", err)
+		}
+		b, a, ok := strings.Cut(text, docMark)
+		if !ok {
+			return nil, nil, errors.New("eval: the chat template dropped the user message")
+		}
+		before := f.Vocab.EncodeSpecial(b)
+		if f.AddBOS && f.BOS >= 0 && (len(before) == 0 || before[0] != f.BOS) {
+			before = append([]int32{f.BOS}, before...)
+		}
+		return before, f.Vocab.EncodeSpecial(a), nil
+	}
+	return p
+}
+
+// ReadDocuments reads every *.txt file of dir, sorted by name.
+func ReadDocuments(dir string) ([]string, error) {
+	names, err := filepath.Glob(filepath.Join(dir, "*.txt"))
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(names)
+	var out []string
+	for _, n := range names {
+		b, err := os.ReadFile(n)
+		if err != nil {
+			return nil, fmt.Errorf("eval: %w", err)
+		}
+		if s := strings.TrimSpace(string(b)); s != "" {
+			out = append(out, s)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("eval: no non-empty *.txt document in %s", dir)
+	}
+	return out, nil
+}
+
+// ReadQuestions reads one question per non-empty line of path.
+func ReadQuestions(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("eval: %w", err)
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			out = append(out, l)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("eval: no question in %s", path)
+	}
+	return out, nil
+}
+
+func (c Config) withDefaults() Config {
+	if len(c.Ratios) == 0 {
+		c.Ratios = DefaultRatios
+	}
+	c.Prompts = cmpOr(c.Prompts, DefaultPrompts)
+	c.Docs = cmpOr(c.Docs, DefaultDocs)
+	c.Positions = cmpOr(c.Positions, DefaultPositions)
+	if len(c.Documents) == 0 {
+		for _, d := range corpus.Documents() {
+			c.Documents = append(c.Documents, d.Text)
+		}
+	}
+	if len(c.Questions) == 0 {
+		c.Questions = DefaultQuestions
+	}
+	if c.Seed == 0 {
+		c.Seed = 1
+	}
+	return c
+}
+
+func cmpOr(v, d int) int {
+	if v <= 0 {
+		return d
+	}
+	return v
+}
+
+// cases builds the prompts: prompt i holds cfg.Docs documents starting at
+// document i·Docs (wrapping around), in an order rotated by i, and asks
+// question i.
+func cases(cfg Config, p Prompts) ([]quality.Case, error) {
+	docs := make([][]int32, len(cfg.Documents))
+	for i, d := range cfg.Documents {
+		t := p.Encode(d)
+		docs[i] = t[:min(len(t), MaxDocTokens)]
+	}
+	var out []quality.Case
+	for i := range cfg.Prompts {
+		before, after, err := p.Wrap(cfg.Questions[i%len(cfg.Questions)])
+		if err != nil {
+			return nil, err
+		}
+		c := quality.Case{Prefix: before, Question: after}
+		for j := range cfg.Docs {
+			c.Docs = append(c.Docs, docs[(i*cfg.Docs+j*(i+1))%len(docs)])
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// Run evaluates m (a whole model) on the workload p.
+func Run(m *model.Model, name string, p Prompts, cfg Config) (Report, error) {
+	cfg = cfg.withDefaults()
+	for _, r := range cfg.Ratios {
+		if r < 0 || r > 1 {
+			return Report{}, fmt.Errorf("eval: recompute ratio %v outside [0, 1]", r)
+		}
+	}
+	cs, err := cases(cfg, p)
+	if err != nil {
+		return Report{}, err
+	}
+	mc := m.Config()
+	rep := Report{Model: name, Layers: mc.Layers, CheckLayer: mc.CheckLayer, Prompts: len(cs), Positions: cfg.Positions}
+	for _, c := range cs {
+		n := len(c.Prefix) + len(c.Question)
+		for _, d := range c.Docs {
+			n += len(d)
+			rep.DocTokens += float64(len(d)) / float64(len(cs))
+		}
+		rep.PromptTokens += float64(n) / float64(len(cs))
+	}
+	ratios := slices.Clone(cfg.Ratios)
+	slices.Sort(ratios)
+	for _, r := range ratios {
+		rules := []model.Selection{model.SelectDeviation, model.SelectRandom}
+		if r == 0 || r == 1 { // the rules select nothing or everything alike
+			rules = rules[:1]
+		}
+		for _, rule := range rules {
+			pt, err := measure(m, cs, r, rule, cfg)
+			if err != nil {
+				return Report{}, err
+			}
+			rep.Points = append(rep.Points, pt)
+		}
+	}
+	return rep, nil
+}
+
+// measure runs every case at ratio r with rule.
+func measure(m *model.Model, cs []quality.Case, r float64, rule model.Selection, cfg Config) (Point, error) {
+	pt := Point{Rule: rule.String(), Ratio: r}
+	if r == 0 {
+		pt.Rule = "full_reuse"
+	}
+	var full, blend time.Duration
+	for i, c := range cs {
+		q, err := quality.Blend(m, c, quality.Options{Ratio: r, Select: rule, Seed: cfg.Seed + uint64(i), Positions: cfg.Positions})
+		if err != nil {
+			return pt, fmt.Errorf("eval: prompt %d at ratio %v (%v): %w", i, r, rule, err)
+		}
+		n := float64(len(cs))
+		pt.FirstKL += q.FirstKL / n
+		pt.MeanKL += q.MeanKL / n
+		pt.Top1 += q.Top1 / n
+		if q.GreedyMatch == q.Positions {
+			pt.GreedyMatch += 1 / n
+		}
+		full += q.FullTime
+		blend += q.BlendTime
+	}
+	pt.FullMs = float64(full) / float64(time.Millisecond) / float64(len(cs))
+	pt.BlendMs = float64(blend) / float64(time.Millisecond) / float64(len(cs))
+	if blend > 0 {
+		pt.Speedup = float64(full) / float64(blend)
+	}
+	return pt, nil
+}
+
+// Cheapest is the point of rule with the highest speedup whose mean
+// first-token KL is at most maxKL (false when none is).
+func (r Report) Cheapest(rule string, maxKL float64) (Point, bool) {
+	var best Point
+	found := false
+	for _, p := range r.Points {
+		if (p.Rule == rule || p.Rule == "full_reuse" || p.Ratio == 1) && p.FirstKL <= maxKL && (!found || p.Speedup > best.Speedup) {
+			best, found = p, true
+		}
+	}
+	return best, found
+}
