@@ -3,11 +3,17 @@ package eval
 import (
 	"bytes"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"encoding/xml"
 	"strings"
 	"testing"
 
+	"github.com/cacheblend/cacheblend/internal/llamaref"
+	"github.com/cacheblend/cacheblend/internal/testmodel"
 	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/modelfile"
 )
 
 // A small built-in model: every configuration measured, ratio 1 is the
@@ -60,3 +66,70 @@ func TestRun(t *testing.T) {
 	}
 }
 
+
+// A GGUF file with a chat template: the prompts are the template's
+// rendering with the documents' tokens in the user message, and the
+// evaluation runs on the file's model.
+func TestRunOnModelFile(t *testing.T) {
+	src, err := llamaref.LlamaCppSource()
+	if err != nil {
+		t.Fatalf("%v: run bash scripts/deps.sh", err)
+	}
+	tmpl, err := os.ReadFile(filepath.Join(src, "models", "templates", "meta-llama-Llama-3.2-3B-Instruct.jinja"))
+	if err != nil {
+		t.Fatalf("%v: run bash scripts/deps.sh", err)
+	}
+	path := filepath.Join(t.TempDir(), "m.gguf")
+	if err := testmodel.Write(path, testmodel.Spec{Layers: 2, Dim: 64, FFNDim: 128, Template: string(tmpl),
+		VocabFile: filepath.Join(src, "models", "ggml-vocab-llama-bpe.gguf")}); err != nil {
+		t.Fatal(err)
+	}
+	mf, err := modelfile.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mf.Close()
+	p := FilePrompts(mf)
+	before, after, err := p.Wrap("Why?")
+	if err != nil {
+		t.Fatal(err)
+	}
+	header := mf.Vocab.EncodeSpecial("<|start_header_id|>")
+	if b, a := mf.Vocab.Decode(before), mf.Vocab.Decode(after); len(header) != 1 || !slices.Contains(before, header[0]) || !slices.Contains(after, header[0]) ||
+		!strings.HasSuffix(b, "Answer from the documents.user\n\nDocuments:\n") || !strings.HasSuffix(a, "\nQuestion: Why?assistant\n\n") {
+		t.Fatalf("prompt around the documents:\n%q\n...\n%q", b, a)
+	}
+	m, err := model.Load(mf.GGUF, model.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(m, mf.Name, p, Config{Ratios: []float64{0, 1}, Prompts: 1, Docs: 2, Positions: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Points) != 2 || rep.Points[1].FirstKL > 1e-9 || rep.Points[0].FirstKL <= 0 || rep.DocTokens <= 0 {
+		t.Fatalf("report %+v", rep)
+	}
+}
+
+func TestReadWorkload(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := ReadDocuments(dir); err == nil {
+		t.Fatal("an empty directory read as documents")
+	}
+	os.WriteFile(filepath.Join(dir, "b.txt"), []byte("second\n"), 0o600)
+	os.WriteFile(filepath.Join(dir, "a.txt"), []byte(" first "), 0o600)
+	os.WriteFile(filepath.Join(dir, "c.md"), []byte("not a document"), 0o600)
+	docs, err := ReadDocuments(dir)
+	if err != nil || fmt.Sprint(docs) != "[first second]" {
+		t.Fatalf("documents %q %v", docs, err)
+	}
+	q := filepath.Join(dir, "q")
+	os.WriteFile(q, []byte("\n  one?\n\ntwo?\n"), 0o600)
+	if qs, err := ReadQuestions(q); err != nil || fmt.Sprint(qs) != "[one? two?]" {
+		t.Fatalf("questions %q %v", qs, err)
+	}
+	if _, err := Run(nil, "", BuiltinPrompts(), Config{Ratios: []float64{2}}); err == nil {
+		t.Fatal("ratio 2 accepted")
+	}
+}
