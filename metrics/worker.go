@@ -23,7 +23,11 @@ type WorkerMetrics struct {
 	failures  enumSeries // one series per BlendOp
 	kv        kvTransfer
 	handoffs  enumSeries // one series per HandoffState
+	gate      gateGauges
 }
+
+// gateGauges are the blend gate's outcome.
+type gateGauges struct{ enabled, kl *series }
 
 // NewWorkerMetrics registers the worker's contract instruments on reg and resolves all their
 // series (one per ForwardPhase, BlendOp and KVDirection); a contract that lacks one of them is
@@ -39,6 +43,7 @@ func NewWorkerMetrics(reg prometheus.Registerer, opts ...Option) (*WorkerMetrics
 			failures:  b.enum(contract.Counter, "cb_worker_blend_failures_total", blendOpNames[:]),
 			kv:        newKVTransfer(b),
 			handoffs:  b.enum(contract.Gauge, "cb_worker_kv_handoffs", handoffStateNames[:]),
+			gate:      gateGauges{b.gaugeSeries("cb_worker_blend_enabled"), b.gaugeSeries("cb_worker_blend_gate_kl")},
 		}
 	})
 }
@@ -70,6 +75,22 @@ func (m *WorkerMetrics) ObserveRecomputeRatio(impCount, reusedTokens int) {
 	default:
 		m.recompute.Observe(float64(impCount) / float64(reusedTokens))
 	}
+}
+
+// SetBlendGate records the blend gate's outcome: whether blending is on
+// for the worker's model and the mean KL the gate measured (0 when it did
+// not check). A negative or NaN kl refuses the record (see Registry).
+func (m *WorkerMetrics) SetBlendGate(enabled bool, kl float64) {
+	if !(kl >= 0) {
+		m.reg.sink.refuse(fmt.Errorf("metrics: blend gate KL %v: %w", kl, ErrNegative))
+		return
+	}
+	v := 0.0
+	if enabled {
+		v = 1
+	}
+	m.gate.enabled.gauge.Set(v)
+	m.gate.kl.gauge.Set(kl)
 }
 
 // Step counts one executed step batch.

@@ -52,6 +52,16 @@ func TestHealthChecks(t *testing.T) {
 	if code, _ := health(); code != http.StatusOK {
 		t.Fatalf("recovered: %d", code)
 	}
+	var detail atomic.Value
+	detail.Store("")
+	rt.AddHealthDetail("blend", func() string { return detail.Load().(string) })
+	if code, body := health(); code != http.StatusOK || body != "ok\n" {
+		t.Fatalf("empty detail: %d %q", code, body)
+	}
+	detail.Store("off: gate failed\nsecond line")
+	if code, body := health(); code != http.StatusOK || body != "ok\nblend: off: gate failed; second line\n" {
+		t.Fatalf("with a detail: %d %q", code, body)
+	}
 }
 
 func TestServeLimits(t *testing.T) {

@@ -86,6 +86,7 @@ type Runtime struct {
 	mu      sync.Mutex
 	servers []*httpserve.Server
 	checks  []namedCheck
+	details []namedDetail
 	// gatherers are served next to Registry (AddGatherer).
 	gatherers prometheus.Gatherers
 	shutdown  bool
@@ -268,6 +269,22 @@ func (r *Runtime) AddHealthCheck(name string, check HealthCheck) {
 	r.checks = append(r.checks, namedCheck{name, check})
 }
 
+// namedDetail is a line /health shows after its status.
+type namedDetail struct {
+	name   string
+	detail func() string
+}
+
+// AddHealthDetail adds a line "name: detail()" that /health shows after
+// its status, whether healthy or not (e.g. the worker's blend gate: why
+// blending is off). An empty detail shows no line. Safe to call at any
+// time.
+func (r *Runtime) AddHealthDetail(name string, detail func() string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.details = append(r.details, namedDetail{name, detail})
+}
+
 // Health runs the health checks: nil when every one passes, else the
 // failures joined, each prefixed by its check's name.
 func (r *Runtime) Health() error {
@@ -306,12 +323,20 @@ func (r *Runtime) metricsMux(before func()) *http.ServeMux {
 func (r *Runtime) serveHealth(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
+	status := "ok\n"
 	if err := r.Health(); err != nil {
 		w.WriteHeader(http.StatusServiceUnavailable)
-		io.WriteString(w, "unavailable: "+strings.ReplaceAll(err.Error(), "\n", "; ")+"\n")
-		return
+		status = "unavailable: " + strings.ReplaceAll(err.Error(), "\n", "; ") + "\n"
 	}
-	io.WriteString(w, "ok\n")
+	io.WriteString(w, status)
+	r.mu.Lock()
+	details := slices.Clone(r.details)
+	r.mu.Unlock()
+	for _, d := range details {
+		if v := d.detail(); v != "" {
+			io.WriteString(w, d.name+": "+strings.ReplaceAll(v, "\n", "; ")+"\n")
+		}
+	}
 }
 
 // Shutdown stops the HTTP servers and flushes and stops telemetry.

@@ -62,6 +62,9 @@ func TestBlendGate(t *testing.T) {
 			if info.BlendGate != tc.outcome || (tc.off == "") != (info.BlendOff == "") || !strings.Contains(info.BlendOff, tc.off) {
 				t.Fatalf("gate %q, off %q; want %q, off containing %q", info.BlendGate, info.BlendOff, tc.outcome, tc.off)
 			}
+			if st := h.w.BlendStatus(); (tc.off == "") != strings.HasPrefix(st, "on") {
+				t.Fatalf("blend status %q", st)
+			}
 			checked := tc.gate == GateAuto
 			if checked != (info.BlendGateKl > 0) || (tc.outcome == gatePassed && info.BlendGateKl > DefaultBlendGateKL) {
 				t.Fatalf("gate KL %v (checked %v)", info.BlendGateKl, checked)

@@ -379,6 +379,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.logger.Info("worker started", "addr", ln.Addr().String(), "kv_memory", kv.Name(), "sealed", kv.Sealed(), "layers", m.Config().Layers,
 		"dim", m.Config().Dim, "blocks", w.cfg.NumBlocks, "block_size", w.cfg.BlockSize, "blend", w.blend != nil,
 		"rank", w.cfg.Rank, "world_size", w.group.world)
+	w.metrics.SetBlendGate(w.gate.Off == "", w.gate.KL)
 	if g := w.gate; g.Off != "" {
 		w.logger.Warn("CacheBlend blending is off for this model: the engine reuses exact prefixes only", "reason", g.Off,
 			"blend_gate", g.Outcome, "kl", g.KL, "top1", g.Top1, "cases", g.Cases, "gate_ms", g.Duration.Milliseconds())
@@ -387,6 +388,24 @@ func (w *Worker) Start(ctx context.Context) error {
 			"threshold", w.cfg.BlendGateKL, "gate_ms", g.Duration.Milliseconds())
 	}
 	return nil
+}
+
+// BlendStatus says whether CacheBlend blending is on for the worker's model
+// and why (the blend gate's outcome; "" before Start), for /health.
+func (w *Worker) BlendStatus() string {
+	w.life.mu.Lock()
+	defer w.life.mu.Unlock()
+	if !w.life.started {
+		return ""
+	}
+	g := w.gate
+	switch {
+	case g.Off != "":
+		return "off: " + g.Off
+	case g.Outcome == gatePassed:
+		return fmt.Sprintf("on (blend gate passed: mean KL %.4g <= %.4g)", g.KL, w.cfg.BlendGateKL)
+	}
+	return "on (forced: --blend-gate on)"
 }
 
 // Addr is the bound gRPC address ("" before Start).
