@@ -103,46 +103,98 @@ func Blend(m *model.Model, c Case, opt Options) (Report, error) {
 // block table bt, with logits the forward's next-token logits — with a full
 // prefill of the prompt, over k positions (0 means 1): the full prefill's
 // first k-1 greedy tokens are fed to both (teacher forcing) and the
-// distributions at each position compared. It reads kv and bt only (the
-// served KV is copied into a private KV memory), so it may run after the
-// request's step while the request still holds its blocks.
+// distributions at each position compared. It is a Checker used once.
 func Served(m *model.Model, kv *kvcache.Memory, bt []int32, prompt []int32, logits []float32, k int) (Report, error) {
+	c := NewChecker(m)
+	defer c.Close()
+	if err := c.Snapshot(kv, bt, prompt, logits, k); err != nil {
+		return Report{}, err
+	}
+	return c.Compare()
+}
+
+// Checker compares served prompts with full prefills in a KV memory of
+// its own, kept between checks (grown when a prompt needs more): Snapshot
+// copies what a request was served (cheap: a copy of the prompt's KV),
+// Compare later does the expensive part. A Checker is not safe for
+// concurrent use; Snapshot and Compare alternate.
+type Checker struct {
+	m      *model.Model
+	own    *kvcache.Memory
+	prompt []int32
+	logits []float32
+	k      int
+}
+
+// NewChecker returns a Checker for m (a whole model); its memory is
+// allocated by the first Snapshot.
+func NewChecker(m *model.Model) *Checker { return &Checker{m: m} }
+
+// Close releases the Checker's KV memory.
+func (c *Checker) Close() error {
+	if c.own == nil {
+		return nil
+	}
+	err := c.own.Close()
+	c.own = nil
+	return err
+}
+
+// Snapshot copies the prompt's KV as served — in kv under bt — and its
+// next-token logits, for a comparison over k positions (0 means 1). kv and
+// bt are only read, and not after Snapshot returns.
+func (c *Checker) Snapshot(kv *kvcache.Memory, bt []int32, prompt []int32, logits []float32, k int) error {
 	k = max(k, 1)
 	n, l := len(prompt), kv.Layout()
 	per := blocksFor(n + k)
-	ol := m.KVLayout(2*per, blockSize)
+	ol := c.m.KVLayout(2*per, blockSize)
 	switch {
 	case n == 0 || kvcache.Capacity(bt, l.BlockSize) < n:
-		return Report{}, fmt.Errorf("quality: %d prompt tokens, block table holds %d", n, kvcache.Capacity(bt, l.BlockSize))
+		return fmt.Errorf("quality: %d prompt tokens, block table holds %d", n, kvcache.Capacity(bt, l.BlockSize))
 	case l.NumLayers != ol.NumLayers || l.KVHeads != ol.KVHeads || l.HeadDim != ol.HeadDim:
-		return Report{}, fmt.Errorf("quality: KV memory of layout %+v for a model of %+v", l, ol)
-	case len(logits) != m.Config().Vocab:
-		return Report{}, fmt.Errorf("%w: %d logits over a vocabulary of %d", ErrShape, len(logits), m.Config().Vocab)
+		return fmt.Errorf("quality: KV memory of layout %+v for a model of %+v", l, ol)
+	case len(logits) != c.m.Config().Vocab:
+		return fmt.Errorf("%w: %d logits over a vocabulary of %d", ErrShape, len(logits), c.m.Config().Vocab)
 	}
 	for _, b := range bt[:blocksFor2(n, l.BlockSize)] {
 		if b < 0 || int(b) >= l.NumBlocks {
-			return Report{}, fmt.Errorf("quality: block %d outside the KV memory's %d", b, l.NumBlocks)
+			return fmt.Errorf("quality: block %d outside the KV memory's %d", b, l.NumBlocks)
 		}
 	}
-	own, err := kvcache.Create("", ol)
-	if err != nil {
-		return Report{}, fmt.Errorf("quality: KV memory: %w", err)
+	if c.own == nil || c.own.Layout().NumBlocks < ol.NumBlocks {
+		c.Close()
+		own, err := kvcache.Create("", ol)
+		if err != nil {
+			return fmt.Errorf("quality: KV memory: %w", err)
+		}
+		c.own = own
 	}
-	defer own.Close()
-	full, served := blocks(0, per), blocks(per, per)
-	copyServed(m, kv, bt, own, served, n)
+	copyServed(c.m, kv, bt, c.own, blocks(per, per), n)
+	c.prompt, c.logits, c.k = append(c.prompt[:0], prompt...), append(c.logits[:0], logits...), k
+	return nil
+}
 
+// Compare runs the full prefill of the last snapshot's prompt and the
+// teacher-forced positions, and compares.
+func (c *Checker) Compare() (Report, error) {
+	if c.own == nil || len(c.prompt) == 0 {
+		return Report{}, errors.New("quality: compare without a snapshot")
+	}
+	m, prompt, k := c.m, c.prompt, c.k
+	n := len(prompt)
+	per := blocksFor(n + k)
+	full, served := blocks(0, per), blocks(per, per)
 	t0 := time.Now()
-	ref, err := m.Prefill(own, model.PrefillInput{Tokens: prompt, BlockTable: full})
+	ref, err := m.Prefill(c.own, model.PrefillInput{Tokens: prompt, BlockTable: full})
 	fullTime := time.Since(t0)
 	if err != nil {
 		return Report{}, fmt.Errorf("quality: full prefill: %w", err)
 	}
 	v := m.Config().Vocab
-	refs, gots := append(make([]float32, 0, k*v), ref...), append(make([]float32, 0, k*v), logits...)
+	refs, gots := append(make([]float32, 0, k*v), ref...), append(make([]float32, 0, k*v), c.logits...)
 	for pos := n; pos < n+k-1; pos++ {
 		tok := int32(Argmax(ref)) // the full prefill's greedy continuation
-		outs, err := m.Decode(own, []model.DecodeInput{{Token: tok, Pos: pos, BlockTable: full}, {Token: tok, Pos: pos, BlockTable: served}})
+		outs, err := m.Decode(c.own, []model.DecodeInput{{Token: tok, Pos: pos, BlockTable: full}, {Token: tok, Pos: pos, BlockTable: served}})
 		if err != nil {
 			return Report{}, fmt.Errorf("quality: teacher-forced step %d: %w", pos-n+1, err)
 		}

@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/model"
 )
 
@@ -73,5 +74,49 @@ func TestBlend(t *testing.T) {
 	}
 	if _, err := Blend(m, Case{Question: []int32{1, 2}}, Options{}); err == nil {
 		t.Fatal("a case without documents compared")
+	}
+}
+
+// A Checker's snapshot is a copy: what happens to the served KV after
+// Snapshot does not change the comparison; the memory grows for a longer
+// prompt and is reused.
+func TestChecker(t *testing.T) {
+	m := smallModel(t)
+	c := NewChecker(m)
+	defer c.Close()
+	if _, err := c.Compare(); err == nil {
+		t.Fatal("compare without a snapshot")
+	}
+	for _, n := range []int{40, 120} {
+		prompt := randDoc(rand.New(rand.NewPCG(uint64(n), 9)), n)
+		kv, err := kvcache.Create("", m.KVLayout(16, 16))
+		if err != nil {
+			t.Fatal(err)
+		}
+		bt := blocks(3, blocksFor(n))
+		logits, err := m.Prefill(kv, model.PrefillInput{Tokens: prompt, BlockTable: bt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Snapshot(kv, bt, prompt, logits, 3); err != nil {
+			t.Fatal(err)
+		}
+		for l := range m.Config().Layers { // the served KV is gone
+			clear(kv.K(l))
+			clear(kv.V(l))
+		}
+		kv.Close()
+		r, err := c.Compare()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Positions != 3 || r.MaxKL > 1e-6 || r.GreedyMatch != 3 {
+			t.Fatalf("%d tokens: a full prefill served compares as %+v", n, r)
+		}
+	}
+	kv, _ := kvcache.Create("", m.KVLayout(4, 16))
+	defer kv.Close()
+	if err := c.Snapshot(kv, []int32{9}, []int32{1, 2}, make([]float32, m.Config().Vocab), 1); err == nil {
+		t.Fatal("a block outside the memory accepted")
 	}
 }
