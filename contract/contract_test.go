@@ -237,7 +237,7 @@ func TestSpanTree(t *testing.T) {
 			t.Errorf("%s: phase %v, want %q", name, sp, phase)
 		}
 	}
-	if !slices.Equal(set.Traces(), []string{TraceIngest, TraceRequest}) {
+	if !slices.Equal(set.Traces(), []string{TraceIngest, TraceQuality, TraceRequest}) {
 		t.Errorf("traces %v", set.Traces())
 	}
 }

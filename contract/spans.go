@@ -79,6 +79,8 @@ const (
 	TraceRequest = "request"
 	// TraceIngest is the trace of one document ingest.
 	TraceIngest = "ingest"
+	// TraceQuality is the trace of one online quality check (cb.quality).
+	TraceQuality = "quality"
 )
 
 // Condition makes an optional span required: the span must be present exactly when the

@@ -137,3 +137,22 @@ var handoffStateNames = [...]string{"kept", "pulling"}
 // String returns the label value, "kept" or "pulling", or "HandoffState(n)" for a value that
 // is not one of the constants.
 func (s HandoffState) String() string { return enumName(handoffStateNames[:], "HandoffState", s) }
+
+// QualityCheck is the result label of cb_worker_quality_checks_total. The zero value is
+// QualityDone.
+type QualityCheck uint8
+
+var qualityCheckNames = [...]string{"done", "dropped", "failed"}
+
+// String returns the label value.
+func (q QualityCheck) String() string { return enumName(qualityCheckNames[:], "QualityCheck", q) }
+
+// Online quality check results, in contract order.
+const (
+	// QualityDone is "done": a sampled request was compared with its full prefill.
+	QualityDone QualityCheck = iota
+	// QualityDropped is "dropped": the checker was busy or over its CPU budget.
+	QualityDropped
+	// QualityFailed is "failed": the check could not run (an error).
+	QualityFailed
+)

@@ -24,6 +24,14 @@ type WorkerMetrics struct {
 	kv        kvTransfer
 	handoffs  enumSeries // one series per HandoffState
 	gate      gateGauges
+	quality   qualityInstruments
+}
+
+// qualityInstruments are the online quality check's.
+type qualityInstruments struct {
+	kl     *HistogramSeries
+	top1   enumSeries // agree: true, false
+	checks enumSeries // one series per QualityCheck
 }
 
 // gateGauges are the blend gate's outcome.
@@ -44,6 +52,11 @@ func NewWorkerMetrics(reg prometheus.Registerer, opts ...Option) (*WorkerMetrics
 			kv:        newKVTransfer(b),
 			handoffs:  b.enum(contract.Gauge, "cb_worker_kv_handoffs", handoffStateNames[:]),
 			gate:      gateGauges{b.gaugeSeries("cb_worker_blend_enabled"), b.gaugeSeries("cb_worker_blend_gate_kl")},
+			quality: qualityInstruments{
+				kl:     b.histogramSeries("lmcache_blend_quality_kl"),
+				top1:   b.enum(contract.Counter, "lmcache_blend_quality_top1_total", []string{"true", "false"}),
+				checks: b.enum(contract.Counter, "cb_worker_quality_checks_total", qualityCheckNames[:]),
+			},
 		}
 	})
 }
@@ -91,6 +104,27 @@ func (m *WorkerMetrics) SetBlendGate(enabled bool, kl float64) {
 	}
 	m.gate.enabled.gauge.Set(v)
 	m.gate.kl.gauge.Set(kl)
+}
+
+// QualityCheck counts one online quality check by result.
+func (m *WorkerMetrics) QualityCheck(r QualityCheck) {
+	if sr := pick(m.quality.checks, r); sr != nil {
+		sr.counter.Inc()
+	}
+}
+
+// ObserveQuality records a done quality check: its mean KL (nats) and, of
+// its positions compared, how many agree on the most likely token. A
+// negative or NaN KL, or agree outside [0, positions], refuses the record
+// (see Registry).
+func (m *WorkerMetrics) ObserveQuality(kl float64, agree, positions int) {
+	if !(kl >= 0) || agree < 0 || agree > positions {
+		m.reg.sink.refuse(fmt.Errorf("metrics: quality KL %v, %d of %d positions agree: %w", kl, agree, positions, ErrInvalidRecord))
+		return
+	}
+	m.quality.kl.Observe(kl)
+	m.quality.top1.ss[0].counter.Add(float64(agree))
+	m.quality.top1.ss[1].counter.Add(float64(positions - agree))
 }
 
 // Step counts one executed step batch.

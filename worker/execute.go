@@ -181,6 +181,7 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 	fctx, fwd := w.spans.Start(pctx, spanname.CBModelForward, trace.WithAttributes(attrRequestID.String(id)), trace.WithAttributes(w.rankAttrs()...))
 	t0 := time.Now()
 	var logits []float32
+	var stats model.BlendStats
 	// The ranks of a group may have loaded different parts of the plan (a
 	// chunk gone on one rank): they all run the blended forward, which
 	// reuses only what every rank loaded, so they make the same calls.
@@ -197,7 +198,6 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 		if r := st.plan.RecompRatio; r > 0 {
 			in.RecompRatio = r
 		}
-		var stats model.BlendStats
 		logits, stats, err = w.model.BlendForward(w.kv, in)
 		if err == nil {
 			w.phaseSpans(fctx, id, stats)
@@ -220,6 +220,9 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 		return out
 	}
 	fwd.End()
+	if stats.Blended && end == len(st.prompt) {
+		w.sampleQuality(id, st.prompt, bt, logits, stats, fwd)
+	}
 	if sq.GetSample() {
 		out.HasToken = true
 		out.Token = model.Sample(logits, sampling(sq.GetSampling()), st.rng)

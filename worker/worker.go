@@ -106,6 +106,16 @@ type Config struct {
 	// BlendGateKL is the gate's threshold on the mean KL (nats); default
 	// DefaultBlendGateKL.
 	BlendGateKL float64
+	// QualitySampleRate is the share of blended prefills whose quality is
+	// checked online against a full prefill, off the request's path (see
+	// docs/design.md); 0 (the zero value) is off. Whole-model workers only.
+	QualitySampleRate float64
+	// QualityBudget is the share of wall time the quality checker may be
+	// busy; default DefaultQualityBudget.
+	QualityBudget float64
+	// QualityPositions is how many output positions a check compares;
+	// default DefaultQualityPositions.
+	QualityPositions int
 }
 
 func (c Config) withDefaults() Config {
@@ -126,6 +136,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BlendGateKL <= 0 {
 		c.BlendGateKL = DefaultBlendGateKL
+	}
+	if c.QualityBudget <= 0 || c.QualityBudget > 1 {
+		c.QualityBudget = DefaultQualityBudget
+	}
+	if c.QualityPositions <= 0 {
+		c.QualityPositions = DefaultQualityPositions
 	}
 	if c.BlockSize <= 0 {
 		c.BlockSize = DefaultBlockSize
@@ -229,7 +245,8 @@ type Worker struct {
 	reg    registration
 	stores storeQueue
 
-	gate gateResult // the blend gate's outcome (set by Start)
+	gate    gateResult      // the blend gate's outcome (set by Start)
+	quality *qualitySampler // the online quality check; nil when off (set by Start)
 
 	ho    *handoffs                                   // prefill/decode hand-overs (handoff.go)
 	dial  func(addr string) (*grpc.ClientConn, error) // Deps.DialPeer
@@ -362,6 +379,10 @@ func (w *Worker) Start(ctx context.Context) error {
 		firstTry = make(chan struct{})
 		w.life.bg.Add(1)
 		go w.registerLoop(firstTry)
+	}
+	if w.quality = newQualitySampler(w.cfg, m); w.quality != nil {
+		w.life.bg.Add(1)
+		go w.checkQuality(w.quality)
 	}
 	w.life.bg.Add(1)
 	go func(srv *grpc.Server) {
@@ -511,6 +532,9 @@ func (w *Worker) closeResources() error {
 	}
 	if w.file != nil {
 		errs = append(errs, w.file.Close())
+	}
+	if w.quality != nil {
+		errs = append(errs, w.quality.checker.Close())
 	}
 	return errors.Join(errs...)
 }

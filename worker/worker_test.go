@@ -41,6 +41,7 @@ type harness struct {
 	conn   *grpc.ClientConn
 	rec    *tracetest.SpanRecorder
 	tp     *sdktrace.TracerProvider
+	reg    *prometheus.Registry
 }
 
 func start(t *testing.T, cfg Config) *harness { return startWith(t, cfg, nil) }
@@ -60,7 +61,8 @@ func startWith(t *testing.T, cfg Config, mut func(*Config)) *harness {
 	if mut != nil {
 		mut(&cfg)
 	}
-	w, err := New(cfg, Deps{Deps: component.Deps{TracerProvider: tp, Registerer: prometheus.NewRegistry()}})
+	reg := prometheus.NewRegistry()
+	w, err := New(cfg, Deps{Deps: component.Deps{TracerProvider: tp, Registerer: reg}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +73,7 @@ func startWith(t *testing.T, cfg Config, mut func(*Config)) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{w: w, client: cbv1.NewWorkerServiceClient(conn), conn: conn, rec: rec, tp: tp}
+	h := &harness{w: w, client: cbv1.NewWorkerServiceClient(conn), conn: conn, rec: rec, tp: tp, reg: reg}
 	t.Cleanup(func() {
 		conn.Close()
 		if err := w.Shutdown(context.Background()); err != nil {

@@ -251,3 +251,18 @@ const (
 	// never part of a request's trace.
 	CBStorePreComputed = "cb.store_pre_computed"
 )
+
+// Span names of the quality trace, in the order of contract/spans.yaml.
+const (
+	// CBQuality is the span "cb.quality" of cb-worker (kind internal, phase "request"), the root of
+	// the quality trace; required.
+	//
+	// The online quality check of a sampled blended request (cb worker --quality-sample-rate): the
+	// root of its own trace, linked to the request's cb.model_forward. The prompt's KV as served is
+	// copied at the end of the request's prefill; later, off the request's path, the worker runs
+	// the full prefill and compares the next-token distributions over positions tokens
+	// (teacher-forced on the full prefill's greedy continuation): first_kl at the first output
+	// token, mean_kl over all, top1 the share of positions whose most likely token agrees,
+	// greedy_match the leading positions that agree.
+	CBQuality = "cb.quality"
+)

@@ -1,0 +1,127 @@
+package worker
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/cacheblend/cacheblend/contract/spanname"
+	"github.com/cacheblend/cacheblend/metrics"
+	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/quality"
+	"github.com/cacheblend/cacheblend/telemetry"
+)
+
+// Defaults of the online quality check's Config fields.
+const (
+	// DefaultQualityBudget is the share of wall time the checker may spend
+	// checking.
+	DefaultQualityBudget = 0.25
+	// DefaultQualityPositions is K, the output positions compared.
+	DefaultQualityPositions = 4
+)
+
+// qualitySampler is the online quality check (Config.QualitySampleRate):
+// for a sampled share of blended prefills, the prompt's KV as served is
+// copied at the end of the step (Checker.Snapshot), and the worker's
+// checker goroutine later runs the full prefill and compares (cb.quality,
+// lmcache_blend_quality_*). One check at a time; a sample taken while the
+// checker is busy, or before its budget allows, is dropped and counted.
+type qualitySampler struct {
+	rate, budget float64
+	k            int
+	rng          *rand.Rand // guarded by Worker.execMu (steps are serialized)
+	checker      *quality.Checker
+	busy         atomic.Bool  // a snapshot waits for or is in Compare
+	resume       atomic.Int64 // unix ns before which no sample is taken
+	jobs         chan qualityJob
+}
+
+// qualityJob is a snapshot waiting for its comparison.
+type qualityJob struct {
+	id       string
+	link     trace.SpanContext // the request's cb.model_forward
+	ratio    float64
+	selected int
+}
+
+// newQualitySampler returns the sampler of cfg for m, or nil when the
+// check is off (rate 0) or m is a tensor-parallel shard (a full prefill
+// needs every rank).
+func newQualitySampler(cfg Config, m *model.Model) *qualitySampler {
+	if cfg.QualitySampleRate <= 0 || m.WorldSize() > 1 {
+		return nil
+	}
+	return &qualitySampler{
+		rate: min(cfg.QualitySampleRate, 1), budget: cfg.QualityBudget, k: cfg.QualityPositions,
+		rng:     rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x51)),
+		checker: quality.NewChecker(m),
+		jobs:    make(chan qualityJob, 1),
+	}
+}
+
+// sampleQuality takes a snapshot of a blended prefill's served KV for the checker
+// when the request is sampled and the checker is free. Called from the
+// step, with Worker.execMu held.
+func (w *Worker) sampleQuality(id string, prompt []int32, bt []int32, logits []float32, s model.BlendStats, fwd *telemetry.Span) {
+	q := w.quality
+	if q == nil || q.rng.Float64() >= q.rate {
+		return
+	}
+	if time.Now().UnixNano() < q.resume.Load() || !q.busy.CompareAndSwap(false, true) {
+		w.metrics.QualityCheck(metrics.QualityDropped)
+		return
+	}
+	if err := q.checker.Snapshot(w.kv, bt, prompt, logits, q.k); err != nil {
+		q.busy.Store(false)
+		w.metrics.QualityCheck(metrics.QualityFailed)
+		w.logger.Warn("quality check: snapshot failed", "request_id", id, "err", err)
+		return
+	}
+	q.jobs <- qualityJob{id: id, link: fwd.SpanContext(), ratio: s.RecompRatio, selected: s.Selected} // never blocks: busy
+}
+
+// checkQuality is the checker goroutine: it compares each snapshot with a
+// full prefill until the worker stops.
+func (w *Worker) checkQuality(q *qualitySampler) {
+	defer w.life.bg.Done()
+	for {
+		select {
+		case <-w.life.stop:
+			return
+		case j := <-q.jobs:
+			t0 := time.Now()
+			w.compareQuality(q, j)
+			d := time.Since(t0)
+			// At most budget of the wall time: no sample before t0 + d/budget.
+			q.resume.Store(t0.Add(time.Duration(float64(d) / q.budget)).UnixNano())
+			q.busy.Store(false)
+		}
+	}
+}
+
+// compareQuality runs one comparison and records it: cb.quality, the root
+// of its own trace linked to the request's forward, and the metrics.
+func (w *Worker) compareQuality(q *qualitySampler, j qualityJob) {
+	ctx := trace.ContextWithSpanContext(context.Background(), trace.SpanContext{})
+	_, sp := w.spans.Start(ctx, spanname.CBQuality, trace.WithNewRoot(), trace.WithLinks(trace.Link{SpanContext: j.link}),
+		trace.WithAttributes(attrRequestID.String(j.id)))
+	defer sp.End()
+	r, err := q.checker.Compare()
+	if err != nil {
+		sp.SetError("quality_failed", err)
+		w.metrics.QualityCheck(metrics.QualityFailed)
+		w.logger.Warn("quality check failed", "request_id", j.id, "err", err)
+		return
+	}
+	sp.SetAttributes(attribute.Float64("first_kl", r.FirstKL), attribute.Float64("mean_kl", r.MeanKL),
+		attribute.Float64("top1", r.Top1), attribute.Int("greedy_match", r.GreedyMatch), attribute.Int("positions", r.Positions),
+		attribute.Float64("recomp_ratio", j.ratio), attribute.Int("selected", j.selected),
+		attribute.Float64("full_ms", float64(r.FullTime)/float64(time.Millisecond)))
+	w.metrics.QualityCheck(metrics.QualityDone)
+	w.metrics.ObserveQuality(r.MeanKL, int(r.Top1*float64(r.Positions)+0.5), r.Positions)
+}
