@@ -3,6 +3,7 @@ package chat
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -229,7 +230,7 @@ func installGlobals(vars map[string]jinja.Value, now time.Time, lim Limits) {
 	kwDict := func(_ []jinja.Value, kw map[string]jinja.Value) (jinja.Value, error) {
 		out := jinja.NewDict()
 		d := out.AsDict()
-		for _, k := range sortedKeys(kw) {
+		for _, k := range slices.Sorted(maps.Keys(kw)) {
 			d.Set(k, kw[k])
 		}
 		return out, nil
@@ -269,17 +270,14 @@ func rangeValue(args []jinja.Value, max int) (jinja.Value, error) {
 		}
 		n[i] = a.AsInt()
 	}
-	start, stop, step := int64(0), int64(0), int64(1)
+	start, stop, step := int64(0), n[0], int64(1)
 	switch len(args) {
-	case 1:
-		stop = n[0]
-	case 2, 3:
-		start, stop = n[0], n[1]
-		if len(args) == 3 {
-			step = n[2]
-		}
-	default:
+	case 0:
 		return jinja.Undefined(), errors.New("range: expected 1 to 3 integers")
+	case 2:
+		start, stop = n[0], n[1]
+	case 3:
+		start, stop, step = n[0], n[1], n[2]
 	}
 	if step == 0 {
 		return jinja.Undefined(), errors.New("range: step must not be zero")
@@ -310,15 +308,6 @@ func display(v jinja.Value) string {
 		return ""
 	}
 	return v.String()
-}
-
-func sortedKeys(m map[string]jinja.Value) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 // probe is the conversation Check renders.

@@ -102,27 +102,17 @@ func scanSegments(src string) ([]segment, error) {
 		for i < len(src) {
 			ch := src[i]
 			if kind != segComment && (ch == '\'' || ch == '"') {
-				i++
-				for i < len(src) && src[i] != ch {
-					if src[i] == '\\' && i+1 < len(src) {
-						i++
-					}
-					i++
-				}
-				if i < len(src) {
-					i++
-				}
+				i = min(stringEnd(src, i)+1, len(src))
 				continue
 			}
-			if braces == 0 && ch == '-' && i+2 < len(src) && src[i+1] == closer[0] && src[i+2] == closer[1] {
-				segs = append(segs, segment{kind: kind, start: tagStart, end: i + 3, bodyStart: bodyStart, bodyEnd: i})
-				i += 3
-				found = true
-				break
+			trim := 0 // the "-" trim marker before the closer
+			if ch == '-' {
+				trim = 1
 			}
-			if braces == 0 && i+1 < len(src) && ch == closer[0] && src[i+1] == closer[1] {
-				segs = append(segs, segment{kind: kind, start: tagStart, end: i + 2, bodyStart: bodyStart, bodyEnd: i})
-				i += 2
+			if braces == 0 && strings.HasPrefix(src[i+trim:], closer) {
+				end := i + trim + len(closer)
+				segs = append(segs, segment{kind: kind, start: tagStart, end: end, bodyStart: bodyStart, bodyEnd: i})
+				i = end
 				found = true
 				break
 			}
@@ -145,6 +135,24 @@ func scanSegments(src string) ([]segment, error) {
 		segs = append(segs, segment{kind: segText, start: textStart, end: len(src)})
 	}
 	return segs, nil
+}
+
+// stringEnd returns the index of the quote closing the string literal that
+// opens at s[i] (a backslash escapes the next byte), or len(s) when the
+// literal is not closed.
+func stringEnd(s string, i int) int {
+	q := s[i]
+	for i++; i < len(s) && s[i] != q; i++ {
+		if s[i] == '\\' && i+1 < len(s) {
+			i++
+		}
+	}
+	return i
+}
+
+// isIdent reports whether c may be part of a name or a number literal.
+func isIdent(c byte) bool {
+	return c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
 }
 
 // keyword returns the statement keyword of a statement tag body, as the engine determines it.
@@ -203,28 +211,21 @@ func checkTag(body string) error {
 		ch := body[i]
 		switch {
 		case ch == '\'' || ch == '"':
-			i++
-			for i < len(body) && body[i] != ch {
-				if body[i] == '\\' && i+1 < len(body) {
-					i++
-				}
-				i++
-			}
-			i++
+			i = stringEnd(body, i) + 1
 			tokens++
 			continue
 		case ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r':
 			i++
 			continue
-		case !strings.ContainsRune(exprPunct, rune(ch)) && !(ch >= '0' && ch <= '9' || ch == '_' || ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z'):
-			// The engine's tokenizer skips characters it does not know; Jinja rejects them.
-			return fmt.Errorf("unexpected character %q", firstRunes(body[i:], 1))
-		case ch == '_' || ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9':
-			for i < len(body) && (body[i] == '_' || body[i] >= 'a' && body[i] <= 'z' || body[i] >= 'A' && body[i] <= 'Z' || body[i] >= '0' && body[i] <= '9') {
+		case isIdent(ch):
+			for i < len(body) && isIdent(body[i]) {
 				i++
 			}
 			tokens++
 			continue
+		case !strings.ContainsRune(exprPunct, rune(ch)):
+			// The engine's tokenizer skips characters it does not know; Jinja rejects them.
+			return fmt.Errorf("unexpected character %q", firstRunes(body[i:], 1))
 		case ch == '(' || ch == '[' || ch == '{':
 			depth++
 			if depth > maxBracketDepth {
@@ -343,16 +344,9 @@ func rewriteTag(body string) string {
 		ch := body[i]
 		switch {
 		case ch == '\'' || ch == '"':
-			j := i + 1
-			for j < len(body) && body[j] != ch {
-				if body[j] == '\\' && j+1 < len(body) {
-					j++
-				}
-				j++
-			}
-			end := min(j, len(body))
+			j := stringEnd(body, i)
 			b.WriteByte(ch)
-			b.WriteString(decodeEscapes(body[i+1:end], ch))
+			b.WriteString(decodeEscapes(body[i+1:j], ch))
 			if j < len(body) {
 				b.WriteByte(ch)
 			}
@@ -365,7 +359,7 @@ func rewriteTag(body string) string {
 				j++
 			}
 			k := j
-			for k < len(body) && (body[k] == '_' || body[k] >= 'a' && body[k] <= 'z' || body[k] >= 'A' && body[k] <= 'Z' || body[k] >= '0' && body[k] <= '9') {
+			for k < len(body) && isIdent(body[k]) {
 				k++
 			}
 			b.WriteString(body[i:j])
@@ -430,26 +424,18 @@ func decodeEscapes(lit string, quote byte) string {
 		case 'U':
 			n = 8
 		}
-		if n == 0 || i+2+n > len(lit) {
+		r, ok := hexAt(lit, i+2, n)
+		if !ok {
 			b.WriteString(lit[i : i+2])
 			i++
 			continue
 		}
-		v, err := strconv.ParseUint(lit[i+2:i+2+n], 16, 32)
-		if err != nil {
-			b.WriteString(lit[i : i+2])
-			i++
-			continue
-		}
-		r := rune(v)
 		i += 1 + n
-		if c == 'u' && utf16.IsSurrogate(r) {
-			if i+6 < len(lit) && lit[i+1] == '\\' && lit[i+2] == 'u' {
-				if lo, err := strconv.ParseUint(lit[i+3:i+7], 16, 32); err == nil {
-					if pair := utf16.DecodeRune(r, rune(lo)); pair != utf8.RuneError {
-						r = pair
-						i += 6
-					}
+		if c == 'u' && utf16.IsSurrogate(r) && strings.HasPrefix(lit[i+1:], "\\u") {
+			if lo, ok := hexAt(lit, i+3, 4); ok {
+				if pair := utf16.DecodeRune(r, lo); pair != utf8.RuneError {
+					r = pair
+					i += 6
 				}
 			}
 		}
@@ -459,4 +445,14 @@ func decodeEscapes(lit string, quote byte) string {
 		put(r)
 	}
 	return b.String()
+}
+
+// hexAt parses the n hex digits at s[i:]; false when n is 0, they run past
+// the end of s or are not hex digits.
+func hexAt(s string, i, n int) (rune, bool) {
+	if n == 0 || i+n > len(s) {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(s[i:i+n], 16, 32)
+	return rune(v), err == nil
 }

@@ -58,37 +58,27 @@ func toValue(x any, depth int) (jinja.Value, error) {
 		return numberValue(v)
 	case json.RawMessage:
 		return decodeJSON(v)
-	case []any:
-		items := make([]jinja.Value, len(v))
-		for i, e := range v {
-			ev, err := toValue(e, depth+1)
-			if err != nil {
-				return ev, err
-			}
-			items[i] = ev
-		}
-		return jinja.NewList(items), nil
-	case map[string]any:
-		out := jinja.NewDict()
-		d := out.AsDict()
-		keys := make([]string, 0, len(v))
-		for k := range v {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		for _, k := range keys {
-			ev, err := toValue(v[k], depth+1)
-			if err != nil {
-				return ev, err
-			}
-			d.Set(k, ev)
-		}
-		return out, nil
+	case []any: // a nil []any is an empty list (reflectValue makes other nil slices none)
+		return listValue(len(v), func(i int) any { return v[i] }, depth)
 	}
 	return reflectValue(reflect.ValueOf(x), depth)
 }
 
-// reflectValue converts the kinds toValue does not list by type.
+// listValue converts the n items item(0), item(1), ... to a list.
+func listValue(n int, item func(int) any, depth int) (jinja.Value, error) {
+	items := make([]jinja.Value, n)
+	for i := range items {
+		ev, err := toValue(item(i), depth+1)
+		if err != nil {
+			return ev, err
+		}
+		items[i] = ev
+	}
+	return jinja.NewList(items), nil
+}
+
+// reflectValue converts the kinds toValue does not list by type (maps
+// included).
 func reflectValue(rv reflect.Value, depth int) (jinja.Value, error) {
 	switch rv.Kind() {
 	case reflect.Bool:
@@ -114,15 +104,7 @@ func reflectValue(rv reflect.Value, depth int) (jinja.Value, error) {
 		if rv.Kind() == reflect.Slice && rv.IsNil() {
 			return jinja.None(), nil
 		}
-		items := make([]jinja.Value, rv.Len())
-		for i := range items {
-			ev, err := toValue(rv.Index(i).Interface(), depth+1)
-			if err != nil {
-				return ev, err
-			}
-			items[i] = ev
-		}
-		return jinja.NewList(items), nil
+		return listValue(rv.Len(), func(i int) any { return rv.Index(i).Interface() }, depth)
 	case reflect.Map:
 		if rv.Type().Key().Kind() != reflect.String {
 			break

@@ -56,18 +56,22 @@ func wrongType(key string, v any, want string) error {
 	return fmt.Errorf("gguf: key %q is %s, want %s: %w", key, goTypeName(v), want, ErrWrongType)
 }
 
-// String returns the string value of key.
-func (f *File) String(key string) (string, error) {
+// typed returns the value of key when it is a T; want names T in the error.
+func typed[T any](f *File, key, want string) (T, error) {
+	var x T
 	v, err := f.lookup(key)
 	if err != nil {
-		return "", err
+		return x, err
 	}
-	s, ok := v.(string)
+	x, ok := v.(T)
 	if !ok {
-		return "", wrongType(key, v, "string")
+		return x, wrongType(key, v, want)
 	}
-	return s, nil
+	return x, nil
 }
+
+// String returns the string value of key.
+func (f *File) String(key string) (string, error) { return typed[string](f, key, "string") }
 
 // asInt64 converts an integer value to int64; ok is false for a non-integer
 // and for a uint64 above MaxInt64 (then big reports it).
@@ -156,30 +160,12 @@ func (f *File) Float(key string) (float64, error) {
 }
 
 // Bool returns the bool value of key.
-func (f *File) Bool(key string) (bool, error) {
-	v, err := f.lookup(key)
-	if err != nil {
-		return false, err
-	}
-	b, ok := v.(bool)
-	if !ok {
-		return false, wrongType(key, v, "bool")
-	}
-	return b, nil
-}
+func (f *File) Bool(key string) (bool, error) { return typed[bool](f, key, "bool") }
 
 // Strings returns the string array value of key. The slice is shared with
 // f.KV: do not modify it.
 func (f *File) Strings(key string) ([]string, error) {
-	v, err := f.lookup(key)
-	if err != nil {
-		return nil, err
-	}
-	s, ok := v.([]string)
-	if !ok {
-		return nil, wrongType(key, v, "string array")
-	}
-	return s, nil
+	return typed[[]string](f, key, "string array")
 }
 
 // Float32s returns the float32 array value of key (shared with f.KV: do not
@@ -210,38 +196,39 @@ func (f *File) Int32s(key string) ([]int32, error) {
 	if err != nil {
 		return nil, err
 	}
-	if x, ok := v.([]int32); ok {
-		return x, nil
-	}
-	var out []int32
-	conv := func(n int, at func(int) (int64, bool)) ([]int32, error) {
-		out = make([]int32, n)
-		for i := range out {
-			e, ok := at(i)
-			if !ok || e < math.MinInt32 || e > math.MaxInt32 {
-				return nil, fmt.Errorf("gguf: key %q: element %d is out of the int32 range: %w", key, i, ErrWrongType)
-			}
-			out[i] = int32(e)
-		}
-		return out, nil
-	}
 	switch x := v.(type) {
+	case []int32:
+		return x, nil
 	case []uint8:
-		return conv(len(x), func(i int) (int64, bool) { return int64(x[i]), true })
+		return toInt32s(key, x)
 	case []int8:
-		return conv(len(x), func(i int) (int64, bool) { return int64(x[i]), true })
+		return toInt32s(key, x)
 	case []uint16:
-		return conv(len(x), func(i int) (int64, bool) { return int64(x[i]), true })
+		return toInt32s(key, x)
 	case []int16:
-		return conv(len(x), func(i int) (int64, bool) { return int64(x[i]), true })
+		return toInt32s(key, x)
 	case []uint32:
-		return conv(len(x), func(i int) (int64, bool) { return int64(x[i]), true })
+		return toInt32s(key, x)
 	case []int64:
-		return conv(len(x), func(i int) (int64, bool) { return x[i], true })
+		return toInt32s(key, x)
 	case []uint64:
-		return conv(len(x), func(i int) (int64, bool) { return int64(x[i]), x[i] <= math.MaxInt32 })
+		return toInt32s(key, x)
 	}
 	return nil, wrongType(key, v, "integer array")
+}
+
+// toInt32s converts the integer array value of key to int32s, failing on
+// the first element out of the int32 range.
+func toInt32s[T uint8 | int8 | uint16 | int16 | uint32 | int64 | uint64](key string, x []T) ([]int32, error) {
+	out := make([]int32, len(x))
+	for i, e := range x {
+		// e fits when it survives the round trip and keeps its sign.
+		if n := int32(e); T(n) != e || (n < 0) != (e < 0) {
+			return nil, fmt.Errorf("gguf: key %q: element %d is out of the int32 range: %w", key, i, ErrWrongType)
+		}
+		out[i] = int32(e)
+	}
+	return out, nil
 }
 
 // Architecture returns general.architecture, or "" when it is absent or not

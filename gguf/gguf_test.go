@@ -448,3 +448,44 @@ func TestOpenNoCopy(t *testing.T) {
 		t.Error("mapped tensor data differs")
 	}
 }
+
+// TestInt32sRange checks the int32 range of Int32s at the edges of every
+// wider array type.
+func TestInt32sRange(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		v    any
+		ok   bool
+	}{
+		{"uint32 max int32", []uint32{math.MaxInt32}, true},
+		{"uint32 past int32", []uint32{math.MaxInt32 + 1}, false},
+		{"uint32 max", []uint32{math.MaxUint32}, false},
+		{"int64 min int32", []int64{math.MinInt32}, true},
+		{"int64 below int32", []int64{math.MinInt32 - 1}, false},
+		{"int64 past int32", []int64{math.MaxInt32 + 1}, false},
+		{"uint64 max int32", []uint64{math.MaxInt32}, true},
+		{"uint64 max", []uint64{math.MaxUint64}, false},
+		{"uint64 2^32-1", []uint64{math.MaxUint32}, false},
+		{"int8 min", []int8{math.MinInt8}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			data, err := Encode([]KV{{Key: "k", Value: tc.v}}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := Parse(data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := f.Int32s("k")
+			if tc.ok {
+				want := int64(reflect.ValueOf(tc.v).Index(0).Convert(reflect.TypeFor[int64]()).Int())
+				if err != nil || len(got) != 1 || int64(got[0]) != want {
+					t.Errorf("Int32s = %v, %v; want [%d]", got, err, want)
+				}
+			} else if !errors.Is(err, ErrWrongType) || !strings.Contains(err.Error(), "element 0") {
+				t.Errorf("Int32s = %v, %v; want an ErrWrongType naming element 0", got, err)
+			}
+		})
+	}
+}

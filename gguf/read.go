@@ -1,10 +1,12 @@
 package gguf
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"math"
 	"math/bits"
+	"reflect"
 	"slices"
 
 	"github.com/cacheblend/cacheblend/quant"
@@ -120,41 +122,8 @@ func parse(data []byte, prefix string) (*File, error) {
 		return nil, d.errorf("tensor count %d exceeds what the %d bytes remaining can hold", nTensors, d.remain())
 	}
 
-	// Metadata.
-	f.KV = make([]KV, 0, nKV)
-	f.kvIndex = make(map[string]int, nKV)
-	for i := range nKV {
-		key, err := d.str(fmt.Sprintf("metadata key %d", i))
-		if err != nil {
-			return nil, err
-		}
-		if key == "" {
-			return nil, d.errorf("metadata key %d is empty", i)
-		}
-		if _, dup := f.kvIndex[key]; dup {
-			return nil, d.errorf("duplicate metadata key %q", key)
-		}
-		what := fmt.Sprintf("key %q", key)
-		t, err := d.u32(what + " value type")
-		if err != nil {
-			return nil, err
-		}
-		v, err := d.value(ValueType(t), 0, what)
-		if err != nil {
-			return nil, err
-		}
-		f.kvIndex[key] = len(f.KV)
-		f.KV = append(f.KV, KV{Key: key, Value: v})
-	}
-	if v, ok := f.Get(KeyAlignment); ok {
-		a, isU32 := v.(uint32)
-		if !isU32 {
-			return nil, d.errorf("key %q must be uint32, is %s", KeyAlignment, goTypeName(v))
-		}
-		if a == 0 || a > MaxAlignment || a&(a-1) != 0 {
-			return nil, d.errorf("alignment %d is not a power of two in [1, %d]", a, MaxAlignment)
-		}
-		f.Alignment = int(a)
+	if err := d.metadata(f, nKV); err != nil {
+		return nil, err
 	}
 
 	// Tensor index.
@@ -180,6 +149,47 @@ func parse(data []byte, prefix string) (*File, error) {
 		return nil, err
 	}
 	return f, nil
+}
+
+// metadata reads the n metadata entries into f and validates
+// general.alignment.
+func (d *decoder) metadata(f *File, n uint64) error {
+	f.KV = make([]KV, 0, n)
+	f.kvIndex = make(map[string]int, n)
+	for i := range n {
+		key, err := d.str(fmt.Sprintf("metadata key %d", i))
+		if err != nil {
+			return err
+		}
+		if key == "" {
+			return d.errorf("metadata key %d is empty", i)
+		}
+		if _, dup := f.kvIndex[key]; dup {
+			return d.errorf("duplicate metadata key %q", key)
+		}
+		what := fmt.Sprintf("key %q", key)
+		t, err := d.u32(what + " value type")
+		if err != nil {
+			return err
+		}
+		v, err := d.value(ValueType(t), 0, what)
+		if err != nil {
+			return err
+		}
+		f.kvIndex[key] = len(f.KV)
+		f.KV = append(f.KV, KV{Key: key, Value: v})
+	}
+	if v, ok := f.Get(KeyAlignment); ok {
+		a, isU32 := v.(uint32)
+		if !isU32 {
+			return d.errorf("key %q must be uint32, is %s", KeyAlignment, goTypeName(v))
+		}
+		if a == 0 || a > MaxAlignment || a&(a-1) != 0 {
+			return d.errorf("alignment %d is not a power of two in [1, %d]", a, MaxAlignment)
+		}
+		f.Alignment = int(a)
+	}
+	return nil
 }
 
 // tensorInfo reads and validates index entry i into ti (all but the layout
@@ -246,14 +256,7 @@ func (f *File) checkLayout(d *decoder) error {
 		}
 	}
 	slices.SortFunc(order, func(a, b int) int {
-		oa, ob := f.Tensors[a].Offset, f.Tensors[b].Offset
-		switch {
-		case oa < ob:
-			return -1
-		case oa > ob:
-			return 1
-		}
-		return a - b
+		return cmp.Or(cmp.Compare(f.Tensors[a].Offset, f.Tensors[b].Offset), a-b)
 	})
 	for k := 1; k < len(order); k++ {
 		p, q := &f.Tensors[order[k-1]], &f.Tensors[order[k]]
@@ -383,74 +386,18 @@ func (d *decoder) array(depth int, what string) (any, error) {
 		return out, nil
 	}
 	p, _ := d.take(n*minSize, what) // checked above
-	le := binary.LittleEndian
-	switch t {
-	case TypeUint8:
-		return slices.Clone(p), nil
-	case TypeInt8:
-		out := make([]int8, n)
-		for i := range out {
-			out[i] = int8(p[i])
-		}
-		return out, nil
-	case TypeBool:
-		out := make([]bool, n)
-		for i := range out {
-			if p[i] > 1 {
-				return nil, d.errorf("%s: element %d: bool byte %d is not 0 or 1", what, i, p[i])
+	if t == TypeBool {
+		for i, b := range p {
+			if b > 1 {
+				return nil, d.errorf("%s: element %d: bool byte %d is not 0 or 1", what, i, b)
 			}
-			out[i] = p[i] == 1
 		}
-		return out, nil
-	case TypeUint16:
-		out := make([]uint16, n)
-		for i := range out {
-			out[i] = le.Uint16(p[2*i:])
-		}
-		return out, nil
-	case TypeInt16:
-		out := make([]int16, n)
-		for i := range out {
-			out[i] = int16(le.Uint16(p[2*i:]))
-		}
-		return out, nil
-	case TypeUint32:
-		out := make([]uint32, n)
-		for i := range out {
-			out[i] = le.Uint32(p[4*i:])
-		}
-		return out, nil
-	case TypeInt32:
-		out := make([]int32, n)
-		for i := range out {
-			out[i] = int32(le.Uint32(p[4*i:]))
-		}
-		return out, nil
-	case TypeFloat32:
-		out := make([]float32, n)
-		for i := range out {
-			out[i] = math.Float32frombits(le.Uint32(p[4*i:]))
-		}
-		return out, nil
-	case TypeUint64:
-		out := make([]uint64, n)
-		for i := range out {
-			out[i] = le.Uint64(p[8*i:])
-		}
-		return out, nil
-	case TypeInt64:
-		out := make([]int64, n)
-		for i := range out {
-			out[i] = int64(le.Uint64(p[8*i:]))
-		}
-		return out, nil
-	default: // TypeFloat64
-		out := make([]float64, n)
-		for i := range out {
-			out[i] = math.Float64frombits(le.Uint64(p[8*i:]))
-		}
-		return out, nil
 	}
+	out := reflect.MakeSlice(reflect.SliceOf(goTypes[t]), n, n).Interface()
+	if _, err := binary.Decode(p, binary.LittleEndian, out); err != nil {
+		return nil, d.errorf("%s: %v", what, err)
+	}
+	return out, nil
 }
 
 // strings reads n strings with one allocation for their bytes: a first pass

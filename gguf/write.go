@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"reflect"
 )
 
 // Write writes a GGUF version 3 file holding kv (in order) and tensors (in
@@ -149,69 +150,40 @@ func writeString(b *bytes.Buffer, s string) {
 	b.WriteString(s)
 }
 
-// valueTypeOf maps a Go value to its GGUF type (TypeArray for slices).
-func valueTypeOf(v any) (ValueType, bool) {
-	switch v.(type) {
-	case uint8:
-		return TypeUint8, true
-	case int8:
-		return TypeInt8, true
-	case uint16:
-		return TypeUint16, true
-	case int16:
-		return TypeInt16, true
-	case uint32:
-		return TypeUint32, true
-	case int32:
-		return TypeInt32, true
-	case float32:
-		return TypeFloat32, true
-	case bool:
-		return TypeBool, true
-	case string:
-		return TypeString, true
-	case uint64:
-		return TypeUint64, true
-	case int64:
-		return TypeInt64, true
-	case float64:
-		return TypeFloat64, true
-	case []uint8, []int8, []uint16, []int16, []uint32, []int32, []float32,
-		[]bool, []string, []uint64, []int64, []float64, []any:
-		return TypeArray, true
-	}
-	return 0, false
+// goTypes are the Go types of the values of each ValueType but TypeArray
+// (see [KV]).
+var goTypes = [...]reflect.Type{
+	TypeUint8: reflect.TypeFor[uint8](), TypeInt8: reflect.TypeFor[int8](),
+	TypeUint16: reflect.TypeFor[uint16](), TypeInt16: reflect.TypeFor[int16](),
+	TypeUint32: reflect.TypeFor[uint32](), TypeInt32: reflect.TypeFor[int32](),
+	TypeFloat32: reflect.TypeFor[float32](), TypeBool: reflect.TypeFor[bool](),
+	TypeString: reflect.TypeFor[string](), TypeUint64: reflect.TypeFor[uint64](),
+	TypeInt64: reflect.TypeFor[int64](), TypeFloat64: reflect.TypeFor[float64](),
 }
 
-// elemType is the GGUF element type of a slice value.
+// valueTypeOf maps a Go value to its GGUF type (TypeArray for slices).
+func valueTypeOf(v any) (ValueType, bool) {
+	rt := reflect.TypeOf(v)
+	for t, g := range goTypes {
+		if g != nil && rt == g {
+			return ValueType(t), true
+		}
+	}
+	_, _, ok := elemType(v)
+	return TypeArray, ok
+}
+
+// elemType is the GGUF element type and the length of a slice value (an
+// []any is an array of arrays).
 func elemType(v any) (ValueType, int, bool) {
-	switch x := v.(type) {
-	case []uint8:
-		return TypeUint8, len(x), true
-	case []int8:
-		return TypeInt8, len(x), true
-	case []uint16:
-		return TypeUint16, len(x), true
-	case []int16:
-		return TypeInt16, len(x), true
-	case []uint32:
-		return TypeUint32, len(x), true
-	case []int32:
-		return TypeInt32, len(x), true
-	case []float32:
-		return TypeFloat32, len(x), true
-	case []bool:
-		return TypeBool, len(x), true
-	case []string:
-		return TypeString, len(x), true
-	case []uint64:
-		return TypeUint64, len(x), true
-	case []int64:
-		return TypeInt64, len(x), true
-	case []float64:
-		return TypeFloat64, len(x), true
-	case []any:
+	rt := reflect.TypeOf(v)
+	if x, ok := v.([]any); ok {
 		return TypeArray, len(x), true
+	}
+	for t, g := range goTypes {
+		if g != nil && rt == reflect.SliceOf(g) {
+			return ValueType(t), reflect.ValueOf(v).Len(), true
+		}
 	}
 	return 0, 0, false
 }

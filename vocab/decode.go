@@ -129,11 +129,11 @@ func (v *Vocab) safeCut(ids []int32, c int) bool {
 // returned as they are (invalid UTF-8 included).
 func (v *Vocab) Detokenize(ids []int32, removeSpecial, unparseSpecial bool) []byte {
 	removeSpace := v.addSpacePrefix
-	if removeSpecial && v.addBOS && len(ids) > 0 && ids[0] == v.bos {
+	if removeSpecial && v.addBOS && len(ids) > 0 && ids[0] == v.ids.BOS {
 		removeSpace = false
 		ids = ids[1:]
 	}
-	if removeSpecial && v.addEOS && len(ids) > 0 && ids[len(ids)-1] == v.eos {
+	if removeSpecial && v.addEOS && len(ids) > 0 && ids[len(ids)-1] == v.ids.EOS {
 		ids = ids[:len(ids)-1]
 	}
 	text := []byte{}
@@ -145,7 +145,7 @@ func (v *Vocab) Detokenize(ids []int32, removeSpecial, unparseSpecial bool) []by
 		removeSpace = false
 		text = append(text, p...)
 	}
-	if !v.cleanSpaces {
+	if !v.pre.cleanSpaces {
 		return text
 	}
 	return cleanSpaces(text)

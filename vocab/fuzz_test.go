@@ -65,8 +65,7 @@ func FuzzNew(f *testing.F) {
 		if len(data) == 0 {
 			return
 		}
-		s := Spec{BOS: -1, EOS: -1, UNK: -1, PAD: -1, EOT: -1, EOM: -1, SEP: -1,
-			FIMPre: -1, FIMSuf: -1, FIMMid: -1, FIMPad: -1, FIMRep: -1, FIMSep: -1}
+		s := DefaultSpec("", "") // every special id -1
 		ctl := data[0]
 		if ctl&1 == 0 {
 			s.Model = "llama"

@@ -39,9 +39,7 @@ func SpecFromGGUF(f *gguf.File) (Spec, error) {
 	if s.Pre, err = optString(f, keyPre); err != nil {
 		return Spec{}, err
 	}
-	def := DefaultSpec(s.Model, s.Pre)
-	def.Model, def.Pre = s.Model, s.Pre
-	s = def
+	s = DefaultSpec(s.Model, s.Pre)
 	if s.Tokens, err = f.Strings(keyTokens); err != nil {
 		return Spec{}, fmt.Errorf("vocab: %w", err)
 	}
@@ -77,39 +75,23 @@ func SpecFromGGUF(f *gguf.File) (Spec, error) {
 			return Spec{}, fmt.Errorf("vocab: %w", err)
 		}
 	}
-	for _, k := range []struct {
-		key string
-		id  *int32
-	}{
-		{"tokenizer.ggml.bos_token_id", &s.BOS},
-		{"tokenizer.ggml.eos_token_id", &s.EOS},
-		{"tokenizer.ggml.eot_token_id", &s.EOT},
-		{"tokenizer.ggml.eom_token_id", &s.EOM},
-		{"tokenizer.ggml.unknown_token_id", &s.UNK},
-		{"tokenizer.ggml.seperator_token_id", &s.SEP},
-		{"tokenizer.ggml.padding_token_id", &s.PAD},
-		{"tokenizer.ggml.fim_pre_token_id", &s.FIMPre},
-		{"tokenizer.ggml.fim_suf_token_id", &s.FIMSuf},
-		{"tokenizer.ggml.fim_mid_token_id", &s.FIMMid},
-		{"tokenizer.ggml.fim_pad_token_id", &s.FIMPad},
-		{"tokenizer.ggml.fim_rep_token_id", &s.FIMRep},
-		{"tokenizer.ggml.fim_sep_token_id", &s.FIMSep},
-		{"tokenizer.ggml.prefix_token_id", &s.FIMPre},
-		{"tokenizer.ggml.suffix_token_id", &s.FIMSuf},
-		{"tokenizer.ggml.middle_token_id", &s.FIMMid},
-	} {
-		if *k.id >= int32(n) {
-			*k.id = -1
+	// The FIM ids have older keys too, read last.
+	ids := append(s.ids(), specialID{key: "prefix_token_id", id: &s.FIMPre},
+		specialID{key: "suffix_token_id", id: &s.FIMSuf}, specialID{key: "middle_token_id", id: &s.FIMMid})
+	for _, sp := range ids {
+		if *sp.id >= int32(n) {
+			*sp.id = -1
 		}
-		if _, ok := f.Get(k.key); !ok {
+		key := "tokenizer.ggml." + sp.key
+		if _, ok := f.Get(key); !ok {
 			continue
 		}
-		id, err := f.Int(k.key)
+		id, err := f.Int(key)
 		if err != nil {
 			return Spec{}, fmt.Errorf("vocab: %w", err)
 		}
 		if id >= 0 && id < int64(n) {
-			*k.id = int32(id)
+			*sp.id = int32(id)
 		}
 	}
 	for _, k := range []struct {

@@ -280,7 +280,7 @@ func TestDetokenizeMatchesLlamaCpp(t *testing.T) {
 				if got := whatwgUTF8(v.Detokenize(ids, rs, us)); got != want {
 					t.Errorf("ids %v remove=%v unparse=%v:\n got %q\nwant %q", ids, rs, us, got, want)
 				}
-				if !v.addSpacePrefix && !v.cleanSpaces && !rs && !us {
+				if !v.addSpacePrefix && !v.pre.cleanSpaces && !rs && !us {
 					b := v.Detokenize(ids, false, false)
 					if utf8.Valid(b) && v.Decode(ids) != want {
 						t.Errorf("ids %v: Decode %q, llama_detokenize %q", ids, v.Decode(ids), want)
@@ -309,11 +309,11 @@ func randIDs(v *Vocab, r *rand.Rand, extra []string) []int32 {
 			ids = slices.Insert(ids, r.IntN(len(ids)+1), id)
 		}
 	}
-	if r.IntN(4) == 0 && v.bos >= 0 {
-		ids = append([]int32{v.bos}, ids...)
+	if r.IntN(4) == 0 && v.ids.BOS >= 0 {
+		ids = append([]int32{v.ids.BOS}, ids...)
 	}
-	if r.IntN(4) == 0 && v.eos >= 0 {
-		ids = append(ids, v.eos)
+	if r.IntN(4) == 0 && v.ids.EOS >= 0 {
+		ids = append(ids, v.ids.EOS)
 	}
 	return ids
 }

@@ -11,9 +11,25 @@ import "slices"
 // with the simple regexes llama.cpp runs on its "collapsed" text (every
 // codepoint above 127 replaced by a byte naming its category).
 
-// splitter turns the segment lengths segs (in codepoints, summing to
-// len(cpts)) into finer segment lengths, appended to out.
-type splitter func(cpts []uint32, flags []uint16, segs, out []int) []int
+// splitter cuts the segment cpts[ini:end] into words, appending their
+// lengths (in codepoints) to out.
+type splitter func(cpts []uint32, flags []uint16, ini, end int, out []int) []int
+
+// split applies the splitter chain to the codepoints (with their flags):
+// each splitter cuts every segment the previous ones produced. It returns
+// the word lengths in segs, spare being a second buffer.
+func split(chain []splitter, cpts []uint32, flags []uint16, segs, spare []int) ([]int, []int) {
+	segs = append(segs[:0], len(cpts))
+	for _, sp := range chain {
+		out, start := spare[:0], 0
+		for _, seg := range segs {
+			out = sp(cpts, flags, start, start+seg, out)
+			start += seg
+		}
+		segs, spare = out, segs
+	}
+	return segs, spare
+}
 
 // segmenter runs the add-token bookkeeping of llama.cpp's custom splitters
 // for one segment.
@@ -39,7 +55,25 @@ func (s *segmenter) fl(pos int) uint16 {
 	return 0
 }
 
-// add ends a word at end and returns its length.
+// contraction returns the length of the contraction ('s 't 're 've 'm 'll
+// 'd) at pos, 0 if none; fold maps the letters before they are compared.
+func (s *segmenter) contraction(pos int, fold func(uint32) uint32) int {
+	if s.cpt(pos) != '\'' || pos+1 >= s.end {
+		return 0
+	}
+	n := fold(s.cpt(pos + 1))
+	if n == 's' || n == 't' || n == 'm' || n == 'd' {
+		return 2
+	}
+	if pos+2 < s.end {
+		nn := fold(s.cpt(pos + 2))
+		if (n == 'r' && nn == 'e') || (n == 'v' && nn == 'e') || (n == 'l' && nn == 'l') {
+			return 3
+		}
+	}
+	return 0
+}
+
 // endSpaces ends a piece with the regexes' common tail \s+(?!\S)|\s+ for
 // the nws whitespace characters at pos (all but the last when a non-space
 // follows) or, with none, the one character at pos, and returns the next
@@ -57,6 +91,7 @@ func (s *segmenter) endSpaces(pos, nws int) int {
 	return pos
 }
 
+// add ends a word at end and returns its length.
 func (s *segmenter) add(end int) int {
 	n := end - s.prevEnd
 	if n > 0 {
@@ -68,75 +103,45 @@ func (s *segmenter) add(end int) int {
 
 // splitGPT2 is unicode_regex_split_custom_gpt2:
 // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-func splitGPT2(cpts []uint32, flags []uint16, segs, out []int) []int {
-	start := 0
-	for _, seg := range segs {
-		ini, end := start, start+seg
-		start = end
-		s := segmenter{cpts: cpts, flags: flags, end: end, prevEnd: ini, out: out}
-		for pos := ini; pos < end; {
-			c := s.cpt(pos)
-			f := s.fl(pos)
-			if c == '\'' && pos+1 < end {
-				n := s.cpt(pos + 1)
-				if n == 's' || n == 't' || n == 'm' || n == 'd' {
-					pos += s.add(pos + 2)
-					continue
-				}
-				if pos+2 < end {
-					nn := s.cpt(pos + 2)
-					if (n == 'r' && nn == 'e') || (n == 'v' && nn == 'e') || (n == 'l' && nn == 'l') {
-						pos += s.add(pos + 3)
-						continue
-					}
-				}
-			}
-			f2 := f
-			if c == ' ' {
-				f2 = s.fl(pos + 1)
-			}
-			if f2&fLetter != 0 {
-				if c == ' ' {
-					pos++
-				}
-				for f2&fLetter != 0 {
-					pos++
-					f2 = s.fl(pos)
-				}
-				s.add(pos)
-				continue
-			}
-			if f2&fNumber != 0 {
-				if c == ' ' {
-					pos++
-				}
-				for f2&fNumber != 0 {
-					pos++
-					f2 = s.fl(pos)
-				}
-				s.add(pos)
-				continue
-			}
-			if f2&(fWhitespace|fLetter|fNumber) == 0 && f2 != 0 {
-				if c == ' ' {
-					pos++
-				}
-				for f2&(fWhitespace|fLetter|fNumber) == 0 && f2 != 0 {
-					pos++
-					f2 = s.fl(pos)
-				}
-				s.add(pos)
-				continue
-			}
-			nws := 0
-			for s.fl(pos+nws)&fWhitespace != 0 {
-				nws++
-			}
-			pos = s.endSpaces(pos, nws)
+func splitGPT2(cpts []uint32, flags []uint16, ini, end int, out []int) []int {
+	s := segmenter{cpts: cpts, flags: flags, end: end, prevEnd: ini, out: out}
+	for pos := ini; pos < end; {
+		if n := s.contraction(pos, func(c uint32) uint32 { return c }); n > 0 {
+			pos += s.add(pos + n)
+			continue
 		}
-		out = s.out
+		c := s.cpt(pos)
+		f := s.fl(pos)
+		if c == ' ' {
+			f = s.fl(pos + 1)
+		}
+		// ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+
+		var in func(f uint16) bool
+		switch {
+		case f&fLetter != 0:
+			in = func(f uint16) bool { return f&fLetter != 0 }
+		case f&fNumber != 0:
+			in = func(f uint16) bool { return f&fNumber != 0 }
+		case f&(fWhitespace|fLetter|fNumber) == 0 && f != 0:
+			in = func(f uint16) bool { return f&(fWhitespace|fLetter|fNumber) == 0 && f != 0 }
+		}
+		if in != nil {
+			if c == ' ' {
+				pos++
+			}
+			for in(s.fl(pos)) {
+				pos++
+			}
+			s.add(pos)
+			continue
+		}
+		nws := 0
+		for s.fl(pos+nws)&fWhitespace != 0 {
+			nws++
+		}
+		pos = s.endSpaces(pos, nws)
 	}
-	return out
+	return s.out
 }
 
 // splitLlama3Like ports unicode_regex_split_custom_llama3 (maxDigits 3),
@@ -148,114 +153,93 @@ func splitLlama3Like(maxDigits int, marks bool) splitter {
 	if marks {
 		letter |= fAccentMark
 	}
-	return func(cpts []uint32, flags []uint16, segs, out []int) []int {
-		start := 0
-		for _, seg := range segs {
-			ini, end := start, start+seg
-			start = end
-			s := segmenter{cpts: cpts, flags: flags, end: end, prevEnd: ini, out: out}
-			for pos := ini; pos < end; {
-				c := s.cpt(pos)
-				f := s.fl(pos)
-				if c == '\'' && pos+1 < end {
-					n := asciiLower(s.cpt(pos + 1))
-					if n == 's' || n == 't' || n == 'm' || n == 'd' {
-						pos += s.add(pos + 2)
-						continue
-					}
-					if pos+2 < end {
-						nn := asciiLower(s.cpt(pos + 2))
-						if (n == 'r' && nn == 'e') || (n == 'v' && nn == 'e') || (n == 'l' && nn == 'l') {
-							pos += s.add(pos + 3)
-							continue
-						}
-					}
-				}
-				// [^\r\n\p{L}\p{N}]?\p{L}+
-				if !(c == '\r' || c == '\n' || f&fNumber != 0) {
-					if f&letter != 0 || s.fl(pos+1)&letter != 0 {
-						pos++
-						for s.fl(pos)&letter != 0 {
-							pos++
-						}
-						s.add(pos)
-						continue
-					}
-				}
-				// \p{N}{1,3} or \p{N}
-				if f&fNumber != 0 {
-					if maxDigits == 1 {
-						pos++
-						s.add(pos)
-						continue
-					}
-					ini := pos
-					for s.fl(pos)&fNumber != 0 {
-						pos++
-						if pos-ini >= maxDigits {
-							s.add(pos)
-							ini = pos
-						}
-					}
-					s.add(pos)
-					continue
-				}
-				// <space>?[^\s\p{L}\p{N}]+[\r\n]*
-				f2 := f
-				if c == ' ' {
-					f2 = s.fl(pos + 1)
-				}
-				if f2&(fWhitespace|letter|fNumber) == 0 && f != 0 {
-					if c == ' ' {
-						pos++
-					}
-					for f2&(fWhitespace|letter|fNumber) == 0 && f2 != 0 {
-						pos++
-						f2 = s.fl(pos)
-					}
-					c2 := s.cpt(pos)
-					for c2 == '\r' || c2 == '\n' {
-						pos++
-						c2 = s.cpt(pos)
-					}
-					s.add(pos)
-					continue
-				}
-				nws, lastRN := 0, 0
-				for s.fl(pos+nws)&fWhitespace != 0 {
-					c2 := s.cpt(pos + nws)
-					if c2 == '\r' || c2 == '\n' {
-						lastRN = pos + nws + 1
-					}
-					nws++
-				}
-				if lastRN > 0 {
-					pos = lastRN
-					s.add(pos)
-					continue
-				}
-				pos = s.endSpaces(pos, nws)
+	return func(cpts []uint32, flags []uint16, ini, end int, out []int) []int {
+		s := segmenter{cpts: cpts, flags: flags, end: end, prevEnd: ini, out: out}
+		for pos := ini; pos < end; {
+			if n := s.contraction(pos, asciiLower); n > 0 {
+				pos += s.add(pos + n)
+				continue
 			}
-			out = s.out
+			c := s.cpt(pos)
+			f := s.fl(pos)
+			// [^\r\n\p{L}\p{N}]?\p{L}+
+			if !(c == '\r' || c == '\n' || f&fNumber != 0) {
+				if f&letter != 0 || s.fl(pos+1)&letter != 0 {
+					pos++
+					for s.fl(pos)&letter != 0 {
+						pos++
+					}
+					s.add(pos)
+					continue
+				}
+			}
+			// \p{N}{1,3} or \p{N}
+			if f&fNumber != 0 {
+				if maxDigits == 1 {
+					pos++
+					s.add(pos)
+					continue
+				}
+				ini := pos
+				for s.fl(pos)&fNumber != 0 {
+					pos++
+					if pos-ini >= maxDigits {
+						s.add(pos)
+						ini = pos
+					}
+				}
+				s.add(pos)
+				continue
+			}
+			// <space>?[^\s\p{L}\p{N}]+[\r\n]*
+			f2 := f
+			if c == ' ' {
+				f2 = s.fl(pos + 1)
+			}
+			if f2&(fWhitespace|letter|fNumber) == 0 && f != 0 {
+				if c == ' ' {
+					pos++
+				}
+				for f2&(fWhitespace|letter|fNumber) == 0 && f2 != 0 {
+					pos++
+					f2 = s.fl(pos)
+				}
+				c2 := s.cpt(pos)
+				for c2 == '\r' || c2 == '\n' {
+					pos++
+					c2 = s.cpt(pos)
+				}
+				s.add(pos)
+				continue
+			}
+			nws, lastRN := 0, 0
+			for s.fl(pos+nws)&fWhitespace != 0 {
+				c2 := s.cpt(pos + nws)
+				if c2 == '\r' || c2 == '\n' {
+					lastRN = pos + nws + 1
+				}
+				nws++
+			}
+			if lastRN > 0 {
+				pos = lastRN
+				s.add(pos)
+				continue
+			}
+			pos = s.endSpaces(pos, nws)
 		}
-		return out
+		return s.out
 	}
 }
 
 // splitNewlines is unicode_regex_split_custom_newlines: [^\n]+|[\n]+
-func splitNewlines(cpts []uint32, _ []uint16, segs, out []int) []int {
-	start := 0
-	for _, seg := range segs {
-		pos, end := start, start+seg
-		start = end
-		for pos < end {
-			nl := cpts[pos] == '\n'
-			run := pos
-			for pos < end && (cpts[pos] == '\n') == nl {
-				pos++
-			}
-			out = append(out, pos-run)
+func splitNewlines(cpts []uint32, _ []uint16, pos, end int, out []int) []int {
+	for pos < end {
+		nl := cpts[pos] == '\n'
+		run := pos
+		for pos < end && (cpts[pos] == '\n') == nl {
+			pos++
 		}
+		out = append(out, pos-run)
 	}
 	return out
 }
@@ -313,59 +297,49 @@ func classNumber(c uint32, f uint16) bool {
 // (runs) or "[class]" (single codepoints): every match is a word, and so is
 // every gap between matches.
 func splitClass(class charClass, runs bool) splitter {
-	return func(cpts []uint32, flags []uint16, segs, out []int) []int {
-		start := 0
-		for _, seg := range segs {
-			ini, end := start, start+seg
-			start = end
-			last := ini // end of the last match
-			for pos := ini; pos < end; {
-				if !class(cpts[pos], flags[pos]) {
-					pos++
-					continue
-				}
-				if pos > last {
-					out = append(out, pos-last)
-				}
-				m := pos
-				pos++
-				for runs && pos < end && class(cpts[pos], flags[pos]) {
-					pos++
-				}
-				out = append(out, pos-m)
-				last = pos
-			}
-			if last < end {
-				out = append(out, end-last)
-			}
-		}
-		return out
-	}
-}
-
-// splitDigits3 splits like std::regex_iterator with [0-9][0-9][0-9].
-func splitDigits3(cpts []uint32, _ []uint16, segs, out []int) []int {
-	digit := func(c uint32) bool { return c >= '0' && c <= '9' }
-	start := 0
-	for _, seg := range segs {
-		ini, end := start, start+seg
-		start = end
-		last := ini
-		for pos := ini; pos+3 <= end; {
-			if !(digit(cpts[pos]) && digit(cpts[pos+1]) && digit(cpts[pos+2])) {
+	return func(cpts []uint32, flags []uint16, ini, end int, out []int) []int {
+		last := ini // end of the last match
+		for pos := ini; pos < end; {
+			if !class(cpts[pos], flags[pos]) {
 				pos++
 				continue
 			}
 			if pos > last {
 				out = append(out, pos-last)
 			}
-			out = append(out, 3)
-			pos += 3
+			m := pos
+			pos++
+			for runs && pos < end && class(cpts[pos], flags[pos]) {
+				pos++
+			}
+			out = append(out, pos-m)
 			last = pos
 		}
 		if last < end {
 			out = append(out, end-last)
 		}
+		return out
+	}
+}
+
+// splitDigits3 splits like std::regex_iterator with [0-9][0-9][0-9].
+func splitDigits3(cpts []uint32, _ []uint16, ini, end int, out []int) []int {
+	digit := func(c uint32) bool { return c >= '0' && c <= '9' }
+	last := ini
+	for pos := ini; pos+3 <= end; {
+		if !(digit(cpts[pos]) && digit(cpts[pos+1]) && digit(cpts[pos+2])) {
+			pos++
+			continue
+		}
+		if pos > last {
+			out = append(out, pos-last)
+		}
+		out = append(out, 3)
+		pos += 3
+		last = pos
+	}
+	if last < end {
+		out = append(out, end-last)
 	}
 	return out
 }

@@ -60,47 +60,11 @@ func stdMapOrder(tokens []string) []int32 {
 	next := make([]int32, n)
 	head := int32(-1)
 	var buckets []int32
-	var nb, resize uint64
-	k := 0
-	rehash := func(size uint64) {
-		nbk := make([]int32, size)
-		for i := range nbk {
-			nbk[i] = empty
-		}
-		p := head
-		head = -1
-		var beginBkt uint64
-		for p != -1 {
-			nx := next[p]
-			b := hash[p] % size
-			if nbk[b] == empty {
-				next[p] = head
-				head = p
-				nbk[b] = before
-				if next[p] != -1 {
-					nbk[beginBkt] = p
-				}
-				beginBkt = b
-			} else if prev := nbk[b]; prev == before {
-				next[p] = head
-				head = p
-			} else {
-				next[p] = next[prev]
-				next[prev] = p
-			}
-			p = nx
-		}
-		buckets, nb = nbk, size
-	}
-	for i := 0; i < n; i++ {
-		hash[i] = stdHash(tokens[i])
-		if uint64(i)+1 > resize {
-			resize = stdBuckets[k]
-			k++
-			rehash(resize)
-		}
-		b := hash[i] % nb
-		node := int32(i)
+	var nb uint64
+	// link inserts node as libstdc++'s _M_insert_bucket_begin (and
+	// _M_rehash_aux, moving the nodes in list order) do.
+	link := func(node int32) {
+		b := hash[node] % nb
 		switch prev := buckets[b]; prev {
 		case empty:
 			next[node] = head
@@ -116,6 +80,24 @@ func stdMapOrder(tokens []string) []int32 {
 			next[node] = next[prev]
 			next[prev] = node
 		}
+	}
+	k := 0
+	for i := range n {
+		hash[i] = stdHash(tokens[i])
+		if uint64(i)+1 > nb {
+			p := head
+			buckets, nb, head = make([]int32, stdBuckets[k]), stdBuckets[k], -1
+			k++
+			for b := range buckets {
+				buckets[b] = empty
+			}
+			for p != -1 {
+				nx := next[p]
+				link(p)
+				p = nx
+			}
+		}
+		link(int32(i))
 	}
 	order := make([]int32, 0, n)
 	for p := head; p != -1; p = next[p] {

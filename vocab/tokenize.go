@@ -143,8 +143,7 @@ type scratch struct {
 	enc          []byte
 	text         []byte
 	syms         []symbol
-	bpeQ         mergeQueue[bpeBigram]
-	spmQ         mergeQueue[spmBigram]
+	queue        mergeQueue
 	ids          []int32
 }
 
@@ -166,7 +165,7 @@ func (v *Vocab) Tokenize(text string, addSpecial, parseSpecial bool) []int32 {
 		sc.frags = sc.frags[:0]
 	}
 	if addSpecial && v.addBOS {
-		out = append(out, v.bos)
+		out = append(out, v.ids.BOS)
 	}
 	switch v.model {
 	case modelSPM:
@@ -202,7 +201,7 @@ func (v *Vocab) Tokenize(text string, addSpecial, parseSpecial bool) []int32 {
 		}
 	}
 	if addSpecial && v.addEOS {
-		out = append(out, v.eos)
+		out = append(out, v.ids.EOS)
 	}
 	return out
 }
@@ -232,15 +231,13 @@ type symbol struct {
 // from the word cache.
 func (v *Vocab) spmCut(text string, out []int32, sc *scratch) []int32 {
 	start, prevKey := 0, uint32(0)
-	for off := 0; off < len(text); {
-		n := min(utf8Len(text[off]), len(text)-off)
+	for off, n := range chars(text) {
 		key := charKey(text[off : off+n])
 		if off > start && !v.spmPairs.has(prevKey, key) {
 			out = v.spmCached(text[start:off], out, sc)
 			start = off
 		}
 		prevKey = key
-		off += n
 	}
 	return v.spmCached(text[start:], out, sc)
 }
@@ -286,14 +283,12 @@ func spmPairSet(tokens []string) pairSet {
 	p := pairSet{}
 	for _, t := range tokens {
 		prev := uint32(0)
-		for off := 0; off < len(t); {
-			n := min(utf8Len(t[off]), len(t)-off)
+		for off, n := range chars(t) {
 			k := charKey(t[off : off+n])
 			if off > 0 {
 				p[uint64(prev)<<32|uint64(k)] = struct{}{}
 			}
 			prev = k
-			off += n
 		}
 	}
 	return p
@@ -304,28 +299,51 @@ func spmPairSet(tokens []string) pairSet {
 // text is a token; what is left that is not a token is written as its
 // bytes (<0xNN>).
 func (v *Vocab) spm(text string, out []int32, sc *scratch) []int32 {
+	syms := mergeSymbols(text, sc, func(l, r symbol) (float64, bool) {
+		id, ok := v.toID[text[l.start:l.start+l.n+r.n]]
+		if !ok {
+			return 0, false
+		}
+		return -float64(v.scores[id]), true // the highest score first
+	})
+	for i := int32(0); i != -1 && len(syms) > 0; i = syms[i].next {
+		s := text[syms[i].start : syms[i].start+syms[i].n]
+		if id, ok := v.toID[s]; ok {
+			out = append(out, id)
+			continue
+		}
+		for _, c := range []byte(s) {
+			if id := v.byteTok[c]; id >= 0 {
+				out = append(out, id)
+			}
+		}
+	}
+	return out
+}
+
+// mergeSymbols cuts text into characters (by lead byte, clipped at the
+// end) and merges adjacent symbols, lowest cost first (leftmost on ties),
+// while cost accepts a pair. It returns the symbols, the remaining ones
+// linked from index 0 (none for empty text); they live in sc until the
+// next call.
+func mergeSymbols(text string, sc *scratch, cost func(l, r symbol) (float64, bool)) []symbol {
 	syms := sc.syms[:0]
-	for off := 0; off < len(text); {
-		n := min(utf8Len(text[off]), len(text)-off)
+	for off, n := range chars(text) {
 		i := int32(len(syms))
 		syms = append(syms, symbol{prev: i - 1, next: i + 1, start: int32(off), n: int32(n)})
-		off += n
 	}
 	if len(syms) == 0 {
-		return out
+		return syms
 	}
 	syms[len(syms)-1].next = -1
-	q := sc.spmQ[:0]
+	q := sc.queue[:0]
 	try := func(l, r int32) {
 		if l < 0 || r < 0 {
 			return
 		}
-		s := text[syms[l].start : syms[l].start+syms[l].n+syms[r].n]
-		id, ok := v.toID[s]
-		if !ok {
-			return
+		if c, ok := cost(syms[l], syms[r]); ok {
+			q.push(bigram{left: l, right: r, cost: c, size: syms[l].n + syms[r].n})
 		}
-		q.push(spmBigram{left: l, right: r, score: v.scores[id], size: int32(len(s))})
 	}
 	for i := int32(1); i < int32(len(syms)); i++ {
 		try(i-1, i)
@@ -345,20 +363,8 @@ func (v *Vocab) spm(text string, out []int32, sc *scratch) []int32 {
 		try(l.prev, b.left)
 		try(b.left, l.next)
 	}
-	for i := int32(0); i != -1; i = syms[i].next {
-		s := text[syms[i].start : syms[i].start+syms[i].n]
-		if id, ok := v.toID[s]; ok {
-			out = append(out, id)
-			continue
-		}
-		for _, c := range []byte(s) {
-			if id := v.byteTok[c]; id >= 0 {
-				out = append(out, id)
-			}
-		}
-	}
-	sc.syms, sc.spmQ = syms, q
-	return out
+	sc.syms, sc.queue = syms, q
+	return syms
 }
 
 // bpe tokenizes one raw fragment of a gpt2 model: pre-tokenized into
@@ -382,12 +388,7 @@ func (v *Vocab) words(text string, sc *scratch) (string, []int) {
 	for _, c := range cpts {
 		flags = append(flags, cptFlags(t, c))
 	}
-	segs := append(sc.segs[:0], len(cpts))
-	spare := sc.segs2
-	for _, sp := range v.split {
-		next := sp(cpts, flags, segs, spare[:0])
-		segs, spare = next, segs
-	}
+	segs, spare := split(v.split, cpts, flags, sc.segs, sc.segs2)
 	canon := text
 	pos := sc.pos[:0]
 	if utf8.ValidString(text) {
@@ -452,48 +453,11 @@ func (v *Vocab) mergeWord(text string, out []int32, sc *scratch) []int32 {
 			return append(out, id)
 		}
 	}
-	syms := sc.syms[:0]
-	for off := 0; off < len(text); {
-		n := min(utf8Len(text[off]), len(text)-off)
-		i := int32(len(syms))
-		syms = append(syms, symbol{prev: i - 1, next: i + 1, start: int32(off), n: int32(n)})
-		off += n
-	}
-	if len(syms) == 0 {
-		return out
-	}
-	syms[len(syms)-1].next = -1
-	q := sc.bpeQ[:0]
-	try := func(l, r int32) {
-		if l < 0 || r < 0 {
-			return
-		}
-		ls, rs := syms[l], syms[r]
-		rank, ok := v.ranks[pair{text[ls.start : ls.start+ls.n], text[rs.start : rs.start+rs.n]}]
-		if !ok {
-			return
-		}
-		q.push(bpeBigram{left: l, right: r, rank: rank, size: ls.n + rs.n})
-	}
-	for i := int32(1); i < int32(len(syms)); i++ {
-		try(i-1, i)
-	}
-	for len(q) > 0 {
-		b := q.pop()
-		l, r := &syms[b.left], &syms[b.right]
-		if l.n == 0 || r.n == 0 || l.n+r.n != b.size {
-			continue
-		}
-		l.n += r.n
-		r.n = 0
-		l.next = r.next
-		if r.next >= 0 {
-			syms[r.next].prev = b.left
-		}
-		try(l.prev, b.left)
-		try(b.left, l.next)
-	}
-	for i := int32(0); i != -1; i = syms[i].next {
+	syms := mergeSymbols(text, sc, func(l, r symbol) (float64, bool) {
+		rank, ok := v.ranks[pair{text[l.start : l.start+l.n], text[r.start : r.start+r.n]}]
+		return float64(rank), ok
+	})
+	for i := int32(0); i != -1 && len(syms) > 0; i = syms[i].next {
 		s := text[syms[i].start : syms[i].start+syms[i].n]
 		if id, ok := v.toID[s]; ok {
 			out = append(out, id)
@@ -505,38 +469,25 @@ func (v *Vocab) mergeWord(text string, out []int32, sc *scratch) []int32 {
 			}
 		}
 	}
-	sc.syms, sc.bpeQ = syms, q
 	return out
 }
 
-// bpeBigram is a candidate merge; the queue pops the lowest rank, then the
-// leftmost.
-type bpeBigram struct {
-	left, right int32
-	rank, size  int32
+// bigram is a candidate merge of two adjacent symbols of size bytes
+// together; the queue pops the lowest cost (a gpt2 merge's rank, a llama
+// merge's negated score), then the leftmost.
+type bigram struct {
+	left, right, size int32
+	cost              float64
 }
 
-func (a bpeBigram) before(b bpeBigram) bool {
-	return a.rank < b.rank || (a.rank == b.rank && a.left < b.left)
+func (a bigram) before(b bigram) bool {
+	return a.cost < b.cost || (a.cost == b.cost && a.left < b.left)
 }
 
-// spmBigram is a candidate SentencePiece merge; the queue pops the highest
-// score, then the leftmost.
-type spmBigram struct {
-	left, right int32
-	score       float32
-	size        int32
-}
+// mergeQueue is a binary min-heap of merge candidates ordered by before.
+type mergeQueue []bigram
 
-func (a spmBigram) before(b spmBigram) bool {
-	return a.score > b.score || (a.score == b.score && a.left < b.left)
-}
-
-// mergeQueue is a binary min-heap of merge candidates ordered by before
-// (bpeBigram, spmBigram).
-type mergeQueue[T interface{ before(T) bool }] []T
-
-func (q *mergeQueue[T]) push(b T) {
+func (q *mergeQueue) push(b bigram) {
 	h := append(*q, b)
 	i := len(h) - 1
 	for i > 0 {
@@ -550,7 +501,7 @@ func (q *mergeQueue[T]) push(b T) {
 	*q = h
 }
 
-func (q *mergeQueue[T]) pop() T {
+func (q *mergeQueue) pop() bigram {
 	h := *q
 	top := h[0]
 	last := len(h) - 1

@@ -3,6 +3,7 @@ package vocab
 //go:generate go run gen_tables.go
 
 import (
+	"iter"
 	"sort"
 	"sync"
 )
@@ -70,6 +71,21 @@ func cptFlags(t *[0x10000]uint16, c uint32) uint16 {
 // byte announces, from its high nibble alone (1 for continuation bytes).
 func utf8Len(b byte) int {
 	return [16]int{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4}[b>>4]
+}
+
+// chars yields the offset and length of each character of s as llama.cpp's
+// tokenizers cut it: by the length its lead byte announces (utf8Len),
+// clipped at the end of s.
+func chars(s string) iter.Seq2[int, int] {
+	return func(yield func(int, int) bool) {
+		for off := 0; off < len(s); {
+			n := min(utf8Len(s[off]), len(s)-off)
+			if !yield(off, n) {
+				return
+			}
+			off += n
+		}
+	}
 }
 
 // decodeCpt decodes one codepoint at s[off:] exactly as llama.cpp's

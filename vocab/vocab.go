@@ -3,8 +3,10 @@ package vocab
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -68,14 +70,8 @@ type Spec struct {
 	// Merges are a gpt2 model's merges, "left right", by rank
 	// (tokenizer.ggml.merges).
 	Merges []string
-	// Special token ids; -1 means none. EOT, EOM and the FIM ids, when -1,
-	// are then found by their text as llama.cpp does (e.g. "<|eot_id|>",
-	// "<|im_end|>"). Each other id must be -1 or a token id.
-	BOS, EOS, UNK, PAD, EOT, EOM, SEP int32
-	// The fill-in-the-middle ids (-1: found by text, which also makes the
-	// token a control token, as in llama.cpp). The pad, repository and
-	// file-separator ids end generation.
-	FIMPre, FIMSuf, FIMMid, FIMPad, FIMRep, FIMSep int32
+	// Specials are the special token ids; each must be -1 or a token id.
+	Specials
 	// AddBOS and AddEOS: Tokenize with addSpecial adds BOS first / EOS last
 	// (tokenizer.ggml.add_bos_token / add_eos_token, whose defaults
 	// SpecFromGGUF applies). AddSpacePrefix: a llama model prefixes text
@@ -88,6 +84,34 @@ type Spec struct {
 	Name, Arch string
 }
 
+// Specials are a tokenizer's special token ids; -1 means none. EOT, EOM
+// and the fill-in-the-middle (FIM) ids, when -1, are found by their text
+// as llama.cpp does (e.g. "<|eot_id|>", "<|im_end|>"), which also makes
+// the token a control token. The FIM pad, repository and file-separator
+// ids end generation.
+type Specials struct {
+	BOS, EOS, UNK, PAD, EOT, EOM, SEP              int32
+	FIMPre, FIMSuf, FIMMid, FIMPad, FIMRep, FIMSep int32
+}
+
+// specialID is one id of a Specials, with its name in New's errors and
+// its GGUF key (tokenizer.ggml.<key>).
+type specialID struct {
+	name, key string
+	id        *int32
+}
+
+// ids lists p's ids in field order.
+func (p *Specials) ids() []specialID {
+	return []specialID{{"BOS", "bos_token_id", &p.BOS}, {"EOS", "eos_token_id", &p.EOS},
+		{"UNK", "unknown_token_id", &p.UNK}, {"PAD", "padding_token_id", &p.PAD},
+		{"EOT", "eot_token_id", &p.EOT}, {"EOM", "eom_token_id", &p.EOM},
+		{"SEP", "seperator_token_id", &p.SEP}, {"FIM pre", "fim_pre_token_id", &p.FIMPre},
+		{"FIM suf", "fim_suf_token_id", &p.FIMSuf}, {"FIM mid", "fim_mid_token_id", &p.FIMMid},
+		{"FIM pad", "fim_pad_token_id", &p.FIMPad}, {"FIM rep", "fim_rep_token_id", &p.FIMRep},
+		{"FIM sep", "fim_sep_token_id", &p.FIMSep}}
+}
+
 // DefaultSpec returns a Spec with llama.cpp's defaults for a model and
 // pre-tokenizer: the default special ids (llama: BOS 1, EOS 2, UNK 0;
 // gpt2: BOS = EOS = 11, unless the pre-tokenizer has none; the others -1)
@@ -96,8 +120,10 @@ type Spec struct {
 // ids out of range (SpecFromGGUF drops defaults that are), so adjust the
 // ids to the tokens.
 func DefaultSpec(model, pre string) Spec {
-	s := Spec{Model: model, Pre: pre, BOS: -1, EOS: -1, UNK: -1, PAD: -1, EOT: -1, EOM: -1, SEP: -1,
-		FIMPre: -1, FIMSuf: -1, FIMMid: -1, FIMPad: -1, FIMRep: -1, FIMSep: -1}
+	s := Spec{Model: model, Pre: pre}
+	for _, sp := range s.ids() {
+		*sp.id = -1
+	}
 	switch model {
 	case "llama":
 		s.BOS, s.EOS, s.UNK = 1, 2, 0
@@ -127,24 +153,27 @@ type pair struct{ left, right string }
 // Vocab is a tokenizer built by New. It is immutable and safe for
 // concurrent use.
 type Vocab struct {
-	model  modelKind
-	pre    preInfo
-	split  []splitter
+	model modelKind
+	pre   preInfo // gpt2 only
+	split []splitter
+
+	// The tokens by id: text, score, attributes and
+	// llama_token_to_piece(special = true).
 	tokens []string
 	scores []float32
 	attrs  []uint32
+	pieces []string
 	toID   map[string]int32
-	ranks  map[pair]int32
-	pieces []string // llama_token_to_piece(special = true) of every id
+	ranks  map[pair]int32 // gpt2 merges
+
+	// ids are the given special ids and those found by text.
+	ids                            Specials
+	addBOS, addEOS, addSpacePrefix bool
 	// specials are the control, user-defined and unknown ids, longest text
 	// first (llama.cpp's cache_special_tokens).
 	specials []int32
-	eog      []int32
+	eog      []int32    // ascending
 	byteTok  [256]int32 // SPM byte fallback ids, -1: none
-
-	bos, eos, unk, pad, eot, eom, sep int32
-	addBOS, addEOS, addSpacePrefix    bool
-	cleanSpaces                       bool
 
 	cache    *wordCache
 	spmPairs pairSet // SPM: characters adjacent in some token
@@ -156,8 +185,7 @@ type Vocab struct {
 // special ids are in range, and the model and pre-tokenizer are supported
 // (errors wrap ErrInvalidSpec or ErrUnsupported). New never panics.
 func New(s Spec) (*Vocab, error) {
-	v := &Vocab{bos: s.BOS, eos: s.EOS, unk: s.UNK, pad: s.PAD, eot: s.EOT, eom: s.EOM, sep: s.SEP,
-		addBOS: s.AddBOS, addEOS: s.AddEOS, addSpacePrefix: s.AddSpacePrefix}
+	v := &Vocab{ids: s.Specials, addBOS: s.AddBOS, addEOS: s.AddEOS, addSpacePrefix: s.AddSpacePrefix}
 	switch s.Model {
 	case "llama":
 		v.model = modelSPM
@@ -168,72 +196,22 @@ func New(s Spec) (*Vocab, error) {
 			return nil, fmt.Errorf("vocab: unsupported pre-tokenizer %q; supported: %s: %w",
 				s.Pre, strings.Join(SupportedPre(), ", "), ErrUnsupported)
 		}
-		v.pre = p
-		v.cleanSpaces = p.cleanSpaces
-		v.split = p.kind.splitters()
+		v.pre, v.split = p, p.kind.splitters()
 	default:
 		return nil, fmt.Errorf("vocab: unsupported tokenizer model %q; supported: llama, gpt2: %w", s.Model, ErrUnsupported)
 	}
-	n := len(s.Tokens)
-	if n == 0 {
-		return nil, fmt.Errorf("vocab: no tokens: %w", ErrInvalidSpec)
-	}
-	if n > math.MaxInt32 {
-		return nil, fmt.Errorf("vocab: %d tokens: %w", n, ErrInvalidSpec)
-	}
-	if s.Scores != nil && len(s.Scores) != n {
-		return nil, fmt.Errorf("vocab: %d scores for %d tokens: %w", len(s.Scores), n, ErrInvalidSpec)
-	}
-	if s.Types != nil && len(s.Types) != n {
-		return nil, fmt.Errorf("vocab: %d token types for %d tokens: %w", len(s.Types), n, ErrInvalidSpec)
-	}
-	v.tokens = make([]string, n)
-	v.scores = make([]float32, n)
-	v.attrs = make([]uint32, n)
-	v.toID = make(map[string]int32, n)
-	for i, t := range s.Tokens {
-		if t == "" {
-			t = fmt.Sprintf("[EMPTY_%d]", i)
-		}
-		if j, dup := v.toID[t]; dup {
-			return nil, fmt.Errorf("vocab: token %d %q repeats token %d: %w", i, t, j, ErrInvalidSpec)
-		}
-		v.toID[t] = int32(i)
-		v.tokens[i] = t
-		if s.Scores != nil {
-			v.scores[i] = s.Scores[i]
-		}
-		v.attrs[i] = attrNormal
-		if s.Types != nil {
-			v.attrs[i] = typeAttr(s.Types[i])
-		}
+	if err := v.setTokens(s); err != nil {
+		return nil, err
 	}
 	if v.model == modelBPE {
-		v.ranks = make(map[pair]int32, len(s.Merges))
-		for i, m := range s.Merges {
-			k := -1 // the first space after the first byte, as llama.cpp's find(' ', 1)
-			if len(m) > 1 {
-				if j := strings.IndexByte(m[1:], ' '); j >= 0 {
-					k = j + 1
-				}
-			}
-			if k < 0 {
-				return nil, fmt.Errorf("vocab: merge %d %q is not \"left right\": %w", i, m, ErrInvalidSpec)
-			}
-			p := pair{m[:k], m[k+1:]}
-			if _, seen := v.ranks[p]; !seen {
-				v.ranks[p] = int32(i)
-			}
+		if err := v.setMerges(s.Merges); err != nil {
+			return nil, err
 		}
 	}
-	for _, sp := range []struct {
-		name string
-		id   int32
-	}{{"BOS", s.BOS}, {"EOS", s.EOS}, {"UNK", s.UNK}, {"PAD", s.PAD}, {"EOT", s.EOT}, {"EOM", s.EOM},
-		{"SEP", s.SEP}, {"FIM pre", s.FIMPre}, {"FIM suf", s.FIMSuf}, {"FIM mid", s.FIMMid},
-		{"FIM pad", s.FIMPad}, {"FIM rep", s.FIMRep}, {"FIM sep", s.FIMSep}} {
-		if sp.id < -1 || sp.id >= int32(n) {
-			return nil, fmt.Errorf("vocab: %s token id %d out of range [0, %d): %w", sp.name, sp.id, n, ErrInvalidSpec)
+	n := int32(len(v.tokens))
+	for _, sp := range v.ids.ids() {
+		if *sp.id < -1 || *sp.id >= n {
+			return nil, fmt.Errorf("vocab: %s token id %d out of range [0, %d): %w", sp.name, *sp.id, n, ErrInvalidSpec)
 		}
 	}
 	if s.AddBOS && s.BOS < 0 {
@@ -242,7 +220,19 @@ func New(s Spec) (*Vocab, error) {
 	if s.AddEOS && s.EOS < 0 {
 		return nil, fmt.Errorf("vocab: add_eos set but no EOS token: %w", ErrInvalidSpec)
 	}
-	v.finishAttrs(s)
+	v.findByText()
+	v.setEOG()
+	for i := range n {
+		if v.attrs[i]&(attrControl|attrUserDefined|attrUnknown) != 0 {
+			v.specials = append(v.specials, i)
+		}
+	}
+	slices.SortStableFunc(v.specials, func(a, b int32) int { return len(v.tokens[b]) - len(v.tokens[a]) })
+	v.pieces = make([]string, n)
+	for i := range n {
+		v.pieces[i] = v.computePiece(i)
+	}
+	v.setStrip(s)
 	for b := range v.byteTok {
 		v.byteTok[b] = -1
 		if v.model == modelSPM {
@@ -261,37 +251,82 @@ func New(s Spec) (*Vocab, error) {
 	return v, nil
 }
 
-// typeAttr maps a token type to its attribute as llama.cpp's loader does.
-func typeAttr(t int32) uint32 {
-	switch t {
-	case TypeNormal:
-		return attrNormal
-	case TypeUnknown:
-		return attrUnknown
-	case TypeControl:
-		return attrControl
-	case TypeUserDefined:
-		return attrUserDefined
-	case TypeUnused:
-		return attrUnused
-	case TypeByte:
-		return attrByte
+// setTokens checks and stores the tokens, their scores and attributes.
+func (v *Vocab) setTokens(s Spec) error {
+	n := len(s.Tokens)
+	switch {
+	case n == 0:
+		return fmt.Errorf("vocab: no tokens: %w", ErrInvalidSpec)
+	case n > math.MaxInt32:
+		return fmt.Errorf("vocab: %d tokens: %w", n, ErrInvalidSpec)
+	case s.Scores != nil && len(s.Scores) != n:
+		return fmt.Errorf("vocab: %d scores for %d tokens: %w", len(s.Scores), n, ErrInvalidSpec)
+	case s.Types != nil && len(s.Types) != n:
+		return fmt.Errorf("vocab: %d token types for %d tokens: %w", len(s.Types), n, ErrInvalidSpec)
 	}
-	return 0
+	v.tokens = make([]string, n)
+	v.scores = make([]float32, n)
+	v.attrs = make([]uint32, n)
+	v.toID = make(map[string]int32, n)
+	for i, t := range s.Tokens {
+		if t == "" {
+			t = fmt.Sprintf("[EMPTY_%d]", i)
+		}
+		if j, dup := v.toID[t]; dup {
+			return fmt.Errorf("vocab: token %d %q repeats token %d: %w", i, t, j, ErrInvalidSpec)
+		}
+		v.toID[t] = int32(i)
+		v.tokens[i] = t
+		if s.Scores != nil {
+			v.scores[i] = s.Scores[i]
+		}
+		v.attrs[i] = attrNormal
+		if s.Types != nil {
+			v.attrs[i] = typeAttr(s.Types[i])
+		}
+	}
+	return nil
 }
 
-// finishAttrs follows llama_vocab::impl::load after the token list: the
-// EOT/EOM/FIM ids found by text, "unused" control tokens, the
-// end-of-generation set and its workarounds, the special-token cache, the
-// piece cache and the per-model strip attributes.
-func (v *Vocab) finishAttrs(s Spec) {
-	n := int32(len(v.tokens))
-	fimPad, fimRep, fimSep := s.FIMPad, s.FIMRep, s.FIMSep
-	control := func(id int32) { v.attrs[id] |= attrControl }
-	// detect sets *id, when not given, to the candidate llama.cpp finds
-	// first in its token map's iteration order (see stdMapOrder).
+// setMerges checks and stores a gpt2 model's merge ranks.
+func (v *Vocab) setMerges(merges []string) error {
+	v.ranks = make(map[pair]int32, len(merges))
+	for i, m := range merges {
+		k := -1 // the first space after the first byte, as llama.cpp's find(' ', 1)
+		if len(m) > 1 {
+			if j := strings.IndexByte(m[1:], ' '); j >= 0 {
+				k = j + 1
+			}
+		}
+		if k < 0 {
+			return fmt.Errorf("vocab: merge %d %q is not \"left right\": %w", i, m, ErrInvalidSpec)
+		}
+		p := pair{m[:k], m[k+1:]}
+		if _, seen := v.ranks[p]; !seen {
+			v.ranks[p] = int32(i)
+		}
+	}
+	return nil
+}
+
+// typeAttr maps a token type to its attribute as llama.cpp's loader does.
+func typeAttr(t int32) uint32 {
+	attrs := [...]uint32{TypeNormal: attrNormal, TypeUnknown: attrUnknown, TypeControl: attrControl,
+		TypeUserDefined: attrUserDefined, TypeUnused: attrUnused, TypeByte: attrByte}
+	if t < 0 || int(t) >= len(attrs) {
+		return 0 // TypeUndefined and unknown types
+	}
+	return attrs[t]
+}
+
+// findByText follows llama_vocab::impl::load after the token list: the
+// EOT, EOM and FIM ids not given are found by their text (made control
+// tokens), then control tokens whose text says "unused" are marked so.
+func (v *Vocab) findByText() {
 	var order []int32
-	detect := func(id *int32, texts ...string) {
+	// find sets *id, when not given, to the candidate llama.cpp finds
+	// first in its token map's iteration order (see stdMapOrder).
+	find := func(id *int32, texts ...string) {
 		if *id >= 0 {
 			return
 		}
@@ -320,48 +355,49 @@ func (v *Vocab) finishAttrs(s Spec) {
 			}
 		}
 		*id = found[0]
-		control(found[0])
+		v.attrs[found[0]] |= attrControl
 	}
-	detect(&v.eot, "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+	p := &v.ids
+	find(&p.EOT, "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
 		"<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
-	detect(&v.eom, "<|eom_id|>")
-	fimPre, fimSuf, fimMid := s.FIMPre, s.FIMSuf, s.FIMMid
-	detect(&fimPre, "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>")
-	detect(&fimSuf, "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>")
-	detect(&fimMid, "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>")
-	detect(&fimPad, "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")
-	detect(&fimRep, "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")
-	detect(&fimSep, "<|file_sep|>")
+	find(&p.EOM, "<|eom_id|>")
+	find(&p.FIMPre, "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>")
+	find(&p.FIMSuf, "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>")
+	find(&p.FIMMid, "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>")
+	find(&p.FIMPad, "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")
+	find(&p.FIMRep, "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")
+	find(&p.FIMSep, "<|file_sep|>")
 
 	for i := range v.attrs {
 		if v.attrs[i]&attrControl != 0 && strings.Contains(v.tokens[i], "unused") {
 			v.attrs[i] |= attrUnused
 		}
 	}
+}
 
+// setEOG builds the end-of-generation set as llama.cpp does: the FIM
+// pad/repo/separator ids, the tokens with end-of-generation texts (made
+// control tokens), EOS, EOT and EOM, less llama.cpp's workarounds for
+// gpt-oss and Gemma 4.
+func (v *Vocab) setEOG() {
 	eog := map[int32]bool{}
-	for _, id := range []int32{fimPad, fimRep, fimSep} {
-		if id >= 0 {
-			eog[id] = true
-		}
-	}
-	for i := int32(0); i < n; i++ {
-		switch v.tokens[i] {
+	for i, t := range v.tokens {
+		switch t {
 		case "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
 			"<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
 			"<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
 			"<｜end▁of▁sentence｜>", "[e~[":
-			eog[i] = true
-			control(i)
+			eog[int32(i)] = true
+			v.attrs[i] |= attrControl
 		}
 	}
-	for i := int32(0); i < n; i++ {
-		switch v.tokens[i] {
+	for i, t := range v.tokens {
+		switch t {
 		case "<|channel|>", "<|message|>", "<|start|>", "<|constrain|>":
 			v.attrs[i] = attrUserDefined
 		}
 	}
-	for _, id := range []int32{v.eos, v.eot, v.eom} {
+	for _, id := range []int32{v.ids.FIMPad, v.ids.FIMRep, v.ids.FIMSep, v.ids.EOS, v.ids.EOT, v.ids.EOM} {
 		if id >= 0 {
 			eog[id] = true
 		}
@@ -384,24 +420,12 @@ func (v *Vocab) finishAttrs(s Spec) {
 			v.attrs[sid] = attrNormal
 		}
 	}
-	for id := range eog {
-		v.eog = append(v.eog, id)
-	}
-	slices.Sort(v.eog)
+	v.eog = slices.Sorted(maps.Keys(eog))
+}
 
-	for i := int32(0); i < n; i++ {
-		if v.attrs[i]&(attrControl|attrUserDefined|attrUnknown) != 0 {
-			v.specials = append(v.specials, i)
-		}
-	}
-	slices.SortStableFunc(v.specials, func(a, b int32) int { return len(v.tokens[b]) - len(v.tokens[a]) })
-
-	v.pieces = make([]string, n)
-	for i := int32(0); i < n; i++ {
-		v.pieces[i] = v.computePiece(i)
-	}
-
-	// Per-token attributes by model name, architecture or pre-tokenizer.
+// setStrip sets the per-token strip attributes llama.cpp sets by model
+// name, architecture or pre-tokenizer.
+func (v *Vocab) setStrip(s Spec) {
 	name := strings.ToLower(s.Name)
 	setAttr := func(text string, attr uint32, on bool) {
 		if id, ok := v.toID[text]; ok {
@@ -413,12 +437,7 @@ func (v *Vocab) finishAttrs(s Spec) {
 		}
 	}
 	containsAny := func(s string, subs ...string) bool {
-		for _, sub := range subs {
-			if strings.Contains(s, sub) {
-				return true
-			}
-		}
-		return false
+		return slices.ContainsFunc(subs, func(sub string) bool { return strings.Contains(s, sub) })
 	}
 	switch {
 	case containsAny(s.Pre, "jina-v2-de", "jina-v2-es", "jina-v2-code") || containsAny(s.Arch, "nomic-bert-moe", "jina-bert-v3"):
@@ -480,49 +499,33 @@ func tokenByte(text string) byte {
 	if len(text) < 3 {
 		return 0
 	}
-	s := text[3:min(len(text), 5)]
-	s = strings.TrimLeft(s, " \t\n\v\f\r")
-	neg := false
+	s := strings.TrimLeft(text[3:min(len(text), 5)], " \t\n\v\f\r")
+	neg := strings.HasPrefix(s, "-")
 	if s != "" && (s[0] == '+' || s[0] == '-') {
-		neg = s[0] == '-'
 		s = s[1:]
 	}
-	var x int
-	for _, c := range []byte(s) {
-		var d int
-		switch {
-		case c >= '0' && c <= '9':
-			d = int(c - '0')
-		case c >= 'a' && c <= 'f':
-			d = int(c-'a') + 10
-		case c >= 'A' && c <= 'F':
-			d = int(c-'A') + 10
-		default:
-			return byte(sign(neg) * x)
-		}
-		x = x*16 + d
+	// The hex digits up to the first other byte; none reads as 0.
+	if i := strings.IndexFunc(s, func(r rune) bool { return !strings.ContainsRune("0123456789abcdefABCDEF", r) }); i >= 0 {
+		s = s[:i]
 	}
-	return byte(sign(neg) * x)
-}
-
-func sign(neg bool) int {
+	x, _ := strconv.ParseInt(s, 16, 64)
 	if neg {
-		return -1
+		x = -x
 	}
-	return 1
+	return byte(x)
 }
 
 // Size is the number of tokens.
 func (v *Vocab) Size() int { return len(v.tokens) }
 
 // BOS is the beginning-of-sequence id (-1: none).
-func (v *Vocab) BOS() int32 { return v.bos }
+func (v *Vocab) BOS() int32 { return v.ids.BOS }
 
 // EOS is the end-of-sequence id (-1: none).
-func (v *Vocab) EOS() int32 { return v.eos }
+func (v *Vocab) EOS() int32 { return v.ids.EOS }
 
 // EOT is the end-of-turn id, given or found by text (-1: none).
-func (v *Vocab) EOT() int32 { return v.eot }
+func (v *Vocab) EOT() int32 { return v.ids.EOT }
 
 // AddBOS reports whether Tokenize with addSpecial prepends BOS.
 func (v *Vocab) AddBOS() bool { return v.addBOS }
