@@ -62,8 +62,8 @@ func TestWaterfallTreeAndBars(t *testing.T) {
 func TestNodeSummaryAndRouting(t *testing.T) {
 	i64 := func(n int64) *int64 { return &n }
 	rep := &Report{Requests: []Result{
-		{RequestID: "r1", Engine: "127.0.0.1:8001", FullEngine: "127.0.0.1:8002", HitTokens: i64(0), RequestedTokens: i64(100)},
-		{RequestID: "r2", Engine: "127.0.0.1:8001", FullEngine: "127.0.0.1:8001", HitTokens: i64(90), RequestedTokens: i64(100)},
+		{RequestID: "r1", Engine: "127.0.0.1:8001", FullEngine: "127.0.0.1:8002", TraceStats: TraceStats{HitTokens: i64(0), RequestedTokens: i64(100)}},
+		{RequestID: "r2", Engine: "127.0.0.1:8001", FullEngine: "127.0.0.1:8001", TraceStats: TraceStats{HitTokens: i64(90), RequestedTokens: i64(100)}},
 		{RequestID: "r3", Engine: "127.0.0.1:8002", FullEngine: "127.0.0.1:8002"},
 	}}
 	rep.Summarize()

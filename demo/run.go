@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/cacheblend/cacheblend/contract"
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/defaults"
+	"github.com/cacheblend/cacheblend/loadgen"
 	"github.com/cacheblend/cacheblend/tracecheck"
 	"github.com/cacheblend/cacheblend/tracestore/jaeger"
 )
@@ -83,18 +83,12 @@ func (m Shape) Ceiling() float64 {
 	return l / (cl + 1 + (l-cl-1)*r)
 }
 
-// Median returns the median of xs (0 for none).
+// Median returns the median of xs (0 for none): loadgen's p50.
 func Median(xs []float64) float64 {
 	if len(xs) == 0 {
 		return 0
 	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
+	return float64(loadgen.Summarize(xs).P50)
 }
 
 // Result is one request of the demo, as written to --json.
@@ -107,9 +101,29 @@ type Result struct {
 	TTFTReuse    float64  `json:"ttft_reuse_s"`
 	TTFTFull     float64  `json:"ttft_full_s"`
 	Speedup      float64  `json:"speedup"`
-	// Lookup is how the reuse request's lookup ended (cb.request's lookup: "done" when the
-	// blend server answered), and the statistics cb.request carries, under the names of
-	// contract/spans.yaml; nil when the trace was not read.
+	// The reuse request's statistics from its trace.
+	TraceStats
+	// Engine and FullEngine are the nodes that served the request with
+	// reuse and its full-prefill baseline (the gateway's X-Cb-Engine:
+	// the engine's host:port, also its service.instance.id on the trace
+	// page); "" without a gateway.
+	Engine     string `json:"engine,omitempty"`
+	FullEngine string `json:"full_engine,omitempty"`
+	// Check is the verdict on the reuse request's trace: "pass", "fail: …" or "not run: …".
+	Check string `json:"check"`
+	// FullLookup is the baseline's lookup outcome ("skipped": reuse off) and FullCheck the
+	// verdict on its trace, like Check.
+	FullLookup string `json:"full_lookup,omitempty"`
+	FullCheck  string `json:"full_check"`
+
+	trace *tracecheck.Trace
+}
+
+// TraceStats are the statistics a reuse request's trace holds (part of Result). Lookup is
+// how its lookup ended (cb.request's lookup: "done" when the blend server answered), the
+// numbers are those cb.request and cb.check carry, under the names of contract/spans.yaml;
+// nil when the trace was not read.
+type TraceStats struct {
 	Lookup               string   `json:"lookup,omitempty"`
 	HitRate              *float64 `json:"hit_rate"`
 	HitTokens            *int64   `json:"hit_tokens"`
@@ -125,22 +139,9 @@ type Result struct {
 	// is what the serving path added (lookup, retrieve and scatter,
 	// queueing, steps, the stream).
 	ForwardS *float64 `json:"forward_s,omitempty"`
+	// Spans counts the trace's spans and Services names its services, sorted.
 	Spans    int      `json:"spans"`
 	Services []string `json:"services"`
-	// Engine and FullEngine are the nodes that served the request with
-	// reuse and its full-prefill baseline (the gateway's X-Cb-Engine:
-	// the engine's host:port, also its service.instance.id on the trace
-	// page); "" without a gateway.
-	Engine     string `json:"engine,omitempty"`
-	FullEngine string `json:"full_engine,omitempty"`
-	// Check is the verdict on the reuse request's trace: "pass", "fail: …" or "not run: …".
-	Check string `json:"check"`
-	// FullLookup is the baseline's lookup outcome ("skipped": reuse off) and FullCheck the
-	// verdict on its trace, like Check.
-	FullLookup string `json:"full_lookup,omitempty"`
-	FullCheck  string `json:"full_check"`
-
-	trace *tracecheck.Trace
 }
 
 // Report is the demo's outcome.
@@ -256,9 +257,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.API == "" {
 		return nil, errors.New("demo: no engine API URL")
 	}
-	if cfg.Model == "" {
-		cfg.Model = defaults.Model
-	}
+	cfg.Model = cmp.Or(cfg.Model, defaults.Model)
 	if cfg.Requests <= 0 {
 		cfg.Requests = DefaultRequests
 	}
@@ -284,6 +283,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0xcb))
 	rep := &Report{}
+	var speedups []float64
 	for i := range cfg.Requests {
 		// Documents in varying order and positions: a random subset,
 		// shuffled, so each appears at offsets it was not stored at.
@@ -305,37 +305,31 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if err != nil {
 			return nil, fmt.Errorf("demo: chat: %w", err)
 		}
+		speedups = append(speedups, full.TTFT.Seconds()/reuse.TTFT.Seconds())
 		rep.Requests = append(rep.Requests, Result{
 			RequestID: reuse.RequestID, TraceID: reuse.TraceID, FullTraceID: full.TraceID, Documents: ids,
 			PromptTokens: reuse.PromptTokens,
-			TTFTReuse:    reuse.TTFT.Seconds(), TTFTFull: full.TTFT.Seconds(),
-			Speedup: full.TTFT.Seconds() / reuse.TTFT.Seconds(),
-			Engine:  reuse.Engine, FullEngine: full.Engine,
+			TTFTReuse:    reuse.TTFT.Seconds(), TTFTFull: full.TTFT.Seconds(), Speedup: speedups[i],
+			Engine: reuse.Engine, FullEngine: full.Engine,
 		})
 	}
 	bar.done()
-	speedups := make([]float64, len(rep.Requests))
-	for i, q := range rep.Requests {
-		speedups[i] = q.Speedup
-	}
 	rep.MedianSpeedup = Median(speedups)
 	if c := cfg.Shape.Ceiling(); c > 0 {
 		m := cfg.Shape
 		rep.Shape, rep.Ceiling = &m, c
 	}
+	var err error
 	if cfg.QueryURL == "" {
 		for i := range rep.Requests {
 			rep.Requests[i].Check = "not run: no trace query URL"
 			rep.Requests[i].FullCheck = rep.Requests[i].Check
 		}
-		rep.Summarize()
-		return rep, nil
-	}
-	if err := readTraces(ctx, cfg, rep); err != nil {
-		return rep, err
+	} else {
+		err = readTraces(ctx, cfg, rep)
 	}
 	rep.Summarize()
-	return rep, nil
+	return rep, err
 }
 
 // expectedSpans are what a complete reuse trace holds, once every
@@ -431,27 +425,24 @@ func waitTrace(ctx context.Context, jc *jaeger.Client, traceID string, want []st
 	}
 }
 
+// complete reports whether t holds a span of every name in want.
 func complete(t *tracecheck.Trace, want []string) bool {
-	have := map[string]bool{}
-	for _, s := range t.Spans {
-		have[s.Name] = true
-	}
 	for _, n := range want {
-		if !have[n] {
+		if !slices.ContainsFunc(t.Spans, func(s tracecheck.Span) bool { return s.Name == n }) {
 			return false
 		}
 	}
 	return true
 }
 
-func intAttr(s *tracecheck.Span, key string) *int64 {
-	if v, ok := s.Attributes[key]; ok {
-		if f, ok := v.Number(); ok {
-			n := int64(f)
-			return &n
-		}
+// numAttr is the numeric attribute key of s as a T, nil when it is absent or not a number.
+func numAttr[T int64 | float64](s *tracecheck.Span, key string) *T {
+	f, ok := s.Attributes[key].Number() // an absent key's zero Value is not a number
+	if !ok {
+		return nil
 	}
-	return nil
+	n := T(f)
+	return &n
 }
 
 // prefillForward sums the cb.model_forward spans of t that started before
@@ -476,8 +467,8 @@ func prefillForward(t *tracecheck.Trace) (time.Duration, bool) {
 	return d, true
 }
 
+// fill sets r's trace statistics (and its request id, when cb.request has one) from t.
 func fill(r *Result, t *tracecheck.Trace) {
-	services := map[string]bool{}
 	r.Spans = len(t.Spans)
 	if d, ok := prefillForward(t); ok {
 		f := d.Seconds()
@@ -485,34 +476,24 @@ func fill(r *Result, t *tracecheck.Trace) {
 	}
 	for i := range t.Spans {
 		s := &t.Spans[i]
-		services[s.Service] = true
+		r.Services = append(r.Services, s.Service)
 		switch s.Name {
 		case spanname.CBRequest:
-			if v, ok := s.Attributes["hit_rate"]; ok {
-				if f, ok := v.Number(); ok {
-					r.HitRate = &f
-				}
-			}
-			r.HitTokens = intAttr(s, "hit_tokens")
-			r.RequestedTokens = intAttr(s, "requested_tokens")
-			r.PrefixHitTokens = intAttr(s, "prefix_hit_tokens")
-			r.NonPrefixHitTokens = intAttr(s, "non_prefix_hit_tokens")
-			r.PrefixCoverageTokens = intAttr(s, "prefix_coverage_tokens")
-			r.NNonPrefixTokens = intAttr(s, "n_non_prefix_tokens")
-			if v, ok := s.Attributes["lookup"]; ok {
-				r.Lookup = v.Str
-			}
-			if v, ok := s.Attributes["request_id"]; ok && v.Str != "" {
-				r.RequestID = v.Str
-			}
+			r.HitRate = numAttr[float64](s, "hit_rate")
+			r.HitTokens = numAttr[int64](s, "hit_tokens")
+			r.RequestedTokens = numAttr[int64](s, "requested_tokens")
+			r.PrefixHitTokens = numAttr[int64](s, "prefix_hit_tokens")
+			r.NonPrefixHitTokens = numAttr[int64](s, "non_prefix_hit_tokens")
+			r.PrefixCoverageTokens = numAttr[int64](s, "prefix_coverage_tokens")
+			r.NNonPrefixTokens = numAttr[int64](s, "n_non_prefix_tokens")
+			r.Lookup = s.Attributes["lookup"].Str
+			r.RequestID = cmp.Or(s.Attributes["request_id"].Str, r.RequestID)
 		case spanname.CBCheck:
-			r.ImpCount = intAttr(s, "imp_count")
+			r.ImpCount = numAttr[int64](s, "imp_count")
 		}
 	}
-	for s := range services {
-		r.Services = append(r.Services, s)
-	}
-	sort.Strings(r.Services)
+	slices.Sort(r.Services)
+	r.Services = slices.Compact(r.Services)
 }
 
 // Print writes the human report: the table, the text waterfall of the
@@ -605,24 +586,20 @@ func Waterfall(w io.Writer, t *tracecheck.Trace, width int) {
 	if t == nil || len(t.Spans) == 0 {
 		return
 	}
-	byID := map[string]*tracecheck.Span{}
-	kids := map[string][]*tracecheck.Span{}
-	for i := range t.Spans {
-		byID[t.Spans[i].SpanID] = &t.Spans[i]
+	ids := map[string]bool{}
+	for _, s := range t.Spans {
+		ids[s.SpanID] = true
 	}
 	var roots []*tracecheck.Span
+	kids := map[string][]*tracecheck.Span{}
+	t0, t1 := t.Spans[0].Start, t.Spans[0].End
 	for i := range t.Spans {
 		s := &t.Spans[i]
-		if byID[s.ParentSpanID] == nil {
-			roots = append(roots, s)
-		} else {
+		if ids[s.ParentSpanID] {
 			kids[s.ParentSpanID] = append(kids[s.ParentSpanID], s)
+		} else {
+			roots = append(roots, s)
 		}
-	}
-	byStart := func(a, b *tracecheck.Span) int { return a.Start.Compare(b.Start) }
-	slices.SortFunc(roots, byStart)
-	t0, t1 := roots[0].Start, roots[0].End
-	for _, s := range t.Spans {
 		if s.Start.Before(t0) {
 			t0 = s.Start
 		}
@@ -630,6 +607,8 @@ func Waterfall(w io.Writer, t *tracecheck.Trace, width int) {
 			t1 = s.End
 		}
 	}
+	byStart := func(a, b *tracecheck.Span) int { return a.Start.Compare(b.Start) }
+	slices.SortFunc(roots, byStart)
 	total := t1.Sub(t0)
 	if total <= 0 {
 		total = time.Nanosecond

@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -28,12 +29,11 @@ const (
 	DefaultSettleTimeout  = 5 * time.Second
 )
 
+// Document is one corpus document: an ID and its text (corpus.Document).
+type Document = corpus.Document
+
 // ErrConfig is wrapped by every error Run returns for an invalid Config.
 var ErrConfig = errors.New("loadgen: invalid config")
-
-// Document is one corpus document: an ID and its text (the type of package demo, whose
-// sample documents are the default corpus).
-type Document = corpus.Document
 
 // Config configures Run. API is required; the zero value of every other field takes the
 // default documented on it. Negative values are refused with ErrConfig.
@@ -135,36 +135,17 @@ func (c Config) withDefaults() (Config, error) {
 	if math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0) || c.Rate < 0 {
 		return bad("rate %v is not a finite number ≥ 0", c.Rate)
 	}
-	if c.Model == "" {
-		c.Model = DefaultModel
-	}
-	if c.Requests == 0 {
-		c.Requests = DefaultRequests
-	}
-	if c.Duration == 0 {
-		c.Duration = DefaultDuration
-	}
-	if c.Grace == 0 {
-		c.Grace = DefaultGrace
-	}
-	if c.Concurrency == 0 {
-		c.Concurrency = DefaultConcurrency
-	}
-	if c.MaxTokens == 0 {
-		c.MaxTokens = DefaultMaxTokens
-	}
-	if c.DocsPerRequest == 0 {
-		c.DocsPerRequest = DefaultDocsPerRequest
-	}
-	if c.RequestTimeout == 0 {
-		c.RequestTimeout = DefaultRequestTimeout
-	}
-	if c.HealthWait == 0 {
-		c.HealthWait = DefaultHealthWait
-	}
-	if c.SettleTimeout == 0 {
-		c.SettleTimeout = DefaultSettleTimeout
-	}
+	c.Model = cmp.Or(c.Model, DefaultModel)
+	c.Requests = cmp.Or(c.Requests, DefaultRequests)
+	c.Duration = cmp.Or(c.Duration, DefaultDuration)
+	c.Grace = cmp.Or(c.Grace, DefaultGrace)
+	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
+	c.MaxTokens = cmp.Or(c.MaxTokens, DefaultMaxTokens)
+	c.DocsPerRequest = cmp.Or(c.DocsPerRequest, DefaultDocsPerRequest)
+	c.RequestTimeout = cmp.Or(c.RequestTimeout, DefaultRequestTimeout)
+	c.HealthWait = cmp.Or(c.HealthWait, DefaultHealthWait)
+	c.SettleTimeout = cmp.Or(c.SettleTimeout, DefaultSettleTimeout)
+	c.MetricsURL = cmp.Or(c.MetricsURL, c.API+"/metrics")
 	if c.Documents == nil {
 		c.Documents = corpus.Documents()
 	}
@@ -178,9 +159,6 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.DocsPerRequest > len(c.Documents) {
 		return bad("%d documents per request but the corpus has %d", c.DocsPerRequest, len(c.Documents))
-	}
-	if c.MetricsURL == "" {
-		c.MetricsURL = c.API + "/metrics"
 	}
 	return c, nil
 }

@@ -47,9 +47,6 @@ func (g promptGen) build(i int) prompt {
 	}
 	var sb strings.Builder
 	writeFiller(&sb, rng, n)
-	if n > 0 {
-		sb.WriteString("\n\n")
-	}
 	sb.WriteString(promptHeader)
 	p := prompt{prefix: n, docs: make([]string, len(perm)), offsets: make([]int, len(perm))}
 	for j, k := range perm {
@@ -62,7 +59,7 @@ func (g promptGen) build(i int) prompt {
 	return p
 }
 
-// writeFiller writes exactly n bytes of filler words.
+// writeFiller writes exactly n bytes of filler words, then a blank line; nothing for n ≤ 0.
 func writeFiller(sb *strings.Builder, rng *rand.Rand, n int) {
 	if n <= 0 {
 		return
@@ -75,4 +72,5 @@ func writeFiller(sb *strings.Builder, rng *rand.Rand, n int) {
 		buf = append(buf, fillerWords[rng.IntN(len(fillerWords))]...)
 	}
 	sb.Write(buf[:n])
+	sb.WriteString("\n\n")
 }

@@ -18,21 +18,20 @@ type Bucket struct {
 	Count      float64
 }
 
-// MarshalJSON writes {"le": "<bound>", "count": n}, the bound formatted as Prometheus writes
-// its le label ("+Inf" for the last bucket).
+// bucketJSON is a Bucket in JSON: the bound formatted as Prometheus writes its le label.
+type bucketJSON struct {
+	LE    string  `json:"le"`
+	Count float64 `json:"count"`
+}
+
+// MarshalJSON writes {"le": "<bound>", "count": n} ("+Inf" for the last bucket).
 func (b Bucket) MarshalJSON() ([]byte, error) {
-	return json.Marshal(struct {
-		LE    string  `json:"le"`
-		Count float64 `json:"count"`
-	}{formatBound(b.UpperBound), b.Count})
+	return json.Marshal(bucketJSON{formatBound(b.UpperBound), b.Count})
 }
 
 // UnmarshalJSON reads what MarshalJSON writes.
 func (b *Bucket) UnmarshalJSON(data []byte) error {
-	var v struct {
-		LE    string  `json:"le"`
-		Count float64 `json:"count"`
-	}
+	var v bucketJSON
 	if err := json.Unmarshal(data, &v); err != nil {
 		return err
 	}

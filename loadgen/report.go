@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -24,9 +25,21 @@ var (
 )
 
 // Report is the outcome of a run, written by Print and WriteJSON. Latencies are in seconds.
-// Its methods only read it and may run concurrently; do not mutate it meanwhile.
+// Its methods only read it and may run concurrently; do not mutate it meanwhile. Its parts
+// are embedded, so their fields are the report's in Go and in JSON.
 type Report struct {
-	// The run's settings, defaults applied.
+	Settings
+	Outcome
+	// TTFT, TPOT and E2E summarise the client's measurements of successful requests.
+	Latencies[Summary]
+	// Server is the cross-check against /metrics; nil when it was skipped.
+	Server *ServerCheck `json:"server,omitempty"`
+	// Requests are every request sent, by Index.
+	Requests []Result `json:"requests"`
+}
+
+// Settings are a run's settings, defaults applied (part of Report).
+type Settings struct {
 	API            string  `json:"api"`
 	Model          string  `json:"model"`
 	Mode           string  `json:"mode"` // "closed loop" or "open loop"
@@ -42,7 +55,11 @@ type Report struct {
 	Reuse          bool    `json:"reuse"`
 	Ingested       bool    `json:"ingested"`
 	Seed           uint64  `json:"seed"`
+}
 
+// Outcome is what a run did: when and how long, the requests it sent and their tokens (part
+// of Report).
+type Outcome struct {
 	// StartedAt is when the first request could start; Elapsed the run's wall time until
 	// the last request ended; StoppedBy one of the StoppedBy* constants.
 	StartedAt time.Time `json:"started_at"`
@@ -64,17 +81,6 @@ type Report struct {
 	OutputTokenRate float64 `json:"output_token_rate"`
 	PromptTokens    int64   `json:"prompt_tokens"`
 	OutputTokens    int64   `json:"output_tokens"`
-
-	// TTFT, TPOT and E2E summarise the client's measurements of successful requests.
-	TTFT Summary `json:"ttft"`
-	TPOT Summary `json:"tpot"`
-	E2E  Summary `json:"e2e"`
-
-	// Server is the cross-check against /metrics; nil when it was skipped.
-	Server *ServerCheck `json:"server,omitempty"`
-
-	// Requests are every request sent, by Index.
-	Requests []Result `json:"requests"`
 }
 
 // Err returns nil when every request succeeded and the server (when checked) counted
@@ -99,11 +105,7 @@ func (r *Report) Err() error {
 
 // errorList writes Errors as "kind: n, ..." sorted by kind.
 func (r *Report) errorList() string {
-	kinds := make([]string, 0, len(r.Errors))
-	for k := range r.Errors {
-		kinds = append(kinds, k)
-	}
-	slices.Sort(kinds)
+	kinds := slices.Sorted(maps.Keys(r.Errors))
 	parts := make([]string, len(kinds))
 	for i, k := range kinds {
 		parts[i] = fmt.Sprintf("%s: %d", k, r.Errors[k])
@@ -169,25 +171,16 @@ func (r *Report) Print(w io.Writer) {
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "\tn\tp50\tp90\tp95\tp99\tmax\t")
-	client := func(name string, s Summary) {
-		fmt.Fprintf(tw, "%s client\t%d\t%s\t%s\t%s\t%s\t%s\t\n", name, s.N, ms(s.P50), ms(s.P90), ms(s.P95), ms(s.P99), ms(s.Max))
-	}
-	server := func(name string, q ServerQuantiles) {
-		fmt.Fprintf(tw, "%s server\t%d\t%s\t%s\t%s\t%s\t%s\t\n", name, q.Count, ms(q.P50), ms(q.P90), ms(q.P95), ms(q.P99), "-")
+	row := func(name string, n int, q Quantiles, maxCol string) {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", name, n, ms(q.P50), ms(q.P90), ms(q.P95), ms(q.P99), maxCol)
 	}
 	checked := r.Server != nil && r.Server.Error == ""
-	for _, m := range []struct {
-		name string
-		c    Summary
-		s    func() ServerQuantiles
-	}{
-		{"TTFT", r.TTFT, func() ServerQuantiles { return r.Server.TTFT }},
-		{"TPOT", r.TPOT, func() ServerQuantiles { return r.Server.TPOT }},
-		{"E2E", r.E2E, func() ServerQuantiles { return r.Server.E2E }},
-	} {
-		client(m.name, m.c)
+	for i, name := range []string{"TTFT", "TPOT", "E2E"} {
+		c := r.Latencies.all()[i]
+		row(name+" client", c.N, c.Quantiles, ms(c.Max))
 		if checked {
-			server(m.name, m.s())
+			s := r.Server.Latencies.all()[i]
+			row(name+" server", s.Count, s.Quantiles, "-")
 		}
 	}
 	_ = tw.Flush()

@@ -17,12 +17,12 @@ func TestReportErr(t *testing.T) {
 		rep  Report
 		want []error
 	}{
-		{"clean", Report{Sent: 3, Server: &ServerCheck{CountMatches: true}}, nil},
-		{"clean without check", Report{Sent: 3}, nil},
-		{"failures", Report{Sent: 3, Failed: 1, Errors: map[string]int{"http_503": 1}, Server: &ServerCheck{CountMatches: true}}, []error{ErrRequestsFailed}},
-		{"mismatch", Report{Sent: 3, Server: &ServerCheck{RequestsSent: 3, RequestsCounted: 2}}, []error{ErrCountMismatch}},
-		{"scrape failed", Report{Sent: 3, Server: &ServerCheck{Error: "refused"}}, []error{ErrServerCheck}},
-		{"both", Report{Sent: 3, Failed: 2, Errors: map[string]int{"timeout": 2}, Server: &ServerCheck{RequestsSent: 3, RequestsCounted: 5}},
+		{"clean", Report{Outcome: Outcome{Sent: 3}, Server: &ServerCheck{CountMatches: true}}, nil},
+		{"clean without check", Report{Outcome: Outcome{Sent: 3}}, nil},
+		{"failures", Report{Outcome: Outcome{Sent: 3, Failed: 1, Errors: map[string]int{"http_503": 1}}, Server: &ServerCheck{CountMatches: true}}, []error{ErrRequestsFailed}},
+		{"mismatch", Report{Outcome: Outcome{Sent: 3}, Server: &ServerCheck{RequestsSent: 3, RequestsCounted: 2}}, []error{ErrCountMismatch}},
+		{"scrape failed", Report{Outcome: Outcome{Sent: 3}, Server: &ServerCheck{Error: "refused"}}, []error{ErrServerCheck}},
+		{"both", Report{Outcome: Outcome{Sent: 3, Failed: 2, Errors: map[string]int{"timeout": 2}}, Server: &ServerCheck{RequestsSent: 3, RequestsCounted: 5}},
 			[]error{ErrRequestsFailed, ErrCountMismatch}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -41,8 +41,9 @@ func TestReportErr(t *testing.T) {
 
 func TestReportPrintWithoutData(t *testing.T) {
 	nan := Seconds(math.NaN())
-	rep := &Report{API: "http://x", Mode: "open loop", Rate: 2, Poisson: true, TTFT: Summary{P50: nan, P90: nan, P95: nan, P99: nan, Max: nan},
-		Server: &ServerCheck{MetricsURL: "http://x/metrics", Error: "connection refused"}}
+	rep := &Report{Settings: Settings{API: "http://x", Mode: "open loop", Rate: 2, Poisson: true},
+		Latencies: Latencies[Summary]{TTFT: Summary{Quantiles: Quantiles{P50: nan, P90: nan, P95: nan, P99: nan}, Max: nan}},
+		Server:    &ServerCheck{MetricsURL: "http://x/metrics", Error: "connection refused"}}
 	var sb strings.Builder
 	rep.Print(&sb)
 	out := sb.String()

@@ -276,9 +276,8 @@ func (r *runner) one(ctx context.Context, i int, scheduled time.Duration) {
 		res.E2E = Seconds(g.E2E.Seconds())
 	}
 	if err != nil {
-		var re *apiclient.Error
 		res.ErrorKind, res.Error = KindConnection, err.Error()
-		if errors.As(err, &re) {
+		if re, ok := errors.AsType[*apiclient.Error](err); ok {
 			res.ErrorKind = re.Kind
 		}
 		r.failed.Add(1)
@@ -302,14 +301,15 @@ func (r *runner) report(stoppedBy string) *Report {
 	r.mu.Unlock()
 	slices.SortFunc(results, func(a, b Result) int { return a.Index - b.Index })
 	cfg := r.cfg
-	rep := &Report{
+	rep := &Report{Requests: results, Settings: Settings{
 		API: cfg.API, Model: cfg.Model, Mode: "closed loop", Concurrency: cfg.Concurrency, Rate: cfg.Rate,
 		Poisson: cfg.Poisson, RequestLimit: cfg.Requests, DurationLimit: Seconds(cfg.Duration.Seconds()),
 		MaxTokens: cfg.MaxTokens, DocsPerRequest: cfg.DocsPerRequest, Corpus: len(cfg.Documents),
 		MaxPrefix: cfg.MaxPrefix, Reuse: !cfg.NoReuse, Ingested: cfg.Ingest, Seed: cfg.Seed,
+	}, Outcome: Outcome{
 		StartedAt: r.start.UTC(), Elapsed: Seconds(elapsed.Seconds()), StoppedBy: stoppedBy,
-		Sent: len(results), Delayed: int(r.delayed.Load()), Errors: map[string]int{}, Requests: results,
-	}
+		Sent: len(results), Delayed: int(r.delayed.Load()), Errors: map[string]int{},
+	}}
 	if cfg.Rate > 0 {
 		rep.Mode = "open loop"
 	}

@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -32,11 +33,8 @@ var ErrCounterReset = errors.New("loadgen: server histogram decreased during the
 // They are NaN (null) when the histogram gained no observation.
 type ServerQuantiles struct {
 	// Count is the number of observations the run added.
-	Count int     `json:"count"`
-	P50   Seconds `json:"p50_s"`
-	P90   Seconds `json:"p90_s"`
-	P95   Seconds `json:"p95_s"`
-	P99   Seconds `json:"p99_s"`
+	Count int `json:"count"`
+	Quantiles
 	// Buckets are the cumulative bucket deltas, summed across label sets, +Inf last.
 	Buckets []Bucket `json:"buckets,omitempty"`
 }
@@ -62,11 +60,9 @@ type ServerCheck struct {
 	// SettleWait is how long the post-run scrape was repeated until the count settled.
 	SettleWait Seconds `json:"settle_wait_s"`
 
-	// TTFT, TPOT and E2E are the server's quantiles over the run: time to first token,
-	// time per output token, and request duration of successful requests (error_type "").
-	TTFT ServerQuantiles `json:"ttft"`
-	TPOT ServerQuantiles `json:"tpot"`
-	E2E  ServerQuantiles `json:"e2e"`
+	// The server's quantiles over the run: time to first token, time per output token,
+	// and request duration of successful requests (error_type "").
+	Latencies[ServerQuantiles]
 
 	// ClientP95 and ServerP95 are the client's and the server's TTFT p95.
 	ClientP95 Seconds `json:"client_ttft_p95_s"`
@@ -155,18 +151,8 @@ func (s scrape) histogram(name string, keep labelFilter) (buckets []Bucket, coun
 	for ub, c := range byBound {
 		buckets = append(buckets, Bucket{UpperBound: ub, Count: c})
 	}
-	slices.SortFunc(buckets, func(a, b Bucket) int { return cmpFloat(a.UpperBound, b.UpperBound) })
+	slices.SortFunc(buckets, func(a, b Bucket) int { return cmp.Compare(a.UpperBound, b.UpperBound) })
 	return buckets, count
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // deltaBuckets returns after − before per bound. A bound of before missing from after, or a
@@ -209,28 +195,6 @@ func histogramDelta(before, after scrape, name string, keep labelFilter) ([]Buck
 	return d, int(math.Round(ac - bc)), nil
 }
 
-// serverQuantiles estimates a histogram delta's quantiles.
-func serverQuantiles(buckets []Bucket, n int) ServerQuantiles {
-	return ServerQuantiles{
-		Count:   n,
-		P50:     Seconds(HistogramQuantile(0.50, buckets)),
-		P90:     Seconds(HistogramQuantile(0.90, buckets)),
-		P95:     Seconds(HistogramQuantile(0.95, buckets)),
-		P99:     Seconds(HistogramQuantile(0.99, buckets)),
-		Buckets: buckets,
-	}
-}
-
-// requestCount returns the delta of the request-duration count over keep's label sets.
-func requestCount(before, after scrape, keep labelFilter) (int, error) {
-	_, bc := before.histogram(MetricRequestDuration, keep)
-	_, ac := after.histogram(MetricRequestDuration, keep)
-	if ac < bc {
-		return 0, fmt.Errorf("%w: %s_count went from %v to %v", ErrCounterReset, MetricRequestDuration, bc, ac)
-	}
-	return int(math.Round(ac - bc)), nil
-}
-
 // crossCheck scrapes url after the run, repeating every 100 ms for up to settle until the
 // server has counted sent requests, and compares the deltas to the client's numbers.
 func crossCheck(ctx context.Context, c *apiclient.Client, url string, before scrape, sent int, clientTTFT Summary, settle time.Duration) *ServerCheck {
@@ -244,7 +208,7 @@ func crossCheck(ctx context.Context, c *apiclient.Client, url string, before scr
 			sc.Error = err.Error()
 			return sc
 		}
-		n, err := requestCount(before, after, nil)
+		_, n, err := histogramDelta(before, after, MetricRequestDuration, nil)
 		if err != nil {
 			sc.Error = err.Error()
 			return sc
@@ -252,13 +216,9 @@ func crossCheck(ctx context.Context, c *apiclient.Client, url string, before scr
 		if n >= sent || time.Since(t0) >= settle {
 			break
 		}
-		t := time.NewTimer(100 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleepUntil(ctx, time.Now().Add(100*time.Millisecond)) {
 			sc.Error = fmt.Sprintf("loadgen: cross-check: %v", ctx.Err())
 			return sc
-		case <-t.C:
 		}
 	}
 	sc.SettleWait = Seconds(time.Since(t0).Seconds())
@@ -271,10 +231,10 @@ func crossCheck(ctx context.Context, c *apiclient.Client, url string, before scr
 // fill computes the check from the two scrapes.
 func (sc *ServerCheck) fill(before, after scrape, clientTTFT Summary) error {
 	var err error
-	if sc.RequestsCounted, err = requestCount(before, after, nil); err != nil {
+	if _, sc.RequestsCounted, err = histogramDelta(before, after, MetricRequestDuration, nil); err != nil {
 		return err
 	}
-	if sc.ServerErrors, err = requestCount(before, after, failuresOnly); err != nil {
+	if _, sc.ServerErrors, err = histogramDelta(before, after, MetricRequestDuration, failuresOnly); err != nil {
 		return err
 	}
 	sc.CountMatches = sc.RequestsCounted == sc.RequestsSent
@@ -291,7 +251,7 @@ func (sc *ServerCheck) fill(before, after scrape, clientTTFT Summary) error {
 		if err != nil {
 			return err
 		}
-		*h.dst = serverQuantiles(b, n)
+		*h.dst = ServerQuantiles{Count: n, Buckets: b, Quantiles: quantilesOf(func(q float64) float64 { return HistogramQuantile(q, b) })}
 	}
 	sc.ClientP95, sc.ServerP95 = clientTTFT.P95, sc.TTFT.P95
 	bounds := make([]float64, len(sc.TTFT.Buckets))

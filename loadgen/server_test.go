@@ -81,7 +81,7 @@ func TestServerCheckFromScrapes(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sc := &ServerCheck{RequestsSent: tc.sent}
-			if err := sc.fill(before, after, Summary{P95: Seconds(tc.clientP95)}); err != nil {
+			if err := sc.fill(before, after, Summary{Quantiles: Quantiles{P95: Seconds(tc.clientP95)}}); err != nil {
 				t.Fatal(err)
 			}
 			if sc.RequestsCounted != 11 || sc.ServerErrors != 1 || sc.CountMatches != tc.matches {
@@ -125,7 +125,7 @@ func TestServerCheckDetectsReset(t *testing.T) {
 func TestServerCheckNoObservations(t *testing.T) {
 	sc := mustParse(t, expo([]float64{3, 5, 6}, 2, []float64{1, 2, 3, 3}, []float64{0, 4, 4, 5}))
 	c := &ServerCheck{}
-	if err := c.fill(sc, sc, Summary{P95: 0.2}); err != nil {
+	if err := c.fill(sc, sc, Summary{Quantiles: Quantiles{P95: 0.2}}); err != nil {
 		t.Fatal(err)
 	}
 	if c.RequestsCounted != 0 || !c.CountMatches || !math.IsNaN(float64(c.ServerP95)) || c.P95WithinOneBucket || c.ServerP95Bucket != "" {
@@ -142,7 +142,7 @@ func FuzzParseMetrics(f *testing.F) {
 			return
 		}
 		c := &ServerCheck{}
-		_ = c.fill(sc, sc, Summary{P95: 0.1})
-		_ = c.fill(scrape{}, sc, Summary{P95: 0.1})
+		_ = c.fill(sc, sc, Summary{Quantiles: Quantiles{P95: 0.1}})
+		_ = c.fill(scrape{}, sc, Summary{Quantiles: Quantiles{P95: 0.1}})
 	})
 }

@@ -55,25 +55,34 @@ func Percentile(q float64, sorted []float64) float64 {
 	return sorted[int(lo)]*(1-w) + sorted[int(hi)]*w
 }
 
+// Quantiles are the p50, p90, p95 and p99 of a sample, in seconds; NaN (null) when undefined.
+type Quantiles struct {
+	P50 Seconds `json:"p50_s"`
+	P90 Seconds `json:"p90_s"`
+	P95 Seconds `json:"p95_s"`
+	P99 Seconds `json:"p99_s"`
+}
+
+// quantilesOf evaluates the quantile function at of at 0.5, 0.9, 0.95 and 0.99.
+func quantilesOf(at func(q float64) float64) Quantiles {
+	return Quantiles{P50: Seconds(at(0.50)), P90: Seconds(at(0.90)), P95: Seconds(at(0.95)), P99: Seconds(at(0.99))}
+}
+
 // Summary describes a sample of latencies in seconds. With N = 0 every other field is NaN
 // (null in JSON).
 type Summary struct {
 	N    int     `json:"n"`
 	Mean Seconds `json:"mean_s"`
-	P50  Seconds `json:"p50_s"`
-	P90  Seconds `json:"p90_s"`
-	P95  Seconds `json:"p95_s"`
-	P99  Seconds `json:"p99_s"`
-	Max  Seconds `json:"max_s"`
+	Quantiles
+	Max Seconds `json:"max_s"`
 }
 
 // Summarize returns the Summary of values (seconds, any order; not modified) with
 // percentiles from Percentile. Safe for concurrent use.
 func Summarize(values []float64) Summary {
-	s := slices.Clone(values)
-	slices.Sort(s)
+	s := slices.Sorted(slices.Values(values))
 	nan := Seconds(math.NaN())
-	out := Summary{N: len(s), Mean: nan, P50: nan, P90: nan, P95: nan, P99: nan, Max: nan}
+	out := Summary{N: len(s), Mean: nan, Max: nan, Quantiles: quantilesOf(func(q float64) float64 { return Percentile(q, s) })}
 	if len(s) == 0 {
 		return out
 	}
@@ -82,10 +91,18 @@ func Summarize(values []float64) Summary {
 		sum += v
 	}
 	out.Mean = Seconds(sum / float64(len(s)))
-	out.P50 = Seconds(Percentile(0.50, s))
-	out.P90 = Seconds(Percentile(0.90, s))
-	out.P95 = Seconds(Percentile(0.95, s))
-	out.P99 = Seconds(Percentile(0.99, s))
 	out.Max = Seconds(s[len(s)-1])
 	return out
 }
+
+// Latencies are the three latencies of a run: time to first token, time per output token
+// and end to end; T is Summary for the client's measurements, ServerQuantiles for the
+// server's.
+type Latencies[T any] struct {
+	TTFT T `json:"ttft"`
+	TPOT T `json:"tpot"`
+	E2E  T `json:"e2e"`
+}
+
+// all returns TTFT, TPOT and E2E in that order.
+func (l Latencies[T]) all() [3]T { return [3]T{l.TTFT, l.TPOT, l.E2E} }

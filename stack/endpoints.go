@@ -63,21 +63,18 @@ func (s *Stack) onReady(r Ready) {
 // is logged: the stack keeps serving).
 func (s *Stack) refreshNodes() {
 	s.epMu.Lock()
-	nodes := append([]*Stack{s}, s.others...)
+	others := s.others
 	s.epMu.Unlock()
-	eps := make([]Endpoints, len(nodes))
-	for i, n := range nodes {
-		if n == s {
-			continue // read under s's lock below
-		}
-		eps[i] = n.Endpoints()
+	eps := make([]Endpoints, 1+len(others)) // eps[0], s's own, is read under its lock below
+	for i, n := range others {
+		eps[1+i] = n.Endpoints()
 	}
 	s.epMu.Lock()
 	defer s.epMu.Unlock()
-	if len(s.eps.Nodes) == len(nodes) {
+	if len(s.eps.Nodes) == len(eps) {
 		eps[0] = s.eps
-		for i := range nodes {
-			s.eps.Nodes[i].Engine, s.eps.Nodes[i].Worker, s.eps.Nodes[i].Blend = eps[i].Engine, eps[i].Worker, eps[i].Blend
+		for i, e := range eps {
+			s.eps.Nodes[i].Engine, s.eps.Nodes[i].Worker, s.eps.Nodes[i].Blend = e.Engine, e.Worker, e.Blend
 		}
 	}
 	if s.endpointsFile == "" {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -138,18 +139,15 @@ func (s *Supervisor) Start(ctx context.Context, spec Spec) (Ready, error) {
 	s.procs = append(s.procs, p)
 	s.mu.Unlock()
 	readyCh := make(chan Ready, 1)
-	if err := s.launch(p, readyCh); err != nil {
+	exited, err := s.launch(p, readyCh)
+	if err != nil {
 		return Ready{}, err
 	}
 	t := time.NewTimer(s.cfg.ReadyTimeout)
 	defer t.Stop()
-	p.mu.Lock()
-	exited := p.exited
-	p.mu.Unlock()
 	select {
 	case r := <-readyCh:
-		s.wg.Add(1)
-		go s.watch(p)
+		s.wg.Go(func() { s.watch(p, exited) })
 		return r, nil
 	case <-exited:
 		return Ready{}, fmt.Errorf("%w: %s exited before it was ready (%s)", ErrNotReady, spec.Name, p.exitReason())
@@ -160,67 +158,65 @@ func (s *Supervisor) Start(ctx context.Context, spec Spec) (Ready, error) {
 	}
 }
 
-// launch starts the process once and streams its output.
-func (s *Supervisor) launch(p *proc, readyCh chan<- Ready) error {
+// launch starts the process once and streams its output; the channel it returns is closed
+// when the process exits.
+func (s *Supervisor) launch(p *proc, readyCh chan<- Ready) (<-chan struct{}, error) {
 	cmd := exec.Command(p.spec.Path, p.spec.Args...)
 	cmd.Env = append(os.Environ(), p.spec.Env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		return fmt.Errorf("stack: %s stdout: %w", p.spec.Name, err)
+		return nil, fmt.Errorf("stack: %s stdout: %w", p.spec.Name, err)
 	}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
-		return fmt.Errorf("stack: %s stderr: %w", p.spec.Name, err)
+		return nil, fmt.Errorf("stack: %s stderr: %w", p.spec.Name, err)
 	}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("stack: start %s: %w", p.spec.Name, err)
+		return nil, fmt.Errorf("stack: start %s: %w", p.spec.Name, err)
 	}
 	exited := make(chan struct{})
 	p.mu.Lock()
 	p.cmd, p.exited, p.ready = cmd, exited, nil
 	p.mu.Unlock()
 	s.cfg.Logger.Info("started", "service", p.spec.Name, "pid", cmd.Process.Pid)
-	var pipes sync.WaitGroup
-	pipes.Add(2)
-	go func() {
-		defer pipes.Done()
-		sc := bufio.NewScanner(stdout)
+	// stream writes r's lines to the logs (after passing each to onLine) and drains the rest.
+	stream := func(r io.Reader, onLine func(string)) {
+		sc := bufio.NewScanner(r)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
-			line := sc.Text()
-			if r, ok := parseReady(line); ok {
-				r.PID = cmd.Process.Pid
-				p.mu.Lock()
-				p.ready = &r
-				p.mu.Unlock()
-				if readyCh != nil {
-					readyCh <- r
-					readyCh = nil
-				}
-				if s.cfg.OnReady != nil {
-					s.cfg.OnReady(r)
-				}
-			}
-			s.writeLine(p.spec.Name, line)
-		}
-		io.Copy(io.Discard, stdout)
-	}()
-	go func() {
-		defer pipes.Done()
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
+			onLine(sc.Text())
 			s.writeLine(p.spec.Name, sc.Text())
 		}
-		io.Copy(io.Discard, stderr)
-	}()
+		io.Copy(io.Discard, r)
+	}
+	var pipes sync.WaitGroup
+	pipes.Go(func() {
+		stream(stdout, func(line string) {
+			r, ok := parseReady(line)
+			if !ok {
+				return
+			}
+			r.PID = cmd.Process.Pid
+			p.mu.Lock()
+			p.ready = &r
+			p.mu.Unlock()
+			if readyCh != nil {
+				readyCh <- r
+				readyCh = nil
+			}
+			if s.cfg.OnReady != nil {
+				s.cfg.OnReady(r)
+			}
+		})
+	})
+	pipes.Go(func() { stream(stderr, func(string) {}) })
 	go func() {
 		pipes.Wait()
 		_ = cmd.Wait()
 		close(exited)
 	}()
-	return nil
+	return exited, nil
 }
 
 func parseReady(line string) (Ready, bool) {
@@ -246,14 +242,14 @@ func (p *proc) exitReason() string {
 	return p.cmd.ProcessState.String()
 }
 
-// watch restarts p whenever it exits, with exponential backoff, until stop.
-func (s *Supervisor) watch(p *proc) {
-	defer s.wg.Done()
+// watch restarts p whenever it exits (exited: its current process's), with exponential
+// backoff, until stop.
+func (s *Supervisor) watch(p *proc, exited <-chan struct{}) {
+	// closed makes the loop wait again after a failed restart: it retries after backoff.
+	closed := make(chan struct{})
+	close(closed)
 	backoff := s.cfg.MinBackoff
 	for {
-		p.mu.Lock()
-		exited := p.exited
-		p.mu.Unlock()
 		startedAt := time.Now()
 		select {
 		case <-p.stop:
@@ -278,14 +274,10 @@ func (s *Supervisor) watch(p *proc) {
 		p.mu.Lock()
 		p.restarts++
 		p.mu.Unlock()
-		if err := s.launch(p, nil); err != nil {
+		var err error
+		if exited, err = s.launch(p, nil); err != nil {
 			s.cfg.Logger.Error("restart failed", "service", p.spec.Name, "err", err)
-			// Make the loop wait again: a closed channel retries after backoff.
-			closed := make(chan struct{})
-			close(closed)
-			p.mu.Lock()
-			p.exited = closed
-			p.mu.Unlock()
+			exited = closed
 		}
 	}
 }
@@ -301,10 +293,9 @@ type Status struct {
 // Status reports every supervised process.
 func (s *Supervisor) Status() []Status {
 	s.mu.Lock()
-	procs := append([]*proc(nil), s.procs...)
-	s.mu.Unlock()
-	out := make([]Status, 0, len(procs))
-	for _, p := range procs {
+	defer s.mu.Unlock()
+	out := make([]Status, 0, len(s.procs))
+	for _, p := range s.procs {
 		p.mu.Lock()
 		st := Status{Name: p.spec.Name, Restarts: p.restarts, Ready: p.ready != nil}
 		if p.cmd != nil && p.cmd.Process != nil {
@@ -341,8 +332,7 @@ func (s *Supervisor) Shutdown(ctx context.Context) error {
 	procs := append([]*proc(nil), s.procs...)
 	s.mu.Unlock()
 	var errs []error
-	for i := len(procs) - 1; i >= 0; i-- {
-		p := procs[i]
+	for _, p := range slices.Backward(procs) {
 		p.stopOnce.Do(func() { close(p.stop) })
 		p.mu.Lock()
 		cmd, exited := p.cmd, p.exited

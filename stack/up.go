@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -175,20 +176,16 @@ type Stack struct {
 // other port chosen free. A process that dies later is restarted with the
 // same ports (and certificates).
 //
-// Unless cfg.Plaintext, Up first generates a throw-away CA and a
-// certificate per process (rpc/mtls: ECDSA P-256, valid for
-// cfg.TLSValidity, SANs 127.0.0.1, ::1, localhost and the process's role)
-// into a fresh directory (mode 0700, files 0600; the CA's key is never
-// written) and passes each process its --tls-cert, --tls-key and --tls-ca
-// before cfg's extra flags. Shutdown removes the directory.
+// Unless cfg.Plaintext, Up first generates a throw-away CA and a certificate
+// per process (rpc/mtls.WriteDir: mtls.DefaultHosts and the process's role,
+// valid for cfg.TLSValidity; files 0600 in a directory 0700, no CA key) and
+// passes each process its --tls-cert, --tls-key and --tls-ca before cfg's
+// extra flags. Shutdown removes the directory.
 func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
-	if cfg.PrefillNodes > 0 || cfg.DecodeNodes > 0 {
-		if cfg.PrefillNodes <= 0 || cfg.DecodeNodes <= 0 {
-			return nil, errors.New("stack: a disaggregated fleet needs at least one prefill and one decode node")
-		}
-		return upNodes(ctx, cfg)
+	if (cfg.PrefillNodes > 0) != (cfg.DecodeNodes > 0) {
+		return nil, errors.New("stack: a disaggregated fleet needs at least one prefill and one decode node")
 	}
-	if cfg.Nodes > 1 {
+	if cfg.Nodes > 1 || cfg.PrefillNodes > 0 {
 		return upNodes(ctx, cfg)
 	}
 	if cfg.RedisURL != "" {
@@ -230,22 +227,22 @@ func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
 		_ = s.Shutdown(context.Background())
 		return nil, err
 	}
-	tlsArgs := func(mtls.Role) []string { return nil }
 	if !cfg.Plaintext {
 		if s.tlsDir = cfg.TLSDir; s.tlsDir == "" {
 			if s.tlsDir, err = makeCerts(cfg.TLSValidity); err != nil {
-				return nil, err
+				return fail(err)
 			}
 			s.ownTLS = true
 		}
-		tlsArgs = func(r mtls.Role) []string {
-			f := mtls.DirFiles(s.tlsDir, r)
-			return []string{"--tls-cert", f.Cert, "--tls-key", f.Key, "--tls-ca", f.CA}
-		}
 		s.setEndpoint(func(e *Endpoints) { e.MutualTLS = true })
 	}
+	// args are a process's flags: base, its certificate's (unless plaintext), then extra.
 	args := func(base []string, r mtls.Role, extra []string) []string {
-		return slices.Concat(base, tlsArgs(r), extra)
+		if s.tlsDir != "" {
+			f := mtls.DirFiles(s.tlsDir, r)
+			base = slices.Concat(base, []string{"--tls-cert", f.Cert, "--tls-key", f.Key, "--tls-ca", f.CA})
+		}
+		return slices.Concat(base, extra)
 	}
 	blendArgs := []string{"blend", "--addr", blendGRPC, "--metrics-addr", blendMetrics, "--kv-socket", kvSocket}
 	if cfg.StateDir != "" {
@@ -362,30 +359,34 @@ func (s *Stack) WriteEndpoints(path string) error {
 
 // writeEndpointsLocked writes s.eps to s.endpointsFile (callers hold epMu).
 func (s *Stack) writeEndpointsLocked() error {
-	path := s.endpointsFile
 	b, err := json.MarshalIndent(s.eps, "", "  ")
 	if err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".endpoints-*")
-	if err != nil {
-		return fmt.Errorf("stack: endpoints file: %w", err)
-	}
-	_, werr := tmp.Write(append(b, '\n'))
-	cerr := tmp.Close()
-	if err := errors.Join(werr, cerr); err != nil {
-		os.Remove(tmp.Name())
 		return fmt.Errorf("stack: endpoints file: %w", err)
 	}
 	mode := os.FileMode(0o644)
 	if s.eps.Redis != nil {
 		mode = 0o600 // the Redis URL carries its password
 	}
-	if err := os.Chmod(tmp.Name(), mode); err != nil {
-		os.Remove(tmp.Name())
-		return err
+	return WriteFileAtomic(s.endpointsFile, append(b, '\n'), mode)
+}
+
+// WriteFileAtomic writes data to path with mode: into a temporary file next to path,
+// renamed over it, so a reader sees the old file or the new one, never a part.
+func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("stack: write %s: %w", path, err)
 	}
-	return os.Rename(tmp.Name(), path)
+	_, werr := tmp.Write(data)
+	if err := errors.Join(werr, tmp.Chmod(mode), tmp.Close()); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("stack: write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("stack: write %s: %w", path, err)
+	}
+	return nil
 }
 
 // TLSDir is the directory of the stack's CA certificate and per-process
@@ -445,19 +446,13 @@ func makeCerts(validity time.Duration) (string, error) {
 // taken by someone else between this call and its use; the process then
 // fails to start and says so.)
 func FreePorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, l := range lns {
-			l.Close()
-		}
-	}()
 	ports := make([]int, 0, n)
 	for range n {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, fmt.Errorf("stack: free port: %w", err)
 		}
-		lns = append(lns, l)
+		defer l.Close() // every listener held until return: the n ports differ
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
@@ -487,16 +482,6 @@ func upNodes(ctx context.Context, cfg UpConfig) (*Stack, error) {
 		ownTLS = true
 	}
 	var rp *redisproc.Server
-	url := cfg.RedisURL
-	if url == "" {
-		if rp, err = redisproc.Start(ctx, redisproc.Options{}); err != nil {
-			if ownTLS {
-				os.RemoveAll(tlsDir)
-			}
-			return nil, fmt.Errorf("stack: fleet tier for %d nodes: %w", len(roles), err)
-		}
-		url = rp.URL()
-	}
 	var nodes []*Stack
 	fail := func(err error) (*Stack, error) {
 		for _, n := range nodes {
@@ -509,6 +494,13 @@ func upNodes(ctx context.Context, cfg UpConfig) (*Stack, error) {
 			os.RemoveAll(tlsDir)
 		}
 		return nil, err
+	}
+	url := cfg.RedisURL
+	if url == "" {
+		if rp, err = redisproc.Start(ctx, redisproc.Options{}); err != nil {
+			return fail(fmt.Errorf("stack: fleet tier for %d nodes: %w", len(roles), err))
+		}
+		url = rp.URL()
 	}
 	for i, role := range roles {
 		nc := cfg
@@ -596,12 +588,8 @@ func (c UpConfig) withDefaults() (UpConfig, error) {
 		}
 		c.Exe = exe
 	}
-	if c.APIAddr == "" {
-		c.APIAddr = "127.0.0.1:8000"
-	}
-	if c.OTLPProtocol == "" {
-		c.OTLPProtocol = "http/protobuf"
-	}
+	c.APIAddr = cmp.Or(c.APIAddr, "127.0.0.1:8000")
+	c.OTLPProtocol = cmp.Or(c.OTLPProtocol, "http/protobuf")
 	return c, nil
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -53,8 +52,11 @@ func newCheckCmd() *cobra.Command {
 				if lookback > 0 {
 					q.Start = time.Now().Add(-lookback)
 				}
-				traces, err = fetchTraces(c.Context(), queryURL, q)
+				cl, err := jaeger.NewClient(queryURL, jaeger.ClientConfig{HTTPClient: &http.Client{Timeout: 30 * time.Second}})
 				if err != nil {
+					return err
+				}
+				if traces, err = tracecheck.FromQuery(c.Context(), cl, q); err != nil {
 					return err
 				}
 			}
@@ -77,13 +79,4 @@ func newCheckCmd() *cobra.Command {
 	f.IntVar(&limit, "limit", 20, "most traces fetched")
 	f.DurationVar(&lookback, "lookback", time.Hour, "only traces that started within this duration")
 	return withEnv(cmd)
-}
-
-// fetchTraces reads traces from a Jaeger-compatible query API.
-func fetchTraces(ctx context.Context, url string, q jaeger.Query) ([]tracecheck.Trace, error) {
-	cl, err := jaeger.NewClient(url, jaeger.ClientConfig{HTTPClient: &http.Client{Timeout: 30 * time.Second}})
-	if err != nil {
-		return nil, err
-	}
-	return tracecheck.FromQuery(ctx, cl, q)
 }

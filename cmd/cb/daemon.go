@@ -18,7 +18,7 @@ import (
 // endpoint and, with gRPC hops (a role), the TLS flags.
 type daemonFlags struct {
 	otlp string
-	tls  tlsFlags
+	tls  mtls.Files
 	role mtls.Role // "": no TLS flags
 }
 
@@ -26,17 +26,17 @@ type daemonFlags struct {
 func (d *daemonFlags) register(f *pflag.FlagSet, role mtls.Role) {
 	f.StringVar(&d.otlp, "otlp-traces-endpoint", "", "OTLP traces endpoint (overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
 	if d.role = role; role != "" {
-		d.tls.register(f, role)
+		registerTLSFlags(f, &d.tls, role)
 	}
 }
 
-// start loads the TLS identity (nil without TLS flags), starts the service runtime and logs
-// the transport security (serves: the process has a gRPC port).
+// start loads the TLS identity (nil without TLS flags set), starts the service runtime and
+// logs the transport security (serves: the process has a gRPC port).
 func (d *daemonFlags) start(ctx context.Context, name, addr string, serves bool) (*service.Runtime, *mtls.Identity, error) {
 	var id *mtls.Identity
-	if d.role != "" {
+	if d.role != "" && d.tls.Enabled() {
 		var err error
-		if id, err = d.tls.load(d.role); err != nil {
+		if id, err = mtls.Load(d.tls, d.role); err != nil {
 			return nil, nil, err
 		}
 	}

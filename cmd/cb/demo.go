@@ -1,20 +1,18 @@
 package main
 
 import (
-	"context"
+	"cmp"
 	"errors"
 	"fmt"
-	"github.com/cacheblend/cacheblend/modelfile"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/cacheblend/cacheblend/demo"
 	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/modelfile"
 	"github.com/cacheblend/cacheblend/stack"
 )
 
@@ -42,10 +40,10 @@ table gives each node's requests and hit rate. The processes' log lines go to a 
 logs directory of the state directory (its path is printed first); --verbose prints them instead.
 It keeps running until Ctrl-C, or exits with --exit (status 1 when a check fails).`,
 		RunE: func(c *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(c.Context(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := untilSignal(c.Context())
 			defer stop()
 			if cfg.APIKey != "" {
-				u.engineArgs = append(u.engineArgs, "--api-key="+cfg.APIKey)
+				u.cfg.EngineArgs = append(u.cfg.EngineArgs, "--api-key="+cfg.APIKey)
 			}
 			if !verbose {
 				logs, err := demoLogFile()
@@ -53,28 +51,21 @@ It keeps running until Ctrl-C, or exits with --exit (status 1 when a check fails
 					return err
 				}
 				defer logs.Close()
-				u.logs = logs
+				u.cfg.Supervisor.Logs = logs
 				fmt.Fprintf(os.Stderr, "logs of the processes: %s (--verbose prints them here)\n", logs.Name())
 			}
 			r, err := startStack(ctx, &u)
 			if err != nil {
 				return err
 			}
-			defer func() {
-				sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-				defer cancel()
-				_ = r.Shutdown(sctx)
-			}()
+			defer func() { _ = r.Shutdown() }()
 			eps := r.stack.Endpoints()
 			cfg.API = eps.API()
-			cfg.QueryURL = r.queryURL
-			if checkURL != "" {
-				cfg.QueryURL = checkURL
-			}
+			cfg.QueryURL = cmp.Or(checkURL, r.queryURL)
 			cfg.Progress = os.Stderr
-			cfg.Shape = servedShape(u.workerArgs)
-			if u.model != "" {
-				if cfg.Model, cfg.Shape.Layers, err = fileModel(u.model); err != nil {
+			cfg.Shape = servedShape(u.cfg.WorkerArgs)
+			if u.cfg.ModelPath != "" {
+				if cfg.Model, cfg.Shape.Layers, err = fileModel(u.cfg.ModelPath); err != nil {
 					return err
 				}
 			}
@@ -103,7 +94,7 @@ It keeps running until Ctrl-C, or exits with --exit (status 1 when a check fails
 			return nil
 		},
 	}
-	u.register(cmd, "127.0.0.1:8000")
+	u.register(cmd)
 	f := cmd.Flags()
 	f.IntVar(&cfg.Requests, "requests", demo.DefaultRequests, "RAG requests (each sent with reuse and as a full prefill)")
 	f.IntVar(&cfg.DocsPerRequest, "docs", demo.DefaultDocsPerRequest, "sample documents per prompt")
@@ -129,10 +120,6 @@ func demoLogFile() (*os.File, error) {
 	return stack.OpenLogFile(dir, "demo")
 }
 
-// servedShape is the shape of the model the demo's workers serve: the
-// default model's, with the --layers, --check-layer and --recomp-ratio
-// given among workerArgs (--worker-arg) applied; the other flags are
-// ignored, and a malformed one leaves the default.
 // fileModel is the served name and the block count of a model file (the
 // demo's requests and shape).
 func fileModel(path string) (string, int, error) {
@@ -148,9 +135,14 @@ func fileModel(path string) (string, int, error) {
 	return f.Name, int(n), nil
 }
 
+// servedShape is the shape of the model the demo's workers serve: the
+// default model's, with the --layers, --check-layer and --recomp-ratio
+// given among workerArgs (--worker-arg) applied; the other flags are
+// ignored, and a malformed one leaves the default.
 func servedShape(workerArgs []string) demo.Shape {
 	d := model.DefaultConfig()
-	sh := demo.Shape{Layers: d.Layers, CheckLayer: d.CheckLayer, RecompRatio: d.RecompRatio}
+	def := demo.Shape{Layers: d.Layers, CheckLayer: d.CheckLayer, RecompRatio: d.RecompRatio}
+	sh := def
 	fs := pflag.NewFlagSet("worker", pflag.ContinueOnError)
 	fs.ParseErrorsAllowlist.UnknownFlags = true
 	fs.SetOutput(io.Discard)
@@ -158,7 +150,7 @@ func servedShape(workerArgs []string) demo.Shape {
 	fs.IntVar(&sh.CheckLayer, "check-layer", sh.CheckLayer, "")
 	fs.Float64Var(&sh.RecompRatio, "recomp-ratio", sh.RecompRatio, "")
 	if err := fs.Parse(workerArgs); err != nil {
-		return demo.Shape{Layers: d.Layers, CheckLayer: d.CheckLayer, RecompRatio: d.RecompRatio}
+		return def
 	}
 	return sh
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"os"
 	"runtime"
 
@@ -41,9 +42,7 @@ func newEngineCmd() *cobra.Command {
 			if procs > 0 {
 				runtime.GOMAXPROCS(procs)
 			}
-			if cfg.WorkerAdvertise == "" {
-				cfg.WorkerAdvertise = workerAddr
-			}
+			cfg.WorkerAdvertise = cmp.Or(cfg.WorkerAdvertise, workerAddr)
 			rt, id, err := daemon.start(ctx, "cb-engine", cfg.Addr, false)
 			if err != nil {
 				return err

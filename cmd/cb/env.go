@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"strings"
@@ -35,22 +36,10 @@ func applyEnv(cmd *cobra.Command) error {
 }
 
 // withEnv makes a command read its flags' environment variables before it
-// runs and lists them in its help.
+// runs (its PreRunE) and lists them in its help.
 func withEnv(cmd *cobra.Command) *cobra.Command {
-	prev := cmd.PreRunE
-	cmd.PreRunE = func(c *cobra.Command, args []string) error {
-		if err := applyEnv(c); err != nil {
-			return err
-		}
-		if prev != nil {
-			return prev(c, args)
-		}
-		return nil
-	}
-	if cmd.Long == "" {
-		cmd.Long = cmd.Short + "."
-	}
-	cmd.Long = strings.TrimSpace(cmd.Long) + "\n\nEvery flag can also be set by the environment variable " +
+	cmd.PreRunE = func(c *cobra.Command, _ []string) error { return applyEnv(c) }
+	cmd.Long = strings.TrimSpace(cmp.Or(cmd.Long, cmd.Short+".")) + "\n\nEvery flag can also be set by the environment variable " +
 		envName(cmd.Name(), "<FLAG>") + " (upper case, dashes as underscores); a flag given on the command line wins."
 	return cmd
 }

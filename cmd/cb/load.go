@@ -1,10 +1,6 @@
 package main
 
 import (
-	"os"
-	"os/signal"
-	"syscall"
-
 	"github.com/spf13/cobra"
 
 	"github.com/cacheblend/cacheblend/loadgen"
@@ -34,7 +30,7 @@ within one bucket of the server's. The exit status is 1 when a request failed, t
 differs, or /metrics could not be read (unless --no-server-check).`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(c.Context(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := untilSignal(c.Context())
 			defer stop()
 			if !quiet {
 				cfg.Progress = c.ErrOrStderr()

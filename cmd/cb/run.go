@@ -15,10 +15,15 @@ import (
 // shutdownTimeout bounds a process's graceful shutdown after SIGINT/SIGTERM.
 const shutdownTimeout = 15 * time.Second
 
+// untilSignal is ctx, cancelled at SIGINT or SIGTERM; stop releases the signals.
+func untilSignal(ctx context.Context) (_ context.Context, stop context.CancelFunc) {
+	return signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+}
+
 // runUntilSignal blocks until SIGINT or SIGTERM (or ctx ends), then shuts the
 // components down in order and the runtime last (flushing spans).
 func runUntilSignal(ctx context.Context, rt *service.Runtime, comps ...component.Lifecycle) error {
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	ctx, stop := untilSignal(ctx)
 	defer stop()
 	<-ctx.Done()
 	rt.Logger.Info("shutting down")

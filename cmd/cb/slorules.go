@@ -1,14 +1,11 @@
 package main
 
 import (
-	"fmt"
-	"os"
-	"path/filepath"
-
 	"github.com/spf13/cobra"
 
 	"github.com/cacheblend/cacheblend/contract"
 	"github.com/cacheblend/cacheblend/slo"
+	"github.com/cacheblend/cacheblend/stack"
 )
 
 func init() { subcommands = append(subcommands, newSLORulesCmd) }
@@ -40,33 +37,9 @@ func newSLORulesCmd() *cobra.Command {
 				_, err := c.OutOrStdout().Write(data)
 				return err
 			}
-			return writeFileAtomic(out, data)
+			return stack.WriteFileAtomic(out, data, 0o644)
 		},
 	}
 	cmd.Flags().StringVarP(&out, "out", "o", "", "write the rules to this file instead of stdout (replaced atomically)")
 	return withEnv(cmd)
-}
-
-// writeFileAtomic writes data to a temporary file next to path and renames it over path.
-func writeFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
 }

@@ -9,25 +9,14 @@ import (
 	"github.com/cacheblend/cacheblend/rpc/mtls"
 )
 
-// tlsFlags are the mutual-TLS flags of cb engine, cb worker and cb blend
-// (--tls-cert, --tls-key, --tls-ca; CB_<COMMAND>_TLS_CERT, …): all three
-// turn mutual TLS on for every gRPC hop of the process, none leaves it
-// plaintext.
-type tlsFlags struct{ files mtls.Files }
-
-func (t *tlsFlags) register(f *pflag.FlagSet, role mtls.Role) {
-	f.StringVar(&t.files.Cert, "tls-cert", "", "PEM certificate of this process, naming role "+string(role)+
+// registerTLSFlags adds the mutual-TLS flags of cb engine, cb worker and cb blend to f
+// (--tls-cert, --tls-key, --tls-ca; CB_<COMMAND>_TLS_CERT, …): all three turn mutual TLS on
+// for every gRPC hop of the process, none leaves it plaintext.
+func registerTLSFlags(f *pflag.FlagSet, files *mtls.Files, role mtls.Role) {
+	f.StringVar(&files.Cert, "tls-cert", "", "PEM certificate of this process, naming role "+string(role)+
 		" in the URI SAN "+role.URI().String()+"; with --tls-key and --tls-ca every gRPC hop is mutual TLS (none of the three: plaintext and unauthenticated)")
-	f.StringVar(&t.files.Key, "tls-key", "", "PEM private key of --tls-cert")
-	f.StringVar(&t.files.CA, "tls-ca", "", "PEM certificate(s) of the CA that signs every process's certificate")
-}
-
-// load returns the process's identity, or nil when no TLS flag is set.
-func (t *tlsFlags) load(role mtls.Role) (*mtls.Identity, error) {
-	if !t.files.Enabled() {
-		return nil, nil
-	}
-	return mtls.Load(t.files, role)
+	f.StringVar(&files.Key, "tls-key", "", "PEM private key of --tls-cert")
+	f.StringVar(&files.CA, "tls-ca", "", "PEM certificate(s) of the CA that signs every process's certificate")
 }
 
 // logTLS logs the process's transport security: the identity, or a warning

@@ -3,11 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -18,45 +15,33 @@ import (
 
 func init() { subcommands = append(subcommands, newUpCmd) }
 
-// upFlags are the flags cb up and cb demo share.
+// upFlags are the flags cb up and cb demo share: the stack's settings (cb up alone sets
+// PrefillNodes, DecodeNodes and StateDir; cb demo sets Supervisor.Logs to a file unless
+// --verbose) and the embedded collector's addresses.
 type upFlags struct {
-	api           string
+	cfg           stack.UpConfig
 	endpointsFile string
 	otlpAddr      string
 	uiAddr        string
-	engineArgs    []string
-	workerArgs    []string
-	blendArgs     []string
-	gatewayArgs   []string
-	noGateway     bool
-	redisURL      string
-	nodes         int
-	prefillNodes  int // cb up only: a disaggregated fleet
-	decodeNodes   int
-	plaintext     bool
-	tp            int
-	stateDir      string // cb up only: the blend servers' L2 ("" with --no-l2, and for cb demo)
-	noL2          bool
-	model         string    // a GGUF model file for every engine and worker
-	logs          io.Writer // the processes' log lines (cb demo: a file unless --verbose); nil: stderr
+	noL2          bool // cb up only: no L2 whatever --state-dir
 }
 
-func (u *upFlags) register(cmd *cobra.Command, defaultAPI string) {
-	f := cmd.Flags()
-	f.StringVar(&u.model, "model", "", "GGUF model file every engine and worker serves (e.g. ~/models/Llama-3.2-1B-Instruct-Q4_K_M.gguf); empty: the built-in seeded model")
-	f.StringVar(&u.api, "api", defaultAPI, "address of the OpenAI API: the engine's, or with --nodes N the gateway's")
+func (u *upFlags) register(cmd *cobra.Command) {
+	f, c := cmd.Flags(), &u.cfg
+	f.StringVar(&c.ModelPath, "model", "", "GGUF model file every engine and worker serves (e.g. ~/models/Llama-3.2-1B-Instruct-Q4_K_M.gguf); empty: the built-in seeded model")
+	f.StringVar(&c.APIAddr, "api", "127.0.0.1:8000", "address of the OpenAI API: the engine's, or with --nodes N the gateway's")
 	f.StringVar(&u.endpointsFile, "endpoints-file", "", "write the processes' endpoints as JSON to this file once all are healthy")
 	f.StringVar(&u.otlpAddr, "otlp-addr", "127.0.0.1:0", "embedded collector's OTLP/HTTP address (when OTEL_EXPORTER_OTLP_ENDPOINT is unset)")
 	f.StringVar(&u.uiAddr, "ui-addr", "127.0.0.1:16686", "embedded collector's query API and trace page address")
-	f.StringArrayVar(&u.engineArgs, "engine-arg", nil, "extra flag for cb engine (repeatable), e.g. --engine-arg=--api-key=secret")
-	f.StringArrayVar(&u.workerArgs, "worker-arg", nil, "extra flag for cb worker (repeatable)")
-	f.StringArrayVar(&u.blendArgs, "blend-arg", nil, "extra flag for cb blend (repeatable)")
-	f.StringArrayVar(&u.gatewayArgs, "gateway-arg", nil, "extra flag for cb gateway with --nodes N (repeatable), e.g. --gateway-arg=--policy=least-loaded")
-	f.BoolVar(&u.noGateway, "no-gateway", false, "with --nodes N, start no gateway: node 0's engine listens on --api")
-	f.StringVar(&u.redisURL, "redis-url", "", "fleet tier shared with other nodes: passed to cb blend --redis-url")
-	f.IntVar(&u.nodes, "nodes", 1, "nodes to start on loopback (engine + worker + blend server each) sharing one fleet tier, behind a gateway (cb gateway) on --api; without --redis-url, cb up starts redis-server on a free port with a random password")
-	f.IntVar(&u.tp, "tp", 1, "run each worker as this many tensor-parallel rank processes (cb worker --tp); a rank that dies fails its requests (503) and the whole rank group is restarted")
-	f.BoolVar(&u.plaintext, "plaintext", false, "no mutual TLS between the processes: the worker's and the blend server's gRPC ports then admit any local process (default: a throw-away CA and a certificate per process, removed at exit)")
+	f.StringArrayVar(&c.EngineArgs, "engine-arg", nil, "extra flag for cb engine (repeatable), e.g. --engine-arg=--api-key=secret")
+	f.StringArrayVar(&c.WorkerArgs, "worker-arg", nil, "extra flag for cb worker (repeatable)")
+	f.StringArrayVar(&c.BlendArgs, "blend-arg", nil, "extra flag for cb blend (repeatable)")
+	f.StringArrayVar(&c.GatewayArgs, "gateway-arg", nil, "extra flag for cb gateway with --nodes N (repeatable), e.g. --gateway-arg=--policy=least-loaded")
+	f.BoolVar(&c.NoGateway, "no-gateway", false, "with --nodes N, start no gateway: node 0's engine listens on --api")
+	f.StringVar(&c.RedisURL, "redis-url", "", "fleet tier shared with other nodes: passed to cb blend --redis-url")
+	f.IntVar(&c.Nodes, "nodes", 1, "nodes to start on loopback (engine + worker + blend server each) sharing one fleet tier, behind a gateway (cb gateway) on --api; without --redis-url, cb up starts redis-server on a free port with a random password")
+	f.IntVar(&c.TP, "tp", 1, "run each worker as this many tensor-parallel rank processes (cb worker --tp); a rank that dies fails its requests (503) and the whole rank group is restarted")
+	f.BoolVar(&c.Plaintext, "plaintext", false, "no mutual TLS between the processes: the worker's and the blend server's gRPC ports then admit any local process (default: a throw-away CA and a certificate per process, removed at exit)")
 }
 
 // running is a started stack and, unless spans go to an external OTLP
@@ -67,7 +52,10 @@ type running struct {
 	queryURL  string // Jaeger-compatible query API ("" when exporting elsewhere)
 }
 
-func (r *running) Shutdown(ctx context.Context) error {
+// Shutdown stops the stack, then the collector, within shutdownTimeout.
+func (r *running) Shutdown() error {
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
 	err := r.stack.Shutdown(ctx)
 	if r.collector != nil {
 		if cerr := r.collector.Shutdown(ctx); err == nil {
@@ -77,33 +65,19 @@ func (r *running) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// externalOTLP reports whether the environment points spans somewhere else.
-func externalOTLP() bool {
-	return os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
-}
-
-// startStack starts the collector (unless OTEL_EXPORTER_OTLP_ENDPOINT is
-// set) and the three processes.
+// startStack starts the collector (unless OTEL_EXPORTER_OTLP_ENDPOINT or
+// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set) and the stack's processes.
 func startStack(ctx context.Context, u *upFlags) (*running, error) {
 	r := &running{}
-	cfg := stack.UpConfig{
-		APIAddr:    u.api,
-		EngineArgs: u.engineArgs, WorkerArgs: u.workerArgs, BlendArgs: u.blendArgs,
-		GatewayArgs: u.gatewayArgs, NoGateway: u.noGateway,
-		Plaintext: u.plaintext, Nodes: u.nodes, RedisURL: u.redisURL, TP: u.tp,
-		PrefillNodes: u.prefillNodes, DecodeNodes: u.decodeNodes,
-		StateDir: u.stateDir, ModelPath: u.model,
-		// Export batches often so a request's trace is complete quickly.
-		Env:        []string{"OTEL_BSP_SCHEDULE_DELAY=200"},
-		Supervisor: stack.Config{Logs: u.logs},
-	}
+	cfg := u.cfg
+	cfg.Env = []string{"OTEL_BSP_SCHEDULE_DELAY=200"} // export batches often: a request's trace is complete quickly
 	if u.noL2 {
 		cfg.StateDir = ""
 	}
-	if !externalOTLP() {
+	if os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" && os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" {
 		var deps component.Deps
-		if u.logs != nil {
-			deps.Logger = slog.New(slog.NewJSONHandler(u.logs, nil))
+		if logs := cfg.Supervisor.Logs; logs != nil {
+			deps.Logger = slog.New(slog.NewJSONHandler(logs, nil))
 		}
 		col, err := startCollector(ctx, tracestore.Config{OTLPAddr: u.otlpAddr, QueryAddr: u.uiAddr}, deps)
 		if err != nil {
@@ -127,7 +101,7 @@ func startStack(ctx context.Context, u *upFlags) (*running, error) {
 	}
 	if u.endpointsFile != "" {
 		if err := st.WriteEndpoints(u.endpointsFile); err != nil {
-			_ = r.Shutdown(context.Background())
+			_ = r.Shutdown()
 			return nil, err
 		}
 	}
@@ -160,7 +134,7 @@ TLS) share the fleet tier, and the gateway on --api routes with --prefill/--deco
 generation to a prefill engine (kv-aware), handed over to the least loaded decode engine. The
 endpoints file gives each node's role.`,
 		RunE: func(c *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(c.Context(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := untilSignal(c.Context())
 			defer stop()
 			r, err := startStack(ctx, &u)
 			if err != nil {
@@ -185,8 +159,8 @@ endpoints file gives each node's role.`,
 			if eps.Redis != nil {
 				fmt.Println("fleet tier: Redis shared by the nodes (its URL is in the endpoints file)")
 			}
-			if u.stateDir != "" && !u.noL2 {
-				fmt.Printf("state: the blend server's L2 in %s (stored documents survive restarts; --no-l2 keeps them in memory only)\n", u.stateDir)
+			if u.cfg.StateDir != "" && !u.noL2 {
+				fmt.Printf("state: the blend server's L2 in %s (stored documents survive restarts; --no-l2 keeps them in memory only)\n", u.cfg.StateDir)
 			} else {
 				fmt.Println("state: no L2 (stored documents are lost when the blend server restarts)")
 			}
@@ -199,19 +173,15 @@ endpoints file gives each node's role.`,
 				fmt.Println("gRPC between the processes: plaintext, unauthenticated (--plaintext)")
 			}
 			<-ctx.Done()
-			sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-			defer cancel()
-			return r.Shutdown(sctx)
+			return r.Shutdown()
 		},
 	}
-	u.register(cmd, "127.0.0.1:8000")
-	cmd.Flags().IntVar(&u.prefillNodes, "prefill-nodes", 0, "with --decode-nodes: start this many prefill nodes (cb engine --role prefill) behind the gateway, instead of --nodes")
-	defState, err := stack.DefaultStateDir()
-	if err != nil {
-		defState = "" // no home directory: no L2 unless --state-dir
-	}
-	cmd.Flags().StringVar(&u.stateDir, "state-dir", defState, "state directory kept across restarts (created 0700; refused when group or others may access it): the blend server keeps its L2 there (chunk files and registered sequences, so stored documents survive a restart of the blend server or of the stack)")
-	cmd.Flags().BoolVar(&u.noL2, "no-l2", false, "no L2: the blend server keeps chunks in memory only (stored documents are lost when it restarts)")
-	cmd.Flags().IntVar(&u.decodeNodes, "decode-nodes", 0, "with --prefill-nodes: start this many decode nodes (cb engine --role decode), named to the prefill engines by the gateway")
+	u.register(cmd)
+	f := cmd.Flags()
+	f.IntVar(&u.cfg.PrefillNodes, "prefill-nodes", 0, "with --decode-nodes: start this many prefill nodes (cb engine --role prefill) behind the gateway, instead of --nodes")
+	defState, _ := stack.DefaultStateDir() // "" without a home directory: no L2 unless --state-dir
+	f.StringVar(&u.cfg.StateDir, "state-dir", defState, "state directory kept across restarts (created 0700; refused when group or others may access it): the blend server keeps its L2 there (chunk files and registered sequences, so stored documents survive a restart of the blend server or of the stack)")
+	f.BoolVar(&u.noL2, "no-l2", false, "no L2: the blend server keeps chunks in memory only (stored documents are lost when it restarts)")
+	f.IntVar(&u.cfg.DecodeNodes, "decode-nodes", 0, "with --prefill-nodes: start this many decode nodes (cb engine --role decode), named to the prefill engines by the gateway")
 	return withEnv(cmd)
 }
