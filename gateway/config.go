@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/http"
@@ -105,48 +106,22 @@ type Config struct {
 
 // withDefaults returns c with defaults applied and the engine URLs normalized, or an error.
 func (c Config) withDefaults() (Config, error) {
-	if c.Addr == "" {
-		c.Addr = DefaultAddr
-	}
-	if c.Policy == "" {
-		c.Policy = DefaultPolicy
-	}
+	c.Addr = cmp.Or(c.Addr, DefaultAddr)
+	c.Policy = cmp.Or(c.Policy, DefaultPolicy)
 	if !slices.Contains(Policies(), c.Policy) {
 		return c, fmt.Errorf("gateway: policy %q is not one of %s", c.Policy, strings.Join(Policies(), ", "))
 	}
-	if c.Alpha <= 0 {
-		c.Alpha = DefaultAlpha
-	}
-	if c.SpreadMargin <= 0 {
-		c.SpreadMargin = DefaultSpreadMargin
-	}
-	if c.MaxInFlight <= 0 {
-		c.MaxInFlight = DefaultMaxInFlight
-	}
-	if c.MaxQueue <= 0 {
-		c.MaxQueue = DefaultMaxQueue
-	}
-	if c.QueueTimeout <= 0 {
-		c.QueueTimeout = DefaultQueueTimeout
-	}
-	if c.HealthInterval <= 0 {
-		c.HealthInterval = DefaultHealthInterval
-	}
-	if c.IndexBytes <= 0 {
-		c.IndexBytes = DefaultIndexBytes
-	}
-	if c.IndexSequences <= 0 {
-		c.IndexSequences = DefaultIndexSequences
-	}
-	if c.ChunkSize <= 0 {
-		c.ChunkSize = defaults.ChunkSize
-	}
-	if c.Model == "" {
-		c.Model = defaults.Model
-	}
-	if c.MaxBufferedBody <= 0 {
-		c.MaxBufferedBody = DefaultMaxBufferedBody
-	}
+	orDefault(&c.Alpha, DefaultAlpha)
+	orDefault(&c.SpreadMargin, DefaultSpreadMargin)
+	orDefault(&c.MaxInFlight, DefaultMaxInFlight)
+	orDefault(&c.MaxQueue, DefaultMaxQueue)
+	orDefault(&c.QueueTimeout, DefaultQueueTimeout)
+	orDefault(&c.HealthInterval, DefaultHealthInterval)
+	orDefault(&c.IndexBytes, DefaultIndexBytes)
+	orDefault(&c.IndexSequences, DefaultIndexSequences)
+	orDefault(&c.ChunkSize, defaults.ChunkSize)
+	c.Model = cmp.Or(c.Model, defaults.Model)
+	orDefault(&c.MaxBufferedBody, DefaultMaxBufferedBody)
 	c.Settings = c.Settings.WithDefaults()
 	if len(c.Prefill) > 0 || len(c.Decode) > 0 {
 		switch {
@@ -187,6 +162,13 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	}
 	return c, nil
+}
+
+// orDefault sets *v to d when it is not positive.
+func orDefault[T int | int64 | float64 | time.Duration](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
 }
 
 // normalizeEngineURL turns "host:port" or "http://host:port[/]" into "http://host:port".

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -114,34 +116,23 @@ func (rec *record) fail(w http.ResponseWriter, apiErr *api.Error) {
 	}
 }
 
-// serveGenerate serves POST /v1/chat/completions and /v1/completions: authenticate, read and
-// decode the body (the engine's decoder: a bad request is answered here with the engine's
-// error), tokenize the prompt as the engine does, route it and forward it.
+// serveGenerate serves POST /v1/chat/completions and /v1/completions: the body is decoded
+// with the engine's decoder (a bad request is answered here with the engine's error) and the
+// prompt tokenized as the engine does.
 func (g *Gateway) serveGenerate(w *statusWriter, r *http.Request, op, route string, t0 time.Time) {
-	rec := &record{request: request{op: op, route: route, t0: t0}}
-	ctx, span := g.startSpan(r, rec)
-	defer func() { g.finish(ctx, span, rec, w) }()
-	body, apiErr := g.front.ReadRequest(w, r)
-	if apiErr != nil {
-		rec.fail(w, apiErr)
-		return
-	}
-	rec.model = api.ModelOf(body)
-	decode := api.DecodeChat
-	if op == api.OperationTextCompletion {
-		decode = api.DecodeCompletion
-	}
-	gen, apiErr := decode(body)
-	if apiErr != nil {
-		rec.fail(w, apiErr)
-		return
-	}
-	rec.stream = gen.Stream
-	tokens := promptTokens(g.file, gen)
-	rec.promptTokens = len(tokens)
-	job := &routeJob{req: &RouteRequest{Operation: op, PromptTokens: max(1, len(tokens))}, exclude: map[int]bool{}, handOver: g.decode != nil}
-	job.hits = g.expectedHits(func(x *reuseIndex) int { return x.Match(tokens) })
-	g.dispatch(ctx, w, r, rec, job, body, route, func(u *upstream) { u.index.Register(tokens) })
+	g.serveRouted(w, r, &record{request: request{op: op, route: route, t0: t0}}, func(rec *record, body []byte) ([][]int32, *api.Error) {
+		rec.model = api.ModelOf(body)
+		decode := api.DecodeChat
+		if op == api.OperationTextCompletion {
+			decode = api.DecodeCompletion
+		}
+		gen, apiErr := decode(body)
+		if apiErr != nil {
+			return nil, apiErr
+		}
+		rec.stream = gen.Stream
+		return [][]int32{promptTokens(g.file, gen)}, nil
+	})
 }
 
 // promptTokens returns the prompt's tokens as the engine builds them: with a model file its
@@ -172,53 +163,60 @@ func promptTokens(f *modelfile.File, g *api.Generation) []int32 {
 	return tok.AppendEncode([]int32{tokenizer.BOS}, g.Prompt)
 }
 
-// expectedHits returns, per engine, the tokens match expects it to reuse.
-func (g *Gateway) expectedHits(match func(*reuseIndex) int) []int {
-	hits := make([]int, len(g.pool.engines))
-	for i, u := range g.pool.engines {
-		hits[i] = match(u.index)
-	}
-	return hits
+// serveDocuments serves POST /v1/documents: the documents go to one engine, which ingests
+// them.
+func (g *Gateway) serveDocuments(w *statusWriter, r *http.Request, route string, t0 time.Time) {
+	g.serveRouted(w, r, &record{request: request{route: route, t0: t0}}, func(rec *record, body []byte) ([][]int32, *api.Error) {
+		docs, apiErr := api.DecodeDocuments(body)
+		if apiErr != nil {
+			return nil, apiErr
+		}
+		rec.model = docs.Model
+		var tok tokenizer.Tokenizer
+		toks := make([][]int32, len(docs.Docs))
+		for i, d := range docs.Docs {
+			if g.file != nil {
+				toks[i] = g.file.Vocab.Encode(d.Text)
+			} else {
+				toks[i] = tok.Encode(d.Text)
+			}
+		}
+		return toks, nil
+	})
 }
 
-// serveDocuments serves POST /v1/documents: the documents go to one engine (chosen by the
-// policy, by the reuse of the documents and the load), which ingests them; on success they
-// are registered in that engine's reuse index.
-func (g *Gateway) serveDocuments(w *statusWriter, r *http.Request, route string, t0 time.Time) {
-	rec := &record{request: request{route: route, t0: t0}}
+// serveRouted serves a generation (rec.op set) or a document ingest under the request's
+// SERVER span, recorded by finish: it reads the body, parse decodes it into the token
+// sequences the engine will hold (the prompt, or the documents), and the request is routed
+// by them (the policy weighs the reuse each engine's index expects, and the load), forwarded,
+// and registered in the chosen engine's reuse index.
+func (g *Gateway) serveRouted(w *statusWriter, r *http.Request, rec *record, parse func(*record, []byte) ([][]int32, *api.Error)) {
 	ctx, span := g.startSpan(r, rec)
 	defer func() { g.finish(ctx, span, rec, w) }()
 	body, apiErr := g.front.ReadRequest(w, r)
+	var seqs [][]int32
+	if apiErr == nil {
+		seqs, apiErr = parse(rec, body)
+	}
 	if apiErr != nil {
 		rec.fail(w, apiErr)
 		return
 	}
-	docs, apiErr := api.DecodeDocuments(body)
-	if apiErr != nil {
-		rec.fail(w, apiErr)
-		return
+	for _, t := range seqs {
+		rec.promptTokens += len(t)
 	}
-	rec.model = docs.Model
-	var tok tokenizer.Tokenizer
-	toks := make([][]int32, len(docs.Docs))
-	for i, d := range docs.Docs {
-		if g.file != nil {
-			toks[i] = g.file.Vocab.Encode(d.Text)
-		} else {
-			toks[i] = tok.Encode(d.Text)
-		}
-		rec.promptTokens += len(toks[i])
+	job := &routeJob{req: &RouteRequest{Operation: rec.op, PromptTokens: max(1, rec.promptTokens)},
+		hits: make([]int, len(g.pool.engines)), exclude: map[int]bool{}, handOver: rec.op != "" && g.decode != nil}
+	if rec.op == "" {
+		job.req.Operation, job.units = "documents", len(seqs)
 	}
-	job := &routeJob{req: &RouteRequest{Operation: "documents", PromptTokens: max(1, rec.promptTokens)}, units: len(toks), exclude: map[int]bool{}}
-	job.hits = g.expectedHits(func(x *reuseIndex) int {
-		n := 0
-		for _, t := range toks {
-			n += x.Match(t)
+	for i, u := range g.pool.engines {
+		for _, t := range seqs {
+			job.hits[i] += u.index.Match(t)
 		}
-		return n
-	})
-	g.dispatch(ctx, w, r, rec, job, body, route, func(u *upstream) {
-		for _, t := range toks {
+	}
+	g.dispatch(ctx, w, r, rec, job, body, rec.route, func(u *upstream) {
+		for _, t := range seqs {
 			u.index.Register(t)
 		}
 	})
@@ -274,7 +272,7 @@ func (g *Gateway) dispatch(ctx context.Context, w *statusWriter, r *http.Request
 			// The decode engine failed: another one, on the same prefill engine.
 			g.metrics.Failover(dl.u.name, failUnavailable)
 			djob.exclude[dl.u.i] = true
-			g.markDownIn(g.decode, dl.u, "hand-over failed: "+failDecode)
+			g.markDown(g.decode, dl.u, "hand-over failed: "+failDecode)
 			continue
 		}
 		if fail == "" {
@@ -286,7 +284,7 @@ func (g *Gateway) dispatch(ctx context.Context, w *statusWriter, r *http.Request
 		g.metrics.Failover(l.u.name, fail)
 		job.exclude[l.u.i] = true
 		if fail != failQueueFull {
-			g.markDown(l.u, "request failed: "+fail)
+			g.markDown(g.pool, l.u, "request failed: "+fail)
 		}
 	}
 }
@@ -416,8 +414,7 @@ func (g *Gateway) forward(ctx context.Context, w *statusWriter, r *http.Request,
 	resp, err := g.client.Do(req)
 	if err != nil {
 		if clientDone(ctx) {
-			g.clientGone(r, rec, ctx)
-			return "", rec.errType, err
+			return clientGone(r, rec, ctx, err)
 		}
 		return failUnreachable, "", err
 	}
@@ -447,15 +444,35 @@ func clientDone(ctx context.Context) bool {
 	return ctx.Err() != nil && !errors.Is(context.Cause(ctx), errEngineDown)
 }
 
-// clientGone records a request whose context ended under an attempt: 504 after the request
-// timeout (sent when nothing was written yet), else 499.
-func (g *Gateway) clientGone(r *http.Request, rec *record, ctx context.Context) {
+// clientGone records a request whose context ended under an attempt, with err: 504 after
+// the request timeout (sent when nothing was written yet), else 499. It returns the
+// attempt's result (answered: no failover).
+func clientGone(r *http.Request, rec *record, ctx context.Context, err error) (string, string, error) {
 	if r.Context().Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		rec.apiErr = api.Timeout("it ran past the request timeout")
 	} else {
 		rec.apiErr = api.Canceled()
 	}
 	rec.status, rec.errType = rec.apiErr.Status, rec.apiErr.ErrorType
+	return "", rec.errType, err
+}
+
+// clientClosed records a request whose client could not be written to (499), with err. It
+// returns the attempt's result (answered: no failover).
+func (rec *record) clientClosed(err error) (string, string, error) {
+	rec.status, rec.errType = api.StatusClientClosedRequest, api.ErrorTypeCanceled
+	return "", rec.errType, err
+}
+
+// respond commits the response: it takes the engine's end-to-end headers, names the engine,
+// and records the engine's request id and status.
+func (rec *record) respond(w *statusWriter, u *upstream, resp *http.Response) http.Header {
+	rec.commit()
+	h := w.Header()
+	copyHeaders(h, resp.Header)
+	h.Set(HeaderEngine, u.name)
+	rec.requestID, rec.status = resp.Header.Get("X-Request-Id"), resp.StatusCode
+	return h
 }
 
 // relayWhole relays a non-streamed response. A body up to MaxBufferedBody is read in full
@@ -465,17 +482,11 @@ func (g *Gateway) relayWhole(ctx context.Context, w *statusWriter, r *http.Reque
 	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
 		if clientDone(ctx) {
-			g.clientGone(r, rec, ctx)
-			return "", rec.errType, err
+			return clientGone(r, rec, ctx, err)
 		}
 		return failUnreachable, "", err
 	}
-	rec.commit()
-	h := w.Header()
-	copyHeaders(h, resp.Header)
-	h.Set(HeaderEngine, u.name)
-	rec.requestID = resp.Header.Get("X-Request-Id")
-	rec.status = resp.StatusCode
+	h := rec.respond(w, u, resp)
 	rec.errType = errorTypeOfStatus(resp.StatusCode)
 	if int64(len(b)) <= limit {
 		h.Set("Content-Length", fmt.Sprint(len(b)))
@@ -496,8 +507,7 @@ func (g *Gateway) relayWhole(ctx context.Context, w *statusWriter, r *http.Reque
 		}
 	}
 	if werr != nil {
-		rec.status, rec.errType = api.StatusClientClosedRequest, api.ErrorTypeCanceled
-		return "", rec.errType, werr
+		return rec.clientClosed(werr)
 	}
 	if err != nil {
 		rec.errType = api.ErrorTypeWorkerUnavailable
@@ -525,8 +535,7 @@ func (g *Gateway) relayStream(ctx context.Context, w *statusWriter, r *http.Requ
 		ev, err := sr.next()
 		if err != nil {
 			if clientDone(ctx) {
-				g.clientGone(r, rec, ctx)
-				return "", rec.errType, err
+				return clientGone(r, rec, ctx, err)
 			}
 			if !committed {
 				return failUnreachable, "", fmt.Errorf("engine %s: stream lost before it began: %w", u.name, err)
@@ -552,18 +561,11 @@ func (g *Gateway) relayStream(ctx context.Context, w *statusWriter, r *http.Requ
 				pending = append(pending, ev.Raw...)
 				continue
 			}
-			rec.commit()
-			h := w.Header()
-			copyHeaders(h, resp.Header)
-			h.Del("Content-Length")
-			h.Set(HeaderEngine, u.name)
-			rec.requestID = resp.Header.Get("X-Request-Id")
-			rec.status = http.StatusOK
+			rec.respond(w, u, resp).Del("Content-Length")
 			w.WriteHeader(http.StatusOK)
 			committed = true
 			if err := write(pending); err != nil {
-				rec.status, rec.errType = api.StatusClientClosedRequest, api.ErrorTypeCanceled
-				return "", rec.errType, err
+				return rec.clientClosed(err)
 			}
 		}
 		if ev.Content {
@@ -579,8 +581,7 @@ func (g *Gateway) relayStream(ctx context.Context, w *statusWriter, r *http.Requ
 			rec.errType = errorTypeOfCode(ev.Code)
 		}
 		if err := write(ev.Raw); err != nil {
-			rec.status, rec.errType = api.StatusClientClosedRequest, api.ErrorTypeCanceled
-			return "", rec.errType, err
+			return rec.clientClosed(err)
 		}
 		if ev.Done {
 			if rec.hooks.detach != nil {
@@ -647,13 +648,7 @@ func (g *Gateway) startSpan(r *http.Request, rec *record) (context.Context, *tel
 // and one JSON log line (inside the span), then ends the span.
 func (g *Gateway) finish(ctx context.Context, span *telemetry.Span, rec *record, w *statusWriter) {
 	end := time.Now()
-	status := rec.status
-	if status == 0 {
-		status = w.Status
-	}
-	if status == 0 {
-		status = http.StatusOK
-	}
+	status := cmp.Or(rec.status, w.Status, http.StatusOK)
 	if rec.errType == "" && status >= 400 {
 		rec.errType = errorTypeOfStatus(status)
 	}
@@ -683,10 +678,7 @@ func (g *Gateway) finish(ctx context.Context, span *telemetry.Span, rec *record,
 	case rec.errType != "":
 		span.SetAttributes(telemetry.ErrorTypeKey.String(rec.errType))
 	}
-	out := rec.outputTokens
-	if out == 0 {
-		out = rec.contentEvts
-	}
+	out := cmp.Or(rec.outputTokens, rec.contentEvts)
 	g.metrics.RecordRequest(ctx, metrics.GatewayRequestRecord{
 		Operation: rec.op, Model: rec.model, Policy: g.policyName, Engine: rec.engine, Status: status,
 		ErrorType: rec.errType, E2E: end.Sub(rec.t0), TTFT: rec.ttft, HasTTFT: rec.hasTTFT, OutputTokens: out,
@@ -717,14 +709,11 @@ func (g *Gateway) finish(ctx context.Context, span *telemetry.Span, rec *record,
 	}
 	if len(rec.cands) > 0 {
 		// What the policy saw: engine load/expected hit tokens per candidate.
-		var sb strings.Builder
+		cands := make([]string, len(rec.cands))
 		for i, c := range rec.cands {
-			if i > 0 {
-				sb.WriteByte(' ')
-			}
-			fmt.Fprintf(&sb, "%s load=%.2f hit=%d", c.Name, c.Load, c.ExpectedHitTokens)
+			cands[i] = fmt.Sprintf("%s load=%.2f hit=%d", c.Name, c.Load, c.ExpectedHitTokens)
 		}
-		attrs = append(attrs, slog.String("candidates", sb.String()))
+		attrs = append(attrs, slog.String("candidates", strings.Join(cands, " ")))
 	}
 	if rec.apiErr != nil {
 		attrs = append(attrs, slog.String("error", rec.apiErr.Message))
@@ -747,11 +736,7 @@ func (g *Gateway) serveModels(w *statusWriter, r *http.Request, _ string, _ time
 			order = append(order, i)
 		}
 	}
-	for i := 1; i < len(order); i++ { // few engines: insertion sort by load
-		for j := i; j > 0 && snap[order[j]].load < snap[order[j-1]].load; j-- {
-			order[j], order[j-1] = order[j-1], order[j]
-		}
-	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(snap[a].load, snap[b].load) })
 	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.RequestTimeout)
 	defer cancel()
 	rec := &record{request: request{t0: time.Now()}}
@@ -763,7 +748,7 @@ func (g *Gateway) serveModels(w *statusWriter, r *http.Request, _ string, _ time
 			return
 		}
 		if fail != failQueueFull {
-			g.markDown(u, "request failed: "+fail)
+			g.markDown(g.pool, u, "request failed: "+fail)
 		}
 	}
 	w.Header().Set("Retry-After", retryAfter(g.cfg.HealthInterval))

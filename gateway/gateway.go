@@ -277,11 +277,9 @@ func (g *Gateway) refreshEngineMetrics() {
 	}
 }
 
-// markDown takes u out of routing after a failed attempt, until a health check passes.
-func (g *Gateway) markDown(u *upstream, reason string) { g.markDownIn(g.pool, u, reason) }
-
-// markDownIn is markDown for an engine of pool p.
-func (g *Gateway) markDownIn(p *pool, u *upstream, reason string) {
+// markDown takes u, an engine of pool p, out of routing after a failed attempt, until a
+// health check passes.
+func (g *Gateway) markDown(p *pool, u *upstream, reason string) {
 	if p.setHealth(u, false, reason, nil, 0) {
 		g.log.Warn("engine down", "engine", u.name, "reason", reason)
 	}

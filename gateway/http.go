@@ -14,9 +14,6 @@ const HeaderEngine = "X-Cb-Engine"
 // statusWriter is the API writer (httpfront.StatusWriter).
 type statusWriter = httpfront.StatusWriter
 
-// writeJSON writes a JSON body (httpfront.WriteJSON).
-var writeJSON = httpfront.WriteJSON
-
 // newFront builds the gateway's HTTP front: its routes, API key, body bounds and server.
 func (g *Gateway) newFront() *httpfront.Front {
 	return httpfront.New(httpfront.Config{
@@ -62,9 +59,9 @@ func (g *Gateway) serveHealth(w *statusWriter, _ *http.Request, _ string, _ time
 	case up == 0:
 		b.Status, b.Reason = "unavailable", "no engine is up"
 	default:
-		writeJSON(w, http.StatusOK, b)
+		httpfront.WriteJSON(w, http.StatusOK, b)
 		return
 	}
 	w.Header().Set("Retry-After", retryAfter(g.cfg.HealthInterval))
-	writeJSON(w, http.StatusServiceUnavailable, b)
+	httpfront.WriteJSON(w, http.StatusServiceUnavailable, b)
 }

@@ -247,14 +247,11 @@ func buildTree(spans []*span) *tree {
 	return t
 }
 
+// betterRoot reports whether a makes a better root than b: longer, then earlier, then with
+// the smaller id.
 func betterRoot(a, b *span) bool {
-	if a.duration() != b.duration() {
-		return a.duration() > b.duration()
-	}
-	if a.start != b.start {
-		return a.start < b.start
-	}
-	return a.spanID.String() < b.spanID.String()
+	return cmp.Or(cmp.Compare(b.duration(), a.duration()), cmp.Compare(a.start, b.start),
+		strings.Compare(a.spanID.String(), b.spanID.String())) < 0
 }
 
 // order returns the spans in depth-first order with their depths.
@@ -313,8 +310,8 @@ func computeBreakdown(spans []*span) Breakdown {
 		bd.RequestID = rid
 	}
 	groups := map[[2]string]*GroupTiming{}
-	lanes := map[string]int{} // lane name -> index in bd.Lanes
-	laneStart := []int64{}
+	lanes := map[string]int{}       // lane name -> index in bd.Lanes
+	laneStart := map[string]int64{} // lane name -> its earliest span start
 	for _, v := range order {
 		sp := spans[v]
 		st := SpanTiming{
@@ -345,11 +342,11 @@ func computeBreakdown(spans []*span) Breakdown {
 		bd.Spans = append(bd.Spans, st)
 		if i, ok := lanes[st.Lane]; ok {
 			bd.Lanes[i].Spans++
-			laneStart[i] = min(laneStart[i], sp.start)
+			laneStart[st.Lane] = min(laneStart[st.Lane], sp.start)
 		} else {
 			lanes[st.Lane] = len(bd.Lanes)
 			bd.Lanes = append(bd.Lanes, Lane{Name: st.Lane, Service: st.Service, Instance: st.Instance, Spans: 1})
-			laneStart = append(laneStart, sp.start)
+			laneStart[st.Lane] = sp.start
 		}
 		k := [2]string{st.Lane, st.Phase}
 		g := groups[k]
@@ -371,12 +368,8 @@ func computeBreakdown(spans []*span) Breakdown {
 	slices.SortFunc(bd.Groups, func(a, b GroupTiming) int {
 		return cmp.Or(cmp.Compare(b.AttributedNs, a.AttributedNs), strings.Compare(a.Lane, b.Lane), strings.Compare(a.Phase, b.Phase))
 	})
-	start := make(map[string]int64, len(bd.Lanes))
-	for name, i := range lanes {
-		start[name] = laneStart[i]
-	}
 	slices.SortStableFunc(bd.Lanes, func(a, b Lane) int {
-		return cmp.Or(cmp.Compare(start[a.Name], start[b.Name]), strings.Compare(a.Name, b.Name))
+		return cmp.Or(cmp.Compare(laneStart[a.Name], laneStart[b.Name]), strings.Compare(a.Name, b.Name))
 	})
 	for _, seg := range path {
 		sp := spans[seg.v]
@@ -426,33 +419,25 @@ func selfTimes(t *tree, cs, ce []int64) []int64 {
 // collects the growth of g while it is innermost.
 func attribute(t *tree, depth []int, cs, ce []int64) []float64 {
 	n := len(t.spans)
+	// At one instant: ends before starts; ends deepest first, starts shallowest first
+	// (order: the depth, negated for an end).
+	const (
+		isEnd = iota
+		isStart
+	)
 	type ev struct {
-		at    int64
-		end   bool
-		depth int
-		v     int
+		at          int64
+		kind, order int
+		v           int
 	}
 	evs := make([]ev, 0, 2*n)
 	for v := 0; v < n; v++ {
 		if ce[v] > cs[v] {
-			evs = append(evs, ev{cs[v], false, depth[v], v}, ev{ce[v], true, depth[v], v})
+			evs = append(evs, ev{cs[v], isStart, depth[v], v}, ev{ce[v], isEnd, -depth[v], v})
 		}
 	}
-	// At one instant: ends before starts; ends deepest first; starts shallowest first.
 	slices.SortFunc(evs, func(a, b ev) int {
-		if c := cmp.Compare(a.at, b.at); c != 0 {
-			return c
-		}
-		if a.end != b.end {
-			if a.end {
-				return -1
-			}
-			return 1
-		}
-		if a.end {
-			return cmp.Or(cmp.Compare(b.depth, a.depth), cmp.Compare(a.v, b.v))
-		}
-		return cmp.Or(cmp.Compare(a.depth, b.depth), cmp.Compare(a.v, b.v))
+		return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.kind, b.kind), cmp.Compare(a.order, b.order), cmp.Compare(a.v, b.v))
 	})
 	out := make([]float64, n)
 	active := make([]bool, n)
@@ -469,7 +454,7 @@ func attribute(t *tree, depth []int, cs, ce []int64) []float64 {
 		}
 		last = e.at
 		p := t.parent[e.v]
-		if !e.end {
+		if e.kind == isStart {
 			active[e.v] = true
 			if p >= 0 && active[p] {
 				if openChildren[p]++; openChildren[p] == 1 && inner[p] {

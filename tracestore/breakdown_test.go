@@ -220,6 +220,7 @@ func TestPhaseFromContract(t *testing.T) {
 		spanname.CBStore:   "store", spanname.CBStorePreComputed: "store",
 		spanname.KVTransfer: "kv load", spanname.KVReceive: "kv load", spanname.KVSend: "kv load",
 		spanname.GatewayRequest: "request", spanname.GatewayAttempt: "route",
+		spanname.CBQuality: "request",
 	}
 	set, err := contract.Spans()
 	if err != nil {

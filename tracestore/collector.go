@@ -1,6 +1,7 @@
 package tracestore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -97,12 +98,8 @@ func New(cfg Config, deps component.Deps) (*Collector, error) {
 		cfg.WriteTimeout < 0 || cfg.IdleTimeout < 0 || cfg.MaxHeaderBytes < 0 || cfg.MaxConns < 0 {
 		return nil, fmt.Errorf("tracestore: negative limit in %+v", cfg)
 	}
-	if cfg.OTLPAddr == "" {
-		cfg.OTLPAddr = DefaultOTLPAddr
-	}
-	if cfg.QueryAddr == "" {
-		cfg.QueryAddr = DefaultQueryAddr
-	}
+	cfg.OTLPAddr = cmp.Or(cfg.OTLPAddr, DefaultOTLPAddr)
+	cfg.QueryAddr = cmp.Or(cfg.QueryAddr, DefaultQueryAddr)
 	store := NewStore(StoreConfig{MaxTraces: cfg.MaxTraces, MaxSpans: cfg.MaxSpans, MaxBytes: cfg.MaxBytes})
 	return &Collector{
 		cfg:    cfg,
@@ -174,10 +171,7 @@ func (c *Collector) Start(ctx context.Context) error {
 func (c *Collector) OTLPAddr() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.otlpAddr != "" {
-		return c.otlpAddr
-	}
-	return c.cfg.OTLPAddr
+	return cmp.Or(c.otlpAddr, c.cfg.OTLPAddr)
 }
 
 // QueryAddr returns the bound query address (host:port) once started, else the configured
@@ -185,10 +179,7 @@ func (c *Collector) OTLPAddr() string {
 func (c *Collector) QueryAddr() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.queryAddr != "" {
-		return c.queryAddr
-	}
-	return c.cfg.QueryAddr
+	return cmp.Or(c.queryAddr, c.cfg.QueryAddr)
 }
 
 // Shutdown stops accepting connections, waits for in-flight requests until ctx is done,

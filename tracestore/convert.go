@@ -39,13 +39,6 @@ type converter struct {
 // looked for by scanning it; past it, a map is used.
 const linearScanMax = 16
 
-// convertTraces converts with the default limits.
-func convertTraces(td ptrace.Traces) ([]*span, AddResult) {
-	d := StoreConfig{}.withDefaults()
-	spans, res, _ := convertLimited(td, limits{d.MaxAttributes, d.MaxEvents, d.MaxLinks, d.MaxAttributeValueBytes})
-	return spans, res
-}
-
 // convertLimited converts td's spans, applying lim; spans with an empty trace or span id
 // are counted in the result, not returned. The converter holds the counts of what the
 // limits left out.
@@ -131,9 +124,7 @@ func (c *converter) span(ps ptrace.Span, sc *scope, r *resource) *span {
 
 	evs := ps.Events()
 	nev := min(evs.Len(), capOf(c.lim.events))
-	if nev > 0 {
-		sp.events = make([]event, 0, nev)
-	}
+	sp.events = make([]event, 0, nev)
 	for i := 0; i < nev; i++ {
 		e := evs.At(i)
 		ev := event{time: int64(e.Timestamp()), name: c.str(e.Name())}
@@ -146,9 +137,7 @@ func (c *converter) span(ps ptrace.Span, sc *scope, r *resource) *span {
 
 	ls := ps.Links()
 	nl := min(ls.Len(), capOf(c.lim.links))
-	if nl > 0 {
-		sp.links = make([]link, 0, nl)
-	}
+	sp.links = make([]link, 0, nl)
 	for i := 0; i < nl; i++ {
 		sp.links = append(sp.links, link{traceID: ls.At(i).TraceID(), spanID: ls.At(i).SpanID()})
 	}

@@ -48,6 +48,12 @@ func spansOf(t *testing.T, td ptrace.Traces) []*span {
 	return spans
 }
 
+// convertTraces converts with the default limits.
+func convertTraces(td ptrace.Traces) ([]*span, AddResult) {
+	spans, res, _ := convertLimited(td, NewStore(StoreConfig{}).lim)
+	return spans, res
+}
+
 func approx(a, b, tol float64) bool { return math.Abs(a-b) <= tol }
 
 func ms(f float64) int64 { return int64(math.Round(f * 1e6)) }

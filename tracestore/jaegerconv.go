@@ -1,6 +1,7 @@
 package tracestore
 
 import (
+	"cmp"
 	"encoding/base64"
 	"fmt"
 	"slices"
@@ -21,13 +22,7 @@ import (
 func toJaeger(spans []*span) jaeger.Trace {
 	spans = slices.Clone(spans)
 	slices.SortStableFunc(spans, func(a, b *span) int {
-		if a.start != b.start {
-			if a.start < b.start {
-				return -1
-			}
-			return 1
-		}
-		return strings.Compare(a.spanID.String(), b.spanID.String())
+		return cmp.Or(cmp.Compare(a.start, b.start), strings.Compare(a.spanID.String(), b.spanID.String()))
 	})
 	t := jaeger.Trace{Processes: map[string]jaeger.Process{}, Spans: make([]jaeger.Span, 0, len(spans))}
 	procKey := map[*resource]string{}
@@ -70,29 +65,20 @@ func toJaegerSpan(sp *span, pid string) jaeger.Span {
 		js.References = append(js.References, jaeger.Reference{RefType: jaeger.FollowsFrom, TraceID: l.traceID.String(), SpanID: l.spanID.String()})
 	}
 	var extra []jaeger.KeyValue
-	if k := kindTag(sp.kind); k != "" {
-		extra = append(extra, jaeger.KeyValue{Key: "span.kind", Type: jaeger.TypeString, Value: k})
+	tag := func(key, v string) {
+		if v != "" {
+			extra = append(extra, jaeger.KeyValue{Key: key, Type: jaeger.TypeString, Value: v})
+		}
 	}
-	if sp.scope.name != "" {
-		extra = append(extra, jaeger.KeyValue{Key: "otel.scope.name", Type: jaeger.TypeString, Value: sp.scope.name})
+	tag("span.kind", kindTag(sp.kind))
+	tag("otel.scope.name", sp.scope.name)
+	tag("otel.scope.version", sp.scope.version)
+	tag("otel.status_code", statusTag(sp.status))
+	if sp.status == ptrace.StatusCodeError {
+		extra = append(extra, jaeger.KeyValue{Key: "error", Type: jaeger.TypeBool, Value: true})
 	}
-	if sp.scope.version != "" {
-		extra = append(extra, jaeger.KeyValue{Key: "otel.scope.version", Type: jaeger.TypeString, Value: sp.scope.version})
-	}
-	switch sp.status {
-	case ptrace.StatusCodeOk:
-		extra = append(extra, jaeger.KeyValue{Key: "otel.status_code", Type: jaeger.TypeString, Value: "OK"})
-	case ptrace.StatusCodeError:
-		extra = append(extra,
-			jaeger.KeyValue{Key: "otel.status_code", Type: jaeger.TypeString, Value: "ERROR"},
-			jaeger.KeyValue{Key: "error", Type: jaeger.TypeBool, Value: true})
-	}
-	if sp.statusMsg != "" {
-		extra = append(extra, jaeger.KeyValue{Key: "otel.status_description", Type: jaeger.TypeString, Value: sp.statusMsg})
-	}
-	if sp.traceState != "" {
-		extra = append(extra, jaeger.KeyValue{Key: "w3c.tracestate", Type: jaeger.TypeString, Value: sp.traceState})
-	}
+	tag("otel.status_description", sp.statusMsg)
+	tag("w3c.tracestate", sp.traceState)
 	js.Tags = toTags(sp.attrs, extra)
 	for _, ev := range sp.events {
 		fields := toTags(ev.attrs, nil)
@@ -111,24 +97,23 @@ func spanWarnings(sp *span) []string {
 	if d := sp.duration(); d < 0 {
 		w = append(w, fmt.Sprintf("negative duration: the span ends %s before it starts (clock trouble at the sender?)", time.Duration(-d)))
 	}
-	if sp.droppedAttrs > 0 {
-		w = append(w, fmt.Sprintf("%d attributes dropped (attribute limit or repeated keys)", sp.droppedAttrs))
-	}
 	var evDropped uint64
 	for _, ev := range sp.events {
 		evDropped += uint64(ev.droppedAttrs)
 	}
-	if evDropped > 0 {
-		w = append(w, fmt.Sprintf("%d event attributes dropped", evDropped))
-	}
-	if sp.droppedEvents > 0 {
-		w = append(w, fmt.Sprintf("%d events dropped", sp.droppedEvents))
-	}
-	if sp.droppedLinks > 0 {
-		w = append(w, fmt.Sprintf("%d links dropped", sp.droppedLinks))
-	}
-	if sp.truncated > 0 {
-		w = append(w, fmt.Sprintf("%d values truncated to the length limit", sp.truncated))
+	for _, c := range []struct {
+		n    uint64
+		what string
+	}{
+		{uint64(sp.droppedAttrs), "attributes dropped (attribute limit or repeated keys)"},
+		{evDropped, "event attributes dropped"},
+		{uint64(sp.droppedEvents), "events dropped"},
+		{uint64(sp.droppedLinks), "links dropped"},
+		{uint64(sp.truncated), "values truncated to the length limit"},
+	} {
+		if c.n > 0 {
+			w = append(w, fmt.Sprintf("%d %s", c.n, c.what))
+		}
 	}
 	return w
 }
@@ -144,20 +129,12 @@ func statusTag(c ptrace.StatusCode) string {
 	return ""
 }
 
+// kindTag renders a span kind as Jaeger's span.kind tag ("" for unspecified).
 func kindTag(k ptrace.SpanKind) string {
-	switch k {
-	case ptrace.SpanKindServer:
-		return "server"
-	case ptrace.SpanKindClient:
-		return "client"
-	case ptrace.SpanKindProducer:
-		return "producer"
-	case ptrace.SpanKindConsumer:
-		return "consumer"
-	case ptrace.SpanKindInternal:
-		return "internal"
+	if k == ptrace.SpanKindUnspecified {
+		return ""
 	}
-	return ""
+	return strings.ToLower(k.String()) // "" for an unknown kind
 }
 
 func toTags(a attrs, extra []jaeger.KeyValue) []jaeger.KeyValue {

@@ -116,12 +116,17 @@ type span struct {
 	statusMsg  string
 	scope      *scope
 	res        *resource
-	// What the limits (and the sender) left out: dropped attributes, events and links as
-	// OTLP counts them (the sender's count plus ours), and values cut to the length limit.
-	droppedAttrs, droppedEvents, droppedLinks, truncated uint32
+	spanLoss
 	// size is estimate(): the bytes this span keeps on the heap, its shared resource and
 	// scope excepted.
 	size int64
+}
+
+// spanLoss is what the limits (and the sender) left out of a span: dropped attributes,
+// events and links as OTLP counts them (the sender's count plus ours), and values cut to
+// the length limit.
+type spanLoss struct {
+	droppedAttrs, droppedEvents, droppedLinks, truncated uint32
 }
 
 // duration is end minus start as recorded: negative when the span ends before it starts

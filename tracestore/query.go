@@ -69,32 +69,26 @@ func (s *Store) snapshot(id string) ([]*span, bool) {
 }
 
 // Trace returns one trace in the Jaeger model; false when the id is malformed or unknown.
-func (s *Store) Trace(traceID string) (jaeger.Trace, bool) {
-	spans, ok := s.snapshot(traceID)
-	if !ok {
-		return jaeger.Trace{}, false
-	}
-	return toJaeger(spans), true
-}
+func (s *Store) Trace(traceID string) (jaeger.Trace, bool) { return view(s, traceID, toJaeger) }
 
 // Breakdown computes where one trace's time went (see [Breakdown]); false when the id is
 // malformed or unknown.
 func (s *Store) Breakdown(traceID string) (Breakdown, bool) {
-	spans, ok := s.snapshot(traceID)
-	if !ok {
-		return Breakdown{}, false
-	}
-	return computeBreakdown(spans), true
+	return view(s, traceID, computeBreakdown)
 }
 
 // PTraces returns one trace as OTLP data (a fresh copy owned by the caller); false when the
 // id is malformed or unknown.
-func (s *Store) PTraces(traceID string) (ptrace.Traces, bool) {
+func (s *Store) PTraces(traceID string) (ptrace.Traces, bool) { return view(s, traceID, toPdata) }
+
+// view returns one trace converted by conv; false when the id is malformed or unknown.
+func view[T any](s *Store, traceID string, conv func([]*span) T) (T, bool) {
 	spans, ok := s.snapshot(traceID)
 	if !ok {
-		return ptrace.Traces{}, false
+		var zero T
+		return zero, false
 	}
-	return toPdata(spans), true
+	return conv(spans), true
 }
 
 type candidate struct {

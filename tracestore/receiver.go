@@ -87,13 +87,9 @@ type Receiver struct {
 // NewReceiver returns a receiver that stores into store, with cfg's limits (defaults for
 // fields left 0).
 func NewReceiver(store *Store, cfg ReceiverConfig) *Receiver {
-	if cfg.MaxBodyBytes <= 0 {
-		cfg.MaxBodyBytes = DefaultMaxBodyBytes
-	}
+	orDefault(&cfg.MaxBodyBytes, DefaultMaxBodyBytes)
 	cfg.MaxBodyBytes = min(cfg.MaxBodyBytes, store.Config().MaxBytes)
-	if cfg.MaxInFlightBytes <= 0 {
-		cfg.MaxInFlightBytes = 4 * cfg.MaxBodyBytes
-	}
+	orDefault(&cfg.MaxInFlightBytes, 4*cfg.MaxBodyBytes)
 	cfg.MaxInFlightBytes = max(cfg.MaxInFlightBytes, 2*cfg.MaxBodyBytes)
 	r := &Receiver{store: store, maxBody: cfg.MaxBodyBytes, maxInFlight: cfg.MaxInFlightBytes, answered: map[int]*atomic.Uint64{}}
 	for _, code := range []int{http.StatusOK, http.StatusBadRequest, http.StatusRequestEntityTooLarge,
@@ -181,24 +177,22 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	rv := &reservation{r: r}
 	defer rv.release() // after the spans are stored: the decoded request lives until then
 	body, err := r.readBody(w, req, rv)
-	switch {
-	case errors.Is(err, errBusy):
-		w.Header().Set("Retry-After", fmt.Sprint(RetryAfterSeconds))
-		r.fail(w, ct, http.StatusTooManyRequests, "%v", err)
-		return
-	case errors.Is(err, errTooLarge):
-		r.fail(w, ct, http.StatusRequestEntityTooLarge, "%v", err)
-		return
-	case errors.Is(err, errEncoding):
-		r.fail(w, ct, http.StatusUnsupportedMediaType, "%v", err)
-		return
-	case err != nil:
-		r.fail(w, ct, http.StatusBadRequest, "%v", err)
-		return
+	var td ptrace.Traces
+	if err == nil {
+		td, err = decode(ct, body)
 	}
-	td, err := decode(ct, body)
 	if err != nil {
-		r.fail(w, ct, http.StatusBadRequest, "%v", err)
+		code := http.StatusBadRequest
+		switch {
+		case errors.Is(err, errBusy):
+			w.Header().Set("Retry-After", fmt.Sprint(RetryAfterSeconds))
+			code = http.StatusTooManyRequests
+		case errors.Is(err, errTooLarge):
+			code = http.StatusRequestEntityTooLarge
+		case errors.Is(err, errEncoding):
+			code = http.StatusUnsupportedMediaType
+		}
+		r.fail(w, ct, code, "%v", err)
 		return
 	}
 	res := r.store.Add(td)
@@ -308,18 +302,13 @@ func decode(ct string, body []byte) (td ptrace.Traces, err error) {
 			err = fmt.Errorf("malformed OTLP body: decoder failed: %v", p)
 		}
 	}()
+	var u ptrace.Unmarshaler = &ptrace.ProtoUnmarshaler{}
+	format := "protobuf"
 	if ct == ContentTypeJSON {
-		u := ptrace.JSONUnmarshaler{}
-		td, err = u.UnmarshalTraces(body)
-		if err != nil {
-			return ptrace.Traces{}, fmt.Errorf("malformed OTLP/JSON body: %w", err)
-		}
-		return td, nil
+		u, format = &ptrace.JSONUnmarshaler{}, "JSON"
 	}
-	var u ptrace.ProtoUnmarshaler
-	td, err = u.UnmarshalTraces(body)
-	if err != nil {
-		return ptrace.Traces{}, fmt.Errorf("malformed OTLP/protobuf body: %w", err)
+	if td, err = u.UnmarshalTraces(body); err != nil {
+		return ptrace.Traces{}, fmt.Errorf("malformed OTLP/%s body: %w", format, err)
 	}
 	return td, nil
 }

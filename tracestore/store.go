@@ -1,6 +1,7 @@
 package tracestore
 
 import (
+	"cmp"
 	"container/list"
 	"fmt"
 	"sync"
@@ -71,25 +72,22 @@ type StoreConfig struct {
 }
 
 func (c StoreConfig) withDefaults() StoreConfig {
-	if c.MaxTraces <= 0 {
-		c.MaxTraces = DefaultMaxTraces
-	}
-	if c.MaxSpans <= 0 {
-		c.MaxSpans = DefaultMaxSpans
-	}
-	if c.MaxBytes <= 0 {
-		c.MaxBytes = DefaultMaxBytes
-	}
-	def := func(v *int, d int) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	def(&c.MaxAttributes, DefaultMaxAttributes)
-	def(&c.MaxEvents, DefaultMaxEvents)
-	def(&c.MaxLinks, DefaultMaxLinks)
-	def(&c.MaxAttributeValueBytes, DefaultMaxAttributeValueBytes)
+	orDefault(&c.MaxTraces, DefaultMaxTraces)
+	orDefault(&c.MaxSpans, DefaultMaxSpans)
+	orDefault(&c.MaxBytes, DefaultMaxBytes)
+	// The per-span limits: negative means no cap.
+	c.MaxAttributes = cmp.Or(c.MaxAttributes, DefaultMaxAttributes)
+	c.MaxEvents = cmp.Or(c.MaxEvents, DefaultMaxEvents)
+	c.MaxLinks = cmp.Or(c.MaxLinks, DefaultMaxLinks)
+	c.MaxAttributeValueBytes = cmp.Or(c.MaxAttributeValueBytes, DefaultMaxAttributeValueBytes)
 	return c
+}
+
+// orDefault sets *v to d when it is not positive.
+func orDefault[T int | int64](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
 }
 
 // StoreStats is a snapshot of a store's size, its byte budget and its monotonic counters.
@@ -249,17 +247,13 @@ func (s *Store) Add(td ptrace.Traces) AddResult {
 // scope it shares with other spans.
 func sharedCostLocked(rec *traceRec, sp *span) int64 {
 	var n int64
-	if rec == nil || !hasShared(rec, sp.res) {
+	if rec == nil || rec.shared[sp.res] == 0 {
 		n += sp.res.size + sharedEntry
 	}
-	if rec == nil || !hasShared(rec, sp.scope) {
+	if rec == nil || rec.shared[sp.scope] == 0 {
 		n += sp.scope.size + sharedEntry
 	}
 	return n
-}
-
-func hasShared(rec *traceRec, p any) bool {
-	return rec.shared[p] > 0
 }
 
 // freedBySharedLocked is what replacing old by sp in rec frees of the resource and scope

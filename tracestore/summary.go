@@ -39,17 +39,8 @@ type RequestSummary struct {
 	// sampled token). TTFTSource names which.
 	TTFTMs     *float64 `json:"ttft_ms"`
 	TTFTSource string   `json:"ttft_source,omitempty"`
-	// Lookup, HitRate and the token counts come from cb.request, under the names of
-	// contract/spans.yaml (Lookup: how the request's lookup ended, e.g. "done" or
-	// "skipped"); nil (or "") when absent.
-	Lookup               string   `json:"lookup,omitempty"`
-	HitRate              *float64 `json:"hit_rate"`
-	HitTokens            *int64   `json:"hit_tokens,omitempty"`
-	PrefixHitTokens      *int64   `json:"prefix_hit_tokens,omitempty"`
-	NonPrefixHitTokens   *int64   `json:"non_prefix_hit_tokens,omitempty"`
-	PrefixCoverageTokens *int64   `json:"prefix_coverage_tokens,omitempty"`
-	NNonPrefixTokens     *int64   `json:"n_non_prefix_tokens,omitempty"`
-	RequestedTokens      *int64   `json:"requested_tokens,omitempty"`
+	// RequestReuse is the lookup outcome and the reuse figures of cb.request.
+	RequestReuse
 	// Services that recorded spans, sorted.
 	Services []string `json:"services"`
 	NSpans   int      `json:"n_spans"`
@@ -64,11 +55,31 @@ type RequestSummary struct {
 	Truncated bool `json:"truncated,omitempty"`
 }
 
+// RequestReuse is how a request's lookup ended and what it reused, from cb.request under
+// the names of contract/spans.yaml (Lookup: e.g. "done" or "skipped"); nil (or "") when
+// absent.
+type RequestReuse struct {
+	Lookup               string   `json:"lookup,omitempty"`
+	HitRate              *float64 `json:"hit_rate"`
+	HitTokens            *int64   `json:"hit_tokens,omitempty"`
+	PrefixHitTokens      *int64   `json:"prefix_hit_tokens,omitempty"`
+	NonPrefixHitTokens   *int64   `json:"non_prefix_hit_tokens,omitempty"`
+	PrefixCoverageTokens *int64   `json:"prefix_coverage_tokens,omitempty"`
+	NNonPrefixTokens     *int64   `json:"n_non_prefix_tokens,omitempty"`
+	RequestedTokens      *int64   `json:"requested_tokens,omitempty"`
+}
+
+// counts returns the token counts by the cb.request attribute they come from.
+func (r *RequestReuse) counts() map[string]**int64 {
+	return map[string]**int64{"hit_tokens": &r.HitTokens, "prefix_hit_tokens": &r.PrefixHitTokens,
+		"non_prefix_hit_tokens": &r.NonPrefixHitTokens, "prefix_coverage_tokens": &r.PrefixCoverageTokens,
+		"n_non_prefix_tokens": &r.NNonPrefixTokens, "requested_tokens": &r.RequestedTokens}
+}
+
 // clone returns a copy that shares nothing mutable with s.
 func (s RequestSummary) clone() RequestSummary {
 	s.TTFTMs, s.HitRate = clonePtr(s.TTFTMs), clonePtr(s.HitRate)
-	for _, p := range []**int64{&s.HitTokens, &s.PrefixHitTokens, &s.NonPrefixHitTokens,
-		&s.PrefixCoverageTokens, &s.NNonPrefixTokens, &s.RequestedTokens} {
+	for _, p := range s.counts() {
 		*p = clonePtr(*p)
 	}
 	s.Services = slices.Clone(s.Services)
@@ -101,9 +112,7 @@ func summarize(spans []*span) RequestSummary {
 		NSpans:         len(spans),
 	}
 	s.RequestID, _ = requestID(spans)
-	if _, ok := root.attrs.get("error.type"); ok {
-		s.Error = true
-	}
+	_, s.Error = root.attrs.get("error.type")
 	services := make(map[string]struct{})
 	for _, sp := range spans {
 		if _, seen := services[sp.res.service]; !seen {
@@ -119,57 +128,54 @@ func summarize(spans []*span) RequestSummary {
 	}
 	slices.Sort(s.Services)
 
+	s.TTFTMs, s.TTFTSource = ttft(t)
+	if i := slices.IndexFunc(spans, func(sp *span) bool { return sp.name == spanname.CBRequest }); i >= 0 {
+		s.RequestReuse = reuseOf(spans[i])
+	}
+	return s
+}
+
+// ttft finds the time to first token of a trace and where it comes from (see
+// RequestSummary.TTFTMs); nil when the trace does not say.
+func ttft(t *tree) (*float64, string) {
+	root := t.spans[t.root]
 	ms := func(ns int64) *float64 { f := float64(ns) / 1e6; return &f }
 	if v, ok := root.attrs.get(AttrTTFT); ok {
 		if f, ok := v.number(); ok {
 			f *= 1e3
-			s.TTFTMs, s.TTFTSource = &f, "attribute"
+			return &f, "attribute"
 		}
 	}
-	if s.TTFTMs == nil {
-		for _, ev := range root.events {
-			if ev.name == EventFirstToken || ev.name == "gen_ai.first_token" {
-				s.TTFTMs, s.TTFTSource = ms(ev.time-root.start), "event"
-				break
-			}
+	for _, ev := range root.events {
+		if ev.name == EventFirstToken || ev.name == "gen_ai.first_token" {
+			return ms(ev.time - root.start), "event"
 		}
 	}
-	if s.TTFTMs == nil {
-		for _, c := range t.children[t.root] {
-			if sp := spans[c]; sp.name == spanname.EnginePrefill && sp.res.service == root.res.service {
-				s.TTFTMs, s.TTFTSource = ms(sp.end-root.start), spanname.EnginePrefill
-				break
-			}
+	for _, c := range t.children[t.root] {
+		if sp := t.spans[c]; sp.name == spanname.EnginePrefill && sp.res.service == root.res.service {
+			return ms(sp.end - root.start), spanname.EnginePrefill
 		}
 	}
-	for _, sp := range spans {
-		if sp.name != spanname.CBRequest {
-			continue
-		}
-		if v, ok := sp.attrs.get("hit_rate"); ok {
-			if f, ok := v.number(); ok {
-				s.HitRate = &f
-			}
-		}
-		intAttr := func(key string) *int64 {
-			if v, ok := sp.attrs.get(key); ok && v.t == valInt {
-				i := v.i
-				return &i
-			}
-			return nil
-		}
-		if v, ok := sp.attrs.get("lookup"); ok && v.t == valString {
-			s.Lookup = v.s
-		}
-		s.HitTokens = intAttr("hit_tokens")
-		s.PrefixHitTokens = intAttr("prefix_hit_tokens")
-		s.NonPrefixHitTokens = intAttr("non_prefix_hit_tokens")
-		s.PrefixCoverageTokens = intAttr("prefix_coverage_tokens")
-		s.NNonPrefixTokens = intAttr("n_non_prefix_tokens")
-		s.RequestedTokens = intAttr("requested_tokens")
-		break
+	return nil, ""
+}
+
+// reuseOf reads the reuse figures of a cb.request span.
+func reuseOf(sp *span) RequestReuse {
+	var r RequestReuse
+	if v, ok := sp.attrs.get("lookup"); ok && v.t == valString {
+		r.Lookup = v.s
 	}
-	return s
+	if v, ok := sp.attrs.get("hit_rate"); ok {
+		if f, ok := v.number(); ok {
+			r.HitRate = &f
+		}
+	}
+	for key, p := range r.counts() {
+		if v, ok := sp.attrs.get(key); ok && v.t == valInt {
+			*p = &v.i
+		}
+	}
+	return r
 }
 
 // requestID finds the request id of a trace: cb.request's, else the root-most span's.

@@ -169,7 +169,7 @@ func (s *Scheduler) endLookup(sq *seq, outcome string, res *cbv1.LookupResult, e
 			)
 			sq.h.update(func(r *Result) { r.Lookup = res })
 		case LookupAbandoned:
-			span.SetError(errorType(err), err)
+			span.SetError(ErrorType(err), err)
 		default:
 			span.SetError(outcome, err)
 			sq.h.update(func(r *Result) { r.Fallback = outcome })

@@ -546,12 +546,12 @@ func (s *Scheduler) finish(sq *seq, reason string, err error, now time.Time) {
 	tr := sq.trace
 	s.defer_(func() {
 		if tr.schedSpan != nil && !sq.admitted {
-			tr.schedSpan.SetError(errorType(err), err)
+			tr.schedSpan.SetError(ErrorType(err), err)
 			tr.schedSpan.End()
 		}
 		if tr.reqSpan != nil {
 			if err != nil {
-				tr.reqSpan.SetError(errorType(err), err)
+				tr.reqSpan.SetError(ErrorType(err), err)
 			} else {
 				tr.reqSpan.SetAttributes(attribute.String("finish_reason", reason))
 			}
@@ -564,9 +564,7 @@ func (s *Scheduler) finish(sq *seq, reason string, err error, now time.Time) {
 // ErrorType names a request error for span error.type attributes:
 // canceled, worker_unavailable, shutdown, timeout, kv_transfer_failed,
 // worker_error or internal ("" for nil).
-func ErrorType(err error) string { return errorType(err) }
-
-func errorType(err error) string {
+func ErrorType(err error) string {
 	var we *WorkerError
 	switch {
 	case err == nil:

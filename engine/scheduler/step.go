@@ -431,12 +431,12 @@ func (s *Scheduler) afterToken(sq *seq, tok int32, last bool, now time.Time) {
 	if !stop && !last {
 		return
 	}
-	s.mu.Lock()
+	reason := FinishLength
 	if stop {
-		s.finish(sq, FinishStop, nil, now)
-	} else {
-		s.finish(sq, FinishLength, nil, now)
+		reason = FinishStop
 	}
+	s.mu.Lock()
+	s.finish(sq, reason, nil, now)
 	s.unlock()
 }
 

@@ -134,9 +134,7 @@ func (c *Client) Get(ctx context.Context, path string, params url.Values, data a
 	if len(env.Data) == 0 || string(env.Data) == "null" {
 		return resp.StatusCode, nil
 	}
-	dd := json.NewDecoder(bytes.NewReader(env.Data))
-	dd.UseNumber()
-	if err := dd.Decode(data); err != nil {
+	if err := decodeNumbers(env.Data, data); err != nil {
 		return resp.StatusCode, fmt.Errorf("jaeger: decode %s data: %w", path, err)
 	}
 	return resp.StatusCode, nil
@@ -158,35 +156,33 @@ func DecodeTraces(data []byte) ([]Trace, error) {
 	if len(data) == 0 {
 		return nil, fmt.Errorf("jaeger: decode traces: empty input")
 	}
-	dec := func(b []byte, v any) error {
-		d := json.NewDecoder(bytes.NewReader(b))
-		d.UseNumber()
-		return d.Decode(v)
-	}
-	if data[0] == '[' {
-		var out []Trace
-		if err := dec(data, &out); err != nil {
+	if data[0] != '[' { // an envelope or a single trace
+		var probe map[string]json.RawMessage
+		if err := decodeNumbers(data, &probe); err != nil {
 			return nil, fmt.Errorf("jaeger: decode traces: %w", err)
 		}
-		return out, nil
+		if raw, ok := probe["data"]; ok {
+			data = raw
+		} else if _, ok := probe["spans"]; ok {
+			var t Trace
+			if err := decodeNumbers(data, &t); err != nil {
+				return nil, fmt.Errorf("jaeger: decode trace: %w", err)
+			}
+			return []Trace{t}, nil
+		} else {
+			return nil, fmt.Errorf("jaeger: decode traces: neither {\"data\": […]} nor a trace object")
+		}
 	}
-	var probe map[string]json.RawMessage
-	if err := dec(data, &probe); err != nil {
+	var out []Trace
+	if err := decodeNumbers(data, &out); err != nil {
 		return nil, fmt.Errorf("jaeger: decode traces: %w", err)
 	}
-	if raw, ok := probe["data"]; ok {
-		var out []Trace
-		if err := dec(raw, &out); err != nil {
-			return nil, fmt.Errorf("jaeger: decode traces: data: %w", err)
-		}
-		return out, nil
-	}
-	if _, ok := probe["spans"]; ok {
-		var t Trace
-		if err := dec(data, &t); err != nil {
-			return nil, fmt.Errorf("jaeger: decode trace: %w", err)
-		}
-		return []Trace{t}, nil
-	}
-	return nil, fmt.Errorf("jaeger: decode traces: neither {\"data\": […]} nor a trace object")
+	return out, nil
+}
+
+// decodeNumbers decodes JSON data into v, keeping numbers as json.Number.
+func decodeNumbers(data []byte, v any) error {
+	d := json.NewDecoder(bytes.NewReader(data))
+	d.UseNumber()
+	return d.Decode(v)
 }

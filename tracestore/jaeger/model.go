@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // Reference types of a span reference.
@@ -168,8 +169,5 @@ func normalizeID(id string, digits int) string {
 			b[i] = c + 'a' - 'A'
 		}
 	}
-	for len(b) < digits {
-		b = append([]byte{'0'}, b...)
-	}
-	return string(b)
+	return strings.Repeat("0", max(0, digits-len(b))) + string(b)
 }

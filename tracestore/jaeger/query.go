@@ -46,31 +46,22 @@ func (q Query) Values() url.Values {
 		}
 		return v
 	}
-	if q.Service != "" {
-		v.Set("service", q.Service)
+	set := func(key, val string, ok bool) {
+		if ok {
+			v.Set(key, val)
+		}
 	}
-	if q.Operation != "" {
-		v.Set("operation", q.Operation)
-	}
+	set("service", q.Service, q.Service != "")
+	set("operation", q.Operation, q.Operation != "")
 	if len(q.Tags) > 0 {
 		b, _ := json.Marshal(q.Tags) // a map[string]string always marshals
 		v.Set("tags", string(b))
 	}
-	if !q.Start.IsZero() {
-		v.Set("start", strconv.FormatInt(q.Start.UnixMicro(), 10))
-	}
-	if !q.End.IsZero() {
-		v.Set("end", strconv.FormatInt(q.End.UnixMicro(), 10))
-	}
-	if q.MinDuration > 0 {
-		v.Set("minDuration", q.MinDuration.String())
-	}
-	if q.MaxDuration > 0 {
-		v.Set("maxDuration", q.MaxDuration.String())
-	}
-	if q.Limit > 0 {
-		v.Set("limit", strconv.Itoa(q.Limit))
-	}
+	set("start", strconv.FormatInt(q.Start.UnixMicro(), 10), !q.Start.IsZero())
+	set("end", strconv.FormatInt(q.End.UnixMicro(), 10), !q.End.IsZero())
+	set("minDuration", q.MinDuration.String(), q.MinDuration > 0)
+	set("maxDuration", q.MaxDuration.String(), q.MaxDuration > 0)
+	set("limit", strconv.Itoa(q.Limit), q.Limit > 0)
 	return v
 }
 
