@@ -2,11 +2,11 @@ package eval
 
 import (
 	"bytes"
+	"encoding/xml"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
-	"encoding/xml"
 	"strings"
 	"testing"
 
@@ -65,7 +65,6 @@ func TestRun(t *testing.T) {
 		t.Fatal("no point under an infinite KL bound")
 	}
 }
-
 
 // A GGUF file with a chat template: the prompts are the template's
 // rendering with the documents' tokens in the user message, and the
