@@ -53,10 +53,10 @@ type gateResult struct {
 // mode it blends the sample documents into two prompts, compares them with
 // full prefills over four teacher-forced positions (quality.Blend, at the
 // model's own check layer and ratio) and fails when the mean KL is above
-// cfg.BlendGateKL. encode tokenizes text as the engine would (bos < 0: no
+// cfg.Quality.GateKL. encode tokenizes text as the engine would (bos < 0: no
 // BOS).
 func runGate(m *model.Model, cfg Config, encode func(string) []int32, bos int32) (gateResult, error) {
-	switch cfg.BlendGate {
+	switch cfg.Quality.Gate {
 	case GateOn:
 		return gateResult{Outcome: gateForcedOn}, nil
 	case GateOff:
@@ -88,9 +88,9 @@ func runGate(m *model.Model, cfg Config, encode func(string) []int32, bos int32)
 	r.Top1 /= float64(r.Cases)
 	r.Duration = time.Since(t0)
 	r.Outcome = gatePassed
-	if r.KL > cfg.BlendGateKL {
+	if r.KL > cfg.Quality.GateKL {
 		r.Outcome = gateFailed
-		r.Off = fmt.Sprintf("blend gate failed: mean KL %.4g nats from a full prefill on the sample documents, above %.4g (--blend-gate-kl)", r.KL, cfg.BlendGateKL)
+		r.Off = fmt.Sprintf("blend gate failed: mean KL %.4g nats from a full prefill on the sample documents, above %.4g (--blend-gate-kl)", r.KL, cfg.Quality.GateKL)
 	}
 	return r, nil
 }

@@ -49,7 +49,7 @@ func TestBlendGate(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			h := startWith(t, Config{BlendGate: tc.gate}, func(c *Config) {
+			h := startWith(t, Config{Quality: QualityConfig{Gate: tc.gate}}, func(c *Config) {
 				if tc.path != "" {
 					c.ModelPath, c.Model = tc.path, model.Config{}
 				}

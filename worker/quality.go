@@ -53,11 +53,11 @@ type qualityJob struct {
 // check is off (rate 0) or m is a tensor-parallel shard (a full prefill
 // needs every rank).
 func newQualitySampler(cfg Config, m *model.Model) *qualitySampler {
-	if cfg.QualitySampleRate <= 0 || m.WorldSize() > 1 {
+	if cfg.Quality.SampleRate <= 0 || m.WorldSize() > 1 {
 		return nil
 	}
 	return &qualitySampler{
-		rate: min(cfg.QualitySampleRate, 1), budget: cfg.QualityBudget, k: cfg.QualityPositions,
+		rate: min(cfg.Quality.SampleRate, 1), budget: cfg.Quality.Budget, k: cfg.Quality.Positions,
 		rng:     rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x51)),
 		checker: quality.NewChecker(m),
 		jobs:    make(chan qualityJob, 1),

@@ -16,7 +16,7 @@ import (
 // own trace, linked to the request's span), and a second sample inside the
 // checker's budget is dropped and counted.
 func TestOnlineQualityCheck(t *testing.T) {
-	h := start(t, Config{QualitySampleRate: 1, QualityBudget: 0.01, QualityPositions: 3})
+	h := start(t, Config{Quality: QualityConfig{SampleRate: 1, Budget: 0.01, Positions: 3}})
 	w := h.w
 	p := prompt(100)
 	bt := blocks(2, 7)

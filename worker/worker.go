@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -97,25 +98,34 @@ type Config struct {
 	// serves to that many bytes per second (a cap on the KV transfer's share
 	// of the network). Default 0: unpaced.
 	KVSendRate int64
-	// BlendGate is the blend gate's mode: GateAuto (the default) checks at
-	// start that blending reused documents keeps the model's answers close
-	// to a full prefill and turns blending off for the model when it does
-	// not (the engine then reuses exact prefixes only); GateOn and GateOff
-	// force it either way without a check.
-	BlendGate string
-	// BlendGateKL is the gate's threshold on the mean KL (nats); default
+	// Quality configures CacheBlend's quality checks: the blend gate at
+	// start and the online check.
+	Quality QualityConfig
+}
+
+// QualityConfig configures the worker's CacheBlend quality checks; every
+// zero field takes its default. A plain value.
+type QualityConfig struct {
+	// Gate is the blend gate's mode: GateAuto (the default) checks at start
+	// that blending reused documents keeps the model's answers close to a
+	// full prefill and turns blending off for the model when it does not
+	// (the engine then reuses exact prefixes only); GateOn and GateOff force
+	// it either way without a check.
+	Gate string
+	// GateKL is the gate's threshold on the mean KL (nats); default
 	// DefaultBlendGateKL.
-	BlendGateKL float64
-	// QualitySampleRate is the share of blended prefills whose quality is
-	// checked online against a full prefill, off the request's path (see
-	// docs/design.md); 0 (the zero value) is off. Whole-model workers only.
-	QualitySampleRate float64
-	// QualityBudget is the share of wall time the quality checker may be
-	// busy; default DefaultQualityBudget.
-	QualityBudget float64
-	// QualityPositions is how many output positions a check compares;
-	// default DefaultQualityPositions.
-	QualityPositions int
+	GateKL float64
+	// SampleRate is the share of blended prefills whose quality is checked
+	// online against a full prefill, off the request's path (see
+	// docs/design.md §13); 0 (the zero value) is off. Whole-model workers
+	// only.
+	SampleRate float64
+	// Budget is the share of wall time the quality checker may be busy;
+	// default DefaultQualityBudget.
+	Budget float64
+	// Positions is how many output positions a check compares; default
+	// DefaultQualityPositions.
+	Positions int
 }
 
 func (c Config) withDefaults() Config {
@@ -131,17 +141,16 @@ func (c Config) withDefaults() Config {
 	if c.NumBlocks <= 0 {
 		c.NumBlocks = DefaultNumBlocks
 	}
-	if c.BlendGate == "" {
-		c.BlendGate = GateAuto
+	q := &c.Quality
+	q.Gate = cmp.Or(q.Gate, GateAuto)
+	if q.GateKL <= 0 {
+		q.GateKL = DefaultBlendGateKL
 	}
-	if c.BlendGateKL <= 0 {
-		c.BlendGateKL = DefaultBlendGateKL
+	if q.Budget <= 0 || q.Budget > 1 {
+		q.Budget = DefaultQualityBudget
 	}
-	if c.QualityBudget <= 0 || c.QualityBudget > 1 {
-		c.QualityBudget = DefaultQualityBudget
-	}
-	if c.QualityPositions <= 0 {
-		c.QualityPositions = DefaultQualityPositions
+	if q.Positions <= 0 {
+		q.Positions = DefaultQualityPositions
 	}
 	if c.BlockSize <= 0 {
 		c.BlockSize = DefaultBlockSize
@@ -312,7 +321,7 @@ type seqState struct {
 // New builds a Worker from cfg and deps; nothing runs until Start.
 func New(cfg Config, deps Deps) (*Worker, error) {
 	cfg = cfg.withDefaults()
-	if g := cfg.BlendGate; g != GateAuto && g != GateOn && g != GateOff {
+	if g := cfg.Quality.Gate; g != GateAuto && g != GateOn && g != GateOff {
 		return nil, fmt.Errorf("worker: blend gate %q (want %s, %s or %s)", g, GateAuto, GateOn, GateOff)
 	}
 	d := deps.Deps.WithDefaults()
@@ -406,7 +415,7 @@ func (w *Worker) Start(ctx context.Context) error {
 			"blend_gate", g.Outcome, "kl", g.KL, "top1", g.Top1, "cases", g.Cases, "gate_ms", g.Duration.Milliseconds())
 	} else {
 		w.logger.Info("CacheBlend blend gate", "blend_gate", g.Outcome, "kl", g.KL, "top1", g.Top1, "cases", g.Cases,
-			"threshold", w.cfg.BlendGateKL, "gate_ms", g.Duration.Milliseconds())
+			"threshold", w.cfg.Quality.GateKL, "gate_ms", g.Duration.Milliseconds())
 	}
 	return nil
 }
@@ -424,7 +433,7 @@ func (w *Worker) BlendStatus() string {
 	case g.Off != "":
 		return "off: " + g.Off
 	case g.Outcome == gatePassed:
-		return fmt.Sprintf("on (blend gate passed: mean KL %.4g <= %.4g)", g.KL, w.cfg.BlendGateKL)
+		return fmt.Sprintf("on (blend gate passed: mean KL %.4g <= %.4g)", g.KL, w.cfg.Quality.GateKL)
 	}
 	return "on (forced: --blend-gate on)"
 }

@@ -55,8 +55,8 @@ func startWith(t *testing.T, cfg Config, mut func(*Config)) *harness {
 	cfg.Model = smallModel
 	cfg.ShmDir = t.TempDir()
 	cfg.NumBlocks = 64
-	if cfg.BlendGate == "" {
-		cfg.BlendGate = GateOn // the gate's check has its own tests (gate_test.go)
+	if cfg.Quality.Gate == "" {
+		cfg.Quality.Gate = GateOn // the gate's check has its own tests (gate_test.go)
 	}
 	if mut != nil {
 		mut(&cfg)
