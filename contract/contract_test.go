@@ -21,7 +21,7 @@ func TestEmbeddedFilesLoad(t *testing.T) {
 	if err != nil {
 		t.Fatalf("SLOs: %v", err)
 	}
-	if len(inst.Instruments) < 50 || len(spans.Spans) < 20 || len(slos.Objectives) != 3 {
+	if len(inst.Instruments) < 50 || len(spans.Spans) < 20 || len(slos.Objectives) != 4 {
 		t.Fatalf("unexpected sizes: %d instruments, %d spans, %d objectives",
 			len(inst.Instruments), len(spans.Spans), len(slos.Objectives))
 	}
@@ -110,12 +110,13 @@ func TestSLOThresholdsAreBucketBounds(t *testing.T) {
 			t.Errorf("%s: threshold %v is not a bucket bound of %s %v", o.Name, o.Threshold, o.Metric, in.Buckets)
 		}
 	}
-	if latency != 2 {
-		t.Fatalf("want 2 latency objectives, got %d", latency)
+	if latency != 3 {
+		t.Fatalf("want 3 latency-kind objectives (ttft, tpot, quality), got %d", latency)
 	}
 	want := map[string][3]any{
 		"ttft":         {"gen_ai_server_time_to_first_token_seconds", 0.5, 0.95},
 		"tpot":         {"gen_ai_server_time_per_output_token_seconds", 0.06, 0.95},
+		"quality":      {"lmcache_blend_quality_kl", 0.01, 0.95},
 		"availability": {"http_server_request_duration_seconds", 0.0, 0.995},
 	}
 	for name, w := range want {

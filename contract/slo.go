@@ -36,6 +36,9 @@ type Objective struct {
 	Name string
 	// Description is one sentence for humans.
 	Description string
+	// Runbook, when set, is the first look an alert of the objective suggests
+	// (default: one per Kind).
+	Runbook string
 	// Kind is Latency or Availability.
 	Kind ObjectiveKind
 	// Metric is a histogram of instruments.yaml.
@@ -93,6 +96,7 @@ func (s *SLOSet) Lookup(name string) (*Objective, bool) {
 type rawObjective struct {
 	Name        string        `yaml:"name"`
 	Description string        `yaml:"description"`
+	Runbook     string        `yaml:"runbook"`
 	Kind        ObjectiveKind `yaml:"kind"`
 	Metric      string        `yaml:"metric"`
 	Threshold   *float64      `yaml:"threshold"`
@@ -155,7 +159,7 @@ func ParseSLOs(data []byte, inst *InstrumentSet) (*SLOSet, error) {
 	}
 	for i, ro := range raw.Objectives {
 		o := Objective{
-			Name: ro.Name, Description: ro.Description, Kind: ro.Kind, Metric: ro.Metric,
+			Name: ro.Name, Description: ro.Description, Runbook: ro.Runbook, Kind: ro.Kind, Metric: ro.Metric,
 			Target: ro.Target, Selector: ro.Selector, Bad: ro.Bad,
 		}
 		if ro.Threshold != nil {

@@ -311,7 +311,7 @@ func TestLivePrometheus(t *testing.T) {
 			return false, fmt.Sprintf("ingested scrapes: %v %v", v, err)
 		}
 		v, err = prom.query(`slo:sli_error:ratio_rate5m >= 0`)
-		if err != nil || len(v) != 3 {
+		if err != nil || len(v) != 4 { // ttft, tpot, availability, quality
 			return false, fmt.Sprintf("recorded error ratios: %v %v", v, err)
 		}
 		return true, ""
@@ -394,13 +394,18 @@ func TestLivePrometheus(t *testing.T) {
 			}
 		}
 		v, err := prom.query(checks[3].expr)
-		if err != nil || len(v) != 3 {
+		if err != nil || len(v) != 4 {
 			t.Fatalf("burn rates: %v %v", v, err)
 		}
 		for _, s := range v {
-			if s.Metric["slo"] == "availability" {
+			switch s.Metric["slo"] {
+			case "availability":
 				if want := expectedAvailabilityErrorRatio() / 0.005; math.Abs(s.float()-want) > 1e-6 {
 					t.Errorf("availability burn rate %v, want %v", s.float(), want)
+				}
+			case "quality": // 1 of 20 checks above 0.01 nats, a budget of 5 %
+				if want := (1.0 / qualityChecks) / 0.05; math.Abs(s.float()-want) > 1e-6 {
+					t.Errorf("quality burn rate %v, want %v", s.float(), want)
 				}
 			}
 		}

@@ -223,6 +223,9 @@ func formatDays(d time.Duration) string {
 }
 
 func runbook(o *contract.Objective) string {
+	if o.Runbook != "" {
+		return o.Runbook
+	}
 	switch o.Kind {
 	case contract.Latency:
 		return "Open the cacheblend dashboard: compare the " + o.Metric + " quantiles with " +

@@ -87,6 +87,10 @@ func engineBatch() []engineReq {
 
 // expectedTTFTErrorRatio is the TTFT SLO's error ratio of one engine batch: successful
 // requests slower than the 0.5 s bound over all successful requests with a first token.
+// qualityChecks is the online quality checks a worker batch records, one
+// of them above the quality objective's threshold.
+const qualityChecks = 20
+
 func expectedTTFTErrorRatio() float64 {
 	var bad, all float64
 	for _, r := range engineBatch() {
@@ -287,6 +291,15 @@ func newWorker(t testing.TB) *process {
 			}
 			for _, imp := range []int{150, 160, 180, 240} {
 				m.ObserveRecomputeRatio(imp, 1000)
+			}
+			// Online quality checks: 1 of 20 above the quality objective's 0.01 nats (a 1x burn).
+			for i := range qualityChecks {
+				kl := 0.002
+				if i == 0 {
+					kl = 0.05
+				}
+				m.QualityCheck(metrics.QualityDone)
+				m.ObserveQuality(kl, 3, 4)
 			}
 			for range 40 {
 				m.Step()
