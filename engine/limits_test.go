@@ -21,6 +21,7 @@ import (
 	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/engine/internal/enginetest"
 	"github.com/cacheblend/cacheblend/httpfront"
+	"github.com/cacheblend/cacheblend/httpserve"
 	"github.com/cacheblend/cacheblend/internal/fdlimit"
 )
 
@@ -69,7 +70,7 @@ func TestSlowBodyAttack(t *testing.T) {
 	const attackers = 5000
 	raiseFileLimit(t, 2*attackers+1000) // both ends of every connection are in this process
 	const readTimeout = 6 * time.Second
-	ev := newEnv(t, envOpts{cfg: Config{Settings: httpfront.Settings{ReadTimeout: readTimeout}}})
+	ev := newEnv(t, envOpts{cfg: Config{Settings: httpfront.Settings{Limits: httpserve.Limits{ReadTimeout: readTimeout}}}})
 	maxConns := ev.e.ConnStats().MaxConns
 	if maxConns != httpfront.DefaultMaxConns {
 		t.Logf("MaxConns lowered to %d by the open-file limit", maxConns)
@@ -166,7 +167,7 @@ func TestSlowBodyAttack(t *testing.T) {
 }
 
 func TestSlowBodyGets408(t *testing.T) {
-	ev := newEnv(t, envOpts{cfg: Config{Settings: httpfront.Settings{ReadTimeout: 300 * time.Millisecond}}})
+	ev := newEnv(t, envOpts{cfg: Config{Settings: httpfront.Settings{Limits: httpserve.Limits{ReadTimeout: 300 * time.Millisecond}}}})
 	c, err := net.Dial("tcp", ev.e.Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -193,7 +194,7 @@ func TestSlowBodyGets408(t *testing.T) {
 }
 
 func TestIdleConnectionsClosed(t *testing.T) {
-	ev := newEnv(t, envOpts{cfg: Config{Settings: httpfront.Settings{IdleTimeout: 200 * time.Millisecond, ReadHeaderTimeout: 200 * time.Millisecond}}})
+	ev := newEnv(t, envOpts{cfg: Config{Settings: httpfront.Settings{Limits: httpserve.Limits{IdleTimeout: 200 * time.Millisecond, ReadHeaderTimeout: 200 * time.Millisecond}}}})
 	idle, err := net.Dial("tcp", ev.e.Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -231,7 +232,7 @@ func TestIdleConnectionsClosed(t *testing.T) {
 // each event).
 func TestStreamOutlivesHTTPTimeouts(t *testing.T) {
 	w := enginetest.NewWorker(64, 16, 2048)
-	ev := newEnv(t, envOpts{worker: w, cfg: Config{Settings: httpfront.Settings{ReadTimeout: 150 * time.Millisecond, WriteTimeout: 150 * time.Millisecond}}})
+	ev := newEnv(t, envOpts{worker: w, cfg: Config{Settings: httpfront.Settings{Limits: httpserve.Limits{ReadTimeout: 150 * time.Millisecond, WriteTimeout: 150 * time.Millisecond}}}})
 	gate := w.Gate()
 	stop := make(chan struct{})
 	defer close(stop)

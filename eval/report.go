@@ -1,6 +1,7 @@
 package eval
 
 import (
+	"cmp"
 	"fmt"
 	"html"
 	"io"
@@ -33,19 +34,9 @@ func (r Report) curves() map[string][]Point {
 				out[rule] = append(out[rule], p)
 			}
 		}
-		slices.SortFunc(out[rule], func(a, b Point) int { return cmpFloat(a.Ratio, b.Ratio) })
+		slices.SortFunc(out[rule], func(a, b Point) int { return cmp.Compare(a.Ratio, b.Ratio) })
 	}
 	return out
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // klFloor is the smallest KL the chart's log scale shows (a full

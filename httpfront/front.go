@@ -121,7 +121,7 @@ func (f *Front) Start(ctx context.Context, prepare func(context.Context) error) 
 		}
 	}
 	f.started, f.lis = true, lis
-	f.srv = httpserve.New("api", f.handler, f.cfg.serverLimits(), f.cfg.Logger)
+	f.srv = httpserve.New("api", f.handler, f.cfg.Limits, f.cfg.Logger)
 	f.done = make(chan struct{})
 	srv, done, log := f.srv, f.done, f.cfg.Logger
 	go func() {

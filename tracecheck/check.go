@@ -1,6 +1,7 @@
 package tracecheck
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"math"
@@ -230,19 +231,9 @@ func (c *checker) root() int {
 	}
 	// The longest parentless span is the root; checkSpan reports the others.
 	slices.SortStableFunc(roots, func(a, b int) int {
-		return cmp2(c.t.Spans[b].Duration(), c.t.Spans[a].Duration())
+		return cmp.Compare(c.t.Spans[b].Duration(), c.t.Spans[a].Duration())
 	})
 	return roots[0]
-}
-
-func cmp2(a, b time.Duration) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // classify matches every span to the contract and decides the trace kind: that of the
