@@ -175,7 +175,7 @@ func TestGGUFBlendGate(t *testing.T) {
 	if ext.NonPrefixHitTokens != 0 {
 		t.Fatalf("blending off, yet %d non-prefix tokens reused (split %+v)", ext.NonPrefixHitTokens, ext)
 	}
-	tr := e.trace("8c2a7f1e5b3d4c6a9e0f1a2b3c4d5e6f", spanname.CBRequest)
+	tr := e.trace("8c2a7f1e5b3d4c6a9e0f1a2b3c4d5e6f", "chat "+ggufName, spanname.CBRequest) // the root too: the check needs the whole trace
 	spec, err := contract.Spans()
 	if err != nil {
 		t.Fatal(err)
