@@ -24,7 +24,7 @@ FUZZ_TARGETS = ./reuseplan:FuzzValidateSegments ./blend/fleet:FuzzDecodeSequence
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; fn=$${t##*:}; echo "fuzz $$pkg $$fn for $(FUZZTIME)"; \
-	  $(GO) test $$pkg -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s; \
+	  GO=$(GO) bash scripts/fuzz.sh $$pkg $$fn $(FUZZTIME); \
 	done
 
 bench:
