@@ -107,6 +107,7 @@ func (s *Server) URL() string { return fmt.Sprintf("redis://:%s@%s", s.Password,
 func (s *Server) start(ctx context.Context) error {
 	s.cmd = exec.Command(s.args[0], s.args[1:]...)
 	s.cmd.Dir = s.dir
+	setProcAttr(s.cmd)
 	if err := s.cmd.Start(); err != nil {
 		return fmt.Errorf("redisproc: start redis-server: %w", err)
 	}
