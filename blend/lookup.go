@@ -186,9 +186,10 @@ func (s *Server) sparsePrefetch(q lookupQuery, keys []chunkstore.Key) (map[chunk
 		got = make(map[chunkstore.Key]*chunkstore.Chunk, len(keys))
 	}
 	if ls.L2Misses > 0 {
-		s.bus.Publish(events.Event{Type: events.L2LoadTaskStart, RequestID: q.id, Time: end.Add(-ls.Duration),
+		// cb.l2_load: the L2 batch's own start and end, read around its reads.
+		s.bus.Publish(events.Event{Type: events.L2LoadTaskStart, RequestID: q.id, Time: ls.Start,
 			Attrs: []attribute.KeyValue{attribute.Int("keys", ls.L2Misses)}})
-		s.bus.Publish(events.Event{Type: events.L2LoadTaskEnd, RequestID: q.id, Time: end, Attrs: []attribute.KeyValue{
+		s.bus.Publish(events.Event{Type: events.L2LoadTaskEnd, RequestID: q.id, Time: ls.Start.Add(ls.Duration), Attrs: []attribute.KeyValue{
 			events.AttrChunks.Int(ls.Chunks), events.AttrBytes.Int64(ls.Bytes),
 			events.AttrMs.Float64(float64(ls.Duration) / float64(time.Millisecond)),
 		}})

@@ -115,7 +115,8 @@ type LoadStats struct {
 	L2Misses int           // not in L1, read from L2 in the coalesced batch
 	Chunks   int           // chunks successfully loaded from L2
 	Bytes    int64         // file bytes read for them
-	Duration time.Duration // wall time of the L2 batch (0 when empty)
+	Start    time.Time     // when the L2 batch began (zero when empty)
+	Duration time.Duration // wall time of the L2 batch, from Start (0 when empty)
 	Corrupt  int           // L2 files rejected as corrupt
 	Errors   int           // L2 reads failing for an I/O reason
 	Missing  int           // keys held by no tier (including vanished files)
@@ -626,7 +627,7 @@ func (s *Store) GetMany(keys []Key) (map[Key]*Chunk, LoadStats) {
 			})
 		}
 		wg.Wait()
-		st.Duration = time.Since(start)
+		st.Start, st.Duration = start, time.Since(start)
 		loaded := make([]*Chunk, 0, len(toLoad))
 		for i, r := range results {
 			switch {

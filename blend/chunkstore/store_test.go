@@ -8,6 +8,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 type evictLog struct {
@@ -474,9 +475,15 @@ func TestGetManyMixed(t *testing.T) {
 	// Keys 5,6,7 are in L1; 0..4 only in L2. Ask for all, a duplicate and an
 	// unknown key.
 	ask := append(append([]Key(nil), keys...), keys[6], Key{9})
+	before := time.Now()
 	got, ls := s.GetMany(ask)
+	after := time.Now()
+	// The L2 batch's own interval, inside the call.
+	if ls.Start.Before(before) || ls.Start.Add(ls.Duration).After(after) {
+		t.Fatalf("L2 batch [%v, +%v] outside the call [%v, %v]", ls.Start, ls.Duration, before, after)
+	}
 	want := LoadStats{Keys: 9, L1Hits: 3, L2Misses: 5, Chunks: 5, Bytes: 5 * EncodedSize(chunks[0]), Missing: 1}
-	ls.Duration = 0
+	ls.Start, ls.Duration = time.Time{}, 0
 	if ls != want {
 		t.Fatalf("LoadStats %+v, want %+v", ls, want)
 	}
