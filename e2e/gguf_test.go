@@ -623,27 +623,8 @@ func randomOffsetReuse(t *testing.T, e *env, mf *modelfile.File, v *vocab.Vocab)
 // node) the same greedy text as the single-node stack one (full prefills:
 // reuse off, so that the stacks' histories do not matter).
 func ggufPrefillDecode(t *testing.T, one *env, path string) {
-	logs := &syncWriter{}
 	t0 := time.Now()
-	st, err := stack.Up(context.Background(), stack.UpConfig{
-		Exe: cbBin, APIAddr: "127.0.0.1:0", PrefillNodes: 1, DecodeNodes: 1, ModelPath: path,
-		BlendArgs:  []string{"--coordinator-timeout=2s"},
-		Supervisor: stack.Config{Logs: logs, ReadyTimeout: 120 * time.Second},
-	})
-	if err != nil {
-		t.Fatalf("stack up: %v\nlogs:\n%s", err, tail(logs.String(), 60))
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		if err := st.Shutdown(ctx); err != nil {
-			t.Errorf("stack shutdown: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("process logs:\n%s", tail(logs.String(), 80))
-		}
-	})
-	eps := st.Endpoints()
+	eps := upGGUFFleet(t, stack.UpConfig{PrefillNodes: 1, DecodeNodes: 1, ModelPath: path})
 	if eps.Gateway == nil || len(eps.Nodes) != 2 || eps.Nodes[0].Role != "prefill" || eps.Nodes[1].Role != "decode" {
 		t.Fatalf("endpoints %+v", eps)
 	}
@@ -665,18 +646,16 @@ func ggufPrefillDecode(t *testing.T, one *env, path string) {
 		single.took.Round(time.Millisecond), dis.took.Round(time.Millisecond), dis.text)
 }
 
-// ggufFleet: `cb up --nodes 2 --model` (redis-server started by Up): a
-// document ingested through node 0 is reused by a request on node 1 (its
-// usage and its blend server's coordinator and Redis metrics), whose answer
-// is a single node's (ref, whose blend server holds the documents only).
-func ggufFleet(t *testing.T, ref *env, path string, v *vocab.Vocab) {
+// upGGUFFleet runs `cb up` with cfg (the cb binary, a free API port, a
+// 2 s coordinator timeout) until the test ends, printing the processes'
+// logs when the test failed, and returns its endpoints.
+func upGGUFFleet(t *testing.T, cfg stack.UpConfig) stack.Endpoints {
+	t.Helper()
 	logs := &syncWriter{}
-	t0 := time.Now()
-	st, err := stack.Up(context.Background(), stack.UpConfig{
-		Exe: cbBin, APIAddr: "127.0.0.1:0", Nodes: 2, ModelPath: path,
-		BlendArgs: []string{"--coordinator-timeout=2s"}, WorkerArgs: blendGateOn,
-		Supervisor: stack.Config{Logs: logs, ReadyTimeout: 120 * time.Second},
-	})
+	cfg.Exe, cfg.APIAddr = cbBin, "127.0.0.1:0"
+	cfg.BlendArgs = []string{"--coordinator-timeout=2s"}
+	cfg.Supervisor = stack.Config{Logs: logs, ReadyTimeout: 120 * time.Second}
+	st, err := stack.Up(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("stack up: %v\nlogs:\n%s", err, tail(logs.String(), 60))
 	}
@@ -690,7 +669,16 @@ func ggufFleet(t *testing.T, ref *env, path string, v *vocab.Vocab) {
 			t.Logf("process logs:\n%s", tail(logs.String(), 80))
 		}
 	})
-	eps := st.Endpoints()
+	return st.Endpoints()
+}
+
+// ggufFleet: `cb up --nodes 2 --model` (redis-server started by Up): a
+// document ingested through node 0 is reused by a request on node 1 (its
+// usage and its blend server's coordinator and Redis metrics), whose answer
+// is a single node's (ref, whose blend server holds the documents only).
+func ggufFleet(t *testing.T, ref *env, path string, v *vocab.Vocab) {
+	t0 := time.Now()
+	eps := upGGUFFleet(t, stack.UpConfig{Nodes: 2, ModelPath: path, WorkerArgs: blendGateOn})
 	if len(eps.Nodes) != 2 || eps.Redis == nil {
 		t.Fatalf("endpoints %+v", eps)
 	}
