@@ -8,6 +8,7 @@ import (
 	"github.com/cacheblend/cacheblend/blend/events"
 	"github.com/cacheblend/cacheblend/blend/fingerprint"
 	"github.com/cacheblend/cacheblend/blend/fleet"
+	"github.com/cacheblend/cacheblend/defaults"
 )
 
 // Defaults of a zero Config.
@@ -108,28 +109,21 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Addr == "" {
 		c.Addr = DefaultAddr
 	}
-	orDefault(&c.ChunkSize, DefaultChunkSize)
+	defaults.Positive(&c.ChunkSize, DefaultChunkSize)
 	if c.ChunkSize > chunkstore.MaxChunkTokens {
 		return c, fmt.Errorf("blend: chunk size %d exceeds %d", c.ChunkSize, chunkstore.MaxChunkTokens)
 	}
-	orDefault(&c.L1Bytes, DefaultL1Bytes)
+	defaults.Positive(&c.L1Bytes, DefaultL1Bytes)
 	c.L2Bytes = max(c.L2Bytes, 0)
-	orDefault(&c.FingerprintWindow, fingerprint.DefaultWindow)
-	orDefault(&c.LookupWorkers, DefaultLookupWorkers)
-	orDefault(&c.LookupQueue, DefaultLookupQueue)
-	orDefault(&c.CopyWorkers, DefaultCopyWorkers)
-	orDefault(&c.EventQueue, DefaultEventQueue)
-	orDefault(&c.RegisterQueue, DefaultRegisterQueue)
-	orDefault(&c.MaxKVRegistrations, DefaultMaxKVRegistrations)
-	orDefault(&c.MaxKVRegistrationsPerPeer, DefaultMaxKVRegistrationsPerPeer)
-	orDefault(&c.KVHandshakeTimeout, DefaultKVHandshakeTimeout)
-	orDefault(&c.LookupStuckAfter, DefaultLookupStuckAfter)
+	defaults.Positive(&c.FingerprintWindow, fingerprint.DefaultWindow)
+	defaults.Positive(&c.LookupWorkers, DefaultLookupWorkers)
+	defaults.Positive(&c.LookupQueue, DefaultLookupQueue)
+	defaults.Positive(&c.CopyWorkers, DefaultCopyWorkers)
+	defaults.Positive(&c.EventQueue, DefaultEventQueue)
+	defaults.Positive(&c.RegisterQueue, DefaultRegisterQueue)
+	defaults.Positive(&c.MaxKVRegistrations, DefaultMaxKVRegistrations)
+	defaults.Positive(&c.MaxKVRegistrationsPerPeer, DefaultMaxKVRegistrationsPerPeer)
+	defaults.Positive(&c.KVHandshakeTimeout, DefaultKVHandshakeTimeout)
+	defaults.Positive(&c.LookupStuckAfter, DefaultLookupStuckAfter)
 	return c, nil
-}
-
-// orDefault sets *v to def when it is not positive.
-func orDefault[T int | int64 | time.Duration](v *T, def T) {
-	if *v <= 0 {
-		*v = def
-	}
 }

@@ -3,8 +3,12 @@
 // recompute ratio and check layer, and the blend server's chunk size. Each
 // package's own Default* constants and flag defaults refer to these.
 //
+// It also holds Positive, the one rule every Config's zero (or negative)
+// fields follow.
+//
 // It is a leaf package that imports nothing, so that the engine, the worker,
-// the model, the blend server and the tools can all import it. It has no state; every name is a constant, safe to use from any
+// the model, the blend server and the tools can all import it. It has no
+// state; every name is a constant or a pure function, safe to use from any
 // goroutine.
 package defaults
 
@@ -37,4 +41,12 @@ func KVNamespace(name, identity string) string {
 		return name
 	}
 	return name + "@" + identity
+}
+
+// Positive sets *v to d when *v is zero or negative: the default of a
+// Config field whose zero value means "use the default".
+func Positive[T ~int | ~int64 | ~float64](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
 }

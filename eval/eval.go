@@ -12,6 +12,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/chat"
 	"github.com/cacheblend/cacheblend/corpus"
+	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/modelfile"
 	"github.com/cacheblend/cacheblend/quality"
@@ -191,9 +192,9 @@ func (c Config) withDefaults() Config {
 	if len(c.Ratios) == 0 {
 		c.Ratios = DefaultRatios
 	}
-	c.Prompts = cmpOr(c.Prompts, DefaultPrompts)
-	c.Docs = cmpOr(c.Docs, DefaultDocs)
-	c.Positions = cmpOr(c.Positions, DefaultPositions)
+	defaults.Positive(&c.Prompts, DefaultPrompts)
+	defaults.Positive(&c.Docs, DefaultDocs)
+	defaults.Positive(&c.Positions, DefaultPositions)
 	if len(c.Documents) == 0 {
 		for _, d := range corpus.Documents() {
 			c.Documents = append(c.Documents, d.Text)
@@ -206,13 +207,6 @@ func (c Config) withDefaults() Config {
 		c.Seed = 1
 	}
 	return c
-}
-
-func cmpOr(v, d int) int {
-	if v <= 0 {
-		return d
-	}
-	return v
 }
 
 // cases builds the prompts: prompt i holds cfg.Docs documents starting at

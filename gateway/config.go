@@ -111,17 +111,17 @@ func (c Config) withDefaults() (Config, error) {
 	if !slices.Contains(Policies(), c.Policy) {
 		return c, fmt.Errorf("gateway: policy %q is not one of %s", c.Policy, strings.Join(Policies(), ", "))
 	}
-	orDefault(&c.Alpha, DefaultAlpha)
-	orDefault(&c.SpreadMargin, DefaultSpreadMargin)
-	orDefault(&c.MaxInFlight, DefaultMaxInFlight)
-	orDefault(&c.MaxQueue, DefaultMaxQueue)
-	orDefault(&c.QueueTimeout, DefaultQueueTimeout)
-	orDefault(&c.HealthInterval, DefaultHealthInterval)
-	orDefault(&c.IndexBytes, DefaultIndexBytes)
-	orDefault(&c.IndexSequences, DefaultIndexSequences)
-	orDefault(&c.ChunkSize, defaults.ChunkSize)
+	defaults.Positive(&c.Alpha, DefaultAlpha)
+	defaults.Positive(&c.SpreadMargin, DefaultSpreadMargin)
+	defaults.Positive(&c.MaxInFlight, DefaultMaxInFlight)
+	defaults.Positive(&c.MaxQueue, DefaultMaxQueue)
+	defaults.Positive(&c.QueueTimeout, DefaultQueueTimeout)
+	defaults.Positive(&c.HealthInterval, DefaultHealthInterval)
+	defaults.Positive(&c.IndexBytes, DefaultIndexBytes)
+	defaults.Positive(&c.IndexSequences, DefaultIndexSequences)
+	defaults.Positive(&c.ChunkSize, defaults.ChunkSize)
 	c.Model = cmp.Or(c.Model, defaults.Model)
-	orDefault(&c.MaxBufferedBody, DefaultMaxBufferedBody)
+	defaults.Positive(&c.MaxBufferedBody, DefaultMaxBufferedBody)
 	c.Settings = c.Settings.WithDefaults()
 	if len(c.Prefill) > 0 || len(c.Decode) > 0 {
 		switch {
@@ -162,13 +162,6 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	}
 	return c, nil
-}
-
-// orDefault sets *v to d when it is not positive.
-func orDefault[T int | int64 | float64 | time.Duration](v *T, d T) {
-	if *v <= 0 {
-		*v = d
-	}
 }
 
 // normalizeEngineURL turns "host:port" or "http://host:port[/]" into "http://host:port".

@@ -16,6 +16,8 @@ import (
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/cacheblend/cacheblend/defaults"
 )
 
 // DefaultMaxBodyBytes is the default limit of an OTLP request body, both as received and
@@ -87,9 +89,9 @@ type Receiver struct {
 // NewReceiver returns a receiver that stores into store, with cfg's limits (defaults for
 // fields left 0).
 func NewReceiver(store *Store, cfg ReceiverConfig) *Receiver {
-	orDefault(&cfg.MaxBodyBytes, DefaultMaxBodyBytes)
+	defaults.Positive(&cfg.MaxBodyBytes, DefaultMaxBodyBytes)
 	cfg.MaxBodyBytes = min(cfg.MaxBodyBytes, store.Config().MaxBytes)
-	orDefault(&cfg.MaxInFlightBytes, 4*cfg.MaxBodyBytes)
+	defaults.Positive(&cfg.MaxInFlightBytes, 4*cfg.MaxBodyBytes)
 	cfg.MaxInFlightBytes = max(cfg.MaxInFlightBytes, 2*cfg.MaxBodyBytes)
 	r := &Receiver{store: store, maxBody: cfg.MaxBodyBytes, maxInFlight: cfg.MaxInFlightBytes, answered: map[int]*atomic.Uint64{}}
 	for _, code := range []int{http.StatusOK, http.StatusBadRequest, http.StatusRequestEntityTooLarge,

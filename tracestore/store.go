@@ -9,6 +9,8 @@ import (
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/ptrace"
+
+	"github.com/cacheblend/cacheblend/defaults"
 )
 
 // Defaults of [StoreConfig].
@@ -72,22 +74,15 @@ type StoreConfig struct {
 }
 
 func (c StoreConfig) withDefaults() StoreConfig {
-	orDefault(&c.MaxTraces, DefaultMaxTraces)
-	orDefault(&c.MaxSpans, DefaultMaxSpans)
-	orDefault(&c.MaxBytes, DefaultMaxBytes)
+	defaults.Positive(&c.MaxTraces, DefaultMaxTraces)
+	defaults.Positive(&c.MaxSpans, DefaultMaxSpans)
+	defaults.Positive(&c.MaxBytes, DefaultMaxBytes)
 	// The per-span limits: negative means no cap.
 	c.MaxAttributes = cmp.Or(c.MaxAttributes, DefaultMaxAttributes)
 	c.MaxEvents = cmp.Or(c.MaxEvents, DefaultMaxEvents)
 	c.MaxLinks = cmp.Or(c.MaxLinks, DefaultMaxLinks)
 	c.MaxAttributeValueBytes = cmp.Or(c.MaxAttributeValueBytes, DefaultMaxAttributeValueBytes)
 	return c
-}
-
-// orDefault sets *v to d when it is not positive.
-func orDefault[T int | int64](v *T, d T) {
-	if *v <= 0 {
-		*v = d
-	}
 }
 
 // StoreStats is a snapshot of a store's size, its byte budget and its monotonic counters.

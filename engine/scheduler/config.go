@@ -105,32 +105,25 @@ func (c Config) withDefaults() Config {
 	if c.Model == "" {
 		c.Model = DefaultModel
 	}
-	orDefault(&c.MaxQueue, DefaultMaxQueue)
-	orDefault(&c.MaxRunning, DefaultMaxRunning)
-	orDefault(&c.StepTokenBudget, DefaultStepTokenBudget)
+	defaults.Positive(&c.MaxQueue, DefaultMaxQueue)
+	defaults.Positive(&c.MaxRunning, DefaultMaxRunning)
+	defaults.Positive(&c.StepTokenBudget, DefaultStepTokenBudget)
 	if c.LoneBlendTokens == 0 { // negative: no exception
 		c.LoneBlendTokens = DefaultLoneBlendTokens
 	}
-	orDefault(&c.MaxLookupRPCs, DefaultMaxLookupRPCs)
-	orDefault(&c.MaxTransfers, DefaultMaxTransfers)
-	orDefault(&c.HandoffTimeout, DefaultHandoffTimeout)
-	orDefault(&c.LookupTimeout, DefaultLookupTimeout)
-	orDefault(&c.StepTimeout, DefaultStepTimeout)
-	orDefault(&c.WorkerRetryInterval, DefaultWorkerRetryInterval)
-	orDefault(&c.InfoTimeout, DefaultInfoTimeout)
-	orDefault(&c.StoreTimeout, DefaultStoreTimeout)
-	orDefault(&c.StorePollInterval, DefaultStorePollInterval)
+	defaults.Positive(&c.MaxLookupRPCs, DefaultMaxLookupRPCs)
+	defaults.Positive(&c.MaxTransfers, DefaultMaxTransfers)
+	defaults.Positive(&c.HandoffTimeout, DefaultHandoffTimeout)
+	defaults.Positive(&c.LookupTimeout, DefaultLookupTimeout)
+	defaults.Positive(&c.StepTimeout, DefaultStepTimeout)
+	defaults.Positive(&c.WorkerRetryInterval, DefaultWorkerRetryInterval)
+	defaults.Positive(&c.InfoTimeout, DefaultInfoTimeout)
+	defaults.Positive(&c.StoreTimeout, DefaultStoreTimeout)
+	defaults.Positive(&c.StorePollInterval, DefaultStorePollInterval)
 	if c.RecompRatio <= 0 || c.RecompRatio > 1 {
 		c.RecompRatio = DefaultRecompRatio
 	}
 	return c
-}
-
-// orDefault sets *v to d when it is not positive.
-func orDefault[T int | time.Duration](v *T, d T) {
-	if *v <= 0 {
-		*v = d
-	}
 }
 
 // Deps are the scheduler's collaborators.
