@@ -271,6 +271,7 @@ func (e *env) trace(traceID string, want ...string) *tracecheck.Trace {
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	var last string
+	seen := -1 // spans at the previous poll
 	for time.Now().Before(deadline) {
 		jt, err := jc.Trace(context.Background(), traceID)
 		if err == nil {
@@ -288,10 +289,15 @@ func (e *env) trace(traceID string, want ...string) *tracecheck.Trace {
 					missing = append(missing, w)
 				}
 			}
-			if len(missing) == 0 {
+			// Complete when every wanted span is there and the trace has
+			// stopped growing: spans of one trace arrive in several export
+			// batches (a process's SERVER span ends, and is exported, after
+			// its children), and a check of a half-exported trace fails.
+			if len(missing) == 0 && len(trs[0].Spans) == seen {
 				return &trs[0]
 			}
-			last = fmt.Sprintf("missing %v", missing)
+			seen = len(trs[0].Spans)
+			last = fmt.Sprintf("missing %v (%d spans, still arriving)", missing, seen)
 		} else {
 			last = err.Error()
 		}
