@@ -23,6 +23,53 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Selection names model.Selection on the wire.
+type Selection int32
+
+const (
+	Selection_SELECTION_DEVIATION Selection = 0
+	Selection_SELECTION_RANDOM    Selection = 1
+)
+
+// Enum value maps for Selection.
+var (
+	Selection_name = map[int32]string{
+		0: "SELECTION_DEVIATION",
+		1: "SELECTION_RANDOM",
+	}
+	Selection_value = map[string]int32{
+		"SELECTION_DEVIATION": 0,
+		"SELECTION_RANDOM":    1,
+	}
+)
+
+func (x Selection) Enum() *Selection {
+	p := new(Selection)
+	*p = x
+	return p
+}
+
+func (x Selection) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Selection) Descriptor() protoreflect.EnumDescriptor {
+	return file_worker_proto_enumTypes[0].Descriptor()
+}
+
+func (Selection) Type() protoreflect.EnumType {
+	return &file_worker_proto_enumTypes[0]
+}
+
+func (x Selection) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Selection.Descriptor instead.
+func (Selection) EnumDescriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{0}
+}
+
 type PullKVRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -645,8 +692,13 @@ type CBPlan struct {
 	Matches         []*Match               `protobuf:"bytes,2,rep,name=matches,proto3" json:"matches,omitempty"`
 	ChunkSize       int32                  `protobuf:"varint,3,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
 	RecompRatio     float64                `protobuf:"fixed64,4,opt,name=recomp_ratio,json=recompRatio,proto3" json:"recomp_ratio,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The rule that picks the recomputed reused tokens (the request's
+	// cacheblend.selection): CacheBlend's check-layer KV deviation (the zero
+	// value) or random tokens at the same ratio, seeded by selection_seed.
+	Selection     Selection `protobuf:"varint,5,opt,name=selection,proto3,enum=cacheblend.v1.Selection" json:"selection,omitempty"`
+	SelectionSeed uint64    `protobuf:"varint,6,opt,name=selection_seed,json=selectionSeed,proto3" json:"selection_seed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CBPlan) Reset() {
@@ -703,6 +755,20 @@ func (x *CBPlan) GetChunkSize() int32 {
 func (x *CBPlan) GetRecompRatio() float64 {
 	if x != nil {
 		return x.RecompRatio
+	}
+	return 0
+}
+
+func (x *CBPlan) GetSelection() Selection {
+	if x != nil {
+		return x.Selection
+	}
+	return Selection_SELECTION_DEVIATION
+}
+
+func (x *CBPlan) GetSelectionSeed() uint64 {
+	if x != nil {
+		return x.SelectionSeed
 	}
 	return 0
 }
@@ -954,11 +1020,16 @@ type SeqOutput struct {
 	HasToken  bool                   `protobuf:"varint,2,opt,name=has_token,json=hasToken,proto3" json:"has_token,omitempty"`
 	Token     int32                  `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
 	// Non-empty when this sequence failed in the worker.
-	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
-	ImpCount      int32  `protobuf:"varint,5,opt,name=imp_count,json=impCount,proto3" json:"imp_count,omitempty"`
-	ReusedTokens  int32  `protobuf:"varint,6,opt,name=reused_tokens,json=reusedTokens,proto3" json:"reused_tokens,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Error        string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	ImpCount     int32  `protobuf:"varint,5,opt,name=imp_count,json=impCount,proto3" json:"imp_count,omitempty"`
+	ReusedTokens int32  `protobuf:"varint,6,opt,name=reused_tokens,json=reusedTokens,proto3" json:"reused_tokens,omitempty"`
+	// True when the worker sampled this request for the online quality check
+	// (cb worker --quality-sample-rate): its KV was snapshotted for a later
+	// comparison with a full prefill. Set on the step that sampled the first
+	// token; the engine reports it in usage.cacheblend.quality_sampled.
+	QualitySampled bool `protobuf:"varint,7,opt,name=quality_sampled,json=qualitySampled,proto3" json:"quality_sampled,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SeqOutput) Reset() {
@@ -1031,6 +1102,13 @@ func (x *SeqOutput) GetReusedTokens() int32 {
 		return x.ReusedTokens
 	}
 	return 0
+}
+
+func (x *SeqOutput) GetQualitySampled() bool {
+	if x != nil {
+		return x.QualitySampled
+	}
+	return false
 }
 
 type ExecuteResponse struct {
@@ -1162,13 +1240,15 @@ const file_worker_proto_rawDesc = "" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x01R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x01R\x04topP\x12\x12\n" +
-	"\x04seed\x18\x03 \x01(\x04R\x04seed\"\xa6\x01\n" +
+	"\x04seed\x18\x03 \x01(\x04R\x04seed\"\x85\x02\n" +
 	"\x06CBPlan\x12*\n" +
 	"\x11prefix_hit_tokens\x18\x01 \x01(\x05R\x0fprefixHitTokens\x12.\n" +
 	"\amatches\x18\x02 \x03(\v2\x14.cacheblend.v1.MatchR\amatches\x12\x1d\n" +
 	"\n" +
 	"chunk_size\x18\x03 \x01(\x05R\tchunkSize\x12!\n" +
-	"\frecomp_ratio\x18\x04 \x01(\x01R\vrecompRatio\"\x81\x04\n" +
+	"\frecomp_ratio\x18\x04 \x01(\x01R\vrecompRatio\x126\n" +
+	"\tselection\x18\x05 \x01(\x0e2\x18.cacheblend.v1.SelectionR\tselection\x12%\n" +
+	"\x0eselection_seed\x18\x06 \x01(\x04R\rselectionSeed\"\x81\x04\n" +
 	"\aSeqStep\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1193,7 +1273,7 @@ const file_worker_proto_rawDesc = "" +
 	"\x0eExecuteRequest\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\x04R\x06stepId\x12*\n" +
 	"\x04seqs\x18\x02 \x03(\v2\x16.cacheblend.v1.SeqStepR\x04seqs\x120\n" +
-	"\x14finished_request_ids\x18\x03 \x03(\tR\x12finishedRequestIds\"\xb5\x01\n" +
+	"\x14finished_request_ids\x18\x03 \x03(\tR\x12finishedRequestIds\"\xde\x01\n" +
 	"\tSeqOutput\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1b\n" +
@@ -1201,11 +1281,15 @@ const file_worker_proto_rawDesc = "" +
 	"\x05token\x18\x03 \x01(\x05R\x05token\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12\x1b\n" +
 	"\timp_count\x18\x05 \x01(\x05R\bimpCount\x12#\n" +
-	"\rreused_tokens\x18\x06 \x01(\x05R\freusedTokens\"\xa5\x01\n" +
+	"\rreused_tokens\x18\x06 \x01(\x05R\freusedTokens\x12'\n" +
+	"\x0fquality_sampled\x18\a \x01(\bR\x0equalitySampled\"\xa5\x01\n" +
 	"\x0fExecuteResponse\x122\n" +
 	"\aoutputs\x18\x01 \x03(\v2\x18.cacheblend.v1.SeqOutputR\aoutputs\x12,\n" +
 	"\x12stored_request_ids\x18\x02 \x03(\tR\x10storedRequestIds\x120\n" +
-	"\x14handoff_released_ids\x18\x03 \x03(\tR\x12handoffReleasedIds2\xe1\x01\n" +
+	"\x14handoff_released_ids\x18\x03 \x03(\tR\x12handoffReleasedIds*:\n" +
+	"\tSelection\x12\x17\n" +
+	"\x13SELECTION_DEVIATION\x10\x00\x12\x14\n" +
+	"\x10SELECTION_RANDOM\x10\x012\xe1\x01\n" +
 	"\rWorkerService\x12?\n" +
 	"\x04Info\x12\x1a.cacheblend.v1.InfoRequest\x1a\x1b.cacheblend.v1.InfoResponse\x12H\n" +
 	"\aExecute\x12\x1d.cacheblend.v1.ExecuteRequest\x1a\x1e.cacheblend.v1.ExecuteResponse\x12E\n" +
@@ -1225,43 +1309,46 @@ func file_worker_proto_rawDescGZIP() []byte {
 	return file_worker_proto_rawDescData
 }
 
+var file_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_worker_proto_goTypes = []any{
-	(*PullKVRequest)(nil),   // 0: cacheblend.v1.PullKVRequest
-	(*PullKVResponse)(nil),  // 1: cacheblend.v1.PullKVResponse
-	(*ReadKVRequest)(nil),   // 2: cacheblend.v1.ReadKVRequest
-	(*KVBlocks)(nil),        // 3: cacheblend.v1.KVBlocks
-	(*InfoRequest)(nil),     // 4: cacheblend.v1.InfoRequest
-	(*InfoResponse)(nil),    // 5: cacheblend.v1.InfoResponse
-	(*SamplingParams)(nil),  // 6: cacheblend.v1.SamplingParams
-	(*CBPlan)(nil),          // 7: cacheblend.v1.CBPlan
-	(*SeqStep)(nil),         // 8: cacheblend.v1.SeqStep
-	(*ExecuteRequest)(nil),  // 9: cacheblend.v1.ExecuteRequest
-	(*SeqOutput)(nil),       // 10: cacheblend.v1.SeqOutput
-	(*ExecuteResponse)(nil), // 11: cacheblend.v1.ExecuteResponse
-	(*KVLayout)(nil),        // 12: cacheblend.v1.KVLayout
-	(*Match)(nil),           // 13: cacheblend.v1.Match
+	(Selection)(0),          // 0: cacheblend.v1.Selection
+	(*PullKVRequest)(nil),   // 1: cacheblend.v1.PullKVRequest
+	(*PullKVResponse)(nil),  // 2: cacheblend.v1.PullKVResponse
+	(*ReadKVRequest)(nil),   // 3: cacheblend.v1.ReadKVRequest
+	(*KVBlocks)(nil),        // 4: cacheblend.v1.KVBlocks
+	(*InfoRequest)(nil),     // 5: cacheblend.v1.InfoRequest
+	(*InfoResponse)(nil),    // 6: cacheblend.v1.InfoResponse
+	(*SamplingParams)(nil),  // 7: cacheblend.v1.SamplingParams
+	(*CBPlan)(nil),          // 8: cacheblend.v1.CBPlan
+	(*SeqStep)(nil),         // 9: cacheblend.v1.SeqStep
+	(*ExecuteRequest)(nil),  // 10: cacheblend.v1.ExecuteRequest
+	(*SeqOutput)(nil),       // 11: cacheblend.v1.SeqOutput
+	(*ExecuteResponse)(nil), // 12: cacheblend.v1.ExecuteResponse
+	(*KVLayout)(nil),        // 13: cacheblend.v1.KVLayout
+	(*Match)(nil),           // 14: cacheblend.v1.Match
 }
 var file_worker_proto_depIdxs = []int32{
-	12, // 0: cacheblend.v1.ReadKVRequest.layout:type_name -> cacheblend.v1.KVLayout
-	13, // 1: cacheblend.v1.CBPlan.matches:type_name -> cacheblend.v1.Match
-	6,  // 2: cacheblend.v1.SeqStep.sampling:type_name -> cacheblend.v1.SamplingParams
-	7,  // 3: cacheblend.v1.SeqStep.cb_plan:type_name -> cacheblend.v1.CBPlan
-	8,  // 4: cacheblend.v1.ExecuteRequest.seqs:type_name -> cacheblend.v1.SeqStep
-	10, // 5: cacheblend.v1.ExecuteResponse.outputs:type_name -> cacheblend.v1.SeqOutput
-	4,  // 6: cacheblend.v1.WorkerService.Info:input_type -> cacheblend.v1.InfoRequest
-	9,  // 7: cacheblend.v1.WorkerService.Execute:input_type -> cacheblend.v1.ExecuteRequest
-	0,  // 8: cacheblend.v1.WorkerService.PullKV:input_type -> cacheblend.v1.PullKVRequest
-	2,  // 9: cacheblend.v1.KVTransferService.ReadKV:input_type -> cacheblend.v1.ReadKVRequest
-	5,  // 10: cacheblend.v1.WorkerService.Info:output_type -> cacheblend.v1.InfoResponse
-	11, // 11: cacheblend.v1.WorkerService.Execute:output_type -> cacheblend.v1.ExecuteResponse
-	1,  // 12: cacheblend.v1.WorkerService.PullKV:output_type -> cacheblend.v1.PullKVResponse
-	3,  // 13: cacheblend.v1.KVTransferService.ReadKV:output_type -> cacheblend.v1.KVBlocks
-	10, // [10:14] is the sub-list for method output_type
-	6,  // [6:10] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	13, // 0: cacheblend.v1.ReadKVRequest.layout:type_name -> cacheblend.v1.KVLayout
+	14, // 1: cacheblend.v1.CBPlan.matches:type_name -> cacheblend.v1.Match
+	0,  // 2: cacheblend.v1.CBPlan.selection:type_name -> cacheblend.v1.Selection
+	7,  // 3: cacheblend.v1.SeqStep.sampling:type_name -> cacheblend.v1.SamplingParams
+	8,  // 4: cacheblend.v1.SeqStep.cb_plan:type_name -> cacheblend.v1.CBPlan
+	9,  // 5: cacheblend.v1.ExecuteRequest.seqs:type_name -> cacheblend.v1.SeqStep
+	11, // 6: cacheblend.v1.ExecuteResponse.outputs:type_name -> cacheblend.v1.SeqOutput
+	5,  // 7: cacheblend.v1.WorkerService.Info:input_type -> cacheblend.v1.InfoRequest
+	10, // 8: cacheblend.v1.WorkerService.Execute:input_type -> cacheblend.v1.ExecuteRequest
+	1,  // 9: cacheblend.v1.WorkerService.PullKV:input_type -> cacheblend.v1.PullKVRequest
+	3,  // 10: cacheblend.v1.KVTransferService.ReadKV:input_type -> cacheblend.v1.ReadKVRequest
+	6,  // 11: cacheblend.v1.WorkerService.Info:output_type -> cacheblend.v1.InfoResponse
+	12, // 12: cacheblend.v1.WorkerService.Execute:output_type -> cacheblend.v1.ExecuteResponse
+	2,  // 13: cacheblend.v1.WorkerService.PullKV:output_type -> cacheblend.v1.PullKVResponse
+	4,  // 14: cacheblend.v1.KVTransferService.ReadKV:output_type -> cacheblend.v1.KVBlocks
+	11, // [11:15] is the sub-list for method output_type
+	7,  // [7:11] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_worker_proto_init() }
@@ -1275,13 +1362,14 @@ func file_worker_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_worker_proto_rawDesc), len(file_worker_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
 		GoTypes:           file_worker_proto_goTypes,
 		DependencyIndexes: file_worker_proto_depIdxs,
+		EnumInfos:         file_worker_proto_enumTypes,
 		MessageInfos:      file_worker_proto_msgTypes,
 	}.Build()
 	File_worker_proto = out.File
