@@ -83,7 +83,7 @@ func (e *Engine) serveGenerate(w *statusWriter, r *http.Request, opName, route s
 	sampling := &cbv1.SamplingParams{Temperature: g.Temperature, TopP: g.TopP, Seed: uint64(rec.seed)}
 	req := &scheduler.Request{
 		ID: rec.id, Prompt: prompt, MaxTokens: rec.maxTokens, Sampling: sampling,
-		IgnoreEOS: g.IgnoreEOS, NoReuse: g.NoReuse, OnToken: ts.push, Ctx: reqCtx,
+		IgnoreEOS: g.IgnoreEOS, NoReuse: g.NoReuse, Blend: blendOptions(g.Blend), OnToken: ts.push, Ctx: reqCtx,
 	}
 	if decodeURL != "" { // prefill side: prefill, first token, hand over, relay
 		if rec.seedGenerated { // the decode side continues the same draws
@@ -257,4 +257,13 @@ func withSeed(body []byte, seed int64) []byte {
 		return body
 	}
 	return out
+}
+
+// blendOptions maps a request's "cacheblend" settings to the scheduler's.
+func blendOptions(o api.BlendOptions) scheduler.BlendOptions {
+	b := scheduler.BlendOptions{RecompRatio: o.RecomputeRatio, QualityCheck: o.QualityCheck}
+	if o.Selection == api.SelectionRandom {
+		b.Selection = cbv1.Selection_SELECTION_RANDOM
+	}
+	return b
 }

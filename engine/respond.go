@@ -33,7 +33,7 @@ func usage(prompt int, res scheduler.Result) api.Usage {
 		PromptTokens: prompt, CompletionTokens: completion, TotalTokens: prompt + completion,
 		PromptTokensDetails: &api.PromptTokensDetails{CachedTokens: cached},
 		CacheBlend: &api.UsageCacheBlend{PrefixHitTokens: prefix, NonPrefixHitTokens: nonPrefix,
-			RecomputedTokens: prompt - cached},
+			RecomputedTokens: prompt - cached, QualitySampled: res.QualitySampled},
 	}
 }
 

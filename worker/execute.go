@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -144,10 +145,35 @@ func (w *Worker) state(sq *cbv1.SeqStep) (*seqState, error) {
 				return nil, fmt.Errorf("step of %s: bad CacheBlend plan: %w", sq.GetRequestId(), err)
 			}
 			st.plan = &plan
+			st.rule, err = blendRule(sq.GetCbPlan())
+			if err != nil {
+				return nil, fmt.Errorf("step of %s: bad CacheBlend plan: %w", sq.GetRequestId(), err)
+			}
 		}
+		st.qualityCheck = sq.GetQualityCheck()
 		w.seqs[sq.GetRequestId()] = st
 	}
 	return st, nil
+}
+
+// blendRule returns the recompute ratio and selection rule of plan, as
+// BlendInput fields: the plan's ratio must lie in [0, 1] (the engine
+// always sets it; 0 reuses without recompute).
+func blendRule(plan *cbv1.CBPlan) (model.BlendInput, error) {
+	r := plan.GetRecompRatio()
+	if math.IsNaN(r) || r < 0 || r > 1 {
+		return model.BlendInput{}, fmt.Errorf("recompute ratio %v outside [0, 1]", r)
+	}
+	in := model.BlendInput{RecompRatio: r, SelectSeed: plan.GetSelectionSeed()}
+	switch plan.GetSelection() {
+	case cbv1.Selection_SELECTION_DEVIATION:
+		in.Select = model.SelectDeviation
+	case cbv1.Selection_SELECTION_RANDOM:
+		in.Select = model.SelectRandom
+	default:
+		return model.BlendInput{}, fmt.Errorf("unknown selection rule %v", plan.GetSelection())
+	}
+	return in, nil
 }
 
 func sampling(p *cbv1.SamplingParams) model.SamplingParams {
@@ -191,13 +217,12 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 			Tokens:      st.prompt[:end],
 			BlockTable:  bt,
 			CheckLayer:  model.UseConfig,
-			RecompRatio: model.UseConfig,
+			RecompRatio: st.rule.RecompRatio,
+			Select:      st.rule.Select,
+			SelectSeed:  st.rule.SelectSeed,
 			Await:       await,
 		}
 		in.PrefixReused, in.Reused = loaded.Forward(start, end)
-		if r := st.plan.RecompRatio; r > 0 {
-			in.RecompRatio = r
-		}
 		logits, stats, err = w.model.BlendForward(w.kv, in)
 		if err == nil {
 			w.phaseSpans(fctx, id, stats)
@@ -221,7 +246,7 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 	}
 	fwd.End()
 	if stats.Blended && end == len(st.prompt) {
-		w.sampleQuality(id, st.prompt, bt, logits, stats, fwd)
+		out.QualitySampled = w.sampleQuality(id, st.prompt, bt, logits, stats, fwd, st.qualityCheck)
 	}
 	if sq.GetSample() {
 		out.HasToken = true

@@ -64,25 +64,27 @@ func newQualitySampler(cfg Config, m *model.Model) *qualitySampler {
 	}
 }
 
-// sampleQuality takes a snapshot of a blended prefill's served KV for the checker
-// when the request is sampled and the checker is free. Called from the
+// sampleQuality takes a snapshot of a blended prefill's served KV for the
+// checker when the request is sampled (or asked for a check: force) and
+// the checker is free, and reports whether it took one. Called from the
 // step, with Worker.execMu held.
-func (w *Worker) sampleQuality(id string, prompt []int32, bt []int32, logits []float32, s model.BlendStats, fwd *telemetry.Span) {
+func (w *Worker) sampleQuality(id string, prompt []int32, bt []int32, logits []float32, s model.BlendStats, fwd *telemetry.Span, force bool) bool {
 	q := w.quality
-	if q == nil || q.rng.Float64() >= q.rate {
-		return
+	if q == nil || (!force && q.rng.Float64() >= q.rate) {
+		return false
 	}
 	if time.Now().UnixNano() < q.resume.Load() || !q.busy.CompareAndSwap(false, true) {
 		w.metrics.QualityCheck(metrics.QualityDropped)
-		return
+		return false
 	}
 	if err := q.checker.Snapshot(w.kv, bt, prompt, logits, q.k); err != nil {
 		q.busy.Store(false)
 		w.metrics.QualityCheck(metrics.QualityFailed)
 		w.logger.Warn("quality check: snapshot failed", "request_id", id, "err", err)
-		return
+		return false
 	}
 	q.jobs <- qualityJob{id: id, link: fwd.SpanContext(), ratio: s.RecompRatio, selected: s.Selected} // never blocks: busy
+	return true
 }
 
 // checkQuality is the checker goroutine: it compares each snapshot with a

@@ -28,7 +28,7 @@ func TestOnlineQualityCheck(t *testing.T) {
 	fwd.End()
 	stats := model.BlendStats{RecompRatio: 0.15, Selected: 7, Blended: true}
 	w.execMu.Lock()
-	w.sampleQuality("q1", p, bt, logits, stats, fwd)
+	w.sampleQuality("q1", p, bt, logits, stats, fwd, false)
 	w.execMu.Unlock()
 	waitUntil(t, "cb.quality", func() bool {
 		for _, s := range h.rec.Ended() {
@@ -62,7 +62,7 @@ func TestOnlineQualityCheck(t *testing.T) {
 		t.Fatal("no budget pause after a check")
 	}
 	w.execMu.Lock()
-	w.sampleQuality("q2", p, bt, logits, stats, fwd)
+	w.sampleQuality("q2", p, bt, logits, stats, fwd, false)
 	w.execMu.Unlock()
 	if got := countQuality(t, h, metrics.QualityDropped); got != 1 {
 		t.Fatalf("dropped %v, want 1", got)

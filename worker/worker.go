@@ -312,7 +312,13 @@ type session struct {
 type seqState struct {
 	prompt []int32
 	plan   *reuseplan.Plan // nil: computed in full
-	rng    *rand.Rand
+	// rule is the plan's recompute ratio and selection rule (its
+	// RecompRatio, Select and SelectSeed only).
+	rule model.BlendInput
+	// qualityCheck: the engine asked for this request's online quality
+	// check (SeqStep.quality_check).
+	qualityCheck bool
+	rng          *rand.Rand
 	// loaded is what the blend server wrote of the plan so far.
 	loaded      reuseplan.Loaded
 	reuseFailed bool

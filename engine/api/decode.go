@@ -61,7 +61,32 @@ type Generation struct {
 	// NoReuse asks for a full prefill without any KV reuse (extension:
 	// "cacheblend": {"reuse": false}); the baseline of a reuse measurement.
 	NoReuse bool
+	// Blend holds the request's CacheBlend settings (the rest of the
+	// "cacheblend" extension); the zero value takes the engine's.
+	Blend BlendOptions
 }
+
+// BlendOptions are a request's CacheBlend settings: the "cacheblend"
+// extension's "recompute_ratio", "selection" and "quality_check" (cb eval
+// sets them to measure one ratio and rule through the real stack).
+type BlendOptions struct {
+	// RecomputeRatio is the share of reused tokens the check layer
+	// recomputes, in [0, 1] (0 reuses without recompute); nil takes the
+	// engine's (cb engine --recomp-ratio).
+	RecomputeRatio *float64
+	// Selection is the rule that picks them: SelectionDeviation (the
+	// default, CacheBlend's check-layer KV deviation) or SelectionRandom.
+	Selection string
+	// QualityCheck asks the worker to compare the request with a full
+	// prefill online (cb.quality), whatever its sample rate.
+	QualityCheck bool
+}
+
+// The values of BlendOptions.Selection ("cacheblend": {"selection": …}).
+const (
+	SelectionDeviation = "deviation"
+	SelectionRandom    = "random"
+)
 
 // rawCommon holds the wire fields the chat and completion APIs share.
 // Pointer fields distinguish absent (or null) from zero.
@@ -83,15 +108,39 @@ type rawCommon struct {
 	CacheBlend       *rawCacheBlend   `json:"cacheblend"`
 }
 
-// flags sets the boolean options of g (the vLLM and cacheblend extensions).
-func (r *rawCommon) flags(g *Generation) {
+// extensions sets the options of g from the vLLM and cacheblend
+// extensions.
+func (r *rawCommon) extensions(g *Generation) *Error {
 	g.IgnoreEOS = r.IgnoreEOS != nil && *r.IgnoreEOS
-	g.NoReuse = r.CacheBlend != nil && r.CacheBlend.Reuse != nil && !*r.CacheBlend.Reuse
+	cb := r.CacheBlend
+	if cb == nil {
+		return nil
+	}
+	g.NoReuse = cb.Reuse != nil && !*cb.Reuse
+	if q := cb.RecomputeRatio; q != nil {
+		if math.IsNaN(*q) || *q < 0 || *q > 1 {
+			return BadRequestCode("cacheblend.recompute_ratio", CodeInvalidValue, "cacheblend.recompute_ratio must be between 0 and 1.")
+		}
+		g.Blend.RecomputeRatio = q
+	}
+	if sel := cb.Selection; sel != nil {
+		switch *sel {
+		case SelectionDeviation, SelectionRandom:
+			g.Blend.Selection = *sel
+		default:
+			return BadRequestCode("cacheblend.selection", CodeInvalidValue, "cacheblend.selection must be %q or %q.", SelectionDeviation, SelectionRandom)
+		}
+	}
+	g.Blend.QualityCheck = cb.QualityCheck != nil && *cb.QualityCheck
+	return nil
 }
 
 // rawCacheBlend is the "cacheblend" extension object of a request.
 type rawCacheBlend struct {
-	Reuse *bool `json:"reuse"`
+	Reuse          *bool    `json:"reuse"`
+	RecomputeRatio *float64 `json:"recompute_ratio"`
+	Selection      *string  `json:"selection"`
+	QualityCheck   *bool    `json:"quality_check"`
 }
 
 // Message is one chat message with its content flattened to text.
@@ -412,7 +461,9 @@ func DecodeChat(body []byte) (*Generation, *Error) {
 	if r.ResponseFormat != nil && r.ResponseFormat.Type != "text" {
 		return nil, BadRequestCode("response_format", CodeUnsupportedValue, "response_format %q is not supported (only text).", r.ResponseFormat.Type)
 	}
-	r.flags(g)
+	if e := r.extensions(g); e != nil {
+		return nil, e
+	}
 	return g, nil
 }
 
@@ -470,7 +521,9 @@ func DecodeCompletion(body []byte) (*Generation, *Error) {
 		return nil, BadRequestCode("suffix", CodeUnsupportedParameter, "suffix is not supported by this server.")
 	}
 	g.Echo = r.Echo != nil && *r.Echo
-	r.flags(g)
+	if e := r.extensions(g); e != nil {
+		return nil, e
+	}
 	return g, nil
 }
 

@@ -291,3 +291,55 @@ func TestDecodeCacheBlendExtension(t *testing.T) {
 		t.Fatal("a non-boolean reuse was accepted")
 	}
 }
+
+func TestDecodeCacheBlendSettings(t *testing.T) {
+	ratio := func(f float64) *float64 { return &f }
+	tests := []struct {
+		name  string
+		ext   string
+		want  BlendOptions
+		param string // non-empty: rejected naming this parameter
+	}{
+		{"none", `{}`, BlendOptions{}, ""},
+		{"ratio", `{"recompute_ratio":0.3}`, BlendOptions{RecomputeRatio: ratio(0.3)}, ""},
+		{"ratio zero is full reuse", `{"recompute_ratio":0}`, BlendOptions{RecomputeRatio: ratio(0)}, ""},
+		{"ratio one", `{"recompute_ratio":1}`, BlendOptions{RecomputeRatio: ratio(1)}, ""},
+		{"random selection", `{"selection":"random"}`, BlendOptions{Selection: SelectionRandom}, ""},
+		{"deviation selection", `{"selection":"deviation"}`, BlendOptions{Selection: SelectionDeviation}, ""},
+		{"quality check", `{"quality_check":true}`, BlendOptions{QualityCheck: true}, ""},
+		{"ratio above one", `{"recompute_ratio":1.5}`, BlendOptions{}, "cacheblend.recompute_ratio"},
+		{"negative ratio", `{"recompute_ratio":-0.1}`, BlendOptions{}, "cacheblend.recompute_ratio"},
+		{"unknown selection", `{"selection":"hkvd2"}`, BlendOptions{}, "cacheblend.selection"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, body := range []string{
+				`{"model":"m","messages":[{"role":"user","content":"hi"}],"cacheblend":` + tc.ext + `}`,
+				`{"model":"m","prompt":"hi","cacheblend":` + tc.ext + `}`,
+			} {
+				var g *Generation
+				var e *Error
+				if strings.Contains(body, "messages") {
+					g, e = DecodeChat([]byte(body))
+				} else {
+					g, e = DecodeCompletion([]byte(body))
+				}
+				if tc.param != "" {
+					if e == nil || e.Param != tc.param {
+						t.Fatalf("%s: error %v, want one on %s", body, e, tc.param)
+					}
+					continue
+				}
+				if e != nil {
+					t.Fatalf("%s: %v", body, e)
+				}
+				got := g.Blend
+				if (got.RecomputeRatio == nil) != (tc.want.RecomputeRatio == nil) ||
+					(got.RecomputeRatio != nil && *got.RecomputeRatio != *tc.want.RecomputeRatio) ||
+					got.Selection != tc.want.Selection || got.QualityCheck != tc.want.QualityCheck {
+					t.Fatalf("%s: Blend = %+v, want %+v", body, got, tc.want)
+				}
+			}
+		})
+	}
+}

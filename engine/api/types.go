@@ -46,6 +46,12 @@ type UsageCacheBlend struct {
 	NonPrefixHitTokens int `json:"non_prefix_hit_tokens"`
 	// RecomputedTokens had no reusable KV and were computed in full.
 	RecomputedTokens int `json:"recomputed_tokens"`
+	// QualitySampled is true when the worker took this request for its
+	// online quality check (cb worker --quality-sample-rate, or the
+	// request's "quality_check"): a cb.quality trace linked to the
+	// request's cb.model_forward will report how far the reused KV moved
+	// its answer from a full prefill's. Omitted when false.
+	QualitySampled bool `json:"quality_sampled,omitempty"`
 }
 
 // ChatMessageOut is the assistant message of a chat completion choice.

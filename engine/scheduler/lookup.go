@@ -237,7 +237,11 @@ func (s *Scheduler) planReuse(sq *seq, local int) (start, reused, prefixLeg int)
 		return local, 0, 0
 	}
 	total := len(sq.kv.tokens)
-	p, ok := planOf(sq.lk.result, local, total, s.cfg.RecompRatio, s.worker.info.GetBlendOff() != "")
+	ratio := s.cfg.RecompRatio
+	if q := sq.req.Blend.RecompRatio; q != nil {
+		ratio = *q
+	}
+	p, ok := planOf(sq.lk.result, local, total, ratio, s.worker.info.GetBlendOff() != "")
 	if !ok {
 		return local, 0, 0
 	}
@@ -251,6 +255,7 @@ func (s *Scheduler) planReuse(sq *seq, local int) (start, reused, prefixLeg int)
 	}
 	info := s.worker.info
 	r.plan = rpc.PlanToProto(p)
+	r.plan.Selection, r.plan.SelectionSeed = sq.req.Blend.Selection, sq.req.Sampling.GetSeed()
 	r.cost = blendTokenCost(int(info.GetNumLayers()), int(info.GetCheckLayer()), p.RecompRatio)
 	return p.Start, p.ReusedTokens(), prefixLeg
 }

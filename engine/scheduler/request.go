@@ -80,6 +80,10 @@ type Request struct {
 	// the engine's prefix cache, and the prompt is not stored (the baseline
 	// of a reuse measurement; the API's "cacheblend": {"reuse": false}).
 	NoReuse bool
+	// Blend holds the request's CacheBlend settings; the zero value takes
+	// the engine's (Config.RecompRatio, the check-layer deviation rule, the
+	// worker's quality sample rate).
+	Blend BlendOptions
 	// Document marks a document ingest: the prompt is prefilled on its own,
 	// nothing is sampled, the worker stores its KV in the blend server, and
 	// the request finishes (reason "stored") when the worker reports the
@@ -137,6 +141,9 @@ type Result struct {
 	// PrefixReusedTokens are the ReusedTokens of the plan's prefix leg:
 	// loaded as an exact continuation of the cached prefix, not computed.
 	PrefixReusedTokens int
+	// QualitySampled reports that the worker snapshotted the request for
+	// its online quality check (SeqOutput.quality_sampled).
+	QualitySampled bool
 	// Preemptions counts how often the request was preempted.
 	Preemptions int
 	// Lookup is the blend server's lookup result, when one came back.
@@ -147,6 +154,20 @@ type Result struct {
 	// Transfer is the KV pull of a Prefilled request, nil otherwise. It is
 	// shared by snapshots: read it, never change it.
 	Transfer *Transfer
+}
+
+// BlendOptions are a request's CacheBlend settings (Request.Blend).
+type BlendOptions struct {
+	// RecompRatio, when set, replaces Config.RecompRatio in the request's
+	// plan: a share in [0, 1] of the reused tokens the check layer
+	// recomputes (0 reuses without recompute).
+	RecompRatio *float64
+	// Selection is the rule that picks them (the plan's selection); its
+	// random rule is seeded by the request's sampling seed.
+	Selection cbv1.Selection
+	// QualityCheck asks the worker to check the request's quality online
+	// (SeqStep.quality_check).
+	QualityCheck bool
 }
 
 // Handle follows one submitted request. Its methods are safe for

@@ -1111,3 +1111,41 @@ func TestScheduleSpansWithoutLookup(t *testing.T) {
 		t.Fatalf("cb.schedule [%v, %v] ⊃ cb.build_meta [%v, %v] violated", sched.StartTime(), sched.EndTime(), meta.StartTime(), meta.EndTime())
 	}
 }
+
+// A request's CacheBlend settings reach its plan and its steps: its own
+// recompute ratio (0 included: reuse without recompute), its selection
+// rule seeded by its sampling seed, and its quality check on the prefill.
+func TestRequestBlendOptions(t *testing.T) {
+	zero, third := 0.0, 0.3
+	tests := []struct {
+		name      string
+		opts      BlendOptions
+		wantRatio float64
+		wantSel   cbv1.Selection
+	}{
+		{"engine default", BlendOptions{}, DefaultRecompRatio, cbv1.Selection_SELECTION_DEVIATION},
+		{"own ratio", BlendOptions{RecompRatio: &third}, 0.3, cbv1.Selection_SELECTION_DEVIATION},
+		{"no recompute", BlendOptions{RecompRatio: &zero}, 0, cbv1.Selection_SELECTION_DEVIATION},
+		{"random with check", BlendOptions{RecompRatio: &third, Selection: cbv1.Selection_SELECTION_RANDOM, QualityCheck: true},
+			0.3, cbv1.Selection_SELECTION_RANDOM},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			blend := &enginetest.Blend{Result: prefixResult(100, 200, 300)}
+			h := newHarness(t, opts{blend: blend})
+			res := run(t, h.s, &Request{ID: "o1", Prompt: prompt(400, 11), MaxTokens: 2, Blend: tc.opts,
+				Sampling: &cbv1.SamplingParams{Seed: 77}})
+			if res.Err != nil {
+				t.Fatal(res.Err)
+			}
+			first := h.worker.SeqSteps("o1")[0]
+			plan := first.GetCbPlan()
+			if plan == nil || plan.GetRecompRatio() != tc.wantRatio || plan.GetSelection() != tc.wantSel || plan.GetSelectionSeed() != 77 {
+				t.Fatalf("plan %v, want ratio %v selection %v seed 77", plan, tc.wantRatio, tc.wantSel)
+			}
+			if first.GetQualityCheck() != tc.opts.QualityCheck {
+				t.Fatalf("quality_check %v, want %v", first.GetQualityCheck(), tc.opts.QualityCheck)
+			}
+		})
+	}
+}

@@ -287,6 +287,7 @@ func (s *Scheduler) seqStep(it item, now time.Time) *cbv1.SeqStep {
 	if st.IsPrefill && sq.reuse.plan != nil {
 		st.CbPlan = sq.reuse.plan
 	}
+	st.QualityCheck = st.IsPrefill && sq.req.Blend.QualityCheck
 	wantStore := sq.req.Document || (s.deps.Blend != nil && !s.cfg.DisableStore && !sq.req.NoReuse)
 	if wantStore && !sq.storeSent && kv.computed+it.n == kv.prefillEnd {
 		st.Store = true
@@ -345,6 +346,9 @@ func (s *Scheduler) applyStep(batch []item, resp *cbv1.ExecuteResponse, err erro
 			continue
 		}
 		s.reuseLoaded(sq, it, out)
+		if out.GetQualitySampled() {
+			sq.h.update(func(r *Result) { r.QualitySampled = true })
+		}
 		s.appendToken(sq, out.GetToken(), now)
 	}
 	s.batchTokens = tokens

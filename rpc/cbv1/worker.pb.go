@@ -810,7 +810,13 @@ type SeqStep struct {
 	RngDraws uint32 `protobuf:"varint,14,opt,name=rng_draws,json=rngDraws,proto3" json:"rng_draws,omitempty"`
 	// W3C tracestate of trace_context: the caller's vendor entries, carried to
 	// every span of the request (ignored without a valid trace_context).
-	TraceState    string `protobuf:"bytes,20,opt,name=trace_state,json=traceState,proto3" json:"trace_state,omitempty"`
+	TraceState string `protobuf:"bytes,20,opt,name=trace_state,json=traceState,proto3" json:"trace_state,omitempty"`
+	// Check this request's quality online whatever the sample rate (the
+	// request's cacheblend.quality_check): the worker snapshots its KV at the
+	// step that samples its first token and compares it with a full prefill
+	// when it has idle capacity (dropped and counted when busy, like a
+	// sampled request). Ignored by a worker without the quality checker.
+	QualityCheck  bool `protobuf:"varint,21,opt,name=quality_check,json=qualityCheck,proto3" json:"quality_check,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -948,6 +954,13 @@ func (x *SeqStep) GetTraceState() string {
 		return x.TraceState
 	}
 	return ""
+}
+
+func (x *SeqStep) GetQualityCheck() bool {
+	if x != nil {
+		return x.QualityCheck
+	}
+	return false
 }
 
 type ExecuteRequest struct {
@@ -1248,7 +1261,7 @@ const file_worker_proto_rawDesc = "" +
 	"chunk_size\x18\x03 \x01(\x05R\tchunkSize\x12!\n" +
 	"\frecomp_ratio\x18\x04 \x01(\x01R\vrecompRatio\x126\n" +
 	"\tselection\x18\x05 \x01(\x0e2\x18.cacheblend.v1.SelectionR\tselection\x12%\n" +
-	"\x0eselection_seed\x18\x06 \x01(\x04R\rselectionSeed\"\x81\x04\n" +
+	"\x0eselection_seed\x18\x06 \x01(\x04R\rselectionSeed\"\xa6\x04\n" +
 	"\aSeqStep\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1269,7 +1282,8 @@ const file_worker_proto_rawDesc = "" +
 	"\x0ehandoff_secret\x18\r \x01(\fR\rhandoffSecret\x12\x1b\n" +
 	"\trng_draws\x18\x0e \x01(\rR\brngDraws\x12\x1f\n" +
 	"\vtrace_state\x18\x14 \x01(\tR\n" +
-	"traceState\"\x87\x01\n" +
+	"traceState\x12#\n" +
+	"\rquality_check\x18\x15 \x01(\bR\fqualityCheck\"\x87\x01\n" +
 	"\x0eExecuteRequest\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\x04R\x06stepId\x12*\n" +
 	"\x04seqs\x18\x02 \x03(\v2\x16.cacheblend.v1.SeqStepR\x04seqs\x120\n" +
