@@ -57,6 +57,8 @@ type ChatResult struct {
 	PromptTokens int
 	OutputTokens int
 	Usage        bool
+	// CacheBlend is the usage's "cacheblend" extension, nil without one.
+	CacheBlend *UsageCacheBlend
 }
 
 // ChatStream sends q as a streamed chat completion (POST /v1/chat/completions) with its own
@@ -125,7 +127,7 @@ func (c *Client) ChatStream(ctx context.Context, q ChatRequest) (ChatResult, err
 	if res.RequestID == "" {
 		res.RequestID = sr.ID
 	}
-	res.PromptTokens, res.OutputTokens, res.Usage = sr.PromptTokens, sr.CompletionTokens, sr.Usage
+	res.PromptTokens, res.OutputTokens, res.Usage, res.CacheBlend = sr.PromptTokens, sr.CompletionTokens, sr.Usage, sr.CacheBlend
 	if !sr.Usage {
 		res.OutputTokens = sr.ContentChunks
 	}

@@ -22,6 +22,20 @@ type StreamResult struct {
 	// counts (the last one's, if several).
 	Usage                          bool
 	PromptTokens, CompletionTokens int
+	// CacheBlend is the usage chunk's "cacheblend" extension (how the
+	// prompt was served); nil when it had none.
+	CacheBlend *UsageCacheBlend
+}
+
+// UsageCacheBlend is the "cacheblend" usage extension of cacheblend's
+// engine: the prompt's tokens reused as an exact prefix, reused from
+// chunks at other positions, and computed, and whether the worker took the
+// request for its online quality check.
+type UsageCacheBlend struct {
+	PrefixHitTokens    int  `json:"prefix_hit_tokens"`
+	NonPrefixHitTokens int  `json:"non_prefix_hit_tokens"`
+	RecomputedTokens   int  `json:"recomputed_tokens"`
+	QualitySampled     bool `json:"quality_sampled"`
 }
 
 // ReadStream reads an OpenAI chat-completion event stream (server-sent events) from r up to
@@ -55,8 +69,9 @@ func ReadStream(r io.Reader, onContent func()) (StreamResult, error) {
 				} `json:"delta"`
 			} `json:"choices"`
 			Usage *struct {
-				PromptTokens     int `json:"prompt_tokens"`
-				CompletionTokens int `json:"completion_tokens"`
+				PromptTokens     int              `json:"prompt_tokens"`
+				CompletionTokens int              `json:"completion_tokens"`
+				CacheBlend       *UsageCacheBlend `json:"cacheblend"`
 			} `json:"usage"`
 			Error *struct {
 				Message string `json:"message"`
@@ -85,10 +100,11 @@ func ReadStream(r io.Reader, onContent func()) (StreamResult, error) {
 			}
 		}
 		if u := chunk.Usage; u != nil {
-			if u.PromptTokens < 0 || u.CompletionTokens < 0 {
-				return res, streamError(KindBadStream, fmt.Sprintf("negative usage %+v", *u))
+			if cb := u.CacheBlend; u.PromptTokens < 0 || u.CompletionTokens < 0 ||
+				cb != nil && (cb.PrefixHitTokens < 0 || cb.NonPrefixHitTokens < 0 || cb.RecomputedTokens < 0) {
+				return res, streamError(KindBadStream, fmt.Sprintf("negative usage %.200s", data))
 			}
-			res.Usage, res.PromptTokens, res.CompletionTokens = true, u.PromptTokens, u.CompletionTokens
+			res.Usage, res.PromptTokens, res.CompletionTokens, res.CacheBlend = true, u.PromptTokens, u.CompletionTokens, u.CacheBlend
 		}
 	}
 	if err := sc.Err(); err != nil {

@@ -27,6 +27,7 @@ func TestReadStream(t *testing.T) {
 		{"error event", c2 + `data: {"error":{"message":"boom","type":"internal"}}` + "\n\n" + done, KindStream, true, 1, false, 0, 0},
 		{"bad JSON", c2 + "data: {nope\n\n", KindBadStream, true, 1, false, 0, 0},
 		{"negative usage", `data: {"usage":{"prompt_tokens":-1,"completion_tokens":2}}` + "\n\n", KindBadStream, false, 0, false, 0, 0},
+		{"negative cacheblend usage", `data: {"usage":{"prompt_tokens":1,"completion_tokens":2,"cacheblend":{"non_prefix_hit_tokens":-3}}}` + "\n\n", KindBadStream, false, 0, false, 0, 0},
 		{"no DONE", c1 + c2, KindTruncated, true, 1, false, 0, 0},
 		{"empty body", "", KindTruncated, false, 0, false, 0, 0},
 		{"oversized line", "data: " + strings.Repeat("x", maxLine+10) + "\n", KindBadStream, false, 0, false, 0, 0},
@@ -49,6 +50,31 @@ func TestReadStream(t *testing.T) {
 			}
 			if tc.chunks > 0 && res.ID != "r1" {
 				t.Errorf("id %q", res.ID)
+			}
+		})
+	}
+}
+
+// The usage's cacheblend extension is read, quality_sampled included.
+func TestReadStreamCacheBlendUsage(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		usage string
+		want  *UsageCacheBlend
+	}{
+		{"none", `{"prompt_tokens":9,"completion_tokens":1}`, nil},
+		{"reuse", `{"prompt_tokens":9,"completion_tokens":1,"cacheblend":{"prefix_hit_tokens":2,"non_prefix_hit_tokens":5,"recomputed_tokens":2}}`,
+			&UsageCacheBlend{PrefixHitTokens: 2, NonPrefixHitTokens: 5, RecomputedTokens: 2}},
+		{"sampled", `{"prompt_tokens":9,"completion_tokens":1,"cacheblend":{"non_prefix_hit_tokens":9,"quality_sampled":true}}`,
+			&UsageCacheBlend{NonPrefixHitTokens: 9, QualitySampled: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := ReadStream(strings.NewReader("data: {\"usage\":"+tc.usage+"}\n\ndata: [DONE]\n"), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (res.CacheBlend == nil) != (tc.want == nil) || (tc.want != nil && *res.CacheBlend != *tc.want) {
+				t.Fatalf("cacheblend %+v, want %+v", res.CacheBlend, tc.want)
 			}
 		})
 	}

@@ -342,3 +342,36 @@ func TestInputErrors(t *testing.T) {
 		})
 	}
 }
+
+// A one-thread view computes what the model computes, without starting a
+// goroutine, and leaves the model's own threads alone.
+func TestWithThreads(t *testing.T) {
+	cfg := smallConfig()
+	cfg.Threads = 2
+	m := newModel(t, cfg)
+	serial := m.WithThreads(1)
+	if serial.Config().Threads != 1 || m.Config().Threads != 2 {
+		t.Fatalf("threads: view %d, model %d", serial.Config().Threads, m.Config().Threads)
+	}
+	toks := randTokens(3, 150)
+	n := blocksFor(len(toks))
+	kv := newKV(t, m, 2*n)
+	want, err := m.Prefill(kv, PrefillInput{Tokens: toks, BlockTable: table(0, n)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := serial.Prefill(kv, PrefillInput{Tokens: toks, BlockTable: table(n, n)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := maxAbsDiff(want, got); d > 1e-5 {
+		t.Fatalf("one-thread view differs by %g", d)
+	}
+	other, err := serial.Prefill(kv, PrefillInput{Tokens: randTokens(4, 150), BlockTable: table(n, n)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if maxAbsDiff(other, got) == 0 {
+		t.Fatal("another prompt gave the same logits")
+	}
+}

@@ -242,3 +242,17 @@ func (m *Model) Params() int {
 	}
 	return n
 }
+
+// WithThreads returns a view of m whose kernels run on threads goroutines
+// (1 or less: the caller's only, no goroutine started). It shares m's
+// weights, which neither writes, and has its own workspaces. The worker's
+// online quality check runs its full prefills on a one-thread view, on an
+// OS thread of the lowest priority, so that they take only the CPU the
+// request path leaves idle. Safe for concurrent use, like m.
+func (m *Model) WithThreads(threads int) *Model {
+	v := *m
+	v.cfg.Threads = max(threads, 1)
+	v.free = make(chan *workspace, maxFreeWS)
+	v.team = newTeam(v.cfg.Threads)
+	return &v
+}

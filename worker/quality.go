@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"math/rand/v2"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -59,8 +60,9 @@ func newQualitySampler(cfg Config, m *model.Model) *qualitySampler {
 	return &qualitySampler{
 		rate: min(cfg.Quality.SampleRate, 1), budget: cfg.Quality.Budget, k: cfg.Quality.Positions,
 		rng:     rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x51)),
-		checker: quality.NewChecker(m),
-		jobs:    make(chan qualityJob, 1),
+		checker: quality.NewChecker(m.WithThreads(1)), // on the checker's own thread
+
+		jobs: make(chan qualityJob, 1),
 	}
 }
 
@@ -88,9 +90,18 @@ func (w *Worker) sampleQuality(id string, prompt []int32, bt []int32, logits []f
 }
 
 // checkQuality is the checker goroutine: it compares each snapshot with a
-// full prefill until the worker stops.
+// full prefill until the worker stops, on an OS thread of its own at the
+// lowest priority, with a Go processor added for it (checkerProcs): the
+// comparisons take the CPU the request path leaves idle.
 func (w *Worker) checkQuality(q *qualitySampler) {
 	defer w.life.bg.Done()
+	// Never unlocked: the thread, niced, ends with the goroutine.
+	runtime.LockOSThread()
+	addCheckerProc()
+	defer removeCheckerProc()
+	if err := lowerThreadPriority(); err != nil {
+		w.logger.Warn("quality checker runs at normal priority", "err", err)
+	}
 	for {
 		select {
 		case <-w.life.stop:
