@@ -34,6 +34,8 @@ type testEngine struct {
 	unrecorded func(i int) bool
 	// unhealthy makes /health answer 503.
 	unhealthy bool
+	// blend, when set, gives request i's usage.cacheblend extension.
+	blend func(i int) map[string]any
 
 	arrivals              atomic.Int64
 	inflight, maxInflight atomic.Int64
@@ -219,9 +221,13 @@ func (e *testEngine) chat(w http.ResponseWriter, r *http.Request) {
 	stop := "length"
 	send(chunk(delta{}, &stop))
 	if body.StreamOptions.IncludeUsage {
+		usage := map[string]any{"prompt_tokens": len(content), "completion_tokens": rec.OutputTokens,
+			"total_tokens": len(content) + rec.OutputTokens}
+		if e.blend != nil {
+			usage["cacheblend"] = e.blend(i)
+		}
 		send(map[string]any{"id": id, "object": "chat.completion.chunk", "model": body.Model, "choices": []choice{},
-			"usage": map[string]int{"prompt_tokens": len(content), "completion_tokens": rec.OutputTokens,
-				"total_tokens": len(content) + rec.OutputTokens}})
+			"usage": usage})
 	}
 	release()
 	fmt.Fprint(w, "data: [DONE]\n\n")

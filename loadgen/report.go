@@ -32,10 +32,23 @@ type Report struct {
 	Outcome
 	// TTFT, TPOT and E2E summarise the client's measurements of successful requests.
 	Latencies[Summary]
+	// QualitySampled splits the TTFT of the successful requests reused
+	// through CacheBlend by whether the worker took them for its online
+	// quality check; nil when it took none.
+	QualitySampled *QualitySplit `json:"quality_sampled,omitempty"`
 	// Server is the cross-check against /metrics; nil when it was skipped.
 	Server *ServerCheck `json:"server,omitempty"`
 	// Requests are every request sent, by Index.
 	Requests []Result `json:"requests"`
+}
+
+// QualitySplit is the TTFT of the requests the worker took for its online
+// quality check (usage.cacheblend.quality_sampled) and of the other
+// requests that reused chunks (non_prefix_hit_tokens > 0): a check must
+// not slow the request it samples.
+type QualitySplit struct {
+	Sampled Summary `json:"sampled_ttft"`
+	Others  Summary `json:"others_ttft"`
 }
 
 // Settings are a run's settings, defaults applied (part of Report).
@@ -182,6 +195,10 @@ func (r *Report) Print(w io.Writer) {
 			s := r.Server.Latencies.all()[i]
 			row(name+" server", s.Count, s.Quantiles, "-")
 		}
+	}
+	if q := r.QualitySampled; q != nil {
+		row("TTFT quality-sampled", q.Sampled.N, q.Sampled.Quantiles, ms(q.Sampled.Max))
+		row("TTFT other reuse", q.Others.N, q.Others.Quantiles, ms(q.Others.Max))
 	}
 	_ = tw.Flush()
 

@@ -67,6 +67,12 @@ type Result struct {
 	PromptTokens int  `json:"prompt_tokens"`
 	OutputTokens int  `json:"output_tokens"`
 	Usage        bool `json:"usage"`
+	// BlendReused counts the prompt tokens reused from stored chunks at
+	// other positions (usage.cacheblend.non_prefix_hit_tokens), and
+	// QualitySampled reports that the worker took the request for its
+	// online quality check (usage.cacheblend.quality_sampled).
+	BlendReused    int  `json:"blend_reused_tokens,omitempty"`
+	QualitySampled bool `json:"quality_sampled,omitempty"`
 	// ErrorKind (one of the Kind* constants or "http_<code>") and Error describe a failure.
 	ErrorKind string `json:"error_kind,omitempty"`
 	Error     string `json:"error,omitempty"`
@@ -272,6 +278,9 @@ func (r *runner) one(ctx context.Context, i int, scheduled time.Duration) {
 	r.inflight.Add(-1)
 	res.TraceID, res.RequestID, res.Status = g.TraceID, g.RequestID, g.Status
 	res.PromptTokens, res.OutputTokens, res.Usage = g.PromptTokens, g.OutputTokens, g.Usage
+	if cb := g.CacheBlend; cb != nil {
+		res.BlendReused, res.QualitySampled = cb.NonPrefixHitTokens, cb.QualitySampled
+	}
 	if g.E2E > 0 {
 		res.E2E = Seconds(g.E2E.Seconds())
 	}
@@ -313,7 +322,7 @@ func (r *runner) report(stoppedBy string) *Report {
 	if cfg.Rate > 0 {
 		rep.Mode = "open loop"
 	}
-	var ttft, tpot, e2e []float64
+	var ttft, tpot, e2e, sampled, others []float64
 	for i := range results {
 		q := &results[i]
 		rep.PromptTokens += int64(q.PromptTokens)
@@ -325,12 +334,21 @@ func (r *runner) report(stoppedBy string) *Report {
 		rep.Succeeded++
 		rep.OutputTokens += int64(q.OutputTokens)
 		ttft = append(ttft, float64(q.TTFT))
+		switch {
+		case q.QualitySampled:
+			sampled = append(sampled, float64(q.TTFT))
+		case q.BlendReused > 0:
+			others = append(others, float64(q.TTFT))
+		}
 		e2e = append(e2e, float64(q.E2E))
 		if !math.IsNaN(float64(q.TPOT)) {
 			tpot = append(tpot, float64(q.TPOT))
 		}
 	}
 	rep.TTFT, rep.TPOT, rep.E2E = Summarize(ttft), Summarize(tpot), Summarize(e2e)
+	if len(sampled) > 0 {
+		rep.QualitySampled = &QualitySplit{Sampled: Summarize(sampled), Others: Summarize(others)}
+	}
 	if s := elapsed.Seconds(); s > 0 {
 		rep.RequestRate = float64(rep.Succeeded) / s
 		rep.OutputTokenRate = float64(rep.OutputTokens) / s

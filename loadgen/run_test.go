@@ -441,3 +441,57 @@ func TestConfigDefaults(t *testing.T) {
 		t.Errorf("defaults %+v", c)
 	}
 }
+
+// The TTFT of requests the worker took for its quality check is reported
+// apart from the other reuse requests' (usage.cacheblend.quality_sampled);
+// requests without chunk reuse are in neither.
+func TestRunSplitsQualitySampled(t *testing.T) {
+	e := newTestEngine(t, func(e *testEngine) {
+		// Request i: sampled when i%4 == 0 (TTFT 60 ms), reuse when odd (20 ms), else no reuse (5 ms).
+		e.ttft = func(i int) time.Duration {
+			switch {
+			case i%4 == 0:
+				return 60 * time.Millisecond
+			case i%2 == 1:
+				return 20 * time.Millisecond
+			}
+			return 5 * time.Millisecond
+		}
+		e.blend = func(i int) map[string]any {
+			switch {
+			case i%4 == 0:
+				return map[string]any{"non_prefix_hit_tokens": 100, "quality_sampled": true}
+			case i%2 == 1:
+				return map[string]any{"non_prefix_hit_tokens": 100}
+			}
+			return map[string]any{"non_prefix_hit_tokens": 0}
+		}
+	})
+	cfg := quick(e)
+	cfg.Requests, cfg.Concurrency = 16, 1
+	rep := run(t, cfg)
+	q := rep.QualitySampled
+	if q == nil {
+		t.Fatal("no quality split")
+	}
+	if q.Sampled.N != 4 || q.Others.N != 8 {
+		t.Fatalf("sampled %d, others %d; want 4 and 8", q.Sampled.N, q.Others.N)
+	}
+	if q.Sampled.P50 < 0.06 || q.Others.P50 < 0.02 || q.Others.Max >= q.Sampled.P50 {
+		t.Fatalf("sampled p50 %v, others p50 %v max %v", q.Sampled.P50, q.Others.P50, q.Others.Max)
+	}
+	var out strings.Builder
+	rep.Print(&out)
+	if !strings.Contains(out.String(), "TTFT quality-sampled") {
+		t.Fatalf("report without the split:\n%s", out.String())
+	}
+	sampled := 0
+	for _, r := range rep.Requests {
+		if r.QualitySampled {
+			sampled++
+		}
+	}
+	if sampled != 4 {
+		t.Fatalf("%d results marked sampled", sampled)
+	}
+}
