@@ -13,16 +13,42 @@ import (
 	"github.com/cacheblend/cacheblend/tracestore/jaeger"
 )
 
-// TestOnlineQualityCheck: a worker with --quality-sample-rate 1 checks a
-// blended request's quality after answering it: a cb.quality trace, linked
-// to the request's cb.model_forward and passing the contract, and the
-// quality histogram on the worker's /metrics. The built-in model's blend
-// stays close to its full prefill (mean KL below the gate's threshold).
+// TestOnlineQualityCheck: a request asking for a quality check
+// ("cacheblend": {"quality_check": true}; the worker's random sample rate is
+// next to nothing) is checked after it was answered, and its usage says so:
+// a cb.quality trace, linked to the request's cb.model_forward and passing
+// the contract, and the quality histogram on the worker's /metrics. The
+// built-in model's blend stays close to its full prefill (mean KL below the
+// gate's threshold).
 func TestOnlineQualityCheck(t *testing.T) {
-	e := startEnv(t, options{workerArgs: []string{"--quality-sample-rate", "1"}})
+	e := startEnv(t, options{workerArgs: []string{"--quality-sample-rate", "1e-9"}})
 	e.ingest()
 	const tp = "00-6a1b2c3d4e5f60718293a4b5c6d7e8f9-0102030405060708-01"
-	e.chat(tp, ragPrompt(4, 1, 6), 4)
+	var out struct {
+		Usage struct {
+			CacheBlend struct {
+				NonPrefix      int  `json:"non_prefix_hit_tokens"`
+				QualitySampled bool `json:"quality_sampled"`
+			} `json:"cacheblend"`
+		} `json:"usage"`
+	}
+	code := e.post("/v1/chat/completions", map[string]string{"traceparent": tp}, map[string]any{
+		"model": e.modelName(), "max_tokens": 4, "temperature": 0, "ignore_eos": true,
+		"messages":   []map[string]string{{"role": "user", "content": ragPrompt(4, 1, 6)}},
+		"cacheblend": map[string]any{"quality_check": true},
+	}, &out)
+	if cb := out.Usage.CacheBlend; code != http.StatusOK || cb.NonPrefix == 0 || !cb.QualitySampled {
+		t.Fatalf("status %d, usage.cacheblend %+v: want chunk reuse and quality_sampled", code, cb)
+	}
+	// A request that does not ask is not checked at this rate.
+	out.Usage.CacheBlend.NonPrefix, out.Usage.CacheBlend.QualitySampled = 0, false // omitted when false: not overwritten
+	code = e.post("/v1/chat/completions", nil, map[string]any{
+		"model": e.modelName(), "max_tokens": 2, "temperature": 0, "ignore_eos": true,
+		"messages": []map[string]string{{"role": "user", "content": ragPrompt(3, 2, 5)}},
+	}, &out)
+	if cb := out.Usage.CacheBlend; code != http.StatusOK || cb.NonPrefix == 0 || cb.QualitySampled {
+		t.Fatalf("status %d, usage.cacheblend %+v: want chunk reuse, not sampled", code, cb)
+	}
 	req := e.trace("6a1b2c3d4e5f60718293a4b5c6d7e8f9", spanname.CBModelForward, spanname.CBPartial)
 	var fwd string
 	for _, s := range req.Spans {
