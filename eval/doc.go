@@ -15,6 +15,14 @@
 // greedy tokens match, and the model-only speedup (full prefill time over
 // blended forward time on the same machine, in the same process).
 //
+// With Config.Stack, Run also measures every configuration through a
+// running stack (Stack): the documents are ingested with POST
+// /v1/documents, each prompt is sent with the configuration's "cacheblend"
+// settings and as a full prefill ("reuse": false), streaming, and the
+// report's TTFT speedup is the ratio of the median client-side times to the
+// first token (the API returns no logits: quality is still measured in
+// this process, on the same documents and questions).
+//
 // Run is not safe for concurrent use with other work on the same model
 // (it measures time).
 package eval

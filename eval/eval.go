@@ -1,6 +1,7 @@
 package eval
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -58,6 +59,10 @@ type Config struct {
 	Questions []string
 	// Seed seeds random selection; default 1.
 	Seed uint64
+	// Stack, when set, is a running stack on which every configuration's
+	// time to first token is also measured against a full prefill (the
+	// report's TTFT speedup); nil: model-only speedups.
+	Stack *Stack
 }
 
 // Point is one configuration's measurements, averaged over the prompts.
@@ -74,10 +79,22 @@ type Point struct {
 	// GreedyMatch is the share of prompts whose K greedy tokens all match.
 	GreedyMatch float64 `json:"greedy_match"`
 	// FullMs and BlendMs are the mean full prefill and blended forward
-	// times; Speedup is FullMs / BlendMs.
-	FullMs  float64 `json:"full_ms"`
-	BlendMs float64 `json:"blend_ms"`
-	Speedup float64 `json:"speedup"`
+	// times in this process; ModelSpeedup is FullMs / BlendMs.
+	FullMs       float64 `json:"full_ms"`
+	BlendMs      float64 `json:"blend_ms"`
+	ModelSpeedup float64 `json:"model_speedup"`
+	// StackPoint holds the stack's TTFT figures (zero without
+	// Config.Stack).
+	StackPoint
+}
+
+// Speedup is the point's speedup over a full prefill: the stack's TTFT
+// speedup when it was measured, else the model-only one.
+func (p Point) Speedup() float64 {
+	if p.TTFTSpeedup > 0 {
+		return p.TTFTSpeedup
+	}
+	return p.ModelSpeedup
 }
 
 // Report is an evaluation's result.
@@ -89,7 +106,10 @@ type Report struct {
 	PromptTokens float64 `json:"mean_prompt_tokens"`
 	DocTokens    float64 `json:"mean_document_tokens"`
 	Positions    int     `json:"positions"`
-	Points       []Point `json:"points"`
+	// Stack describes the stack measurement; nil when the speedups are
+	// model-only.
+	Stack  *StackInfo `json:"stack,omitempty"`
+	Points []Point    `json:"points"`
 }
 
 // Prompts is the workload on one model: how it tokenizes and wraps text.
@@ -99,6 +119,10 @@ type Prompts struct {
 	// Wrap returns the tokens before and after the documents of a prompt
 	// asking question (the chat template's rendering around them).
 	Wrap func(question string) (before, after []int32, err error)
+	// Decode turns tokens back into text: a document cut to MaxDocTokens
+	// is sent to the stack as the text of its first tokens. Nil: the
+	// stack gets the whole document.
+	Decode func([]int32) string
 }
 
 // BuiltinPrompts is the workload on the built-in model: byte tokens, BOS
@@ -107,6 +131,7 @@ func BuiltinPrompts() Prompts {
 	var tok tokenizer.Tokenizer
 	return Prompts{
 		Encode: tok.Encode,
+		Decode: tok.Decode,
 		Wrap: func(q string) ([]int32, []int32, error) {
 			before := append([]int32{tok.BOS()}, tok.Encode("Answer from the documents.\n")...)
 			return before, tok.Encode("\nQuestion: " + q + "\nAnswer:"), nil
@@ -122,7 +147,7 @@ const docMark = "\x1fDOCUMENTS\x1f"
 // holding the documents and the question); without a template the
 // built-in layout with the file's tokenizer.
 func FilePrompts(f *modelfile.File) Prompts {
-	p := Prompts{Encode: f.Vocab.Encode}
+	p := Prompts{Encode: f.Vocab.Encode, Decode: f.Vocab.Decode}
 	p.Wrap = func(q string) ([]int32, []int32, error) {
 		if f.Template == nil {
 			return f.PromptTokens("Answer from the documents.\n"), f.Vocab.Encode("\nQuestion: " + q + "\nAnswer:"), nil
@@ -209,15 +234,27 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// cases builds the prompts: prompt i holds cfg.Docs documents starting at
-// document i·Docs (wrapping around), in an order rotated by i, and asks
-// question i.
-func cases(cfg Config, p Prompts) ([]quality.Case, error) {
+// docIndex is the document at place j of prompt i: prompt i holds
+// cfg.Docs documents starting at document i·Docs (wrapping around), in an
+// order rotated by i.
+func docIndex(cfg Config, i, j int) int {
+	return (i*cfg.Docs + j*(i+1)) % len(cfg.Documents)
+}
+
+// docTokens is every document's tokens, cut to MaxDocTokens.
+func docTokens(cfg Config, p Prompts) [][]int32 {
 	docs := make([][]int32, len(cfg.Documents))
 	for i, d := range cfg.Documents {
 		t := p.Encode(d)
 		docs[i] = t[:min(len(t), MaxDocTokens)]
 	}
+	return docs
+}
+
+// cases builds the prompts: prompt i holds the documents docIndex(i, ·)
+// and asks question i.
+func cases(cfg Config, p Prompts) ([]quality.Case, error) {
+	docs := docTokens(cfg, p)
 	var out []quality.Case
 	for i := range cfg.Prompts {
 		before, after, err := p.Wrap(cfg.Questions[i%len(cfg.Questions)])
@@ -226,15 +263,18 @@ func cases(cfg Config, p Prompts) ([]quality.Case, error) {
 		}
 		c := quality.Case{Prefix: before, Question: after}
 		for j := range cfg.Docs {
-			c.Docs = append(c.Docs, docs[(i*cfg.Docs+j*(i+1))%len(docs)])
+			c.Docs = append(c.Docs, docs[docIndex(cfg, i, j)])
 		}
 		out = append(out, c)
 	}
 	return out, nil
 }
 
-// Run evaluates m (a whole model) on the workload p.
-func Run(m *model.Model, name string, p Prompts, cfg Config) (Report, error) {
+// Run evaluates m (a whole model) on the workload p: with cfg.Stack, the
+// stack's TTFT per configuration first (the stack serving the same model),
+// then the quality and the model-only speedup in this process. ctx bounds
+// the stack's requests.
+func Run(ctx context.Context, m *model.Model, name string, p Prompts, cfg Config) (Report, error) {
 	cfg = cfg.withDefaults()
 	for _, r := range cfg.Ratios {
 		if r < 0 || r > 1 {
@@ -255,22 +295,48 @@ func Run(m *model.Model, name string, p Prompts, cfg Config) (Report, error) {
 		}
 		rep.PromptTokens += float64(n) / float64(len(cs))
 	}
-	ratios := slices.Clone(cfg.Ratios)
-	slices.Sort(ratios)
-	for _, r := range ratios {
-		rules := []model.Selection{model.SelectDeviation, model.SelectRandom}
-		if r == 0 || r == 1 { // the rules select nothing or everything alike
-			rules = rules[:1]
+	configs := configurations(cfg.Ratios)
+	var sps []StackPoint
+	if cfg.Stack != nil {
+		info, pts, err := cfg.Stack.measure(ctx, cfg, p, configs)
+		if err != nil {
+			return Report{}, err
 		}
-		for _, rule := range rules {
-			pt, err := measure(m, cs, r, rule, cfg)
-			if err != nil {
-				return Report{}, err
-			}
-			rep.Points = append(rep.Points, pt)
+		rep.Stack, sps = &info, pts
+	}
+	for i, c := range configs {
+		pt, err := measure(m, cs, c.ratio, c.rule, cfg)
+		if err != nil {
+			return Report{}, err
 		}
+		if sps != nil {
+			pt.StackPoint = sps[i]
+		}
+		rep.Points = append(rep.Points, pt)
 	}
 	return rep, nil
+}
+
+// configuration is one recompute ratio and selection rule.
+type configuration struct {
+	ratio float64
+	rule  model.Selection
+}
+
+// configurations are the ratios in increasing order, each with both
+// selection rules except 0 and 1 (the rules select nothing or everything
+// alike: one configuration each).
+func configurations(ratios []float64) []configuration {
+	ratios = slices.Clone(ratios)
+	slices.Sort(ratios)
+	var out []configuration
+	for _, r := range slices.Compact(ratios) {
+		out = append(out, configuration{r, model.SelectDeviation})
+		if r > 0 && r < 1 {
+			out = append(out, configuration{r, model.SelectRandom})
+		}
+	}
+	return out
 }
 
 // measure runs every case at ratio r with rule.
@@ -298,18 +364,18 @@ func measure(m *model.Model, cs []quality.Case, r float64, rule model.Selection,
 	pt.FullMs = float64(full) / float64(time.Millisecond) / float64(len(cs))
 	pt.BlendMs = float64(blend) / float64(time.Millisecond) / float64(len(cs))
 	if blend > 0 {
-		pt.Speedup = float64(full) / float64(blend)
+		pt.ModelSpeedup = float64(full) / float64(blend)
 	}
 	return pt, nil
 }
 
-// Cheapest is the point of rule with the highest speedup whose mean
+// Cheapest is the point of rule with the highest Speedup whose mean
 // first-token KL is at most maxKL (false when none is).
 func (r Report) Cheapest(rule string, maxKL float64) (Point, bool) {
 	var best Point
 	found := false
 	for _, p := range r.Points {
-		if (p.Rule == rule || p.Rule == "full_reuse" || p.Ratio == 1) && p.FirstKL <= maxKL && (!found || p.Speedup > best.Speedup) {
+		if (p.Rule == rule || p.Rule == "full_reuse" || p.Ratio == 1) && p.FirstKL <= maxKL && (!found || p.Speedup() > best.Speedup()) {
 			best, found = p, true
 		}
 	}

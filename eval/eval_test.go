@@ -2,6 +2,7 @@ package eval
 
 import (
 	"bytes"
+	"context"
 	"encoding/xml"
 	"fmt"
 	"os"
@@ -24,7 +25,7 @@ func TestRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Run(m, "small", BuiltinPrompts(), Config{Ratios: []float64{0, 0.3, 1}, Prompts: 2, Docs: 2, Positions: 4})
+	rep, err := Run(context.Background(), m, "small", BuiltinPrompts(), Config{Ratios: []float64{0, 0.3, 1}, Prompts: 2, Docs: 2, Positions: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +35,7 @@ func TestRun(t *testing.T) {
 	byKey := map[string]Point{}
 	for _, p := range rep.Points {
 		byKey[fmt.Sprintf("%s/%g", p.Rule, p.Ratio)] = p
-		if p.FullMs <= 0 || p.BlendMs <= 0 || p.Speedup <= 0 {
+		if p.FullMs <= 0 || p.BlendMs <= 0 || p.ModelSpeedup <= 0 || p.Speedup() != p.ModelSpeedup {
 			t.Fatalf("timing of %+v", p)
 		}
 	}
@@ -102,7 +103,7 @@ func TestRunOnModelFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Run(m, mf.Name, p, Config{Ratios: []float64{0, 1}, Prompts: 1, Docs: 2, Positions: 2})
+	rep, err := Run(context.Background(), m, mf.Name, p, Config{Ratios: []float64{0, 1}, Prompts: 1, Docs: 2, Positions: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +129,7 @@ func TestReadWorkload(t *testing.T) {
 	if qs, err := ReadQuestions(q); err != nil || fmt.Sprint(qs) != "[one? two?]" {
 		t.Fatalf("questions %q %v", qs, err)
 	}
-	if _, err := Run(nil, "", BuiltinPrompts(), Config{Ratios: []float64{2}}); err == nil {
+	if _, err := Run(context.Background(), nil, "", BuiltinPrompts(), Config{Ratios: []float64{2}}); err == nil {
 		t.Fatal("ratio 2 accepted")
 	}
 }

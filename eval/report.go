@@ -11,15 +11,29 @@ import (
 	"text/tabwriter"
 )
 
-// WriteTable writes the report as a table, one row per configuration.
+// WriteTable writes the report as a table, one row per configuration:
+// the quality columns, then the stack's TTFT figures (when measured), then
+// the model-only times.
 func (r Report) WriteTable(w io.Writer) error {
-	fmt.Fprintf(w, "CacheBlend quality and speed on %s (%d layers, check layer %d): %d prompts of %.0f tokens (%.0f in documents), K = %d\n\n",
+	fmt.Fprintf(w, "CacheBlend quality and speed on %s (%d layers, check layer %d): %d prompts of %.0f tokens (%.0f in documents), K = %d\n",
 		r.Model, r.Layers, r.CheckLayer, r.Prompts, r.PromptTokens, r.DocTokens, r.Positions)
+	if s := r.Stack; s != nil {
+		fmt.Fprintf(w, "TTFT through the stack: median of %d requests per configuration (%d per prompt) and as many full prefills, prompts of %.0f tokens there\n",
+			r.Prompts*s.Repeats, s.Repeats, s.PromptTokens)
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "rule\tratio\tfirst-token KL\tmean KL (K)\ttop-1\tgreedy K match\tfull ms\tblend ms\tspeedup\t")
+	head := "rule\tratio\tfirst-token KL\tmean KL (K)\ttop-1\tgreedy K match\t"
+	if r.Stack != nil {
+		head += "TTFT full ms\tTTFT blend ms\tTTFT speedup\tnon-prefix hit\t"
+	}
+	fmt.Fprintln(tw, head+"model full ms\tmodel blend ms\tmodel speedup\t")
 	for _, p := range r.Points {
-		fmt.Fprintf(tw, "%s\t%.2f\t%.5f\t%.5f\t%.3f\t%.2f\t%.1f\t%.1f\t%.2fx\t\n",
-			p.Rule, p.Ratio, p.FirstKL, p.MeanKL, p.Top1, p.GreedyMatch, p.FullMs, p.BlendMs, p.Speedup)
+		fmt.Fprintf(tw, "%s\t%.2f\t%.5f\t%.5f\t%.3f\t%.2f\t", p.Rule, p.Ratio, p.FirstKL, p.MeanKL, p.Top1, p.GreedyMatch)
+		if r.Stack != nil {
+			fmt.Fprintf(tw, "%.1f\t%.1f\t%.2fx\t%.0f\t", p.FullTTFTMs, p.BlendTTFTMs, p.TTFTSpeedup, p.NonPrefixHitTokens)
+		}
+		fmt.Fprintf(tw, "%.1f\t%.1f\t%.2fx\t\n", p.FullMs, p.BlendMs, p.ModelSpeedup)
 	}
 	return tw.Flush()
 }
@@ -44,13 +58,14 @@ func (r Report) curves() map[string][]Point {
 const klFloor = 1e-5
 
 // WriteSVG draws quality loss (mean first-token KL, log scale) against
-// speedup, one curve per selection rule, each point labelled with its
+// speedup (Point.Speedup: the stack's TTFT speedup when measured), one
+// curve per selection rule, each point labelled with its
 // recompute ratio, like the CacheBlend paper's figures.
 func (r Report) WriteSVG(w io.Writer) error {
 	const W, H, left, right, top, bottom = 720.0, 440.0, 80.0, 150.0, 50.0, 60.0
 	maxX, maxKL := 1.0, klFloor*10
 	for _, p := range r.Points {
-		maxX = math.Max(maxX, p.Speedup)
+		maxX = math.Max(maxX, p.Speedup())
 		maxKL = math.Max(maxKL, p.FirstKL)
 	}
 	maxX = math.Ceil(maxX + 0.25)
@@ -77,7 +92,11 @@ func (r Report) WriteSVG(w io.Writer) error {
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/><text x="%.1f" y="%.1f" text-anchor="end">1e%.0f</text>`+"\n",
 			left, y, W-right, y, left-6, y+4, e)
 	}
-	fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">prefill speedup over a full prefill (model only)</text>`+"\n", (left+W-right)/2, H-18)
+	xLabel := "prefill speedup over a full prefill (model only)"
+	if r.Stack != nil {
+		xLabel = "TTFT speedup over a full prefill (through the stack, median)"
+	}
+	fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", (left+W-right)/2, H-18, xLabel)
 	fmt.Fprintf(&b, `<text transform="translate(20,%.1f) rotate(-90)" text-anchor="middle">first-token KL(full ‖ blend), nats (log)</text>`+"\n", (top+H-bottom)/2)
 	colors := map[string]string{"hkvd": "#1f77b4", "random": "#ff7f0e"}
 	names := map[string]string{"hkvd": "HKVD (CacheBlend)", "random": "random tokens"}
@@ -86,13 +105,13 @@ func (r Report) WriteSVG(w io.Writer) error {
 		pts := curves[rule]
 		var path []string
 		for _, p := range pts {
-			path = append(path, fmt.Sprintf("%.1f,%.1f", px(p.Speedup), py(p.FirstKL)))
+			path = append(path, fmt.Sprintf("%.1f,%.1f", px(p.Speedup()), py(p.FirstKL)))
 		}
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", colors[rule], strings.Join(path, " "))
 		for _, p := range pts {
-			fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="4" fill="%s"/>`+"\n", px(p.Speedup), py(p.FirstKL), colors[rule])
+			fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="4" fill="%s"/>`+"\n", px(p.Speedup()), py(p.FirstKL), colors[rule])
 			if rule == "hkvd" || (p.Ratio > 0 && p.Ratio < 1) {
-				fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" fill="%s">%g</text>`+"\n", px(p.Speedup)+6, py(p.FirstKL)-6, colors[rule], p.Ratio)
+				fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" fill="%s">%g</text>`+"\n", px(p.Speedup())+6, py(p.FirstKL)-6, colors[rule], p.Ratio)
 			}
 		}
 		ly := top + 20 + float64(i)*20

@@ -1,6 +1,11 @@
 package worker
 
-import "syscall"
+import (
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
 
 // checkerNice is the checker thread's nice value: the lowest priority.
 const checkerNice = 19
@@ -10,4 +15,16 @@ const checkerNice = 19
 // for a thread id applies to that thread only.
 func lowerThreadPriority() error {
 	return syscall.Setpriority(syscall.PRIO_PROCESS, syscall.Gettid(), checkerNice)
+}
+
+// threadCPU is the calling thread's CPU time (user and system); ok is false
+// when it cannot be read. The checker's goroutine is locked to its thread
+// and computes on it alone (a one-thread model view), so the difference of
+// two readings is what a comparison cost in CPU.
+func threadCPU() (d time.Duration, ok bool) {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_THREAD, &ru) != nil {
+		return 0, false
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), true
 }

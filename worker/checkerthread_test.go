@@ -20,7 +20,7 @@ func threadNice(t *testing.T) int {
 	}
 	s := string(b)
 	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:]) // after "pid (comm) "
-	n, err := strconv.Atoi(fields[16])                              // field 19 of the whole line
+	n, err := strconv.Atoi(fields[16])                            // field 19 of the whole line
 	if err != nil {
 		t.Fatal(err)
 	}

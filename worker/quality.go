@@ -19,8 +19,8 @@ import (
 
 // Defaults of the online quality check's Config fields.
 const (
-	// DefaultQualityBudget is the share of wall time the checker may spend
-	// checking.
+	// DefaultQualityBudget is the share of one core's time the checker may
+	// spend checking (its thread's CPU time on Linux, else wall time).
 	DefaultQualityBudget = 0.25
 	// DefaultQualityPositions is K, the output positions compared.
 	DefaultQualityPositions = 4
@@ -108,9 +108,13 @@ func (w *Worker) checkQuality(q *qualitySampler) {
 			return
 		case j := <-q.jobs:
 			t0 := time.Now()
-			w.compareQuality(q, j)
+			c0, cpuOK := threadCPU()
+			w.compareQuality(q, j, c0, cpuOK)
 			d := time.Since(t0)
-			// At most budget of the wall time: no sample before t0 + d/budget.
+			if c1, ok := threadCPU(); ok && cpuOK {
+				d = c1 - c0 // the CPU it took: its waits for idle CPU cost nothing
+			}
+			// At most budget of one core: no sample before t0 + d/budget.
 			q.resume.Store(t0.Add(time.Duration(float64(d) / q.budget)).UnixNano())
 			q.busy.Store(false)
 		}
@@ -119,7 +123,8 @@ func (w *Worker) checkQuality(q *qualitySampler) {
 
 // compareQuality runs one comparison and records it: cb.quality, the root
 // of its own trace linked to the request's forward, and the metrics.
-func (w *Worker) compareQuality(q *qualitySampler, j qualityJob) {
+// c0 is the thread's CPU time before it (cpuOK: readable).
+func (w *Worker) compareQuality(q *qualitySampler, j qualityJob, c0 time.Duration, cpuOK bool) {
 	ctx := trace.ContextWithSpanContext(context.Background(), trace.SpanContext{})
 	_, sp := w.spans.Start(ctx, spanname.CBQuality, trace.WithNewRoot(), trace.WithLinks(trace.Link{SpanContext: j.link}),
 		trace.WithAttributes(attrRequestID.String(j.id)))
@@ -135,6 +140,9 @@ func (w *Worker) compareQuality(q *qualitySampler, j qualityJob) {
 		attribute.Float64("top1", r.Top1), attribute.Int("greedy_match", r.GreedyMatch), attribute.Int("positions", r.Positions),
 		attribute.Float64("recomp_ratio", j.ratio), attribute.Int("selected", j.selected),
 		attribute.Float64("full_ms", float64(r.FullTime)/float64(time.Millisecond)))
+	if c1, ok := threadCPU(); ok && cpuOK {
+		sp.SetAttributes(attribute.Float64("cpu_ms", float64(c1-c0)/float64(time.Millisecond)))
+	}
 	w.metrics.QualityCheck(metrics.QualityDone)
 	w.metrics.ObserveQuality(r.MeanKL, int(r.Top1*float64(r.Positions)+0.5), r.Positions)
 }

@@ -120,8 +120,11 @@ type QualityConfig struct {
 	// docs/design.md §13); 0 (the zero value) is off. Whole-model workers
 	// only.
 	SampleRate float64
-	// Budget is the share of wall time the quality checker may be busy;
-	// default DefaultQualityBudget.
+	// Budget is the share of one core the quality checker may use: after a
+	// check that took CPU time c (its thread's, on Linux; elsewhere wall
+	// time) no sample is taken for c/Budget. Default DefaultQualityBudget.
+	// The checker runs on its own thread at the lowest priority, so the
+	// budget bounds what it takes from idle time, not from requests.
 	Budget float64
 	// Positions is how many output positions a check compares; default
 	// DefaultQualityPositions.

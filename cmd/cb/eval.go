@@ -1,14 +1,19 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
+	"strconv"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/eval"
 	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/stack"
 )
 
 func init() { subcommands = append(subcommands, newEvalCmd) }
@@ -20,10 +25,12 @@ func newEvalCmd() *cobra.Command {
 		modelPath, docsDir, qs string
 		jsonPath, svgPath      string
 		maxKL                  float64
+		onStack, verbose       bool
+		sc                     eval.Stack
 	)
 	cmd := &cobra.Command{
 		Use:   "eval",
-		Short: "Measure CacheBlend's quality beside its speed on a model: KL from a full prefill and prefill speedup per recompute ratio and selection rule",
+		Short: "Measure CacheBlend's quality beside its speed on a model: KL from a full prefill and TTFT speedup through the stack per recompute ratio and selection rule",
 		Long: `Measure CacheBlend's two numbers on the built-in model or a GGUF file (--model): RAG prompts
 (the sample documents, or --documents DIR with --questions FILE, at varying offsets of chat-templated
 prompts) are run as a full prefill and blended — every document computed alone, moved into place
@@ -32,8 +39,19 @@ two selection rules: the check layer's KV deviation (HKVD, CacheBlend's) and ran
 same ratio; ratio 0 is full reuse without recompute. Printed per configuration: KL(full ‖ blend) of
 the next-token distribution at the first output token and over the first K tokens (both fed the
 full prefill's greedy continuation), top-1 agreement, the share of prompts whose K greedy tokens
-match, and the model-only prefill speedup (full prefill time over blended forward time, in this
-process). --json writes the report, --svg a chart of quality loss against speedup.`,
+match, and the speedup. By default (--stack) the speedup is measured through the real stack: cb eval
+starts it (as cb up: blend server, worker and engine as separate processes, serving the same
+model, on free loopback ports, the engine with --no-store and the worker with --blend-gate on and
+--quality-sample-rate 0), ingests the documents with POST /v1/documents and sends every prompt
+--repeats times per configuration with its "cacheblend" settings and as many times as a full
+prefill ("reuse": false), streaming; the TTFT speedup is the full prefills' median client-side
+time to the first token over the blended requests'. Every request is made unique (its number
+opens the system message) so that the engine's prefix cache serves none of it, and a request that
+reused nothing off the prefix fails the run. The quality is always measured in this process (the
+API returns no logits), beside the model-only speedup (full prefill time over blended forward
+time); --stack=false measures only that. The processes log into a file in the state directory's
+logs directory (--verbose: here). --json writes the report, --svg a chart of quality loss against
+speedup.`,
 		RunE: func(c *cobra.Command, _ []string) error {
 			var err error
 			if docsDir != "" {
@@ -51,7 +69,28 @@ process). --json writes the report, --svg a chart of quality loss against speedu
 				return err
 			}
 			defer closeFile()
-			rep, err := eval.Run(m, name, prompts, cfg)
+			ctx, stop := untilSignal(c.Context())
+			defer stop()
+			if onStack {
+				st, closeLogs, err := evalStack(ctx, modelPath, mcfg, verbose)
+				if err != nil {
+					return err
+				}
+				defer closeLogs()
+				defer func() {
+					sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+					defer cancel()
+					_ = st.Shutdown(sctx)
+				}()
+				sc.API = st.Endpoints().API()
+				sc.Model = defaults.Model
+				if modelPath != "" {
+					sc.Model = name
+				}
+				sc.Progress = os.Stderr
+				cfg.Stack = &sc
+			}
+			rep, err := eval.Run(ctx, m, name, prompts, cfg)
 			if err != nil {
 				return err
 			}
@@ -61,7 +100,11 @@ process). --json writes the report, --svg a chart of quality loss against speedu
 			}
 			for _, rule := range []string{"hkvd", "random"} {
 				if p, ok := rep.Cheapest(rule, maxKL); ok {
-					fmt.Fprintf(out, "\n%s: the fastest configuration with first-token KL <= %g is ratio %g: %.2fx (KL %.5f)", rule, maxKL, p.Ratio, p.Speedup, p.FirstKL)
+					kind := "model-only speedup"
+					if rep.Stack != nil {
+						kind = "TTFT speedup"
+					}
+					fmt.Fprintf(out, "\n%s: the fastest configuration with first-token KL <= %g is ratio %g: %.2fx %s (KL %.5f)", rule, maxKL, p.Ratio, p.Speedup(), kind, p.FirstKL)
 				}
 			}
 			fmt.Fprintln(out)
@@ -99,6 +142,10 @@ process). --json writes the report, --svg a chart of quality loss against speedu
 	f.StringVar(&jsonPath, "json", "", "write the report as JSON to this file")
 	f.StringVar(&svgPath, "svg", "", "write the chart (quality loss against speedup) as SVG to this file")
 	f.Float64Var(&maxKL, "max-kl", 0.01, "report the fastest configuration whose mean first-token KL is at most this")
+	f.BoolVar(&onStack, "stack", true, "measure the TTFT speedup through a stack cb eval starts (false: only the model-only speedup in this process)")
+	f.IntVar(&sc.Repeats, "repeats", eval.DefaultRepeats, "with --stack: times each prompt is sent per configuration, with reuse and as a full prefill (the median TTFT is reported)")
+	f.IntVar(&sc.MaxTokens, "max-tokens", eval.DefaultMaxTokens, "with --stack: tokens generated per request")
+	f.BoolVar(&verbose, "verbose", false, "with --stack: print the processes' log lines here instead of into a file in the state directory")
 	d := model.DefaultConfig()
 	f.IntVar(&mcfg.CheckLayer, "check-layer", d.CheckLayer, "CacheBlend check layer")
 	f.IntVar(&mcfg.Threads, "threads", 0, "compute threads (0: one per CPU)")
@@ -121,4 +168,53 @@ func evalModel(path string, cfg model.Config) (*model.Model, string, eval.Prompt
 		return nil, "", eval.Prompts{}, nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return m, mf.Name, eval.FilePrompts(mf), closeFile, nil
+}
+
+// evalStack starts the stack cb eval measures TTFT on: the model of path
+// (empty: the built-in model with cfg's check layer), no prompt stored
+// (only the documents: every reuse is of documents computed alone), the
+// blend gate forced on (eval measures blending whatever the gate would say) and
+// no online quality checks (their full prefills would share the CPU), on
+// free loopback ports, tracing as the environment says. The returned func
+// closes the log file.
+func evalStack(ctx context.Context, path string, cfg model.Config, verbose bool) (*stack.Stack, func(), error) {
+	up := stack.UpConfig{
+		APIAddr:    "127.0.0.1:0",
+		ModelPath:  path,
+		EngineArgs: []string{"--no-store"},
+		WorkerArgs: []string{"--blend-gate=on", "--quality-sample-rate=0"},
+	}
+	if cfg.CheckLayer != model.DefaultConfig().CheckLayer {
+		up.WorkerArgs = append(up.WorkerArgs, "--check-layer="+strconv.Itoa(cfg.CheckLayer))
+	}
+	closeLogs := func() {}
+	if !verbose {
+		logs, err := evalLogFile()
+		if err != nil {
+			return nil, nil, err
+		}
+		up.Supervisor.Logs = logs
+		closeLogs = func() { _ = logs.Close() }
+		fmt.Fprintf(os.Stderr, "logs of the processes: %s (--verbose prints them here)\n", logs.Name())
+	}
+	t0 := time.Now()
+	st, err := stack.Up(ctx, up)
+	if err != nil {
+		closeLogs()
+		return nil, nil, fmt.Errorf("eval: start the stack: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "stack up in %.1fs: %s\n", time.Since(t0).Seconds(), st.Endpoints().API())
+	return st, closeLogs, nil
+}
+
+// evalLogFile opens the file the stack's processes log into: in the logs
+// directory of the default state directory, else of a new temporary one.
+func evalLogFile() (*os.File, error) {
+	dir, err := stack.DefaultStateDir()
+	if err != nil {
+		if dir, err = os.MkdirTemp("", "cb-eval-"); err != nil {
+			return nil, fmt.Errorf("eval: log directory: %w", err)
+		}
+	}
+	return stack.OpenLogFile(dir, "eval")
 }

@@ -60,7 +60,7 @@ func newWorkerCmd() *cobra.Command {
 	f.StringVar(&cfg.Quality.Gate, "blend-gate", worker.GateAuto, "CacheBlend blend gate: auto (at start, blend sample documents and compare with a full prefill; blending off for the model above --blend-gate-kl), on, off (forced either way, no check)")
 	f.Float64Var(&cfg.Quality.GateKL, "blend-gate-kl", worker.DefaultBlendGateKL, "the blend gate's threshold: mean KL (nats) between the next-token distributions of a full prefill and a blend")
 	f.Float64Var(&cfg.Quality.SampleRate, "quality-sample-rate", 0.01, "share of blended prefills whose quality is checked online against a full prefill, off the request's path (cb.quality, lmcache_blend_quality_kl); 0: off")
-	f.Float64Var(&cfg.Quality.Budget, "quality-budget", worker.DefaultQualityBudget, "share of wall time the online quality checker may be busy (samples beyond are dropped and counted)")
+	f.Float64Var(&cfg.Quality.Budget, "quality-budget", worker.DefaultQualityBudget, "share of one core the online quality checker may use, in its thread's CPU time (samples beyond are dropped and counted); it runs at the lowest priority")
 	f.IntVar(&cfg.Quality.Positions, "quality-positions", worker.DefaultQualityPositions, "output positions an online quality check compares (teacher-forced)")
 	f.IntVar(&wf.tpSize, "tp", 1, "tensor-parallel ranks: the worker runs as this many rank processes (this one is rank 0), each with 1/N of the heads and SwiGLU columns and its own KV memory")
 	f.IntVar(&wf.tpRank, "tp-rank", 0, "internal: the rank of a process started by a --tp worker (descriptors 3 and 4 are its segment and step socket)")

@@ -263,6 +263,8 @@ const (
 	// the full prefill and compares the next-token distributions over positions tokens
 	// (teacher-forced on the full prefill's greedy continuation): first_kl at the first output
 	// token, mean_kl over all, top1 the share of positions whose most likely token agrees,
-	// greedy_match the leading positions that agree.
+	// greedy_match the leading positions that agree. full_ms is the full prefill's wall time,
+	// cpu_ms the CPU the whole check took on the checker's thread (Linux): the checker runs at the
+	// lowest priority, so full_ms includes its waits for idle CPU and its budget counts cpu_ms.
 	CBQuality = "cb.quality"
 )
