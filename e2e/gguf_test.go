@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -188,6 +189,25 @@ func TestGGUFBlendGate(t *testing.T) {
 		t.Fatalf("cb.request blend_off %q", off)
 	}
 	t.Logf("blend_off: %s", req.Attributes["blend_off"].String())
+
+	// cb eval --gate runs the same check: it fails this model (exit status
+	// 1, the reason printed) and passes the built-in one.
+	for _, tc := range []struct {
+		name string
+		args []string
+		ok   bool
+	}{
+		{"random GGUF model fails", []string{"eval", "--gate", "--model", ggufModel(t)}, false},
+		{"built-in model passes", []string{"eval", "--gate"}, true},
+	} {
+		out, err := exec.Command(cbBin, tc.args...).CombinedOutput()
+		if (err == nil) != tc.ok || !strings.Contains(string(out), "blend gate on ") {
+			t.Fatalf("%s: cb %v: %v\n%s", tc.name, tc.args, err, out)
+		}
+		if !tc.ok && !strings.Contains(string(out), "blend gate failed: mean KL") {
+			t.Fatalf("%s: no reason printed:\n%s", tc.name, out)
+		}
+	}
 }
 
 func TestGGUFStack(t *testing.T) {

@@ -49,12 +49,9 @@ type gateResult struct {
 	Off      string        // why blending is off ("" when on)
 }
 
-// runGate runs the blend gate on m (a whole model) as cfg asks: in auto
-// mode it blends the sample documents into two prompts, compares them with
-// full prefills over four teacher-forced positions (quality.Blend, at the
-// model's own check layer and ratio) and fails when the mean KL is above
-// cfg.Quality.GateKL. encode tokenizes text as the engine would (bos < 0: no
-// BOS).
+// runGate runs the blend gate on m (a whole model) as cfg asks: forced
+// either way, or CheckBlendGate at cfg.Quality.GateKL. encode tokenizes text
+// as the engine would (bos < 0: no BOS).
 func runGate(m *model.Model, cfg Config, encode func(string) []int32, bos int32) (gateResult, error) {
 	switch cfg.Quality.Gate {
 	case GateOn:
@@ -62,6 +59,20 @@ func runGate(m *model.Model, cfg Config, encode func(string) []int32, bos int32)
 	case GateOff:
 		return gateResult{Outcome: gateForcedOff, Off: "blending forced off (--blend-gate off)"}, nil
 	}
+	return CheckBlendGate(m, encode, bos, cfg.Quality.GateKL)
+}
+
+// GateResult is the outcome of the blend gate's check (CheckBlendGate).
+type GateResult = gateResult
+
+// CheckBlendGate is the blend gate's self-check, as a worker runs it at
+// start with --blend-gate auto (and cb eval --gate): it blends the sample
+// documents into two prompts, compares them with full prefills over four
+// teacher-forced positions (quality.Blend, at m's own check layer and
+// ratio) and fails when the mean KL is above maxKL. m must be a whole
+// model; encode tokenizes text as the engine would, bos is prepended when
+// >= 0. It only reads m and may run concurrently with its other calls.
+func CheckBlendGate(m *model.Model, encode func(string) []int32, bos int32, maxKL float64) (GateResult, error) {
 	t0 := time.Now()
 	prefix := encode("Answer the question from the documents.\n")
 	if bos >= 0 {
@@ -88,9 +99,9 @@ func runGate(m *model.Model, cfg Config, encode func(string) []int32, bos int32)
 	r.Top1 /= float64(r.Cases)
 	r.Duration = time.Since(t0)
 	r.Outcome = gatePassed
-	if r.KL > cfg.Quality.GateKL {
+	if r.KL > maxKL {
 		r.Outcome = gateFailed
-		r.Off = fmt.Sprintf("blend gate failed: mean KL %.4g nats from a full prefill on the sample documents, above %.4g (--blend-gate-kl)", r.KL, cfg.Quality.GateKL)
+		r.Off = fmt.Sprintf("blend gate failed: mean KL %.4g nats from a full prefill on the sample documents, above %.4g (--blend-gate-kl)", r.KL, maxKL)
 	}
 	return r, nil
 }

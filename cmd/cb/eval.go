@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -14,6 +15,8 @@ import (
 	"github.com/cacheblend/cacheblend/eval"
 	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/stack"
+	"github.com/cacheblend/cacheblend/tokenizer"
+	"github.com/cacheblend/cacheblend/worker"
 )
 
 func init() { subcommands = append(subcommands, newEvalCmd) }
@@ -27,6 +30,8 @@ func newEvalCmd() *cobra.Command {
 		maxKL                  float64
 		onStack, verbose       bool
 		sc                     eval.Stack
+		gate                   bool
+		gateKL                 float64
 	)
 	cmd := &cobra.Command{
 		Use:   "eval",
@@ -69,6 +74,9 @@ speedup.`,
 				return err
 			}
 			defer closeFile()
+			if gate {
+				return evalGate(c, m, name, modelPath, gateKL)
+			}
 			ctx, stop := untilSignal(c.Context())
 			defer stop()
 			if onStack {
@@ -142,6 +150,8 @@ speedup.`,
 	f.StringVar(&jsonPath, "json", "", "write the report as JSON to this file")
 	f.StringVar(&svgPath, "svg", "", "write the chart (quality loss against speedup) as SVG to this file")
 	f.Float64Var(&maxKL, "max-kl", 0.01, "report the fastest configuration whose mean first-token KL is at most this")
+	f.BoolVar(&gate, "gate", false, "run only the blend gate's self-check (the one cb worker --blend-gate auto runs at start) on the model and print its outcome; exit status 1 when it fails")
+	f.Float64Var(&gateKL, "blend-gate-kl", worker.DefaultBlendGateKL, "with --gate: the gate's threshold (mean KL in nats), as cb worker's")
 	f.BoolVar(&onStack, "stack", true, "measure the TTFT speedup through a stack cb eval starts (false: only the model-only speedup in this process)")
 	f.IntVar(&sc.Repeats, "repeats", eval.DefaultRepeats, "with --stack: times each prompt is sent per configuration, with reuse and as a full prefill (the median TTFT is reported)")
 	f.IntVar(&sc.MaxTokens, "max-tokens", eval.DefaultMaxTokens, "with --stack: tokens generated per request")
@@ -168,6 +178,35 @@ func evalModel(path string, cfg model.Config) (*model.Model, string, eval.Prompt
 		return nil, "", eval.Prompts{}, nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return m, mf.Name, eval.FilePrompts(mf), closeFile, nil
+}
+
+// evalGate runs the blend gate's self-check on m (the model of path, the
+// built-in one when empty) and prints its outcome; a failed gate is an
+// error (exit status 1).
+func evalGate(c *cobra.Command, m *model.Model, name, path string, maxKL float64) error {
+	var tok tokenizer.Tokenizer
+	encode, bos := tok.Encode, tok.BOS()
+	if path != "" {
+		mf, closeFile, err := openModelFile(path)
+		if err != nil {
+			return err
+		}
+		defer closeFile()
+		encode, bos = mf.Vocab.Encode, -1
+		if mf.AddBOS {
+			bos = mf.BOS
+		}
+	}
+	r, err := worker.CheckBlendGate(m, encode, bos, maxKL)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.OutOrStdout(), "blend gate on %s: %s — mean KL %.4g nats from a full prefill (threshold %g), top-1 agreement %.2f, %d prompts, %v\n",
+		name, r.Outcome, r.KL, maxKL, r.Top1, r.Cases, r.Duration.Round(time.Millisecond))
+	if r.Off != "" {
+		return errors.New(r.Off)
+	}
+	return nil
 }
 
 // evalStack starts the stack cb eval measures TTFT on: the model of path
