@@ -61,6 +61,13 @@ type Config struct {
 	// Shape is the served model's shape, for the model-only speedup
 	// ceiling the report compares the median speedup with; zero: none.
 	Shape Shape
+	// QualityOff says why the stack's workers cannot check a request's
+	// quality against a full prefill (e.g. "the workers run with
+	// --quality-sample-rate 0"); "" (the default): every request with
+	// reuse asks for the worker's online quality check ("cacheblend":
+	// {"quality_check": true}) and the report shows its cb.quality figures
+	// (read from QueryURL, waiting at most TraceWait for each).
+	QualityOff string
 }
 
 // Shape is the shape of the served model that bounds the CacheBlend
@@ -115,6 +122,20 @@ type Result struct {
 	// verdict on its trace, like Check.
 	FullLookup string `json:"full_lookup,omitempty"`
 	FullCheck  string `json:"full_check"`
+	// Quality is the worker's online check of the request with reuse against a full
+	// prefill (its cb.quality span); nil when there is none, and QualityNote says why
+	// ("not run: …", "not sampled: …", "dropped: …", "not found: …", "failed: …").
+	Quality     *QualityCheck `json:"quality"`
+	QualityNote string        `json:"quality_note,omitempty"`
+	// Both requests decode greedily (temperature 0): Output and FullOutput are their
+	// generated texts, SameOutput whether they are equal, MatchChunks how many leading
+	// streamed chunks agree of OutputChunks (the request with reuse's; a chunk is a token,
+	// or the tokens of one UTF-8 character).
+	Output       string `json:"output"`
+	FullOutput   string `json:"full_output"`
+	SameOutput   bool   `json:"same_output"`
+	MatchChunks  int    `json:"match_chunks"`
+	OutputChunks int    `json:"output_chunks"`
 
 	trace *tracecheck.Trace
 }
@@ -160,6 +181,15 @@ type Report struct {
 	MedianSpeedup float64 `json:"median_speedup"`
 	Shape         *Shape  `json:"model_shape,omitempty"`
 	Ceiling       float64 `json:"ceiling,omitempty"`
+	// QualityChecks counts the requests with a quality check's figures;
+	// MeanFirstKL is their mean first-token KL (nats), nil without any, and
+	// Top1Agree of Top1Positions their top-1 agreement. SameOutputs counts
+	// the requests whose greedy output equals their baseline's.
+	QualityChecks int      `json:"quality_checks"`
+	MeanFirstKL   *float64 `json:"mean_first_kl"`
+	Top1Agree     int      `json:"top1_agree"`
+	Top1Positions int      `json:"top1_positions"`
+	SameOutputs   int      `json:"same_outputs"`
 }
 
 // NodeStats is one node's share of the demo's requests with reuse.
@@ -212,6 +242,28 @@ func (r *Report) Summarize() {
 		r.Nodes = append(r.Nodes, *n)
 	}
 	slices.SortFunc(r.Nodes, func(a, b NodeStats) int { return strings.Compare(a.Engine, b.Engine) })
+}
+
+// summarizeQuality fills the quality totals from Requests.
+func (r *Report) summarizeQuality() {
+	r.QualityChecks, r.MeanFirstKL, r.Top1Agree, r.Top1Positions, r.SameOutputs = 0, nil, 0, 0, 0
+	var kl float64
+	for _, q := range r.Requests {
+		if q.SameOutput {
+			r.SameOutputs++
+		}
+		if q.Quality == nil {
+			continue
+		}
+		r.QualityChecks++
+		kl += q.Quality.FirstKL
+		r.Top1Agree += q.Quality.Top1Agree()
+		r.Top1Positions += q.Quality.Positions
+	}
+	if r.QualityChecks > 0 {
+		m := kl / float64(r.QualityChecks)
+		r.MeanFirstKL = &m
+	}
 }
 
 // ChecksPassed reports whether the traces of every request, with reuse and
@@ -270,8 +322,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.TraceWait <= 0 {
 		cfg.TraceWait = DefaultTraceWait
 	}
-	c := apiclient.New(cfg.API, apiclient.Config{APIKey: cfg.APIKey, HTTPClient: &http.Client{Timeout: 5 * time.Minute}})
+	hc := &http.Client{Timeout: 5 * time.Minute}
+	c := apiclient.New(cfg.API, apiclient.Config{APIKey: cfg.APIKey, HTTPClient: hc})
 	if err := c.WaitHealthy(ctx, 60*time.Second); err != nil {
+		return nil, fmt.Errorf("demo: %w", err)
+	}
+	chat := &chatClient{base: cfg.API, apiKey: cfg.APIKey, hc: hc}
+	qc, err := newQualityReader(cfg)
+	if err != nil {
 		return nil, fmt.Errorf("demo: %w", err)
 	}
 	docs := Documents()
@@ -293,33 +351,40 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		for j, k := range perm {
 			picked[j], ids[j] = docs[k], docs[k].ID
 		}
-		q := apiclient.ChatRequest{Model: cfg.Model, Content: Prompt(picked, questions[i%len(questions)]), MaxTokens: cfg.MaxTokens, IgnoreEOS: true}
+		q := chatRequest{model: cfg.Model, content: Prompt(picked, questions[i%len(questions)]), maxTokens: cfg.MaxTokens,
+			qualityCheck: qc.on()}
 		bar.step(fmt.Sprintf("request %d/%d with reuse", i+1, cfg.Requests))
-		reuse, err := c.ChatStream(ctx, q)
+		reuse, err := chat.stream(ctx, q)
 		if err != nil {
-			return nil, fmt.Errorf("demo: chat: %w", err)
+			return nil, fmt.Errorf("demo: %w", err)
 		}
+		// The check runs on the worker after the request: waited for here, so that it
+		// does not share the machine with the baseline's prefill (and slow it).
+		check, note := qc.read(ctx, reuse)
 		bar.step(fmt.Sprintf("request %d/%d full prefill", i+1, cfg.Requests))
-		q.NoReuse = true
-		full, err := c.ChatStream(ctx, q)
+		q.noReuse, q.qualityCheck = true, false
+		full, err := chat.stream(ctx, q)
 		if err != nil {
-			return nil, fmt.Errorf("demo: chat: %w", err)
+			return nil, fmt.Errorf("demo: %w", err)
 		}
-		speedups = append(speedups, full.TTFT.Seconds()/reuse.TTFT.Seconds())
-		rep.Requests = append(rep.Requests, Result{
-			RequestID: reuse.RequestID, TraceID: reuse.TraceID, FullTraceID: full.TraceID, Documents: ids,
-			PromptTokens: reuse.PromptTokens,
-			TTFTReuse:    reuse.TTFT.Seconds(), TTFTFull: full.TTFT.Seconds(), Speedup: speedups[i],
-			Engine: reuse.Engine, FullEngine: full.Engine,
-		})
+		speedups = append(speedups, full.ttft.Seconds()/reuse.ttft.Seconds())
+		res := Result{
+			RequestID: reuse.requestID, TraceID: reuse.traceID, FullTraceID: full.traceID, Documents: ids,
+			PromptTokens: reuse.promptTokens,
+			TTFTReuse:    reuse.ttft.Seconds(), TTFTFull: full.ttft.Seconds(), Speedup: speedups[i],
+			Engine: reuse.engine, FullEngine: full.engine,
+			Quality: check, QualityNote: note,
+		}
+		res.compareOutputs(reuse.tokens, full.tokens)
+		rep.Requests = append(rep.Requests, res)
 	}
 	bar.done()
 	rep.MedianSpeedup = Median(speedups)
+	rep.summarizeQuality()
 	if c := cfg.Shape.Ceiling(); c > 0 {
 		m := cfg.Shape
 		rep.Shape, rep.Ceiling = &m, c
 	}
-	var err error
 	if cfg.QueryURL == "" {
 		for i := range rep.Requests {
 			rep.Requests[i].Check = "not run: no trace query URL"
@@ -506,11 +571,11 @@ func (r *Report) Print(w io.Writer) {
 		}
 		return fmt.Sprintf(" %-21s", cmp.Or(e, "-"))
 	}
-	fmt.Fprintf(w, "\n%-4s %-26s %10s %10s %8s %9s %8s %8s %10s %5s %6s %-8s%s\n",
-		"#", "request", "ttft reuse", "ttft full", "speedup", "overhead", "hit", "prefix", "non-prefix", "imp", "spans", "services", node("node"))
+	fmt.Fprintf(w, "\n%-4s %-26s %10s %10s %8s %-13s %-6s %9s %8s %8s %10s %5s %6s %-8s%s\n",
+		"#", "request", "ttft reuse", "ttft full", "speedup", "KL · top-1", "output", "overhead", "hit", "prefix", "non-prefix", "imp", "spans", "services", node("node"))
 	for i, q := range r.Requests {
-		fmt.Fprintf(w, "%-4d %-26s %9.0fms %9.0fms %7.2fx %9s %8s %8s %10s %5s %6d %-8d%s\n",
-			i+1, short(q.RequestID, 26), q.TTFTReuse*1000, q.TTFTFull*1000, q.Speedup, overhead(q),
+		fmt.Fprintf(w, "%-4d %-26s %9.0fms %9.0fms %7.2fx %-13s %-6s %9s %8s %8s %10s %5s %6d %-8d%s\n",
+			i+1, short(q.RequestID, 26), q.TTFTReuse*1000, q.TTFTFull*1000, q.Speedup, qualityCell(q), outputCell(q), overhead(q),
 			pct(q.HitRate), num(q.PrefixHitTokens), num(q.NonPrefixHitTokens), num(q.ImpCount), q.Spans, len(q.Services), node(q.Engine))
 	}
 	if len(r.Requests) > 0 {
@@ -519,8 +584,21 @@ func (r *Report) Print(w io.Writer) {
 			fmt.Fprintf(w, "; model-only ceiling L/(cl+1+(L-cl-1)·r) = %.2fx (L=%d, cl=%d, r=%.2f): %.2f of it",
 				r.Ceiling, r.Shape.Layers, r.Shape.CheckLayer, r.Shape.RecompRatio, r.MedianSpeedup/r.Ceiling)
 		}
-		fmt.Fprintln(w)
+		if r.MeanFirstKL != nil {
+			fmt.Fprintf(w, "; quality: mean first-token KL %.4f over %d checks, top-1 %d/%d", *r.MeanFirstKL, r.QualityChecks, r.Top1Agree, r.Top1Positions)
+		} else {
+			fmt.Fprint(w, "; quality: no check")
+		}
+		fmt.Fprintf(w, "; greedy output = the full prefill's in %d/%d\n", r.SameOutputs, len(r.Requests))
 		fmt.Fprintln(w, "(overhead: the reuse request's TTFT beyond its prefill's cb.model_forward time, and its share of the TTFT)")
+		fmt.Fprintln(w, "(KL · top-1: the worker's check of the reuse request against a full prefill of the same prompt (cb.quality):")
+		fmt.Fprintln(w, " KL(full ‖ reuse) of the first output token in nats, and the output positions whose most likely token")
+		fmt.Fprintln(w, " agrees; output: \"same\" when the greedy output equals the full prefill's, else its leading streamed tokens that do)")
+		for i, q := range r.Requests {
+			if q.Quality == nil && q.QualityNote != "" {
+				fmt.Fprintf(w, "  %d. quality %s\n", i+1, q.QualityNote)
+			}
+		}
 	}
 	if routed {
 		fmt.Fprintln(w, "\nRouting — the node (engine) that served each request with reuse, and its hit rate:")
@@ -656,6 +734,25 @@ func (p *progress) done() {
 	if p.w != nil {
 		fmt.Fprintf(p.w, "\r[%s] %d/%d %-36s %5.1fs\n", strings.Repeat("#", 30), p.n, p.n, "done", time.Since(p.start).Seconds())
 	}
+}
+
+// qualityCell renders a request's quality check for the table: first-token KL and top-1
+// agreement, else the first word of why there is none ("dropped", "not sampled", …).
+func qualityCell(q Result) string {
+	if c := q.Quality; c != nil {
+		return fmt.Sprintf("%.4f %d/%d", c.FirstKL, c.Top1Agree(), c.Positions)
+	}
+	note, _, _ := strings.Cut(q.QualityNote, ":")
+	return cmp.Or(note, "-")
+}
+
+// outputCell renders the greedy-output comparison: "same", else the leading streamed
+// chunks that agree.
+func outputCell(q Result) string {
+	if q.SameOutput {
+		return "same"
+	}
+	return fmt.Sprintf("%d/%d", q.MatchChunks, q.OutputChunks)
 }
 
 // overhead renders the serving path's share of a reuse request's TTFT:

@@ -161,16 +161,43 @@ func (c *Checker) Snapshot(kv *kvcache.Memory, bt []int32, prompt []int32, logit
 			return fmt.Errorf("quality: block %d outside the KV memory's %d", b, l.NumBlocks)
 		}
 	}
-	if c.own == nil || c.own.Layout().NumBlocks < ol.NumBlocks {
-		c.Close()
-		own, err := kvcache.Create("", ol)
-		if err != nil {
-			return fmt.Errorf("quality: KV memory: %w", err)
-		}
-		c.own = own
+	if err := c.grow(ol); err != nil {
+		return err
 	}
 	copyServed(c.m, kv, bt, c.own, blocks(per, per), n)
 	c.prompt, c.logits, c.k = append(c.prompt[:0], prompt...), append(c.logits[:0], logits...), k
+	return nil
+}
+
+// Reserve allocates the Checker's memory for prompts of up to tokens
+// tokens compared over k positions, and touches every page of it, so that
+// a Snapshot of such a prompt only copies: the allocation and the page
+// faults (tens of milliseconds for a few thousand tokens) happen here, off
+// the request whose KV Snapshot copies.
+func (c *Checker) Reserve(tokens, k int) error {
+	per := blocksFor(max(tokens, 1) + max(k, 1))
+	if err := c.grow(c.m.KVLayout(2*per, blockSize)); err != nil {
+		return err
+	}
+	for l := range c.own.Layout().NumLayers {
+		clear(c.own.K(l))
+		clear(c.own.V(l))
+	}
+	return nil
+}
+
+// grow replaces the Checker's memory with one of layout l when it holds
+// fewer blocks.
+func (c *Checker) grow(l kvcache.Layout) error {
+	if c.own != nil && c.own.Layout().NumBlocks >= l.NumBlocks {
+		return nil
+	}
+	c.Close()
+	own, err := kvcache.Create("", l)
+	if err != nil {
+		return fmt.Errorf("quality: KV memory: %w", err)
+	}
+	c.own = own
 	return nil
 }
 

@@ -120,3 +120,47 @@ func TestChecker(t *testing.T) {
 		t.Fatal("a block outside the memory accepted")
 	}
 }
+
+// Reserve makes the memory ready for prompts up to its size: a Snapshot
+// within it keeps the memory (only copies), a longer one grows it.
+func TestCheckerReserve(t *testing.T) {
+	m := smallModel(t)
+	c := NewChecker(m)
+	defer c.Close()
+	if err := c.Reserve(200, 4); err != nil {
+		t.Fatal(err)
+	}
+	reserved := c.own
+	kv, err := kvcache.Create("", m.KVLayout(40, 16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kv.Close()
+	for _, tc := range []struct {
+		name string
+		n    int
+		same bool
+	}{
+		{"within the reservation", 150, true},
+		{"at its size", 200, true},
+		{"longer: grown", 400, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prompt := randDoc(rand.New(rand.NewPCG(uint64(tc.n), 3)), tc.n)
+			bt := blocks(0, blocksFor(tc.n))
+			logits, err := m.Prefill(kv, model.PrefillInput{Tokens: prompt, BlockTable: bt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Snapshot(kv, bt, prompt, logits, 4); err != nil {
+				t.Fatal(err)
+			}
+			if (c.own == reserved) != tc.same {
+				t.Fatalf("memory kept %v, want %v", c.own == reserved, tc.same)
+			}
+			if r, err := c.Compare(); err != nil || r.MaxKL > 1e-6 {
+				t.Fatalf("compare %+v %v", r, err)
+			}
+		})
+	}
+}

@@ -29,6 +29,8 @@ type QueryStats struct {
 //	GET /api/traces?service=&operation=&tags=&start=&end=&lookback=&minDuration=&maxDuration=&limit=
 //	GET /api/traces/{traceID}               one trace (404 when unknown)
 //	GET /api/traces/{traceID}/breakdown     where the time went ([Breakdown])
+//	GET /api/traces/{traceID}/linked?limit= spans of other traces linking to it ([LinkedSpan]),
+//	                                        e.g. the request's cb.quality check; 200 with none
 //	GET /api/requests?limit=&offset=        the request index ([RequestSummary]), newest first
 //	GET /api/requests?traceID=              the index row of one trace
 //	GET /api/stats                          store and receiver counters
@@ -45,6 +47,7 @@ func NewQueryHandler(store *Store, recv *Receiver) http.Handler {
 	mux.HandleFunc("GET /api/traces", h.findTraces)
 	mux.HandleFunc("GET /api/traces/{id}", h.trace)
 	mux.HandleFunc("GET /api/traces/{id}/breakdown", h.breakdown)
+	mux.HandleFunc("GET /api/traces/{id}/linked", h.linked)
 	mux.HandleFunc("GET /api/requests", h.requests)
 	mux.HandleFunc("GET /api/stats", h.stats)
 	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
@@ -154,6 +157,24 @@ func serveTrace[T any](w http.ResponseWriter, r *http.Request, get func(id strin
 		return
 	}
 	writeJSON(w, http.StatusOK, jaeger.Response[T]{Data: v, Total: 1})
+}
+
+func (h *queryHandler) linked(w http.ResponseWriter, r *http.Request) {
+	limit, err := intParam(r, "limit", DefaultLinkedLimit)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "limit: "+err.Error())
+		return
+	}
+	if limit == 0 {
+		limit = DefaultLinkedLimit
+	}
+	id := r.PathValue("id")
+	spans, total, ok := h.store.LinkedFrom(id, limit)
+	if !ok {
+		writeError(w, http.StatusBadRequest, "malformed trace id "+strconv.Quote(id))
+		return
+	}
+	writeJSON(w, http.StatusOK, jaeger.Response[[]LinkedSpan]{Data: spans, Total: total, Limit: limit})
 }
 
 var errBadInt = errors.New("not a non-negative integer")

@@ -18,7 +18,10 @@
 //     that talk to Jaeger work against it), plus /api/requests (the request index:
 //     request id, trace id, TTFT, hit rate, duration), /api/traces/{id}/breakdown
 //     ([Breakdown]: self time per span, time per process and phase summing to the root's
-//     duration, the critical path) and the web page, served from embedded files.
+//     duration, the critical path), /api/traces/{id}/linked (the spans of other traces that
+//     link to it, from the store's link index: e.g. the worker's cb.quality check of a
+//     request, shown on the request's page next to its reuse) and the web page, served
+//     from embedded files.
 //   - [Collector]: both listeners (127.0.0.1:4318 and 127.0.0.1:16686 by default) with
 //     Start/Shutdown.
 //

@@ -143,9 +143,13 @@ var (
 	spanOverhead = int64(unsafe.Sizeof(span{})) + 16 + 64 + 80 + 16
 	attrOverhead = int64(unsafe.Sizeof(attr{}))
 	eventSize    = int64(unsafe.Sizeof(event{}))
-	linkSize     = int64(unsafe.Sizeof(link{}))
+	// linkSize: the link, and its entry in the store's link index (linkindex.go).
+	linkSize = int64(unsafe.Sizeof(link{})) + linkIndexEntry
 	// traceOverhead: traceRec, its list element, skip-list node, map entries and memo.
 	traceOverhead = int64(unsafe.Sizeof(traceRec{})) + 48 + 160 + 64 + 48 + 512
+	// linkIndexEntry: one entry of the link index (its map slot, and a share of the
+	// per-trace map it sits in).
+	linkIndexEntry = int64(unsafe.Sizeof(spanRef{})) + 8 + 64
 	// sharedEntry: one entry of traceRec.shared.
 	sharedEntry = int64(64)
 )

@@ -143,6 +143,7 @@ type Store struct {
 	nSpans   int
 	bytes    int64
 	services map[string]*serviceRec
+	links    linkIndex  // linked trace id -> the stored spans of other traces linking to it
 	stats    StoreStats // counters only; Traces/Spans/Bytes filled on read
 }
 
@@ -186,6 +187,7 @@ func NewStore(cfg StoreConfig) *Store {
 			valueBytes: cfg.MaxAttributeValueBytes},
 		traces:   make(map[pcommon.TraceID]*traceRec),
 		services: make(map[string]*serviceRec),
+		links:    make(linkIndex),
 	}
 	s.byStart.init()
 	return s
@@ -409,9 +411,11 @@ func (s *Store) noteSpanLocked(sp *span) {
 	}
 	svc.spans++
 	svc.ops[opKey{sp.name, sp.kind}]++
+	s.links.add(sp)
 }
 
 func (s *Store) forgetSpanLocked(sp *span) {
+	s.links.remove(sp)
 	svc := s.services[sp.res.service]
 	if svc == nil {
 		return

@@ -45,6 +45,11 @@ func TestWebUIInChromium(t *testing.T) {
 			t.Fatalf("request %d: %+v", i, res)
 		}
 	}
+	// The worker's quality check of req-a: its own trace, linked to req-a's forward.
+	check := tracetest.Quality{RequestID: "req-a", Start: base.Add(500 * time.Millisecond)}
+	if res := store.Add(check.Traces()); res.Accepted != 1 {
+		t.Fatalf("quality check: %+v", res)
+	}
 	srv := httptest.NewServer(NewQueryHandler(store, NewReceiver(store, ReceiverConfig{})))
 	defer srv.Close()
 
@@ -97,12 +102,12 @@ func TestWebUIInChromium(t *testing.T) {
 	); err != nil {
 		t.Fatalf("loading the request list: %v", err)
 	}
-	rowIDs, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll('#requests tbody tr')].map(r => r.children[1].textContent)`))
+	rowIDs, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll('#requests tbody tr')].map(r => r.children[1].textContent + ' ' + r.children[3].textContent)`))
 	if err != nil {
 		t.Fatalf("reading the request list: %v", err)
 	}
-	if strings.Join(rowIDs, ",") != "req-c,req-b,req-a" {
-		t.Fatalf("request list = %v, want newest first req-c,req-b,req-a", rowIDs)
+	if got, want := strings.Join(rowIDs, ","), "req-c chat m1,req-b chat m1,req-a cb.quality,req-a chat m1"; got != want {
+		t.Fatalf("request list = %v, want newest first %s", got, want)
 	}
 
 	if list, err := chromedp.Run(ctx, chromedp.FullScreenshot(100)); err == nil {
@@ -176,6 +181,28 @@ func TestWebUIInChromium(t *testing.T) {
 		t.Fatalf("breakdown rows sum to %.3f ms, total shows %s ms (%s ns); root is %.3f ms", sum, pd.TotalText, pd.TotalNs, rootMs)
 	}
 
+	// The quality check next to the reuse facts, with a link to its trace.
+	type qualityData struct {
+		Text string `json:"text"`
+		Href string `json:"href"`
+		KL   string `json:"kl"`
+	}
+	qd, err := chromedp.Run(ctx, chromedp.Evaluate[qualityData](`(() => {
+		const q = document.querySelector('#linked .quality');
+		return q ? { text: q.textContent, href: q.querySelector('a').getAttribute('href'), kl: q.dataset.firstKl } : { text: '', href: '', kl: '' };
+	})()`))
+	if err != nil {
+		t.Fatalf("reading the quality box: %v", err)
+	}
+	for _, want := range []string{"first-token KL 0.0031", "mean KL 0.0024 over 4 tokens", "top-1 4/4", "greedy match 4/4", "recompute ratio 15.0 %, 77 tokens selected", "checked in trace"} {
+		if !strings.Contains(qd.Text, want) {
+			t.Fatalf("quality box lacks %q: %q", want, qd.Text)
+		}
+	}
+	if qid := tracetest.QualityTraceID("req-a").String(); qd.Href != "#/trace/"+qid || qd.KL != "0.0031" {
+		t.Fatalf("quality box links %q (first_kl %q), want #/trace/%s", qd.Href, qd.KL, qid)
+	}
+
 	// Span details on click.
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(fmt.Sprintf(`.wf-row[data-span-id="%s"]`, tracetest.SpanID("req-a", spanname.CBScatter))))); err != nil {
 		t.Fatalf("selecting cb.scatter: %v", err)
@@ -203,6 +230,18 @@ func TestWebUIInChromium(t *testing.T) {
 	if err := os.WriteFile(uiScreenshot, png, 0o644); err != nil {
 		t.Logf("could not leave a screenshot at %s: %v", uiScreenshot, err)
 	}
+	// The check's own trace names the request it checked.
+	if err := chromedp.Do(ctx,
+		chromedp.Click(chromedp.CSS(`#linked .quality a`)),
+		chromedp.WaitVisible(chromedp.CSS(`#linked .links-to`)),
+	); err != nil {
+		t.Fatalf("opening the quality check's trace: %v", err)
+	}
+	back, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('#linked .links-to a').getAttribute('href')`))
+	if err != nil || back != "#/trace/"+tid {
+		t.Fatalf("the check's trace links to %q (%v), want #/trace/%s", back, err, tid)
+	}
+
 	// Let late console messages arrive, then stop collecting.
 	if err := chromedp.Do(ctx, chromedp.Sleep(200*time.Millisecond)); err != nil {
 		t.Fatal(err)

@@ -26,6 +26,10 @@ const (
 	DefaultQualityPositions = 4
 )
 
+// reserveTokens bounds the prompt length the checker's memory is made
+// ready for at start (a longer prompt grows it at its snapshot).
+const reserveTokens = 4096
+
 // qualitySampler is the online quality check (Config.QualitySampleRate):
 // for a sampled share of blended prefills, the prompt's KV as served is
 // copied at the end of the step (Checker.Snapshot), and the worker's
@@ -35,7 +39,9 @@ const (
 type qualitySampler struct {
 	rate, budget float64
 	k            int
-	rng          *rand.Rand // guarded by Worker.execMu (steps are serialized)
+	reserve      int           // prompt tokens the checker's memory is made ready for at start
+	ready        chan struct{} // closed once it is (samples before are dropped)
+	rng          *rand.Rand    // guarded by Worker.execMu (steps are serialized)
 	checker      *quality.Checker
 	busy         atomic.Bool  // a snapshot waits for or is in Compare
 	resume       atomic.Int64 // unix ns before which no sample is taken
@@ -59,10 +65,11 @@ func newQualitySampler(cfg Config, m *model.Model) *qualitySampler {
 	}
 	return &qualitySampler{
 		rate: min(cfg.Quality.SampleRate, 1), budget: cfg.Quality.Budget, k: cfg.Quality.Positions,
+		reserve: min(m.Config().MaxPositions, reserveTokens),
 		rng:     rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x51)),
 		checker: quality.NewChecker(m.WithThreads(1)), // on the checker's own thread
-
-		jobs: make(chan qualityJob, 1),
+		jobs:    make(chan qualityJob, 1),
+		ready:   make(chan struct{}),
 	}
 }
 
@@ -102,6 +109,15 @@ func (w *Worker) checkQuality(q *qualitySampler) {
 	if err := lowerThreadPriority(); err != nil {
 		w.logger.Warn("quality checker runs at normal priority", "err", err)
 	}
+	// The snapshot's memory is made ready here, not in the first sampled
+	// request's step. busy keeps samples out meanwhile.
+	if q.busy.CompareAndSwap(false, true) {
+		if err := q.checker.Reserve(q.reserve, q.k); err != nil {
+			w.logger.Warn("quality checker: memory not reserved", "tokens", q.reserve, "err", err)
+		}
+		q.busy.Store(false)
+	}
+	close(q.ready)
 	for {
 		select {
 		case <-w.life.stop:

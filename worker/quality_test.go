@@ -18,6 +18,7 @@ import (
 func TestOnlineQualityCheck(t *testing.T) {
 	h := start(t, Config{Quality: QualityConfig{SampleRate: 1, Budget: 0.01, Positions: 3}})
 	w := h.w
+	<-w.quality.ready // the checker's memory is made ready at start; samples wait for it
 	p := prompt(100)
 	bt := blocks(2, 7)
 	logits, err := w.model.Prefill(w.kv, model.PrefillInput{Tokens: p, BlockTable: bt})

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -32,11 +34,15 @@ func newDemoCmd() *cobra.Command {
 		Short: "Start the stack, ingest the sample documents, run RAG requests with and without reuse, and show where the time went",
 		Long: `Start the stack (as cb up), ingest the sample documents shipped in corpus/docs, run RAG-style
 requests (documents in varying order and positions, then a question) once with CacheBlend reuse and
-once as a full prefill, and print a table per request (TTFT with and without reuse, speedup, hit rate,
-prefix / non-prefix hit tokens, imp_count, spans, services), the text waterfall of the slowest request,
+once as a full prefill, and print a table per request (TTFT with and without reuse, speedup, the
+quality of the reuse against the full prefill, hit rate, prefix / non-prefix hit tokens, imp_count,
+spans, services), the text waterfall of the slowest request,
 the contract check of every trace, and the URL of the trace page. With --nodes N the requests go
 through the gateway: the table names the node (X-Cb-Engine) that served each request, and a routing
-table gives each node's requests and hit rate. The processes' log lines go to a file in the
+table gives each node's requests and hit rate. Every request with reuse asks for the worker's online
+quality check ("cacheblend": {"quality_check": true}): the table shows its cb.quality figures
+(first-token KL against the full prefill, top-1 agreement), or why there are none, and whether the
+greedy output equals the baseline's. The processes' log lines go to a file in the
 logs directory of the state directory (its path is printed first); --verbose prints them instead.
 It keeps running until Ctrl-C, or exits with --exit (status 1 when a check fails).`,
 		RunE: func(c *cobra.Command, _ []string) error {
@@ -54,6 +60,7 @@ It keeps running until Ctrl-C, or exits with --exit (status 1 when a check fails
 				u.cfg.Supervisor.Logs = logs
 				fmt.Fprintf(os.Stderr, "logs of the processes: %s (--verbose prints them here)\n", logs.Name())
 			}
+			u.cfg.WorkerArgs = demoWorkerArgs(u.cfg.WorkerArgs)
 			r, err := startStack(ctx, &u)
 			if err != nil {
 				return err
@@ -64,6 +71,7 @@ It keeps running until Ctrl-C, or exits with --exit (status 1 when a check fails
 			cfg.QueryURL = cmp.Or(checkURL, r.queryURL)
 			cfg.Progress = os.Stderr
 			cfg.Shape = servedShape(u.cfg.WorkerArgs)
+			cfg.QualityOff = qualityOff(u.cfg.WorkerArgs, u.cfg.TP)
 			if u.cfg.ModelPath != "" {
 				if cfg.Model, cfg.Shape.Layers, err = fileModel(u.cfg.ModelPath); err != nil {
 					return err
@@ -133,6 +141,40 @@ func fileModel(path string) (string, int, error) {
 		return "", 0, fmt.Errorf("%s: %w", path, err)
 	}
 	return f.Name, int(n), nil
+}
+
+// demoWorkerArgs is workerArgs with --quality-budget=1 unless they set a
+// budget: the demo waits for each request's quality check before its next
+// request, so checks never share the machine with a request, and a budget
+// below 1 would drop the checks of the requests that follow a check (after
+// a check began, the worker takes none until its CPU time divided by the
+// budget has passed: with 0.25, four times a check's time).
+func demoWorkerArgs(workerArgs []string) []string {
+	for _, a := range workerArgs {
+		if a == "--quality-budget" || strings.HasPrefix(a, "--quality-budget=") {
+			return workerArgs
+		}
+	}
+	return append(slices.Clone(workerArgs), "--quality-budget=1")
+}
+
+// qualityOff is why the demo's workers cannot run the online quality check,
+// from the --quality-sample-rate among workerArgs (--worker-arg; 0 turns
+// the checker off, and a forced check needs it) and the tensor-parallel
+// degree tp (a rank cannot prefill in full alone); "" when they can.
+func qualityOff(workerArgs []string, tp int) string {
+	if tp > 1 {
+		return "tensor-parallel workers (--tp) do not check quality"
+	}
+	rate := 0.01 // cb worker's default: any rate above 0 runs the checker
+	fs := pflag.NewFlagSet("worker", pflag.ContinueOnError)
+	fs.ParseErrorsAllowlist.UnknownFlags = true
+	fs.SetOutput(io.Discard)
+	fs.Float64Var(&rate, "quality-sample-rate", rate, "")
+	if err := fs.Parse(workerArgs); err == nil && rate <= 0 {
+		return "the workers run with --quality-sample-rate 0 (their checker is off)"
+	}
+	return ""
 }
 
 // servedShape is the shape of the model the demo's workers serve: the

@@ -46,6 +46,9 @@ type Request struct {
 	// service with different instances come from two processes (the prefill
 	// and the decode engine of a disaggregated request, two nodes).
 	Instances map[string]string
+	// Trace is the trace id; default TraceID(RequestID) (e.g. a client's
+	// traceparent in a test of a client).
+	Trace pcommon.TraceID
 }
 
 func (r Request) withDefaults() Request {
@@ -213,6 +216,9 @@ func Build(r Request, defs []SpanDef) ptrace.Traces {
 	td := ptrace.NewTraces()
 	bySvc := map[[2]string]ptrace.SpanSlice{}
 	tid := TraceID(r.RequestID)
+	if !r.Trace.IsEmpty() {
+		tid = r.Trace
+	}
 	seen := map[string]int{}
 	at := func(ms float64) pcommon.Timestamp {
 		return pcommon.NewTimestampFromTime(r.Start.Add(time.Duration(ms * r.Scale * float64(time.Millisecond))))
@@ -261,5 +267,76 @@ func Build(r Request, defs []SpanDef) ptrace.Traces {
 			}
 		}
 	}
+	return td
+}
+
+// Quality describes the worker's online quality check of one request (cb.quality, the root
+// of its own trace, linked to the request's cb.model_forward). The zero value checks
+// "req-1" with the figures of a close blend: first-token KL 0.0031, mean KL 0.0024, top-1
+// 1, greedy match 4 of 4 positions, ratio 0.15, 77 tokens selected, a 85 ms full prefill.
+type Quality struct {
+	// RequestID is the request checked; RequestTrace its trace, default
+	// TraceID(RequestID).
+	RequestID    string
+	RequestTrace pcommon.TraceID
+	// Failed records a check that failed: error status, no figures.
+	Failed bool
+	// Start is when the check began; default 200 ms after 2025-01-01 00:00:00 UTC (after
+	// the default request).
+	Start time.Time
+	// The figures of contract/spans.yaml's cb.quality.
+	FirstKL, MeanKL, Top1, RecompRatio, FullMs float64
+	GreedyMatch, Positions, Selected           int64
+}
+
+func (q Quality) withDefaults() Quality {
+	if q.RequestID == "" {
+		q.RequestID = "req-1"
+	}
+	if q.Start.IsZero() {
+		q.Start = time.Date(2025, 1, 1, 0, 0, 0, 200e6, time.UTC)
+	}
+	if q.Positions == 0 {
+		q.FirstKL, q.MeanKL, q.Top1, q.GreedyMatch, q.Positions = 0.0031, 0.0024, 1, 4, 4
+	}
+	if q.RecompRatio == 0 {
+		q.RecompRatio, q.Selected = 0.15, 77
+	}
+	if q.FullMs == 0 {
+		q.FullMs = 85
+	}
+	return q
+}
+
+// QualityTraceID returns the trace id of the quality check of a request.
+func QualityTraceID(requestID string) pcommon.TraceID { return TraceID("quality/" + requestID) }
+
+// Traces builds the OTLP data of the check: one cb.quality span (cb-worker), the root of
+// trace QualityTraceID(RequestID), with a link to the request's cb.model_forward (span
+// SpanID(RequestID, cb.model_forward) of trace RequestTrace).
+func (q Quality) Traces() ptrace.Traces {
+	q = q.withDefaults()
+	key := "quality/" + q.RequestID
+	attrs := map[string]any{"request_id": q.RequestID, "first_kl": q.FirstKL, "mean_kl": q.MeanKL, "top1": q.Top1,
+		"greedy_match": q.GreedyMatch, "positions": q.Positions, "recomp_ratio": q.RecompRatio,
+		"selected": q.Selected, "full_ms": q.FullMs}
+	if q.Failed {
+		attrs = map[string]any{"request_id": q.RequestID, "error.type": "quality_failed"}
+	}
+	td := Build(Request{RequestID: key, Start: q.Start}, []SpanDef{{
+		Name: spanname.CBQuality, Service: Worker, Kind: ptrace.SpanKindInternal, StartMs: 0, EndMs: q.FullMs + 1, Attrs: attrs,
+	}})
+	sp := td.ResourceSpans().At(0).ScopeSpans().At(0).Spans().At(0)
+	if q.Failed {
+		sp.Status().SetCode(ptrace.StatusCodeError)
+		sp.Status().SetMessage("quality check: snapshot gone")
+	}
+	tid := q.RequestTrace
+	if tid.IsEmpty() {
+		tid = TraceID(q.RequestID)
+	}
+	l := sp.Links().AppendEmpty()
+	l.SetTraceID(tid)
+	l.SetSpanID(SpanID(q.RequestID, spanname.CBModelForward))
 	return td
 }

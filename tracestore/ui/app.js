@@ -185,15 +185,17 @@ function hitTitle(r) {
 // ---------------------------------------------------------------- one trace
 
 async function loadTrace(id) {
-  const [tr, bd, sum] = await Promise.all([
+  const [tr, bd, sum, linked] = await Promise.all([
     api('/api/traces/' + encodeURIComponent(id)),
     api('/api/traces/' + encodeURIComponent(id) + '/breakdown'),
     api('/api/requests?traceID=' + encodeURIComponent(id)),
+    api('/api/traces/' + encodeURIComponent(id) + '/linked'),
   ]);
-  return { trace: tr.data[0], bd: bd.data, summary: (sum.data || [])[0] || null };
+  return { trace: tr.data[0], bd: bd.data, summary: (sum.data || [])[0] || null,
+    linked: linked.data || [], linkedTotal: linked.total || 0 };
 }
 
-function renderTrace({ trace, bd, summary }) {
+function renderTrace({ trace, bd, summary, linked, linkedTotal }) {
   const jspans = new Map(trace.spans.map((s) => [s.spanID, s]));
   const services = [...new Set(bd.spans.map((s) => s.service))].sort(serviceOrder);
   // One lane per process instance: the prefill and the decode engine, or the engines of two
@@ -209,6 +211,7 @@ function renderTrace({ trace, bd, summary }) {
   $('#trace-title').replaceChildren(bd.requestID ? 'Request ' + bd.requestID : 'Trace',
     h('span', { class: 'muted', text: '  ' + bd.rootName }));
   renderFacts(bd, summary, lanes);
+  renderLinked(trace, summary, linked || [], linkedTotal || 0);
   $('#legend').replaceChildren(...services.map((svc) => chip(svc)));
   renderLanes(bd, lanes, pct);
   renderWaterfall(bd, jspans, trace, pct, lo, hi);
@@ -231,6 +234,71 @@ function renderFacts(bd, s, lanes) {
   ];
   if (bd.detached) facts.push(fact('Detached spans', `${bd.detached} (parent missing; shown under the root)`));
   $('#trace-facts').replaceChildren(...facts);
+}
+
+// tagMap turns a span's Jaeger tags into an object.
+function tagMap(tags) {
+  const m = {};
+  for (const t of tags || []) m[t.key] = t.value;
+  return m;
+}
+
+function traceLink(id) {
+  return h('a', { class: 'mono', href: '#/trace/' + id, title: 'trace ' + id }, id.slice(0, 12) + '…');
+}
+
+function fmtNum(v, digits) {
+  const n = Number(v);
+  return v === undefined || v === null || Number.isNaN(n) ? '—' : n.toFixed(digits);
+}
+
+// qualityBox renders one cb.quality check (contract/spans.yaml): how far the reused KV
+// moved the answer from a full prefill's, next to the request's reuse.
+function qualityBox(ls) {
+  const a = tagMap(ls.tags);
+  const n = Number(a.positions);
+  const agree = Math.round(Number(a.top1) * n);
+  if (ls.error || a.first_kl === undefined) {
+    return h('div', { class: 'box warn quality', dataset: { traceId: ls.traceID } },
+      'quality check failed (', a['error.type'] || 'no figures', ') — in trace ', traceLink(ls.traceID));
+  }
+  return h('div', { class: 'box quality', dataset: { traceId: ls.traceID, firstKl: String(a.first_kl) },
+    title: 'The worker\'s online quality check: the same prompt prefilled in full, off the request\'s path, ' +
+      'and the next-token distributions compared over the first output positions (teacher-forced).' },
+  'quality: first-token KL ', h('b', { text: fmtNum(a.first_kl, 4) }),
+  ' · mean KL ', h('b', { text: fmtNum(a.mean_kl, 4) }), ` over ${n} tokens`,
+  ' · top-1 ', h('b', { text: `${agree}/${n}` }),
+  ' · greedy match ', h('b', { text: `${a.greedy_match}/${n}` }),
+  ' · recompute ratio ', fmtPct(Number(a.recomp_ratio)), a.selected !== undefined ? `, ${a.selected} tokens selected` : '',
+  a.full_ms !== undefined ? ` · full prefill in the check ${fmtDur(Number(a.full_ms))}` : '',
+  ' — checked in trace ', traceLink(ls.traceID));
+}
+
+// renderLinked shows, next to the facts, the spans of other traces that link to this one
+// (the request's quality check), and the traces this one links to (what a check checked).
+function renderLinked(trace, summary, linked, total) {
+  const el = $('#linked');
+  const boxes = linked.map((ls) => (ls.name === 'cb.quality' ? qualityBox(ls)
+    : h('div', { class: 'box' }, 'linked from ', h('b', { text: ls.name }), ` (${ls.service}) in trace `, traceLink(ls.traceID))));
+  if (total > linked.length) boxes.push(h('div', { class: 'box none', text: `and ${total - linked.length} more linking spans` }));
+  if (!linked.some((ls) => ls.name === 'cb.quality') && summary && summary.non_prefix_hit_tokens > 0) {
+    boxes.push(h('div', { class: 'box none quality-none' },
+      'quality: not checked — no cb.quality check links to this request (the worker checks a sampled share of ' +
+      'blended requests, --quality-sample-rate, or a request asking "cacheblend": {"quality_check": true}; ' +
+      'a check taken while the checker is busy is dropped)'));
+  }
+  const out = new Map();
+  for (const s of trace.spans) {
+    for (const r of s.references || []) {
+      if (r.refType === 'FOLLOWS_FROM' && r.traceID && r.traceID !== trace.traceID && !out.has(r.traceID)) out.set(r.traceID, s.operationName);
+    }
+  }
+  for (const [tid, name] of out) {
+    boxes.push(h('div', { class: 'box links-to' }, h('b', { text: name }), ' links to trace ', traceLink(tid),
+      name === 'cb.quality' ? ' — the request it checked' : ''));
+  }
+  el.hidden = boxes.length === 0;
+  el.replaceChildren(...boxes);
 }
 
 function renderLanes(bd, laneList, pct) {
