@@ -114,7 +114,9 @@ const (
 	// CBExecute is the span "cb.execute" of cb-worker (kind server, phase "execute"), remote child
 	// of [CBRequest] in cb-engine; required; may repeat.
 	//
-	// Remote child; the parent context travels in the step metadata. One per scheduler step that
+	// Remote child; the parent context travels in the step metadata. In a document ingest (trace
+	// ingest) its parent is the document's cb.store_pre_computed, and its subtree
+	// (cb.model_forward, cb.store) belongs to the ingest trace. One per scheduler step that
 	// computes part of the prompt: a prompt longer than the step's token budget is prefilled in
 	// chunks (chunked prefill), each chunk its own cb.execute. With a tensor-parallel worker
 	// (cb.request world_size N > 1, cb worker --tp N) every rank runs every step: N cb.execute per
@@ -238,17 +240,25 @@ const (
 	// remote child. A failed attempt (engine unreachable, 503 or 429 before anything was streamed)
 	// is followed by another on the next engine; with prefill/decode routing a 503
 	// decode_unavailable is followed by another on the same prefill engine with another decode
-	// engine (route.decode_engine).
+	// engine (route.decode_engine). gateway.abandoned = true marks an attempt the gateway gave up
+	// on (a failover, a health check marking the engine down) while the engine may still be working
+	// on it: its remote child may end after it, and spans under it may be missing or detached (an
+	// engine cut off the network loses its failed exports), which tracecheck accepts of an
+	// abandoned attempt's subtree only.
 	GatewayAttempt = "gateway.attempt"
 )
 
 // Span names of the ingest trace, in the order of contract/spans.yaml.
 const (
 	// CBStorePreComputed is the span "cb.store_pre_computed" of cb-engine (kind internal, phase
-	// "store"), the root of the ingest trace; optional.
+	// "store"), the root of the ingest trace; optional; may repeat.
 	//
-	// Document ingest (a document prefilled on its own and stored); the root of its own trace,
-	// never part of a request's trace.
+	// Document ingest (a document prefilled on its own and stored): the root of its own trace, or,
+	// when the caller sent a traceparent (the gateway's gateway.attempt), one of the ingest's
+	// documents under it (several documents of one call: one cb.store_pre_computed each, each with
+	// its own request_id). Never part of a request's trace. The worker's steps of the document are
+	// its remote children (cb.execute, with cb.model_forward and the asynchronous cb.store under
+	// them), as in a request.
 	CBStorePreComputed = "cb.store_pre_computed"
 )
 
