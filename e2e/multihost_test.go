@@ -158,7 +158,10 @@ func startMultiHost(t *testing.T) *multiHost {
 		m.waitHealthy(h.URL(mhBlendMet) + "/health")
 		m.start(h, "cb-engine", m.tlsEnv(h, "engine"), cbBin, "engine", "--role", "prefill",
 			"--addr", h.Addr(mhEnginePort), "--worker", h.Addr(mhWorkerPort), "--blend", h.Addr(mhBlendPort),
-			"--lookup-timeout", "10s")
+			"--lookup-timeout", "10s",
+			// Below the gateway's idle timeout (connect 1 s + idle): a decode
+			// host gone is the prefill engine's 503, not its silence.
+			"--handoff-connect-timeout", "1s", "--handoff-idle-timeout", (mhIdleTimeout / 2).String())
 	}
 	m.start(m.dec, "cb-engine", m.tlsEnv(m.dec, "engine"), cbBin, "engine", "--role", "decode",
 		"--addr", m.dec.Addr(mhEnginePort), "--worker", m.dec.Addr(mhWorkerPort),

@@ -18,6 +18,8 @@ const (
 	DefaultAddr        = "127.0.0.1:8000"
 	DefaultMaxTokens   = 256
 	DefaultHandoffIdle = 30 * time.Second
+	// DefaultHandoffConnect is the default of Config.HandoffConnectTimeout.
+	DefaultHandoffConnect = time.Second
 )
 
 // Config holds cb-engine's settings. The zero value is valid: every zero
@@ -61,6 +63,14 @@ type Config struct {
 	// already relayed ends with an error event. The hand-over's overall
 	// deadline is the request's (RequestTimeout). Default 30 s.
 	HandoffIdleTimeout time.Duration
+	// HandoffConnectTimeout bounds the connection to a decode engine
+	// (RolePrefill, with the default HTTPClient): a decode host that does
+	// not answer is given up within it (503 decode_unavailable: the gateway
+	// serves the request whole on a prefill engine). Default 1 s. A
+	// gateway's --upstream-idle-timeout must exceed this plus
+	// HandoffIdleTimeout, or the gateway gives up on the prefill engine
+	// first.
+	HandoffConnectTimeout time.Duration
 	// HandoffSources, when not empty, lists the prefill workers (host:port,
 	// as their engines advertise them) a decode engine takes requests over
 	// from; a hand-over naming another is refused (400). Empty: any.
@@ -88,6 +98,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.HandoffIdleTimeout <= 0 {
 		c.HandoffIdleTimeout = DefaultHandoffIdle
+	}
+	if c.HandoffConnectTimeout <= 0 {
+		c.HandoffConnectTimeout = DefaultHandoffConnect
 	}
 	c.Settings = c.Settings.WithDefaults()
 	return c

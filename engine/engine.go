@@ -77,7 +77,7 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 	deps.Deps = deps.Deps.WithDefaults()
 	e := &Engine{cfg: cfg, tok: deps.Tokenizer, file: deps.ModelFile, log: deps.Logger, created: time.Now().Unix(), worker: deps.Worker, blend: deps.Blend, client: deps.HTTPClient}
 	if e.client == nil {
-		e.client = defaultHTTPClient()
+		e.client = defaultHTTPClient(cfg.HandoffConnectTimeout)
 	}
 	if e.tok == nil {
 		e.tok = tokenizer.Tokenizer{}
@@ -189,15 +189,15 @@ func (e *Engine) Role() string { return e.cfg.Role }
 func (e *Engine) Model() string { return e.cfg.Model }
 
 // defaultHTTPClient is the client of a prefill engine's calls to decode
-// engines: 5 s to connect, keep-alive connections with TCP keep-alive
+// engines: connect within connect (Config.HandoffConnectTimeout), keep-alive connections with TCP keep-alive
 // probes after 5 s idle, every 2 s, 5 unanswered: dead after about 15 s; no
 // overall timeout (the request's deadline and the idle timeout bound a
 // call).
-func defaultHTTPClient() *http.Client {
+func defaultHTTPClient(connect time.Duration) *http.Client {
 	ka := net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: 2 * time.Second, Count: 5}
 	return &http.Client{Transport: &http.Transport{
 		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAliveConfig: ka}).DialContext,
+		DialContext:         (&net.Dialer{Timeout: connect, KeepAliveConfig: ka}).DialContext,
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,
 	}}

@@ -254,6 +254,13 @@ func (e *Engine) handOver(w *statusWriter, r *http.Request, ctx, reqCtx context.
 	}
 	out.Header.Set(api.HeaderHandoff, ho.String())
 	telemetry.InjectHTTP(tctx, out.Header)
+	// Given up while the decode engine may still work on it: its spans may
+	// outlive this one (the contract's abandoned hand-over).
+	defer func() {
+		if tctx.Err() != nil {
+			span.SetAttributes(attribute.Bool("abandoned", true))
+		}
+	}()
 	resp, err := e.client.Do(out)
 	if err != nil {
 		err = handoffError(tctx, err)

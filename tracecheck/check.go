@@ -300,7 +300,7 @@ func (c *checker) parentRoot(i int) bool {
 }
 
 // markAbandoned marks the spans that may belong to an abandoned attempt: the subtrees
-// of the gateway.attempt spans that carry AttrAbandoned = true, and, when the trace has
+// of the client spans marked abandoned (abandonAttrs: a gateway.attempt, a kv.transfer), and, when the trace has
 // such an attempt, the spans cut off the root's tree (their parent lost) unless they
 // carry (or sit under a span carrying) a request id of the tree's live part.
 func (c *checker) markAbandoned() {
@@ -415,7 +415,7 @@ func (c *checker) checkSpan(i int) {
 		}
 		async := cs != nil && cs.Async && cs.InTrace(c.kind)
 		if c.isAbandonedAttempt(p) {
-			async = true // the gateway gave up on the attempt; the engine may go on
+			async = true // the caller gave up on the call; the callee may go on
 		}
 		if d := sp.End.Sub(ps.End); d > tol+c.rounding() && !async {
 			v(RuleInterval, "ends %s after its parent %s [%s] (tolerance %s; only async spans may outlive their parent)", d, ps.Name, ps.Service, tol)
@@ -497,9 +497,26 @@ func (c *checker) parentName(cs *contract.Span) string {
 // isAbandonedAttempt reports whether span i is a gateway.attempt with AttrAbandoned = true.
 func (c *checker) isAbandonedAttempt(i int) bool {
 	sp := &c.t.Spans[i]
-	v, ok := sp.Attributes[AttrAbandoned]
-	return ok && v.Type == ValueBool && v.Bool && sp.Name == spanname.GatewayAttempt
+	key, ok := abandonAttrs[sp.Name]
+	if !ok {
+		return false
+	}
+	v, ok := sp.Attributes[key]
+	return ok && v.Type == ValueBool && v.Bool
 }
+
+// abandonAttrs are the client spans a caller may give up on while the
+// callee goes on, and the bool attribute that says it did: a gateway
+// attempt (AttrAbandoned) and a prefill engine's hand-over to a decode
+// engine (AttrHandoffAbandoned).
+var abandonAttrs = map[string]string{
+	spanname.GatewayAttempt: AttrAbandoned,
+	spanname.KVTransfer:     AttrHandoffAbandoned,
+}
+
+// AttrHandoffAbandoned is the bool attribute of a kv.transfer the prefill
+// engine gave up on (see AttrAbandoned).
+const AttrHandoffAbandoned = "abandoned"
 
 func typeMatches(v Value, t contract.AttrType) bool {
 	switch t {

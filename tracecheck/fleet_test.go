@@ -193,3 +193,29 @@ func TestFailoverTraces(t *testing.T) {
 		t.Fatalf("the live request lost cb.request, violations %q:\n%s", got, rep)
 	}
 }
+
+// The client spans a caller may give up on, each with its own marker: a
+// gateway attempt and a prefill engine's hand-over; another span or key is
+// no marker.
+func TestAbandonMarkers(t *testing.T) {
+	for _, tc := range []struct {
+		name, span, key string
+		val             Value
+		want            bool
+	}{
+		{"gateway attempt", spanname.GatewayAttempt, AttrAbandoned, Bool(true), true},
+		{"hand-over", spanname.KVTransfer, AttrHandoffAbandoned, Bool(true), true},
+		{"hand-over marked false", spanname.KVTransfer, AttrHandoffAbandoned, Bool(false), false},
+		{"hand-over with the gateway's key", spanname.KVTransfer, AttrAbandoned, Bool(true), false},
+		{"attempt with the hand-over's key", spanname.GatewayAttempt, AttrHandoffAbandoned, Bool(true), false},
+		{"another span", spanname.CBRequest, AttrHandoffAbandoned, Bool(true), false},
+		{"a string, not a bool", spanname.KVTransfer, AttrHandoffAbandoned, Str("true"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &checker{t: &Trace{Spans: []Span{{Name: tc.span, Attributes: map[string]Value{tc.key: tc.val}}}}}
+			if got := c.isAbandonedAttempt(0); got != tc.want {
+				t.Fatalf("abandoned %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

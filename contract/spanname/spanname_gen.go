@@ -194,13 +194,17 @@ const (
 	// KVTransfer is the span "kv.transfer" of cb-engine (kind client, phase "kv load"), child of
 	// the SERVER span "{operation} {model}" (see [Server]); optional.
 	//
-	// The prefill engine hands the request over to the decode engine named by the caller (header
-	// X-CB-Decode-Engine): one HTTP call carrying the request, the first token and the prompt's KV
-	// handle (header X-CB-Handoff), whose answer is relayed to the caller. bytes, blocks_sent and
-	// blocks_deduped are the decode side's report (response headers X-CB-KV-Bytes,
-	// X-CB-KV-Blocks-Sent, X-CB-KV-Blocks-Deduped): blocks it already held by prefix hash (its
-	// prefix cache) are not sent. Spans the decode engine's SERVER span, so it lasts until the
-	// relayed answer ends; its own time is the hand-over's overhead.
+	// abandoned = true marks a hand-over the prefill engine gave up on (its caller went away, the
+	// request's deadline, the decode engine silent past --handoff-idle-timeout) while the decode
+	// engine may still be working on it: as under an abandoned gateway.attempt, the decode engine's
+	// SERVER span may end after it and its spans may be missing or detached. The prefill engine
+	// hands the request over to the decode engine named by the caller (header X-CB-Decode-Engine):
+	// one HTTP call carrying the request, the first token and the prompt's KV handle (header
+	// X-CB-Handoff), whose answer is relayed to the caller. bytes, blocks_sent and blocks_deduped
+	// are the decode side's report (response headers X-CB-KV-Bytes, X-CB-KV-Blocks-Sent,
+	// X-CB-KV-Blocks-Deduped): blocks it already held by prefix hash (its prefix cache) are not
+	// sent. Spans the decode engine's SERVER span, so it lasts until the relayed answer ends; its
+	// own time is the hand-over's overhead.
 	KVTransfer = "kv.transfer"
 
 	// KVReceive is the span "kv.receive" of cb-worker (kind server, phase "kv load"), remote child
