@@ -542,7 +542,12 @@ func (m *multiHost) redisPaused(t *testing.T) {
 	if a.status != http.StatusOK || len(list.Data) != 1 {
 		t.Fatalf("ingest during the pause: %d %s", a.status, a.body)
 	}
-	notShared := ingestSaidNotShared(a.body)
+	// Redis was stopped: the answer must not say the document is shared.
+	state := ingestFleetState(a.body)
+	if state != "pending" && state != "not_shared" {
+		t.Errorf("ingest during the pause answered fleet %q, want pending or not_shared: %s", state, a.body)
+	}
+	notShared := state == "not_shared"
 	// Give the node time to re-publish: its writes settle.
 	m.awaitFleetWrites(m.a)
 	ans := m.chat(m.b.URL(mhEnginePort), nil, demo.Prompt([]demo.Document{doc}, "Question: which station logged the fewest packets?"), 4)
@@ -551,8 +556,8 @@ func (m *multiHost) redisPaused(t *testing.T) {
 	}
 	hit := reused(ans)
 	errsAfter := m.metric(m.a.URL(mhBlendMet)+"/metrics", "lmcache_blend_remote_errors_total", "")
-	t.Logf("ingest during a 10 s Redis pause answered %d in %v (%s); node B then reused %d of %d tokens (%.1f%%); node A's remote errors %v → %v",
-		a.status, ingestTook.Round(time.Millisecond), strings.TrimSpace(tail(a.body, 1)), hit, len(doc.Text),
+	t.Logf("ingest during a 10 s Redis pause answered %d in %v (fleet %q); node B then reused %d of %d tokens (%.1f%%); node A's remote errors %v → %v",
+		a.status, ingestTook.Round(time.Millisecond), state, hit, len(doc.Text),
 		100*float64(hit)/float64(len(doc.Text)), errsBefore, errsAfter)
 	if float64(hit) < 0.95*float64(len(doc.Text)) && !notShared {
 		t.Errorf("silent loss: node B reused %d of the document's %d tokens after the pause and the ingest answer (%s) did not say it was not shared",
@@ -560,25 +565,18 @@ func (m *multiHost) redisPaused(t *testing.T) {
 	}
 }
 
-// ingestSaidNotShared reports whether a /v1/documents answer says a
-// document is not (yet) in the fleet tier: a document whose status is not
-// "stored", or that carries "shared": false.
-func ingestSaidNotShared(body string) bool {
+// ingestFleetState returns the fleet state the /v1/documents answer gives
+// its one document ("shared", "pending", "not_shared"; "" when none).
+func ingestFleetState(body string) string {
 	var out struct {
-		Data []map[string]any `json:"data"`
+		Data []struct {
+			Fleet string `json:"fleet"`
+		} `json:"data"`
 	}
-	if json.Unmarshal([]byte(body), &out) != nil {
-		return false
+	if json.Unmarshal([]byte(body), &out) != nil || len(out.Data) != 1 {
+		return ""
 	}
-	for _, d := range out.Data {
-		if s, ok := d["status"].(string); ok && s != "stored" {
-			return true
-		}
-		if v, ok := d["shared"].(bool); ok && !v {
-			return true
-		}
-	}
-	return false
+	return out.Data[0].Fleet
 }
 
 // decodeDown: the decode host's link goes down under load. Every request is

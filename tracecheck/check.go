@@ -414,8 +414,10 @@ func (c *checker) checkSpan(i int) {
 			v(RuleInterval, "starts %s before its parent %s [%s] (tolerance %s)", d, ps.Name, ps.Service, tol)
 		}
 		async := cs != nil && cs.Async && cs.InTrace(c.kind)
-		if c.isAbandonedAttempt(p) {
-			async = true // the caller gave up on the call; the callee may go on
+		if c.isAbandonedAttempt(p) || c.abandoned[i] {
+			// The caller gave up on the call: the callee may go on, and the
+			// cancellation reaches the callee's own remote callees late.
+			async = true
 		}
 		if d := sp.End.Sub(ps.End); d > tol+c.rounding() && !async {
 			v(RuleInterval, "ends %s after its parent %s [%s] (tolerance %s; only async spans may outlive their parent)", d, ps.Name, ps.Service, tol)

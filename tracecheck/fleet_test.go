@@ -219,3 +219,42 @@ func TestAbandonMarkers(t *testing.T) {
 		})
 	}
 }
+
+// Inside an abandoned attempt's subtree the cancellation reaches remote
+// callees late: a span there may end after its own parent; in the live
+// request's part it may not.
+func TestAbandonedSubtreeOutlives(t *testing.T) {
+	sp := spec(t)
+	yes := true
+	for _, tc := range []struct {
+		name, id string
+		want     bool // passes
+	}{
+		{"abandoned request's span outlives its parent", "rA", true},
+		{"live request's span outlives its parent", "rB", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := failover(t, &yes, 50)
+			byID := map[string]int{}
+			for i, s := range tr.Spans {
+				byID[s.SpanID] = i
+			}
+			moved := false
+			for i, s := range tr.Spans {
+				if s.Name != spanname.CBRequest || s.Attributes["request_id"].Str != tc.id {
+					continue
+				}
+				parent := tr.Spans[byID[s.ParentSpanID]]
+				tr.Spans[i].End = parent.End.Add(5 * time.Millisecond)
+				moved = true
+			}
+			if !moved {
+				t.Fatal("no cb.request to move")
+			}
+			rep := Check([]Trace{tr}, sp)
+			if got := rep.Traces[0]; (len(rules(got)) == 0) != tc.want {
+				t.Fatalf("violations %q, want passing %v:\n%s", rules(got), tc.want, rep)
+			}
+		})
+	}
+}

@@ -246,7 +246,8 @@ const (
 	// decode_unavailable is followed by another on the same prefill engine with another decode
 	// engine (route.decode_engine). gateway.abandoned = true marks an attempt the gateway gave up
 	// on (a failover, a health check marking the engine down) while the engine may still be working
-	// on it: its remote child may end after it, and spans under it may be missing or detached (an
+	// on it: its remote child may end after it, spans under it may end after their own parents (the
+	// cancellation reaches remote callees late), and spans under it may be missing or detached (an
 	// engine cut off the network loses its failed exports), which tracecheck accepts of an
 	// abandoned attempt's subtree only.
 	GatewayAttempt = "gateway.attempt"
