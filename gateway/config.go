@@ -97,7 +97,7 @@ type Config struct {
 	// IdleTimeout bounds the silence of an engine under an attempt: no byte of its answer for
 	// this long (the wait for its response headers included, so a non-streamed answer must
 	// begin within it) aborts the attempt: before anything was written to the client it fails
-	// over (reason "idle"); a stream already relayed ends with an error event (code
+	// over (counted as reason "unreachable"); a stream already relayed ends with an error event (code
 	// upstream_idle_timeout) and data: [DONE]. It is also the stall window: an engine taken
 	// out of routing keeps the attempts that received a byte within the last
 	// HealthFailures×HealthInterval and cuts (fails over) the others. Default 60 s (nginx's
