@@ -89,6 +89,11 @@ type Config struct {
 	// counts as stuck and the server unhealthy (see Server.Health) until it
 	// returns (DefaultLookupStuckAfter when <= 0).
 	LookupStuckAfter time.Duration
+	// FleetStatusWait bounds how long a fleet status query (the engine's,
+	// before it answers a document ingest; BlendService.FleetStatus) waits
+	// for the documents' fleet writes to be attempted once
+	// (DefaultFleetStatusWait, 1 s, when <= 0).
+	FleetStatusWait time.Duration
 	// KVSocket is the path of the Unix socket on which workers hand over
 	// their KV memory (package rpc/kvsock; its directory must be private to
 	// this user). Empty: kv.sock in a new private temporary directory,
@@ -125,5 +130,6 @@ func (c Config) withDefaults() (Config, error) {
 	defaults.Positive(&c.MaxKVRegistrationsPerPeer, DefaultMaxKVRegistrationsPerPeer)
 	defaults.Positive(&c.KVHandshakeTimeout, DefaultKVHandshakeTimeout)
 	defaults.Positive(&c.LookupStuckAfter, DefaultLookupStuckAfter)
+	defaults.Positive(&c.FleetStatusWait, DefaultFleetStatusWait)
 	return c, nil
 }

@@ -52,6 +52,11 @@
 // fleet tier every rank's chunks are written to Redis under their rank-0
 // keys too, so another node's lookup of world_size N (cb.coordinator_match)
 // loads every rank's chunk, and counts a chunk only when all N are there.
+// A fleet write that fails (Redis down or paused) waits on the tier's
+// bounded retry queue and is written again when Redis answers; the writes
+// of a stored document are followed (fleet.Group) so that the engine can
+// say in its ingest answer whether other nodes find the document yet
+// (BlendService.FleetStatus).
 //
 // The fingerprint tables and rank aliases live in memory: after a restart,
 // chunks found in the L2 directory serve the prefix leg only, until they

@@ -3,8 +3,12 @@ package blend
 import (
 	"context"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/blend/fleet"
@@ -195,5 +199,135 @@ func TestFleetTensorParallel(t *testing.T) {
 	}
 	if !coord || !redisLoad {
 		t.Fatalf("node B trace: coordinator match %v, redis load of both ranks' chunks %v", coord, redisLoad)
+	}
+}
+
+// fleetStatus asks server c for the fleet state of the documents ids, as the
+// engine does before it answers an ingest (BlendService.FleetStatus).
+func fleetStatus(t *testing.T, c cbv1.BlendServiceClient, ids ...string) map[string]string {
+	t.Helper()
+	resp, err := c.FleetStatus(ctxT(t), &cbv1.FleetStatusRequest{RequestIds: ids})
+	if err != nil {
+		t.Fatalf("fleet status query: %v", err)
+	}
+	out := map[string]string{}
+	if !resp.GetFleet() {
+		return out
+	}
+	if len(resp.GetStates()) != len(ids) {
+		t.Fatalf("fleet status: %d states for %d ids", len(resp.GetStates()), len(ids))
+	}
+	for i, id := range ids {
+		out[id] = resp.GetStates()[i]
+	}
+	return out
+}
+
+// TestFleetWriteDuringRedisPause: a document stored on node A while Redis is
+// paused (SIGSTOP) is reported pending (not shared yet), its failed fleet
+// writes wait on the retry queue, and once Redis continues they are written:
+// node B, which never saw the document, then finds and loads all of it; the
+// status is shared. The retry and document counters say what happened.
+func TestFleetWriteDuringRedisPause(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	fc := fleet.Config{URL: srv.URL(), CoordinatorTimeout: 2 * time.Second, RetryMaxBackoff: 500 * time.Millisecond}
+	a := newEnv(t, Config{Fleet: fc})
+	mem := a.newWorker("w0", 0)
+	doc := tokens(rand.New(rand.NewPCG(1, 2)), docLen, 1000, 1000)
+	bt := blocks(docBlock, (docLen+bs-1)/bs)
+	a.prefill(mem, bt, docSeq, docLen)
+
+	srv.Pause()
+	paused := true
+	defer func() {
+		if paused {
+			srv.Resume()
+		}
+	}()
+	t0 := time.Now()
+	if _, err := a.c.Store(ctxT(t), &cbv1.StoreRequest{RequestId: "doc-paused", WorkerId: "w0", Tokens: doc, BlockTable: bt, Document: true, Model: testModel}); err != nil {
+		t.Fatal(err)
+	}
+	a.s.waitRegistrations(t)
+	if st := fleetStatus(t, a.c, "doc-paused", "doc-never"); st["doc-paused"] != "pending" || st["doc-never"] != "not_shared" {
+		t.Fatalf("during the pause: %v, want doc-paused pending, doc-never not_shared", st)
+	}
+	time.Sleep(2 * time.Second)
+	srv.Resume()
+	paused = false
+	pause := time.Since(t0)
+	var st map[string]string
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if st = fleetStatus(t, a.c, "doc-paused"); st["doc-paused"] == "shared" {
+			break
+		}
+	}
+	shared := time.Since(t0)
+	if st["doc-paused"] != "shared" {
+		t.Fatalf("after the pause: %v, want shared", st)
+	}
+
+	b := newEnv(t, Config{Fleet: fc})
+	bmem := b.newWorker("w1", 0)
+	const off = 700
+	res := b.lookup(&cbv1.LookupRequest{RequestId: "b1", Tokens: promptWith(promptN, off, doc, 11), WorldSize: 1, Model: testModel})
+	fillSentinel(bmem)
+	tbt := targetTable(promptN / bs)
+	rr, err := b.c.Retrieve(ctxT(t), &cbv1.RetrieveRequest{RequestId: "b1", WorkerId: "w1", BlockTable: tbt, Matches: res.GetMatches(), ChunkSize: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("paused %v; shared %v after the store; node B reused %d of %d tokens (%d stale chunks)",
+		pause.Round(time.Millisecond), shared.Round(time.Millisecond), rr.GetScatteredTokens(), docLen, res.GetStaleChunks())
+	if got := float64(rr.GetScatteredTokens()) / docLen; got < 0.95 || res.GetStaleChunks() != 0 {
+		t.Fatalf("node B reused %d of %d tokens of the document written during the pause (%+v)", rr.GetScatteredTokens(), docLen, res)
+	}
+	b.checkSlots(bmem, tbt, off, docLen, 0)
+	a.s.MetricsBefore()
+	for _, c := range []struct {
+		name, key, value string
+		min              float64
+	}{
+		{"lmcache_blend_remote_write_retries_total", "result", "queued", 3}, // 2 chunks and the directory entry
+		{"lmcache_blend_remote_write_retries_total", "result", "ok", 3},
+		{"lmcache_blend_remote_write_retries_total", "result", "failed", 1},
+		{"lmcache_blend_remote_documents_total", "state", "pending", 1},
+		{"lmcache_blend_remote_documents_total", "state", "shared", 1},
+		{"lmcache_blend_remote_documents_total", "state", "not_shared", 1},
+	} {
+		if v := a.value(c.name, map[string]string{c.key: c.value}); v < c.min {
+			t.Errorf("%s{%s=%q} = %v, want >= %v", c.name, c.key, c.value, v, c.min)
+		}
+	}
+	if v := a.value("lmcache_blend_remote_write_retries_total", map[string]string{"result": "dropped"}); v != 0 {
+		t.Errorf("dropped retries %v, want 0", v)
+	}
+	if v := a.value("lmcache_blend_remote_retry_queue", nil); v != 0 {
+		t.Errorf("retry queue %v, want 0", v)
+	}
+}
+
+// TestFleetStatusQuery: the query's bounds, and a server without a fleet
+// tier, which answers no state.
+func TestFleetStatusQuery(t *testing.T) {
+	e := newEnv(t, Config{})
+	if st := fleetStatus(t, e.c, "doc-1"); len(st) != 0 {
+		t.Fatalf("without a fleet tier: %v, want no state", st)
+	}
+	for _, tc := range []struct {
+		name string
+		ids  []string
+	}{
+		{"no id", nil},
+		{"empty id", []string{""}},
+		{"too many", strings.Split(strings.Repeat("d,", MaxFleetStatusIDs), ",")},
+		{"id too long", []string{strings.Repeat("x", maxRequestID+1)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := e.c.FleetStatus(ctxT(t), &cbv1.FleetStatusRequest{RequestIds: tc.ids})
+			if status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("error %v, want InvalidArgument", err)
+			}
+		})
 	}
 }

@@ -123,15 +123,16 @@ func (s *Server) fleetLoad(q lookupQuery, keys []chunkstore.Key, got map[chunkst
 
 // fleetStore writes the chunks a rank holds to the fleet tier under their
 // rank-0 keys base, and for rank 0 the sequence's directory entry
-// (asynchronously; drops are counted there).
-func (s *Server) fleetStore(mdl string, w *workerMem, base []chunkstore.Key, stored []*chunkstore.Chunk, seq fingerprint.Sequence) {
+// (asynchronously, retried while Redis fails; drops are counted there), as
+// writes of g (a document's; nil for a prompt).
+func (s *Server) fleetStore(mdl string, w *workerMem, base []chunkstore.Key, stored []*chunkstore.Chunk, seq fingerprint.Sequence, g *fleet.Group) {
 	ns, _ := fleetNamespace(mdl, w)
 	for i, c := range stored {
 		if c != nil {
-			s.chunks.fleet.PutChunk(ns, base[i], c)
+			s.chunks.fleet.PutChunk(ns, base[i], c, g)
 		}
 	}
 	if w.key.rank == 0 {
-		s.chunks.fleet.RegisterSequence(ns, s.chunks.table(keySpace(mdl, w.world), true), seq)
+		s.chunks.fleet.RegisterSequence(ns, s.chunks.table(keySpace(mdl, w.world), true), seq, g)
 	}
 }

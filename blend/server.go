@@ -50,11 +50,13 @@ type Server struct {
 	metrics  *metrics.BlendMetrics
 	grpcOpts []grpc.ServerOption // component.Deps.GRPCServerOptions (mutual TLS, callers' roles)
 
-	life    lifecycle
-	regs    registrations
-	chunks  chunks
-	lookups lookups
-	copies  copies
+	life   lifecycle
+	regs   registrations
+	chunks chunks
+	// fleetDocs follows the fleet writes of stored documents (fleetdocs.go).
+	fleetDocs fleetDocs
+	lookups   lookups
+	copies    copies
 }
 
 // lifecycle is the state of a Server's run and of the gRPC server Start
@@ -356,6 +358,8 @@ func (s *Server) MetricsBefore() {
 			Writes: f.Writes, WritesDropped: f.WritesDropped, WriteErrors: f.WriteErrors,
 			BytesRead: f.BytesRead, BytesWritten: f.BytesWritten,
 			Matches: f.Matches, MatchTimeouts: f.MatchTimeouts, MatchErrors: f.MatchErrors,
+			RetriesQueued: f.RetriesQueued, RetriesOK: f.RetriesOK, RetriesFailed: f.RetriesFailed,
+			RetriesDropped: f.RetriesDropped, RetryQueued: int64(f.RetryQueued),
 		})
 	}
 }
@@ -409,6 +413,10 @@ func (v *service) UnregisterKV(ctx context.Context, r *cbv1.UnregisterKVRequest)
 
 func (v *service) Lookup(ctx context.Context, r *cbv1.LookupRequest) (*cbv1.LookupResult, error) {
 	return serveRPC(v.s, ctx, r, v.s.lookupRPC)
+}
+
+func (v *service) FleetStatus(ctx context.Context, r *cbv1.FleetStatusRequest) (*cbv1.FleetStatusResponse, error) {
+	return serveRPC(v.s, ctx, r, v.s.fleetStatus)
 }
 
 func (v *service) Retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.RetrieveResponse, error) {

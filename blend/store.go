@@ -14,6 +14,7 @@ import (
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/blend/events"
 	"github.com/cacheblend/cacheblend/blend/fingerprint"
+	"github.com/cacheblend/cacheblend/blend/fleet"
 	"github.com/cacheblend/cacheblend/blend/scatter"
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/reuseplan"
@@ -56,7 +57,11 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 	sid := s.copies.ids.Add(1) // the ranks of a tensor-parallel worker store one request concurrently
 	s.bus.Publish(events.Event{Type: events.StoreStart, RequestID: id, CopyID: sid, TraceContext: tp, TraceState: ts,
 		Attrs: []attribute.KeyValue{events.AttrTokens.Int(n), attribute.Bool("document", r.GetDocument()), attribute.Int("rank", rank)}})
-	resp, endErr := s.storeChunks(mdl, w, r.GetTokens(), bt)
+	var g *fleet.Group // a document's fleet writes, followed for the ingest's answer
+	if r.GetDocument() && s.chunks.fleet != nil {
+		g = s.fleetDocs.group(id)
+	}
+	resp, endErr := s.storeChunks(mdl, w, r.GetTokens(), bt, g)
 	if endErr != nil {
 		s.logger.Warn("store: chunks not stored", "request_id", id, "err", endErr)
 	}
@@ -79,7 +84,7 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 // the store does not hold; then indexes them: a rank's chunks under their
 // rank-0 keys (aliases), rank 0's sequence in the fingerprint table, and
 // both in the fleet tier.
-func (s *Server) storeChunks(mdl string, w *workerMem, toks []int32, bt []int32) (*cbv1.StoreResponse, error) {
+func (s *Server) storeChunks(mdl string, w *workerMem, toks []int32, bt []int32, g *fleet.Group) (*cbv1.StoreResponse, error) {
 	cs, rank := s.cfg.ChunkSize, w.key.rank
 	ns := keySpace(mdl, w.world)
 	keys := chunkstore.ChainKeys(ns, rank, toks, cs)
@@ -118,7 +123,7 @@ func (s *Server) storeChunks(mdl string, w *workerMem, toks []int32, bt []int32)
 		s.enqueueRegistration(ns, seq)
 	}
 	if s.chunks.fleet != nil {
-		s.fleetStore(mdl, w, base, held, seq)
+		s.fleetStore(mdl, w, base, held, seq, g)
 	}
 	return &resp, errors.Join(errs...)
 }

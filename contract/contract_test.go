@@ -406,6 +406,91 @@ func TestParseSpansRejects(t *testing.T) {
 	}
 }
 
+// goodOther is goodSpans with an ingest trace whose root cb.doc is cb.remote's
+// other parent (in service a: cb.remote is its remote child too).
+var goodOther = goodSpans + `  - name: cb.doc
+    trace: ingest
+    service: a
+    kind: internal
+    phase: store
+    attributes: {request_id: string}
+  - name: cb.leaf
+    service: b
+    kind: internal
+    phase: forward
+    parent: cb.remote
+    attributes: {request_id: string}
+`
+
+// TestOtherParents: a span with other_parents (and its subtree) belongs to the
+// trace of each other parent too, under that parent there.
+func TestOtherParents(t *testing.T) {
+	doc := strings.Replace(goodOther, "    remote_parent: true\n", "    other_parents: [cb.doc]\n    remote_parent: true\n", 1)
+	set, err := ParseSpans([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote, _ := set.Lookup("cb.remote")
+	leaf, _ := set.Lookup("cb.leaf")
+	child, _ := set.Lookup("cb.child")
+	for _, tc := range []struct {
+		name         string
+		sp           *Span
+		trace        string
+		in           bool
+		wantParentIn string
+	}{
+		{"own trace", remote, TraceRequest, true, "cb.child"},
+		{"other parent's trace", remote, TraceIngest, true, "cb.doc"},
+		{"subtree inherits", leaf, TraceIngest, true, "cb.remote"},
+		{"subtree keeps its own", leaf, TraceRequest, true, "cb.remote"},
+		{"parent not in it", child, TraceIngest, false, "root"},
+	} {
+		if got := tc.sp.InTrace(tc.trace); got != tc.in {
+			t.Errorf("%s: %s.InTrace(%s) = %v, want %v", tc.name, tc.sp.Name, tc.trace, got, tc.in)
+		}
+		if got := set.ParentIn(tc.sp, tc.trace); got != tc.wantParentIn {
+			t.Errorf("%s: ParentIn(%s, %s) = %q, want %q", tc.name, tc.sp.Name, tc.trace, got, tc.wantParentIn)
+		}
+	}
+	if got := set.Children("cb.doc"); len(got) != 1 || got[0] != remote {
+		t.Errorf("Children(cb.doc) = %v", got)
+	}
+	// The embedded contract: the worker's spans of a document ingest are in the ingest trace.
+	real, err := Spans()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"cb.execute", "cb.model_forward", "cb.store"} {
+		if sp, _ := real.Lookup(name); !sp.InTrace(TraceIngest) || !sp.InTrace(TraceRequest) {
+			t.Errorf("%s: traces %v, want request and ingest", name, sp.TraceNames())
+		}
+	}
+	if sp, _ := real.Lookup("cb.request"); sp.InTrace(TraceIngest) {
+		t.Error("cb.request must not be in the ingest trace")
+	}
+	ga, _ := real.Lookup("gateway.attempt")
+	if ga.OptionalAttributes["gateway.abandoned"] != AttrBool {
+		t.Errorf("gateway.attempt: gateway.abandoned %q, want bool", ga.OptionalAttributes["gateway.abandoned"])
+	}
+	for _, tc := range []struct{ name, old, new, want string }{
+		{"unknown other parent", "    remote_parent: true\n", "    other_parents: [cb.none]\n    remote_parent: true\n", "does not exist"},
+		{"other parent in the same trace", "    remote_parent: true\n", "    other_parents: [root]\n    remote_parent: true\n", "already has a parent in"},
+		{"other parent locality", "    parent: cb.remote\n", "    parent: cb.remote\n    other_parents: [cb.doc]\n", "remote_parent"},
+		{"other parents on a root", "  - name: root\n", "  - name: root\n    other_parents: [cb.doc]\n", "on a root"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bad := strings.Replace(goodOther, tc.old, tc.new, 1)
+			if bad == goodOther {
+				t.Fatal("test case did not change the document")
+			}
+			if _, err := ParseSpans([]byte(bad)); err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v: want ErrInvalid mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
 // goodCaller is goodSpans with a caller service above its root.
 var goodCaller = strings.Replace(goodSpans, "services: [a, b]", "services: [a, b, gw]", 1) + `  - name: gw.in
     service: gw

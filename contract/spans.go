@@ -198,6 +198,13 @@ type Span struct {
 	Phase Phase `yaml:"phase"`
 	// Parent is the parent span's Name; empty for the root of a trace.
 	Parent string `yaml:"parent"`
+	// OtherParents are the span's parents in other traces: work that serves
+	// several kinds of trace (the worker's cb.execute serves a request under
+	// cb.request and a document ingest under cb.store_pre_computed). The span
+	// and its subtree belong to the trace of each (see [Span.InTrace]); each
+	// names a span of another trace than Parent's, with the same locality
+	// (RemoteParent).
+	OtherParents []string `yaml:"other_parents"`
 	// RemoteParent is true when the parent lives in another process.
 	RemoteParent bool `yaml:"remote_parent"`
 	// Required is true when every successful sampled request has the span.
@@ -229,7 +236,26 @@ type Span struct {
 	// that may be its remote children.
 	Calls []string `yaml:"calls"`
 
-	re *regexp.Regexp
+	re     *regexp.Regexp
+	traces []string // every trace the span belongs to (Trace first), set by ParseSpans
+}
+
+// InTrace reports whether the span belongs to the trace named trace: its own
+// Trace, or, through OtherParents (its own or an ancestor's), another one.
+func (s *Span) InTrace(trace string) bool {
+	if s.traces == nil {
+		return s.Trace == trace
+	}
+	return slices.Contains(s.traces, trace)
+}
+
+// TraceNames returns every trace the span belongs to, Trace first. Each call
+// returns a new slice.
+func (s *Span) TraceNames() []string {
+	if s.traces == nil {
+		return []string{s.Trace}
+	}
+	return slices.Clone(s.traces)
 }
 
 // Matches reports whether a recorded span name is this span.
@@ -307,15 +333,31 @@ func (s *SpanSet) Root(trace string) (*Span, bool) {
 	return nil, false
 }
 
-// Children returns the spans whose parent is the span named name, in file order.
+// Children returns the spans whose parent (Parent, or one of OtherParents) is
+// the span named name, in file order.
 func (s *SpanSet) Children(name string) []*Span {
 	var out []*Span
 	for i := range s.Spans {
-		if s.Spans[i].Parent == name {
+		if s.Spans[i].Parent == name || slices.Contains(s.Spans[i].OtherParents, name) {
 			out = append(out, &s.Spans[i])
 		}
 	}
 	return out
+}
+
+// ParentIn returns the name of sp's parent in the trace named trace: the one of
+// sp.OtherParents that belongs to it, else sp.Parent ("" for a root). In a
+// trace sp reaches through an ancestor's OtherParents, its parent is Parent.
+func (s *SpanSet) ParentIn(sp *Span, trace string) string {
+	if sp.Trace == trace {
+		return sp.Parent
+	}
+	for _, name := range sp.OtherParents {
+		if op, ok := s.Lookup(name); ok && op.InTrace(trace) {
+			return name
+		}
+	}
+	return sp.Parent
 }
 
 // Traces returns the trace names of the set, sorted.
@@ -348,7 +390,8 @@ var (
 // attribute keys or types, a cb.* span without request_id, an async root, conditions that
 // reference nothing or compare a string with a number (or a string with an order), alternatives
 // that reference nothing, patterns that do not compile, caller spans whose parent is no caller
-// or whose calls name no root in another service.
+// or whose calls name no root in another service, other_parents that do not exist, are
+// callers, share a trace with the span's parent or each other, or differ in locality.
 func ParseSpans(data []byte) (*SpanSet, error) {
 	var set SpanSet
 	if err := decodeStrict(SpansFile, data, &set); err != nil {
@@ -389,7 +432,33 @@ func ParseSpans(data []byte) (*SpanSet, error) {
 	if err := p.err(); err != nil {
 		return nil, err
 	}
+	for i := range set.Spans {
+		set.Spans[i].traces = set.traceClosure(&set.Spans[i], 0)
+	}
 	return &set, nil
+}
+
+// traceClosure is every trace sp belongs to: its own, its parent's, and those
+// of its other parents (the set is validated: no cycle, every parent exists).
+func (s *SpanSet) traceClosure(sp *Span, depth int) []string {
+	out := []string{sp.Trace}
+	if depth > len(s.Spans) {
+		return out
+	}
+	parents := sp.OtherParents
+	if sp.Parent != "" {
+		parents = append([]string{sp.Parent}, parents...)
+	}
+	for _, name := range parents {
+		if p, ok := s.Lookup(name); ok {
+			for _, tr := range s.traceClosure(p, depth+1) {
+				if !slices.Contains(out, tr) {
+					out = append(out, tr)
+				}
+			}
+		}
+	}
+	return out
 }
 
 func validateSpan(p *problems, set *SpanSet, sp *Span) {
@@ -493,6 +562,7 @@ func validateTree(p *problems, set *SpanSet) {
 					sp.Name, sp.RemoteParent, sp.Parent, parent.Service, sp.Service)
 			}
 		}
+		validateOtherParents(p, set, sp)
 		if c := sp.When; c != nil {
 			validateCondition(p, set, sp, c)
 		}
@@ -538,6 +608,34 @@ func validateTree(p *problems, set *SpanSet) {
 				break
 			}
 			cur = next
+		}
+	}
+}
+
+// validateOtherParents checks a span's OtherParents: spans of the contract
+// that are no callers, each of another trace than the span's own and than
+// each other, with the locality remote_parent declares.
+func validateOtherParents(p *problems, set *SpanSet, sp *Span) {
+	if len(sp.OtherParents) > 0 && (sp.Parent == "" || sp.Caller) {
+		p.addf("%s: other_parents on a root or a caller span", sp.Name)
+		return
+	}
+	seen := []string{sp.Trace}
+	for _, name := range sp.OtherParents {
+		op, ok := set.Lookup(name)
+		switch {
+		case !ok:
+			p.addf("%s: other parent %q does not exist", sp.Name, name)
+		case op.Caller:
+			p.addf("%s: other parent %q is a caller span", sp.Name, name)
+		case slices.Contains(seen, op.Trace):
+			p.addf("%s: other parent %q belongs to trace %q, which the span already has a parent in", sp.Name, name, op.Trace)
+		default:
+			seen = append(seen, op.Trace)
+			if remote := op.Service != sp.Service; remote != sp.RemoteParent {
+				p.addf("%s: remote_parent is %v but other parent %q is in %s and the span in %s",
+					sp.Name, sp.RemoteParent, name, op.Service, sp.Service)
+			}
 		}
 	}
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -14,8 +15,11 @@ import (
 
 // Defaults applied to zero fields of [Config] (the HTTP settings' are httpfront's).
 const (
-	DefaultAddr      = "127.0.0.1:8000"
-	DefaultMaxTokens = 256
+	DefaultAddr        = "127.0.0.1:8000"
+	DefaultMaxTokens   = 256
+	DefaultHandoffIdle = 30 * time.Second
+	// DefaultHandoffConnect is the default of Config.HandoffConnectTimeout.
+	DefaultHandoffConnect = time.Second
 )
 
 // Config holds cb-engine's settings. The zero value is valid: every zero
@@ -46,8 +50,27 @@ type Config struct {
 	Role string
 	// WorkerAdvertise is the address of this engine's worker as the decode
 	// engines' workers reach it (host:port; they read the handed-over KV
-	// from its KVTransferService). Required with RolePrefill.
+	// from its KVTransferService). Required with RolePrefill. A loopback
+	// address is never sent to a decode engine on another host: such a
+	// hand-over is refused (500 handoff_misconfigured, with the fix).
 	WorkerAdvertise string
+	// HandoffIdleTimeout bounds the silence of a decode engine under a
+	// hand-over (RolePrefill): no byte of its answer for this long (the
+	// wait for its response headers included, so a non-streamed answer
+	// must begin within it) aborts the hand-over: before anything was
+	// relayed the caller gets 503 decode_unavailable (the gateway retries
+	// with another decode engine, or serves the request whole), a stream
+	// already relayed ends with an error event. The hand-over's overall
+	// deadline is the request's (RequestTimeout). Default 30 s.
+	HandoffIdleTimeout time.Duration
+	// HandoffConnectTimeout bounds the connection to a decode engine
+	// (RolePrefill, with the default HTTPClient): a decode host that does
+	// not answer is given up within it (503 decode_unavailable: the gateway
+	// serves the request whole on a prefill engine). Default 1 s. A
+	// gateway's --upstream-idle-timeout must exceed this plus
+	// HandoffIdleTimeout, or the gateway gives up on the prefill engine
+	// first.
+	HandoffConnectTimeout time.Duration
 	// HandoffSources, when not empty, lists the prefill workers (host:port,
 	// as their engines advertise them) a decode engine takes requests over
 	// from; a hand-over naming another is refused (400). Empty: any.
@@ -72,6 +95,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Role == "" {
 		c.Role = RoleBoth
+	}
+	if c.HandoffIdleTimeout <= 0 {
+		c.HandoffIdleTimeout = DefaultHandoffIdle
+	}
+	if c.HandoffConnectTimeout <= 0 {
+		c.HandoffConnectTimeout = DefaultHandoffConnect
 	}
 	c.Settings = c.Settings.WithDefaults()
 	return c
@@ -115,7 +144,8 @@ type Deps struct {
 	// it open while the engine runs.
 	ModelFile *modelfile.File
 	// HTTPClient makes a prefill engine's calls to decode engines; nil: a
-	// client with a 5 s connect timeout and no overall timeout (the
-	// request's RequestTimeout bounds each call).
+	// client with a 5 s connect timeout and TCP keep-alive probes (a decode
+	// host that stopped answering is noticed in about 15 s); the request's
+	// RequestTimeout and Config.HandoffIdleTimeout bound each call.
 	HTTPClient *http.Client
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
+	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
 )
 
@@ -43,12 +44,13 @@ func (e *Engine) serveDocuments(w *statusWriter, r *http.Request, _ string, t0 t
 			slog.Float64("duration_s", time.Since(t0).Seconds()), slog.Int("documents", len(toks)), slog.Int("tokens", nTokens))
 	}()
 	var out *api.DocumentList
+	var ids []string
 	if apiErr == nil {
-		out, apiErr = e.storeDocuments(parent, r, docs, toks)
+		out, ids, apiErr = e.storeDocuments(parent, r, docs, toks)
 	}
 	if apiErr == nil {
 		out.Usage = api.Usage{PromptTokens: nTokens, TotalTokens: nTokens}
-		writeJSON(w, http.StatusOK, out)
+		writeJSON(w, http.StatusOK, withFleetState(parent, e.blend, e.log, out, ids))
 		return
 	}
 	if apiErr.Status == http.StatusServiceUnavailable && apiErr.RetryAfter == 0 {
@@ -59,6 +61,65 @@ func (e *Engine) serveDocuments(w *statusWriter, r *http.Request, _ string, t0 t
 	} else {
 		w.Status = apiErr.Status
 	}
+}
+
+// fleetStatusTimeout bounds the engine's fleet status query (the blend
+// server waits at most its FleetStatusWait, 1 s by default, for the writes).
+const fleetStatusTimeout = 3 * time.Second
+
+// documentResult is api.DocumentResult with the document's fleet state.
+type documentResult struct {
+	api.DocumentResult
+	// Fleet is, with a blend server that has a fleet tier (Redis), whether
+	// other nodes can find the document: "shared" (its chunks and directory
+	// entry are in Redis), "pending" (some fleet writes failed and are being
+	// retried: shared once Redis answers again), "not_shared" (a write was
+	// dropped: store it again to share it). Absent without a fleet tier, or
+	// when the blend server did not answer the query ("unknown" is never
+	// guessed).
+	Fleet string `json:"fleet,omitempty"`
+}
+
+// documentList is the body of a POST /v1/documents response (api.DocumentList
+// with documentResult entries).
+type documentList struct {
+	Object string           `json:"object"`
+	Model  string           `json:"model"`
+	Data   []documentResult `json:"data"`
+	Usage  api.Usage        `json:"usage"`
+}
+
+// withFleetState asks the blend server bc (nil: nothing is asked) for the
+// fleet state of the stored documents (BlendService.FleetStatus, by their
+// request ids ids, in order) and puts it in the answer; a document not
+// shared is logged.
+func withFleetState(ctx context.Context, bc cbv1.BlendServiceClient, log *slog.Logger, out *api.DocumentList, ids []string) *documentList {
+	res := &documentList{Object: out.Object, Model: out.Model, Usage: out.Usage, Data: make([]documentResult, len(out.Data))}
+	for i, d := range out.Data {
+		res.Data[i].DocumentResult = d
+	}
+	if bc == nil || len(ids) == 0 || len(ids) != len(out.Data) {
+		return res
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fleetStatusTimeout)
+	defer cancel()
+	st, err := bc.FleetStatus(ctx, &cbv1.FleetStatusRequest{RequestIds: ids})
+	if err != nil {
+		log.Warn("fleet state of the stored documents unknown", "err", err)
+		return res
+	}
+	if !st.GetFleet() || len(st.GetStates()) != len(ids) {
+		return res // no fleet tier (or a malformed answer: nothing guessed)
+	}
+	for i := range res.Data {
+		state := st.GetStates()[i]
+		res.Data[i].Fleet = state
+		if state != "shared" {
+			log.Warn("document stored on this node but not shared in the fleet yet",
+				"request_id", ids[i], "document_id", res.Data[i].ID, "fleet", state)
+		}
+	}
+	return res
 }
 
 // readDocuments reads and decodes a documents request and tokenizes its
@@ -91,8 +152,9 @@ func (e *Engine) readDocuments(w *statusWriter, r *http.Request) (*api.Documents
 
 // storeDocuments submits every document to the scheduler, each under its
 // cb.store_pre_computed span (a child of parent), and waits until all are
-// stored. On a failure the documents still queued are abandoned.
-func (e *Engine) storeDocuments(parent context.Context, r *http.Request, docs *api.Documents, toks [][]int32) (*api.DocumentList, *api.Error) {
+// stored; it returns the answer and the documents' request ids. On a failure
+// the documents still queued are abandoned.
+func (e *Engine) storeDocuments(parent context.Context, r *http.Request, docs *api.Documents, toks [][]int32) (*api.DocumentList, []string, *api.Error) {
 	reqCtx, cancel := context.WithTimeout(r.Context(), e.cfg.RequestTimeout)
 	defer cancel()
 	type job struct {
@@ -134,7 +196,7 @@ func (e *Engine) storeDocuments(parent context.Context, r *http.Request, docs *a
 			span.SetError(apiErr.ErrorType, serr)
 			span.End()
 			abandon(context.Canceled)
-			return nil, apiErr
+			return nil, nil, apiErr
 		}
 		jobs = append(jobs, job{id: id, h: h, span: span})
 	}
@@ -144,7 +206,7 @@ func (e *Engine) storeDocuments(parent context.Context, r *http.Request, docs *a
 		if !res.Done || res.Err != nil {
 			apiErr, cause := resultError(r, reqCtx, res)
 			abandon(cause)
-			return nil, apiErr
+			return nil, nil, apiErr
 		}
 		id := docs.Docs[i].ID
 		if id == "" {
@@ -152,8 +214,10 @@ func (e *Engine) storeDocuments(parent context.Context, r *http.Request, docs *a
 		}
 		out.Data = append(out.Data, api.DocumentResult{Object: "document", ID: id, Index: i, Tokens: len(toks[i]), Status: "stored"})
 	}
-	for _, j := range jobs {
+	ids := make([]string, len(jobs))
+	for i, j := range jobs {
 		j.span.End()
+		ids[i] = j.id
 	}
-	return out, nil
+	return out, ids, nil
 }

@@ -44,6 +44,7 @@ type Engine struct {
 	file     *modelfile.File // the model file (nil: the built-in model)
 	front    *httpfront.Front
 	worker   cbv1.WorkerServiceClient // the worker: steps (through the scheduler) and KV pulls
+	blend    cbv1.BlendServiceClient  // nil without a blend server: asked for stored documents' fleet state
 	client   *http.Client             // calls to decode engines
 	created  int64
 	drain    drainMeter // the queue's drain rate, for Retry-After
@@ -74,9 +75,9 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 		return nil, fmt.Errorf("engine: role %q, want %s, %s or %s", cfg.Role, RoleBoth, RolePrefill, RoleDecode)
 	}
 	deps.Deps = deps.Deps.WithDefaults()
-	e := &Engine{cfg: cfg, tok: deps.Tokenizer, file: deps.ModelFile, log: deps.Logger, created: time.Now().Unix(), worker: deps.Worker, client: deps.HTTPClient}
+	e := &Engine{cfg: cfg, tok: deps.Tokenizer, file: deps.ModelFile, log: deps.Logger, created: time.Now().Unix(), worker: deps.Worker, blend: deps.Blend, client: deps.HTTPClient}
 	if e.client == nil {
-		e.client = defaultHTTPClient()
+		e.client = defaultHTTPClient(cfg.HandoffConnectTimeout)
 	}
 	if e.tok == nil {
 		e.tok = tokenizer.Tokenizer{}
@@ -188,11 +189,15 @@ func (e *Engine) Role() string { return e.cfg.Role }
 func (e *Engine) Model() string { return e.cfg.Model }
 
 // defaultHTTPClient is the client of a prefill engine's calls to decode
-// engines: 5 s to connect, keep-alive connections, no overall timeout.
-func defaultHTTPClient() *http.Client {
+// engines: connect within connect (Config.HandoffConnectTimeout), keep-alive connections with TCP keep-alive
+// probes after 5 s idle, every 2 s, 5 unanswered: dead after about 15 s; no
+// overall timeout (the request's deadline and the idle timeout bound a
+// call).
+func defaultHTTPClient(connect time.Duration) *http.Client {
+	ka := net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: 2 * time.Second, Count: 5}
 	return &http.Client{Transport: &http.Transport{
 		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:         (&net.Dialer{Timeout: connect, KeepAliveConfig: ka}).DialContext,
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,
 	}}

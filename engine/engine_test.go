@@ -879,6 +879,47 @@ func TestDocumentsIngest(t *testing.T) {
 	}
 }
 
+// The ingest answer says whether each document is shared in the fleet
+// (BlendService.FleetStatus), and says nothing without a fleet tier.
+func TestDocumentsFleetState(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fleet func(id string) string
+		want  []string
+	}{
+		{"no fleet tier", nil, []string{"", ""}},
+		{"shared", func(string) string { return "shared" }, []string{"shared", "shared"}},
+		{"second pending", func() func(string) string {
+			n := 0 // asked in the documents' order
+			return func(string) string {
+				n++
+				return map[int]string{1: "shared", 2: "pending"}[n]
+			}
+		}(), []string{"shared", "pending"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := enginetest.NewWorker(64, 16, 2048)
+			ev := newEnv(t, envOpts{worker: w, blend: &enginetest.Blend{Fleet: tc.fleet}})
+			resp := send(t, http.MethodPost, ev.base+api.RouteDocuments, `{"documents":["first document text","second document text"]}`,
+				map[string]string{"Content-Type": "application/json"})
+			var out struct {
+				Data []struct {
+					Status string `json:"status"`
+					Fleet  string `json:"fleet"`
+				} `json:"data"`
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 || len(out.Data) != 2 {
+				t.Fatalf("status %d err %v %+v", resp.StatusCode, err, out)
+			}
+			for i, d := range out.Data {
+				if d.Status != "stored" || d.Fleet != tc.want[i] {
+					t.Fatalf("document %d: %+v, want stored and fleet %q", i, d, tc.want[i])
+				}
+			}
+		})
+	}
+}
+
 func TestShutdownFinishesInFlightStream(t *testing.T) {
 	w := enginetest.NewWorker(64, 16, 2048)
 	ev := newEnv(t, envOpts{worker: w})

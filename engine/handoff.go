@@ -5,12 +5,17 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -109,9 +114,47 @@ func (e *Engine) checkHandoff(r *http.Request, ho *api.Handoff, hoErr error, pro
 		if err != nil {
 			return "", badHandoff("invalid_handoff", "Header %s: %v.", api.HeaderDecodeEngine, err)
 		}
+		if err := CheckAdvertise(e.cfg.WorkerAdvertise, u); err != nil {
+			return "", &api.Error{Status: http.StatusInternalServerError, Type: "server_error", Code: CodeHandoffMisconfigured,
+				Message: err.Error(), ErrorType: api.ErrorTypeInternal}
+		}
 		return u, nil
 	}
 	return "", nil
+}
+
+// CodeHandoffMisconfigured is the code of the 500 of a hand-over the
+// prefill engine refuses because of its own configuration (a loopback
+// WorkerAdvertise and a decode engine on another host).
+const CodeHandoffMisconfigured = "handoff_misconfigured"
+
+// IsLoopback reports whether the host of hostport (or of a URL) is a
+// loopback address or "localhost".
+func IsLoopback(hostport string) bool {
+	if u, err := url.Parse(hostport); err == nil && u.Host != "" {
+		hostport = u.Host
+	}
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// CheckAdvertise refuses handing the worker address advertise over to the
+// decode engine at decodeURL when advertise is a loopback address and the
+// decode engine is not on loopback: its worker would dial its own host.
+// The error says the fix.
+func CheckAdvertise(advertise, decodeURL string) error {
+	if !IsLoopback(advertise) || IsLoopback(decodeURL) {
+		return nil
+	}
+	return fmt.Errorf("this prefill engine advertises its worker as %s, a loopback address the decode engine %s on another host cannot reach: "+
+		"start it with --worker-advertise HOST:PORT (CB_ENGINE_WORKER_ADVERTISE), the worker's address as the decode hosts reach it", advertise, decodeURL)
 }
 
 // prefilled is the scheduler's view of a hand-over to take over: its pull
@@ -189,9 +232,17 @@ func (e *Engine) handOver(w *statusWriter, r *http.Request, ctx, reqCtx context.
 	if g.Temperature > 0 { // the worker drew once for the first token (model.Sample)
 		ho.Draws = 1
 	}
-	tctx, span := e.spans.Start(ctx, spanname.KVTransfer, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
+	// The call's overall deadline is the request's (reqCtx, a child of ctx:
+	// the span's parent is the same); a decode engine silent for
+	// HandoffIdleTimeout is cut.
+	tctx, span := e.spans.Start(reqCtx, spanname.KVTransfer, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
 		attribute.String("request_id", rec.id), attribute.String("decode_engine", decodeURL)))
 	defer span.End()
+	tctx, cut := context.WithCancelCause(tctx)
+	defer cut(nil)
+	var last atomic.Int64
+	stopIdle := watchIdle(e.cfg.HandoffIdleTimeout, &last, func() { cut(errHandoffIdle) })
+	defer stopIdle()
 	out, err := http.NewRequestWithContext(tctx, http.MethodPost, decodeURL+route, bytes.NewReader(body))
 	if err != nil {
 		e.handOverFailed(w, span, rec, api.Internal(err.Error()), err)
@@ -203,8 +254,16 @@ func (e *Engine) handOver(w *statusWriter, r *http.Request, ctx, reqCtx context.
 	}
 	out.Header.Set(api.HeaderHandoff, ho.String())
 	telemetry.InjectHTTP(tctx, out.Header)
+	// Given up while the decode engine may still work on it: its spans may
+	// outlive this one (the contract's abandoned hand-over).
+	defer func() {
+		if tctx.Err() != nil {
+			span.SetAttributes(attribute.Bool("abandoned", true))
+		}
+	}()
 	resp, err := e.client.Do(out)
 	if err != nil {
+		err = handoffError(tctx, err)
 		apiErr := decodeUnavailable(err)
 		if reqCtx.Err() != nil {
 			apiErr, _ = resultError(r, reqCtx, scheduler.Result{})
@@ -212,6 +271,8 @@ func (e *Engine) handOver(w *statusWriter, r *http.Request, ctx, reqCtx context.
 		e.handOverFailed(w, span, rec, apiErr, err)
 		return
 	}
+	last.Store(time.Now().UnixNano())
+	resp.Body = &progressBody{ReadCloser: resp.Body, last: &last}
 	defer resp.Body.Close()
 	kv, reported := api.ParseKVReport(resp.Header)
 	span.SetAttributes(attribute.Int64("bytes", kv.Bytes), attribute.Int("blocks_sent", kv.BlocksSent),
@@ -219,7 +280,7 @@ func (e *Engine) handOver(w *statusWriter, r *http.Request, ctx, reqCtx context.
 		attribute.Int("http.response.status_code", resp.StatusCode))
 	e.metrics.RecordKVHandoff(metrics.KVHandoff{Direction: metrics.HandoffSent, Bytes: kv.Bytes, BlocksSent: int64(kv.BlocksSent),
 		BlocksDeduped: int64(kv.BlocksDeduped), OK: reported && resp.StatusCode == http.StatusOK})
-	e.relay(w, resp, rec, g.Stream)
+	e.relay(tctx, w, resp, rec, g.Stream, usage(len(req.Prompt), res))
 	if rec.apiErr != nil && rec.status >= 500 {
 		span.SetError(rec.apiErr.ErrorType, rec.cause)
 	}
@@ -258,10 +319,13 @@ func relayedError(status int) *api.Error {
 
 // relay copies the decode engine's answer to the caller: status, content
 // headers and body; an event stream event by event, each flushed. A stream
-// the decode engine breaks off ends with an OpenAI error event and
+// the decode engine breaks off (or that falls silent past the hand-over's
+// idle timeout, which cuts ctx) ends with an OpenAI error event and
 // [DONE]; a caller that goes away stops the relay (and so the decode
-// engine's request).
-func (e *Engine) relay(w *statusWriter, resp *http.Response, rec *genRecord, stream bool) {
+// engine's request). The usage of the answer (its cached-token counts) is
+// replaced by pu, the prefill side's: the reuse happened here, the decode
+// engine only deduplicated the blocks it received.
+func (e *Engine) relay(ctx context.Context, w *statusWriter, resp *http.Response, rec *genRecord, stream bool, pu api.Usage) {
 	for _, k := range []string{"Content-Type", "Cache-Control", "X-Accel-Buffering", api.HeaderKVBytes, api.HeaderKVBlocksSent, api.HeaderKVBlocksDeduped} {
 		if v := resp.Header.Get(k); v != "" {
 			w.Header().Set(k, v)
@@ -272,15 +336,28 @@ func (e *Engine) relay(w *statusWriter, resp *http.Response, rec *genRecord, str
 	if resp.StatusCode != http.StatusOK {
 		rec.apiErr = relayedError(resp.StatusCode)
 	}
-	w.WriteHeader(resp.StatusCode)
 	events := resp.StatusCode == http.StatusOK && stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	if !events {
-		_, err := io.Copy(w, io.LimitReader(resp.Body, maxRelayBytes))
+		b, err := io.ReadAll(io.LimitReader(resp.Body, maxRelayBytes))
 		if err != nil {
+			err = handoffError(ctx, err)
+			if resp.StatusCode == http.StatusOK && len(b) == 0 {
+				// Nothing came: the caller may still go elsewhere.
+				apiErr := decodeUnavailable(err)
+				rec.apiErr, rec.status, rec.cause = apiErr, apiErr.Status, err
+				apiErr.Write(w)
+				return
+			}
 			rec.apiErr, rec.cause = decodeUnavailable(err), err
 		}
+		if resp.StatusCode == http.StatusOK {
+			b = withUsage(b, pu)
+		}
+		w.WriteHeader(resp.StatusCode)
+		_, _ = w.Write(b)
 		return
 	}
+	w.WriteHeader(resp.StatusCode)
 	out := &sseWriter{w: w, rc: http.NewResponseController(w)}
 	br := bufio.NewReaderSize(resp.Body, 64<<10)
 	var line []byte
@@ -293,6 +370,9 @@ func (e *Engine) relay(w *statusWriter, resp *http.Response, rec *genRecord, str
 			continue
 		}
 		if err == nil {
+			if data, ok := bytes.CutPrefix(line, []byte("data: {")); ok && bytes.Contains(data, []byte(`"usage"`)) {
+				line = append(append([]byte("data: "), withUsage(bytes.TrimSpace(line[len("data: "):]), pu)...), '\n')
+			}
 			out.raw(string(line))
 			line = line[:0]
 			if out.err != nil {
@@ -307,11 +387,99 @@ func (e *Engine) relay(w *statusWriter, resp *http.Response, rec *genRecord, str
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
+		err = handoffError(ctx, err)
 		// Broken off: a partial line is dropped, the caller gets an error.
 		apiErr := decodeUnavailable(fmt.Errorf("its stream broke off: %w", err))
 		rec.apiErr, rec.cause = apiErr, err
 		out.send(apiErr.Body())
 		out.raw("data: [DONE]\n\n")
 		return
+	}
+}
+
+// withUsage returns the JSON object b with the cached-token counts of its
+// "usage" (prompt_tokens_details, cacheblend) replaced by pu's; b as it is
+// when it has no usage or does not decode.
+func withUsage(b []byte, pu api.Usage) []byte {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(b, &m) != nil || len(m["usage"]) == 0 || string(m["usage"]) == "null" {
+		return b
+	}
+	var u api.Usage
+	if json.Unmarshal(m["usage"], &u) != nil {
+		return b
+	}
+	u.PromptTokensDetails, u.CacheBlend = pu.PromptTokensDetails, pu.CacheBlend
+	ub, err := json.Marshal(u)
+	if err != nil {
+		return b
+	}
+	m["usage"] = ub
+	out, err := json.Marshal(m)
+	if err != nil {
+		return b
+	}
+	return out
+}
+
+// errHandoffIdle cuts a hand-over whose decode engine sent nothing for
+// Config.HandoffIdleTimeout.
+var errHandoffIdle = errors.New("no byte from the decode engine within the hand-over idle timeout")
+
+// handoffError names the idle timeout when it is what cut the call (ctx)
+// behind err.
+func handoffError(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); errors.Is(cause, errHandoffIdle) {
+		return fmt.Errorf("%w (%w)", cause, err)
+	}
+	return err
+}
+
+// progressBody records the time of each read of the decode engine's answer
+// that returned bytes.
+type progressBody struct {
+	io.ReadCloser
+	last *atomic.Int64
+}
+
+func (b *progressBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.last.Store(time.Now().UnixNano())
+	}
+	return n, err
+}
+
+// watchIdle calls cut once when last (unix nanoseconds; 0: since the
+// watch began) is older than d. The returned stop ends the watch and waits
+// for its goroutine.
+func watchIdle(d time.Duration, last *atomic.Int64, cut func()) (stop func()) {
+	start := time.Now()
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTimer(d)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-t.C:
+				at := start
+				if l := last.Load(); l != 0 {
+					at = time.Unix(0, l)
+				}
+				if left := d - now.Sub(at); left > 0 {
+					t.Reset(left)
+					continue
+				}
+				cut()
+				return
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-exited
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -281,5 +282,167 @@ func TestHandOverFailures(t *testing.T) {
 	freed("stream broke off")
 	if s := series(scrape(t, x.p.base), "cb_kv_handoffs_total", map[string]string{"direction": "sent", "result": "error"}); s.GetCounter().GetValue() != 4 {
 		t.Errorf("failed hand-overs counted %v, want 4", s.GetCounter().GetValue())
+	}
+}
+
+// fakeDecode is an httptest decode engine on 127.0.0.1 that answers a
+// hand-over as mode says, with a usage claiming 32 cached tokens (its
+// block dedup), never pulling the KV.
+func fakeDecode(t *testing.T, mode string, idle time.Duration) string {
+	t.Helper()
+	const usage = `"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11,"prompt_tokens_details":{"cached_tokens":32},"cacheblend":{"prefix_hit_tokens":32,"non_prefix_hit_tokens":0,"recomputed_tokens":0}}`
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		wait := func(d time.Duration) bool {
+			select {
+			case <-time.After(d):
+				return true
+			case <-r.Context().Done():
+				return false
+			}
+		}
+		switch mode {
+		case "stall before headers":
+			wait(10 * idle)
+			return
+		case "drop":
+			panic(http.ErrAbortHandler)
+		case "whole":
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"id":"x","object":"chat.completion","model":"cb-llama","choices":[{"index":0,"message":{"role":"assistant","content":"ab"},"finish_reason":"length"}],`+usage+`}`)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		io.WriteString(w, "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n")
+		fl.Flush()
+		if mode == "stall mid-stream" {
+			wait(10 * idle)
+			return
+		}
+		io.WriteString(w, "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"choices\":[],"+usage+"}\n\ndata: [DONE]\n\n")
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// TestHandOverFaults: a decode engine that is silent past the hand-over
+// idle timeout (before its headers or in the middle of its stream) or drops
+// the connection gets the caller a 503 decode_unavailable (nothing relayed
+// yet: the gateway may go elsewhere) or an error event, within the idle
+// timeout; a decode engine's usage is replaced by the prefill side's (here
+// nothing reused: 0 cached tokens, not the decode side's 32).
+func TestHandOverFaults(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	for _, tc := range []struct {
+		mode      string
+		stream    bool
+		status    int
+		bodyHas   []string
+		bodyLacks []string
+	}{
+		{"whole", false, 200, []string{`"cached_tokens":0`, `"prefix_hit_tokens":0`}, []string{`"cached_tokens":32`}},
+		{"stream", true, 200, []string{`"cached_tokens":0`, "[DONE]"}, []string{`"cached_tokens":32`, "error"}},
+		{"stall before headers", false, 503, []string{"decode_unavailable", "idle timeout"}, nil},
+		{"stall before headers", true, 503, []string{"decode_unavailable", "idle timeout"}, nil},
+		{"stall mid-stream", true, 200, []string{`"content":"a"`, "decode_unavailable", "idle timeout", "[DONE]"}, nil},
+		{"drop", false, 503, []string{"decode_unavailable"}, nil},
+	} {
+		t.Run(fmt.Sprint(tc.mode, " stream=", tc.stream), func(t *testing.T) {
+			p := newEnv(t, envOpts{cfg: Config{Role: RolePrefill, WorkerAdvertise: prefillWorker, HandoffIdleTimeout: idle}})
+			d := fakeDecode(t, tc.mode, idle)
+			t0 := time.Now()
+			resp := chatVia(t, p, map[string]string{api.HeaderDecodeEngine: d}, "hello there", 4, tc.stream)
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			took := time.Since(t0)
+			body := string(b)
+			if resp.StatusCode != tc.status {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			for _, s := range tc.bodyHas {
+				if !strings.Contains(body, s) {
+					t.Errorf("body lacks %q: %s", s, body)
+				}
+			}
+			for _, s := range tc.bodyLacks {
+				if strings.Contains(body, s) {
+					t.Errorf("body has %q: %s", s, body)
+				}
+			}
+			if took > idle+2*time.Second {
+				t.Fatalf("took %v with an idle timeout of %v", took, idle)
+			}
+		})
+	}
+}
+
+// TestHandOverUsageIsThePrefillSides: through a real decode engine, the
+// second request of a prompt reports the prefill engine's prefix reuse.
+func TestHandOverUsageIsThePrefillSides(t *testing.T) {
+	x := newPD(t)
+	content := strings.Repeat("Paged KV caches share prefixes. ", 6)
+	var cached []int
+	for range 2 {
+		resp := chatVia(t, x.p, map[string]string{api.HeaderDecodeEngine: x.d.base}, content, 3, false)
+		var out struct {
+			Usage api.Usage `json:"usage"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
+			t.Fatal(resp.Status, err)
+		}
+		resp.Body.Close()
+		cb := out.Usage.CacheBlend
+		if cb == nil || out.Usage.PromptTokensDetails == nil || cb.PrefixHitTokens+cb.NonPrefixHitTokens != out.Usage.PromptTokensDetails.CachedTokens {
+			t.Fatalf("usage %+v", out.Usage)
+		}
+		cached = append(cached, out.Usage.PromptTokensDetails.CachedTokens)
+	}
+	// The prefill engine's log line of the second request has its own count.
+	want := 0
+	for _, l := range strings.Split(x.p.logs.String(), "\n") {
+		var m struct {
+			Msg    string `json:"msg"`
+			Cached *int   `json:"cached_tokens"`
+		}
+		if json.Unmarshal([]byte(l), &m) == nil && m.Msg == "request" && m.Cached != nil {
+			want = *m.Cached
+		}
+	}
+	if cached[0] != 0 || cached[1] == 0 || cached[1] != want {
+		t.Fatalf("cached tokens per request %v, the prefill engine's last log line says %d", cached, want)
+	}
+}
+
+// TestLoopbackAdvertiseRefused: a loopback worker address is not handed
+// to a decode engine on another host (500 handoff_misconfigured naming the
+// fix, before any work); loopback to loopback is fine.
+func TestLoopbackAdvertiseRefused(t *testing.T) {
+	for _, tc := range []struct {
+		advertise, decode string
+		refused           bool
+	}{
+		{"127.0.0.1:50061", "http://10.0.0.3:8000", true},
+		{"localhost:50061", "http://decode.example:8000", true},
+		{"[::1]:50061", "http://[2001:db8::1]:8000", true},
+		{"127.0.0.1:50061", "http://127.0.0.1:8001", false},
+		{"127.0.0.1:50061", "http://localhost:8001", false},
+		{"10.0.0.2:50061", "http://10.0.0.3:8000", false},
+	} {
+		err := CheckAdvertise(tc.advertise, tc.decode)
+		if (err != nil) != tc.refused || err != nil && !strings.Contains(err.Error(), "--worker-advertise") {
+			t.Errorf("%s to %s: %v", tc.advertise, tc.decode, err)
+		}
+	}
+	p := newEnv(t, envOpts{cfg: Config{Role: RolePrefill, WorkerAdvertise: "127.0.0.1:50061"}})
+	resp := chatVia(t, p, map[string]string{api.HeaderDecodeEngine: "http://10.255.255.1:8000"}, "hi", 2, false)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 500 || !strings.Contains(string(b), CodeHandoffMisconfigured) || !strings.Contains(string(b), "--worker-advertise") {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	for _, s := range p.rec.Ended() {
+		if s.Name() == spanname.KVTransfer || s.Name() == spanname.EnginePrefill {
+			t.Fatalf("a refused hand-over ran %s", s.Name())
+		}
 	}
 }

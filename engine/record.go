@@ -56,11 +56,19 @@ func (rec *genRecord) fail(w http.ResponseWriter, apiErr *api.Error, cause error
 // status, the request metrics, and the JSON log line (inside the SERVER
 // span), then ends the SERVER span.
 func (e *Engine) endGenerate(ctx context.Context, span *telemetry.Span, rec *genRecord, w *statusWriter) {
-	end := time.Now()
 	var res scheduler.Result
 	if rec.h != nil {
+		// A request the handler gave up on (its context is cancelled by
+		// now) is still being finished by the scheduler, which ends its
+		// cb.request: the SERVER span ends after it.
+		select {
+		case <-rec.h.Done():
+		case <-time.After(finishWait):
+			e.log.Warn("the scheduler did not finish an abandoned request in time", "request_id", rec.id, "waited", finishWait)
+		}
 		res = rec.h.Snapshot()
 	}
+	end := time.Now()
 	status := rec.status
 	if status == 0 {
 		status = w.Status
@@ -124,6 +132,10 @@ func (e *Engine) endGenerate(ctx context.Context, span *telemetry.Span, rec *gen
 	e.logGenerate(ctx, rec, res, status, mrec)
 	span.End(trace.WithTimestamp(end))
 }
+
+// finishWait bounds endGenerate's wait for the scheduler to finish a
+// request whose context was cancelled (it does at its next step).
+const finishWait = 2 * time.Second
 
 // logGenerate writes the request's JSON log line (inside the SERVER span of
 // ctx) from its record, result, status and metrics record.

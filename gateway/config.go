@@ -38,6 +38,10 @@ const (
 	DefaultMaxQueue        = 512
 	DefaultQueueTimeout    = 30 * time.Second
 	DefaultHealthInterval  = time.Second
+	DefaultProbeTimeout    = 2 * time.Second
+	DefaultHealthFailures  = 3
+	DefaultIdleTimeout     = 60 * time.Second
+	DefaultKeepAlive       = 10 * time.Second
 	DefaultIndexBytes      = 64 << 20
 	DefaultIndexSequences  = 16384
 	DefaultMaxBufferedBody = 16 << 20
@@ -81,8 +85,29 @@ type Config struct {
 	// QueueTimeout bounds the wait in the queue (then 503 with Retry-After). Default 30 s.
 	QueueTimeout time.Duration
 	// HealthInterval is the period of the health checks (GET /health and /metrics of every
-	// engine, each bounded by the interval). Default 1 s.
+	// engine). Default 1 s.
 	HealthInterval time.Duration
+	// ProbeTimeout bounds one health probe (each of its GET /health and GET /metrics), apart
+	// from the interval: a probe slower than it counts as a failure. Default 2 s.
+	ProbeTimeout time.Duration
+	// HealthFailures is the number of consecutive failed health probes that take an engine
+	// out of routing (one passing probe brings it back). A failed attempt (unreachable, 503,
+	// idle) takes it out at once. Default 3: one slow probe of a busy engine does not.
+	HealthFailures int
+	// IdleTimeout bounds the silence of an engine under an attempt: no byte of its answer for
+	// this long (the wait for its response headers included, so a non-streamed answer must
+	// begin within it) aborts the attempt: before anything was written to the client it fails
+	// over (counted as reason "unreachable"); a stream already relayed ends with an error event (code
+	// upstream_idle_timeout) and data: [DONE]. It is also the stall window: an engine taken
+	// out of routing keeps the attempts that received a byte within the last
+	// HealthFailures×HealthInterval and cuts (fails over) the others. Default 60 s (nginx's
+	// proxy_read_timeout). The attempt's overall deadline is the request's (RequestTimeout).
+	IdleTimeout time.Duration
+	// KeepAlive is the period of the SSE comment line ": keep-alive" the gateway writes to a
+	// client whose relayed stream has been silent that long (the engine silent but within
+	// IdleTimeout), so that no proxy or client in between sees a dead connection. Default
+	// 10 s.
+	KeepAlive time.Duration
 	// IndexBytes and IndexSequences bound each engine's reuse index (the prompts and documents
 	// routed there): beyond either, the least recently used registrations are evicted.
 	// Defaults 64 MiB and 16384.
@@ -117,6 +142,10 @@ func (c Config) withDefaults() (Config, error) {
 	defaults.Positive(&c.MaxQueue, DefaultMaxQueue)
 	defaults.Positive(&c.QueueTimeout, DefaultQueueTimeout)
 	defaults.Positive(&c.HealthInterval, DefaultHealthInterval)
+	defaults.Positive(&c.ProbeTimeout, DefaultProbeTimeout)
+	defaults.Positive(&c.HealthFailures, DefaultHealthFailures)
+	defaults.Positive(&c.IdleTimeout, DefaultIdleTimeout)
+	defaults.Positive(&c.KeepAlive, DefaultKeepAlive)
 	defaults.Positive(&c.IndexBytes, DefaultIndexBytes)
 	defaults.Positive(&c.IndexSequences, DefaultIndexSequences)
 	defaults.Positive(&c.ChunkSize, defaults.ChunkSize)
@@ -194,7 +223,9 @@ type Deps struct {
 	// build them. nil: the built-in model's byte tokens.
 	ModelFile *modelfile.File
 	// Transport carries the requests to the engines (forwarding and health checks); nil: a
-	// transport of its own with keep-alive connections to every engine.
+	// transport of its own with keep-alive connections to every engine and TCP keep-alive
+	// probes (an engine whose host stopped answering is noticed in about 15 s, under
+	// IdleTimeout, even while its answer is legitimately silent).
 	Transport http.RoundTripper
 	// Policy, when set, replaces the built-in policy named by Config.Policy: the extension
 	// point for other routing (e.g. prefill/decode disaggregation, whose policy sets the decode

@@ -28,9 +28,19 @@
 // decode engine (a second pool, health-checked alike), named in the forwarded request's
 // X-CB-Decode-Engine header (docs/design.md §9). A 503 decode_unavailable before anything was
 // written to the client takes that decode engine out of routing and retries on the same
-// prefill engine with another one. route.decode_engine names it on both spans.
+// prefill engine with another one; when no decode engine is left the request is served whole
+// on the prefill engine (without the header), and /health answers 200 "degraded" listing the
+// decode engines. route.decode_engine names it on both spans.
 //
 // # Failover
+//
+// Health: Config.HealthFailures failed probes in a row (each bounded by Config.ProbeTimeout)
+// take an engine out of routing; a failed attempt takes it out at once. Taking an engine out
+// cuts only its attempts that are stalled (no byte of their answer within the stall window,
+// HealthFailures×HealthInterval); those still receiving bytes go on. Every attempt is bounded
+// by the request's deadline and by Config.IdleTimeout of silence from the engine; a relayed
+// stream gets ": keep-alive" comments every Config.KeepAlive while the engine is silent. An
+// attempt the gateway gives up on carries gateway.abandoned=true (AttrAbandoned).
 //
 // An attempt that fails before anything was written to the client — the engine unreachable,
 // 503, 429, a non-streamed body cut short, or a stream lost (or opened with an unavailable

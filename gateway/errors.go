@@ -14,6 +14,7 @@ const (
 	CodeQueueFull    = "queue_full"
 	CodeQueueTimeout = "queue_timeout"
 	CodeEngineLost   = "engine_lost"
+	CodeIdleTimeout  = "upstream_idle_timeout"
 )
 
 // noEngine is the 503 of a request no engine could serve; detail says why.
@@ -38,6 +39,14 @@ func queueTimeout(d time.Duration) *api.Error {
 func engineLost(engine string) *api.Error {
 	return &api.Error{Status: http.StatusBadGateway, Type: "server_error", Code: CodeEngineLost,
 		Message: "The engine " + engine + " was lost in the middle of the response.", ErrorType: api.ErrorTypeWorkerUnavailable}
+}
+
+// idleTimeout is the error event of a stream whose engine sent nothing for d after the stream
+// began.
+func idleTimeout(engine string, d time.Duration) *api.Error {
+	return &api.Error{Status: http.StatusGatewayTimeout, Type: "server_error", Code: CodeIdleTimeout,
+		Message:   "The engine " + engine + " sent nothing for " + d.String() + " (the gateway's idle timeout) in the middle of the response.",
+		ErrorType: api.ErrorTypeTimeout}
 }
 
 // retryAfter returns the Retry-After value, in whole seconds (at least 1), for d.
@@ -77,7 +86,7 @@ func errorTypeOfCode(code string) string {
 	switch code {
 	case "worker_unavailable", "shutting_down", CodeEngineLost, CodeNoEngine:
 		return api.ErrorTypeWorkerUnavailable
-	case "timeout":
+	case "timeout", CodeIdleTimeout:
 		return api.ErrorTypeTimeout
 	case "canceled":
 		return api.ErrorTypeCanceled

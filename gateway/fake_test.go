@@ -30,6 +30,10 @@ const (
 	answerDieAfterText  // stream: the role event and one content event, then the cut
 	answerErrorEvent    // stream: headers, then an error event of an unavailable worker
 	answerDecode503     // 503 decode_unavailable (set by fakeEngine.badDecode)
+	answerStallBefore   // stream: the role event, then silence until the request ends
+	answerStallAfter    // stream: the role event and one content event, then silence
+	answerSlowText      // stream: the role event, then content events fakeEngine.gap apart
+	answerPingThenText  // stream: the role event, ": ping" comments every 20 ms for fakeEngine.gap, then content
 )
 
 // fakeEngine is an httptest server speaking the engine's API: /health, /metrics with the load
@@ -49,7 +53,9 @@ type fakeEngine struct {
 	traceparent []string
 	auth        []string
 	decodeHdr   []string        // X-CB-Decode-Engine of each generation
-	badDecode   string          // a generation handed over to this decode URL gets 503 decode_unavailable
+	badDecode   string          // a generation handed over to this decode URL ("*": any) gets 503 decode_unavailable
+	healthDelay time.Duration   // /health answers after this
+	gap         time.Duration   // answerSlowText, answerPingThenText
 	cached      map[uint64]bool // prefix cache: the chained hashes of every 16-byte block seen
 }
 
@@ -91,9 +97,15 @@ func (f *fakeEngine) count() (requests, documents int) {
 func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	health, answer, waiting, running, hold, cached := f.health, f.answer, f.waiting, f.running, f.hold, len(f.cached)
+	healthDelay, gap := f.healthDelay, f.gap
 	f.mu.Unlock()
 	switch r.URL.Path {
 	case "/health":
+		select {
+		case <-time.After(healthDelay):
+		case <-r.Context().Done():
+			return
+		}
 		w.WriteHeader(health)
 		return
 	case "/metrics":
@@ -126,7 +138,7 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	f.auth = append(f.auth, r.Header.Get("Authorization"))
 	dh := r.Header.Get("X-Cb-Decode-Engine")
 	f.decodeHdr = append(f.decodeHdr, dh)
-	if dh != "" && dh == f.badDecode {
+	if dh != "" && (dh == f.badDecode || f.badDecode == "*") {
 		answer = answerDecode503
 	}
 	f.mu.Unlock()
@@ -173,6 +185,27 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	send(`{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`)
+	sleep := func(d time.Duration) bool {
+		select {
+		case <-time.After(d):
+			return true
+		case <-r.Context().Done():
+			return false
+		}
+	}
+	switch answer {
+	case answerStallBefore:
+		<-r.Context().Done()
+		return
+	case answerPingThenText:
+		for end := time.Now().Add(gap); time.Now().Before(end); {
+			io.WriteString(w, ": ping\n\n")
+			fl.Flush()
+			if !sleep(20 * time.Millisecond) {
+				return
+			}
+		}
+	}
 	if answer == answerDieBeforeText {
 		time.Sleep(10 * time.Millisecond)
 		panic(http.ErrAbortHandler)
@@ -182,6 +215,13 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		if answer == answerDieAfterText {
 			time.Sleep(10 * time.Millisecond)
 			panic(http.ErrAbortHandler)
+		}
+		if answer == answerStallAfter {
+			<-r.Context().Done()
+			return
+		}
+		if answer == answerSlowText && !sleep(gap) {
+			return
 		}
 	}
 	send(`{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}`)

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -45,6 +46,10 @@ type record struct {
 	output
 	hooks attemptHooks
 	last  lastFailure
+	// abandoned: the gateway gave up on the current attempt's upstream call before the engine
+	// ended it (the client gone, the request timed out, the engine silent past IdleTimeout, or
+	// its stream lost); reset per attempt.
+	abandoned bool
 }
 
 // request is what the client asked.
@@ -68,11 +73,14 @@ type routing struct {
 	routed       bool // a decision was made
 	engine       string
 	decodeEngine string // with prefill/decode routing: the decode engine of the last attempt
-	decision     Decision
-	cand         Candidate
-	cands        []Candidate
-	attempts     int
-	queueWait    time.Duration
+	// decodeFallback: with prefill/decode routing no decode engine could take the request, so
+	// it was served whole on the prefill side (no X-CB-Decode-Engine).
+	decodeFallback bool
+	decision       Decision
+	cand           Candidate
+	cands          []Candidate
+	attempts       int
+	queueWait      time.Duration
 }
 
 // output is what the engine's answer carried.
@@ -90,6 +98,8 @@ type attemptHooks struct {
 	detach func()
 	// onCommit, when set, runs once before the first byte of an engine's response is written.
 	onCommit func()
+	// progress is the current attempt's upstream activity (nil outside an attempt).
+	progress *progress
 }
 
 // lastFailure is the last retryable failure's response, sent when no engine is left.
@@ -238,8 +248,13 @@ func (g *Gateway) dispatch(ctx context.Context, w *statusWriter, r *http.Request
 		var dl *lease
 		if err == nil && djob != nil {
 			// The decode engine: least loaded among the healthy ones not failed for this
-			// request, from its own pool (slots, queue).
-			if dl, err = g.decode.acquire(qctx, djob); err != nil {
+			// request, from its own pool (slots, queue). None reachable: the prefill engine
+			// serves the request whole (it is an engine like any other).
+			switch dl, err = g.decode.acquire(qctx, djob); {
+			case errors.Is(err, errNoEngine):
+				dl, err = nil, nil
+				rec.decodeFallback = true
+			case err != nil:
 				g.pool.release(l)
 			}
 		}
@@ -255,8 +270,9 @@ func (g *Gateway) dispatch(ctx context.Context, w *statusWriter, r *http.Request
 		g.metrics.RouteDecision(g.policyName, l.u.name, l.decision.Reason, rec.promptTokens, min(l.cand.ExpectedHitTokens, rec.promptTokens))
 		register(l.u)
 		extra := l.decision.Header
+		rec.decodeEngine = ""
 		if dl != nil {
-			rec.decodeEngine = dl.u.name
+			rec.decodeEngine, rec.decodeFallback = dl.u.name, false
 			extra = extra.Clone()
 			if extra == nil {
 				extra = http.Header{}
@@ -346,9 +362,15 @@ func (g *Gateway) attempt(ctx context.Context, w *statusWriter, r *http.Request,
 	// (a failed health check, or another request's failed attempt): it fails over.
 	actx, cancel := context.WithCancelCause(actx)
 	defer cancel(nil)
-	rec.hooks.onCommit = g.pool.track(u, cancel)
+	pr := &progress{cancel: cancel}
+	rec.hooks.onCommit, rec.hooks.progress, rec.abandoned = g.pool.track(u, pr), pr, false
 	fail, errType, err := g.forward(actx, w, r, rec, u, extra, body, path, span)
 	rec.commit()
+	rec.hooks.progress = nil
+	if fail != "" || rec.abandoned {
+		// The gateway gave up on the call: the engine's spans under it may outlive it.
+		span.SetAttributes(attribute.Bool(AttrAbandoned, true))
+	}
 	switch {
 	case fail != "":
 		span.SetError(fail, err)
@@ -390,6 +412,12 @@ func (g *Gateway) forward(ctx context.Context, w *statusWriter, r *http.Request,
 			time.AfterFunc(trailerWait, func() { upCancel(errTrailerWait) })
 		}
 	}
+	pr := rec.hooks.progress
+	if pr == nil {
+		pr = &progress{}
+	}
+	stopIdle := watchIdle(g.cfg.IdleTimeout, pr, func() { upCancel(errIdleTimeout) })
+	defer stopIdle()
 	req, err := http.NewRequestWithContext(upCtx, r.Method, u.url+path, bytes.NewReader(body))
 	if err != nil {
 		return failUnreachable, "", err
@@ -416,8 +444,10 @@ func (g *Gateway) forward(ctx context.Context, w *statusWriter, r *http.Request,
 		if clientDone(ctx) {
 			return clientGone(r, rec, ctx, err)
 		}
-		return failUnreachable, "", err
+		return failUnreachable, "", upstreamError(upCtx, u, err)
 	}
+	pr.touch()
+	resp.Body = &progressBody{ReadCloser: resp.Body, pr: pr}
 	defer resp.Body.Close()
 	span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
 	switch resp.StatusCode {
@@ -433,9 +463,73 @@ func (g *Gateway) forward(ctx context.Context, w *statusWriter, r *http.Request,
 		return failUnavailable, "", fmt.Errorf("engine %s: %s", u.name, resp.Status)
 	}
 	if resp.StatusCode == http.StatusOK && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		return g.relayStream(ctx, w, r, rec, u, resp)
+		return g.relayStream(ctx, upCtx, w, r, rec, u, resp)
 	}
-	return g.relayWhole(ctx, w, r, rec, u, resp)
+	return g.relayWhole(ctx, upCtx, w, r, rec, u, resp)
+}
+
+// AttrAbandoned is the bool attribute set (true) on a gateway.attempt span whose upstream
+// call the gateway gave up on: failed over, the client gone, the request timed out, the
+// engine silent past IdleTimeout or its stream lost. The engine's spans under such an attempt
+// may end after it.
+const AttrAbandoned = "gateway.abandoned"
+
+// errIdleTimeout cuts an upstream call whose engine sent no byte for Config.IdleTimeout.
+var errIdleTimeout = errors.New("gateway: no byte from the engine within the idle timeout")
+
+// upstreamError names the idle timeout when it is what cut the call behind err.
+func upstreamError(upCtx context.Context, u *upstream, err error) error {
+	if errors.Is(context.Cause(upCtx), errIdleTimeout) {
+		return fmt.Errorf("engine %s: %w: %w", u.name, errIdleTimeout, err)
+	}
+	return err
+}
+
+// progressBody records each read of an engine's answer that returned bytes.
+type progressBody struct {
+	io.ReadCloser
+	pr *progress
+}
+
+func (b *progressBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.pr.touch()
+	}
+	return n, err
+}
+
+// watchIdle calls cut once when no byte was recorded in pr for d (counted from now until
+// the first byte). The returned stop ends the watch and waits for its goroutine.
+func watchIdle(d time.Duration, pr *progress, cut func()) (stop func()) {
+	start := time.Now()
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTimer(d)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-t.C:
+				last := start
+				if l := pr.last.Load(); l != 0 {
+					last = time.Unix(0, l)
+				}
+				if left := d - now.Sub(last); left > 0 {
+					t.Reset(left)
+					continue
+				}
+				cut()
+				return
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-exited
+	}
 }
 
 // clientDone reports whether ctx ended because the client went away or the request timed
@@ -448,6 +542,7 @@ func clientDone(ctx context.Context) bool {
 // the request timeout (sent when nothing was written yet), else 499. It returns the
 // attempt's result (answered: no failover).
 func clientGone(r *http.Request, rec *record, ctx context.Context, err error) (string, string, error) {
+	rec.abandoned = true
 	if r.Context().Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		rec.apiErr = api.Timeout("it ran past the request timeout")
 	} else {
@@ -460,6 +555,7 @@ func clientGone(r *http.Request, rec *record, ctx context.Context, err error) (s
 // clientClosed records a request whose client could not be written to (499), with err. It
 // returns the attempt's result (answered: no failover).
 func (rec *record) clientClosed(err error) (string, string, error) {
+	rec.abandoned = true
 	rec.status, rec.errType = api.StatusClientClosedRequest, api.ErrorTypeCanceled
 	return "", rec.errType, err
 }
@@ -477,14 +573,14 @@ func (rec *record) respond(w *statusWriter, u *upstream, resp *http.Response) ht
 
 // relayWhole relays a non-streamed response. A body up to MaxBufferedBody is read in full
 // before anything is written, so an engine lost in the middle is failed over.
-func (g *Gateway) relayWhole(ctx context.Context, w *statusWriter, r *http.Request, rec *record, u *upstream, resp *http.Response) (string, string, error) {
+func (g *Gateway) relayWhole(ctx, upCtx context.Context, w *statusWriter, r *http.Request, rec *record, u *upstream, resp *http.Response) (string, string, error) {
 	limit := g.cfg.MaxBufferedBody
 	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
 		if clientDone(ctx) {
 			return clientGone(r, rec, ctx, err)
 		}
-		return failUnreachable, "", err
+		return failUnreachable, "", upstreamError(upCtx, u, err)
 	}
 	h := rec.respond(w, u, resp)
 	rec.errType = errorTypeOfStatus(resp.StatusCode)
@@ -510,8 +606,8 @@ func (g *Gateway) relayWhole(ctx context.Context, w *statusWriter, r *http.Reque
 		return rec.clientClosed(werr)
 	}
 	if err != nil {
-		rec.errType = api.ErrorTypeWorkerUnavailable
-		return "", "broken", err
+		rec.errType, rec.abandoned = api.ErrorTypeWorkerUnavailable, true
+		return "", "broken", upstreamError(upCtx, u, err)
 	}
 	return "", rec.errType, nil
 }
@@ -519,34 +615,35 @@ func (g *Gateway) relayWhole(ctx context.Context, w *statusWriter, r *http.Reque
 // relayStream relays a streamed response (server-sent events). Events before the first one
 // with content (the chat role event) are held back: an engine lost before it, or one that
 // sends an error event of an unavailable worker first, is failed over as if it had never
-// answered. From the first content on every event is passed through and flushed; an engine
-// lost later ends the stream with an error event and [DONE].
-func (g *Gateway) relayStream(ctx context.Context, w *statusWriter, r *http.Request, rec *record, u *upstream, resp *http.Response) (string, string, error) {
+// answered. From the first content on every event is passed through and flushed, and while
+// the engine is silent the client gets ": keep-alive" comment lines every Config.KeepAlive;
+// an engine lost later (or silent past Config.IdleTimeout) ends the stream with an error
+// event and [DONE].
+func (g *Gateway) relayStream(ctx, upCtx context.Context, w *statusWriter, r *http.Request, rec *record, u *upstream, resp *http.Response) (string, string, error) {
 	sr := newSSEReader(resp.Body)
 	var pending []byte
-	committed := false
-	write := func(b []byte) error {
-		if _, err := w.Write(b); err != nil {
-			return err
-		}
-		return w.FlushError()
-	}
+	out := &clientStream{w: w}
+	defer out.close()
 	for {
 		ev, err := sr.next()
 		if err != nil {
 			if clientDone(ctx) {
 				return clientGone(r, rec, ctx, err)
 			}
-			if !committed {
+			err = upstreamError(upCtx, u, err)
+			if !out.committed() {
 				return failUnreachable, "", fmt.Errorf("engine %s: stream lost before it began: %w", u.name, err)
 			}
 			lost := engineLost(u.name)
+			if errors.Is(err, errIdleTimeout) {
+				lost = idleTimeout(u.name, g.cfg.IdleTimeout)
+			}
 			b, _ := json.Marshal(lost.Body())
-			_ = write(fmt.Appendf(nil, "data: %s\n\ndata: [DONE]\n\n", b))
-			rec.errType, rec.apiErr = lost.ErrorType, lost
+			_ = out.write(fmt.Appendf(nil, "data: %s\n\ndata: [DONE]\n\n", b))
+			rec.errType, rec.apiErr, rec.abandoned = lost.ErrorType, lost, true
 			return "", "broken", fmt.Errorf("engine %s: stream lost: %w", u.name, err)
 		}
-		if !committed {
+		if !out.committed() {
 			if ev.Error && (ev.Code == "worker_unavailable" || ev.Code == "shutting_down") {
 				return failUnavailable, "", fmt.Errorf("engine %s: error event %s before the stream began", u.name, ev.Code)
 			}
@@ -563,8 +660,7 @@ func (g *Gateway) relayStream(ctx context.Context, w *statusWriter, r *http.Requ
 			}
 			rec.respond(w, u, resp).Del("Content-Length")
 			w.WriteHeader(http.StatusOK)
-			committed = true
-			if err := write(pending); err != nil {
+			if err := out.commit(pending, g.cfg.KeepAlive); err != nil {
 				return rec.clientClosed(err)
 			}
 		}
@@ -580,16 +676,101 @@ func (g *Gateway) relayStream(ctx context.Context, w *statusWriter, r *http.Requ
 		if ev.Error {
 			rec.errType = errorTypeOfCode(ev.Code)
 		}
-		if err := write(ev.Raw); err != nil {
+		if err := out.write(ev.Raw); err != nil {
 			return rec.clientClosed(err)
 		}
 		if ev.Done {
+			out.close()
 			if rec.hooks.detach != nil {
 				rec.hooks.detach()
 			}
 			_, _ = drain(resp.Body, 4096)
 			return "", rec.errType, nil
 		}
+	}
+}
+
+// keepAliveLine is the SSE comment the gateway writes to a client while the engine is silent.
+const keepAliveLine = ": keep-alive\n\n"
+
+// clientStream is the client's side of a relayed stream once committed: writes flushed one
+// by one, and a keep-alive comment whenever nothing was written for the keep-alive period.
+// The relay and the keep-alive goroutine write under mu; close stops the goroutine and waits
+// for it (call it before the handler returns). Not usable after close.
+type clientStream struct {
+	w *statusWriter
+
+	mu     sync.Mutex
+	last   time.Time // of the last write
+	err    error     // the first write error
+	closed bool
+	stop   chan struct{} // nil until commit
+	exited chan struct{}
+}
+
+func (c *clientStream) committed() bool { return c.stop != nil }
+
+// commit writes the held-back events and starts the keep-alives every period.
+func (c *clientStream) commit(pending []byte, period time.Duration) error {
+	c.stop, c.exited = make(chan struct{}), make(chan struct{})
+	err := c.write(pending)
+	go c.keepAlive(period)
+	return err
+}
+
+// write writes b and flushes it.
+func (c *clientStream) write(b []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.writeLocked(b)
+}
+
+func (c *clientStream) writeLocked(b []byte) error {
+	if c.err != nil {
+		return c.err
+	}
+	if _, c.err = c.w.Write(b); c.err == nil {
+		c.err = c.w.FlushError()
+	}
+	c.last = time.Now()
+	return c.err
+}
+
+// keepAlive writes keepAliveLine whenever nothing was written for period, until close.
+func (c *clientStream) keepAlive(period time.Duration) {
+	defer close(c.exited)
+	t := time.NewTimer(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case now := <-t.C:
+			c.mu.Lock()
+			if c.closed || c.err != nil {
+				c.mu.Unlock()
+				return
+			}
+			left := period - now.Sub(c.last)
+			if left <= 0 {
+				_ = c.writeLocked([]byte(keepAliveLine))
+				left = period
+			}
+			c.mu.Unlock()
+			t.Reset(left)
+		}
+	}
+}
+
+// close stops the keep-alives and waits for their goroutine. Idempotent.
+func (c *clientStream) close() {
+	c.mu.Lock()
+	was := c.closed
+	c.closed = true
+	c.mu.Unlock()
+	if c.stop != nil && !was {
+		close(c.stop)
+		<-c.exited
 	}
 }
 
@@ -694,6 +875,7 @@ func (g *Gateway) finish(ctx context.Context, span *telemetry.Span, rec *record,
 		slog.String("error_type", rec.errType),
 		slog.String("engine", rec.engine),
 		slog.String("decode_engine", rec.decodeEngine),
+		slog.Bool("decode_fallback", rec.decodeFallback),
 		slog.String("policy", g.policy.Name()),
 		slog.String("reason", rec.decision.Reason),
 		slog.Float64("score", rec.decision.Score),

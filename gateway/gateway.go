@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"slices"
 	"sync"
@@ -80,19 +81,23 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	if tr == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.MaxIdleConnsPerHost = 256
-		t.ResponseHeaderTimeout = 0 // a non-streamed generation answers at its end
+		t.ResponseHeaderTimeout = 0 // a non-streamed generation answers at its end (IdleTimeout bounds it)
+		t.DialContext = (&net.Dialer{Timeout: dialTimeout, KeepAliveConfig: tcpKeepAlive()}).DialContext
 		tr = t
 	}
 	g.client = &http.Client{Transport: tr, CheckRedirect: noRedirect}
-	g.probe = &http.Client{Transport: tr, CheckRedirect: noRedirect, Timeout: cfg.HealthInterval}
-	g.pool = &pool{policy: g.policy, maxInFlight: cfg.MaxInFlight, maxQueue: cfg.MaxQueue, onQueue: m.SetQueueWaiting}
+	g.probe = &http.Client{Transport: tr, CheckRedirect: noRedirect, Timeout: cfg.ProbeTimeout}
+	stall := max(time.Duration(cfg.HealthFailures)*cfg.HealthInterval, cfg.ProbeTimeout)
+	g.pool = &pool{policy: g.policy, maxInFlight: cfg.MaxInFlight, maxQueue: cfg.MaxQueue, onQueue: m.SetQueueWaiting,
+		failures: cfg.HealthFailures, stall: stall}
 	for i, u := range cfg.Engines {
 		g.pool.engines = append(g.pool.engines, newUpstream(i, u, newReuseIndex(cfg.Model, cfg.ChunkSize, cfg.IndexBytes, cfg.IndexSequences)))
 	}
 	if len(cfg.Decode) > 0 {
 		// Decode engines: the least loaded healthy one; nothing is registered in their
 		// (empty) reuse indexes, the prompt's reuse happens on the prefill engine.
-		g.decode = &pool{policy: leastLoaded{}, maxInFlight: cfg.MaxInFlight, maxQueue: cfg.MaxQueue}
+		g.decode = &pool{policy: leastLoaded{}, maxInFlight: cfg.MaxInFlight, maxQueue: cfg.MaxQueue,
+			failures: cfg.HealthFailures, stall: stall}
 		for i, u := range cfg.Decode {
 			g.decode.engines = append(g.decode.engines, newUpstream(i, u, newReuseIndex(cfg.Model, cfg.ChunkSize, 0, 1)))
 		}
@@ -102,6 +107,16 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 }
 
 func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+// dialTimeout bounds a connection to an engine; tcpKeepAlive probes an idle connection after
+// 5 s, every 2 s, and gives up after 5 unanswered probes: a connection to a host that stopped
+// answering (link down, host gone) fails in about 15 s even while the engine's answer is
+// legitimately silent (a long prefill), which IdleTimeout alone could not tell apart.
+const dialTimeout = 5 * time.Second
+
+func tcpKeepAlive() net.KeepAliveConfig {
+	return net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: 2 * time.Second, Count: 5}
+}
 
 // Handler returns the gateway's HTTP routes. Requests get 503 until Start has checked the
 // engines' health.
@@ -207,8 +222,9 @@ func (g *Gateway) checkAll(ctx context.Context) {
 	g.refreshEngineMetrics()
 }
 
-// check runs one health check of u: GET /health must answer 200; GET /metrics gives its load
-// gauges (a failure there keeps the engine up with its last gauges).
+// check runs one health check of u: GET /health must answer 200 within Config.ProbeTimeout
+// (Config.HealthFailures failures in a row take it out of routing); GET /metrics gives its
+// load gauges (a failure there keeps the engine up with its last gauges).
 func (g *Gateway) check(ctx context.Context, p *pool, u *upstream) {
 	mark := p.placedMark(u)
 	ok, reason := g.probeHealth(ctx, u)
@@ -219,7 +235,7 @@ func (g *Gateway) check(ctx context.Context, p *pool, u *upstream) {
 		}
 	}
 	g.metrics.HealthCheck(u.name, ok)
-	if p.setHealth(u, ok, reason, gauges, mark) {
+	if p.setHealth(u, ok, true, reason, gauges, mark) {
 		if ok {
 			g.log.Info("engine up", "engine", u.name)
 		} else {
@@ -280,7 +296,7 @@ func (g *Gateway) refreshEngineMetrics() {
 // markDown takes u, an engine of pool p, out of routing after a failed attempt, until a
 // health check passes.
 func (g *Gateway) markDown(p *pool, u *upstream, reason string) {
-	if p.setHealth(u, false, reason, nil, 0) {
+	if p.setHealth(u, false, false, reason, nil, 0) {
 		g.log.Warn("engine down", "engine", u.name, "reason", reason)
 	}
 }

@@ -26,38 +26,64 @@ func (g *Gateway) newFront() *httpfront.Front {
 
 // healthBody is the JSON body of GET /health.
 type healthBody struct {
+	// Status is "ok", "degraded" (prefill/decode routing with no decode engine up: requests
+	// are served whole on the prefill engines) or "unavailable".
 	Status  string         `json:"status"`
 	Reason  string         `json:"reason,omitempty"`
 	Policy  string         `json:"policy"`
 	Engines []healthEngine `json:"engines"`
+	// DecodeEngines are the decode engines' states (prefill/decode routing only).
+	DecodeEngines []healthEngine `json:"decode_engines,omitempty"`
 }
 
 type healthEngine struct {
-	URL      string  `json:"url"`
-	Up       bool    `json:"up"`
-	Reason   string  `json:"reason,omitempty"`
+	URL    string `json:"url"`
+	Up     bool   `json:"up"`
+	Reason string `json:"reason,omitempty"`
+	// Failures counts the consecutive failed health probes (Config.HealthFailures take the
+	// engine out of routing).
+	Failures int     `json:"consecutive_failures"`
 	InFlight int     `json:"in_flight"`
 	Load     float64 `json:"load"`
 }
 
-// serveHealth answers 200 when at least one engine is up, else 503 with the reasons; the body
-// lists every engine's state.
-func (g *Gateway) serveHealth(w *statusWriter, _ *http.Request, _ string, _ time.Time) {
-	down := g.front.ShuttingDown()
-	b := healthBody{Status: "ok", Policy: g.policy.Name()}
-	up := 0
-	for i, s := range g.pool.snapshot() {
-		b.Engines = append(b.Engines, healthEngine{URL: g.pool.engines[i].url, Up: s.up, Reason: s.reason, InFlight: s.inFlight, Load: s.load})
+// healthOf lists pool p's engines and counts those up.
+func healthOf(p *pool) (list []healthEngine, up int) {
+	for i, s := range p.snapshot() {
+		list = append(list, healthEngine{URL: p.engines[i].url, Up: s.up, Reason: s.reason, Failures: s.fails, InFlight: s.inFlight, Load: s.load})
 		if s.up {
 			up++
 		}
+	}
+	return list, up
+}
+
+// serveHealth answers 200 "ok" when an engine (with prefill/decode routing: a prefill and a
+// decode engine) is up; 200 "degraded" with prefill/decode routing when prefill engines are up
+// but no decode engine is (the gateway still answers every request, whole on the prefill
+// side, so a load balancer must keep sending traffic: a 503 would turn a slower service into
+// an outage; monitoring reads the status); else 503 "unavailable" with the reason and
+// Retry-After. The body lists every engine's state, the decode engines' too.
+func (g *Gateway) serveHealth(w *statusWriter, _ *http.Request, _ string, _ time.Time) {
+	down := g.front.ShuttingDown()
+	b := healthBody{Status: "ok", Policy: g.policy.Name()}
+	var up, dup int
+	b.Engines, up = healthOf(g.pool)
+	if g.decode != nil {
+		b.DecodeEngines, dup = healthOf(g.decode)
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	switch {
 	case down:
 		b.Status, b.Reason = "unavailable", "shutting down"
+	case up == 0 && g.decode != nil:
+		b.Status, b.Reason = "unavailable", "no prefill engine is up"
 	case up == 0:
 		b.Status, b.Reason = "unavailable", "no engine is up"
+	case g.decode != nil && dup == 0:
+		b.Status, b.Reason = "degraded", "no decode engine is up: requests are served whole on the prefill engines"
+		httpfront.WriteJSON(w, http.StatusOK, b)
+		return
 	default:
 		httpfront.WriteJSON(w, http.StatusOK, b)
 		return

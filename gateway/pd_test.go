@@ -45,7 +45,8 @@ func TestPrefillDecodeRouting(t *testing.T) {
 	if !found {
 		t.Fatal("gateway.request without route.decode_engine of the decode engine that served")
 	}
-	// No decode engine can serve: the prefill engine's 503 decode_unavailable goes back.
+	// No decode engine is up: the prefill engine serves the request whole (tested further in
+	// TestDecodeDownServedWhole).
 	p.set(func(f *fakeEngine) { f.badDecode = "*" })
 	d1.set(func(f *fakeEngine) { f.health = http.StatusServiceUnavailable })
 	d2.set(func(f *fakeEngine) { f.health = http.StatusServiceUnavailable })
@@ -60,7 +61,7 @@ func TestPrefillDecodeRouting(t *testing.T) {
 	for !waitDown() {
 		tg.checkAll(t.Context())
 	}
-	if st, h, body := tg.post(t, "/v1/chat/completions", chatBody("hi", false), nil); st != http.StatusServiceUnavailable || h.Get("Retry-After") == "" {
+	if st, h, body := tg.post(t, "/v1/chat/completions", chatBody("hi", false), nil); st != http.StatusOK || h.Get(HeaderEngine) != p.name {
 		t.Fatalf("no decode engine: %d %s", st, body)
 	}
 	// A document ingest needs no decode engine.

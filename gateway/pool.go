@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -18,8 +19,8 @@ var (
 	errQueueFull = errors.New("gateway: queue full")
 	// errQueueTimeout: the request waited QueueTimeout without a free engine slot.
 	errQueueTimeout = errors.New("gateway: no engine slot within the queue timeout")
-	// errEngineDown cuts the attempts whose response has not begun on an engine taken out of
-	// routing: they fail over.
+	// errEngineDown cuts the stalled attempts whose response has not begun on an engine taken
+	// out of routing: they fail over.
 	errEngineDown = errors.New("gateway: the engine was taken out of routing")
 )
 
@@ -32,6 +33,7 @@ type upstream struct {
 
 	up       bool
 	checked  bool // a health check has completed
+	fails    int  // consecutive failed health probes
 	reason   string
 	gauges   engineGauges
 	gwAtPoll int // the gateway's in-flight units when the gauges were read
@@ -39,9 +41,25 @@ type upstream struct {
 	units    int // the engine requests they make (a document ingest makes one per document)
 	recent   float64
 	recentAt time.Time
-	placed   int                                   // new prompt tokens routed to the engine, a running total
-	placedAt int                                   // placed when the probe that read the gauges began
-	pending  map[*context.CancelCauseFunc]struct{} // attempts whose response has not begun
+	placed   int                    // new prompt tokens routed to the engine, a running total
+	placedAt int                    // placed when the probe that read the gauges began
+	pending  map[*progress]struct{} // attempts whose response has not begun
+}
+
+// progress is one attempt's upstream activity: the time of the last byte received from the
+// engine (response headers included), and the cut of the attempt. Safe for concurrent use.
+type progress struct {
+	last   atomic.Int64 // unix nanoseconds of the last byte; 0: none yet
+	cancel context.CancelCauseFunc
+}
+
+// touch records a byte received now.
+func (pr *progress) touch() { pr.last.Store(time.Now().UnixNano()) }
+
+// stalled reports whether no byte arrived within window before now (none at all: stalled).
+func (pr *progress) stalled(now time.Time, window time.Duration) bool {
+	l := pr.last.Load()
+	return l == 0 || now.Sub(time.Unix(0, l)) >= window
 }
 
 func newUpstream(i int, base string, idx *reuseIndex) *upstream {
@@ -146,6 +164,11 @@ type pool struct {
 	maxInFlight int
 	maxQueue    int
 	onQueue     func(n int) // reports the queue length after each change
+	// failures is the number of consecutive failed probes that take an engine down (≤ 1: one);
+	// stall is the window within which an attempt on an engine taken down must have received
+	// a byte to be kept.
+	failures int
+	stall    time.Duration
 
 	mu      sync.Mutex
 	waiters list.List // of *waiter, oldest first
@@ -296,21 +319,36 @@ func (p *pool) placedMark(u *upstream) int {
 	return u.placed
 }
 
-// setHealth records the outcome of a health check (or of a failed attempt: up false) and
-// serves the queue when an engine came up or went down; g, when not nil, are the gauges read
-// by a probe that began at placed total mark. It returns whether the state changed.
-func (p *pool) setHealth(u *upstream, up bool, reason string, g *engineGauges, mark int) bool {
+// setHealth records the outcome of a health check (probe true) or of a failed attempt (probe
+// false, up false) and serves the queue when an engine came up or went down; g, when not nil,
+// are the gauges read by a probe that began at placed total mark. A failed attempt takes the
+// engine down at once, failed probes after pool.failures in a row. While the engine is down,
+// its attempts whose response has not begun and that received no byte within pool.stall are
+// cut (errEngineDown: they fail over); the others keep going. It returns whether the state
+// changed.
+func (p *pool) setHealth(u *upstream, up, probe bool, reason string, g *engineGauges, mark int) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if up {
+		u.fails = 0
+	} else if probe {
+		u.fails++
+		if u.up && u.checked && u.fails < p.failures {
+			return false // not yet: one slow or failed probe does not take it out
+		}
+	}
 	changed := u.up != up || !u.checked
 	u.checked = true
-	if u.up && !up {
-		for c := range u.pending {
-			(*c)(errEngineDown)
-		}
-		clear(u.pending)
-	}
 	u.up, u.reason = up, reason
+	if !up {
+		now := time.Now()
+		for pr := range u.pending {
+			if pr.stalled(now, p.stall) {
+				pr.cancel(errEngineDown)
+				delete(u.pending, pr)
+			}
+		}
+	}
 	if g != nil {
 		u.gauges, u.gwAtPoll, u.placedAt = *g, u.units, mark
 	}
@@ -320,20 +358,19 @@ func (p *pool) setHealth(u *upstream, up bool, reason string, g *engineGauges, m
 	return changed
 }
 
-// track records an attempt on u whose response has not begun, to be cut (cancel with
-// errEngineDown) when u is taken out of routing; the returned function forgets it (call it
-// when the response begins, and at the latest when the attempt ends).
-func (p *pool) track(u *upstream, cancel context.CancelCauseFunc) (untrack func()) {
-	key := &cancel
+// track records an attempt on u whose response has not begun, to be cut (pr.cancel with
+// errEngineDown) when u is out of routing and pr has stalled; the returned function forgets
+// it (call it when the response begins, and at the latest when the attempt ends).
+func (p *pool) track(u *upstream, pr *progress) (untrack func()) {
 	p.mu.Lock()
 	if u.pending == nil {
-		u.pending = map[*context.CancelCauseFunc]struct{}{}
+		u.pending = map[*progress]struct{}{}
 	}
-	u.pending[key] = struct{}{}
+	u.pending[pr] = struct{}{}
 	p.mu.Unlock()
 	return func() {
 		p.mu.Lock()
-		delete(u.pending, key)
+		delete(u.pending, pr)
 		p.mu.Unlock()
 	}
 }
@@ -352,7 +389,7 @@ func (p *pool) snapshot() []engineState {
 	defer p.mu.Unlock()
 	out := make([]engineState, len(p.engines))
 	for i, u := range p.engines {
-		out[i] = engineState{up: u.up, reason: u.reason, inFlight: u.inFlight, load: u.load()}
+		out[i] = engineState{up: u.up, reason: u.reason, fails: u.fails, inFlight: u.inFlight, load: u.load()}
 	}
 	return out
 }
@@ -361,6 +398,7 @@ func (p *pool) snapshot() []engineState {
 type engineState struct {
 	up       bool
 	reason   string
+	fails    int // consecutive failed probes
 	inFlight int
 	load     float64
 }

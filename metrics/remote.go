@@ -16,6 +16,10 @@ type RemoteStats struct {
 	BytesRead, BytesWritten uint64
 	// Coordinator matches by result.
 	Matches, MatchTimeouts, MatchErrors uint64
+	// Failed writes put on the retry queue, retries by result, failed writes dropped
+	// (retry queue full, or left at shutdown), and the retry queue's length now.
+	RetriesQueued, RetriesOK, RetriesFailed, RetriesDropped uint64
+	RetryQueued                                             int64
 }
 
 // remoteSeries are the lmcache_blend_remote_* and coordinator series.
@@ -24,6 +28,9 @@ type remoteSeries struct {
 	bytesRead, bytesWritten                                     *series
 	matches, matchTimeouts, matchErrs                           *series
 	loadDur                                                     *HistogramSeries
+	retryQueued, retryOK, retryFailed, retryDropped             *series
+	retryLen                                                    *series
+	docShared, docPending, docNotShared                         *series
 }
 
 func newRemoteSeries(b *builder) remoteSeries {
@@ -41,6 +48,14 @@ func newRemoteSeries(b *builder) remoteSeries {
 		matchTimeouts: b.counterSeries("lmcache_blend_coordinator_matches_total", "timeout"),
 		matchErrs:     b.counterSeries("lmcache_blend_coordinator_matches_total", "error"),
 		loadDur:       b.histogramSeries("lmcache_blend_remote_load_duration_seconds"),
+		retryQueued:   b.counterSeries("lmcache_blend_remote_write_retries_total", "queued"),
+		retryOK:       b.counterSeries("lmcache_blend_remote_write_retries_total", "ok"),
+		retryFailed:   b.counterSeries("lmcache_blend_remote_write_retries_total", "failed"),
+		retryDropped:  b.counterSeries("lmcache_blend_remote_write_retries_total", "dropped"),
+		retryLen:      b.gaugeSeries("lmcache_blend_remote_retry_queue"),
+		docShared:     b.counterSeries("lmcache_blend_remote_documents_total", "shared"),
+		docPending:    b.counterSeries("lmcache_blend_remote_documents_total", "pending"),
+		docNotShared:  b.counterSeries("lmcache_blend_remote_documents_total", "not_shared"),
 	}
 }
 
@@ -56,10 +71,31 @@ func (m *BlendMetrics) SetRemoteTotals(s RemoteStats) {
 		{r.writes, s.Writes}, {r.dropped, s.WritesDropped},
 		{r.bytesRead, s.BytesRead}, {r.bytesWritten, s.BytesWritten},
 		{r.matches, s.Matches}, {r.matchTimeouts, s.MatchTimeouts}, {r.matchErrs, s.MatchErrors},
+		{r.retryQueued, s.RetriesQueued}, {r.retryOK, s.RetriesOK}, {r.retryFailed, s.RetriesFailed},
+		{r.retryDropped, s.RetriesDropped},
 	} {
 		errs = append(errs, t.s.setTotal(float64(t.total)))
 	}
+	r.retryLen.gauge.Set(float64(max(0, s.RetryQueued)))
 	m.reg.sink.refuseErr(errors.Join(errs...))
+}
+
+// RecordFleetDocument counts a document ingest by its fleet state when the engine asked
+// for it (lmcache_blend_remote_documents_total): "shared", "pending" or "not_shared"; any
+// other state is refused (see Registry).
+func (m *BlendMetrics) RecordFleetDocument(state string) {
+	r := &m.remote
+	switch state {
+	case "shared":
+		r.docShared.counter.Inc()
+	case "pending":
+		r.docPending.counter.Inc()
+	case "not_shared":
+		r.docNotShared.counter.Inc()
+	default:
+		m.reg.sink.refuseErr(&LabelError{Metric: "lmcache_blend_remote_documents_total", Label: "state", Value: state,
+			Reason: ReasonNotAllowed, Want: []string{"shared", "pending", "not_shared"}})
+	}
 }
 
 // ObserveRemoteLoad records the duration of one pipelined chunk read from the fleet tier; a

@@ -2,6 +2,8 @@ package service
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -37,9 +39,9 @@ type Options struct {
 	ServiceName string
 	// InstanceID is the resource's service.instance.id unless
 	// OTEL_RESOURCE_ATTRIBUTES sets one; empty: a random UUID. The cb
-	// processes pass [InstanceID] of their main listen address, so the
-	// trace page tells the processes of one service on several nodes (or
-	// the prefill and the decode engine) apart by host:port.
+	// processes pass [InstanceID] of their main listen address (unique per
+	// host), so the trace page tells the processes of one service on
+	// several nodes (or the prefill and the decode engine) apart.
 	InstanceID string
 	// OTLPEndpoint overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT when non-empty
 	// (the --otlp-traces-endpoint flag). A bare host:port or a URL without a
@@ -161,24 +163,49 @@ func hasAttr(attrs []attribute.KeyValue, key attribute.Key) bool {
 }
 
 // InstanceID returns a process's service.instance.id from its main listen
-// address: host:port, with an unspecified or empty host (":8000",
-// "0.0.0.0:8000") replaced by the host name, and a port chosen at listen time
-// (":0") replaced by "pid<process id>". "" when addr is not host:port.
+// address, unique per host by default:
+//
+//   - a specific, routable address ("10.0.0.2:8001") is its own id: no other
+//     host listens there;
+//   - an unspecified or empty host (":8001", "0.0.0.0:8001", "[::]:8001") or a
+//     loopback one ("127.0.0.1:8001", "localhost:8001", "[::1]:8001"), which
+//     every host of a fleet may bind alike, becomes the host name followed by
+//     the port and a random 8-hex-digit suffix drawn once per process
+//     ("node-a:8001/3f9a1c2e"): host names can repeat too (network
+//     namespaces share one), so the suffix keeps two processes apart, as the
+//     OpenTelemetry conventions recommend a random id where nothing inherent
+//     is unique. A process restarted is a new instance.
+//
+// A port chosen at listen time (":0") becomes "pid<process id>". "" when
+// addr is not host:port. OTEL_RESOURCE_ATTRIBUTES=service.instance.id=…
+// overrides it ([New]). Safe for concurrent use.
 func InstanceID(addr string) string {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return ""
 	}
-	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-		if h, err := os.Hostname(); err == nil && h != "" {
-			host = h
-		}
-	}
 	if port == "0" {
 		port = fmt.Sprintf("pid%d", os.Getpid())
 	}
-	return net.JoinHostPort(host, port)
+	ip := net.ParseIP(host)
+	shared := host == "" || strings.EqualFold(host, "localhost") || (ip != nil && (ip.IsUnspecified() || ip.IsLoopback()))
+	if !shared {
+		return net.JoinHostPort(host, port)
+	}
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		h = "unknown-host"
+	}
+	return net.JoinHostPort(h, port) + "/" + instanceSuffix()
 }
+
+// instanceSuffix is this process's random instance suffix (8 hex digits,
+// crypto/rand), drawn once.
+var instanceSuffix = sync.OnceValue(func() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
+	return hex.EncodeToString(b[:])
+})
 
 // Deps returns the runtime's collaborators in the shape every component's
 // New takes: the tracer provider, the registry, the logger and the span

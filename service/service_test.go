@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -94,20 +95,32 @@ func TestRuntimeDeps(t *testing.T) {
 	}
 }
 
-// TestInstanceID: a process's service.instance.id is its listen address
-// (node-qualified lanes on the trace page), unless OTEL_RESOURCE_ATTRIBUTES
-// sets one.
+// TestInstanceID: a process's service.instance.id is its listen address when
+// that is specific to the host; an address every host may bind alike
+// (unspecified, loopback) becomes host name, port and a random per-process
+// suffix, so two hosts (or two namespaces sharing a host name) never merge;
+// OTEL_RESOURCE_ATTRIBUTES overrides it.
 func TestInstanceID(t *testing.T) {
 	host, _ := os.Hostname()
-	for addr, want := range map[string]string{
-		"127.0.0.1:8001": "127.0.0.1:8001",
-		":8001":          net.JoinHostPort(host, "8001"),
-		"0.0.0.0:8001":   net.JoinHostPort(host, "8001"),
-		"127.0.0.1:0":    fmt.Sprintf("127.0.0.1:pid%d", os.Getpid()),
-		"nonsense":       "",
+	suffix := instanceSuffix()
+	if !regexp.MustCompile(`^[0-9a-f]{8}$`).MatchString(suffix) {
+		t.Fatalf("instance suffix %q, want 8 hex digits", suffix)
+	}
+	for _, tc := range []struct{ name, addr, want string }{
+		{"routable address", "10.1.2.3:8001", "10.1.2.3:8001"},
+		{"routable IPv6", "[fd00::2]:8001", "[fd00::2]:8001"},
+		{"empty host", ":8001", net.JoinHostPort(host, "8001") + "/" + suffix},
+		{"unspecified IPv4", "0.0.0.0:8001", net.JoinHostPort(host, "8001") + "/" + suffix},
+		{"unspecified IPv6", "[::]:8001", net.JoinHostPort(host, "8001") + "/" + suffix},
+		{"loopback", "127.0.0.1:8001", net.JoinHostPort(host, "8001") + "/" + suffix},
+		{"loopback IPv6", "[::1]:8001", net.JoinHostPort(host, "8001") + "/" + suffix},
+		{"localhost", "localhost:8001", net.JoinHostPort(host, "8001") + "/" + suffix},
+		{"port at listen time", "10.1.2.3:0", fmt.Sprintf("10.1.2.3:pid%d", os.Getpid())},
+		{"loopback, port at listen time", "127.0.0.1:0", net.JoinHostPort(host, fmt.Sprintf("pid%d", os.Getpid())) + "/" + suffix},
+		{"not host:port", "nonsense", ""},
 	} {
-		if got := InstanceID(addr); got != want {
-			t.Errorf("InstanceID(%q) = %q, want %q", addr, got, want)
+		if got := InstanceID(tc.addr); got != tc.want {
+			t.Errorf("%s: InstanceID(%q) = %q, want %q", tc.name, tc.addr, got, tc.want)
 		}
 	}
 	for env, want := range map[string]string{

@@ -88,6 +88,15 @@ func Check(traces []Trace, spec *contract.SpanSet) Report {
 //     n_non_prefix_tokens, no negative count; on cb.request requested_tokens =
 //     n_prompt_tokens, and a request whose lookup is not done has zero hit statistics.
 //
+// A span shared by several traces (contract other_parents: the worker's cb.execute and
+// its subtree under a document's cb.store_pre_computed) is checked against its parent in
+// the trace's kind. An ingest trace may hold several documents (one
+// cb.store_pre_computed each, under one gateway.attempt); each contract root's subtree
+// carries one request id. A gateway.attempt with AttrAbandoned = true was given up by the
+// gateway while its engine went on: its remote child may end after it, and spans of its
+// subtree (or cut off the trace's tree, with no request id of the live part) may be
+// missing or have lost parents — noted, not failed. Without the mark the rules hold.
+//
 // A request whose root has status ERROR or an error.type attribute is not required to
 // have every span (the contract's required spans are those of a successful request). A
 // trace with no span of the contract is skipped, not failed.
@@ -138,7 +147,18 @@ type checker struct {
 	relax  bool             // failed request: presence not required
 	rootIx int
 	id     string // the trace id
+	// abandoned marks the spans that may belong to an attempt the gateway abandoned
+	// (AttrAbandoned; markAbandoned); anyAbandoned is set when the trace has one.
+	abandoned    []bool
+	anyAbandoned bool
 }
+
+// AttrAbandoned is the bool attribute of a gateway.attempt the gateway gave
+// up on while the engine may still be working (a failover): its remote child
+// may end after it, and spans of its subtree may be missing or detached (lost
+// in the exports of a node cut off the network). Everywhere else the rules
+// hold as usual.
+const AttrAbandoned = "gateway.abandoned"
 
 func checkTrace(t *Trace, spec *contract.SpanSet, opts *Options) TraceResult {
 	res := TraceResult{TraceID: t.TraceID, RequestID: t.RequestID(), Spans: len(t.Spans)}
@@ -161,6 +181,7 @@ func checkTrace(t *Trace, spec *contract.SpanSet, opts *Options) TraceResult {
 		return res
 	}
 	res.Kind = c.kind
+	c.markAbandoned()
 	rs := &t.Spans[root]
 	if et, ok := rs.Attributes["error.type"]; ok || rs.Error {
 		c.relax = true
@@ -252,11 +273,73 @@ func (c *checker) classify(root int) {
 		c.kind = cs.Trace
 		return
 	}
+	// Under a caller (or with the root lost), the trace is that of the contract roots
+	// it holds: spans shared by several traces (other_parents) do not decide.
+	roots := map[string]int{}
+	for i, cs := range c.match {
+		if cs != nil && cs.Parent == "" && !cs.Caller && c.parentRoot(i) {
+			roots[cs.Trace]++
+		}
+	}
+	if len(roots) > 0 {
+		count = roots
+	}
 	best := 0
 	for _, k := range slices.Sorted(maps.Keys(count)) {
 		if count[k] > best {
 			c.kind, best = k, count[k]
 		}
+	}
+}
+
+// parentRoot reports whether span i has no parent in the trace that is a non-caller
+// contract span (a contract root as recorded: under a caller, a foreign span, or nothing).
+func (c *checker) parentRoot(i int) bool {
+	p := c.parent(i)
+	return p < 0 || c.match[p] == nil || c.match[p].Caller
+}
+
+// markAbandoned marks the spans that may belong to an abandoned attempt: the subtrees
+// of the client spans marked abandoned (abandonAttrs: a gateway.attempt, a kv.transfer), and, when the trace has
+// such an attempt, the spans cut off the root's tree (their parent lost) unless they
+// carry (or sit under a span carrying) a request id of the tree's live part.
+func (c *checker) markAbandoned() {
+	n := len(c.t.Spans)
+	c.abandoned = make([]bool, n)
+	attached := make([]bool, n)
+	for i := range c.t.Spans {
+		if c.isAbandonedAttempt(i) {
+			c.anyAbandoned = true
+		}
+		top := i
+		for p, steps := c.parent(i), 0; p >= 0 && steps < n; p, steps = c.parent(p), steps+1 {
+			if c.isAbandonedAttempt(p) {
+				c.abandoned[i] = true
+			}
+			top = p
+		}
+		attached[i] = top == c.rootIx
+	}
+	if !c.anyAbandoned {
+		return
+	}
+	live := map[string]bool{}
+	for i := range c.t.Spans {
+		if v, ok := c.t.Spans[i].Attributes["request_id"]; ok && v.Type == ValueString && attached[i] && !c.abandoned[i] {
+			live[v.Str] = true
+		}
+	}
+	for i := range c.t.Spans {
+		if attached[i] {
+			continue
+		}
+		id := ""
+		for j, steps := i, 0; j >= 0 && steps <= n && id == ""; j, steps = c.parent(j), steps+1 {
+			if v, ok := c.t.Spans[j].Attributes["request_id"]; ok && v.Type == ValueString {
+				id = v.Str
+			}
+		}
+		c.abandoned[i] = id == "" || !live[id]
 	}
 }
 
@@ -330,7 +413,12 @@ func (c *checker) checkSpan(i int) {
 		if d := ps.Start.Sub(sp.Start); d > tol {
 			v(RuleInterval, "starts %s before its parent %s [%s] (tolerance %s)", d, ps.Name, ps.Service, tol)
 		}
-		async := cs != nil && cs.Async && cs.Trace == c.kind
+		async := cs != nil && cs.Async && cs.InTrace(c.kind)
+		if c.isAbandonedAttempt(p) || c.abandoned[i] {
+			// The caller gave up on the call: the callee may go on, and the
+			// cancellation reaches the callee's own remote callees late.
+			async = true
+		}
 		if d := sp.End.Sub(ps.End); d > tol+c.rounding() && !async {
 			v(RuleInterval, "ends %s after its parent %s [%s] (tolerance %s; only async spans may outlive their parent)", d, ps.Name, ps.Service, tol)
 		}
@@ -340,16 +428,21 @@ func (c *checker) checkSpan(i int) {
 		if sp.ParentSpanID != "" {
 			msg = fmt.Sprintf("parent %s is not in the trace (a lost span, or broken propagation)", sp.ParentSpanID)
 		}
-		if cs != nil && cs.Parent != "" && cs.Trace == c.kind {
-			want, _ := c.spec.Lookup(cs.Parent)
+		if pn := c.parentName(cs); pn != "" {
+			want, _ := c.spec.Lookup(pn)
 			msg += fmt.Sprintf("; want parent %s [%s]", want.Name, want.Service)
 		}
-		v(RuleParent, "%s", msg)
+		if c.abandoned[i] {
+			c.res.Notes = append(c.res.Notes, fmt.Sprintf("%s [%s] %s: %s (accepted: the trace has an abandoned attempt)",
+				sp.Name, sp.Service, sp.SpanID, msg))
+		} else {
+			v(RuleParent, "%s", msg)
+		}
 	}
 	if cs == nil {
 		return
 	}
-	if cs.Trace != c.kind && !cs.Caller {
+	if !cs.InTrace(c.kind) && !cs.Caller {
 		v(RuleWrongTrace, "belongs to the %s trace, found in a %s trace", cs.Trace, c.kind)
 		return
 	}
@@ -359,8 +452,8 @@ func (c *checker) checkSpan(i int) {
 	if sp.Kind != "" && sp.Kind != cs.Kind {
 		v(RuleKind, "kind %s, want %s", sp.Kind, cs.Kind)
 	}
-	if cs.Parent != "" && p >= 0 {
-		if want, _ := c.spec.Lookup(cs.Parent); c.match[p] != want {
+	if pn := c.parentName(cs); pn != "" && p >= 0 {
+		if want, _ := c.spec.Lookup(pn); c.match[p] != want {
 			ps := &c.t.Spans[p]
 			v(RuleParent, "parent is %s [%s], want %s [%s]", ps.Name, ps.Service, want.Name, want.Service)
 		}
@@ -391,6 +484,42 @@ func (c *checker) checkSpan(i int) {
 	}
 }
 
+// parentName is the name of contract span cs's parent in the trace's kind ("" for a
+// root, or when cs is nil or belongs to another trace).
+func (c *checker) parentName(cs *contract.Span) string {
+	if cs == nil || !cs.InTrace(c.kind) && !cs.Caller {
+		return ""
+	}
+	if cs.Caller {
+		return cs.Parent
+	}
+	return c.spec.ParentIn(cs, c.kind)
+}
+
+// isAbandonedAttempt reports whether span i is a gateway.attempt with AttrAbandoned = true.
+func (c *checker) isAbandonedAttempt(i int) bool {
+	sp := &c.t.Spans[i]
+	key, ok := abandonAttrs[sp.Name]
+	if !ok {
+		return false
+	}
+	v, ok := sp.Attributes[key]
+	return ok && v.Type == ValueBool && v.Bool
+}
+
+// abandonAttrs are the client spans a caller may give up on while the
+// callee goes on, and the bool attribute that says it did: a gateway
+// attempt (AttrAbandoned) and a prefill engine's hand-over to a decode
+// engine (AttrHandoffAbandoned).
+var abandonAttrs = map[string]string{
+	spanname.GatewayAttempt: AttrAbandoned,
+	spanname.KVTransfer:     AttrHandoffAbandoned,
+}
+
+// AttrHandoffAbandoned is the bool attribute of a kv.transfer the prefill
+// engine gave up on (see AttrAbandoned).
+const AttrHandoffAbandoned = "abandoned"
+
 func typeMatches(v Value, t contract.AttrType) bool {
 	switch t {
 	case contract.AttrString:
@@ -409,7 +538,7 @@ func typeMatches(v Value, t contract.AttrType) bool {
 func (c *checker) presence() {
 	found := map[*contract.Span][]int{}
 	for i, cs := range c.match {
-		if cs != nil && (cs.Trace == c.kind || cs.Caller) {
+		if cs != nil && (cs.InTrace(c.kind) || cs.Caller) {
 			found[cs] = append(found[cs], i)
 		}
 	}
@@ -425,7 +554,7 @@ func (c *checker) presence() {
 	}
 	for k := range c.spec.Spans {
 		cs := &c.spec.Spans[k]
-		if cs.Trace != c.kind && !cs.Caller {
+		if !cs.InTrace(c.kind) && !cs.Caller {
 			continue
 		}
 		idx := found[cs]
@@ -443,10 +572,10 @@ func (c *checker) presence() {
 			}
 		}
 		var parent *contract.Span
-		if cs.Parent != "" {
+		if pn := c.parentName(cs); pn != "" {
 			// A child is required only under its parent; a missing parent is reported
 			// itself, with its subtree.
-			if parent, _ = c.spec.Lookup(cs.Parent); len(found[parent]) == 0 {
+			if parent, _ = c.spec.Lookup(pn); len(found[parent]) == 0 {
 				continue
 			}
 		}
@@ -456,6 +585,9 @@ func (c *checker) presence() {
 		if w := cs.When; w != nil && !cs.Required && parent != nil && w.Span == parent.Name {
 			// A condition on the parent is checked under every parent instance.
 			for _, pi := range found[parent] {
+				if c.abandoned[pi] {
+					continue // spans of an abandoned attempt may be lost
+				}
 				ok, why := c.holds(w, pi)
 				if ok && !c.hasChild(pi, cs, found) {
 					ps := &c.t.Spans[pi]
@@ -466,6 +598,9 @@ func (c *checker) presence() {
 		}
 		if len(idx) > 0 {
 			continue
+		}
+		if parent != nil && !slices.ContainsFunc(found[parent], func(pi int) bool { return !c.abandoned[pi] }) {
+			continue // only parents in abandoned subtrees, whose spans may be lost
 		}
 		required, why := c.required(cs, found)
 		if !required || c.alternativePresent(cs, found, nil) {
@@ -621,17 +756,48 @@ func (c *checker) lookupStats() {
 	}
 }
 
-// requestIDs flags a trace whose cb.* spans carry different request ids.
+// requestIDs flags spans of several requests in one request subtree: the spans under
+// each contract root of the trace (a request's SERVER span, each document's
+// cb.store_pre_computed, each attempt's engine span under the gateway) carry one
+// request id. Spans outside every such subtree (a caller's, or ones whose parent is
+// lost) count with the trace's only subtree when it has one.
 func (c *checker) requestIDs() {
-	ids := map[string]int{}
+	group := make([]int, len(c.t.Spans)) // the topmost contract root above (or at) each span; -1 none
+	groups := map[int]bool{}
 	for i := range c.t.Spans {
-		if v, ok := c.t.Spans[i].Attributes["request_id"]; ok && v.Type == ValueString {
-			ids[v.Str]++
+		group[i] = -1
+		for j, steps := i, 0; j >= 0 && steps <= len(c.t.Spans); j, steps = c.parent(j), steps+1 {
+			if cs := c.match[j]; cs != nil && cs.Parent == "" && !cs.Caller && cs.Trace == c.kind {
+				group[i] = j
+			}
+		}
+		if group[i] >= 0 {
+			groups[group[i]] = true
 		}
 	}
-	if len(ids) > 1 {
-		c.res.add(Violation{Rule: RuleOneTraceID,
-			Message: fmt.Sprintf("spans of several requests in one trace: request ids %s", strings.Join(slices.Sorted(maps.Keys(ids)), ", "))})
+	if len(groups) <= 1 {
+		for i := range group {
+			group[i] = 0
+		}
+	}
+	ids := map[int]map[string]int{}
+	for i := range c.t.Spans {
+		if v, ok := c.t.Spans[i].Attributes["request_id"]; ok && v.Type == ValueString {
+			if ids[group[i]] == nil {
+				ids[group[i]] = map[string]int{}
+			}
+			ids[group[i]][v.Str]++
+		}
+	}
+	for _, g := range slices.Sorted(maps.Keys(ids)) {
+		if len(ids[g]) > 1 {
+			where := ""
+			if g >= 0 && len(groups) > 1 {
+				where = fmt.Sprintf(" under %s (span %s)", c.t.Spans[g].Name, c.t.Spans[g].SpanID)
+			}
+			c.res.add(Violation{Rule: RuleOneTraceID,
+				Message: fmt.Sprintf("spans of several requests in one trace%s: request ids %s", where, strings.Join(slices.Sorted(maps.Keys(ids[g])), ", "))})
+		}
 	}
 }
 

@@ -49,7 +49,7 @@ func BenchmarkFleetRead(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		tier.PutChunk(ns, c.Key, c)
+		tier.PutChunk(ns, c.Key, c, nil)
 		keys = append(keys, k)
 		size += chunkstore.EncodedSize(c)
 	}
@@ -114,7 +114,7 @@ func BenchmarkCoordinatorMatch(b *testing.B) {
 			toks[j] = r.Int32N(50000)
 		}
 		keys := chunkstore.ChainKeys(fmt.Sprint("bench", s), 0, toks, cs)
-		tier.RegisterSequence(ns, tab, fingerprint.Sequence{Keys: keys, Tokens: toks, ChunkSize: cs})
+		tier.RegisterSequence(ns, tab, fingerprint.Sequence{Keys: keys, Tokens: toks, ChunkSize: cs}, nil)
 		if s == 500 {
 			doc = toks[:600]
 		}

@@ -9,7 +9,12 @@
 // rank-0 keys a match holds), cb:<ns>:s:<id> a stored sequence (tokens
 // and chunk keys, CRC32C), cb:<ns>:f:<fingerprint> the sequence and chunk a
 // fingerprint points at. Writes are asynchronous on a bounded queue that
-// drops and counts when full; reads are pipelined, one round trip per shard;
+// drops and counts when full; a write that fails waits on a bounded retry
+// queue (full: dropped and counted) and is written again, oldest first, with
+// a backoff while Redis keeps failing (while it fails, new writes join the
+// queue without a first attempt), so a pause or restart of Redis loses no
+// write the queue can hold; a [Group] follows a document's writes (shared,
+// pending, not shared). Reads are pipelined, one round trip per shard;
 // a value that does not decode is a counted miss, never served. Eviction is
 // Redis's own (maxmemory with an LRU policy): a directory entry whose chunk
 // is gone is found stale by the lookup's classification.

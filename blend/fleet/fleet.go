@@ -29,6 +29,9 @@ const (
 	DefaultCoordinatorTimeout = 20 * time.Millisecond
 	DefaultWriteQueue         = 1024
 	DefaultWriters            = 2
+	DefaultRetryQueue         = 4096
+	DefaultRetryMinBackoff    = 100 * time.Millisecond
+	DefaultRetryMaxBackoff    = 5 * time.Second
 	// MaxSequenceTokens bounds a directory sequence read back from Redis.
 	MaxSequenceTokens = 1 << 20
 )
@@ -54,6 +57,17 @@ type Config struct {
 	WriteQueue int
 	// Writers is the number of goroutines writing to Redis. Default 2.
 	Writers int
+	// RetryQueue bounds the writes that failed (Redis down, paused, timing
+	// out) and wait to be written again; a failed write beyond it is dropped
+	// and counted (its Group is then lost). Default 4096 writes (a write is
+	// one chunk or one sequence's directory entries; a queued chunk shares
+	// its memory with the local store).
+	RetryQueue int
+	// RetryMinBackoff and RetryMaxBackoff bound the wait between retries
+	// while Redis keeps failing: it doubles from the first to the second and
+	// resets when a write succeeds; the queue then drains without waiting.
+	// Defaults 100 ms and 5 s.
+	RetryMinBackoff, RetryMaxBackoff time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -69,6 +83,16 @@ func (c Config) withDefaults() Config {
 	if c.Writers <= 0 {
 		c.Writers = DefaultWriters
 	}
+	if c.RetryQueue <= 0 {
+		c.RetryQueue = DefaultRetryQueue
+	}
+	if c.RetryMinBackoff <= 0 {
+		c.RetryMinBackoff = DefaultRetryMinBackoff
+	}
+	if c.RetryMaxBackoff <= 0 {
+		c.RetryMaxBackoff = DefaultRetryMaxBackoff
+	}
+	c.RetryMaxBackoff = max(c.RetryMaxBackoff, c.RetryMinBackoff)
 	return c
 }
 
@@ -78,6 +102,12 @@ type Stats struct {
 	Hits, Misses, Corrupt, ReadErrors, BytesRead uint64
 	// Writes by outcome (chunks and directory entries), and the bytes written.
 	Writes, WritesDropped, WriteErrors, BytesWritten uint64
+	// Failed writes put on the retry queue, retries that wrote them
+	// (re-published), retries that failed again, failed writes dropped
+	// (retry queue full, or left at Shutdown); RetryQueued is the queue's
+	// length now.
+	RetriesQueued, RetriesOK, RetriesFailed, RetriesDropped uint64
+	RetryQueued                                             int
 	// Coordinator matches by outcome.
 	Matches, MatchTimeouts, MatchErrors uint64
 }
@@ -90,7 +120,7 @@ type Tier struct {
 	cfg    Config
 	client redis.UniversalClient
 	log    *slog.Logger
-	queue  chan func(ctx context.Context)
+	queue  chan *write
 	stop   chan struct{}
 	wg     sync.WaitGroup
 
@@ -98,7 +128,26 @@ type Tier struct {
 	started bool
 	stopped bool
 
+	retry retryQueue
+
 	tierCounters
+}
+
+// write is one queued write: a chunk or a sequence's directory entries.
+type write struct {
+	do func(ctx context.Context) error // counts its own writes and bytes
+	g  *Group                          // nil: untracked
+}
+
+// retryQueue holds the writes that failed, oldest first, at most cap.
+type retryQueue struct {
+	mu    sync.Mutex
+	items []*write
+	cap   int
+	kick  chan struct{} // capacity 1: something was queued
+	// down is set while Redis fails: new writes skip their first attempt
+	// and join the queue behind the older ones.
+	down atomic.Bool
 }
 
 // tierCounters are a Tier's running totals (see Stats).
@@ -107,6 +156,103 @@ type tierCounters struct {
 	writes, dropped, writeErrs, bytesWritten   atomic.Uint64
 	matches, matchTimeouts, matchErrs          atomic.Uint64
 	pending                                    atomic.Int64 // writes queued or running
+	retriesQueued, retriesOK, retriesFailed    atomic.Uint64
+	retriesDropped                             atomic.Uint64
+}
+
+// Group follows the writes of one stored document (its chunks on every rank
+// and its directory entry) to tell whether another node can find it:
+// [Group.State]. Create it with NewGroup; safe for concurrent use.
+type Group struct {
+	mu      sync.Mutex
+	unsaved int  // writes not written yet (queued, running or waiting for a retry)
+	untried int  // writes not attempted once yet
+	lost    bool // a write was dropped
+	settled chan struct{}
+}
+
+// NewGroup returns an empty Group (State Shared until writes are added).
+func NewGroup() *Group {
+	g := &Group{settled: make(chan struct{})}
+	close(g.settled)
+	return g
+}
+
+// GroupState is what a Group's writes came to.
+type GroupState string
+
+// The states of a Group.
+const (
+	// Shared: every write reached Redis.
+	Shared GroupState = "shared"
+	// Pending: some writes failed and wait on the retry queue (or are not
+	// attempted yet); they are written when Redis answers again.
+	Pending GroupState = "pending"
+	// NotShared: a write was dropped (a full queue, or Shutdown): other nodes
+	// will not find the whole document until it is stored again.
+	NotShared GroupState = "not_shared"
+)
+
+func (g *Group) add() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	if g.untried == 0 {
+		g.settled = make(chan struct{})
+	}
+	g.unsaved++
+	g.untried++
+	g.mu.Unlock()
+}
+
+// tried records a write's first attempt (or its skipping: Redis down).
+func (g *Group) tried() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	if g.untried--; g.untried == 0 {
+		close(g.settled)
+	}
+	g.mu.Unlock()
+}
+
+// done records a write's end: written, or dropped.
+func (g *Group) done(written bool) {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	g.unsaved--
+	g.lost = g.lost || !written
+	g.mu.Unlock()
+}
+
+// State returns what the group's writes came to so far.
+func (g *Group) State() GroupState {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case g.lost:
+		return NotShared
+	case g.unsaved > 0:
+		return Pending
+	}
+	return Shared
+}
+
+// Wait waits until every write of the group was attempted once (or ctx
+// ends) and returns State.
+func (g *Group) Wait(ctx context.Context) GroupState {
+	g.mu.Lock()
+	ch := g.settled
+	g.mu.Unlock()
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
+	return g.State()
 }
 
 // New returns a Tier for cfg; it connects lazily (a Redis that is down at
@@ -127,7 +273,8 @@ func New(cfg Config, logger *slog.Logger) (*Tier, error) {
 	}
 	return &Tier{
 		cfg: cfg, client: redis.NewUniversalClient(opts), log: logger,
-		queue: make(chan func(context.Context), cfg.WriteQueue), stop: make(chan struct{}),
+		queue: make(chan *write, cfg.WriteQueue), stop: make(chan struct{}),
+		retry: retryQueue{cap: cfg.RetryQueue, kick: make(chan struct{}, 1)},
 	}, nil
 }
 
@@ -184,12 +331,14 @@ func (t *Tier) Start(ctx context.Context) error {
 	for range t.cfg.Writers {
 		t.wg.Go(t.writer)
 	}
+	t.wg.Go(t.retrier)
 	return nil
 }
 
 // Shutdown stops taking writes, lets the writers drain the queue until ctx
-// ends (then drops the rest, counted), and closes the client. Later calls
-// return nil.
+// ends (then drops the rest, counted), drops the writes waiting for a retry
+// (counted in RetriesDropped), and closes the client. Later calls return
+// nil.
 func (t *Tier) Shutdown(ctx context.Context) error {
 	t.mu.Lock()
 	if t.stopped {
@@ -210,6 +359,14 @@ func (t *Tier) Shutdown(ctx context.Context) error {
 			err = fmt.Errorf("fleet: draining writes: %w", ctx.Err())
 			<-done // the writers stop at once once ctx is done
 		}
+	}
+	t.retry.mu.Lock()
+	left := t.retry.items
+	t.retry.items = nil
+	t.retry.mu.Unlock()
+	for _, w := range left {
+		t.retriesDropped.Add(1)
+		w.g.done(false)
 	}
 	if cerr := t.client.Close(); cerr != nil && err == nil {
 		err = fmt.Errorf("fleet: close: %w", cerr)
@@ -236,11 +393,109 @@ func (t *Tier) writer() {
 	}
 }
 
-func (t *Tier) run(w func(context.Context)) {
+// run makes a queued write's first attempt; a failed one (or any while Redis
+// is down) goes to the retry queue.
+func (t *Tier) run(w *write) {
 	defer t.pending.Add(-1)
+	defer w.g.tried()
+	if t.retry.down.Load() {
+		t.requeue(w) // behind the writes already waiting, in order
+		return
+	}
+	if err := t.attempt(w); err != nil {
+		t.retry.down.Store(true)
+		t.requeue(w)
+		return
+	}
+	w.g.done(true)
+}
+
+// attempt runs one write within the OpTimeout.
+func (t *Tier) attempt(w *write) error {
 	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.OpTimeout)
 	defer cancel()
-	w(ctx)
+	return w.do(ctx)
+}
+
+// requeue puts a failed write on the retry queue, or drops and counts it
+// when the queue is full or the tier is stopping.
+func (t *Tier) requeue(w *write) {
+	t.retry.mu.Lock()
+	ok := len(t.retry.items) < t.retry.cap && !t.isStopping()
+	if ok {
+		t.retry.items = append(t.retry.items, w)
+	}
+	t.retry.mu.Unlock()
+	if !ok {
+		t.retriesDropped.Add(1)
+		w.g.done(false)
+		return
+	}
+	t.retriesQueued.Add(1)
+	select {
+	case t.retry.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (t *Tier) isStopping() bool {
+	select {
+	case <-t.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// retrier writes the retry queue's writes again, oldest first, until
+// Shutdown: at once while Redis answers, else after a backoff doubling from
+// RetryMinBackoff to RetryMaxBackoff (one write probes Redis per wait).
+func (t *Tier) retrier() {
+	backoff := t.cfg.RetryMinBackoff
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	for {
+		t.retry.mu.Lock()
+		var w *write
+		if len(t.retry.items) > 0 {
+			w = t.retry.items[0]
+		}
+		t.retry.mu.Unlock()
+		if w == nil {
+			select {
+			case <-t.retry.kick:
+				continue
+			case <-t.stop:
+				return
+			}
+		}
+		if err := t.attempt(w); err != nil {
+			t.retriesFailed.Add(1)
+			t.retry.down.Store(true)
+			timer.Reset(backoff)
+			backoff = min(2*backoff, t.cfg.RetryMaxBackoff)
+			select {
+			case <-timer.C:
+			case <-t.stop:
+				return
+			}
+			continue
+		}
+		t.retry.mu.Lock()
+		if len(t.retry.items) > 0 && t.retry.items[0] == w {
+			t.retry.items[0] = nil
+			t.retry.items = t.retry.items[1:]
+		}
+		empty := len(t.retry.items) == 0
+		t.retry.mu.Unlock()
+		t.retriesOK.Add(1)
+		w.g.done(true)
+		backoff = t.cfg.RetryMinBackoff
+		if empty {
+			t.retry.down.Store(false)
+		}
+	}
 }
 
 // Flush waits until every write queued before the call is done, or ctx
@@ -258,21 +513,24 @@ func (t *Tier) Flush(ctx context.Context) error {
 	return nil
 }
 
-// enqueue queues a write; false (dropped, counted) when the queue is full
-// or the tier is stopping.
-func (t *Tier) enqueue(w func(context.Context)) bool {
+// enqueue queues a write of group g (nil: untracked); false (dropped,
+// counted, g lost) when the queue is full or the tier is stopping.
+func (t *Tier) enqueue(g *Group, do func(context.Context) error) bool {
+	g.add()
 	t.mu.Lock() // Shutdown cannot stop the writers meanwhile
 	defer t.mu.Unlock()
 	if !t.stopped {
 		t.pending.Add(1)
 		select {
-		case t.queue <- w:
+		case t.queue <- &write{do: do, g: g}:
 			return true
 		default:
 			t.pending.Add(-1)
 		}
 	}
 	t.dropped.Add(1)
+	g.tried()
+	g.done(false)
 	return false
 }
 
@@ -284,7 +542,15 @@ func (t *Tier) Stats() Stats {
 		Writes:    t.writes.Load(), WritesDropped: t.dropped.Load(), WriteErrors: t.writeErrs.Load(),
 		BytesWritten: t.bytesWritten.Load(),
 		Matches:      t.matches.Load(), MatchTimeouts: t.matchTimeouts.Load(), MatchErrors: t.matchErrs.Load(),
+		RetriesQueued: t.retriesQueued.Load(), RetriesOK: t.retriesOK.Load(), RetriesFailed: t.retriesFailed.Load(),
+		RetriesDropped: t.retriesDropped.Load(), RetryQueued: t.retryLen(),
 	}
+}
+
+func (t *Tier) retryLen() int {
+	t.retry.mu.Lock()
+	defer t.retry.mu.Unlock()
+	return len(t.retry.items)
 }
 
 // Namespace names the keys of one model and KV layout, so that chunks of
@@ -315,34 +581,37 @@ func fpKey(ns string, fp uint64) string { return "cb:" + ns + ":f:" + strconv.Fo
 func seqKey(ns, id string) string       { return "cb:" + ns + ":s:" + id }
 
 // PutChunk writes c, rank c.Rank's chunk of the rank-0 chunk base (c.Key
-// for rank 0), under ns, asynchronously; false when the write was dropped
-// (queue full).
-func (t *Tier) PutChunk(ns string, base chunkstore.Key, c *chunkstore.Chunk) bool {
-	return t.enqueue(func(ctx context.Context) {
+// for rank 0), under ns, asynchronously, as a write of g (nil: untracked);
+// a failed write is retried from the retry queue. False when the write was
+// dropped (queue full).
+func (t *Tier) PutChunk(ns string, base chunkstore.Key, c *chunkstore.Chunk, g *Group) bool {
+	return t.enqueue(g, func(ctx context.Context) error {
 		b, err := chunkstore.EncodeChunk(c)
 		if err != nil {
 			t.writeErrs.Add(1)
-			return
+			return nil // retrying cannot help
 		}
-		t.set(ctx, chunkKey(ns, Ref{base, c.Rank}), b)
+		return t.set(ctx, chunkKey(ns, Ref{base, c.Rank}), b)
 	})
 }
 
-func (t *Tier) set(ctx context.Context, key string, b []byte) {
+func (t *Tier) set(ctx context.Context, key string, b []byte) error {
 	if err := t.client.Set(ctx, key, b, 0).Err(); err != nil {
 		t.writeErrs.Add(1)
 		t.log.Debug("fleet write failed", "key", key, "err", err)
-		return
+		return t.wrap(err)
 	}
 	t.writes.Add(1)
 	t.bytesWritten.Add(uint64(len(b)))
+	return nil
 }
 
 // RegisterSequence writes a stored sequence to the directory under ns,
-// asynchronously: its tokens and chunk keys, and the fingerprint of every
-// chunk (computed with tab's hash), so that a coordinator match on any node
-// finds it. False when dropped (queue full).
-func (t *Tier) RegisterSequence(ns string, tab *fingerprint.Table, seq fingerprint.Sequence) bool {
+// asynchronously, as a write of g (nil: untracked): its tokens and chunk
+// keys, and the fingerprint of every chunk (computed with tab's hash), so
+// that a coordinator match on any node finds it. A failed write is retried
+// from the retry queue. False when dropped (queue full).
+func (t *Tier) RegisterSequence(ns string, tab *fingerprint.Table, seq fingerprint.Sequence, g *Group) bool {
 	cs := seq.ChunkSize
 	if cs <= 0 {
 		cs = chunkstore.DefaultChunkSize
@@ -361,7 +630,7 @@ func (t *Tier) RegisterSequence(ns string, tab *fingerprint.Table, seq fingerpri
 			fps = append(fps, entry{fp, i})
 		}
 	}
-	return t.enqueue(func(ctx context.Context) {
+	return t.enqueue(g, func(ctx context.Context) error {
 		pipe := t.client.Pipeline()
 		pipe.Set(ctx, seqKey(ns, id), body, 0)
 		for _, e := range fps {
@@ -370,10 +639,11 @@ func (t *Tier) RegisterSequence(ns string, tab *fingerprint.Table, seq fingerpri
 		if _, err := pipe.Exec(ctx); err != nil {
 			t.writeErrs.Add(1)
 			t.log.Debug("fleet directory write failed", "err", err)
-			return
+			return t.wrap(err)
 		}
 		t.writes.Add(uint64(1 + len(fps)))
 		t.bytesWritten.Add(uint64(len(body)))
+		return nil
 	})
 }
 

@@ -77,12 +77,12 @@ func storeDoc(t *testing.T, tier *Tier, tab *fingerprint.Table, doc []int32, cs 
 		for j := range c.KV {
 			c.KV[j] = float32(i*1000 + j)
 		}
-		if !tier.PutChunk(ns, c.Key, c) {
+		if !tier.PutChunk(ns, c.Key, c, nil) {
 			t.Fatal("write dropped")
 		}
 		chunks = append(chunks, c)
 	}
-	if !tier.RegisterSequence(ns, tab, fingerprint.Sequence{Keys: keys, Tokens: doc, ChunkSize: cs}) {
+	if !tier.RegisterSequence(ns, tab, fingerprint.Sequence{Keys: keys, Tokens: doc, ChunkSize: cs}, nil) {
 		t.Fatal("directory write dropped")
 	}
 	flush(t, tier)
@@ -279,7 +279,7 @@ func TestMaxMemoryEvicts(t *testing.T) {
 			c.KV[j] = float32(i*7919 + j)
 		}
 		written = append(written, c)
-		if !tier.PutChunk(ns, c.Key, c) {
+		if !tier.PutChunk(ns, c.Key, c, nil) {
 			t.Fatal("write dropped")
 		}
 		flush(t, tier)
@@ -288,7 +288,7 @@ func TestMaxMemoryEvicts(t *testing.T) {
 		var k chunkstore.Key
 		k[0], k[1] = byte(i), 43
 		c, _ := chunkstore.NewChunk(k, testModel, 0, testLayout, tokens(r, 200), 0)
-		tier.PutChunk(ns, c.Key, c)
+		tier.PutChunk(ns, c.Key, c, nil)
 	}
 	flush(t, tier)
 	info, err := exec.Command("redis-cli", "-a", redistest.Password, "--no-auth-warning", "-p", fmt.Sprint(srv.Port), "info", "stats").Output()
@@ -324,4 +324,96 @@ func rank0Refs(keys []chunkstore.Key) []Ref {
 		out[i] = Ref{Base: k}
 	}
 	return out
+}
+
+// TestRetryAfterPause: writes made while Redis is paused (SIGSTOP) fail, wait
+// on the retry queue and are written when it continues: every chunk and the
+// directory entry are readable afterwards; the group goes pending, then
+// shared. A retry queue too small drops (counted) and the group is not shared.
+func TestRetryAfterPause(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		retryQueue int
+		want       GroupState
+	}{
+		{"retried", 0, Shared},
+		{"retry queue full", 1, NotShared},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t, redistest.Options{})
+			tier := newTier(t, srv.URL(), Config{OpTimeout: 100 * time.Millisecond, RetryQueue: tc.retryQueue,
+				RetryMaxBackoff: 400 * time.Millisecond, CoordinatorTimeout: 2 * time.Second})
+			ns := Namespace(testModel, testLayout)
+			tab := fingerprint.NewTable(fingerprint.Config{})
+			const cs = 64
+			doc := tokens(rand.New(rand.NewPCG(5, 6)), 10*cs)
+			keys := chunkstore.ChainKeys(testModel, 0, doc, cs)
+			g := NewGroup()
+			srv.Pause()
+			paused := true
+			defer func() {
+				if paused {
+					srv.Resume()
+				}
+			}()
+			for i, k := range keys {
+				c, err := chunkstore.NewChunk(k, testModel, 0, testLayout, doc[i*cs:(i+1)*cs], i*cs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !tier.PutChunk(ns, c.Key, c, g) {
+					t.Fatal("write dropped from the write queue")
+				}
+			}
+			tier.RegisterSequence(ns, tab, fingerprint.Sequence{Keys: keys, Tokens: doc, ChunkSize: cs}, g)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			st := g.Wait(ctx)
+			if want := map[bool]GroupState{true: Pending, false: NotShared}[tc.retryQueue == 0]; st != want {
+				t.Fatalf("state during the pause %s, want %s", st, want)
+			}
+			time.Sleep(time.Second) // a few retries fail and back off
+			srv.Resume()
+			paused = false
+			deadline := time.Now().Add(10 * time.Second)
+			for g.State() == Pending && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			stats := tier.Stats()
+			got, ls, err := tier.GetChunks(ctx, ns, rank0Refs(keys), testLayout)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, _, err := tier.Match(ctx, ns, tab, doc, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("state %s; %d of %d chunks readable; directory matches %d; stats %+v", g.State(), len(got), len(keys), len(res.Matches), stats)
+			if g.State() != tc.want {
+				t.Fatalf("state after the pause %s, want %s", g.State(), tc.want)
+			}
+			switch tc.want {
+			case Shared:
+				if ls.Hits != len(keys) || len(res.Matches) != 1 || stats.RetriesOK != uint64(len(keys)+1) ||
+					stats.RetriesQueued != uint64(len(keys)+1) || stats.RetriesFailed == 0 || stats.RetriesDropped != 0 || stats.RetryQueued != 0 {
+					t.Fatalf("after the pause: %d of %d chunks, %d matches, stats %+v", ls.Hits, len(keys), len(res.Matches), stats)
+				}
+			case NotShared:
+				if stats.RetriesDropped != uint64(len(keys)) || stats.RetriesQueued != 1 {
+					t.Fatalf("a retry queue of 1: stats %+v", stats)
+				}
+			}
+		})
+	}
+}
+
+// TestGroupWithoutWrites: a group nothing was written for is shared; Wait
+// returns at once.
+func TestGroupWithoutWrites(t *testing.T) {
+	g := NewGroup()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if st := g.Wait(ctx); st != Shared || ctx.Err() != nil {
+		t.Fatalf("empty group: %s (ctx %v)", st, ctx.Err())
+	}
 }

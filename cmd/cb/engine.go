@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"fmt"
 	"os"
 	"runtime"
 
@@ -41,6 +42,9 @@ func newEngineCmd() *cobra.Command {
 			ctx := c.Context()
 			if procs > 0 {
 				runtime.GOMAXPROCS(procs)
+			}
+			if err := checkAdvertiseAtStart(cfg, workerAddr); err != nil {
+				return err
 			}
 			cfg.WorkerAdvertise = cmp.Or(cfg.WorkerAdvertise, workerAddr)
 			rt, id, err := daemon.start(ctx, "cb-engine", cfg.Addr, false)
@@ -84,8 +88,10 @@ func newEngineCmd() *cobra.Command {
 	f.StringVar(&modelPath, "model", "", "GGUF model file (the same file as the worker's: its tokenizer and chat template; the engine refuses a worker holding another); empty: the built-in model")
 	f.StringVar(&cfg.Model, "model-name", "", "served model name (default: the file's general.name, or "+defaults.Model+" for the built-in model)")
 	f.StringVar(&cfg.Role, "role", engine.RoleBoth, "prefill/decode disaggregation: both (every request whole), prefill (also hands requests with X-CB-Decode-Engine over after their first token), decode (also takes requests over from prefill engines)")
-	f.StringVar(&cfg.WorkerAdvertise, "worker-advertise", "", "role prefill: the worker's address as decode engines' workers reach it (default --worker)")
+	f.StringVar(&cfg.WorkerAdvertise, "worker-advertise", "", "role prefill: the worker's address as decode engines' workers reach it (default --worker; a loopback one is refused at start when --addr is not loopback, and never sent to a decode engine on another host)")
 	f.StringSliceVar(&cfg.HandoffSources, "handoff-source", nil, "role decode: a prefill worker (host:port) to take requests over from; repeatable (none: any)")
+	f.DurationVar(&cfg.HandoffConnectTimeout, "handoff-connect-timeout", engine.DefaultHandoffConnect, "role prefill: give up connecting to a decode engine after this long (503 decode_unavailable: the gateway serves the request whole); keep it plus --handoff-idle-timeout below the gateway's --upstream-idle-timeout")
+	f.DurationVar(&cfg.HandoffIdleTimeout, "handoff-idle-timeout", engine.DefaultHandoffIdle, "role prefill: abort a hand-over whose decode engine sent no byte for this long (503 decode_unavailable before anything was relayed; the request's --request-timeout is its overall deadline)")
 	f.DurationVar(&cfg.HandoffTimeout, "handoff-timeout", scheduler.DefaultHandoffTimeout, "role prefill: release a handed-over request's blocks after this when the worker never reports the read")
 	f.IntVar(&cfg.MaxTransfers, "max-transfers", scheduler.DefaultMaxTransfers, "role decode: KV pulls in flight")
 	f.IntVar(&cfg.MaxQueue, "max-queue", scheduler.DefaultMaxQueue, "waiting requests before 429")
@@ -102,4 +108,19 @@ func newEngineCmd() *cobra.Command {
 	registerFrontFlags(f, &cfg.Settings)
 	daemon.register(f, mtls.Engine)
 	return withEnv(cmd)
+}
+
+// checkAdvertiseAtStart refuses a prefill engine reachable from other hosts
+// (--addr not loopback) whose worker address for the decode workers would
+// default to a loopback --worker: decode engines on other hosts would dial
+// their own loopback. An explicit --worker-advertise is taken as given (a
+// loopback one still never goes to a decode engine on another host: the
+// engine refuses such a hand-over, 500 handoff_misconfigured).
+func checkAdvertiseAtStart(cfg engine.Config, workerAddr string) error {
+	if cfg.Role != engine.RolePrefill || cfg.WorkerAdvertise != "" || !engine.IsLoopback(workerAddr) || engine.IsLoopback(cfg.Addr) {
+		return nil
+	}
+	return fmt.Errorf("cb engine: role prefill listens on %s (reachable from other hosts) but would advertise its worker as %s, a loopback address "+
+		"decode engines on other hosts cannot reach: give --worker-advertise HOST:PORT (CB_ENGINE_WORKER_ADVERTISE), the worker's address as the decode hosts reach it "+
+		"(or --worker-advertise %s explicitly if every decode engine runs on this host)", cfg.Addr, workerAddr, workerAddr)
 }

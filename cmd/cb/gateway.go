@@ -40,7 +40,14 @@ in a queue of --max-queue (full: 429 with Retry-After).
 Prefill/decode disaggregation: with --prefill and --decode (instead of --engine) a generation
 request goes to a prefill engine chosen by --policy (the CacheBlend reuse happens there) with
 header X-CB-Decode-Engine naming the least loaded healthy decode engine; a 503
-decode_unavailable before anything was streamed is retried with another decode engine.`,
+decode_unavailable before anything was streamed is retried with another decode engine; with no
+decode engine up a generation is served whole on a prefill engine and /health answers 200 with
+status "degraded".
+
+Faults: an engine goes out of routing after --health-failures failed probes in a row (each
+bounded by --probe-timeout) or at once when a request fails on it; its attempts that still
+receive bytes go on, the stalled ones fail over. An engine silent for --upstream-idle-timeout
+is cut; streams get ": keep-alive" comments every --keep-alive while the engine is silent.`,
 		RunE: func(c *cobra.Command, _ []string) error {
 			ctx := c.Context()
 			if len(cfg.Engines) == 0 && (len(cfg.Prefill) == 0 || len(cfg.Decode) == 0) {
@@ -82,6 +89,10 @@ decode_unavailable before anything was streamed is retried with another decode e
 	f.IntVar(&cfg.MaxQueue, "max-queue", gateway.DefaultMaxQueue, "requests waiting for an engine slot before 429")
 	f.DurationVar(&cfg.QueueTimeout, "queue-timeout", gateway.DefaultQueueTimeout, "longest wait in the queue (then 503 with Retry-After)")
 	f.DurationVar(&cfg.HealthInterval, "health-interval", gateway.DefaultHealthInterval, "period of the engines' health checks (GET /health and /metrics)")
+	f.DurationVar(&cfg.ProbeTimeout, "probe-timeout", gateway.DefaultProbeTimeout, "longest health probe (each GET); slower counts as a failure")
+	f.IntVar(&cfg.HealthFailures, "health-failures", gateway.DefaultHealthFailures, "consecutive failed health probes that take an engine out of routing (a failed request takes it out at once)")
+	f.DurationVar(&cfg.IdleTimeout, "upstream-idle-timeout", gateway.DefaultIdleTimeout, "abort an attempt whose engine sent no byte for this long (response headers included: a non-streamed answer must begin within it): fail over before anything was sent, else end the stream with an upstream_idle_timeout error event")
+	f.DurationVar(&cfg.KeepAlive, "keep-alive", gateway.DefaultKeepAlive, "write an SSE comment \": keep-alive\" to a streaming client after this long without an event")
 	f.IntVar(&cfg.IndexBytes, "index-bytes", gateway.DefaultIndexBytes, "kv-aware: bytes of each engine's reuse index (least recently used prompts evicted beyond)")
 	f.IntVar(&cfg.IndexSequences, "index-sequences", gateway.DefaultIndexSequences, "kv-aware: prompts and documents per engine's reuse index")
 	f.IntVar(&cfg.ChunkSize, "chunk-size", defaults.ChunkSize, "chunk of the reuse index in tokens (the engines' chunk size)")

@@ -114,7 +114,9 @@ const (
 	// CBExecute is the span "cb.execute" of cb-worker (kind server, phase "execute"), remote child
 	// of [CBRequest] in cb-engine; required; may repeat.
 	//
-	// Remote child; the parent context travels in the step metadata. One per scheduler step that
+	// Remote child; the parent context travels in the step metadata. In a document ingest (trace
+	// ingest) its parent is the document's cb.store_pre_computed, and its subtree
+	// (cb.model_forward, cb.store) belongs to the ingest trace. One per scheduler step that
 	// computes part of the prompt: a prompt longer than the step's token budget is prefilled in
 	// chunks (chunked prefill), each chunk its own cb.execute. With a tensor-parallel worker
 	// (cb.request world_size N > 1, cb worker --tp N) every rank runs every step: N cb.execute per
@@ -192,13 +194,17 @@ const (
 	// KVTransfer is the span "kv.transfer" of cb-engine (kind client, phase "kv load"), child of
 	// the SERVER span "{operation} {model}" (see [Server]); optional.
 	//
-	// The prefill engine hands the request over to the decode engine named by the caller (header
-	// X-CB-Decode-Engine): one HTTP call carrying the request, the first token and the prompt's KV
-	// handle (header X-CB-Handoff), whose answer is relayed to the caller. bytes, blocks_sent and
-	// blocks_deduped are the decode side's report (response headers X-CB-KV-Bytes,
-	// X-CB-KV-Blocks-Sent, X-CB-KV-Blocks-Deduped): blocks it already held by prefix hash (its
-	// prefix cache) are not sent. Spans the decode engine's SERVER span, so it lasts until the
-	// relayed answer ends; its own time is the hand-over's overhead.
+	// abandoned = true marks a hand-over the prefill engine gave up on (its caller went away, the
+	// request's deadline, the decode engine silent past --handoff-idle-timeout) while the decode
+	// engine may still be working on it: as under an abandoned gateway.attempt, the decode engine's
+	// SERVER span may end after it and its spans may be missing or detached. The prefill engine
+	// hands the request over to the decode engine named by the caller (header X-CB-Decode-Engine):
+	// one HTTP call carrying the request, the first token and the prompt's KV handle (header
+	// X-CB-Handoff), whose answer is relayed to the caller. bytes, blocks_sent and blocks_deduped
+	// are the decode side's report (response headers X-CB-KV-Bytes, X-CB-KV-Blocks-Sent,
+	// X-CB-KV-Blocks-Deduped): blocks it already held by prefix hash (its prefix cache) are not
+	// sent. Spans the decode engine's SERVER span, so it lasts until the relayed answer ends; its
+	// own time is the hand-over's overhead.
 	KVTransfer = "kv.transfer"
 
 	// KVReceive is the span "kv.receive" of cb-worker (kind server, phase "kv load"), remote child
@@ -238,17 +244,26 @@ const (
 	// remote child. A failed attempt (engine unreachable, 503 or 429 before anything was streamed)
 	// is followed by another on the next engine; with prefill/decode routing a 503
 	// decode_unavailable is followed by another on the same prefill engine with another decode
-	// engine (route.decode_engine).
+	// engine (route.decode_engine). gateway.abandoned = true marks an attempt the gateway gave up
+	// on (a failover, a health check marking the engine down) while the engine may still be working
+	// on it: its remote child may end after it, spans under it may end after their own parents (the
+	// cancellation reaches remote callees late), and spans under it may be missing or detached (an
+	// engine cut off the network loses its failed exports), which tracecheck accepts of an
+	// abandoned attempt's subtree only.
 	GatewayAttempt = "gateway.attempt"
 )
 
 // Span names of the ingest trace, in the order of contract/spans.yaml.
 const (
 	// CBStorePreComputed is the span "cb.store_pre_computed" of cb-engine (kind internal, phase
-	// "store"), the root of the ingest trace; optional.
+	// "store"), the root of the ingest trace; optional; may repeat.
 	//
-	// Document ingest (a document prefilled on its own and stored); the root of its own trace,
-	// never part of a request's trace.
+	// Document ingest (a document prefilled on its own and stored): the root of its own trace, or,
+	// when the caller sent a traceparent (the gateway's gateway.attempt), one of the ingest's
+	// documents under it (several documents of one call: one cb.store_pre_computed each, each with
+	// its own request_id). Never part of a request's trace. The worker's steps of the document are
+	// its remote children (cb.execute, with cb.model_forward and the asynchronous cb.store under
+	// them), as in a request.
 	CBStorePreComputed = "cb.store_pre_computed"
 )
 

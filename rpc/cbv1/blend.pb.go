@@ -29,6 +29,107 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type FleetStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestIds    []string               `protobuf:"bytes,1,rep,name=request_ids,json=requestIds,proto3" json:"request_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FleetStatusRequest) Reset() {
+	*x = FleetStatusRequest{}
+	mi := &file_blend_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FleetStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FleetStatusRequest) ProtoMessage() {}
+
+func (x *FleetStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_blend_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FleetStatusRequest.ProtoReflect.Descriptor instead.
+func (*FleetStatusRequest) Descriptor() ([]byte, []int) {
+	return file_blend_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *FleetStatusRequest) GetRequestIds() []string {
+	if x != nil {
+		return x.RequestIds
+	}
+	return nil
+}
+
+type FleetStatusResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when the server has no fleet tier (Redis): states is then empty.
+	Fleet bool `protobuf:"varint,1,opt,name=fleet,proto3" json:"fleet,omitempty"`
+	// One per request id, in order: "shared" (every chunk and the directory
+	// entry reached the fleet tier), "pending" (some writes wait on the retry
+	// queue: shared once the tier answers again) or "not_shared" (a write was
+	// dropped, or no store of that id reached this server).
+	States        []string `protobuf:"bytes,2,rep,name=states,proto3" json:"states,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FleetStatusResponse) Reset() {
+	*x = FleetStatusResponse{}
+	mi := &file_blend_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FleetStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FleetStatusResponse) ProtoMessage() {}
+
+func (x *FleetStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_blend_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FleetStatusResponse.ProtoReflect.Descriptor instead.
+func (*FleetStatusResponse) Descriptor() ([]byte, []int) {
+	return file_blend_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *FleetStatusResponse) GetFleet() bool {
+	if x != nil {
+		return x.Fleet
+	}
+	return false
+}
+
+func (x *FleetStatusResponse) GetStates() []string {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
 // KVLayout describes a worker's paged KV memory (see package kvcache).
 type KVLayout struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -49,7 +150,7 @@ type KVLayout struct {
 
 func (x *KVLayout) Reset() {
 	*x = KVLayout{}
-	mi := &file_blend_proto_msgTypes[0]
+	mi := &file_blend_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -61,7 +162,7 @@ func (x *KVLayout) String() string {
 func (*KVLayout) ProtoMessage() {}
 
 func (x *KVLayout) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[0]
+	mi := &file_blend_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -74,7 +175,7 @@ func (x *KVLayout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVLayout.ProtoReflect.Descriptor instead.
 func (*KVLayout) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{0}
+	return file_blend_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *KVLayout) GetNumLayers() int32 {
@@ -148,7 +249,7 @@ type KVRegistration struct {
 
 func (x *KVRegistration) Reset() {
 	*x = KVRegistration{}
-	mi := &file_blend_proto_msgTypes[1]
+	mi := &file_blend_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -160,7 +261,7 @@ func (x *KVRegistration) String() string {
 func (*KVRegistration) ProtoMessage() {}
 
 func (x *KVRegistration) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[1]
+	mi := &file_blend_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -173,7 +274,7 @@ func (x *KVRegistration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVRegistration.ProtoReflect.Descriptor instead.
 func (*KVRegistration) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{1}
+	return file_blend_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *KVRegistration) GetWorkerId() string {
@@ -233,7 +334,7 @@ type KVRegistered struct {
 
 func (x *KVRegistered) Reset() {
 	*x = KVRegistered{}
-	mi := &file_blend_proto_msgTypes[2]
+	mi := &file_blend_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -245,7 +346,7 @@ func (x *KVRegistered) String() string {
 func (*KVRegistered) ProtoMessage() {}
 
 func (x *KVRegistered) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[2]
+	mi := &file_blend_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -258,7 +359,7 @@ func (x *KVRegistered) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVRegistered.ProtoReflect.Descriptor instead.
 func (*KVRegistered) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{2}
+	return file_blend_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *KVRegistered) GetCode() int32 {
@@ -300,7 +401,7 @@ type UnregisterKVRequest struct {
 
 func (x *UnregisterKVRequest) Reset() {
 	*x = UnregisterKVRequest{}
-	mi := &file_blend_proto_msgTypes[3]
+	mi := &file_blend_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -312,7 +413,7 @@ func (x *UnregisterKVRequest) String() string {
 func (*UnregisterKVRequest) ProtoMessage() {}
 
 func (x *UnregisterKVRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[3]
+	mi := &file_blend_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -325,7 +426,7 @@ func (x *UnregisterKVRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnregisterKVRequest.ProtoReflect.Descriptor instead.
 func (*UnregisterKVRequest) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{3}
+	return file_blend_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *UnregisterKVRequest) GetWorkerId() string {
@@ -357,7 +458,7 @@ type UnregisterKVResponse struct {
 
 func (x *UnregisterKVResponse) Reset() {
 	*x = UnregisterKVResponse{}
-	mi := &file_blend_proto_msgTypes[4]
+	mi := &file_blend_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -369,7 +470,7 @@ func (x *UnregisterKVResponse) String() string {
 func (*UnregisterKVResponse) ProtoMessage() {}
 
 func (x *UnregisterKVResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[4]
+	mi := &file_blend_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -382,7 +483,7 @@ func (x *UnregisterKVResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnregisterKVResponse.ProtoReflect.Descriptor instead.
 func (*UnregisterKVResponse) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{4}
+	return file_blend_proto_rawDescGZIP(), []int{6}
 }
 
 type LookupRequest struct {
@@ -402,7 +503,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_blend_proto_msgTypes[5]
+	mi := &file_blend_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -414,7 +515,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[5]
+	mi := &file_blend_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -427,7 +528,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{5}
+	return file_blend_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *LookupRequest) GetRequestId() string {
@@ -492,7 +593,7 @@ type Match struct {
 
 func (x *Match) Reset() {
 	*x = Match{}
-	mi := &file_blend_proto_msgTypes[6]
+	mi := &file_blend_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -504,7 +605,7 @@ func (x *Match) String() string {
 func (*Match) ProtoMessage() {}
 
 func (x *Match) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[6]
+	mi := &file_blend_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -517,7 +618,7 @@ func (x *Match) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Match.ProtoReflect.Descriptor instead.
 func (*Match) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{6}
+	return file_blend_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Match) GetStoredSt() int32 {
@@ -597,7 +698,7 @@ type LookupResult struct {
 
 func (x *LookupResult) Reset() {
 	*x = LookupResult{}
-	mi := &file_blend_proto_msgTypes[7]
+	mi := &file_blend_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -609,7 +710,7 @@ func (x *LookupResult) String() string {
 func (*LookupResult) ProtoMessage() {}
 
 func (x *LookupResult) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[7]
+	mi := &file_blend_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -622,7 +723,7 @@ func (x *LookupResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResult.ProtoReflect.Descriptor instead.
 func (*LookupResult) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{7}
+	return file_blend_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *LookupResult) GetRequestedTokens() int32 {
@@ -775,7 +876,7 @@ type RetrieveRequest struct {
 
 func (x *RetrieveRequest) Reset() {
 	*x = RetrieveRequest{}
-	mi := &file_blend_proto_msgTypes[8]
+	mi := &file_blend_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -787,7 +888,7 @@ func (x *RetrieveRequest) String() string {
 func (*RetrieveRequest) ProtoMessage() {}
 
 func (x *RetrieveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[8]
+	mi := &file_blend_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -800,7 +901,7 @@ func (x *RetrieveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetrieveRequest.ProtoReflect.Descriptor instead.
 func (*RetrieveRequest) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{8}
+	return file_blend_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RetrieveRequest) GetRequestId() string {
@@ -891,7 +992,7 @@ type Range struct {
 
 func (x *Range) Reset() {
 	*x = Range{}
-	mi := &file_blend_proto_msgTypes[9]
+	mi := &file_blend_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -903,7 +1004,7 @@ func (x *Range) String() string {
 func (*Range) ProtoMessage() {}
 
 func (x *Range) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[9]
+	mi := &file_blend_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -916,7 +1017,7 @@ func (x *Range) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Range.ProtoReflect.Descriptor instead.
 func (*Range) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{9}
+	return file_blend_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Range) GetStart() int32 {
@@ -951,7 +1052,7 @@ type RetrieveResponse struct {
 
 func (x *RetrieveResponse) Reset() {
 	*x = RetrieveResponse{}
-	mi := &file_blend_proto_msgTypes[10]
+	mi := &file_blend_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -963,7 +1064,7 @@ func (x *RetrieveResponse) String() string {
 func (*RetrieveResponse) ProtoMessage() {}
 
 func (x *RetrieveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[10]
+	mi := &file_blend_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -976,7 +1077,7 @@ func (x *RetrieveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetrieveResponse.ProtoReflect.Descriptor instead.
 func (*RetrieveResponse) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{10}
+	return file_blend_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RetrieveResponse) GetScatteredTokens() int32 {
@@ -1059,7 +1160,7 @@ type StoreRequest struct {
 
 func (x *StoreRequest) Reset() {
 	*x = StoreRequest{}
-	mi := &file_blend_proto_msgTypes[11]
+	mi := &file_blend_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1071,7 +1172,7 @@ func (x *StoreRequest) String() string {
 func (*StoreRequest) ProtoMessage() {}
 
 func (x *StoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[11]
+	mi := &file_blend_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1084,7 +1185,7 @@ func (x *StoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreRequest.ProtoReflect.Descriptor instead.
 func (*StoreRequest) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{11}
+	return file_blend_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StoreRequest) GetRequestId() string {
@@ -1168,7 +1269,7 @@ type StoreResponse struct {
 
 func (x *StoreResponse) Reset() {
 	*x = StoreResponse{}
-	mi := &file_blend_proto_msgTypes[12]
+	mi := &file_blend_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1180,7 +1281,7 @@ func (x *StoreResponse) String() string {
 func (*StoreResponse) ProtoMessage() {}
 
 func (x *StoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[12]
+	mi := &file_blend_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1193,7 +1294,7 @@ func (x *StoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreResponse.ProtoReflect.Descriptor instead.
 func (*StoreResponse) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{12}
+	return file_blend_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StoreResponse) GetStoredChunks() int32 {
@@ -1221,7 +1322,13 @@ var File_blend_proto protoreflect.FileDescriptor
 
 const file_blend_proto_rawDesc = "" +
 	"\n" +
-	"\vblend.proto\x12\rcacheblend.v1\"\xe0\x01\n" +
+	"\vblend.proto\x12\rcacheblend.v1\"5\n" +
+	"\x12FleetStatusRequest\x12\x1f\n" +
+	"\vrequest_ids\x18\x01 \x03(\tR\n" +
+	"requestIds\"C\n" +
+	"\x13FleetStatusResponse\x12\x14\n" +
+	"\x05fleet\x18\x01 \x01(\bR\x05fleet\x12\x16\n" +
+	"\x06states\x18\x02 \x03(\tR\x06states\"\xe0\x01\n" +
 	"\bKVLayout\x12\x1d\n" +
 	"\n" +
 	"num_layers\x18\x01 \x01(\x05R\tnumLayers\x12\x1d\n" +
@@ -1339,12 +1446,13 @@ const file_blend_proto_rawDesc = "" +
 	"\rStoreResponse\x12#\n" +
 	"\rstored_chunks\x18\x01 \x01(\x05R\fstoredChunks\x12%\n" +
 	"\x0eskipped_chunks\x18\x02 \x01(\x05R\rskippedChunks\x12\x14\n" +
-	"\x05bytes\x18\x03 \x01(\x03R\x05bytes2\xbd\x02\n" +
+	"\x05bytes\x18\x03 \x01(\x03R\x05bytes2\x93\x03\n" +
 	"\fBlendService\x12W\n" +
 	"\fUnregisterKV\x12\".cacheblend.v1.UnregisterKVRequest\x1a#.cacheblend.v1.UnregisterKVResponse\x12C\n" +
 	"\x06Lookup\x12\x1c.cacheblend.v1.LookupRequest\x1a\x1b.cacheblend.v1.LookupResult\x12K\n" +
 	"\bRetrieve\x12\x1e.cacheblend.v1.RetrieveRequest\x1a\x1f.cacheblend.v1.RetrieveResponse\x12B\n" +
-	"\x05Store\x12\x1b.cacheblend.v1.StoreRequest\x1a\x1c.cacheblend.v1.StoreResponseB+Z)github.com/cacheblend/cacheblend/rpc/cbv1b\x06proto3"
+	"\x05Store\x12\x1b.cacheblend.v1.StoreRequest\x1a\x1c.cacheblend.v1.StoreResponse\x12T\n" +
+	"\vFleetStatus\x12!.cacheblend.v1.FleetStatusRequest\x1a\".cacheblend.v1.FleetStatusResponseB+Z)github.com/cacheblend/cacheblend/rpc/cbv1b\x06proto3"
 
 var (
 	file_blend_proto_rawDescOnce sync.Once
@@ -1358,37 +1466,41 @@ func file_blend_proto_rawDescGZIP() []byte {
 	return file_blend_proto_rawDescData
 }
 
-var file_blend_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_blend_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_blend_proto_goTypes = []any{
-	(*KVLayout)(nil),             // 0: cacheblend.v1.KVLayout
-	(*KVRegistration)(nil),       // 1: cacheblend.v1.KVRegistration
-	(*KVRegistered)(nil),         // 2: cacheblend.v1.KVRegistered
-	(*UnregisterKVRequest)(nil),  // 3: cacheblend.v1.UnregisterKVRequest
-	(*UnregisterKVResponse)(nil), // 4: cacheblend.v1.UnregisterKVResponse
-	(*LookupRequest)(nil),        // 5: cacheblend.v1.LookupRequest
-	(*Match)(nil),                // 6: cacheblend.v1.Match
-	(*LookupResult)(nil),         // 7: cacheblend.v1.LookupResult
-	(*RetrieveRequest)(nil),      // 8: cacheblend.v1.RetrieveRequest
-	(*Range)(nil),                // 9: cacheblend.v1.Range
-	(*RetrieveResponse)(nil),     // 10: cacheblend.v1.RetrieveResponse
-	(*StoreRequest)(nil),         // 11: cacheblend.v1.StoreRequest
-	(*StoreResponse)(nil),        // 12: cacheblend.v1.StoreResponse
+	(*FleetStatusRequest)(nil),   // 0: cacheblend.v1.FleetStatusRequest
+	(*FleetStatusResponse)(nil),  // 1: cacheblend.v1.FleetStatusResponse
+	(*KVLayout)(nil),             // 2: cacheblend.v1.KVLayout
+	(*KVRegistration)(nil),       // 3: cacheblend.v1.KVRegistration
+	(*KVRegistered)(nil),         // 4: cacheblend.v1.KVRegistered
+	(*UnregisterKVRequest)(nil),  // 5: cacheblend.v1.UnregisterKVRequest
+	(*UnregisterKVResponse)(nil), // 6: cacheblend.v1.UnregisterKVResponse
+	(*LookupRequest)(nil),        // 7: cacheblend.v1.LookupRequest
+	(*Match)(nil),                // 8: cacheblend.v1.Match
+	(*LookupResult)(nil),         // 9: cacheblend.v1.LookupResult
+	(*RetrieveRequest)(nil),      // 10: cacheblend.v1.RetrieveRequest
+	(*Range)(nil),                // 11: cacheblend.v1.Range
+	(*RetrieveResponse)(nil),     // 12: cacheblend.v1.RetrieveResponse
+	(*StoreRequest)(nil),         // 13: cacheblend.v1.StoreRequest
+	(*StoreResponse)(nil),        // 14: cacheblend.v1.StoreResponse
 }
 var file_blend_proto_depIdxs = []int32{
-	0,  // 0: cacheblend.v1.KVRegistration.layout:type_name -> cacheblend.v1.KVLayout
-	6,  // 1: cacheblend.v1.LookupResult.matches:type_name -> cacheblend.v1.Match
-	6,  // 2: cacheblend.v1.RetrieveRequest.matches:type_name -> cacheblend.v1.Match
-	9,  // 3: cacheblend.v1.RetrieveResponse.missing:type_name -> cacheblend.v1.Range
-	3,  // 4: cacheblend.v1.BlendService.UnregisterKV:input_type -> cacheblend.v1.UnregisterKVRequest
-	5,  // 5: cacheblend.v1.BlendService.Lookup:input_type -> cacheblend.v1.LookupRequest
-	8,  // 6: cacheblend.v1.BlendService.Retrieve:input_type -> cacheblend.v1.RetrieveRequest
-	11, // 7: cacheblend.v1.BlendService.Store:input_type -> cacheblend.v1.StoreRequest
-	4,  // 8: cacheblend.v1.BlendService.UnregisterKV:output_type -> cacheblend.v1.UnregisterKVResponse
-	7,  // 9: cacheblend.v1.BlendService.Lookup:output_type -> cacheblend.v1.LookupResult
-	10, // 10: cacheblend.v1.BlendService.Retrieve:output_type -> cacheblend.v1.RetrieveResponse
-	12, // 11: cacheblend.v1.BlendService.Store:output_type -> cacheblend.v1.StoreResponse
-	8,  // [8:12] is the sub-list for method output_type
-	4,  // [4:8] is the sub-list for method input_type
+	2,  // 0: cacheblend.v1.KVRegistration.layout:type_name -> cacheblend.v1.KVLayout
+	8,  // 1: cacheblend.v1.LookupResult.matches:type_name -> cacheblend.v1.Match
+	8,  // 2: cacheblend.v1.RetrieveRequest.matches:type_name -> cacheblend.v1.Match
+	11, // 3: cacheblend.v1.RetrieveResponse.missing:type_name -> cacheblend.v1.Range
+	5,  // 4: cacheblend.v1.BlendService.UnregisterKV:input_type -> cacheblend.v1.UnregisterKVRequest
+	7,  // 5: cacheblend.v1.BlendService.Lookup:input_type -> cacheblend.v1.LookupRequest
+	10, // 6: cacheblend.v1.BlendService.Retrieve:input_type -> cacheblend.v1.RetrieveRequest
+	13, // 7: cacheblend.v1.BlendService.Store:input_type -> cacheblend.v1.StoreRequest
+	0,  // 8: cacheblend.v1.BlendService.FleetStatus:input_type -> cacheblend.v1.FleetStatusRequest
+	6,  // 9: cacheblend.v1.BlendService.UnregisterKV:output_type -> cacheblend.v1.UnregisterKVResponse
+	9,  // 10: cacheblend.v1.BlendService.Lookup:output_type -> cacheblend.v1.LookupResult
+	12, // 11: cacheblend.v1.BlendService.Retrieve:output_type -> cacheblend.v1.RetrieveResponse
+	14, // 12: cacheblend.v1.BlendService.Store:output_type -> cacheblend.v1.StoreResponse
+	1,  // 13: cacheblend.v1.BlendService.FleetStatus:output_type -> cacheblend.v1.FleetStatusResponse
+	9,  // [9:14] is the sub-list for method output_type
+	4,  // [4:9] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
 	4,  // [4:4] is the sub-list for extension extendee
 	0,  // [0:4] is the sub-list for field type_name
@@ -1405,7 +1517,7 @@ func file_blend_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_blend_proto_rawDesc), len(file_blend_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,7 @@ const (
 	BlendService_Lookup_FullMethodName       = "/cacheblend.v1.BlendService/Lookup"
 	BlendService_Retrieve_FullMethodName     = "/cacheblend.v1.BlendService/Retrieve"
 	BlendService_Store_FullMethodName        = "/cacheblend.v1.BlendService/Store"
+	BlendService_FleetStatus_FullMethodName  = "/cacheblend.v1.BlendService/FleetStatus"
 )
 
 // BlendServiceClient is the client API for BlendService service.
@@ -58,6 +59,12 @@ type BlendServiceClient interface {
 	// Store copies a prefilled sequence's KV out of the worker's memory into
 	// the chunk store; fingerprints are registered asynchronously.
 	Store(ctx context.Context, in *StoreRequest, opts ...grpc.CallOption) (*StoreResponse, error)
+	// FleetStatus reports, for documents this server stored (named by the
+	// request ids of their stores), whether other nodes can find them in the
+	// fleet tier: it waits, at most the server's fleet status wait and the
+	// caller's deadline, until each one's fleet writes were tried once.
+	// InvalidArgument for no id, more than 256, or an id over 256 bytes.
+	FleetStatus(ctx context.Context, in *FleetStatusRequest, opts ...grpc.CallOption) (*FleetStatusResponse, error)
 }
 
 type blendServiceClient struct {
@@ -108,6 +115,16 @@ func (c *blendServiceClient) Store(ctx context.Context, in *StoreRequest, opts .
 	return out, nil
 }
 
+func (c *blendServiceClient) FleetStatus(ctx context.Context, in *FleetStatusRequest, opts ...grpc.CallOption) (*FleetStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FleetStatusResponse)
+	err := c.cc.Invoke(ctx, BlendService_FleetStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BlendServiceServer is the server API for BlendService service.
 // All implementations must embed UnimplementedBlendServiceServer
 // for forward compatibility.
@@ -133,6 +150,12 @@ type BlendServiceServer interface {
 	// Store copies a prefilled sequence's KV out of the worker's memory into
 	// the chunk store; fingerprints are registered asynchronously.
 	Store(context.Context, *StoreRequest) (*StoreResponse, error)
+	// FleetStatus reports, for documents this server stored (named by the
+	// request ids of their stores), whether other nodes can find them in the
+	// fleet tier: it waits, at most the server's fleet status wait and the
+	// caller's deadline, until each one's fleet writes were tried once.
+	// InvalidArgument for no id, more than 256, or an id over 256 bytes.
+	FleetStatus(context.Context, *FleetStatusRequest) (*FleetStatusResponse, error)
 	mustEmbedUnimplementedBlendServiceServer()
 }
 
@@ -154,6 +177,9 @@ func (UnimplementedBlendServiceServer) Retrieve(context.Context, *RetrieveReques
 }
 func (UnimplementedBlendServiceServer) Store(context.Context, *StoreRequest) (*StoreResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Store not implemented")
+}
+func (UnimplementedBlendServiceServer) FleetStatus(context.Context, *FleetStatusRequest) (*FleetStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method FleetStatus not implemented")
 }
 func (UnimplementedBlendServiceServer) mustEmbedUnimplementedBlendServiceServer() {}
 func (UnimplementedBlendServiceServer) testEmbeddedByValue()                      {}
@@ -248,6 +274,24 @@ func _BlendService_Store_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BlendService_FleetStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FleetStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BlendServiceServer).FleetStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BlendService_FleetStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BlendServiceServer).FleetStatus(ctx, req.(*FleetStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // BlendService_ServiceDesc is the grpc.ServiceDesc for BlendService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -270,6 +314,10 @@ var BlendService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Store",
 			Handler:    _BlendService_Store_Handler,
+		},
+		{
+			MethodName: "FleetStatus",
+			Handler:    _BlendService_FleetStatus_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -32,6 +32,9 @@
 //
 // [NewCA], [CA.Issue] and [WriteDir] generate the throw-away CA and
 // certificates of cb up (ECDSA P-256, short validity, no CA key on disk) and
-// of cb certs. A process started without certificate files serves and
+// of cb certs. [WriteCA], [LoadCA] and [CA.WriteHost] keep an operator's CA
+// on disk (its key in [CAKeyFile]) and issue one host's certificates from
+// it without touching the others' (cb certs init, cb certs issue);
+// [ParseRole] reads a role by its name or short name. A process started without certificate files serves and
 // calls in plaintext; cmd/cb then logs that its port is unauthenticated.
 package mtls

@@ -11,8 +11,8 @@
 //   - a [Provider] ([New]) whose export never blocks a request: a bounded
 //     batch queue per exporter, export timeouts, OTLP exporters over gRPC,
 //     HTTP/protobuf or HTTP/JSON, the head sampler named by
-//     OTEL_TRACES_SAMPLER, and monotonic counters of dropped and failed
-//     spans; [Provider.Spans] returns a [telemetry.Spans] bound to its tracer
+//     OTEL_TRACES_SAMPLER, and monotonic counters of lost spans (dropped
+//     by the queue, or in failed exports: [Provider.DroppedSpans]); [Provider.Spans] returns a [telemetry.Spans] bound to its tracer
 //     provider and its CB_PROFILE span profile;
 //   - the id generator every Provider uses ([NewIDGenerator]), which gives a
 //     root span the trace id stored by [telemetry.ContextWithTraceID] (trace

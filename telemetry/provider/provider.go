@@ -190,10 +190,17 @@ func (p *Provider) Spans(scope string) *telemetry.Spans {
 	return telemetry.NewSpans(p.tp, scope, p.profile)
 }
 
-// DroppedSpans returns how many sampled spans were dropped before export
-// because the export queue was full (or the provider was shutting down).
+// DroppedSpans returns how many sampled spans were lost: dropped before
+// export because the export queue was full (or the provider was shutting
+// down; [Provider.QueueDroppedSpans]), or in export batches that failed
+// ([Provider.FailedSpans]). It is what cb_trace_spans_dropped_total counts.
 // The count is monotonic.
-func (p *Provider) DroppedSpans() uint64 { return p.stats.dropped.Load() }
+func (p *Provider) DroppedSpans() uint64 { return p.stats.dropped.Load() + p.stats.failed.Load() }
+
+// QueueDroppedSpans returns how many sampled spans were dropped before
+// export because the export queue was full (or the provider was shutting
+// down). The count is monotonic.
+func (p *Provider) QueueDroppedSpans() uint64 { return p.stats.dropped.Load() }
 
 // FailedSpans returns how many spans were in export batches that failed
 // (collector unreachable, hanging past the export timeout, or refusing

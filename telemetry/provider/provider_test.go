@@ -10,9 +10,11 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -23,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/telemetry"
 )
 
@@ -495,17 +498,17 @@ func TestUnreachableCollectorNeverBlocks(t *testing.T) {
 			if d := time.Since(begin); d > 10*timeout {
 				t.Fatalf("Shutdown took %v with export timeout %v", d, timeout)
 			}
-			t.Logf("shutdown: %v (err %v) dropped=%d failed=%d exportErrors=%d",
-				time.Since(begin), err, p.DroppedSpans(), p.FailedSpans(), p.ExportErrors())
+			t.Logf("shutdown: %v (err %v) queue dropped=%d failed=%d exportErrors=%d",
+				time.Since(begin), err, p.QueueDroppedSpans(), p.FailedSpans(), p.ExportErrors())
 			if p.ExportedSpans() != 0 {
 				t.Fatalf("exported %d spans to a dead collector", p.ExportedSpans())
 			}
 			if p.FailedSpans() == 0 || p.ExportErrors() == 0 {
 				t.Fatalf("failed=%d exportErrors=%d, want > 0", p.FailedSpans(), p.ExportErrors())
 			}
-			if got := p.DroppedSpans() + p.FailedSpans(); got != nSpans {
-				t.Fatalf("dropped %d + failed %d = %d, want every one of %d spans accounted for",
-					p.DroppedSpans(), p.FailedSpans(), got, nSpans)
+			if got := p.QueueDroppedSpans() + p.FailedSpans(); got != nSpans || p.DroppedSpans() != got {
+				t.Fatalf("queue dropped %d + failed %d = %d (DroppedSpans %d), want every one of %d spans accounted for",
+					p.QueueDroppedSpans(), p.FailedSpans(), got, p.DroppedSpans(), nSpans)
 			}
 		})
 	}
@@ -529,8 +532,8 @@ func TestShutdownHonoursContext(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Shutdown = %v, want a deadline error", err)
 	}
-	if p.FailedSpans()+p.DroppedSpans() != 1 {
-		t.Fatalf("failed %d dropped %d", p.FailedSpans(), p.DroppedSpans())
+	if p.FailedSpans()+p.QueueDroppedSpans() != 1 || p.DroppedSpans() != 1 {
+		t.Fatalf("failed %d queue dropped %d lost %d", p.FailedSpans(), p.QueueDroppedSpans(), p.DroppedSpans())
 	}
 	if again := p.Shutdown(context.Background()); !errors.Is(again, context.DeadlineExceeded) {
 		t.Fatalf("second Shutdown = %v", again)
@@ -568,8 +571,8 @@ func TestQueueFullDropsAreCounted(t *testing.T) {
 		_, sp := s.Start(context.Background(), "x")
 		sp.End()
 	}
-	if got := p.DroppedSpans(); got != 40 {
-		t.Fatalf("dropped %d, want 40 (10 queued behind the blocked export)", got)
+	if got, lost := p.QueueDroppedSpans(), p.DroppedSpans(); got != 40 || lost != 40 {
+		t.Fatalf("queue dropped %d, lost %d, want 40 (10 queued behind the blocked export)", got, lost)
 	}
 	close(be.release)
 	if err := p.Shutdown(context.Background()); err != nil {
@@ -779,4 +782,82 @@ func TestNewIDGeneratorHonoursForcedTraceID(t *testing.T) {
 	if ctx := telemetry.ContextWithTraceID(context.Background(), trace.TraceID{}); ctx != context.Background() {
 		t.Error("zero trace id was stored")
 	}
+}
+
+// failingExporter fails every export after its first ok ones.
+type failingExporter struct {
+	ok    int
+	calls atomic.Int64
+}
+
+func (f *failingExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error {
+	if f.calls.Add(1) <= int64(f.ok) {
+		return nil
+	}
+	return errors.New("collector refused the batch")
+}
+
+func (*failingExporter) Shutdown(context.Context) error { return nil }
+
+// TestFailedExportsCountAsDropped: the spans of a failed export are lost and
+// counted in DroppedSpans (cb_trace_spans_dropped_total), next to the queue's
+// drops; a successful export counts none.
+func TestFailedExportsCountAsDropped(t *testing.T) {
+	for _, tc := range []struct {
+		name                             string
+		okCalls, spans, batch            int
+		wantExported, wantLost, wantErrs uint64
+	}{
+		{"every export fails", 0, 7, 1, 0, 7, 7},
+		{"first batch ok, then failures", 1, 9, 3, 3, 6, 2},
+		{"no failure", 100, 5, 5, 5, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fe := &failingExporter{ok: tc.okCalls}
+			p, err := New(context.Background(), Config{Enabled: true, MaxExportBatchSize: tc.batch, BatchTimeout: time.Hour},
+				WithSpanExporter(fe))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := p.Spans("s")
+			for range tc.spans {
+				_, sp := s.Start(context.Background(), "x")
+				sp.End()
+			}
+			_ = p.Shutdown(context.Background()) // exports what is queued
+			reg := prometheus.NewRegistry()
+			// The process metrics as service.New wires them.
+			pm, err := metrics.NewProcessMetrics(reg, metrics.BuildInfo{Service: "cb-engine", Version: "test"}, func() metrics.TraceTotals {
+				return metrics.TraceTotals{SpansDropped: p.DroppedSpans(), ExportErrors: p.ExportErrors()}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pm.Refresh() // the before-scrape hook
+			got := counterValue(t, reg, "cb_trace_spans_dropped_total")
+			if p.ExportedSpans() != tc.wantExported || p.DroppedSpans() != tc.wantLost || p.FailedSpans() != tc.wantLost ||
+				p.QueueDroppedSpans() != 0 || p.ExportErrors() != tc.wantErrs || got != float64(tc.wantLost) {
+				t.Fatalf("exported %d, lost %d (failed %d, queue %d), export errors %d, cb_trace_spans_dropped_total %v; want exported %d, lost %d, errors %d",
+					p.ExportedSpans(), p.DroppedSpans(), p.FailedSpans(), p.QueueDroppedSpans(), p.ExportErrors(), got,
+					tc.wantExported, tc.wantLost, tc.wantErrs)
+			}
+		})
+	}
+}
+
+// counterValue gathers reg and returns the value of the unlabelled counter
+// name.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no counter %s", name)
+	return 0
 }

@@ -393,10 +393,25 @@ type Blend struct {
 	Err func(r *cbv1.LookupRequest) error
 	// Hold lists the request ids whose lookups wait for Release.
 	Hold []string
+	// Fleet, when set, gives the fleet state of each document request id
+	// (BlendService.FleetStatus); nil: a blend server without a fleet tier.
+	Fleet func(id string) string
 
 	mu       sync.Mutex
 	lookups  []*cbv1.LookupRequest
 	released map[string]chan struct{}
+}
+
+// FleetStatus answers from Fleet.
+func (b *Blend) FleetStatus(_ context.Context, r *cbv1.FleetStatusRequest) (*cbv1.FleetStatusResponse, error) {
+	if b.Fleet == nil {
+		return &cbv1.FleetStatusResponse{}, nil
+	}
+	resp := &cbv1.FleetStatusResponse{Fleet: true}
+	for _, id := range r.GetRequestIds() {
+		resp.States = append(resp.States, b.Fleet(id))
+	}
+	return resp, nil
 }
 
 func (b *Blend) gate(id string) chan struct{} {
