@@ -19,7 +19,7 @@ unit:
 
 # Fuzz the parsers of outside input, FUZZTIME each (CI: 30s).
 FUZZTIME ?= 30s
-FUZZ_TARGETS = ./reuseplan:FuzzValidateSegments ./blend/fleet:FuzzDecodeSequence ./telemetry:FuzzParseTraceparent ./engine/api:FuzzDecode ./tracestore:FuzzOTLPReceiver ./blend/chunkstore:FuzzDecodeChunk ./engine/api:FuzzParseHandoff ./engine/api:FuzzParseDecodeEngine ./engine/api:FuzzParseKVReport ./worker:FuzzCheckPull ./gateway:FuzzParseEngineGauges ./gateway:FuzzSSE ./rankgroup:FuzzReadFrame ./blend:FuzzDecodeSequenceFile ./gguf:FuzzParse ./quant:FuzzDequantize ./chat:FuzzParse ./chat:FuzzRender ./vocab:FuzzTokenize ./vocab:FuzzSpecFromGGUF ./demo:FuzzStreamExtras
+FUZZ_TARGETS = ./reuseplan:FuzzValidateSegments ./blend/fleet:FuzzDecodeSequence ./telemetry:FuzzParseTraceparent ./engine/api:FuzzDecode ./tracestore:FuzzOTLPReceiver ./blend/chunkstore:FuzzDecodeChunk ./engine/api:FuzzParseHandoff ./engine/api:FuzzParseDecodeEngine ./engine/api:FuzzParseKVReport ./worker:FuzzCheckPull ./gateway:FuzzParseEngineGauges ./gateway:FuzzSSE ./rankgroup:FuzzReadFrame ./blend:FuzzDecodeSequenceFile ./gguf:FuzzParse ./quant:FuzzDequantize ./chat:FuzzParse ./chat:FuzzRender ./vocab:FuzzTokenize ./vocab:FuzzSpecFromGGUF ./apiclient:FuzzReadStream
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -12,24 +13,51 @@ import (
 // ChatRequest.Timeout.
 var errRequestTimeout = errors.New("request timeout")
 
-// ChatRequest is one streamed chat completion to send: a single user message, generated
-// greedily (temperature 0), with usage requested in the final chunk.
+// ChatRequest is one streamed chat completion to send, generated greedily (temperature 0),
+// with usage requested in the final chunk.
 type ChatRequest struct {
 	// Model is the model named in the request ("model"). Required by the engine.
 	Model string
-	// Content is the user message.
+	// Messages are the chat messages ("messages"), sent as they are when not empty.
+	Messages []Message
+	// Content is the shortcut for a single user message, sent when Messages is empty.
 	Content string
 	// MaxTokens is "max_tokens"; 0 sends 0, which the engine refuses.
 	MaxTokens int
 	// IgnoreEOS sends "ignore_eos": true, so a successful request generates exactly
 	// MaxTokens tokens. Default false: the field is not sent.
 	IgnoreEOS bool
-	// NoReuse sends the cacheblend extension {"reuse": false}: a full prefill with no
-	// KV-cache reuse. Default false: the extension is not sent and the engine reuses.
+	// NoReuse sends the cacheblend extension's "reuse": false (with CacheBlend's other
+	// settings): a full prefill with no KV-cache reuse. Default false.
 	NoReuse bool
+	// CacheBlend is the "cacheblend" request extension. Default nil: with a zero value and
+	// NoReuse false, the extension is not sent and the engine uses its own settings.
+	CacheBlend *CacheBlendOptions
 	// Timeout bounds the request, streaming included; when it elapses the request fails
 	// with KindTimeout. Default 0: only ctx (and the HTTP client) bound it.
 	Timeout time.Duration
+}
+
+// Message is one chat message.
+type Message struct {
+	// Role is "system", "user" or "assistant".
+	Role string `json:"role"`
+	// Content is the message's text.
+	Content string `json:"content"`
+}
+
+// CacheBlendOptions is the engine's "cacheblend" chat request extension; unset fields are
+// not sent (the engine's defaults apply).
+type CacheBlendOptions struct {
+	// Reuse false asks for a full prefill with no KV-cache reuse; nil: not sent (reuse).
+	Reuse *bool `json:"reuse,omitempty"`
+	// RecomputeRatio is the share of reused tokens to recompute, in [0, 1]; nil: not sent.
+	RecomputeRatio *float64 `json:"recompute_ratio,omitempty"`
+	// Selection picks the recomputed tokens: "deviation" or "random"; "": not sent.
+	Selection string `json:"selection,omitempty"`
+	// QualityCheck asks the worker to check the request's reused KV against a full
+	// prefill (usage.cacheblend.quality_sampled says whether it took the check).
+	QualityCheck bool `json:"quality_check,omitempty"`
 }
 
 // ChatResult is one streamed chat completion as the client saw it. On failure it holds
@@ -59,7 +87,12 @@ type ChatResult struct {
 	Usage        bool
 	// CacheBlend is the usage's "cacheblend" extension, nil without one.
 	CacheBlend *UsageCacheBlend
+	// Deltas are the non-empty content deltas, in order (as many as the content chunks).
+	Deltas []string
 }
+
+// Text is the generated text: the content deltas joined.
+func (r ChatResult) Text() string { return strings.Join(r.Deltas, "") }
 
 // ChatStream sends q as a streamed chat completion (POST /v1/chat/completions) with its own
 // traceparent from NewTraceparent, and reads the stream to data: [DONE]. A failure is an
@@ -73,9 +106,13 @@ func (c *Client) ChatStream(ctx context.Context, q ChatRequest) (ChatResult, err
 		defer cancel()
 	}
 	tp, tid := NewTraceparent()
+	msgs := q.Messages
+	if len(msgs) == 0 {
+		msgs = []Message{{Role: "user", Content: q.Content}}
+	}
 	body := map[string]any{
 		"model":          q.Model,
-		"messages":       []map[string]string{{"role": "user", "content": q.Content}},
+		"messages":       msgs,
 		"max_tokens":     q.MaxTokens,
 		"temperature":    0,
 		"stream":         true,
@@ -84,8 +121,15 @@ func (c *Client) ChatStream(ctx context.Context, q ChatRequest) (ChatResult, err
 	if q.IgnoreEOS {
 		body["ignore_eos"] = true
 	}
+	var cb CacheBlendOptions
+	if q.CacheBlend != nil {
+		cb = *q.CacheBlend
+	}
 	if q.NoReuse {
-		body["cacheblend"] = map[string]any{"reuse": false}
+		cb.Reuse = new(false)
+	}
+	if cb != (CacheBlendOptions{}) {
+		body["cacheblend"] = cb
 	}
 	res := ChatResult{TraceID: tid}
 	var start time.Time
@@ -127,7 +171,7 @@ func (c *Client) ChatStream(ctx context.Context, q ChatRequest) (ChatResult, err
 	if res.RequestID == "" {
 		res.RequestID = sr.ID
 	}
-	res.PromptTokens, res.OutputTokens, res.Usage, res.CacheBlend = sr.PromptTokens, sr.CompletionTokens, sr.Usage, sr.CacheBlend
+	res.PromptTokens, res.OutputTokens, res.Usage, res.CacheBlend, res.Deltas = sr.PromptTokens, sr.CompletionTokens, sr.Usage, sr.CacheBlend, sr.Deltas
 	if !sr.Usage {
 		res.OutputTokens = sr.ContentChunks
 	}

@@ -41,8 +41,9 @@ func TestNewTraceparent(t *testing.T) {
 // seen is one request as the test server received it.
 type seen struct {
 	path, auth, traceparent, accept string
-	// chat is the chat request as the engine's own decoder reads it.
+	// chat is the chat request as the engine's own decoder reads it; body is its JSON.
 	chat *api.Generation
+	body string
 }
 
 // server is a test engine whose chat answer is the handler the test sets. Request bodies
@@ -108,7 +109,7 @@ func newServer(t *testing.T, answer func(w http.ResponseWriter, r *http.Request)
 			return
 		}
 		s.mu.Lock()
-		s.reqs[i].chat = g
+		s.reqs[i].chat, s.reqs[i].body = g, string(b)
 		s.mu.Unlock()
 		s.answer(w, r)
 	})
@@ -155,31 +156,32 @@ func TestChatStream(t *testing.T) {
 		requestID        string
 		prompt, output   int
 		usage, ttft, e2e bool
+		deltas           int // content deltas ("tok ")
 	}{
 		{"full stream with header id", func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("X-Request-Id", "hdr-1")
 			sse(w, roleChunk, tokChunk, tokChunk, tokChunk, usageChunk, "[DONE]")
-		}, "", 200, "", "hdr-1", 42, 3, true, true, true},
+		}, "", 200, "", "hdr-1", 42, 3, true, true, true, 3},
 		{"chunk id without header, no usage", func(w http.ResponseWriter, _ *http.Request) {
 			sse(w, roleChunk, tokChunk, tokChunk, "[DONE]")
-		}, "", 200, "", "chatcmpl-7", 0, 2, false, true, true},
+		}, "", 200, "", "chatcmpl-7", 0, 2, false, true, true, 2},
 		{"HTTP error with OpenAI body", func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("X-Request-Id", "hdr-2")
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprint(w, `{"error":{"message":"The queue is full.","type":"queue_full"}}`)
-		}, KindHTTP(503), 503, "http_503: HTTP 503: The queue is full.", "hdr-2", 0, 0, false, false, true},
+		}, KindHTTP(503), 503, "http_503: HTTP 503: The queue is full.", "hdr-2", 0, 0, false, false, true, 0},
 		{"HTTP error with plain body", func(w http.ResponseWriter, _ *http.Request) {
 			http.Error(w, "teapot", http.StatusTeapot)
-		}, "http_418", 418, "http_418: HTTP 418: teapot", "", 0, 0, false, false, true},
+		}, "http_418", 418, "http_418: HTTP 418: teapot", "", 0, 0, false, false, true, 0},
 		{"error event", func(w http.ResponseWriter, _ *http.Request) {
 			sse(w, tokChunk, `{"error":{"message":"worker lost","type":"worker_unavailable"}}`)
-		}, KindStream, 200, "stream_error: error event: worker lost (worker_unavailable)", "chatcmpl-7", 0, 1, false, true, true},
+		}, KindStream, 200, "stream_error: error event: worker lost (worker_unavailable)", "chatcmpl-7", 0, 1, false, true, true, 1},
 		{"bad event", func(w http.ResponseWriter, _ *http.Request) { sse(w, "{oops") },
-			KindBadStream, 200, "bad_stream: bad event", "", 0, 0, false, false, true},
+			KindBadStream, 200, "bad_stream: bad event", "", 0, 0, false, false, true, 0},
 		{"truncated", func(w http.ResponseWriter, _ *http.Request) { sse(w, roleChunk, tokChunk) },
-			KindTruncated, 200, "truncated: the stream ended before data: [DONE]", "chatcmpl-7", 0, 1, false, true, true},
+			KindTruncated, 200, "truncated: the stream ended before data: [DONE]", "chatcmpl-7", 0, 1, false, true, true, 1},
 		{"no content", func(w http.ResponseWriter, _ *http.Request) { sse(w, roleChunk, usageChunk, "[DONE]") },
-			KindNoTokens, 200, "no_tokens: the stream carried no content", "chatcmpl-7", 42, 3, true, false, true},
+			KindNoTokens, 200, "no_tokens: the stream carried no content", "chatcmpl-7", 42, 3, true, false, true, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newServer(t, tc.answer)
@@ -199,6 +201,9 @@ func TestChatStream(t *testing.T) {
 			if res.Status != tc.status || res.RequestID != tc.requestID || res.PromptTokens != tc.prompt ||
 				res.OutputTokens != tc.output || res.Usage != tc.usage || res.HasTTFT != tc.ttft || (res.E2E > 0) != tc.e2e {
 				t.Errorf("result %+v", res)
+			}
+			if len(res.Deltas) != tc.deltas || res.Text() != strings.Repeat("tok ", tc.deltas) {
+				t.Errorf("deltas %q, text %q; want %d of %q", res.Deltas, res.Text(), tc.deltas, "tok ")
 			}
 			if res.HasTTFT && (res.TTFT <= 0 || res.TTFT > res.E2E) {
 				t.Errorf("TTFT %v, E2E %v", res.TTFT, res.E2E)
@@ -228,6 +233,65 @@ func TestChatStreamOptionalFields(t *testing.T) {
 	got := s.last()
 	if got.auth != "" || got.chat == nil || got.chat.IgnoreEOS || !got.chat.NoReuse {
 		t.Errorf("auth %q, request as the engine reads it: %+v", got.auth, got.chat)
+	}
+}
+
+// The messages and the "cacheblend" extension are sent as the engine reads them, and no
+// extension is sent when nothing is set.
+func TestChatStreamMessagesAndCacheBlend(t *testing.T) {
+	s := newServer(t, func(w http.ResponseWriter, _ *http.Request) { sse(w, tokChunk, "[DONE]") })
+	c := New(s.srv.URL, Config{})
+	ratio := 0.0
+	sys := []Message{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi"}}
+	tests := []struct {
+		name     string
+		q        ChatRequest
+		ext      string // the "cacheblend" JSON sent; "" for none
+		messages []api.Message
+		noReuse  bool
+		blend    api.BlendOptions
+	}{
+		{name: "no extension", q: ChatRequest{Content: "x"}, messages: []api.Message{{Role: "user", Content: "x"}}},
+		{name: "zero options send none", q: ChatRequest{Content: "x", CacheBlend: &CacheBlendOptions{}}, messages: []api.Message{{Role: "user", Content: "x"}}},
+		{name: "messages win over content", q: ChatRequest{Messages: sys, Content: "ignored"}, messages: []api.Message{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi"}}},
+		{name: "ratio 0 and selection", q: ChatRequest{Messages: sys, CacheBlend: &CacheBlendOptions{RecomputeRatio: &ratio, Selection: "random"}},
+			ext: `{"recompute_ratio":0,"selection":"random"}`, messages: []api.Message{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi"}},
+			blend: api.BlendOptions{RecomputeRatio: &ratio, Selection: api.SelectionRandom}},
+		{name: "quality check", q: ChatRequest{Content: "x", CacheBlend: &CacheBlendOptions{QualityCheck: true}},
+			ext: `{"quality_check":true}`, messages: []api.Message{{Role: "user", Content: "x"}}, blend: api.BlendOptions{QualityCheck: true}},
+		{name: "no reuse via options", q: ChatRequest{Content: "x", CacheBlend: &CacheBlendOptions{Reuse: new(false)}},
+			ext: `{"reuse":false}`, messages: []api.Message{{Role: "user", Content: "x"}}, noReuse: true},
+		{name: "NoReuse with options", q: ChatRequest{Content: "x", NoReuse: true, CacheBlend: &CacheBlendOptions{Reuse: new(true), QualityCheck: true}},
+			ext: `{"reuse":false,"quality_check":true}`, messages: []api.Message{{Role: "user", Content: "x"}}, noReuse: true, blend: api.BlendOptions{QualityCheck: true}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.q.Model, tc.q.MaxTokens = "m", 1
+			opts := tc.q.CacheBlend
+			var before CacheBlendOptions
+			if opts != nil {
+				before = *opts
+			}
+			res, err := c.ChatStream(context.Background(), tc.q)
+			if err != nil || res.Text() != "tok " {
+				t.Fatalf("%+v, %v", res, err)
+			}
+			if opts != nil && *opts != before {
+				t.Errorf("the caller's options changed: %+v", *opts)
+			}
+			got := s.last()
+			ext := ""
+			if _, after, ok := strings.Cut(got.body, `"cacheblend":`); ok {
+				ext = after[:strings.Index(after, "}")+1]
+			}
+			g := got.chat
+			if ext != tc.ext || g == nil || fmt.Sprint(g.Messages) != fmt.Sprint(tc.messages) || g.NoReuse != tc.noReuse ||
+				fmt.Sprint(g.Blend.Selection, g.Blend.QualityCheck) != fmt.Sprint(tc.blend.Selection, tc.blend.QualityCheck) ||
+				(g.Blend.RecomputeRatio == nil) != (tc.blend.RecomputeRatio == nil) ||
+				g.Blend.RecomputeRatio != nil && *g.Blend.RecomputeRatio != *tc.blend.RecomputeRatio {
+				t.Errorf("sent %s (extension %s), the engine reads %+v", got.body, ext, g)
+			}
+		})
 	}
 }
 

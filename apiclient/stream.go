@@ -16,8 +16,9 @@ const maxLine = 1 << 20
 type StreamResult struct {
 	// ID is the first non-empty chunk id.
 	ID string
-	// ContentChunks counts the non-empty content deltas.
+	// ContentChunks counts the non-empty content deltas; Deltas holds them, in order.
 	ContentChunks int
+	Deltas        []string
 	// Usage is true when a usage chunk was read; PromptTokens and CompletionTokens are its
 	// counts (the last one's, if several).
 	Usage                          bool
@@ -92,6 +93,7 @@ func ReadStream(r io.Reader, onContent func()) (StreamResult, error) {
 				continue
 			}
 			res.ContentChunks++
+			res.Deltas = append(res.Deltas, *ch.Delta.Content)
 			if !seen {
 				seen = true
 				if onContent != nil {

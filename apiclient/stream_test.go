@@ -2,6 +2,7 @@ package apiclient
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -48,6 +49,9 @@ func TestReadStream(t *testing.T) {
 			if res.ContentChunks != tc.chunks || res.Usage != tc.usage || res.PromptTokens != tc.prompt || res.CompletionTokens != tc.complete {
 				t.Errorf("result %+v", res)
 			}
+			if len(res.Deltas) != tc.chunks || strings.Join(res.Deltas, "") != strings.Repeat("hi", tc.chunks) {
+				t.Errorf("deltas %q", res.Deltas)
+			}
 			if tc.chunks > 0 && res.ID != "r1" {
 				t.Errorf("id %q", res.ID)
 			}
@@ -75,6 +79,37 @@ func TestReadStreamCacheBlendUsage(t *testing.T) {
 			}
 			if (res.CacheBlend == nil) != (tc.want == nil) || (tc.want != nil && *res.CacheBlend != *tc.want) {
 				t.Fatalf("cacheblend %+v, want %+v", res.CacheBlend, tc.want)
+			}
+		})
+	}
+}
+
+// The content deltas in order (empty ones skipped) and the last usage chunk's extension.
+func TestReadStreamDeltasAndLastUsage(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		in     string
+		deltas string // joined by "|"
+		want   *UsageCacheBlend
+	}{
+		{name: "deltas and a sampled check", deltas: "a|b", want: &UsageCacheBlend{NonPrefixHitTokens: 7, QualitySampled: true},
+			in: "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"\"}}]}\n\n" +
+				"data:{\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"cacheblend\":{\"quality_sampled\":true,\"non_prefix_hit_tokens\":7}}}\n\ndata: [DONE]\n\n"},
+		{name: "last usage wins, no space after data:", want: &UsageCacheBlend{NonPrefixHitTokens: 5},
+			in: "data: {\"usage\":{\"cacheblend\":{\"non_prefix_hit_tokens\":1}}}\ndata:{\"usage\":{\"cacheblend\":{\"non_prefix_hit_tokens\":5}}}\ndata: [DONE]\n"},
+		{name: "a later usage without the extension", in: "data: {\"usage\":{\"cacheblend\":{\"non_prefix_hit_tokens\":1}}}\ndata: {\"usage\":{\"prompt_tokens\":3}}\ndata: [DONE]\n"},
+		{name: "null extension", in: "data: {\"usage\":{\"cacheblend\":null}}\ndata: [DONE]\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := ReadStream(strings.NewReader(tc.in), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Join(res.Deltas, "|") != tc.deltas || res.ContentChunks != len(res.Deltas) {
+				t.Errorf("deltas %q, %d content chunks; want %q", res.Deltas, res.ContentChunks, tc.deltas)
+			}
+			if (res.CacheBlend == nil) != (tc.want == nil) || (tc.want != nil && *res.CacheBlend != *tc.want) {
+				t.Errorf("cacheblend %+v, want %+v", res.CacheBlend, tc.want)
 			}
 		})
 	}
@@ -113,11 +148,20 @@ func FuzzReadStream(f *testing.F) {
 	f.Add("data: {\"error\":{\"message\":\"x\"}}\n")
 	f.Add("data: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\ndata: [DONE]\n")
 	f.Add(": c\n\ndata:\n")
+	f.Add("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"cacheblend\":{\"quality_sampled\":true,\"non_prefix_hit_tokens\":7}}}\n\ndata: [DONE]\n\n")
+	f.Add("data:{\"choices\":[{\"delta\":{}}]}\n: comment\ndata: not json\n")
+	f.Add("data: {\"usage\":{\"cacheblend\":null}}")
 	f.Fuzz(func(t *testing.T, in string) {
 		calls := 0
 		res, err := ReadStream(strings.NewReader(in), func() { calls++ })
 		if calls > 1 || (calls == 1) != (res.ContentChunks > 0) {
 			t.Fatalf("onContent called %d times for %d content chunks", calls, res.ContentChunks)
+		}
+		if len(res.Deltas) != res.ContentChunks || slices.Contains(res.Deltas, "") {
+			t.Fatalf("deltas %q for %d content chunks", res.Deltas, res.ContentChunks)
+		}
+		if cb := res.CacheBlend; cb != nil && (cb.PrefixHitTokens < 0 || cb.NonPrefixHitTokens < 0 || cb.RecomputedTokens < 0) {
+			t.Fatalf("negative cacheblend usage %+v", *cb)
 		}
 		var se *Error
 		if err != nil && !errors.As(err, &se) {

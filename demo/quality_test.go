@@ -259,27 +259,3 @@ func TestCompareOutputs(t *testing.T) {
 		})
 	}
 }
-
-// FuzzStreamExtras: any stream (the engine's answer is outside input) is read without a
-// panic, and a well-formed one gives its chunks and usage.
-func FuzzStreamExtras(f *testing.F) {
-	f.Add([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"cacheblend\":{\"quality_sampled\":true,\"non_prefix_hit_tokens\":7}}}\n\ndata: [DONE]\n\n"))
-	f.Add([]byte("data:{\"choices\":[{\"delta\":{}}]}\n: comment\ndata: not json\n"))
-	f.Add([]byte("data: {\"usage\":{\"cacheblend\":null}}"))
-	f.Fuzz(func(t *testing.T, stream []byte) {
-		tokens, _, _ := streamExtras(stream)
-		for _, tok := range tokens {
-			if tok == "" {
-				t.Fatal("an empty chunk counted")
-			}
-		}
-	})
-}
-
-func TestStreamExtras(t *testing.T) {
-	tokens, sampled, nonPrefix := streamExtras([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"\"}}]}\n\n" +
-		"data:{\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"cacheblend\":{\"quality_sampled\":true,\"non_prefix_hit_tokens\":7}}}\n\ndata: [DONE]\n\n"))
-	if strings.Join(tokens, "|") != "a|b" || !sampled || nonPrefix != 7 {
-		t.Fatalf("streamExtras = %q, %v, %d", tokens, sampled, nonPrefix)
-	}
-}

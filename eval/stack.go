@@ -1,11 +1,8 @@
 package eval
 
 import (
-	"bufio"
-	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -110,20 +107,6 @@ type StackPoint struct {
 // nothing off the prefix, or whose full prefill reused something.
 var ErrNotReused = errors.New("eval: the stack did not serve the request as configured")
 
-// usageBlend is usage.cacheblend of a response.
-type usageBlend struct {
-	PrefixHitTokens    int `json:"prefix_hit_tokens"`
-	NonPrefixHitTokens int `json:"non_prefix_hit_tokens"`
-	RecomputedTokens   int `json:"recomputed_tokens"`
-}
-
-// timed is one streamed request as measured.
-type timed struct {
-	ttft         time.Duration
-	promptTokens int
-	usage        usageBlend
-}
-
 func (s *Stack) withDefaults() Stack {
 	c := *s
 	c.Model = cmp.Or(c.Model, defaults.Model)
@@ -174,21 +157,21 @@ func stackPrompts(cfg Config, p Prompts) ([]stackPrompt, []apiclient.Document) {
 // question in a user message), the documents separated by blank lines,
 // and n first, so that no two requests share more than the template's
 // opening tokens.
-func (q stackPrompt) messages(n int) []map[string]string {
-	return []map[string]string{
-		{"role": "system", "content": fmt.Sprintf("[%06d] Answer from the documents.", n)},
-		{"role": "user", "content": "Documents:\n" + strings.Join(q.docs, "\n\n") + "\nQuestion: " + q.question},
+func (q stackPrompt) messages(n int) []apiclient.Message {
+	return []apiclient.Message{
+		{Role: "system", Content: fmt.Sprintf("[%06d] Answer from the documents.", n)},
+		{Role: "user", Content: "Documents:\n" + strings.Join(q.docs, "\n\n") + "\nQuestion: " + q.question},
 	}
 }
 
 // blendSettings is the "cacheblend" extension of a request with reuse at
 // ratio r with rule.
-func blendSettings(r float64, rule model.Selection) map[string]any {
+func blendSettings(r float64, rule model.Selection) *apiclient.CacheBlendOptions {
 	sel := "deviation"
 	if rule == model.SelectRandom {
 		sel = "random"
 	}
-	return map[string]any{"recompute_ratio": r, "selection": sel}
+	return &apiclient.CacheBlendOptions{RecomputeRatio: &r, Selection: sel}
 }
 
 // measure ingests the documents, then times every configuration.
@@ -216,9 +199,9 @@ func (s *Stack) measure(ctx context.Context, cfg Config, p Prompts, configs []co
 		pairs++
 		for k := range 2 {
 			if (pairs+k)%2 == 0 { // alternate which of the pair goes first
-				full, err = c.send(ctx, q.messages(n), map[string]any{"reuse": false})
+				full, err = c.send(ctx, cl, q.messages(n), &apiclient.CacheBlendOptions{Reuse: new(false)})
 			} else {
-				blend, err = c.send(ctx, q.messages(n), blendSettings(conf.ratio, conf.rule))
+				blend, err = c.send(ctx, cl, q.messages(n), blendSettings(conf.ratio, conf.rule))
 			}
 			n++
 			if err != nil {
@@ -291,76 +274,24 @@ func median(xs []float64) float64 {
 	return float64(loadgen.Summarize(xs).P50)
 }
 
-// send streams one chat completion with the "cacheblend" extension blend
-// and times its first content token (apiclient.ReadStream's).
-func (s *Stack) send(ctx context.Context, msgs []map[string]string, blend map[string]any) (timed, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.Timeout)
-	defer cancel()
-	body, err := json.Marshal(map[string]any{
-		"model": s.Model, "messages": msgs, "max_tokens": s.MaxTokens, "temperature": 0, "ignore_eos": true,
-		"stream": true, "stream_options": map[string]any{"include_usage": true}, "cacheblend": blend,
-	})
-	if err != nil {
-		return timed{}, err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(s.API, "/")+"/v1/chat/completions", bytes.NewReader(body))
-	if err != nil {
-		return timed{}, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "text/event-stream")
-	if s.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+s.APIKey)
-	}
-	var t timed
-	start := time.Now()
-	resp, err := s.HTTPClient.Do(req)
-	if err != nil {
-		return t, fmt.Errorf("chat: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
-		return t, fmt.Errorf("chat: status %d: %s", resp.StatusCode, bytes.TrimSpace(b))
-	}
-	var raw bytes.Buffer
-	got := false
-	sr, err := apiclient.ReadStream(io.TeeReader(resp.Body, &raw), func() { t.ttft, got = time.Since(start), true })
-	if err != nil {
-		return t, fmt.Errorf("chat: %w", err)
-	}
-	if !got {
-		return t, errors.New("chat: the stream carried no content")
-	}
-	t.promptTokens = sr.PromptTokens
-	u, ok := lastBlendUsage(raw.Bytes())
-	if !ok {
-		return t, errors.New("chat: no usage.cacheblend in the stream")
-	}
-	t.usage = u
-	return t, nil
+// timed is one streamed request as measured: its time to the first content
+// token, prompt tokens and usage.cacheblend.
+type timed struct {
+	ttft         time.Duration
+	promptTokens int
+	usage        apiclient.UsageCacheBlend
 }
 
-// lastBlendUsage is the usage.cacheblend of the last event of an SSE
-// stream that carries one.
-func lastBlendUsage(stream []byte) (usageBlend, bool) {
-	var u usageBlend
-	found := false
-	sc := bufio.NewScanner(bytes.NewReader(stream))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data:"))
-		if !ok || !bytes.Contains(data, []byte(`"cacheblend"`)) {
-			continue
-		}
-		var ev struct {
-			Usage *struct {
-				CacheBlend *usageBlend `json:"cacheblend"`
-			} `json:"usage"`
-		}
-		if json.Unmarshal(bytes.TrimSpace(data), &ev) == nil && ev.Usage != nil && ev.Usage.CacheBlend != nil {
-			u, found = *ev.Usage.CacheBlend, true
-		}
+// send streams one chat completion with the "cacheblend" extension blend
+// and times its first content token (apiclient.ChatStream's TTFT).
+func (s *Stack) send(ctx context.Context, cl *apiclient.Client, msgs []apiclient.Message, blend *apiclient.CacheBlendOptions) (timed, error) {
+	g, err := cl.ChatStream(ctx, apiclient.ChatRequest{Model: s.Model, Messages: msgs, MaxTokens: s.MaxTokens,
+		IgnoreEOS: true, CacheBlend: blend, Timeout: s.Timeout})
+	if err != nil {
+		return timed{}, fmt.Errorf("chat: %w", err)
 	}
-	return u, found
+	if g.CacheBlend == nil {
+		return timed{}, errors.New("chat: no usage.cacheblend in the stream")
+	}
+	return timed{ttft: g.TTFT, promptTokens: g.PromptTokens, usage: *g.CacheBlend}, nil
 }

@@ -134,7 +134,7 @@ func TestRunOnStack(t *testing.T) {
 			}},
 		{name: "no usage extension", errText: "no usage.cacheblend",
 			answer: func(map[string]any) (time.Duration, map[string]any) { return 0, nil }},
-		{name: "refused", status: http.StatusBadRequest, errText: "status 400", answer: goodAnswer},
+		{name: "refused", status: http.StatusBadRequest, errText: "http_400: HTTP 400: no", answer: goodAnswer},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -201,31 +201,6 @@ func TestRunOnStack(t *testing.T) {
 			var tab strings.Builder
 			if err := rep.WriteTable(&tab); err != nil || !strings.Contains(tab.String(), "TTFT speedup") || !strings.Contains(tab.String(), "median of 4 requests") {
 				t.Fatalf("table %v:\n%s", err, tab.String())
-			}
-		})
-	}
-}
-
-func TestLastBlendUsage(t *testing.T) {
-	tests := []struct {
-		name   string
-		stream string
-		want   usageBlend
-		ok     bool
-	}{
-		{name: "none", stream: "data: {\"choices\":[]}\n\ndata: [DONE]\n"},
-		{name: "usage without extension", stream: "data: {\"usage\":{\"prompt_tokens\":3}}\n"},
-		{name: "one", ok: true, want: usageBlend{1, 2, 3},
-			stream: "data: {\"usage\":{\"cacheblend\":{\"prefix_hit_tokens\":1,\"non_prefix_hit_tokens\":2,\"recomputed_tokens\":3}}}\n\ndata: [DONE]\n"},
-		{name: "last wins, no space after data:", ok: true, want: usageBlend{0, 5, 0},
-			stream: "data: {\"usage\":{\"cacheblend\":{\"non_prefix_hit_tokens\":1}}}\ndata:{\"usage\":{\"cacheblend\":{\"non_prefix_hit_tokens\":5}}}\n"},
-		{name: "not JSON", stream: "data: {\"cacheblend\": nope\n"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got, ok := lastBlendUsage([]byte(tc.stream))
-			if ok != tc.ok || got != tc.want {
-				t.Fatalf("got %+v %v, want %+v %v", got, ok, tc.want, tc.ok)
 			}
 		})
 	}
