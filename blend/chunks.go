@@ -33,6 +33,8 @@ type chunks struct {
 	regQ                chan func() // fingerprint registrations waiting for their goroutine
 	regDone, regDropped atomic.Uint64
 
+	inflight inflight // the stores not registered yet, for the lookups that would find them
+
 	syncMu                             sync.Mutex // serializes syncCounters
 	lastL1Evict, lastL2Evict, lastCorr int64
 }
@@ -49,6 +51,7 @@ func (c *chunks) init(cfg Config, logger *slog.Logger, bm *metrics.BlendMetrics)
 	c.aliases = make(map[aliasKey]chunkstore.Key)
 	c.aliasOf = make(map[chunkstore.Key]aliasKey)
 	c.regQ = make(chan func(), cfg.RegisterQueue)
+	c.inflight = inflight{window: cfg.FingerprintWindow, spaces: make(map[string]*pendingSpace)}
 	var err error
 	if cfg.Fleet.URL != "" {
 		if c.fleet, err = fleet.New(cfg.Fleet, logger); err != nil {
@@ -189,4 +192,118 @@ func (c *chunks) fingerprints() (live int, stale int64) {
 		stale += ts.StaleUnregistered
 	}
 	return live, stale
+}
+
+// inflight tracks the rank-0 stores in flight: from the start of a store
+// until its sequence is registered in its fingerprint table (or its
+// registration failed or was dropped), so that a lookup arriving meanwhile
+// can wait for the ones it would match instead of missing them. Safe for
+// concurrent use.
+type inflight struct {
+	window int // the fingerprint window of the tables it builds
+
+	mu     sync.Mutex
+	spaces map[string]*pendingSpace // per key space
+}
+
+// pendingSpace is the stores in flight of one key space, and the
+// fingerprint table of their sequences (built by the first lookup after a
+// change; nil until then).
+type pendingSpace struct {
+	stores map[*pendingStore]struct{}
+	snap   *pendingSnapshot
+}
+
+// pendingStore is one store in flight. done is closed once its sequence is
+// registered (or will not be).
+type pendingStore struct {
+	ns   string
+	seq  fingerprint.Sequence
+	done chan struct{}
+	once sync.Once
+}
+
+// pendingSnapshot is a fingerprint table of the sequences of a key space's
+// stores in flight; owners[i] is the store of the table's registration i+1.
+// Immutable once built.
+type pendingSnapshot struct {
+	table  *fingerprint.Table
+	owners []*pendingStore
+}
+
+// owner returns the store of a match of the snapshot's table.
+func (p *pendingSnapshot) owner(m fingerprint.Match) *pendingStore {
+	if m.Sequence == 0 || m.Sequence > uint64(len(p.owners)) {
+		return nil
+	}
+	return p.owners[m.Sequence-1]
+}
+
+// begin records a store of seq in key space ns as in flight; end it once
+// its registration is decided.
+func (f *inflight) begin(ns string, seq fingerprint.Sequence) *pendingStore {
+	p := &pendingStore{ns: ns, seq: seq, done: make(chan struct{})}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sp := f.spaces[ns]
+	if sp == nil {
+		sp = &pendingSpace{stores: make(map[*pendingStore]struct{})}
+		f.spaces[ns] = sp
+	}
+	sp.stores[p] = struct{}{}
+	sp.snap = nil
+	return p
+}
+
+// end marks p registered (or given up): lookups waiting for it go on.
+// Idempotent; nil is a no-op.
+func (f *inflight) end(p *pendingStore) {
+	if p == nil {
+		return
+	}
+	p.once.Do(func() {
+		f.mu.Lock()
+		if sp := f.spaces[p.ns]; sp != nil {
+			delete(sp.stores, p)
+			sp.snap = nil
+			if len(sp.stores) == 0 {
+				delete(f.spaces, p.ns)
+			}
+		}
+		f.mu.Unlock()
+		close(p.done)
+	})
+}
+
+// snapshot returns the fingerprint table of key space ns's stores in
+// flight, or nil when there are none. The table is built once per change of
+// the set (under the lock: a handful of sequences, hashed once each).
+func (f *inflight) snapshot(ns string) *pendingSnapshot {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sp := f.spaces[ns]
+	if sp == nil || len(sp.stores) == 0 {
+		return nil
+	}
+	if sp.snap == nil {
+		snap := &pendingSnapshot{table: fingerprint.NewTable(fingerprint.Config{Window: f.window})}
+		for p := range sp.stores {
+			if _, err := snap.table.Register(p.seq); err == nil {
+				snap.owners = append(snap.owners, p) // registration ids count from 1
+			}
+		}
+		sp.snap = snap
+	}
+	return sp.snap
+}
+
+// inFlight counts the stores in flight (for tests and health).
+func (f *inflight) inFlight() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, sp := range f.spaces {
+		n += len(sp.stores)
+	}
+	return n
 }

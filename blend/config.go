@@ -52,7 +52,9 @@ const (
 // value, read once by New.
 type Config struct {
 	// Fleet is the Redis fleet tier shared by many nodes (package fleet);
-	// off when Fleet.URL is empty.
+	// off when Fleet.URL is empty. With a URL, Fleet.Key (the fleet key,
+	// the same on every node, at least fleet.MinKeyLen bytes) is required:
+	// every value in Redis is signed with it and checked before use.
 	Fleet fleet.Config
 	// Addr is the gRPC listen address (DefaultAddr, a free loopback port,
 	// when empty; see Server.Addr).

@@ -29,7 +29,7 @@ func TestFleetTwoNodes(t *testing.T) {
 		"cluster": redistest.StartCluster(t).URL(),
 	} {
 		t.Run(name, func(t *testing.T) {
-			fc := fleet.Config{URL: url, CoordinatorTimeout: 2 * time.Second}
+			fc := fleet.Config{Key: testFleetKey, URL: url, CoordinatorTimeout: 2 * time.Second}
 			a, _, doc := docEnv(t, Config{Fleet: fc})
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
@@ -97,7 +97,7 @@ func TestFleetRedisDown(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
 	url := srv.URL()
 	srv.Kill()
-	e, _, doc := docEnv(t, Config{Fleet: fleet.Config{URL: url}})
+	e, _, doc := docEnv(t, Config{Fleet: fleet.Config{Key: testFleetKey, URL: url}})
 	t0 := time.Now()
 	res := e.lookup(&cbv1.LookupRequest{RequestId: "down", Tokens: promptWith(promptN, 333, doc, 3), WorldSize: 1, Model: testModel})
 	if res.GetNonPrefixHitTokens() != docLen || time.Since(t0) > 2*time.Second {
@@ -110,7 +110,7 @@ func TestFleetRedisDown(t *testing.T) {
 // cb.classify and nothing is reused from it; nothing wrong is ever served.
 func TestFleetEvictedChunkIsStale(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
-	fc := fleet.Config{URL: srv.URL(), CoordinatorTimeout: 2 * time.Second}
+	fc := fleet.Config{Key: testFleetKey, URL: srv.URL(), CoordinatorTimeout: 2 * time.Second}
 	a, _, doc := docEnv(t, Config{Fleet: fc})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -137,7 +137,7 @@ func TestFleetEvictedChunkIsStale(t *testing.T) {
 // (cb.coordinator_match), every rank's chunk is read from Redis, and B's
 // retrieve fills each rank's memory with that rank's KV from A.
 func TestFleetTensorParallel(t *testing.T) {
-	fc := fleet.Config{URL: redistest.Start(t, redistest.Options{}).URL(), CoordinatorTimeout: 2 * time.Second}
+	fc := fleet.Config{Key: testFleetKey, URL: redistest.Start(t, redistest.Options{}).URL(), CoordinatorTimeout: 2 * time.Second}
 	a := newEnv(t, Config{Fleet: fc})
 	doc := tokens(rand.New(rand.NewPCG(1, 2)), docLen, 1000, 1000)
 	bt := blocks(docBlock, (docLen+bs-1)/bs)
@@ -230,7 +230,7 @@ func fleetStatus(t *testing.T, c cbv1.BlendServiceClient, ids ...string) map[str
 // status is shared. The retry and document counters say what happened.
 func TestFleetWriteDuringRedisPause(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
-	fc := fleet.Config{URL: srv.URL(), CoordinatorTimeout: 2 * time.Second, RetryMaxBackoff: 500 * time.Millisecond}
+	fc := fleet.Config{Key: testFleetKey, URL: srv.URL(), CoordinatorTimeout: 2 * time.Second, RetryMaxBackoff: 500 * time.Millisecond}
 	a := newEnv(t, Config{Fleet: fc})
 	mem := a.newWorker("w0", 0)
 	doc := tokens(rand.New(rand.NewPCG(1, 2)), docLen, 1000, 1000)

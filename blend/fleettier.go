@@ -101,7 +101,7 @@ func (s *Server) fleetLoad(q lookupQuery, keys []chunkstore.Key, got map[chunkst
 	start := time.Now()
 	s.bus.Publish(events.Event{Type: events.L2LoadTaskStart, RequestID: q.id, Time: start,
 		Attrs: []attribute.KeyValue{attribute.Int("keys", len(missing)), attribute.String("tier", "redis")}})
-	loaded, st, err := s.chunks.fleet.GetChunks(context.Background(), ns, missing, layout)
+	loaded, st, err := s.chunks.fleet.GetChunks(context.Background(), ns, missing, layout, s.cfg.ChunkSize)
 	s.metrics.ObserveRemoteLoad(context.Background(), st.Duration)
 	for ref, c := range loaded {
 		if perr := s.chunks.store.Put(c); perr != nil {

@@ -1,12 +1,14 @@
 package blend
 
 import (
+	"context"
 	"fmt"
 	"time"
 
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 )
 
@@ -102,4 +104,43 @@ func setServing(hs *health.Server, st healthpb.HealthCheckResponse_ServingStatus
 		hs.SetServingStatus("", st)
 		hs.SetServingStatus(cbv1.BlendService_ServiceDesc.ServiceName, st)
 	}
+}
+
+// FleetHealth describes the fleet tier's state for /health (a detail line,
+// not a check: with Redis unreachable the node still serves from its own
+// tiers, so it is degraded, not down): "" without a fleet tier; else
+// "reachable" or "degraded: Redis unreachable", with the retry queue's
+// depth, the last Redis error and how long ago it was, and the values read
+// from Redis that were refused. It may probe Redis (one PING, bounded by the
+// fleet tier's OpTimeout) when its last outcome is older than
+// fleet.Config.HealthMaxAge. Safe for concurrent use.
+func (s *Server) FleetHealth() string {
+	if s.chunks.fleet == nil {
+		return ""
+	}
+	h := s.chunks.fleet.Health(context.Background())
+	state := "reachable"
+	if !h.Reachable {
+		state = "degraded: Redis unreachable (serving from the local tiers)"
+	}
+	out := fmt.Sprintf("%s; retry queue %d; refused values %d", state, h.RetryQueued, h.Refused)
+	if h.LastError != "" {
+		out += fmt.Sprintf("; last error %s ago: %s", time.Since(h.LastErrorAt).Round(time.Millisecond), h.LastError)
+	}
+	return out
+}
+
+// FleetTrustTotals returns the fleet tier's refused values and
+// reachability for metrics.FleetTrust (as FleetHealth: probing Redis when
+// its last outcome is older than fleet.Config.HealthMaxAge); ok is false
+// without a fleet tier. Safe for concurrent use.
+func (s *Server) FleetTrustTotals() (st metrics.FleetTrustStats, ok bool) {
+	if s.chunks.fleet == nil {
+		return st, false
+	}
+	f := s.chunks.fleet.Stats()
+	return metrics.FleetTrustStats{
+		Unauthenticated: f.RefusedUnauthenticated, Oversize: f.RefusedOversize, Malformed: f.RefusedMalformed,
+		NonFinite: f.RefusedNonFinite, WriteNonFinite: f.WritesRefused, Reachable: s.chunks.fleet.Health(context.Background()).Reachable,
+	}, true
 }

@@ -2,6 +2,7 @@ package blend
 
 import (
 	"context"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -70,13 +71,16 @@ func (s *Server) lookupRPC(ctx context.Context, r *cbv1.LookupRequest) (*cbv1.Lo
 	}
 	submitted := time.Now()
 	tc, ts := traceContext(ctx, r.GetTraceContext(), r.GetTraceState())
+	// The stores in flight this lookup would match: waited for here, on the
+	// RPC's goroutine (not a lookup worker), within the caller's deadline.
+	sw := s.awaitStores(ctx, r, submitted)
 	done := make(chan *cbv1.LookupResult, 1) // never blocks the pool
 	run := func() {
 		if ctx.Err() != nil {
 			s.lookups.abandoned.Add(1)
 			return
 		}
-		done <- s.lookup(r, tc, ts, submitted)
+		done <- s.lookupAfter(r, tc, ts, submitted, sw)
 		s.lookups.done.Add(1)
 	}
 	if !enqueue(s, s.lookups.queue, run) {
@@ -105,6 +109,9 @@ type lookupQuery struct {
 	mdl  string
 	ws   int    // the world size of the ranks that will load it (1: a whole model)
 	ns   string // keySpace(mdl, ws)
+	// pending is the matched chunks of stores still in flight when the
+	// lookup stopped waiting for them (cb.classify's pending).
+	pending int
 }
 
 // classified is what cb.classify found of the matched chunks.
@@ -120,7 +127,13 @@ type classified struct {
 // chunk, their classification, and the matches cut to the usable chunks.
 // cb.lookup starts at submitted, in the caller's trace context tc, ts.
 func (s *Server) lookup(r *cbv1.LookupRequest, tc, ts string, submitted time.Time) *cbv1.LookupResult {
-	q := lookupQuery{id: r.GetRequestId(), toks: r.GetTokens(), mdl: r.GetModel(), ws: max(1, int(r.GetWorldSize()))}
+	return s.lookupAfter(r, tc, ts, submitted, storeWait{})
+}
+
+// lookupAfter is lookup after the wait sw for the stores in flight it would
+// match (awaitStores).
+func (s *Server) lookupAfter(r *cbv1.LookupRequest, tc, ts string, submitted time.Time, sw storeWait) *cbv1.LookupResult {
+	q := lookupQuery{id: r.GetRequestId(), toks: r.GetTokens(), mdl: r.GetModel(), ws: max(1, int(r.GetWorldSize())), pending: sw.pending}
 	q.ns = keySpace(q.mdl, q.ws)
 	cs := s.cfg.ChunkSize
 	s.bus.Publish(events.Event{Type: events.LookupStart, RequestID: q.id, Time: submitted, TraceContext: tc, TraceState: ts,
@@ -131,6 +144,14 @@ func (s *Server) lookup(r *cbv1.LookupRequest, tc, ts string, submitted time.Tim
 	s.bus.Publish(events.Event{Type: events.PrefixLookupEnd, RequestID: q.id,
 		Attrs: []attribute.KeyValue{events.AttrPrefixChunks.Int(prefixChunks)}})
 	fm := s.nonPrefixMatch(q, reuseplan.Coverage(prefixChunks, cs))
+	if s.chunks.fleet != nil {
+		// The fleet directory learns a sequence only when its asynchronous fleet write lands;
+		// the local table as soon as it is registered (a request right after another on this
+		// node).
+		if t := s.chunks.table(q.ns, false); t != nil {
+			fm.Matches = mergeMatches(fm.Matches, t.Match(q.toks, reuseplan.Coverage(prefixChunks, cs)).Matches)
+		}
+	}
 	keys, fpKeys := matchedKeys(pkeys[:prefixChunks], fm)
 	got, ls := s.sparsePrefetch(q, keys)
 	cl := s.classify(q, keys, got)
@@ -151,6 +172,7 @@ func (s *Server) lookup(r *cbv1.LookupRequest, tc, ts string, submitted time.Tim
 		events.AttrStaleChunks.Int(cl.stale),
 		events.AttrPrefixChunks.Int(int(res.PrefixChunks)),
 		events.AttrLookup.String("done"),
+		attribute.Float64("pending_wait_ms", float64(sw.waited)/float64(time.Millisecond)),
 	}})
 	return res
 }
@@ -207,7 +229,8 @@ func (s *Server) sparsePrefetch(q lookupQuery, keys []chunkstore.Key) (map[chunk
 
 // classify (cb.classify) sorts the matched chunks: found, stale (indexed
 // but gone; a stale strike when no tier holds it), available on every rank
-// (usable).
+// (usable); pending counts the chunks the lookup matched in stores still in
+// flight when it stopped waiting for them (not usable by this lookup).
 func (s *Server) classify(q lookupQuery, keys []chunkstore.Key, got map[chunkstore.Key]*chunkstore.Chunk) classified {
 	s.bus.Publish(events.Event{Type: events.ClassifyStart, RequestID: q.id})
 	cl := classified{usable: make(map[chunkstore.Key]bool, len(keys))}
@@ -227,6 +250,7 @@ func (s *Server) classify(q lookupQuery, keys []chunkstore.Key, got map[chunksto
 	}
 	s.bus.Publish(events.Event{Type: events.ClassifyEnd, RequestID: q.id, Attrs: []attribute.KeyValue{
 		events.AttrFound.Int(cl.found), events.AttrStale.Int(cl.stale), events.AttrPerRankOK.Int(cl.perRankOK),
+		attribute.Int("pending", q.pending),
 	}})
 	return cl
 }
@@ -274,4 +298,126 @@ func lookupResult(h reuseplan.Hits, matches []reuseplan.Match, cl classified, fs
 		ChunkSize:            int32(cs),
 		PrefixCoverageTokens: int32(h.Coverage),
 	}
+}
+
+// Bounds of a lookup's wait for the stores in flight it would match.
+const (
+	// maxStoreWait caps the wait whatever the caller's deadline.
+	maxStoreWait = 1500 * time.Millisecond
+	// storeWaitReserve is kept of the caller's remaining time for the
+	// lookup itself and the answer: a quarter, at least this.
+	storeWaitReserve = 100 * time.Millisecond
+)
+
+// storeWait is what a lookup waited for before it ran: the time, and the
+// matched chunks of stores still in flight when it stopped.
+type storeWait struct {
+	waited  time.Duration
+	pending int
+}
+
+// awaitStores waits for the stores in flight (not registered yet) whose
+// chunks r's prompt would match where no registered chunk covers it yet: a
+// request right after another over the same documents at other offsets
+// finds them. It waits until they are registered, at most maxStoreWait and
+// never past the caller's deadline less a reserve (a quarter of the time
+// left, at least storeWaitReserve); the chunks of those still in flight then
+// are counted pending. No store in flight in the prompt's key space: no
+// cost beyond a map lookup.
+func (s *Server) awaitStores(ctx context.Context, r *cbv1.LookupRequest, start time.Time) storeWait {
+	ns := keySpace(r.GetModel(), max(1, int(r.GetWorldSize())))
+	snap := s.chunks.inflight.snapshot(ns)
+	if snap == nil {
+		return storeWait{}
+	}
+	toks, cs := r.GetTokens(), s.cfg.ChunkSize
+	pm := snap.table.Match(toks, 0)
+	if len(pm.Matches) == 0 {
+		return storeWait{}
+	}
+	covered := s.registeredCoverage(ns, toks, cs)
+	minLen := snap.table.MinMatch()
+	awaited := map[*pendingStore]int{} // store -> its matched chunks that add reuse
+	for _, m := range pm.Matches {
+		if p := snap.owner(m); p != nil && m.Cur.Len()-covered(m.Cur) >= minLen {
+			awaited[p] += len(m.Keys)
+		}
+	}
+	if len(awaited) == 0 {
+		return storeWait{}
+	}
+	until := start.Add(maxStoreWait)
+	if dl, ok := ctx.Deadline(); ok {
+		until = minTime(until, dl.Add(-max(storeWaitReserve, dl.Sub(start)/4)))
+	}
+	timer := time.NewTimer(max(0, time.Until(until)))
+	defer timer.Stop()
+	sw := storeWait{}
+wait:
+	for p := range awaited {
+		select {
+		case <-p.done:
+		case <-timer.C:
+			break wait
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	for p, n := range awaited {
+		select {
+		case <-p.done:
+		default:
+			sw.pending += n
+		}
+	}
+	sw.waited = time.Since(start)
+	return sw
+}
+
+// registeredCoverage returns a function that counts the tokens of a range
+// of toks that the registered chunks already cover: the stored prefix and
+// the fingerprint table's matches.
+func (s *Server) registeredCoverage(ns string, toks []int32, cs int) func(reuseplan.Range) int {
+	pkeys := chunkstore.ChainKeys(ns, 0, toks[:reuseplan.WholeChunks(len(toks), cs)], cs)
+	cover := []reuseplan.Range{{Start: 0, End: reuseplan.Coverage(s.chunks.store.PrefixChunks(pkeys), cs)}}
+	if t := s.chunks.table(ns, false); t != nil {
+		for _, m := range t.Match(toks, cover[0].End).Matches {
+			cover = append(cover, m.Cur)
+		}
+	}
+	return func(r reuseplan.Range) int {
+		n := 0
+		for _, c := range cover {
+			if lo, hi := max(r.Start, c.Start), min(r.End, c.End); hi > lo {
+				n += hi - lo
+			}
+		}
+		return n
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// mergeMatches returns the non-overlapping union of two match lists (each
+// non-overlapping): the longest first, then each that overlaps none kept, in
+// increasing Cur.Start order.
+func mergeMatches(a, b []fingerprint.Match) []fingerprint.Match {
+	if len(b) == 0 {
+		return a
+	}
+	all := append(append(make([]fingerprint.Match, 0, len(a)+len(b)), a...), b...)
+	slices.SortStableFunc(all, func(x, y fingerprint.Match) int { return y.Cur.Len() - x.Cur.Len() })
+	var out []fingerprint.Match
+	for _, m := range all {
+		if !slices.ContainsFunc(out, func(o fingerprint.Match) bool { return m.Cur.Start < o.Cur.End && o.Cur.Start < m.Cur.End }) {
+			out = append(out, m)
+		}
+	}
+	slices.SortFunc(out, func(x, y fingerprint.Match) int { return x.Cur.Start - y.Cur.Start })
+	return out
 }

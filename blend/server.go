@@ -57,6 +57,12 @@ type Server struct {
 	fleetDocs fleetDocs
 	lookups   lookups
 	copies    copies
+	// storeDocs follows the storage of stored documents, seqPending the
+	// sequence files waiting for room, storage the L2 health gauges
+	// (persist.go).
+	storeDocs  storeDocs
+	seqPending seqQueue
+	storage    *metrics.StorageMetrics
 }
 
 // lifecycle is the state of a Server's run and of the gRPC server Start
@@ -124,6 +130,12 @@ func New(cfg Config, deps component.Deps) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("blend: %w", err)
 	}
+	sm, err := metrics.NewStorageMetrics(deps.Registerer, metrics.WithOnRefused(func(err error) {
+		logger.Warn("metrics record refused", "err", err)
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("blend: %w", err)
+	}
 	var eb [8]byte
 	if _, err := rand.Read(eb[:]); err != nil {
 		return nil, fmt.Errorf("blend: server epoch: %w", err)
@@ -139,7 +151,9 @@ func New(cfg Config, deps component.Deps) (*Server, error) {
 		regs:     newRegistrations(),
 		lookups:  newLookups(cfg),
 		copies:   copies{pool: scatter.NewPool(scatter.PoolConfig{Workers: cfg.CopyWorkers})},
+		storage:  sm,
 	}
+	s.storeDocs.logger = logger
 	if err := s.chunks.init(cfg, logger, bm); err != nil {
 		return nil, err
 	}
@@ -157,7 +171,7 @@ func New(cfg Config, deps component.Deps) (*Server, error) {
 	for _, sub := range []interface {
 		events.Subscriber
 		EventTypes() []events.EventType
-	}{ts, ms, ls} {
+	}{ts, ms, ls, &s.storeDocs} {
 		if err := s.bus.Subscribe(sub, sub.EventTypes()...); err != nil {
 			return nil, fmt.Errorf("blend: %w", err)
 		}
@@ -347,6 +361,7 @@ func (s *Server) Addr() string {
 // metrics.Handler. Safe for concurrent use.
 func (s *Server) MetricsBefore() {
 	s.metrics.SetEventBusTotals(s.bus.Published(), s.bus.Dropped())
+	s.setStorageMetrics(s.storage)
 	st := s.chunks.store.Stats()
 	fps, _ := s.chunks.fingerprints()
 	s.metrics.SetStorage(metrics.StorageStats{L1Bytes: st.L1Bytes, L1Chunks: int64(st.L1Chunks), Fingerprints: int64(fps)})
@@ -417,6 +432,10 @@ func (v *service) Lookup(ctx context.Context, r *cbv1.LookupRequest) (*cbv1.Look
 
 func (v *service) FleetStatus(ctx context.Context, r *cbv1.FleetStatusRequest) (*cbv1.FleetStatusResponse, error) {
 	return serveRPC(v.s, ctx, r, v.s.fleetStatus)
+}
+
+func (v *service) StoreStatus(ctx context.Context, r *cbv1.StoreStatusRequest) (*cbv1.StoreStatusResponse, error) {
+	return serveRPC(v.s, ctx, r, v.s.storeStatus)
 }
 
 func (v *service) Retrieve(ctx context.Context, r *cbv1.RetrieveRequest) (*cbv1.RetrieveResponse, error) {

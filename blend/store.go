@@ -93,6 +93,16 @@ func (s *Server) storeChunks(mdl string, w *workerMem, toks []int32, bt []int32,
 		base = chunkstore.ChainKeys(ns, 0, toks, cs)
 	}
 	layout := chunkstore.LayoutOf(w.layout, w.theta)
+	seq := fingerprint.Sequence{Keys: keys, Tokens: slices.Clone(toks), ChunkSize: cs}
+	var pending *pendingStore // a lookup arriving before the registration waits for it
+	if rank == 0 {
+		pending = s.chunks.inflight.begin(ns, seq)
+		defer func() {
+			if pending != nil { // not handed to the registration
+				s.chunks.inflight.end(pending)
+			}
+		}()
+	}
 	var resp cbv1.StoreResponse
 	var errs []error
 	held := make([]*chunkstore.Chunk, len(keys)) // for the fleet tier: the chunks held now
@@ -118,9 +128,9 @@ func (s *Server) storeChunks(mdl string, w *workerMem, toks []int32, bt []int32,
 		}
 	}
 	s.chunks.syncCounters()
-	seq := fingerprint.Sequence{Keys: keys, Tokens: slices.Clone(toks), ChunkSize: cs}
 	if rank == 0 {
-		s.enqueueRegistration(ns, seq)
+		s.enqueueRegistration(ns, seq, pending)
+		pending = nil
 	}
 	if s.chunks.fleet != nil {
 		s.fleetStore(mdl, w, base, held, seq, g)
@@ -173,19 +183,26 @@ func (s *Server) storeChunk(k chunkstore.Key, mdl string, rank int, layout chunk
 
 // enqueueRegistration queues the fingerprint registration of a rank-0
 // stored sequence in the table of key space ns, unless every chunk is
-// registered already; a full queue drops it (counted).
-func (s *Server) enqueueRegistration(ns string, seq fingerprint.Sequence) {
+// registered already; a full queue drops it (counted). The store in flight
+// p (nil: none) ends once the registration is decided: done, dropped or
+// failed.
+func (s *Server) enqueueRegistration(ns string, seq fingerprint.Sequence, p *pendingStore) {
 	if t := s.chunks.table(ns, false); t != nil && !slices.ContainsFunc(seq.Keys, func(k chunkstore.Key) bool { return !t.Contains(k) }) {
+		s.chunks.inflight.end(p)
 		return
 	}
-	if !enqueue(s, s.chunks.regQ, func() { s.register(ns, seq) }) {
+	if !enqueue(s, s.chunks.regQ, func() { s.register(ns, seq, p) }) {
 		s.chunks.regDropped.Add(1)
+		s.chunks.inflight.end(p)
 	}
 }
 
-// register registers a stored sequence in its model's fingerprint table.
-func (s *Server) register(mdl string, seq fingerprint.Sequence) {
-	if _, err := s.chunks.table(mdl, true).Register(seq); err != nil {
+// register registers a stored sequence in its model's fingerprint table,
+// then ends its store in flight p (nil: none): lookups see it from then on.
+func (s *Server) register(mdl string, seq fingerprint.Sequence, p *pendingStore) {
+	_, err := s.chunks.table(mdl, true).Register(seq)
+	s.chunks.inflight.end(p)
+	if err != nil {
 		s.logger.Warn("fingerprint registration failed", "model", mdl, "err", err)
 		return
 	}

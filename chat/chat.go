@@ -1,6 +1,7 @@
 package chat
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -52,7 +53,7 @@ func (e *limitError) Error() string { return "chat: template limit exceeded: " +
 func (e *limitError) Is(target error) bool { return target == ErrLimit || target == ErrRender }
 
 // Message is one conversation turn as the template sees it: a dict with "role" and "content", plus
-// "tool_call_id" and "name" when they are not empty.
+// "tool_call_id", "name" and "tool_calls" when they are not empty.
 type Message struct {
 	// Role is "system", "user", "assistant" or "tool" (passed through unchecked: the template
 	// decides what it accepts).
@@ -63,6 +64,11 @@ type Message struct {
 	ToolCallID string `json:"tool_call_id,omitempty"`
 	// Name is the tool (or participant) name; omitted from the dict when empty.
 	Name string `json:"name,omitempty"`
+	// ToolCalls is an assistant message's tool calls as a JSON array (OpenAI's shape: id, type,
+	// function with name and arguments; arguments best given as an object, as transformers'
+	// templates expect), decoded for the template keeping key order; omitted from the dict when
+	// empty. JSON that does not decode makes Render fail with ErrVariables.
+	ToolCalls json.RawMessage `json:"tool_calls,omitempty"`
 }
 
 // Limits bounds one render. A zero field takes its default.
@@ -173,7 +179,11 @@ func (t *Template) Render(msgs []Message, o Options) (out string, err error) {
 	}
 	list := make([]jinja.Value, len(msgs))
 	for i, m := range msgs {
-		list[i] = messageValue(m)
+		v, err := messageValue(m)
+		if err != nil {
+			return "", fmt.Errorf("%w: messages[%d].tool_calls: %w", ErrVariables, i, err)
+		}
+		list[i] = v
 	}
 	vars["messages"] = jinja.NewList(list)
 	vars["bos_token"] = jinja.NewString(o.BOS)

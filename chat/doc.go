@@ -12,8 +12,8 @@
 //	prompt, err := t.Render(msgs, chat.Options{BOS: bos, EOS: eos, AddGenerationPrompt: true})
 //	stop, err := t.EndOfTurn(chat.Options{EOS: eos}) // e.g. "<|eot_id|>", to add as a stop token
 //
-// The template sees messages (a list of dicts: role, content, and tool_call_id and name when
-// set), bos_token, eos_token, add_generation_prompt and the Options.Extra variables, plus the
+// The template sees messages (a list of dicts: role, content, and tool_call_id, name and tool_calls
+// when set; tool_calls is decoded from JSON keeping key order), bos_token, eos_token, add_generation_prompt and the Options.Extra variables, plus the
 // functions raise_exception(msg) (Render fails with a *RaiseError, matching ErrRaised: the
 // conversation is refused, a client error), strftime_now(format) (formats Options.Now, default the
 // current time; tests inject a fixed date), range, namespace and dict. A *Template is immutable and

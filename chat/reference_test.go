@@ -103,6 +103,13 @@ func conversations() []conversation {
 			{Role: "assistant", Content: "Let me check."},
 			{Role: "tool", Content: "{\"temperature\": 21}", ToolCallID: "call_1", Name: "get_weather"},
 		}, mayFail: true},
+		// An agent loop's history as an OpenAI client replays it: the assistant's tool call
+		// (arguments decoded to an object, as the engine hands them over) and its result.
+		{name: "tool call and result", msgs: []Message{
+			{Role: "user", Content: "Weather in Paris?"},
+			{Role: "assistant", Content: "", ToolCalls: json.RawMessage(`[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":{"city":"Paris","days":2}}}]`)},
+			{Role: "tool", Content: "{\"temperature\": 21}", ToolCallID: "call_1", Name: "get_weather"},
+		}, extra: map[string]any{"tools": toolsJSON}, mayFail: true},
 	}
 }
 

@@ -18,8 +18,8 @@ import (
 const maxValueDepth = 256
 
 // messageValue converts a message to the dict the template sees: role and content always, then
-// tool_call_id and name when set — in that order, which is the order tojson prints.
-func messageValue(m Message) jinja.Value {
+// tool_call_id, name and tool_calls when set — in that order, which is the order tojson prints.
+func messageValue(m Message) (jinja.Value, error) {
 	v := jinja.NewDict()
 	d := v.AsDict()
 	d.Set("role", jinja.NewString(m.Role))
@@ -30,7 +30,14 @@ func messageValue(m Message) jinja.Value {
 	if m.Name != "" {
 		d.Set("name", jinja.NewString(m.Name))
 	}
-	return v
+	if len(m.ToolCalls) > 0 {
+		calls, err := decodeJSON(m.ToolCalls)
+		if err != nil {
+			return jinja.Undefined(), err
+		}
+		d.Set("tool_calls", calls)
+	}
+	return v, nil
 }
 
 // toValue converts a Go value for the template. Supported: nil, bool, integer and float kinds,

@@ -217,7 +217,7 @@ func TestOpenAIErrorCodes(t *testing.T) {
 		{"too many stops", api.RouteChat, `{"model":"cb-llama",` + msg + `,"stop":["a","b","c","d","e"]}`, "stop", api.CodeArrayAboveMaxLength},
 		{"empty messages", api.RouteChat, `{"model":"cb-llama","messages":[]}`, "messages", api.CodeEmptyArray},
 		{"n above 1", api.RouteChat, `{"model":"cb-llama",` + msg + `,"n":2}`, "n", api.CodeUnsupportedValue},
-		{"tools", api.RouteChat, `{"model":"cb-llama",` + msg + `,"tools":[{"type":"function"}]}`, "tools", api.CodeUnsupportedParameter},
+		{"tool without a function", api.RouteChat, `{"model":"cb-llama",` + msg + `,"tools":[{"type":"function"}]}`, "tools[0].function.name", api.CodeMissingRequiredParameter},
 		{"token outside the vocabulary", api.RouteCompletions, `{"model":"cb-llama","prompt":[1,300]}`, "prompt", api.CodeInvalidValue},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -299,63 +299,6 @@ func TestUnsupportedMediaType(t *testing.T) {
 	}
 }
 
-func TestQueueRetryAfter(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		waiting int
-		rate    float64
-		want    int
-	}{
-		{"nothing drained yet: the window", 10, 0, 10},
-		{"fast drain: at least 1", 1, 100, 1},
-		{"256 waiting at 20/s", 256, 20, 13},
-		{"slow drain: capped", 256, 0.5, MaxRetryAfter},
-		{"rounded up", 3, 2, 2},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := queueRetryAfter(tc.waiting, tc.rate); got != tc.want {
-				t.Fatalf("queueRetryAfter(%d, %v) = %d, want %d", tc.waiting, tc.rate, got, tc.want)
-			}
-		})
-	}
-}
-
-func TestDrainMeter(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	for _, tc := range []struct {
-		name     string
-		finishes []int // ms after t0
-		now      int
-		want     float64
-	}{
-		{"nothing", nil, 0, 0},
-		{"one burst counts over a second", []int{0, 1, 2, 3}, 10, 4},
-		{"steady 10/s over the window (both ends in)", seq(0, 20000, 100), 20000, 10.1},
-		{"old finishes age out", []int{0, 100, 200}, 20000, 0},
-		{"young history: rate over its age", seq(0, 2000, 100), 2000, 10.5},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var d drainMeter
-			for _, f := range tc.finishes {
-				d.finished(at(f))
-			}
-			if got := d.rate(at(tc.now)); got != tc.want {
-				t.Fatalf("rate %v, want %v", got, tc.want)
-			}
-		})
-	}
-}
-
-// seq lists from, from+step, ... up to to (inclusive).
-func seq(from, to, step int) []int {
-	var out []int
-	for v := from; v <= to; v += step {
-		out = append(out, v)
-	}
-	return out
-}
-
 func TestQueueFullCarriesRetryAfter(t *testing.T) {
 	w := enginetest.NewWorker(64, 16, 2048)
 	gate := w.Gate()
@@ -381,9 +324,9 @@ func TestQueueFullCarriesRetryAfter(t *testing.T) {
 	if r == nil || r.StatusCode != 429 {
 		t.Fatalf("third request: %v", r)
 	}
-	// Nothing has drained yet: the client is told to come back after the
-	// drain window.
-	if ra := r.Header.Get("Retry-After"); ra != strconv.Itoa(int(DrainWindow/time.Second)) {
+	// Nothing has drained yet: the client is told to come back after
+	// ColdRetryAfter, when the rate is measured.
+	if ra := r.Header.Get("Retry-After"); ra != strconv.Itoa(int(ColdRetryAfter/time.Second)) {
 		t.Fatalf("Retry-After %q", ra)
 	}
 	close(gate)

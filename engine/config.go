@@ -20,6 +20,8 @@ const (
 	DefaultHandoffIdle = 30 * time.Second
 	// DefaultHandoffConnect is the default of Config.HandoffConnectTimeout.
 	DefaultHandoffConnect = time.Second
+	// DefaultMaxHandoffsPerPeer is the default of Config.MaxHandoffsPerPeer.
+	DefaultMaxHandoffsPerPeer = 8
 )
 
 // Config holds cb-engine's settings. The zero value is valid: every zero
@@ -71,6 +73,27 @@ type Config struct {
 	// HandoffIdleTimeout, or the gateway gives up on the prefill engine
 	// first.
 	HandoffConnectTimeout time.Duration
+	// StackKey is the stack's shared secret (at least api.MinStackKeyBytes;
+	// cb engine --stack-key-file or CB_STACK_KEY, never a flag's value):
+	// a prefill engine signs each hand-over with it (api.Handoff.Sign, bound
+	// to the request id, the prefill worker, the prompt's length and digest,
+	// the first token, the decode engine and an expiry) and honours
+	// X-CB-Decode-Engine only with the gateway's proof made with it
+	// (api.HeaderDecodeAuth); a decode engine takes over only hand-overs
+	// that verify with it. Required by RolePrefill and RoleDecode: without
+	// it both headers are refused (403 handoff_unauthenticated).
+	StackKey []byte
+	// DecodeEngines is the allow-list of a prefill engine: the decode
+	// engines' base URLs (http://host:port) X-CB-Decode-Engine may name;
+	// any other is refused (403 decode_engine_not_allowed). Empty: none.
+	DecodeEngines []string
+	// MaxHandoffsPerPeer bounds the hand-overs in flight to one decode
+	// engine (each holds its prompt's KV blocks until the decode engine
+	// pulled them or the hand-over ended): beyond, a request naming that
+	// decode engine gets 503 handoff_peer_busy with Retry-After, so a
+	// decode engine that stops answering pins at most this many prompts'
+	// blocks. Default 8.
+	MaxHandoffsPerPeer int
 	// HandoffSources, when not empty, lists the prefill workers (host:port,
 	// as their engines advertise them) a decode engine takes requests over
 	// from; a hand-over naming another is refused (400). Empty: any.
@@ -101,6 +124,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.HandoffConnectTimeout <= 0 {
 		c.HandoffConnectTimeout = DefaultHandoffConnect
+	}
+	if c.MaxHandoffsPerPeer <= 0 {
+		c.MaxHandoffsPerPeer = DefaultMaxHandoffsPerPeer
 	}
 	c.Settings = c.Settings.WithDefaults()
 	return c
@@ -144,8 +170,10 @@ type Deps struct {
 	// it open while the engine runs.
 	ModelFile *modelfile.File
 	// HTTPClient makes a prefill engine's calls to decode engines; nil: a
-	// client with a 5 s connect timeout and TCP keep-alive probes (a decode
-	// host that stopped answering is noticed in about 15 s); the request's
-	// RequestTimeout and Config.HandoffIdleTimeout bound each call.
+	// client with Config.HandoffConnectTimeout to connect and TCP keep-alive
+	// probes (a decode host that stopped answering is noticed in about
+	// 15 s); the request's RequestTimeout and Config.HandoffIdleTimeout
+	// bound each call. The engine uses a copy that follows no redirect (a
+	// 3xx answer is 503 decode_unavailable).
 	HTTPClient *http.Client
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -45,7 +46,11 @@ type Engine struct {
 	front    *httpfront.Front
 	worker   cbv1.WorkerServiceClient // the worker: steps (through the scheduler) and KV pulls
 	blend    cbv1.BlendServiceClient  // nil without a blend server: asked for stored documents' fleet state
-	client   *http.Client             // calls to decode engines
+	client   *http.Client             // calls to decode engines (no redirects followed)
+	sec      *metrics.HandoffSecurityMetrics
+	allowed  map[string]bool // Config.DecodeEngines, normalized
+	peerMu   sync.Mutex
+	peers    map[string]int // hand-overs in flight per decode engine (at most Config.MaxHandoffsPerPeer)
 	created  int64
 	drain    drainMeter // the queue's drain rate, for Retry-After
 }
@@ -74,11 +79,21 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 	default:
 		return nil, fmt.Errorf("engine: role %q, want %s, %s or %s", cfg.Role, RoleBoth, RolePrefill, RoleDecode)
 	}
-	deps.Deps = deps.Deps.WithDefaults()
-	e := &Engine{cfg: cfg, tok: deps.Tokenizer, file: deps.ModelFile, log: deps.Logger, created: time.Now().Unix(), worker: deps.Worker, blend: deps.Blend, client: deps.HTTPClient}
-	if e.client == nil {
-		e.client = defaultHTTPClient(cfg.HandoffConnectTimeout)
+	if cfg.Role != RoleBoth && len(cfg.StackKey) < api.MinStackKeyBytes {
+		return nil, fmt.Errorf("engine: role %s needs the stack key (StackKey, at least %d bytes; cb engine --stack-key-file or CB_STACK_KEY): it authenticates hand-overs", cfg.Role, api.MinStackKeyBytes)
 	}
+	allowed := map[string]bool{}
+	for _, u := range cfg.DecodeEngines {
+		n, err := api.ParseDecodeEngine(u)
+		if err != nil {
+			return nil, fmt.Errorf("engine: decode engine allow-list: %w", err)
+		}
+		allowed[n] = true
+	}
+	deps.Deps = deps.Deps.WithDefaults()
+	e := &Engine{cfg: cfg, tok: deps.Tokenizer, file: deps.ModelFile, log: deps.Logger, created: time.Now().Unix(), worker: deps.Worker, blend: deps.Blend,
+		allowed: allowed, peers: map[string]int{}}
+	e.client = noRedirects(deps.HTTPClient, cfg.HandoffConnectTimeout)
 	if e.tok == nil {
 		e.tok = tokenizer.Tokenizer{}
 	}
@@ -97,6 +112,11 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 		return nil, fmt.Errorf("engine: register metrics: %w", err)
 	}
 	e.metrics, e.gatherer = m, gath
+	if e.sec, err = metrics.NewHandoffSecurityMetrics(deps.Registerer, metrics.WithOnRefused(func(err error) {
+		e.log.Warn("metrics record refused", "error", err.Error())
+	})); err != nil {
+		return nil, fmt.Errorf("engine: register metrics: %w", err)
+	}
 	e.spans = deps.Spans(Scope)
 	e.sched, err = scheduler.New(cfg.Config, scheduler.Deps{
 		Worker: deps.Worker,
@@ -201,6 +221,21 @@ func defaultHTTPClient(connect time.Duration) *http.Client {
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,
 	}}
+}
+
+// errRedirect refuses a decode engine's redirect: a hand-over goes to the
+// URL the gateway named and allowed, nowhere else.
+var errRedirect = errors.New("the decode engine answered with a redirect, which a hand-over does not follow")
+
+// noRedirects returns a copy of c (nil: defaultHTTPClient(connect)) that
+// follows no redirect.
+func noRedirects(c *http.Client, connect time.Duration) *http.Client {
+	if c == nil {
+		c = defaultHTTPClient(connect)
+	}
+	cc := *c
+	cc.CheckRedirect = func(*http.Request, []*http.Request) error { return errRedirect }
+	return &cc
 }
 
 // newID returns prefix followed by 24 random hex digits.

@@ -182,11 +182,11 @@ func (e *Engine) buildPrompt(g *api.Generation, info *cbv1.InfoResponse) ([]int3
 	switch {
 	case g.Operation == api.OperationChat && e.file != nil:
 		var err error
-		if prompt, text, err = e.file.ChatTokens(api.ChatMessages(g.Messages)); err != nil {
+		if prompt, text, err = e.file.ChatTokensTools(api.ChatMessages(g.Messages), g.Tools); err != nil {
 			return nil, "", api.BadRequestCode("messages", api.CodeInvalidValue, "The model's chat template cannot render these messages: %v", err)
 		}
 	case g.Operation == api.OperationChat:
-		text = api.ChatPrompt(g.Messages)
+		text = api.ChatPromptTools(g.Messages, g.Tools)
 		prompt = append([]int32{info.GetBos()}, e.tok.Encode(text)...)
 	case g.PromptTokens != nil:
 		prompt = g.PromptTokens
@@ -235,13 +235,14 @@ func (e *Engine) maxTokens(g *api.Generation, promptLen int, info *cbv1.InfoResp
 }
 
 // requestSeed is the sampling seed of a generation: the client's as given,
-// else a fresh random one (non-negative, so that sending it back as "seed"
-// replays the request), and whether it was generated.
+// else a fresh random one in [0, 2^53) (api.MaxGeneratedSeed: a JavaScript
+// number holds it exactly, so any client can send the echoed seed back to
+// replay the request), and whether it was generated.
 func requestSeed(g *api.Generation) (seed int64, generated bool) {
 	if g.Seed != nil {
 		return *g.Seed, false
 	}
-	return rand.Int64(), true
+	return rand.Int64N(api.MaxGeneratedSeed), true
 }
 
 // withSeed returns the JSON object body with its "seed" set to seed (body

@@ -25,7 +25,7 @@ func (e *Engine) submitError(err error, param string) *api.Error {
 		if queue <= 0 {
 			queue = scheduler.DefaultMaxQueue
 		}
-		return api.QueueFull(queue).WithRetryAfter(queueRetryAfter(e.sched.Stats().Waiting, e.drain.rate(time.Now())))
+		return api.QueueFull(queue).WithRetryAfterDuration(e.drain.retryAfter(e.sched.Stats().Waiting, time.Now()))
 	case errors.Is(err, scheduler.ErrWorkerUnavailable):
 		return api.WorkerUnavailable("it has not answered yet")
 	case errors.Is(err, scheduler.ErrShutdown):
@@ -33,7 +33,7 @@ func (e *Engine) submitError(err error, param string) *api.Error {
 	case errors.Is(err, scheduler.ErrTooLong):
 		return api.BadRequestCode(param, api.CodeContextLengthExceeded, "The request does not fit the model: %v.", unwrapMsg(err))
 	case errors.Is(err, scheduler.ErrBadRequest):
-		return api.BadRequest(param, "%v.", unwrapMsg(err))
+		return api.BadRequestCode(param, api.CodeInvalidValue, "%v.", unwrapMsg(err))
 	default:
 		return api.Internal(err.Error())
 	}

@@ -32,12 +32,39 @@ const prefillWorker = "127.0.0.1:50999" // the prefill worker's advertised addre
 // double; the decode double pulls from the prefill double.
 type pdEnv struct{ p, d *env }
 
-func newPD(t *testing.T) *pdEnv {
+// newPD starts the pair; the prefill engine's allow-list is the decode
+// engine and allowed.
+func newPD(t *testing.T, allowed ...string) *pdEnv {
 	t.Helper()
-	p := newEnv(t, envOpts{cfg: Config{Role: RolePrefill, WorkerAdvertise: prefillWorker}})
-	d := newEnv(t, envOpts{cfg: Config{Role: RoleDecode}})
+	d := newEnv(t, envOpts{cfg: Config{Role: RoleDecode, StackKey: testStackKey}})
+	p := newEnv(t, envOpts{cfg: prefillConfig(append(allowed, d.base)...)})
 	d.worker.AddSource(prefillWorker, p.worker)
 	return &pdEnv{p: p, d: d}
+}
+
+// testStackKey is the stack key of the tests' engines.
+var testStackKey = []byte("the tests' stack key, 32+ bytes.")
+
+// prefillConfig is a prefill engine's configuration with the test stack
+// key and the allow-list allowed.
+func prefillConfig(allowed ...string) Config {
+	return Config{Role: RolePrefill, WorkerAdvertise: prefillWorker, StackKey: testStackKey, DecodeEngines: allowed}
+}
+
+// via is the gateway's headers naming the decode engine u: X-CB-Decode-Engine
+// and its proof made with the test stack key.
+func via(u string) map[string]string {
+	return map[string]string{api.HeaderDecodeEngine: u, api.HeaderDecodeAuth: proof(u)}
+}
+
+// proof is the gateway's X-CB-Decode-Auth for u (its normalized URL), made
+// with the test stack key, valid for api.HandoffTTL.
+func proof(u string) string {
+	n, err := api.ParseDecodeEngine(u)
+	if err != nil {
+		n = u
+	}
+	return api.DecodeAuth(testStackKey, n, "test", time.Now().Add(api.HandoffTTL))
 }
 
 // chatVia posts a chat completion to ev with extra headers and returns
@@ -61,7 +88,8 @@ func TestHandOverMatchesOneEngine(t *testing.T) {
 	x := newPD(t)
 	content := strings.Repeat("Paged KV caches share prefixes. ", 4)
 	want := expectedText(chatPrompt(content), 30)
-	c := x.p.client(option.WithHeader(api.HeaderDecodeEngine, x.d.base), option.WithHeader("traceparent", callerTP))
+	c := x.p.client(option.WithHeader(api.HeaderDecodeEngine, x.d.base), option.WithHeader(api.HeaderDecodeAuth, proof(x.d.base)),
+		option.WithHeader("traceparent", callerTP))
 	resp, err := c.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "cb-llama",
 		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(content)}, MaxTokens: openai.Int(30)})
 	if err != nil {
@@ -104,7 +132,7 @@ func TestHandOverMatchesOneEngine(t *testing.T) {
 
 	// Streamed, sharing the prompt's first blocks: those are deduplicated.
 	content2 := content + "And a second question?"
-	sresp := chatVia(t, x.p, map[string]string{api.HeaderDecodeEngine: x.d.base}, content2, 12, true)
+	sresp := chatVia(t, x.p, via(x.d.base), content2, 12, true)
 	if sresp.StatusCode != http.StatusOK || sresp.Header.Get(api.HeaderKVBlocksDeduped) == "" {
 		t.Fatalf("stream: %d %v", sresp.StatusCode, sresp.Header)
 	}
@@ -189,20 +217,21 @@ func TestHandOverRefusals(t *testing.T) {
 	x := newPD(t)
 	both := newEnv(t, envOpts{})
 	good := api.Handoff{ID: "chatcmpl-x", Worker: prefillWorker, Secret: make([]byte, 32), N: len(chatPrompt("hi")),
-		Digest: api.PromptDigest(chatPrompt("hi"))}
+		Digest: api.PromptDigest(chatPrompt("hi")), Expires: time.Now().Add(time.Minute).Unix()}
 	other := good
 	other.Digest = api.PromptDigest([]int32{1})
+	good, other = good.Sign(testStackKey, x.d.base), other.Sign(testStackKey, x.d.base)
 	for _, tc := range []struct {
 		name string
 		ev   *env
 		hdr  map[string]string
 		code string
 	}{
-		{"decode header to a both engine", both, map[string]string{api.HeaderDecodeEngine: x.d.base}, "wrong_role"},
-		{"decode header to a decode engine", x.d, map[string]string{api.HeaderDecodeEngine: x.d.base}, "wrong_role"},
+		{"decode header to a both engine", both, via(x.d.base), "wrong_role"},
+		{"decode header to a decode engine", x.d, via(x.d.base), "wrong_role"},
 		{"hand-over to a prefill engine", x.p, map[string]string{api.HeaderHandoff: good.String()}, "wrong_role"},
 		{"hand-over to a both engine", both, map[string]string{api.HeaderHandoff: good.String()}, "wrong_role"},
-		{"bad decode URL", x.p, map[string]string{api.HeaderDecodeEngine: "ftp://x"}, "invalid_handoff"},
+		{"bad decode URL", x.p, via("ftp://x"), "invalid_handoff"},
 		{"bad hand-over", x.d, map[string]string{api.HeaderHandoff: "v=1;id=x"}, "invalid_handoff"},
 		{"another prompt", x.d, map[string]string{api.HeaderHandoff: other.String()}, "handoff_mismatch"},
 		{"both headers", x.d, map[string]string{api.HeaderHandoff: good.String(), api.HeaderDecodeEngine: x.d.base}, "invalid_handoff"},
@@ -215,8 +244,14 @@ func TestHandOverRefusals(t *testing.T) {
 	if _, err := New(Config{Role: "sideways"}, Deps{Worker: enginetest.WorkerClient(t, enginetest.NewWorker(8, 16, 64))}); err == nil {
 		t.Error("unknown role accepted")
 	}
-	if _, err := New(Config{Role: RolePrefill}, Deps{Worker: enginetest.WorkerClient(t, enginetest.NewWorker(8, 16, 64))}); err == nil {
+	if _, err := New(Config{Role: RolePrefill, StackKey: testStackKey}, Deps{Worker: enginetest.WorkerClient(t, enginetest.NewWorker(8, 16, 64))}); err == nil {
 		t.Error("prefill role without the worker's address accepted")
+	}
+	for _, role := range []string{RolePrefill, RoleDecode} {
+		if _, err := New(Config{Role: role, WorkerAdvertise: prefillWorker, StackKey: []byte("short")},
+			Deps{Worker: enginetest.WorkerClient(t, enginetest.NewWorker(8, 16, 64))}); err == nil || !strings.Contains(err.Error(), "stack key") {
+			t.Errorf("role %s without a stack key: %v", role, err)
+		}
 	}
 }
 
@@ -234,34 +269,12 @@ func checkErrorBody2(t *testing.T, resp *http.Response, status int, code string)
 // fails and a stream that breaks off all end in an OpenAI-shaped error, and
 // the prefill side frees its blocks (the worker's keep dropped).
 func TestHandOverFailures(t *testing.T) {
-	x := newPD(t)
-	freed := func(what string) {
-		t.Helper()
-		waitFor(t, what+": prefill side freed", func() bool {
-			st := x.p.e.SchedulerStats()
-			return st.KVUsed == 0 && st.HandoffsHeld == 0
-		})
-		waitFor(t, what+": decode side freed", func() bool { return x.d.e.SchedulerStats().KVUsed == 0 })
-	}
-
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	dead := "http://" + ln.Addr().String()
 	ln.Close()
-	for _, stream := range []bool{false, true} {
-		resp := chatVia(t, x.p, map[string]string{api.HeaderDecodeEngine: dead}, "nobody decodes", 8, stream)
-		checkErrorBody2(t, resp, http.StatusServiceUnavailable, "decode_unavailable")
-		freed(fmt.Sprintf("unreachable (stream %v)", stream))
-	}
-
-	x.d.worker.SetPullHook(func(context.Context) error { return status.Error(codes.PermissionDenied, "wrong secret") })
-	resp := chatVia(t, x.p, map[string]string{api.HeaderDecodeEngine: x.d.base}, "pull fails", 8, true)
-	checkErrorBody2(t, resp, http.StatusServiceUnavailable, "kv_transfer_failed")
-	freed("pull failed")
-	x.d.worker.SetPullHook(nil)
-
 	// A decode engine that dies after its first event.
 	broken := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -274,7 +287,29 @@ func TestHandOverFailures(t *testing.T) {
 		}
 	}))
 	defer broken.Close()
-	resp = chatVia(t, x.p, map[string]string{api.HeaderDecodeEngine: broken.URL}, "broken stream", 8, true)
+	x := newPD(t, dead, broken.URL)
+	freed := func(what string) {
+		t.Helper()
+		waitFor(t, what+": prefill side freed", func() bool {
+			st := x.p.e.SchedulerStats()
+			return st.KVUsed == 0 && st.HandoffsHeld == 0
+		})
+		waitFor(t, what+": decode side freed", func() bool { return x.d.e.SchedulerStats().KVUsed == 0 })
+	}
+
+	for _, stream := range []bool{false, true} {
+		resp := chatVia(t, x.p, via(dead), "nobody decodes", 8, stream)
+		checkErrorBody2(t, resp, http.StatusServiceUnavailable, "decode_unavailable")
+		freed(fmt.Sprintf("unreachable (stream %v)", stream))
+	}
+
+	x.d.worker.SetPullHook(func(context.Context) error { return status.Error(codes.PermissionDenied, "wrong secret") })
+	resp := chatVia(t, x.p, via(x.d.base), "pull fails", 8, true)
+	checkErrorBody2(t, resp, http.StatusServiceUnavailable, "kv_transfer_failed")
+	freed("pull failed")
+	x.d.worker.SetPullHook(nil)
+
+	resp = chatVia(t, x.p, via(broken.URL), "broken stream", 8, true)
 	text, done := readSSE(t, resp.Body)
 	if !strings.HasPrefix(text, "par<error The decode engine is unavailable") || !done {
 		t.Fatalf("broken stream relayed as %q (done %v)", text, done)
@@ -348,10 +383,12 @@ func TestHandOverFaults(t *testing.T) {
 		{"drop", false, 503, []string{"decode_unavailable"}, nil},
 	} {
 		t.Run(fmt.Sprint(tc.mode, " stream=", tc.stream), func(t *testing.T) {
-			p := newEnv(t, envOpts{cfg: Config{Role: RolePrefill, WorkerAdvertise: prefillWorker, HandoffIdleTimeout: idle}})
 			d := fakeDecode(t, tc.mode, idle)
+			cfg := prefillConfig(d)
+			cfg.HandoffIdleTimeout = idle
+			p := newEnv(t, envOpts{cfg: cfg})
 			t0 := time.Now()
-			resp := chatVia(t, p, map[string]string{api.HeaderDecodeEngine: d}, "hello there", 4, tc.stream)
+			resp := chatVia(t, p, via(d), "hello there", 4, tc.stream)
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			took := time.Since(t0)
@@ -383,7 +420,7 @@ func TestHandOverUsageIsThePrefillSides(t *testing.T) {
 	content := strings.Repeat("Paged KV caches share prefixes. ", 6)
 	var cached []int
 	for range 2 {
-		resp := chatVia(t, x.p, map[string]string{api.HeaderDecodeEngine: x.d.base}, content, 3, false)
+		resp := chatVia(t, x.p, via(x.d.base), content, 3, false)
 		var out struct {
 			Usage api.Usage `json:"usage"`
 		}
@@ -433,8 +470,10 @@ func TestLoopbackAdvertiseRefused(t *testing.T) {
 			t.Errorf("%s to %s: %v", tc.advertise, tc.decode, err)
 		}
 	}
-	p := newEnv(t, envOpts{cfg: Config{Role: RolePrefill, WorkerAdvertise: "127.0.0.1:50061"}})
-	resp := chatVia(t, p, map[string]string{api.HeaderDecodeEngine: "http://10.255.255.1:8000"}, "hi", 2, false)
+	cfg := prefillConfig("http://10.255.255.1:8000")
+	cfg.WorkerAdvertise = "127.0.0.1:50061"
+	p := newEnv(t, envOpts{cfg: cfg})
+	resp := chatVia(t, p, via("http://10.255.255.1:8000"), "hi", 2, false)
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != 500 || !strings.Contains(string(b), CodeHandoffMisconfigured) || !strings.Contains(string(b), "--worker-advertise") {

@@ -37,15 +37,23 @@ func startWorker(t *testing.T) *worker.Worker {
 	return w
 }
 
-// startEngine runs an engine of role on w.
-func startEngine(t *testing.T, w *worker.Worker, role string) string {
+// workersKey is the stack key of the engines on real workers.
+var workersKey = []byte("real workers' stack key, 32 bytes")
+
+// startEngine runs an engine of role on w; a prefill engine's allow-list
+// is decode.
+func startEngine(t *testing.T, w *worker.Worker, role string, decode ...string) string {
 	t.Helper()
 	conn, err := rpc.Dial(w.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	e, err := engine.New(engine.Config{Addr: "127.0.0.1:0", Role: role, WorkerAdvertise: w.Addr()},
+	cfg := engine.Config{Addr: "127.0.0.1:0", Role: role, WorkerAdvertise: w.Addr(), DecodeEngines: decode}
+	if role != engine.RoleBoth {
+		cfg.StackKey = workersKey
+	}
+	e, err := engine.New(cfg,
 		engine.Deps{Deps: component.Deps{Registerer: prometheus.NewRegistry()}, Worker: cbv1.NewWorkerServiceClient(conn)})
 	if err != nil {
 		t.Fatal(err)
@@ -88,6 +96,7 @@ func complete(t *testing.T, base, decode, prompt string, params map[string]any) 
 	req.Header.Set("Content-Type", "application/json")
 	if decode != "" {
 		req.Header.Set(api.HeaderDecodeEngine, decode)
+		req.Header.Set(api.HeaderDecodeAuth, api.DecodeAuth(workersKey, decode, "test", time.Now().Add(api.HandoffTTL)))
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -111,8 +120,8 @@ func complete(t *testing.T, base, decode, prompt string, params map[string]any) 
 // prefix cache deduplicating the blocks of a second prompt.
 func TestDisaggregatedEqualsOneEngine(t *testing.T) {
 	one := startEngine(t, startWorker(t), engine.RoleBoth)
-	prefill := startEngine(t, startWorker(t), engine.RolePrefill)
 	decode := startEngine(t, startWorker(t), engine.RoleDecode)
+	prefill := startEngine(t, startWorker(t), engine.RolePrefill, decode)
 	doc := strings.Repeat("Blocks of sixteen tokens hash into a chain; equal prefixes share them. ", 5)
 	greedy := map[string]string{} // prompt -> one engine's greedy answer
 	for _, tc := range []struct {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/cacheblend/cacheblend/engine/api"
@@ -38,32 +39,54 @@ func usage(prompt int, res scheduler.Result) api.Usage {
 }
 
 // shape builds the response bodies of one operation: the only place where
-// chat and completion responses differ.
+// chat and completion responses differ. Every body and chunk carries the
+// system fingerprint and the request's seed.
 type shape struct {
 	op, id, model string
 	created       int64
+	fingerprint   string
+	seed          int64
 }
 
-func newShape(rec *genRecord) shape {
-	return shape{op: rec.op, id: rec.id, model: rec.model, created: time.Now().Unix()}
+// newShape is the shape of rec's responses (its seed drawn already).
+func (e *Engine) newShape(rec *genRecord) shape {
+	return shape{op: rec.op, id: rec.id, model: rec.model, created: time.Now().Unix(), fingerprint: e.fingerprint(), seed: rec.seed}
 }
 
 func (s shape) chat() bool { return s.op == api.OperationChat }
 
+// head returns the fields every body and chunk of the response shares.
+func head[C, U any](s shape, object string) api.Response[C, U] {
+	seed := s.seed
+	return api.Response[C, U]{ID: s.id, Object: object, Created: s.created, Model: s.model, SystemFingerprint: s.fingerprint, Seed: &seed}
+}
+
+// fingerprint is the engine's system_fingerprint: the served model (its
+// name and file identity, and the worker's shape of it: vocabulary,
+// positions, layers, tensor-parallel ranks) and the engine's build. It
+// stays the same while all of them do (restarts included) and changes
+// when any does; "" before the worker answered.
+func (e *Engine) fingerprint() string {
+	info, ok := e.sched.WorkerInfo()
+	if !ok {
+		return ""
+	}
+	return api.Fingerprint(e.cfg.Model, e.cfg.ModelIdentity, info.GetModelIdentity(),
+		strconv.Itoa(int(info.GetVocab())), strconv.Itoa(int(info.GetMaxPositions())),
+		strconv.Itoa(int(info.GetNumLayers())), strconv.Itoa(int(max(info.GetWorldSize(), 1))), buildID())
+}
+
 // whole is the body of a non-streamed response.
 func (s shape) whole(text, reason string, u api.Usage) any {
 	if s.chat() {
-		return api.ChatCompletion{
-			ID: s.id, Object: "chat.completion", Created: s.created, Model: s.model,
-			Choices: []api.ChatChoice{{Message: api.ChatMessageOut{Role: "assistant", Content: text}, FinishReason: reason}},
-			Usage:   u,
-		}
+		b := head[api.ChatChoice, api.Usage](s, "chat.completion")
+		b.Choices = []api.ChatChoice{{Message: api.ChatMessageOut{Role: "assistant", Content: text}, FinishReason: reason}}
+		b.Usage = u
+		return b
 	}
-	return api.Completion{
-		ID: s.id, Object: "text_completion", Created: s.created, Model: s.model,
-		Choices: []api.CompletionChoice{{Text: text, FinishReason: &reason}},
-		Usage:   &u,
-	}
+	b := head[api.CompletionChoice, *api.Usage](s, "text_completion")
+	b.Choices, b.Usage = []api.CompletionChoice{{Text: text, FinishReason: &reason}}, &u
+	return b
 }
 
 // opening is the first event of a stream, if the operation has one (chat:
@@ -73,8 +96,9 @@ func (s shape) opening() (any, bool) {
 		return nil, false
 	}
 	empty := ""
-	return api.ChatChunk{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model,
-		Choices: []api.ChatChunkChoice{{Delta: api.ChatDelta{Role: "assistant", Content: &empty}}}}, true
+	b := head[api.ChatChunkChoice, *api.Usage](s, "chat.completion.chunk")
+	b.Choices = []api.ChatChunkChoice{{Delta: api.ChatDelta{Role: "assistant", Content: &empty}}}
+	return b, true
 }
 
 // chunk is a stream event carrying text and, on the last one, the reason.
@@ -84,21 +108,25 @@ func (s shape) chunk(text string, reason *string) any {
 		if text != "" {
 			d.Content = &text
 		}
-		return api.ChatChunk{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model,
-			Choices: []api.ChatChunkChoice{{Delta: d, FinishReason: reason}}}
+		b := head[api.ChatChunkChoice, *api.Usage](s, "chat.completion.chunk")
+		b.Choices = []api.ChatChunkChoice{{Delta: d, FinishReason: reason}}
+		return b
 	}
-	return api.Completion{ID: s.id, Object: "text_completion", Created: s.created, Model: s.model,
-		Choices: []api.CompletionChoice{{Text: text, FinishReason: reason}}}
+	b := head[api.CompletionChoice, *api.Usage](s, "text_completion")
+	b.Choices = []api.CompletionChoice{{Text: text, FinishReason: reason}}
+	return b
 }
 
 // usage is the stream's usage event (stream_options.include_usage).
 func (s shape) usage(u api.Usage) any {
 	if s.chat() {
-		return api.ChatChunk{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model,
-			Choices: []api.ChatChunkChoice{}, Usage: &u}
+		b := head[api.ChatChunkChoice, *api.Usage](s, "chat.completion.chunk")
+		b.Choices, b.Usage = []api.ChatChunkChoice{}, &u
+		return b
 	}
-	return api.Completion{ID: s.id, Object: "text_completion", Created: s.created, Model: s.model,
-		Choices: []api.CompletionChoice{}, Usage: &u}
+	b := head[api.CompletionChoice, *api.Usage](s, "text_completion")
+	b.Choices, b.Usage = []api.CompletionChoice{}, &u
+	return b
 }
 
 // respond serves a non-streamed generation.
@@ -111,7 +139,7 @@ func (e *Engine) respond(w *statusWriter, r *http.Request, reqCtx context.Contex
 	}
 	ts.finish()
 	rec.status = http.StatusOK
-	writeJSON(w, http.StatusOK, newShape(rec).whole(echo+ts.all(), res.FinishReason, usage(rec.promptTokens, res)))
+	writeJSON(w, http.StatusOK, e.newShape(rec).whole(echo+ts.all(), res.FinishReason, usage(rec.promptTokens, res)))
 }
 
 // sseWriter writes server-sent events, flushing each (queue: not yet, the
@@ -168,7 +196,7 @@ func (e *Engine) stream(w *statusWriter, r *http.Request, reqCtx context.Context
 	w.WriteHeader(http.StatusOK)
 	rec.status = http.StatusOK
 	out := &sseWriter{w: w, rc: http.NewResponseController(w)}
-	sh := newShape(rec)
+	sh := e.newShape(rec)
 	if first, ok := sh.opening(); ok {
 		out.send(first)
 	}

@@ -120,6 +120,12 @@ type Config struct {
 	// EngineAPIKey, when set, is sent to the engines as "Authorization: Bearer <key>";
 	// otherwise the client's Authorization header is forwarded as it came.
 	EngineAPIKey string
+	// StackKey is the stack's shared secret (cb gateway --stack-key-file or CB_STACK_KEY):
+	// with prefill/decode routing, every X-CB-Decode-Engine the gateway sets carries its
+	// proof (X-CB-Decode-Auth, api.DecodeAuth), without which a prefill engine refuses the
+	// hand-over. Without it no proof is sent (cb gateway refuses --prefill/--decode without
+	// a key).
+	StackKey []byte
 	// MaxBufferedBody is the largest non-streamed engine response the gateway holds back
 	// until it is complete (so that an engine lost in the middle can still be failed over);
 	// a larger one is streamed through. Default 16 MiB.

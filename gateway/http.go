@@ -19,7 +19,15 @@ func (g *Gateway) newFront() *httpfront.Front {
 	return httpfront.New(httpfront.Config{
 		Component: "gateway", Addr: g.cfg.Addr, Settings: g.cfg.Settings, Logger: g.log,
 	}, httpfront.Handlers{
-		Generate: g.serveGenerate, Documents: g.serveDocuments, Models: g.serveModels, Health: g.serveHealth,
+		Generate: func(w *statusWriter, r *http.Request, op, route string, t0 time.Time) {
+			w, r = withRetryAfter(w, r)
+			g.serveGenerate(w, r, op, route, t0)
+		},
+		Documents: func(w *statusWriter, r *http.Request, route string, t0 time.Time) {
+			w, r = withRetryAfter(w, r)
+			g.serveDocuments(w, r, route, t0)
+		},
+		Models: g.serveModels, Health: g.serveHealth,
 		Metrics: metrics.Handler(g.gatherer, g.refreshEngineMetrics), Record: g.metrics.RecordHTTP,
 	})
 }
@@ -91,3 +99,31 @@ func (g *Gateway) serveHealth(w *statusWriter, _ *http.Request, _ string, _ time
 	w.Header().Set("Retry-After", retryAfter(g.cfg.HealthInterval))
 	httpfront.WriteJSON(w, http.StatusServiceUnavailable, b)
 }
+
+// withRetryAfter gives a routed request its retry ticket (the pool reads whether it is an
+// SDK's retry and, refusing it for a full queue, leaves the wait it expects) and makes the
+// 429 of such a refusal carry that wait as Retry-After and Retry-After-Ms, whatever the
+// handler set.
+func withRetryAfter(w *statusWriter, r *http.Request) (*statusWriter, *http.Request) {
+	tk := newTicket(r.Header)
+	w.ResponseWriter = &retryAfterWriter{ResponseWriter: w.ResponseWriter, tk: tk}
+	return w, r.WithContext(withTicket(r.Context(), tk))
+}
+
+// retryAfterWriter sets the ticket's Retry-After on a 429 written after the pool refused the
+// request.
+type retryAfterWriter struct {
+	http.ResponseWriter
+	tk *retryTicket
+}
+
+// WriteHeader implements http.ResponseWriter.
+func (w *retryAfterWriter) WriteHeader(code int) {
+	if code == http.StatusTooManyRequests && w.tk.wait > 0 {
+		retryAfterHeaders(w.Header(), w.tk.wait)
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *retryAfterWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net/http"
 	"net/url"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -174,6 +177,8 @@ type pool struct {
 	waiters list.List // of *waiter, oldest first
 	seq     uint64
 	closed  bool
+	drain   drainClock   // the queue's measured drain rate
+	resv    reservations // queue slots promised to refused requests (Retry-After)
 }
 
 // eligible reports whether engine u can take the job at all (healthy, not excluded); pool
@@ -221,12 +226,24 @@ func (p *pool) decide(j *routeJob, now time.Time) *lease {
 // slot and nobody waits, else after waiting in the queue (FIFO) until one frees up, ctx ends
 // (errQueueTimeout when its deadline passed, else ctx's error) or no engine is eligible any
 // more (errNoEngine). A full queue is errQueueFull.
+//
+// A full queue is full for a new request once the slots promised to refused clients that are
+// due take their room (reservations): a client's retry (retryTicket.retry) arriving when a
+// promised slot is due claims it and is queued even over MaxQueue (the promise is kept; the
+// promises are spaced at the drain rate and bounded by maxReservations). A refused request's
+// ticket gets the wait the pool expects before a slot is free for it (reserve).
 func (p *pool) acquire(ctx context.Context, j *routeJob) (*lease, error) {
 	t0 := time.Now()
+	tk := ticketFrom(ctx)
 	p.mu.Lock()
 	if p.closed || !p.anyEligible(j) {
 		p.mu.Unlock()
 		return nil, errNoEngine
+	}
+	p.resv.expire(t0)
+	claimed := tk != nil && tk.retry && !tk.claimed && p.resv.claim(t0)
+	if claimed {
+		tk.claimed = true // one claim per request, failovers included
 	}
 	if p.waiters.Len() == 0 {
 		if l := p.decide(j, t0); l != nil {
@@ -234,7 +251,15 @@ func (p *pool) acquire(ctx context.Context, j *routeJob) (*lease, error) {
 			return l, nil
 		}
 	}
-	if p.waiters.Len() >= p.maxQueue {
+	limit := p.maxQueue - p.resv.due(t0)
+	if claimed {
+		limit = p.maxQueue + maxReservations // the promised slot is kept
+	}
+	if p.waiters.Len() >= limit {
+		wait := p.reserve(t0, tk != nil && tk.holds)
+		if tk != nil {
+			tk.wait = wait
+		}
 		p.mu.Unlock()
 		return nil, errQueueFull
 	}
@@ -271,6 +296,9 @@ func (p *pool) release(l *lease) {
 		p.mu.Lock()
 		l.u.inFlight--
 		l.u.units -= l.units
+		if p.waiters.Len() > 0 {
+			p.drain.released(time.Now()) // a slot freed with requests waiting: the queue drains
+		}
 		p.dispatch()
 		p.mu.Unlock()
 	})
@@ -306,6 +334,7 @@ func (p *pool) dispatch() {
 
 // notifyQueue reports the queue length; pool lock held.
 func (p *pool) notifyQueue() {
+	p.drain.busy(p.waiters.Len() > 0, time.Now())
 	if p.onQueue != nil {
 		p.onQueue(p.waiters.Len())
 	}
@@ -401,4 +430,193 @@ type engineState struct {
 	fails    int // consecutive failed probes
 	inFlight int
 	load     float64
+}
+
+// Back-pressure: the Retry-After of a full queue (docs/design.md §10).
+const (
+	// drainWindow is how much of the queue's busy time (a request waiting) its drain rate is
+	// measured over.
+	drainWindow = 10 * time.Second
+	// minDrainSpan is the least busy time a rate is computed over (a few releases right
+	// after the queue filled do not make a rate of thousands).
+	minDrainSpan = 100 * time.Millisecond
+	// coldRetryAfter is the wait of a refusal before any slot freed with requests waiting
+	// (nothing measured yet): by then the rate is measured, and a retry refused again is told
+	// the measured wait.
+	coldRetryAfter = time.Second
+	// maxRetryAfter caps a wait: openai-node follows a Retry-After below 60 s (openai-go up
+	// to 2 min); beyond, clients fall back to their own short backoff.
+	maxRetryAfter = 59 * time.Second
+	// reservationGrace is how long a promised slot stays held after the whole seconds of its
+	// Retry-After (clients that read only Retry-After come back at the whole second).
+	reservationGrace = time.Second
+)
+
+// drainClock measures the queue's drain rate: the slots freed while requests waited, per
+// second of busy time (time with a request waiting), over the last drainWindow of busy
+// time. Idle time does not dilute it: a burst after a quiet minute is measured at the rate
+// the engines serve. Guarded by the pool's mutex; the zero value is ready.
+type drainClock struct {
+	acc   time.Duration   // busy time before since
+	since time.Time       // start of the current busy period; zero when idle
+	marks []time.Duration // busy-clock times of the slots freed, oldest first
+}
+
+// clock is the busy time up to now.
+func (d *drainClock) clock(now time.Time) time.Duration {
+	if d.since.IsZero() {
+		return d.acc
+	}
+	return d.acc + now.Sub(d.since)
+}
+
+// busy records whether requests wait from now on.
+func (d *drainClock) busy(b bool, now time.Time) {
+	switch {
+	case b && d.since.IsZero():
+		d.since = now
+	case !b && !d.since.IsZero():
+		d.acc += now.Sub(d.since)
+		d.since = time.Time{}
+	}
+}
+
+// released records a slot freed at now with requests waiting.
+func (d *drainClock) released(now time.Time) {
+	c := d.clock(now)
+	d.marks = append(d.marks, c)
+	d.trim(c)
+}
+
+func (d *drainClock) trim(c time.Duration) {
+	i := 0
+	for i < len(d.marks) && c-d.marks[i] > drainWindow {
+		i++
+	}
+	if i > 0 {
+		d.marks = append(d.marks[:0], d.marks[i:]...)
+	}
+}
+
+// rate returns the slots freed per second of busy time over the window, and false when
+// fewer than two were measured in it (the cold start).
+func (d *drainClock) rate(now time.Time) (float64, bool) {
+	c := d.clock(now)
+	d.trim(c)
+	if len(d.marks) < 2 {
+		return 0, false
+	}
+	span := max(min(c, drainWindow), minDrainSpan)
+	return float64(len(d.marks)) / span.Seconds(), true
+}
+
+// reservations are the queue slots promised to refused requests: each is due at the time its
+// Retry-After named and held until expires. While due, it keeps a new request out of the
+// queue's room; a client's retry claims it. Guarded by the pool's mutex; the zero value is
+// ready.
+type reservations struct {
+	held []reservation // by due time
+}
+
+type reservation struct{ due, expires time.Time }
+
+// maxReservations bounds the slots held (beyond it a refusal still gets its time, unheld).
+const maxReservations = 4096
+
+// expire drops the reservations past their expiry (clients that did not come back).
+func (r *reservations) expire(now time.Time) {
+	r.held = slices.DeleteFunc(r.held, func(x reservation) bool { return now.After(x.expires) })
+}
+
+// due counts the reservations due at now.
+func (r *reservations) due(now time.Time) int {
+	n := 0
+	for _, x := range r.held {
+		if x.due.After(now) {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// claim takes the earliest reservation due at now; false when none is.
+func (r *reservations) claim(now time.Time) bool {
+	if len(r.held) == 0 || r.held[0].due.After(now) {
+		return false
+	}
+	r.held = slices.Delete(r.held, 0, 1)
+	return true
+}
+
+// reserve returns the wait of a request refused at now: the time until the queue has room for
+// it, the slots promised before it (held) being served first, one per 1/rate at the measured
+// drain rate after the latest of them, at most maxRetryAfter; coldRetryAfter before any rate
+// was measured. hold keeps the slot for the request's retry. Pool lock held.
+func (p *pool) reserve(now time.Time, hold bool) time.Duration {
+	wait := coldRetryAfter
+	if r, ok := p.drain.rate(now); ok {
+		// Room frees once the requests queued beyond MaxQueue (kept promises) are
+		// dispatched, and after the slots promised before.
+		from := now.Add(time.Duration(float64(max(0, p.waiters.Len()+1-p.maxQueue)) / r * float64(time.Second)))
+		if n := len(p.resv.held); n > 0 && p.resv.held[n-1].due.After(from) {
+			from = p.resv.held[n-1].due
+		}
+		wait = min(from.Sub(now)+time.Duration(float64(time.Second)/r), maxRetryAfter)
+	}
+	if hold && len(p.resv.held) < maxReservations {
+		at := now.Add(wait)
+		secs := (wait + time.Second - 1) / time.Second * time.Second // when seconds-only clients come
+		i, _ := slices.BinarySearchFunc(p.resv.held, at, func(x reservation, t time.Time) int { return x.due.Compare(t) })
+		p.resv.held = slices.Insert(p.resv.held, i, reservation{due: at, expires: now.Add(secs + reservationGrace)})
+	}
+	return wait
+}
+
+// retryTicket is one request's part in the back-pressure, carried in its context from the
+// HTTP front (withRetryAfter) to the pool: whether the client retries as the OpenAI SDKs do,
+// and the wait the pool gave it when it refused it. Used by the request's goroutine only.
+type retryTicket struct {
+	// holds: the client counts its retries (X-Stainless-Retry-Count, sent by the official
+	// SDKs): a refusal holds a slot for its retry.
+	holds bool
+	// retry: the request is such a retry (count ≥ 1); it may claim a held slot.
+	retry   bool
+	claimed bool
+	// wait, when positive, is the Retry-After of the pool's refusal.
+	wait time.Duration
+}
+
+// HeaderRetryCount is the retry-count header of the OpenAI SDKs (0 on a first attempt).
+const HeaderRetryCount = "X-Stainless-Retry-Count"
+
+// newTicket reads a request's retry count.
+func newTicket(h http.Header) *retryTicket {
+	t := &retryTicket{}
+	if v := h.Get(HeaderRetryCount); v != "" {
+		if n, err := strconv.Atoi(v); err == nil && n >= 0 {
+			t.holds, t.retry = true, n > 0
+		}
+	}
+	return t
+}
+
+type ticketKey struct{}
+
+func withTicket(ctx context.Context, t *retryTicket) context.Context {
+	return context.WithValue(ctx, ticketKey{}, t)
+}
+
+// ticketFrom returns the request's ticket, nil when it has none.
+func ticketFrom(ctx context.Context) *retryTicket {
+	t, _ := ctx.Value(ticketKey{}).(*retryTicket)
+	return t
+}
+
+// retryAfterHeaders sets Retry-After (whole seconds, rounded up, at least 1) and Retry-After-Ms
+// (milliseconds, rounded up, at least 1; the OpenAI SDKs prefer it) for a wait.
+func retryAfterHeaders(h http.Header, wait time.Duration) {
+	ms := max(1, int64((wait+time.Millisecond-1)/time.Millisecond))
+	h.Set("Retry-After", strconv.FormatInt(max(1, (ms+999)/1000), 10))
+	h.Set("Retry-After-Ms", strconv.FormatInt(ms, 10))
 }

@@ -79,6 +79,19 @@ func allFacades(t testing.TB) map[string]*prometheus.Registry {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := NewStorageMetrics(regs[contract.OwnerBlend]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewFleetTrust(regs[contract.OwnerBlend]); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []string{contract.OwnerEngine, contract.OwnerWorker} {
+		hs, err := NewHandoffSecurityMetrics(regs[o])
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs.Refused(RefusedBadSignature)
+	}
 	p, err := NewProcessMetrics(regs[contract.OwnerProcess], BuildInfo{Service: "cb-engine", Version: "v0.1.0"},
 		func() TraceTotals { return TraceTotals{SpansDropped: 3, ExportErrors: 1} })
 	if err != nil {
@@ -610,6 +623,15 @@ func TestFacadesShareOneRegistry(t *testing.T) {
 		t.Fatal(err)
 	}
 	exerciseGateway(t, g)
+	if _, err := NewFleetTrust(reg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewStorageMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewHandoffSecurityMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
 	fams := gather(t, reg)
 	if v := value(fams, "cb_kv_transfer_bytes_total", map[string]string{"direction": "load"}); v != 4096 {
 		t.Errorf("load bytes %v", v)
@@ -927,6 +949,15 @@ func TestFreshFacadesStartAtZero(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := NewBlendMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewStorageMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewFleetTrust(reg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewHandoffSecurityMetrics(reg); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := NewProcessMetrics(reg, BuildInfo{Service: "cb-blend", Version: "v1"}, nil); err != nil {

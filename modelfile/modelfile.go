@@ -1,6 +1,7 @@
 package modelfile
 
 import (
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -98,10 +99,22 @@ func (f *File) ChatOptions(addGenerationPrompt bool) chat.Options {
 // vocabulary asks for it and the template did not write it. It fails when
 // the file has no template or the template fails on msgs.
 func (f *File) ChatTokens(msgs []chat.Message) ([]int32, string, error) {
+	return f.ChatTokensTools(msgs, nil)
+}
+
+// ChatTokensTools is ChatTokens with the request's tools (a JSON array of
+// OpenAI tool objects; nil or empty for none) given to the template as its
+// tools variable, as transformers' apply_chat_template(tools=...) does.
+// A template that does not use tools ignores them.
+func (f *File) ChatTokensTools(msgs []chat.Message, tools json.RawMessage) ([]int32, string, error) {
 	if f.Template == nil {
 		return nil, "", fmt.Errorf("model %s has no chat template", f.Name)
 	}
-	text, err := f.Template.Render(msgs, f.ChatOptions(true))
+	o := f.ChatOptions(true)
+	if len(tools) > 0 {
+		o.Extra = map[string]any{"tools": tools}
+	}
+	text, err := f.Template.Render(msgs, o)
 	if err != nil {
 		return nil, "", err
 	}

@@ -3,6 +3,7 @@ package stack
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -46,6 +47,10 @@ func (s *Stack) onReady(r Ready) {
 		ep = &s.eps.Blend
 	case "cb-gateway":
 		ep = s.eps.Gateway
+	case "redis-server":
+		if s.eps.Redis != nil && s.eps.Redis.PID != 0 {
+			s.eps.Redis.PID = r.PID
+		}
 	}
 	if ep != nil && ep.PID != 0 { // 0: the first start, recorded by Up
 		ep.PID = r.PID
@@ -89,22 +94,37 @@ func (s *Stack) refreshNodes() {
 // access.
 var ErrStateDirAccess = errors.New("stack: state directory is accessible to other users")
 
-// MakeStateDir creates dir (and its parents) with mode 0700 when missing,
-// and checks an existing one: a directory of this user that group and
-// others cannot access (ErrStateDirAccess otherwise).
+// ErrStateDirUnsafe reports a state directory that is a symbolic link, not
+// a directory, or owned by another user: Up refuses it rather than write
+// (and remove files) where the link points.
+var ErrStateDirUnsafe = errors.New("stack: unsafe state directory")
+
+// MakeStateDir creates dir (its missing parents the usual way, dir itself
+// with mode 0700) when missing, and checks it without following a symbolic
+// link at dir: a directory (ErrStateDirUnsafe for a link or anything else)
+// of this user (ErrStateDirUnsafe) that group and others cannot access
+// (ErrStateDirAccess).
 func MakeStateDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("stack: state directory: %w", err)
+	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+			return fmt.Errorf("stack: state directory: %w", err)
+		}
+		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("stack: state directory: %w", err)
+		}
 	}
-	fi, err := os.Stat(dir)
+	fi, err := os.Lstat(dir)
 	if err != nil {
 		return fmt.Errorf("stack: state directory: %w", err)
 	}
-	if !fi.IsDir() {
-		return fmt.Errorf("stack: state directory %s is not a directory", dir)
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return fmt.Errorf("%w: %s is a symbolic link (not followed: give the directory itself)", ErrStateDirUnsafe, dir)
+	case !fi.IsDir():
+		return fmt.Errorf("%w: %s is not a directory", ErrStateDirUnsafe, dir)
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Getuid() {
-		return fmt.Errorf("stack: state directory %s belongs to uid %d, not %d", dir, st.Uid, os.Getuid())
+		return fmt.Errorf("%w: %s belongs to uid %d, not %d", ErrStateDirUnsafe, dir, st.Uid, os.Getuid())
 	}
 	if fi.Mode().Perm()&0o077 != 0 {
 		return fmt.Errorf("%w: %s has mode %v (want 0700: chmod 700 it)", ErrStateDirAccess, dir, fi.Mode().Perm())
@@ -134,11 +154,11 @@ func OpenLogFile(dir, name string) (*os.File, error) {
 	if err := MakeStateDir(dir); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(logs, 0o700); err != nil {
+	if err := MakeStateDir(logs); err != nil {
 		return nil, fmt.Errorf("stack: logs directory: %w", err)
 	}
 	path := filepath.Join(logs, name+"-"+time.Now().UTC().Format("20060102-150405.000")+".log")
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("stack: log file: %w", err)
 	}

@@ -38,6 +38,11 @@ type Spec struct {
 	Args []string
 	// Env is added to the supervisor's environment.
 	Env []string
+	// Probe, when set, replaces the READY line for a process that prints
+	// none (redis-server): the process is ready once Probe returns nil,
+	// polled every 50 ms while it runs (each call bounded by its ctx, 2 s);
+	// its Ready then has Service Name and no values.
+	Probe func(ctx context.Context) error
 }
 
 // Ready is what a process announced on stdout when ready: a line
@@ -216,7 +221,38 @@ func (s *Supervisor) launch(p *proc, readyCh chan<- Ready) (<-chan struct{}, err
 		_ = cmd.Wait()
 		close(exited)
 	}()
+	if p.spec.Probe != nil {
+		s.wg.Go(func() { s.probe(p, cmd.Process.Pid, exited, readyCh) })
+	}
 	return exited, nil
+}
+
+// probe polls p's Probe until it passes (then p is ready, as if it had
+// printed READY) or the process exits.
+func (s *Supervisor) probe(p *proc, pid int, exited <-chan struct{}, readyCh chan<- Ready) {
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := p.spec.Probe(ctx)
+		cancel()
+		if err == nil {
+			r := Ready{Service: p.spec.Name, Values: map[string]string{}, PID: pid}
+			p.mu.Lock()
+			p.ready = &r
+			p.mu.Unlock()
+			if readyCh != nil {
+				readyCh <- r
+			}
+			if s.cfg.OnReady != nil {
+				s.cfg.OnReady(r)
+			}
+			return
+		}
+		select {
+		case <-exited:
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 func parseReady(line string) (Ready, bool) {

@@ -15,6 +15,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if out := os.Getenv(upChildEnv); out != "" {
+		os.Exit(upChild(out)) // a cb up that TestSIGKILLedUpLeavesNoKeys kills
+	}
 	if os.Getenv(fakeEnv) != "" {
 		os.Exit(fakeCB(os.Args[1:]))
 	}

@@ -41,6 +41,7 @@ func fakeCB(args []string) int {
 	fs.String("kv-socket", "", "")
 	fs.String("blend-kv-socket", "", "")
 	l2Dir := fs.String("l2-dir", "", "")
+	l2Bytes := fs.String("l2-bytes", "", "")
 	fs.String("redis-url", "", "")
 	var files mtls.Files
 	fs.StringVar(&files.Cert, "tls-cert", "", "")
@@ -52,7 +53,7 @@ func fakeCB(args []string) int {
 		return 2
 	}
 	role := mtls.Role("cb-" + cmd)
-	got := map[string]any{"files": files, "l2_dir": *l2Dir}
+	got := map[string]any{"files": files, "l2_dir": *l2Dir, "l2_bytes": *l2Bytes, "redis_url_env": os.Getenv("CB_BLEND_REDIS_URL")}
 	if files.Enabled() {
 		id, err := mtls.Load(files, role)
 		if err != nil {
@@ -184,8 +185,8 @@ func TestUpBadCertificateFails(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "exit status 3") {
 		t.Fatalf("Up = %v, want the worker's exit", err)
 	}
-	if left, _ := filepath.Glob(filepath.Join(tmp, "cb-up-tls-*")); len(left) > 0 {
-		t.Errorf("certificate directory left behind: %v", left)
+	if left, _ := filepath.Glob(filepath.Join(tmp, runDirPrefix+"*")); len(left) > 0 {
+		t.Errorf("run directory (certificates) left behind: %v", left)
 	}
 }
 

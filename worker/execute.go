@@ -254,7 +254,7 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 		if secret := sq.GetHandoffSecret(); len(secret) > 0 {
 			// Handed over to a decode engine: keep the prompt's KV for its
 			// read; this worker computes nothing more for the request.
-			if err := w.keepKV(id, secret, bt, len(st.prompt)); err != nil {
+			if err := w.keepKV(id, secret, bt, st.prompt); err != nil {
 				return &cbv1.SeqOutput{RequestId: id, Error: "hand-over: " + err.Error()}
 			}
 			delete(w.seqs, id)

@@ -69,6 +69,7 @@ type keep struct {
 	secret   []byte
 	bt       []int32
 	nTokens  int
+	hashes   []kvcache.BlockHash // per block of bt: the chain hash of the prompt tokens it holds
 	deadline time.Time
 	reading  bool
 	cancel   context.CancelFunc // of the read in progress
@@ -89,10 +90,26 @@ type handoffs struct {
 	released []string // keeps ended since the last Execute response
 	peers    map[string]*grpc.ClientConn
 	closed   bool
+	refused  *metrics.HandoffSecurityMetrics // pulls refused (block_mismatch)
 }
 
-func newHandoffs() *handoffs {
-	return &handoffs{keeps: map[string]*keep{}, pulls: map[string]*pull{}, peers: map[string]*grpc.ClientConn{}}
+func newHandoffs(refused *metrics.HandoffSecurityMetrics) *handoffs {
+	return &handoffs{keeps: map[string]*keep{}, pulls: map[string]*pull{}, peers: map[string]*grpc.ClientConn{}, refused: refused}
+}
+
+// blockHashes returns the chain hash (kvcache.HashBlock) of every block of
+// a prompt of tokens in blocks of blockSize, the last, partial block
+// included: equal hashes at block i mean equal tokens up to its end.
+func blockHashes(tokens []int32, blockSize int) []kvcache.BlockHash {
+	out := kvcache.ChainHashes(make([]kvcache.BlockHash, 0, (len(tokens)+blockSize-1)/blockSize), tokens, blockSize)
+	if tail := len(tokens) % blockSize; tail > 0 {
+		var parent kvcache.BlockHash
+		if len(out) > 0 {
+			parent = out[len(out)-1]
+		}
+		out = append(out, kvcache.HashBlock(parent, tokens[len(tokens)-tail:]))
+	}
+	return out
 }
 
 // gauges publishes the hand-over counts; called with mu held.
@@ -101,9 +118,10 @@ func (w *Worker) gauges() {
 	w.metrics.SetKVHandoffs(metrics.HandoffPulling, len(w.ho.pulls))
 }
 
-// keepKV keeps the prompt's KV of request id (its block table bt, nTokens
-// tokens) for one read with secret. It fails when MaxKeeps are kept.
-func (w *Worker) keepKV(id string, secret []byte, bt []int32, nTokens int) error {
+// keepKV keeps the prompt's KV of request id (its block table bt, the
+// prompt's tokens) for one read with secret. It fails when MaxKeeps are
+// kept.
+func (w *Worker) keepKV(id string, secret []byte, bt []int32, prompt []int32) error {
 	if len(secret) != SecretBytes {
 		return fmt.Errorf("handoff_secret of %d bytes, want %d", len(secret), SecretBytes)
 	}
@@ -117,8 +135,8 @@ func (w *Worker) keepKV(id string, secret []byte, bt []int32, nTokens int) error
 	if len(ho.keeps) >= w.cfg.MaxKeeps {
 		return fmt.Errorf("%d hand-overs kept already (the limit)", len(ho.keeps))
 	}
-	ho.keeps[id] = &keep{secret: slices.Clone(secret), bt: slices.Clone(bt), nTokens: nTokens,
-		deadline: time.Now().Add(w.cfg.KeepTimeout)}
+	ho.keeps[id] = &keep{secret: slices.Clone(secret), bt: slices.Clone(bt), nTokens: len(prompt),
+		hashes: blockHashes(prompt, w.cfg.BlockSize), deadline: time.Now().Add(w.cfg.KeepTimeout)}
 	w.gauges()
 	return nil
 }
@@ -280,7 +298,7 @@ func (s *kvService) ReadKV(req *cbv1.ReadKVRequest, stream grpc.ServerStreamingS
 		ho.mu.Unlock()
 	}()
 
-	sctx := telemetry.ExtractString(ctx, req.GetTraceContext())
+	sctx := telemetry.ExtractStrings(ctx, req.GetTraceContext(), req.GetTraceState())
 	_, sp := w.spans.Start(sctx, spanname.KVSend, trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(attrRequestID.String(id), attribute.Int("from_block", int(req.GetFromBlock()))))
 	bytes, blocks, err := w.sendBlocks(ctx, stream, k, int(req.GetFromBlock()))
@@ -310,7 +328,11 @@ func (w *Worker) sendBlocks(ctx context.Context, stream grpc.ServerStreamingServ
 		}
 		n := min(batch, len(k.bt)-first)
 		data := packBlocks(w.kv, k.bt, first, n, k.nTokens)
-		if err := stream.Send(&cbv1.KVBlocks{FirstBlock: int32(first), NBlocks: int32(n), Data: data}); err != nil {
+		hashes := make([][]byte, n)
+		for i := range n {
+			hashes[i] = k.hashes[first+i][:]
+		}
+		if err := stream.Send(&cbv1.KVBlocks{FirstBlock: int32(first), NBlocks: int32(n), Data: data, BlockHashes: hashes}); err != nil {
 			return sent, blocks, err
 		}
 		sent += int64(len(data))
@@ -430,6 +452,8 @@ func (w *Worker) checkPull(req *cbv1.PullKVRequest) error {
 		return fmt.Errorf("secret of %d bytes, want %d", len(req.GetSecret()), SecretBytes)
 	case n < 1 || n > w.model.Config().MaxPositions:
 		return fmt.Errorf("n_tokens %d outside [1, %d]", n, w.model.Config().MaxPositions)
+	case len(req.GetTokens()) != n:
+		return fmt.Errorf("%d prompt tokens for n_tokens %d", len(req.GetTokens()), n)
 	case len(bt) != (n+bs-1)/bs:
 		return fmt.Errorf("block table of %d blocks for %d tokens, want %d", len(bt), n, (n+bs-1)/bs)
 	case len(bt) > w.cfg.NumBlocks:
@@ -509,14 +533,20 @@ func (w *Worker) PullKV(ctx context.Context, req *cbv1.PullKVRequest) (*cbv1.Pul
 		ho.mu.Unlock()
 	}()
 
-	sctx := telemetry.ExtractString(pctx, req.GetTraceContext())
+	sctx := telemetry.ExtractStrings(pctx, req.GetTraceContext(), req.GetTraceState())
 	sctx, sp := w.spans.Start(sctx, spanname.KVReceive, trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(attrRequestID.String(id), attribute.String("source", req.GetSource()),
 			attribute.Int("from_block", int(req.GetFromBlock()))))
 	bytes, blocks, err := w.receiveBlocks(sctx, req)
 	sp.SetAttributes(attribute.Int64("bytes", bytes), attribute.Int("blocks", blocks))
 	if err != nil {
-		sp.SetError("kv_receive_failed", err)
+		code := "kv_receive_failed"
+		if errors.Is(err, errBlockMismatch) {
+			code = "block_mismatch"
+			w.ho.refused.Refused(metrics.RefusedBlockMismatch)
+			err = status.Errorf(codes.PermissionDenied, "pull: %v", err)
+		}
+		sp.SetError(code, err)
 		sp.End()
 		if _, ok := status.FromError(err); !ok || status.Code(err) == codes.Unknown {
 			err = status.Errorf(codes.Aborted, "pull: %v", err)
@@ -535,9 +565,11 @@ func (w *Worker) receiveBlocks(ctx context.Context, req *cbv1.PullKVRequest) (in
 	}
 	defer done()
 	bt, n := req.GetBlockTable(), int(req.GetNTokens())
+	want := blockHashes(req.GetTokens(), w.cfg.BlockSize)
 	next := int(req.GetFromBlock())
+	tp, ts := telemetry.InjectStrings(ctx)
 	stream, err := cbv1.NewKVTransferServiceClient(conn).ReadKV(ctx, &cbv1.ReadKVRequest{
-		RequestId: req.GetRequestId(), TraceContext: telemetry.InjectString(ctx), Secret: req.GetSecret(),
+		RequestId: req.GetRequestId(), TraceContext: tp, TraceState: ts, Secret: req.GetSecret(),
 		FromBlock: int32(next), NTokens: int32(n), Layout: w.layoutProto(), Model: w.kvModel,
 	})
 	if err != nil {
@@ -561,6 +593,17 @@ func (w *Worker) receiveBlocks(ctx context.Context, req *cbv1.PullKVRequest) (in
 		if want := chunkBytes(l, first, cnt, n); len(msg.GetData()) != want {
 			return got, blocks, status.Errorf(codes.DataLoss, "pull: %d bytes for blocks [%d, %d), want %d", len(msg.GetData()), first, first+cnt, want)
 		}
+		// The keeper says which tokens each block holds: a block of other
+		// tokens than the prompt's is refused before anything of it is
+		// written (the decode engine then commits none of the pull).
+		if hs := msg.GetBlockHashes(); len(hs) != cnt {
+			return got, blocks, fmt.Errorf("%w: %d block hashes for %d blocks", errBlockMismatch, len(hs), cnt)
+		}
+		for i, h := range msg.GetBlockHashes() {
+			if string(h) != string(want[first+i][:]) {
+				return got, blocks, fmt.Errorf("%w: block %d of request %s holds other tokens than the prompt's", errBlockMismatch, first+i, req.GetRequestId())
+			}
+		}
 		if err := ctx.Err(); err != nil { // stopped (finished id, timeout): write nothing more
 			return got, blocks, status.FromContextError(err).Err()
 		}
@@ -574,6 +617,10 @@ func (w *Worker) receiveBlocks(ctx context.Context, req *cbv1.PullKVRequest) (in
 	}
 	return got, blocks, nil
 }
+
+// errBlockMismatch marks a pull refused because a block the source sent
+// holds other tokens than the prompt the decode engine pulls for.
+var errBlockMismatch = errors.New("KV block mismatch")
 
 // peer returns a connection to the worker at addr (cached, at most
 // maxPeerConns; beyond, a connection of its own that done closes).

@@ -99,7 +99,7 @@ func TestHandOverEqualsOneWorker(t *testing.T) {
 				generate(t, b, "pre-"+tc.name, pre, len(pre), 1, bt[:tc.from])
 			}
 			resp, err := b.client.PullKV(context.Background(), &cbv1.PullKVRequest{RequestId: id, Source: a.w.Addr(), Secret: secret,
-				BlockTable: bt, FromBlock: int32(tc.from), NTokens: int32(len(p))})
+				BlockTable: bt, FromBlock: int32(tc.from), NTokens: int32(len(p)), Tokens: p})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -143,7 +143,7 @@ func TestReadKVRefusals(t *testing.T) {
 	p := prompt(40)
 	prefillFor(t, a, "k", p, blocks(0, 3), nil)
 	pull := func(mut func(*cbv1.PullKVRequest)) error {
-		req := &cbv1.PullKVRequest{RequestId: "k", Source: a.w.Addr(), Secret: secret, BlockTable: blocks(5, 3), NTokens: 40}
+		req := &cbv1.PullKVRequest{RequestId: "k", Source: a.w.Addr(), Secret: secret, BlockTable: blocks(5, 3), NTokens: 40, Tokens: p}
 		mut(req)
 		_, err := b.client.PullKV(context.Background(), req)
 		return err
@@ -156,7 +156,8 @@ func TestReadKVRefusals(t *testing.T) {
 	}{
 		{"unknown request", func(r *cbv1.PullKVRequest) { r.RequestId = "nope" }, codes.NotFound},
 		{"wrong secret", func(r *cbv1.PullKVRequest) { r.Secret = wrong }, codes.PermissionDenied},
-		{"other prompt length", func(r *cbv1.PullKVRequest) { r.NTokens, r.BlockTable = 33, blocks(5, 3) }, codes.InvalidArgument},
+		{"other prompt length", func(r *cbv1.PullKVRequest) { r.NTokens, r.BlockTable, r.Tokens = 33, blocks(5, 3), p[:33] }, codes.InvalidArgument},
+		{"tokens not n_tokens", func(r *cbv1.PullKVRequest) { r.Tokens = p[:39] }, codes.InvalidArgument},
 		{"short secret", func(r *cbv1.PullKVRequest) { r.Secret = secret[:8] }, codes.InvalidArgument},
 		{"block outside the pool", func(r *cbv1.PullKVRequest) { r.BlockTable = []int32{5, 6, 64} }, codes.InvalidArgument},
 		{"negative block", func(r *cbv1.PullKVRequest) { r.BlockTable = []int32{5, -1, 7} }, codes.InvalidArgument},
@@ -179,7 +180,7 @@ func TestReadKVRefusals(t *testing.T) {
 	// A layout that differs (another model width) is refused by the keeper.
 	c := startWith(t, Config{}, func(m *Config) { m.Model.KVHeads = 4 })
 	if _, err := c.client.PullKV(context.Background(), &cbv1.PullKVRequest{RequestId: "k", Source: a.w.Addr(), Secret: secret,
-		BlockTable: blocks(0, 3), NTokens: 40}); status.Code(err) != codes.FailedPrecondition {
+		BlockTable: blocks(0, 3), NTokens: 40, Tokens: p}); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("other layout: %v", err)
 	}
 	// Failed attempts did not consume the keep; a good read does, once.
@@ -202,7 +203,7 @@ func TestFinishedStopsPullAndReleasesKeep(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() {
 		_, err := b.client.PullKV(context.Background(), &cbv1.PullKVRequest{RequestId: "slow", Source: a.w.Addr(), Secret: secret,
-			BlockTable: blocks(20, 13), NTokens: 200})
+			BlockTable: blocks(20, 13), NTokens: 200, Tokens: p})
 		errc <- err
 	}()
 	deadline := time.Now().Add(10 * time.Second)
@@ -309,7 +310,7 @@ func TestKVTransferRoles(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_, err := cbv1.NewWorkerServiceClient(c).PullKV(ctx, &cbv1.PullKVRequest{RequestId: "x", Secret: secret, NTokens: 1,
-			BlockTable: []int32{0}, Source: b.Addr()})
+			BlockTable: []int32{0}, Source: b.Addr(), Tokens: []int32{1}})
 		return err
 	}
 	info := func(c *grpc.ClientConn) error {
@@ -423,17 +424,18 @@ func BenchmarkKVHandOver(b *testing.B) {
 			a, d := start(), start()
 			const n = 2048
 			bt := blocks(0, n/16)
+			p := make([]int32, n)
 			// The KV content does not matter for the copy: keep the
 			// (zero) memory directly instead of prefilling.
 			b.SetBytes(int64(n) * a.kv.Layout().TokenBytes())
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
 				rid := fmt.Sprintf("b%d", i)
-				if err := a.keepKV(rid, secret, bt, n); err != nil {
+				if err := a.keepKV(rid, secret, bt, p); err != nil {
 					b.Fatal(err)
 				}
 				if _, err := d.PullKV(context.Background(), &cbv1.PullKVRequest{RequestId: rid, Source: a.Addr(), Secret: secret,
-					BlockTable: blocks(128, n/16), NTokens: n}); err != nil {
+					BlockTable: blocks(128, n/16), NTokens: n, Tokens: p}); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -452,7 +454,7 @@ func FuzzCheckPull(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { w.Shutdown(context.Background()) })
-	seed, _ := proto.Marshal(&cbv1.PullKVRequest{RequestId: "r", Source: "127.0.0.1:1", Secret: secret, BlockTable: blocks(3, 3), FromBlock: 1, NTokens: 40})
+	seed, _ := proto.Marshal(&cbv1.PullKVRequest{RequestId: "r", Source: "127.0.0.1:1", Secret: secret, BlockTable: blocks(3, 3), FromBlock: 1, NTokens: 40, Tokens: make([]int32, 40)})
 	f.Add(seed)
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -480,4 +482,115 @@ func FuzzCheckPull(f *testing.F) {
 			t.Fatalf("chunk bytes %d for %d tokens", got, n)
 		}
 	})
+}
+
+// TestPullRefusesOtherTokens replays a forged hand-over at the workers: the
+// decode worker pulls prompt A's keep (its id and secret, captured) for the
+// tokens of another prompt B. The keeper's block hashes are A's, so the
+// pull is refused (PermissionDenied) before anything is written, the
+// refusal is counted (cb_handoff_refused_total{reason="block_mismatch"}),
+// and the decode worker's blocks keep what they held. The same keep pulled
+// for its own tokens is taken, whole and from a later block.
+func TestPullRefusesOtherTokens(t *testing.T) {
+	a, b := start(t, Config{}), start(t, Config{})
+	pa, pb := prompt(100), otherPrompt(100)
+	for _, tc := range []struct {
+		name   string
+		tokens []int32 // the tokens the decode engine pulls for
+		from   int
+		ok     bool
+	}{
+		{"other prompt", pb, 0, false},
+		{"other prompt from block 3", pb, 3, false},
+		{"one token differs in the partial block", append(slices.Clone(pa[:99]), pa[99]+1), 0, false},
+		{"own prompt", pa, 0, true},
+		{"own prompt from block 3", pa, 3, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := "forged-" + tc.name
+			prefillFor(t, a, id, pa, blocks(0, 7), nil)
+			bt := blocks(20, 7)
+			// The decode worker's blocks hold B's KV: a refused pull leaves it.
+			generate(t, b, "victim-"+tc.name, pb, len(pb), 1, bt)
+			before := packBlocks(b.w.kv, bt, 0, 7, len(pb))
+			_, err := b.client.PullKV(context.Background(), &cbv1.PullKVRequest{RequestId: id, Source: a.w.Addr(), Secret: secret,
+				BlockTable: bt, FromBlock: int32(tc.from), NTokens: int32(len(tc.tokens)), Tokens: tc.tokens})
+			after := packBlocks(b.w.kv, bt, 0, 7, len(pb))
+			if tc.ok {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if bytes.Equal(before[len(before)/2:], after[len(after)/2:]) {
+					t.Fatal("a pull for the keep's own tokens wrote nothing")
+				}
+			} else {
+				if status.Code(err) != codes.PermissionDenied {
+					t.Fatalf("pull for other tokens: %v, want PermissionDenied", err)
+				}
+				if !bytes.Equal(before, after) {
+					t.Fatal("a refused pull wrote into the decode worker's blocks")
+				}
+			}
+			if _, err := b.client.Execute(context.Background(), &cbv1.ExecuteRequest{FinishedRequestIds: []string{id, "victim-" + tc.name}}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	if v := counterValue(t, b.reg, "cb_handoff_refused_total", "reason", "block_mismatch"); v != 3 {
+		t.Errorf("block_mismatch refusals counted %v, want 3", v)
+	}
+}
+
+// counterValue reads one counter series from reg.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return -1
+}
+
+// TestHandOverTraceState: the decode engine's trace context and W3C
+// tracestate (PullKVRequest.trace_state) reach kv.receive on the decode
+// worker and, through ReadKVRequest.trace_state, kv.send on the prefill
+// worker: the caller's vendor entries are on every span of a hand-over.
+func TestHandOverTraceState(t *testing.T) {
+	a, b := start(t, Config{}), start(t, Config{})
+	p := prompt(40)
+	prefillFor(t, a, "ts", p, blocks(0, 3), nil)
+	const (
+		tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+		ts = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
+	)
+	if _, err := b.client.PullKV(context.Background(), &cbv1.PullKVRequest{RequestId: "ts", Source: a.w.Addr(), Secret: secret,
+		BlockTable: blocks(5, 3), NTokens: 40, Tokens: p, TraceContext: tp, TraceState: ts}); err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]string{}
+	for _, s := range append(a.rec.Ended(), b.rec.Ended()...) {
+		if s.Name() == spanname.KVSend || s.Name() == spanname.KVReceive {
+			found[s.Name()] = s.SpanContext().TraceState().String()
+			if got := s.SpanContext().TraceID().String(); got != "4bf92f3577b34da6a3ce929d0e0e4736" {
+				t.Errorf("%s in trace %s", s.Name(), got)
+			}
+		}
+	}
+	for _, name := range []string{spanname.KVReceive, spanname.KVSend} {
+		if found[name] != ts {
+			t.Errorf("%s tracestate %q, want %q", name, found[name], ts)
+		}
+	}
 }

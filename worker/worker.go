@@ -340,6 +340,12 @@ func New(cfg Config, deps Deps) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: metrics: %w", err)
 	}
+	sec, err := metrics.NewHandoffSecurityMetrics(d.Registerer, metrics.WithOnRefused(func(err error) {
+		d.Logger.Warn("metrics record refused", "err", err)
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("worker: metrics: %w", err)
+	}
 	return &Worker{
 		cfg:     cfg,
 		logger:  d.Logger,
@@ -349,7 +355,7 @@ func New(cfg Config, deps Deps) (*Worker, error) {
 		life:    lifecycle{grpcOpts: d.GRPCServerOptions, stop: make(chan struct{})},
 		seqs:    make(map[string]*seqState),
 		stores:  storeQueue{sem: make(chan struct{}, cfg.MaxPendingStores)},
-		ho:      newHandoffs(),
+		ho:      newHandoffs(sec),
 		dial:    deps.DialPeer,
 		group:   rankGroup{reducer: deps.Reducer, peers: deps.Peers, world: 1},
 	}, nil

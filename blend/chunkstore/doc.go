@@ -20,6 +20,17 @@
 // crash and never wrong KV. [Store.GetMany] is the sparse prefetch: L1 hits
 // directly, L2 misses read in one coalesced parallel batch.
 //
+// The L2 directory is opened without following a symbolic link at it and
+// must belong to this process's user ([MakeDir], ErrUnsafeDir); files are
+// read with O_NOFOLLOW. The store deletes only files it can tell it wrote
+// (its temp-file names, and chunk files it evicts): a chunk file that does
+// not decode is renamed aside to <name>.corrupt, never deleted. A failed L2
+// write (a full disk) leaves the chunk in L1, returns an [L2WriteError]
+// (InL1, DiskFull), sets Stats.DiskFull and Stats.LastWriteError, and keeps
+// the chunk pending: after a later L2 write succeeds the store writes a few
+// pending chunks again, so a document stored while the disk was full
+// becomes durable once there is room ([Store.Durable]).
+//
 // Evictions are counted per tier and reported through Config.OnEvict, called
 // without store locks held, so a fingerprint table can mark chunks stale.
 package chunkstore

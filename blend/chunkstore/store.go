@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -30,7 +31,38 @@ var (
 	// ErrLayoutMismatch reports a chunk whose layout differs from
 	// Config.Layout, or that exceeds Config.ChunkSize tokens.
 	ErrLayoutMismatch = errors.New("chunkstore: chunk layout mismatch")
+	// ErrL2Write marks a chunk whose L2 file could not be written (a full
+	// disk, an I/O error): see L2WriteError.
+	ErrL2Write = errors.New("chunkstore: chunk file not written")
+	// ErrUnsafeDir reports an L2 directory that is a symbolic link, not a
+	// directory, or not owned by this process's user.
+	ErrUnsafeDir = errors.New("chunkstore: unsafe L2 directory")
 )
+
+// L2WriteError is the error of a Put whose chunk file could not be
+// written. InL1 reports that the chunk is nevertheless held in memory (it
+// is then not durable: a restart loses it; the store writes it again after
+// a later write succeeds, see Stats.PendingL2). DiskFull reports ENOSPC or
+// EDQUOT. errors.Is(err, ErrL2Write) holds.
+type L2WriteError struct {
+	Key      Key
+	InL1     bool
+	DiskFull bool
+	Err      error
+}
+
+// Error names the chunk and the cause.
+func (e *L2WriteError) Error() string {
+	return fmt.Sprintf("chunkstore: chunk %s not written to L2: %v", e.Key, e.Err)
+}
+
+// Unwrap returns ErrL2Write and the cause.
+func (e *L2WriteError) Unwrap() []error { return []error{ErrL2Write, e.Err} }
+
+// IsDiskFull reports whether err is a full disk or an exhausted quota.
+func IsDiskFull(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
 
 // Tier names where a chunk is held.
 type Tier uint8
@@ -105,6 +137,21 @@ type Stats struct {
 	L2ReadBytes       int64 // bytes read from chunk files
 	L2WrittenBytes    int64 // bytes written to chunk files
 	StaleTempsRemoved int64 // leftover temp files removed by New
+	// Quarantined counts L2 files that did not decode, renamed aside to
+	// <name>.corrupt (never deleted: the store only deletes files it can
+	// tell it wrote).
+	Quarantined int64
+	// PendingL2 is the number of chunks held in L1 only because their L2
+	// write failed (not durable: a restart loses them); the store writes
+	// them again, a few after each successful L2 write. LostPendingL2
+	// counts those evicted from L1 before that happened.
+	PendingL2     int
+	LostPendingL2 int64
+	// DiskFull is true from an L2 write that failed with ENOSPC or EDQUOT
+	// until the next successful one; LastWriteError is the last failed L2
+	// write's error ("" when none failed since the last success).
+	DiskFull       bool
+	LastWriteError string
 }
 
 // LoadStats describes one GetMany call (the sparse prefetch and its coalesced
@@ -157,6 +204,13 @@ type Store struct {
 	l2order list.List // front = oldest written
 	l2bytes int64
 
+	pmu     sync.Mutex       // guards pending
+	pending map[Key]struct{} // in L1, L2 write failed (see Stats.PendingL2)
+
+	wmu      sync.Mutex // guards lastWErr
+	lastWErr string
+	diskFull atomic.Bool
+
 	storeCounters
 }
 
@@ -166,11 +220,17 @@ type storeCounters struct {
 	l1evict, l2evict, l1rej, l2rej     atomic.Int64
 	corrupt, readErrs, writeErrs       atomic.Int64
 	l2readBytes, l2written, staleTemps atomic.Int64
+	quarantined, lostPending           atomic.Int64
 }
 
+// maxRepairPerPut bounds the pending chunks one successful L2 write
+// writes again (so a Put after a full disk freed up stays short).
+const maxRepairPerPut = 4
+
 const (
-	fileExt    = ".chunk"
-	tempPrefix = ".tmp-"
+	fileExt       = ".chunk"
+	tempPrefix    = ".tmp-"
+	quarantineExt = ".corrupt"
 )
 
 // New returns a store for cfg. With a Dir it creates the directory, removes
@@ -197,7 +257,7 @@ func New(cfg Config) (*Store, error) {
 			return nil, fmt.Errorf("chunkstore: config layout: %w", err)
 		}
 	}
-	s := &Store{cfg: cfg, l1: make(map[Key]*l1Entry), l2: make(map[Key]*l2Entry)}
+	s := &Store{cfg: cfg, l1: make(map[Key]*l1Entry), l2: make(map[Key]*l2Entry), pending: make(map[Key]struct{})}
 	if cfg.Dir != "" {
 		if err := s.scanDir(); err != nil {
 			return nil, err
@@ -207,8 +267,8 @@ func New(cfg Config) (*Store, error) {
 }
 
 func (s *Store) scanDir() error {
-	if err := os.MkdirAll(s.cfg.Dir, 0o700); err != nil {
-		return fmt.Errorf("chunkstore: create L2 directory: %w", err)
+	if err := MakeDir(s.cfg.Dir); err != nil {
+		return err
 	}
 	entries, err := os.ReadDir(s.cfg.Dir)
 	if err != nil {
@@ -222,7 +282,7 @@ func (s *Store) scanDir() error {
 	var files []found
 	for _, e := range entries {
 		name := e.Name()
-		if strings.HasPrefix(name, tempPrefix) {
+		if isTempName(name) && e.Type().IsRegular() {
 			if os.Remove(filepath.Join(s.cfg.Dir, name)) == nil {
 				s.staleTemps.Add(1)
 			}
@@ -249,6 +309,53 @@ func (s *Store) scanDir() error {
 	evicted := s.l2enforce(Key{}, false)
 	s.l2mu.Unlock()
 	s.notify(evicted)
+	return nil
+}
+
+// isTempName reports whether name is a temp file this store creates
+// (.tmp-<key>-<random digits>): the only names New removes unread.
+func isTempName(name string) bool {
+	rest, ok := strings.CutPrefix(name, tempPrefix)
+	if !ok {
+		return false
+	}
+	k, suffix, ok := strings.Cut(rest, "-")
+	if _, err := ParseKey(k); err != nil || !ok || suffix == "" {
+		return false
+	}
+	return strings.Trim(suffix, "0123456789") == ""
+}
+
+// MakeDir creates dir (mode 0700) when missing, without following a
+// symbolic link at dir itself, and checks it: a directory (not a link)
+// owned by this process's user (ErrUnsafeDir otherwise). The L2 directory
+// and the blend server's sequences directory are made with it.
+func MakeDir(dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		if !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("chunkstore: create L2 directory: %w", err)
+		}
+		// A missing parent: created the usual way, then dir itself.
+		if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+			return fmt.Errorf("chunkstore: create L2 directory: %w", err)
+		}
+		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("chunkstore: create L2 directory: %w", err)
+		}
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("chunkstore: L2 directory: %w", err)
+	}
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return fmt.Errorf("%w: %s is a symbolic link (not followed)", ErrUnsafeDir, dir)
+	case !fi.IsDir():
+		return fmt.Errorf("%w: %s is not a directory", ErrUnsafeDir, dir)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Getuid() {
+		return fmt.Errorf("%w: %s belongs to uid %d, not %d", ErrUnsafeDir, dir, st.Uid, os.Getuid())
+	}
 	return nil
 }
 
@@ -283,10 +390,86 @@ func (s *Store) Put(c *Chunk) error {
 			s.puts.Add(1)
 			return nil
 		}
-		return err
+		if errors.Is(err, ErrTooLarge) {
+			return err
+		}
+		// Still in L1 (unless evicted meanwhile): pending, written again
+		// after a later write succeeds.
+		if inL1 && s.Contains(c.Key) == TierL1 {
+			s.pmu.Lock()
+			s.pending[c.Key] = struct{}{}
+			s.pmu.Unlock()
+		} else {
+			inL1 = false
+		}
+		return &L2WriteError{Key: c.Key, InL1: inL1, DiskFull: IsDiskFull(err), Err: err}
 	}
 	s.puts.Add(1)
+	s.repairPending()
 	return nil
+}
+
+// repairPending writes again, after a successful L2 write, up to
+// maxRepairPerPut chunks whose earlier L2 write failed and that L1 still
+// holds; it stops at the first failure.
+func (s *Store) repairPending() {
+	s.pmu.Lock()
+	if len(s.pending) == 0 {
+		s.pmu.Unlock()
+		return
+	}
+	keys := make([]Key, 0, maxRepairPerPut)
+	for k := range s.pending {
+		if len(keys) == maxRepairPerPut {
+			break
+		}
+		keys = append(keys, k)
+		delete(s.pending, k)
+	}
+	s.pmu.Unlock()
+	for i, k := range keys {
+		c := s.l1peek(k)
+		if c == nil || s.inL2(k) {
+			continue // evicted (counted then) or written meanwhile
+		}
+		if err := s.writeL2(c); err != nil {
+			s.pmu.Lock()
+			for _, k := range keys[i:] {
+				s.pending[k] = struct{}{}
+			}
+			s.pmu.Unlock()
+			return
+		}
+	}
+}
+
+// l1peek returns key's chunk in L1 without touching the LRU order.
+func (s *Store) l1peek(key Key) *Chunk {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.l1[key]; ok {
+		return e.chunk
+	}
+	return nil
+}
+
+// Durable reports whether key's chunk is in a tier that survives a
+// restart: its L2 file is indexed (with an L2), or, without an L2, whether
+// L1 holds it (there is nothing more durable to claim).
+func (s *Store) Durable(key Key) bool {
+	if s.cfg.Dir == "" {
+		return s.Contains(key) == TierL1
+	}
+	return s.inL2(key)
+}
+
+// writeFailed records a failed L2 write (disk-full state, last error).
+func (s *Store) writeFailed(err error) {
+	s.writeErrs.Add(1)
+	s.diskFull.Store(IsDiskFull(err))
+	s.wmu.Lock()
+	s.lastWErr = err.Error()
+	s.wmu.Unlock()
 }
 
 // admit inserts chunks into L1 (most recent last), evicting LRU entries to
@@ -323,6 +506,16 @@ func (s *Store) admit(chunks []*Chunk) int {
 		}
 	}
 	s.mu.Unlock()
+	if len(evicted) > 0 {
+		s.pmu.Lock()
+		for _, ev := range evicted {
+			if _, ok := s.pending[ev.key]; ok {
+				delete(s.pending, ev.key)
+				s.lostPending.Add(1)
+			}
+		}
+		s.pmu.Unlock()
+	}
 	s.notify(evicted)
 	return n
 }
@@ -337,14 +530,15 @@ func (s *Store) writeL2(c *Chunk) error {
 	}
 	f, err := os.CreateTemp(s.cfg.Dir, tempPrefix+c.Key.String()+"-*")
 	if err != nil {
-		s.writeErrs.Add(1)
-		return fmt.Errorf("chunkstore: create chunk file: %w", err)
+		err = fmt.Errorf("chunkstore: create chunk file: %w", err)
+		s.writeFailed(err)
+		return err
 	}
 	tmp := f.Name()
 	fail := func(err error) error {
 		f.Close()
 		os.Remove(tmp)
-		s.writeErrs.Add(1)
+		s.writeFailed(err)
 		return err
 	}
 	written, err := writeChunk(f, c)
@@ -358,22 +552,37 @@ func (s *Store) writeL2(c *Chunk) error {
 	}
 	if err := f.Close(); err != nil {
 		os.Remove(tmp)
-		s.writeErrs.Add(1)
-		return fmt.Errorf("chunkstore: close chunk file: %w", err)
+		err = fmt.Errorf("chunkstore: close chunk file: %w", err)
+		s.writeFailed(err)
+		return err
 	}
 	s.l2mu.Lock()
 	if err := os.Rename(tmp, s.path(c.Key)); err != nil {
 		s.l2mu.Unlock()
 		os.Remove(tmp)
-		s.writeErrs.Add(1)
-		return fmt.Errorf("chunkstore: rename chunk file: %w", err)
+		err = fmt.Errorf("chunkstore: rename chunk file: %w", err)
+		s.writeFailed(err)
+		return err
 	}
 	s.l2add(c.Key, written)
 	evicted := s.l2enforce(c.Key, true)
 	s.l2mu.Unlock()
 	s.l2written.Add(written)
+	s.diskFull.Store(false)
+	s.wmu.Lock()
+	s.lastWErr = ""
+	s.wmu.Unlock()
+	s.pmu.Lock()
+	delete(s.pending, c.Key)
+	s.pmu.Unlock()
 	s.notify(evicted)
 	return nil
+}
+
+func (s *Store) lastWriteError() string {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	return s.lastWErr
 }
 
 // l2add records (or re-records as newest) a file. Caller holds l2mu.
@@ -392,10 +601,15 @@ func (s *Store) l2add(k Key, size int64) {
 
 // l2drop forgets a file and removes it. Caller holds l2mu.
 func (s *Store) l2drop(e *l2Entry) {
+	s.l2forget(e)
+	os.Remove(s.path(e.key))
+}
+
+// l2forget forgets a file, leaving it on disk. Caller holds l2mu.
+func (s *Store) l2forget(e *l2Entry) {
 	s.l2order.Remove(e.elem)
 	delete(s.l2, e.key)
 	s.l2bytes -= e.size
-	os.Remove(s.path(e.key))
 }
 
 // l2enforce evicts the oldest files (never keep, when skip) until the L2
@@ -489,7 +703,8 @@ func (s *Store) inL2(key Key) bool {
 // Get returns the chunk for key and the tier that served it: L1, else the L2
 // file (then promoted to L1). A missing key returns ErrNotFound; a corrupt
 // file (bad magic, version, checksum, truncation, wrong key or layout) is
-// removed, counted and returns an error wrapping ErrCorrupt; the chunk is
+// forgotten and renamed aside (<name>.corrupt, Stats.Quarantined), counted
+// and returns an error wrapping ErrCorrupt; the chunk is
 // then nil and the tier TierNone.
 func (s *Store) Get(key Key) (*Chunk, Tier, error) {
 	if c := s.l1get(key); c != nil {
@@ -539,18 +754,17 @@ func (s *Store) loadL2(key Key) (*Chunk, int64, error) {
 	}
 }
 
-// forgetL2 drops key from the L2 index (and its file when remove) and
-// notifies OnEvict.
-func (s *Store) forgetL2(key Key, remove bool) {
+// forgetL2 drops key from the L2 index and notifies OnEvict; with
+// quarantine its file, which did not decode, is renamed aside to
+// <name>.corrupt (never deleted: it may not be this store's; a later scan
+// ignores it).
+func (s *Store) forgetL2(key Key, quarantine bool) {
 	s.l2mu.Lock()
 	e, ok := s.l2[key]
 	if ok {
-		if remove {
-			s.l2drop(e)
-		} else {
-			s.l2order.Remove(e.elem)
-			delete(s.l2, key)
-			s.l2bytes -= e.size
+		s.l2forget(e)
+		if quarantine && os.Rename(s.path(key), s.path(key)+quarantineExt) == nil {
+			s.quarantined.Add(1)
 		}
 	}
 	s.l2mu.Unlock()
@@ -668,6 +882,11 @@ func (s *Store) Stats() Stats {
 	st.Corrupt, st.ReadErrors, st.WriteErrors = s.corrupt.Load(), s.readErrs.Load(), s.writeErrs.Load()
 	st.L2ReadBytes, st.L2WrittenBytes = s.l2readBytes.Load(), s.l2written.Load()
 	st.StaleTempsRemoved = s.staleTemps.Load()
+	st.Quarantined, st.LostPendingL2 = s.quarantined.Load(), s.lostPending.Load()
+	s.pmu.Lock()
+	st.PendingL2 = len(s.pending)
+	s.pmu.Unlock()
+	st.DiskFull, st.LastWriteError = s.diskFull.Load(), s.lastWriteError()
 	return st
 }
 

@@ -410,8 +410,11 @@ func writeFile(t *testing.T, p string, b []byte) {
 
 func TestAtomicWriteLeavesNoTemps(t *testing.T) {
 	dir := t.TempDir()
-	// A temp file of an interrupted write is removed on start.
-	writeFile(t, filepath.Join(dir, tempPrefix+"abc-123"), []byte("partial"))
+	// A temp file of an interrupted write is removed on start; a file
+	// that only looks like one (not this store's name pattern) is left.
+	writeFile(t, filepath.Join(dir, tempPrefix+randChunk(t, 7, 4).Key.String()+"-123"), []byte("partial"))
+	notOurs := filepath.Join(dir, tempPrefix+"abc-123")
+	writeFile(t, notOurs, []byte("someone else's"))
 	s, err := New(Config{Dir: dir, Sync: true})
 	if err != nil {
 		t.Fatal(err)
@@ -419,6 +422,10 @@ func TestAtomicWriteLeavesNoTemps(t *testing.T) {
 	if s.Stats().StaleTempsRemoved != 1 {
 		t.Fatalf("stale temps removed = %d", s.Stats().StaleTempsRemoved)
 	}
+	if _, err := os.Stat(notOurs); err != nil {
+		t.Fatalf("a file not of this store's temp pattern was removed: %v", err)
+	}
+	os.Remove(notOurs)
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Go(func() {

@@ -105,7 +105,7 @@ func DefaultSpanDefs() ([]SpanDef, error) {
 	defs := []SpanDef{
 		{
 			Name: spanname.CBLookup, Start: LookupStart, End: LookupEnd,
-			EndAttrs:     append(append([]attribute.Key(nil), lookupStats...), AttrPrefixChunks),
+			EndAttrs:     append(append([]attribute.Key(nil), lookupStats...), AttrPrefixChunks, "pending_wait_ms"),
 			StampRoot:    append(append([]attribute.Key(nil), lookupStats...), AttrLookup),
 			RootFallback: true,
 		},
@@ -131,7 +131,7 @@ func DefaultSpanDefs() ([]SpanDef, error) {
 		},
 		{
 			Name: spanname.CBClassify, Start: ClassifyStart, End: ClassifyEnd,
-			EndAttrs: []attribute.Key{AttrFound, AttrStale, AttrPerRankOK},
+			EndAttrs: []attribute.Key{AttrFound, AttrStale, AttrPerRankOK, "pending"},
 		},
 		{Name: spanname.CBRetrieve, Start: RetrieveStart, End: RetrieveEnd, RootFallback: true, GatesRoot: true},
 		{

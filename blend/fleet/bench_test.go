@@ -26,7 +26,7 @@ var benchLayout = chunkstore.Layout{NumLayers: 12, KVHeads: 2, HeadDim: 32, RoPE
 // ratio of their throughputs is reported in the README.
 func BenchmarkFleetRead(b *testing.B) {
 	srv := redistest.Start(b, redistest.Options{})
-	tier, err := New(Config{URL: srv.URL(), OpTimeout: 5 * time.Second}, nil)
+	tier, err := New(Config{URL: srv.URL(), Key: testKey, OpTimeout: 5 * time.Second}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func BenchmarkFleetRead(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(size)
 		for b.Loop() {
-			got, _, err := tier.GetChunks(ctx, ns, rank0Refs(keys), benchLayout)
+			got, _, err := tier.GetChunks(ctx, ns, rank0Refs(keys), benchLayout, 256)
 			if err != nil || len(got) != len(keys) {
 				b.Fatalf("%d chunks, %v", len(got), err)
 			}
@@ -95,7 +95,7 @@ func BenchmarkFleetRead(b *testing.B) {
 // the round trips (2 at most) and the probes.
 func BenchmarkCoordinatorMatch(b *testing.B) {
 	srv := redistest.Start(b, redistest.Options{})
-	tier, err := New(Config{URL: srv.URL(), OpTimeout: 10 * time.Second, CoordinatorTimeout: 10 * time.Second, WriteQueue: 1 << 14}, nil)
+	tier, err := New(Config{URL: srv.URL(), Key: testKey, OpTimeout: 10 * time.Second, CoordinatorTimeout: 10 * time.Second, WriteQueue: 1 << 14}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

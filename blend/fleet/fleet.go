@@ -11,7 +11,9 @@ import (
 	"log/slog"
 	"math"
 	"net/url"
+	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,6 +34,7 @@ const (
 	DefaultRetryQueue         = 4096
 	DefaultRetryMinBackoff    = 100 * time.Millisecond
 	DefaultRetryMaxBackoff    = 5 * time.Second
+	DefaultHealthMaxAge       = time.Second
 	// MaxSequenceTokens bounds a directory sequence read back from Redis.
 	MaxSequenceTokens = 1 << 20
 )
@@ -46,6 +49,14 @@ type Config struct {
 	// rediss:// (TLS). A cluster is named by redis://…?addr=host2:port2
 	// (more seed nodes) or ?cluster=true: a Redis Cluster client is used.
 	URL string
+	// Key is the fleet key (required, at least MinKeyLen bytes): every value
+	// written is sealed with an HMAC-SHA256 under it, every value read is
+	// checked against it (see auth.go). Every node of a fleet has the same
+	// key; Redis never sees it.
+	Key []byte
+	// HealthMaxAge is how old the last Redis outcome may be before Health
+	// probes Redis again (one PING within the OpTimeout). Default 1 s.
+	HealthMaxAge time.Duration
 	// OpTimeout bounds one Redis round trip of the data path (chunk reads
 	// and writes, directory writes). Default 250 ms.
 	OpTimeout time.Duration
@@ -93,6 +104,9 @@ func (c Config) withDefaults() Config {
 		c.RetryMaxBackoff = DefaultRetryMaxBackoff
 	}
 	c.RetryMaxBackoff = max(c.RetryMaxBackoff, c.RetryMinBackoff)
+	if c.HealthMaxAge <= 0 {
+		c.HealthMaxAge = DefaultHealthMaxAge
+	}
 	return c
 }
 
@@ -110,6 +124,15 @@ type Stats struct {
 	RetryQueued                                             int
 	// Coordinator matches by outcome.
 	Matches, MatchTimeouts, MatchErrors uint64
+	// Values read from Redis and refused (each also a miss, and counted in
+	// Corrupt for a chunk), by reason: no valid tag under the fleet key
+	// (another fleet's key, tampered, moved from another key, or of the
+	// unauthenticated version 1 format), larger than the layout allows (not
+	// read past the bound), authenticated but malformed, a chunk with
+	// non-finite K/V. WritesRefused counts local chunks with non-finite K/V
+	// that were not written to Redis.
+	RefusedUnauthenticated, RefusedOversize, RefusedMalformed, RefusedNonFinite uint64
+	WritesRefused                                                               uint64
 }
 
 // Tier is the fleet tier of one blend server: chunks shared by many nodes in
@@ -129,8 +152,19 @@ type Tier struct {
 	stopped bool
 
 	retry retryQueue
+	seal  sealer
+
+	probeMu sync.Mutex // one Health probe at a time
+	hmu     sync.Mutex
+	hstate  healthState
 
 	tierCounters
+}
+
+// healthState is the outcome of the last Redis operations (guarded by hmu).
+type healthState struct {
+	lastOK, lastErrAt time.Time
+	lastErr           string
 }
 
 // write is one queued write: a chunk or a sequence's directory entries.
@@ -158,6 +192,9 @@ type tierCounters struct {
 	pending                                    atomic.Int64 // writes queued or running
 	retriesQueued, retriesOK, retriesFailed    atomic.Uint64
 	retriesDropped                             atomic.Uint64
+	refusedUnauth, refusedOversize             atomic.Uint64
+	refusedMalformed, refusedNonFinite         atomic.Uint64
+	writesRefused                              atomic.Uint64
 }
 
 // Group follows the writes of one stored document (its chunks on every rank
@@ -264,6 +301,9 @@ func New(cfg Config, logger *slog.Logger) (*Tier, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := CheckKey(cfg.Key); err != nil {
+		return nil, err
+	}
 	opts.DialTimeout = max(opts.DialTimeout, cfg.OpTimeout)
 	opts.ReadTimeout, opts.WriteTimeout = cfg.OpTimeout, cfg.OpTimeout
 	opts.ContextTimeoutEnabled = true
@@ -275,6 +315,7 @@ func New(cfg Config, logger *slog.Logger) (*Tier, error) {
 		cfg: cfg, client: redis.NewUniversalClient(opts), log: logger,
 		queue: make(chan *write, cfg.WriteQueue), stop: make(chan struct{}),
 		retry: retryQueue{cap: cfg.RetryQueue, kick: make(chan struct{}, 1)},
+		seal:  sealer{key: append([]byte(nil), cfg.Key...)},
 	}, nil
 }
 
@@ -544,6 +585,9 @@ func (t *Tier) Stats() Stats {
 		Matches:      t.matches.Load(), MatchTimeouts: t.matchTimeouts.Load(), MatchErrors: t.matchErrs.Load(),
 		RetriesQueued: t.retriesQueued.Load(), RetriesOK: t.retriesOK.Load(), RetriesFailed: t.retriesFailed.Load(),
 		RetriesDropped: t.retriesDropped.Load(), RetryQueued: t.retryLen(),
+		RefusedUnauthenticated: t.refusedUnauth.Load(), RefusedOversize: t.refusedOversize.Load(),
+		RefusedMalformed: t.refusedMalformed.Load(), RefusedNonFinite: t.refusedNonFinite.Load(),
+		WritesRefused: t.writesRefused.Load(),
 	}
 }
 
@@ -581,22 +625,30 @@ func fpKey(ns string, fp uint64) string { return "cb:" + ns + ":f:" + strconv.Fo
 func seqKey(ns, id string) string       { return "cb:" + ns + ":s:" + id }
 
 // PutChunk writes c, rank c.Rank's chunk of the rank-0 chunk base (c.Key
-// for rank 0), under ns, asynchronously, as a write of g (nil: untracked);
-// a failed write is retried from the retry queue. False when the write was
+// for rank 0), under ns, asynchronously, as a write of g (nil: untracked),
+// sealed with the fleet key; a failed write is retried from the retry
+// queue. A chunk whose K/V is not finite is never written (counted in
+// WritesRefused; the write counts as done). False when the write was
 // dropped (queue full).
 func (t *Tier) PutChunk(ns string, base chunkstore.Key, c *chunkstore.Chunk, g *Group) bool {
 	return t.enqueue(g, func(ctx context.Context) error {
+		if !finite(c.KV) {
+			t.writesRefused.Add(1)
+			t.log.Warn("fleet: chunk with non-finite K/V not shared", "key", c.Key.String(), "rank", c.Rank)
+			return nil // retrying cannot help
+		}
 		b, err := chunkstore.EncodeChunk(c)
 		if err != nil {
 			t.writeErrs.Add(1)
 			return nil // retrying cannot help
 		}
-		return t.set(ctx, chunkKey(ns, Ref{base, c.Rank}), b)
+		key := chunkKey(ns, Ref{base, c.Rank})
+		return t.set(ctx, key, t.seal.seal(kindChunk, key, chunkLayout(c.Layout, c.Rank), b))
 	})
 }
 
 func (t *Tier) set(ctx context.Context, key string, b []byte) error {
-	if err := t.client.Set(ctx, key, b, 0).Err(); err != nil {
+	if err := t.observe(t.client.Set(ctx, key, b, 0).Err()); err != nil {
 		t.writeErrs.Add(1)
 		t.log.Debug("fleet write failed", "key", key, "err", err)
 		return t.wrap(err)
@@ -630,19 +682,23 @@ func (t *Tier) RegisterSequence(ns string, tab *fingerprint.Table, seq fingerpri
 			fps = append(fps, entry{fp, i})
 		}
 	}
+	sk := seqKey(ns, id)
+	sealed := t.seal.seal(kindSequence, sk, nil, body)
+	size := strconv.Itoa(len(sealed))
 	return t.enqueue(g, func(ctx context.Context) error {
 		pipe := t.client.Pipeline()
-		pipe.Set(ctx, seqKey(ns, id), body, 0)
+		pipe.Set(ctx, sk, sealed, 0)
 		for _, e := range fps {
-			pipe.Set(ctx, fpKey(ns, e.fp), id+":"+strconv.Itoa(e.chunk), 0)
+			fk := fpKey(ns, e.fp)
+			pipe.Set(ctx, fk, t.seal.seal(kindFP, fk, nil, []byte(id+":"+strconv.Itoa(e.chunk)+":"+size)), 0)
 		}
-		if _, err := pipe.Exec(ctx); err != nil {
+		if _, err := t.observeExec(pipe.Exec(ctx)); err != nil {
 			t.writeErrs.Add(1)
 			t.log.Debug("fleet directory write failed", "err", err)
 			return t.wrap(err)
 		}
 		t.writes.Add(uint64(1 + len(fps)))
-		t.bytesWritten.Add(uint64(len(body)))
+		t.bytesWritten.Add(uint64(len(sealed)))
 		return nil
 	})
 }
@@ -703,54 +759,232 @@ type LoadStats struct {
 }
 
 // GetChunks reads the chunks of refs under ns in one pipelined batch (one
-// round trip per shard). A value that does not decode, is of another rank,
-// holds another key than a rank-0 ref's Base, or another layout than want
-// (when want is set) is a miss, counted, never returned. err is set when
-// the batch failed as a whole (Redis down, timeout): every ref is then a
-// miss.
-func (t *Tier) GetChunks(ctx context.Context, ns string, keys []Ref, want chunkstore.Layout) (map[Ref]*chunkstore.Chunk, LoadStats, error) {
+// round trip per shard). want is the layout the chunks must have and
+// maxTokens (chunkstore.DefaultChunkSize when <= 0) the most tokens one
+// holds: each value is read only up to the most such a chunk can be
+// (MaxChunkValue, with GETRANGE), so a larger one is refused without being
+// read whole. A value is then opened (its fleet-key tag checked against its
+// key name and want) before it is decoded. A value that is larger, not
+// authenticated, does not decode, is of another rank, holds another key
+// than a rank-0 ref's Base or another layout than want, or whose K/V is not
+// finite is a miss, counted (Corrupt and Stats.Refused*), never returned.
+// err is set when the batch failed as a whole (Redis down, timeout, want
+// invalid): every ref is then a miss.
+func (t *Tier) GetChunks(ctx context.Context, ns string, keys []Ref, want chunkstore.Layout, maxTokens int) (map[Ref]*chunkstore.Chunk, LoadStats, error) {
 	st := LoadStats{Keys: len(keys)}
 	if len(keys) == 0 {
 		return nil, st, nil
 	}
+	if err := want.Validate(); err != nil {
+		t.misses.Add(uint64(len(keys)))
+		st.Misses = len(keys)
+		return nil, st, fmt.Errorf("fleet: get chunks: %w", err)
+	}
+	if maxTokens <= 0 {
+		maxTokens = chunkstore.DefaultChunkSize
+	}
+	limit := MaxChunkValue(want, min(maxTokens, chunkstore.MaxChunkTokens))
 	t0 := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, t.cfg.OpTimeout)
 	defer cancel()
 	pipe := t.client.Pipeline()
+	names := make([]string, len(keys))
 	cmds := make([]*redis.StringCmd, len(keys))
 	for i, k := range keys {
-		cmds[i] = pipe.Get(ctx, chunkKey(ns, k))
+		names[i] = chunkKey(ns, k)
+		cmds[i] = pipe.GetRange(ctx, names[i], 0, limit) // at most limit+1 bytes
 	}
-	_, err := pipe.Exec(ctx)
+	_, err := t.observeExec(pipe.Exec(ctx))
 	st.Duration = time.Since(t0)
-	if err != nil && !errors.Is(err, redis.Nil) {
+	if batchFailed(err) {
 		t.readErrs.Add(1)
 		t.misses.Add(uint64(len(keys)))
 		st.Misses = len(keys)
 		return nil, st, t.wrap(err)
 	}
+	// The checks (mostly the HMAC, ~1 ms per MiB) run on up to GOMAXPROCS
+	// goroutines, joined before returning.
+	opened := make([]*chunkstore.Chunk, len(keys))
+	errs := make([]error, len(keys))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(len(keys), runtime.GOMAXPROCS(0)) {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < len(keys); i = int(next.Add(1) - 1) {
+				b, err := cmds[i].Bytes() // ours: a copy of the reply
+				switch {
+				case err != nil && isWrongType(err):
+					errs[i] = errCorrupt
+				case err != nil || len(b) == 0:
+					errs[i] = redis.Nil
+				default:
+					opened[i], errs[i] = t.openChunk(names[i], keys[i], want, b, limit)
+				}
+			}
+		})
+	}
+	wg.Wait()
 	out := make(map[Ref]*chunkstore.Chunk, len(keys))
 	for i, k := range keys {
-		b, err := cmds[i].Bytes()
-		if err != nil {
+		switch err := errs[i]; {
+		case err == redis.Nil:
 			st.Misses++
-			continue
-		}
-		c, err := chunkstore.DecodeOwnedChunk(b) // b is ours: a copy of the reply
-		if err != nil || c.Rank != k.Rank || (k.Rank == 0 && c.Key != k.Base) || (want != (chunkstore.Layout{}) && c.Layout != want) {
+		case err != nil:
+			t.refuse(err)
+			t.log.Debug("fleet chunk refused", "key", names[i], "err", err)
 			st.Corrupt++
 			st.Misses++
-			continue
+		default:
+			out[k] = opened[i]
+			st.Hits++
+			st.Bytes += int64(cmdLen(cmds[i]))
 		}
-		out[k] = c
-		st.Hits++
-		st.Bytes += int64(len(b))
 	}
 	t.hits.Add(uint64(st.Hits))
 	t.misses.Add(uint64(st.Misses))
 	t.corrupt.Add(uint64(st.Corrupt))
 	t.bytesRead.Add(uint64(st.Bytes))
 	return out, st, nil
+}
+
+func cmdLen(c *redis.StringCmd) int {
+	b, _ := c.Bytes()
+	return len(b)
+}
+
+// openChunk checks a chunk value b read (at most limit+1 bytes) from key
+// name for ref k: size, tag, encoding, identity and layout, finite K/V.
+func (t *Tier) openChunk(name string, k Ref, want chunkstore.Layout, b []byte, limit int64) (*chunkstore.Chunk, error) {
+	if int64(len(b)) > limit {
+		return nil, errOversize
+	}
+	body, err := t.seal.open(kindChunk, name, chunkLayout(want, k.Rank), b)
+	if err != nil {
+		return nil, err
+	}
+	c, err := chunkstore.DecodeOwnedChunk(body)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errCorrupt, err)
+	}
+	if c.Rank != k.Rank || (k.Rank == 0 && c.Key != k.Base) || c.Layout != want {
+		return nil, fmt.Errorf("%w: rank %d key %s layout %+v", errCorrupt, c.Rank, c.Key, c.Layout)
+	}
+	if !finite(c.KV) {
+		return nil, errNonFinite
+	}
+	return c, nil
+}
+
+// refuse counts a value refused for err.
+func (t *Tier) refuse(err error) {
+	switch {
+	case errors.Is(err, errOversize):
+		t.refusedOversize.Add(1)
+	case errors.Is(err, errUnauthenticated):
+		t.refusedUnauth.Add(1)
+	case errors.Is(err, errNonFinite):
+		t.refusedNonFinite.Add(1)
+	default:
+		t.refusedMalformed.Add(1)
+	}
+}
+
+// isWrongType reports a command's WRONGTYPE reply: a key holding another
+// type than a string (planted by someone else): a refused value, not a
+// Redis failure.
+func isWrongType(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "WRONGTYPE")
+}
+
+// batchFailed reports whether a pipeline's error is a failure of Redis
+// (down, timeout, auth) rather than a missing key or a value of another
+// type.
+func batchFailed(err error) bool {
+	return err != nil && !errors.Is(err, redis.Nil) && !isWrongType(err)
+}
+
+// observe records the outcome of a Redis call for Health and returns err.
+// A missing key or a value of another type is an answer: Redis is up.
+func (t *Tier) observe(err error) error {
+	now := time.Now()
+	t.hmu.Lock()
+	if batchFailed(err) {
+		t.hstate.lastErrAt, t.hstate.lastErr = now, redactErr(err)
+	} else {
+		t.hstate.lastOK = now
+	}
+	t.hmu.Unlock()
+	return err
+}
+
+func (t *Tier) observeExec(cmds []redis.Cmder, err error) ([]redis.Cmder, error) {
+	return cmds, t.observe(err)
+}
+
+// redactErr is err's message without a password a URL in it may carry.
+func redactErr(err error) string {
+	msg := err.Error()
+	for _, f := range strings.Fields(msg) {
+		if strings.Contains(f, "://") && URLHasPassword(f) {
+			msg = strings.ReplaceAll(msg, f, redactURL(f))
+		}
+	}
+	return msg
+}
+
+// Health is the fleet tier's state as shown by a node's /health.
+type Health struct {
+	// Reachable: the last Redis call (or probe) was answered.
+	Reachable bool
+	// LastError is the last Redis failure (timeout, refused connection,
+	// auth), at LastErrorAt; empty when none since start.
+	LastError   string
+	LastErrorAt time.Time
+	// RetryQueued is the writes waiting on the retry queue.
+	RetryQueued int
+	// Refused is the values read from Redis and refused (every reason).
+	Refused uint64
+}
+
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// Health returns the fleet tier's state. When the last Redis outcome is
+// older than Config.HealthMaxAge it probes Redis first (one PING within the
+// OpTimeout; one probe at a time). Safe for concurrent use.
+func (t *Tier) Health(ctx context.Context) Health {
+	t.hmu.Lock()
+	last := latest(t.hstate.lastOK, t.hstate.lastErrAt)
+	t.hmu.Unlock()
+	if time.Since(last) > t.cfg.HealthMaxAge {
+		t.probeMu.Lock()
+		t.hmu.Lock()
+		fresh := time.Since(latest(t.hstate.lastOK, t.hstate.lastErrAt)) <= t.cfg.HealthMaxAge
+		t.hmu.Unlock()
+		if !fresh {
+			_ = t.Ping(ctx)
+		}
+		t.probeMu.Unlock()
+	}
+	return t.LastHealth()
+}
+
+// LastHealth is Health without a probe: the state as of the last Redis
+// call (Reachable is false before any). Safe for concurrent use.
+func (t *Tier) LastHealth() Health {
+	st := t.Stats()
+	t.hmu.Lock()
+	defer t.hmu.Unlock()
+	return Health{
+		Reachable: !t.hstate.lastOK.IsZero() && !t.hstate.lastOK.Before(t.hstate.lastErrAt),
+		LastError: t.hstate.lastErr, LastErrorAt: t.hstate.lastErrAt, RetryQueued: st.RetryQueued,
+		Refused: st.RefusedUnauthenticated + st.RefusedOversize + st.RefusedMalformed + st.RefusedNonFinite,
+	}
 }
 
 func (t *Tier) wrap(err error) error {
@@ -810,50 +1044,65 @@ func (t *Tier) match(ctx context.Context, ns string, tab *fingerprint.Table, pro
 	seen := make(map[uint64]bool, len(probes))
 	pipe := t.client.Pipeline()
 	var cmds []*redis.StringCmd
+	var names []string
 	for _, fp := range probes {
 		if !seen[fp] {
 			seen[fp] = true
-			cmds = append(cmds, pipe.Get(ctx, fpKey(ns, fp)))
+			names = append(names, fpKey(ns, fp))
+			cmds = append(cmds, pipe.GetRange(ctx, names[len(names)-1], 0, int64(maxFPValue)))
 		}
 	}
 	st.RoundTrips++
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	if _, err := t.observeMatch(pipe.Exec(ctx)); batchFailed(err) {
 		return res, t.wrap(err)
 	}
-	ids := map[string]bool{}
-	for _, c := range cmds {
-		v, err := c.Result()
-		if err != nil {
+	ids := map[string]int{} // sequence id -> its value's size
+	for i, c := range cmds {
+		v, err := c.Bytes()
+		if err != nil || len(v) == 0 {
 			continue
 		}
 		st.DirectoryHits++
-		if id, _, ok := cutColon(v); ok && len(id) == 32 {
-			ids[id] = true
+		id, size, err := t.openFP(names[i], v)
+		if err != nil {
+			t.refuse(err)
+			t.corrupt.Add(1)
+			continue
 		}
+		ids[id] = size
 	}
 	if len(ids) == 0 {
 		res.Stats.Probes = st.Probes
 		return res, nil
 	}
 	pipe = t.client.Pipeline()
-	scmds := make([]*redis.StringCmd, 0, len(ids))
-	for id := range ids {
-		scmds = append(scmds, pipe.Get(ctx, seqKey(ns, id)))
+	type seqRead struct {
+		id, name string
+		size     int
+		cmd      *redis.StringCmd
+	}
+	reads := make([]seqRead, 0, len(ids))
+	for id, size := range ids {
+		name := seqKey(ns, id)
+		// One byte more than the size its entry declares: a larger value is
+		// refused, not read whole.
+		reads = append(reads, seqRead{id, name, size, pipe.GetRange(ctx, name, 0, int64(size))})
 	}
 	st.RoundTrips++
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	if _, err := t.observeMatch(pipe.Exec(ctx)); batchFailed(err) {
 		return res, t.wrap(err)
 	}
 	// The sequences found are matched by a table of their own, with the
 	// node table's hash and limits.
 	local := tab.Sibling()
-	for _, c := range scmds {
-		b, err := c.Bytes()
-		if err != nil {
+	for _, r := range reads {
+		b, err := r.cmd.Bytes()
+		if err != nil || len(b) == 0 {
 			continue
 		}
-		seq, err := decodeSequence(b)
+		seq, err := t.openSequence(r.name, r.id, r.size, b)
 		if err != nil {
+			t.refuse(err)
 			t.corrupt.Add(1)
 			continue
 		}
@@ -866,20 +1115,65 @@ func (t *Tier) match(ctx context.Context, ns string, tab *fingerprint.Table, pro
 	return res, nil
 }
 
-func cutColon(s string) (string, string, bool) {
-	for i := len(s) - 1; i >= 0; i-- {
-		if s[i] == ':' {
-			return s[:i], s[i+1:], true
-		}
+// observeMatch is observeExec for the coordinator match, whose short
+// deadline is a latency budget: a timeout there says nothing of whether
+// Redis is reachable.
+func (t *Tier) observeMatch(cmds []redis.Cmder, err error) ([]redis.Cmder, error) {
+	if err != nil && (errors.Is(err, context.DeadlineExceeded) || isTimeout(err)) {
+		return cmds, err
 	}
-	return s, "", false
+	return t.observeExec(cmds, err)
+}
+
+// maxSequenceValue bounds a directory sequence's value (MaxSequenceTokens
+// tokens in chunks of one token, the worst case, plus the seal).
+const maxSequenceValue = 16 + 36*MaxSequenceTokens + sealOverhead
+
+// openFP checks a fingerprint entry v read from key name and returns the
+// sequence id and the size of the sequence's value it declares.
+func (t *Tier) openFP(name string, v []byte) (id string, size int, err error) {
+	if len(v) > maxFPValue {
+		return "", 0, errOversize
+	}
+	body, err := t.seal.open(kindFP, name, nil, v)
+	if err != nil {
+		return "", 0, err
+	}
+	parts := strings.Split(string(body), ":")
+	if len(parts) != 3 || len(parts[0]) != 32 {
+		return "", 0, errCorrupt
+	}
+	if _, err := strconv.Atoi(parts[1]); err != nil {
+		return "", 0, errCorrupt
+	}
+	size, err = strconv.Atoi(parts[2])
+	if err != nil || size < 16+sealOverhead || size > maxSequenceValue {
+		return "", 0, errCorrupt
+	}
+	return parts[0], size, nil
+}
+
+// openSequence checks a sequence value b (at most size+1 bytes) read from
+// key name for id: its size, tag, encoding and id (the hash of its body).
+func (t *Tier) openSequence(name, id string, size int, b []byte) (fingerprint.Sequence, error) {
+	if len(b) > size {
+		return fingerprint.Sequence{}, errOversize
+	}
+	body, err := t.seal.open(kindSequence, name, nil, b)
+	if err != nil {
+		return fingerprint.Sequence{}, err
+	}
+	if sum := sha256.Sum256(body); hex.EncodeToString(sum[:16]) != id {
+		return fingerprint.Sequence{}, errCorrupt
+	}
+	return decodeSequence(body)
 }
 
 // Ping checks that Redis answers, within the OpTimeout.
 func (t *Tier) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, t.cfg.OpTimeout)
 	defer cancel()
-	if err := t.client.Ping(ctx).Err(); err != nil {
+	if err := t.observe(t.client.Ping(ctx).Err()); err != nil {
 		return t.wrap(err)
 	}
 	return nil

@@ -24,9 +24,15 @@ var testLayout = chunkstore.Layout{NumLayers: 2, KVHeads: 2, HeadDim: 8, RoPEThe
 
 const testModel = "cb-test"
 
+// testKey is the fleet key of the tests' tiers.
+var testKey = []byte("0123456789abcdef0123456789abcdef-test-fleet")
+
 func newTier(t *testing.T, url string, cfg Config) *Tier {
 	t.Helper()
 	cfg.URL = url
+	if cfg.Key == nil {
+		cfg.Key = testKey
+	}
 	tier, err := New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +136,7 @@ func TestSharedChunksAndCoordinatorMatch(t *testing.T) {
 			for i, c := range chunks {
 				keys[i] = c.Key
 			}
-			got, st, err := b.GetChunks(context.Background(), ns, rank0Refs(keys), testLayout)
+			got, st, err := b.GetChunks(context.Background(), ns, rank0Refs(keys), testLayout, 256)
 			if err != nil || st.Hits != len(chunks) {
 				t.Fatalf("GetChunks: %+v %v", st, err)
 			}
@@ -143,7 +149,7 @@ func TestSharedChunksAndCoordinatorMatch(t *testing.T) {
 			// Another layout's namespace never sees them.
 			other := testLayout
 			other.HeadDim = 16
-			if got, _, _ := b.GetChunks(context.Background(), Namespace(testModel, other), rank0Refs(keys), other); len(got) != 0 {
+			if got, _, _ := b.GetChunks(context.Background(), Namespace(testModel, other), rank0Refs(keys), other, 256); len(got) != 0 {
 				t.Fatal("chunks visible under another layout")
 			}
 		})
@@ -170,7 +176,7 @@ func TestCorruptValuesAreMisses(t *testing.T) {
 	if _, err := srv.Command("SET", chunkKey(ns, Ref{Base: chunks[1].Key}), string(good[:len(good)/2])); err != nil {
 		t.Fatal(err)
 	}
-	got, st, err := tier.GetChunks(context.Background(), ns, rank0Refs([]chunkstore.Key{chunks[0].Key, chunks[1].Key}), testLayout)
+	got, st, err := tier.GetChunks(context.Background(), ns, rank0Refs([]chunkstore.Key{chunks[0].Key, chunks[1].Key}), testLayout, 256)
 	if err != nil || len(got) != 0 || st.Corrupt != 2 || tier.Stats().Corrupt != 2 {
 		t.Fatalf("corrupt values served: %d chunks, %+v, %v", len(got), st, err)
 	}
@@ -196,7 +202,7 @@ func TestRedisDownSlowAndBack(t *testing.T) {
 
 	srv.Kill()
 	t0 = time.Now()
-	if _, _, err := tier.GetChunks(context.Background(), ns, []Ref{{Base: chunkstore.Key{1}}}, testLayout); err == nil || time.Since(t0) > 2*time.Second {
+	if _, _, err := tier.GetChunks(context.Background(), ns, []Ref{{Base: chunkstore.Key{1}}}, testLayout, 256); err == nil || time.Since(t0) > 2*time.Second {
 		t.Fatalf("Redis down: %v after %v", err, time.Since(t0))
 	}
 	if st := tier.Stats(); st.ReadErrors == 0 || st.MatchTimeouts != 1 {
@@ -302,7 +308,7 @@ func TestMaxMemoryEvicts(t *testing.T) {
 	for i, c := range written {
 		keys[i] = c.Key
 	}
-	got, st, err := tier.GetChunks(context.Background(), ns, rank0Refs(keys), testLayout)
+	got, st, err := tier.GetChunks(context.Background(), ns, rank0Refs(keys), testLayout, 256)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +386,7 @@ func TestRetryAfterPause(t *testing.T) {
 				time.Sleep(20 * time.Millisecond)
 			}
 			stats := tier.Stats()
-			got, ls, err := tier.GetChunks(ctx, ns, rank0Refs(keys), testLayout)
+			got, ls, err := tier.GetChunks(ctx, ns, rank0Refs(keys), testLayout, 256)
 			if err != nil {
 				t.Fatal(err)
 			}

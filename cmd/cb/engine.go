@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/engine"
+	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
@@ -34,6 +36,7 @@ func newEngineCmd() *cobra.Command {
 		daemon                daemonFlags
 		procs                 int
 		modelPath             string
+		keyFile               string
 	)
 	cmd := &cobra.Command{
 		Use:   "engine",
@@ -47,6 +50,11 @@ func newEngineCmd() *cobra.Command {
 				return err
 			}
 			cfg.WorkerAdvertise = cmp.Or(cfg.WorkerAdvertise, workerAddr)
+			key, err := loadStackKey(keyFile)
+			if err != nil {
+				return err
+			}
+			cfg.StackKey = key
 			rt, id, err := daemon.start(ctx, "cb-engine", cfg.Addr, false)
 			if err != nil {
 				return err
@@ -89,6 +97,9 @@ func newEngineCmd() *cobra.Command {
 	f.StringVar(&cfg.Model, "model-name", "", "served model name (default: the file's general.name, or "+defaults.Model+" for the built-in model)")
 	f.StringVar(&cfg.Role, "role", engine.RoleBoth, "prefill/decode disaggregation: both (every request whole), prefill (also hands requests with X-CB-Decode-Engine over after their first token), decode (also takes requests over from prefill engines)")
 	f.StringVar(&cfg.WorkerAdvertise, "worker-advertise", "", "role prefill: the worker's address as decode engines' workers reach it (default --worker; a loopback one is refused at start when --addr is not loopback, and never sent to a decode engine on another host)")
+	f.StringVar(&keyFile, "stack-key-file", "", stackKeyUsage)
+	f.StringSliceVar(&cfg.DecodeEngines, "decode-engine", nil, "role prefill: a decode engine's base URL (http://host:port) X-CB-Decode-Engine may name; repeatable (none: every hand-over refused, 403 decode_engine_not_allowed)")
+	f.IntVar(&cfg.MaxHandoffsPerPeer, "max-handoffs-per-peer", engine.DefaultMaxHandoffsPerPeer, "role prefill: hand-overs in flight to one decode engine, each holding its prompt's KV blocks (beyond: 503 handoff_peer_busy with Retry-After)")
 	f.StringSliceVar(&cfg.HandoffSources, "handoff-source", nil, "role decode: a prefill worker (host:port) to take requests over from; repeatable (none: any)")
 	f.DurationVar(&cfg.HandoffConnectTimeout, "handoff-connect-timeout", engine.DefaultHandoffConnect, "role prefill: give up connecting to a decode engine after this long (503 decode_unavailable: the gateway serves the request whole); keep it plus --handoff-idle-timeout below the gateway's --upstream-idle-timeout")
 	f.DurationVar(&cfg.HandoffIdleTimeout, "handoff-idle-timeout", engine.DefaultHandoffIdle, "role prefill: abort a hand-over whose decode engine sent no byte for this long (503 decode_unavailable before anything was relayed; the request's --request-timeout is its overall deadline)")
@@ -124,3 +135,37 @@ func checkAdvertiseAtStart(cfg engine.Config, workerAddr string) error {
 		"decode engines on other hosts cannot reach: give --worker-advertise HOST:PORT (CB_ENGINE_WORKER_ADVERTISE), the worker's address as the decode hosts reach it "+
 		"(or --worker-advertise %s explicitly if every decode engine runs on this host)", cfg.Addr, workerAddr, workerAddr)
 }
+
+// stackKeyUsage is the help of --stack-key-file (cb engine, cb gateway).
+const stackKeyUsage = "file holding the stack key, the secret the stack's engines and gateway share to authenticate prefill/decode hand-overs (at least 16 bytes, surrounding whitespace trimmed; group/other must not be able to read the file); default: the environment variable CB_STACK_KEY; never give the key itself as a flag. Needed by --role prefill/decode and by a gateway with --prefill/--decode"
+
+// loadStackKey reads the stack key from file (which group and others must
+// not be able to read), else from CB_STACK_KEY; nil when neither is set.
+func loadStackKey(file string) ([]byte, error) {
+	var key string
+	if file != "" {
+		fi, err := os.Stat(file)
+		if err != nil {
+			return nil, fmt.Errorf("stack key: %w", err)
+		}
+		if fi.Mode().Perm()&0o077 != 0 {
+			return nil, fmt.Errorf("stack key: %s is readable by group or others (mode %v): chmod 600 it", file, fi.Mode().Perm())
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("stack key: %w", err)
+		}
+		key = string(b)
+	} else if key = os.Getenv(stackKeyEnv); key == "" {
+		return nil, nil
+	}
+	key = strings.TrimSpace(key)
+	if len(key) < api.MinStackKeyBytes {
+		return nil, fmt.Errorf("stack key: %d bytes, at least %d", len(key), api.MinStackKeyBytes)
+	}
+	return []byte(key), nil
+}
+
+// stackKeyEnv is the environment variable holding the stack key when no
+// --stack-key-file is given (cb up sets it for its engines and gateway).
+const stackKeyEnv = "CB_STACK_KEY"

@@ -18,6 +18,7 @@ func newGatewayCmd() *cobra.Command {
 		cfg       gateway.Config
 		daemon    daemonFlags
 		modelPath string
+		keyFile   string
 	)
 	cmd := &cobra.Command{
 		Use:   "gateway",
@@ -42,7 +43,9 @@ request goes to a prefill engine chosen by --policy (the CacheBlend reuse happen
 header X-CB-Decode-Engine naming the least loaded healthy decode engine; a 503
 decode_unavailable before anything was streamed is retried with another decode engine; with no
 decode engine up a generation is served whole on a prefill engine and /health answers 200 with
-status "degraded".
+status "degraded". The stack key (--stack-key-file, or CB_STACK_KEY; the prefill engines' key)
+signs each X-CB-Decode-Engine the gateway sets (X-CB-Decode-Auth): prefill engines honour the
+header only with that proof.
 
 Faults: an engine goes out of routing after --health-failures failed probes in a row (each
 bounded by --probe-timeout) or at once when a request fails on it; its attempts that still
@@ -53,6 +56,14 @@ is cut; streams get ": keep-alive" comments every --keep-alive while the engine 
 			if len(cfg.Engines) == 0 && (len(cfg.Prefill) == 0 || len(cfg.Decode) == 0) {
 				return fmt.Errorf("cb gateway: give at least one --engine URL, or --prefill and --decode URLs")
 			}
+			key, err := loadStackKey(keyFile)
+			if err != nil {
+				return err
+			}
+			if len(cfg.Prefill) > 0 && key == nil {
+				return fmt.Errorf("cb gateway: prefill/decode routing needs the stack key the engines share (--stack-key-file FILE or CB_STACK_KEY): prefill engines honour X-CB-Decode-Engine only with the gateway's proof")
+			}
+			cfg.StackKey = key
 			rt, _, err := daemon.start(ctx, "cb-gateway", cfg.Addr, false)
 			if err != nil {
 				return err
@@ -96,6 +107,7 @@ is cut; streams get ": keep-alive" comments every --keep-alive while the engine 
 	f.IntVar(&cfg.IndexBytes, "index-bytes", gateway.DefaultIndexBytes, "kv-aware: bytes of each engine's reuse index (least recently used prompts evicted beyond)")
 	f.IntVar(&cfg.IndexSequences, "index-sequences", gateway.DefaultIndexSequences, "kv-aware: prompts and documents per engine's reuse index")
 	f.IntVar(&cfg.ChunkSize, "chunk-size", defaults.ChunkSize, "chunk of the reuse index in tokens (the engines' chunk size)")
+	f.StringVar(&keyFile, "stack-key-file", "", stackKeyUsage)
 	f.StringVar(&cfg.EngineAPIKey, "engine-api-key", "", "send this bearer key to the engines (empty: forward the client's Authorization header)")
 	f.DurationVar(&cfg.RequestTimeout, "request-timeout", httpfront.DefaultRequestTimeout, "longest request, queue and attempts included (504 beyond)")
 	registerFrontFlags(f, &cfg.Settings)

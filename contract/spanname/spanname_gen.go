@@ -70,7 +70,10 @@ const (
 	//
 	// Remote child; the parent context travels in the Lookup payload's trace_context (and
 	// trace_state). Required when the lookup is done; a lookup that failed may or may not have
-	// reached the server. Carries the statistics the engine stamps on cb.request.
+	// reached the server. Carries the statistics the engine stamps on cb.request. pending_wait_ms
+	// is the time the lookup waited, before its legs, for the stores in flight (stored,
+	// fingerprints not registered yet) whose chunks it would match where nothing registered covers
+	// the prompt; 0 when none (see cb.classify's pending).
 	CBLookup = "cb.lookup"
 
 	// MPLookupPrefetch is the span "mp.lookup_prefetch" of cb-blend (kind internal, phase
@@ -108,7 +111,10 @@ const (
 	//
 	// found counts the matched chunks held by some tier, stale those gone; per_rank_ok counts the
 	// found chunks held for every rank 0..world_size-1 (only those are reused: a chunk present on
-	// some ranks only is not). With world_size 1 it equals found.
+	// some ranks only is not). With world_size 1 it equals found. pending counts the chunks the
+	// prompt matches in stores still in flight when the lookup stopped waiting for them (at most
+	// 1.5 s, never past the caller's deadline less a quarter of the time left): not reused by this
+	// request, reusable by the next.
 	CBClassify = "cb.classify"
 
 	// CBExecute is the span "cb.execute" of cb-worker (kind server, phase "execute"), remote child

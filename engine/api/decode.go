@@ -64,6 +64,11 @@ type Generation struct {
 	// Blend holds the request's CacheBlend settings (the rest of the
 	// "cacheblend" extension); the zero value takes the engine's.
 	Blend BlendOptions
+	// Tools is the chat request's "tools" list (compact JSON, each a
+	// {"type": "function", "function": {...}}), nil when absent or empty:
+	// given to the chat template as its tools variable. The output is not
+	// parsed for tool calls (it is the assistant's content).
+	Tools json.RawMessage
 }
 
 // BlendOptions are a request's CacheBlend settings: the "cacheblend"
@@ -143,10 +148,21 @@ type rawCacheBlend struct {
 	QualityCheck   *bool    `json:"quality_check"`
 }
 
-// Message is one chat message with its content flattened to text.
+// Message is one chat message with its content flattened to text. It is
+// comparable (ToolCalls is JSON text, not a slice).
 type Message struct {
 	Role    string
 	Content string
+	// Name is the message's "name" (a participant's or a tool's), or "".
+	Name string
+	// ToolCallID is a "tool" message's tool_call_id: the call it answers.
+	ToolCallID string
+	// ToolCalls is an assistant message's tool_calls as compact JSON, ""
+	// when it has none: a list of {"id", "type": "function", "function":
+	// {"name", "arguments"}} whose arguments, sent by OpenAI clients as a
+	// JSON string, are the decoded JSON object when that string holds one
+	// (what chat templates expect, as in transformers and vLLM).
+	ToolCalls string
 }
 
 // rawChat is the wire form of a chat completion request. Pointer fields
@@ -158,7 +174,10 @@ type rawChat struct {
 	Logprobs            *bool           `json:"logprobs"`
 	TopLogprobs         *int            `json:"top_logprobs"`
 	Tools               json.RawMessage `json:"tools"`
+	ToolChoice          json.RawMessage `json:"tool_choice"`
+	ParallelToolCalls   *bool           `json:"parallel_tool_calls"`
 	Functions           json.RawMessage `json:"functions"`
+	FunctionCall        json.RawMessage `json:"function_call"`
 	ResponseFormat      *rawRespFormat  `json:"response_format"`
 }
 
@@ -171,17 +190,29 @@ type rawRespFormat struct {
 }
 
 type rawMessage struct {
-	Role    *string        `json:"role"`
-	Content messageContent `json:"content"`
-	Name    *string        `json:"name"`
+	Role       *string         `json:"role"`
+	Content    messageContent  `json:"content"`
+	Name       *string         `json:"name"`
+	ToolCalls  json.RawMessage `json:"tool_calls"`
+	ToolCallID *string         `json:"tool_call_id"`
 }
 
 // messageContent is a string, an array of content parts, or null.
 type messageContent struct {
 	text string
 	set  bool
-	bad  string // non-empty: why the content is not acceptable
+	bad  *contentError // why the content is not acceptable
 }
+
+// contentError is what is wrong with a message's content: the code, the
+// parameter below the content ("" or "[j].type" ...) and the message.
+type contentError struct {
+	code, sub, msg string
+}
+
+// Content part types of OpenAI's chat API that this server cannot take
+// (no vision or audio model): refused as unsupported_value.
+var unsupportedParts = map[string]bool{"image_url": true, "input_audio": true, "file": true, "image": true, "audio": true}
 
 func (c *messageContent) UnmarshalJSON(b []byte) error {
 	b = bytes.TrimSpace(b)
@@ -197,7 +228,7 @@ func (c *messageContent) UnmarshalJSON(b []byte) error {
 			Text *string `json:"text"`
 		}
 		if json.Unmarshal(b, &parts) != nil {
-			c.bad = "content must be a string, an array of text parts, or null"
+			c.bad = &contentError{CodeInvalidType, "", "content must be a string, an array of text parts, or null"}
 			return nil
 		}
 		c.set = true
@@ -205,11 +236,14 @@ func (c *messageContent) UnmarshalJSON(b []byte) error {
 		for i, p := range parts {
 			switch {
 			case p.Type == nil:
-				c.bad = fmt.Sprintf("content part %d has no type", i)
+				c.bad = &contentError{CodeMissingRequiredParameter, fmt.Sprintf("[%d].type", i), fmt.Sprintf("content part %d has no type", i)}
+			case unsupportedParts[*p.Type]:
+				c.bad = &contentError{CodeUnsupportedValue, fmt.Sprintf("[%d].type", i),
+					fmt.Sprintf("content part type %q is not supported by this server (it serves a text-only model; send text parts)", *p.Type)}
 			case *p.Type != "text":
-				c.bad = fmt.Sprintf("content part type %q is not supported (only text)", *p.Type)
+				c.bad = &contentError{CodeInvalidValue, fmt.Sprintf("[%d].type", i), fmt.Sprintf("content part type %q is not known (text is supported)", *p.Type)}
 			case p.Text == nil:
-				c.bad = fmt.Sprintf("text content part %d has no text", i)
+				c.bad = &contentError{CodeMissingRequiredParameter, fmt.Sprintf("[%d].text", i), fmt.Sprintf("text content part %d has no text", i)}
 			default:
 				sb.WriteString(*p.Text)
 				continue
@@ -219,7 +253,7 @@ func (c *messageContent) UnmarshalJSON(b []byte) error {
 		c.text = sb.String()
 		return nil
 	}
-	c.bad = "content must be a string, an array of text parts, or null"
+	c.bad = &contentError{CodeInvalidType, "", "content must be a string, an array of text parts, or null"}
 	return nil
 }
 
@@ -280,13 +314,13 @@ func ModelOf(body []byte) string {
 func unmarshal(body []byte, v any) *Error {
 	body = bytes.TrimSpace(body)
 	if len(body) == 0 {
-		return BadRequest("", "The request body is empty; expected a JSON object.")
+		return BadRequestCode("", CodeInvalidJSON, "The request body is empty; expected a JSON object.")
 	}
 	if body[0] != '{' {
-		return BadRequest("", "The request body must be a JSON object.")
+		return BadRequestCode("", CodeInvalidJSON, "The request body must be a JSON object.")
 	}
 	if !utf8.Valid(body) {
-		return BadRequest("", "The request body is not valid UTF-8.")
+		return BadRequestCode("", CodeInvalidJSON, "The request body is not valid UTF-8.")
 	}
 	err := json.Unmarshal(body, v)
 	if err == nil {
@@ -296,23 +330,23 @@ func unmarshal(body []byte, v any) *Error {
 	var typ *json.UnmarshalTypeError
 	switch {
 	case errors.As(err, &syn):
-		return BadRequest("", "Malformed JSON at byte %d: %v.", syn.Offset, syn)
+		return BadRequestCode("", CodeInvalidJSON, "Malformed JSON at byte %d: %v.", syn.Offset, syn)
 	case errors.As(err, &typ):
 		// encoding/json names a field of the embedded rawCommon with the
 		// Go type as a path element; the parameter is the JSON name alone.
 		field := strings.TrimPrefix(typ.Field, "rawCommon.")
 		if field == "" {
-			return BadRequest("", "Invalid type in the request body: %v.", err)
+			return BadRequestCode("", CodeInvalidType, "Invalid type in the request body: %v.", err)
 		}
-		return BadRequest(field, "Invalid type for '%s': got %s.", field, typ.Value)
+		return BadRequestCode(field, CodeInvalidType, "Invalid type for '%s': got %s.", field, typ.Value)
 	default:
-		return BadRequest("", "Malformed JSON: %v.", err)
+		return BadRequestCode("", CodeInvalidJSON, "Malformed JSON: %v.", err)
 	}
 }
 
 func checkModel(m *string) *Error {
 	if m == nil || strings.TrimSpace(*m) == "" {
-		return BadRequest("model", "You must provide a model parameter.")
+		return BadRequestCode("model", CodeMissingRequiredParameter, "You must provide a model parameter.")
 	}
 	return nil
 }
@@ -337,7 +371,7 @@ func sampling(g *Generation, r *rawCommon) *Error {
 		return BadRequestCode("n", CodeUnsupportedValue, "Only n=1 is supported, got %d.", *n)
 	}
 	if stop.bad {
-		return BadRequest("stop", "stop must be a string, an array of strings, or null.")
+		return BadRequestCode("stop", CodeInvalidType, "stop must be a string, an array of strings, or null.")
 	}
 	if len(stop.vals) > MaxStopSequences {
 		return BadRequestCode("stop", CodeArrayAboveMaxLength, "At most %d stop sequences are allowed, got %d.", MaxStopSequences, len(stop.vals))
@@ -373,7 +407,9 @@ func streaming(g *Generation, stream *bool, opts *rawStreamOpts) *Error {
 	g.Stream = stream != nil && *stream
 	if opts != nil {
 		if !g.Stream {
-			return BadRequest("stream_options", "stream_options is only allowed when stream is true.")
+			// OpenAI's 400 (its code is null there); unsupported_parameter
+			// tells a client to drop the parameter.
+			return BadRequestCode("stream_options", CodeUnsupportedParameter, "The 'stream_options' parameter is only allowed when 'stream' is enabled.")
 		}
 		g.IncludeUsage = opts.IncludeUsage != nil && *opts.IncludeUsage
 	}
@@ -391,7 +427,7 @@ func maxTokens(param string, v *int) (int, *Error) {
 }
 
 // Chat roles accepted in messages.
-var chatRoles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": true}
+var chatRoles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": true, "tool": true}
 
 // DecodeChat decodes and validates the body of POST /v1/chat/completions.
 // Every problem is a 400 *Error naming the parameter.
@@ -404,6 +440,9 @@ func DecodeChat(body []byte) (*Generation, *Error) {
 		return nil, e
 	}
 	g := &Generation{Operation: OperationChat, Model: *r.Model}
+	if r.Messages == nil {
+		return nil, BadRequestCode("messages", CodeMissingRequiredParameter, "You must provide messages: a non-empty array.")
+	}
 	if len(r.Messages) == 0 {
 		return nil, BadRequestCode("messages", CodeEmptyArray, "messages must be a non-empty array.")
 	}
@@ -412,20 +451,11 @@ func DecodeChat(body []byte) (*Generation, *Error) {
 	}
 	g.Messages = make([]Message, 0, len(r.Messages))
 	for i, m := range r.Messages {
-		param := fmt.Sprintf("messages[%d]", i)
-		if m.Role == nil {
-			return nil, BadRequest(param+".role", "Message %d has no role.", i)
+		msg, e := decodeMessage(i, &m)
+		if e != nil {
+			return nil, e
 		}
-		if !chatRoles[*m.Role] {
-			return nil, BadRequest(param+".role", "Role %q is not supported (system, developer, user, assistant).", *m.Role)
-		}
-		if m.Content.bad != "" {
-			return nil, BadRequest(param+".content", "%s.", m.Content.bad)
-		}
-		if !m.Content.set && *m.Role != "assistant" {
-			return nil, BadRequest(param+".content", "Message %d has no content.", i)
-		}
-		g.Messages = append(g.Messages, Message{Role: *m.Role, Content: m.Content.text})
+		g.Messages = append(g.Messages, msg)
 	}
 	var e *Error
 	if g.MaxTokens, e = maxTokens("max_tokens", r.MaxTokens); e != nil {
@@ -452,11 +482,14 @@ func DecodeChat(body []byte) (*Generation, *Error) {
 	if r.TopLogprobs != nil {
 		return nil, BadRequestCode("top_logprobs", CodeUnsupportedParameter, "top_logprobs is not supported by this server.")
 	}
-	if nonEmptyJSON(r.Tools) {
-		return nil, BadRequestCode("tools", CodeUnsupportedParameter, "Tools are not supported by this server.")
+	if g.Tools, e = decodeTools(r.Tools, r.ToolChoice); e != nil {
+		return nil, e
 	}
 	if nonEmptyJSON(r.Functions) {
-		return nil, BadRequestCode("functions", CodeUnsupportedParameter, "Functions are not supported by this server.")
+		return nil, BadRequestCode("functions", CodeUnsupportedParameter, "The deprecated 'functions' parameter is not supported by this server; send 'tools'.")
+	}
+	if nonNull(r.FunctionCall) {
+		return nil, BadRequestCode("function_call", CodeUnsupportedParameter, "The deprecated 'function_call' parameter is not supported by this server; send 'tool_choice'.")
 	}
 	if r.ResponseFormat != nil && r.ResponseFormat.Type != "text" {
 		return nil, BadRequestCode("response_format", CodeUnsupportedValue, "response_format %q is not supported (only text).", r.ResponseFormat.Type)
@@ -465,6 +498,195 @@ func DecodeChat(body []byte) (*Generation, *Error) {
 		return nil, e
 	}
 	return g, nil
+}
+
+// decodeMessage validates messages[i] into a Message.
+func decodeMessage(i int, m *rawMessage) (Message, *Error) {
+	param := fmt.Sprintf("messages[%d]", i)
+	if m.Role == nil {
+		return Message{}, BadRequestCode(param+".role", CodeMissingRequiredParameter, "Message %d has no role.", i)
+	}
+	role := *m.Role
+	if role == "function" {
+		return Message{}, BadRequestCode(param+".role", CodeUnsupportedValue, "Role \"function\" (deprecated) is not supported; send tool calls and role \"tool\" messages.")
+	}
+	if !chatRoles[role] {
+		return Message{}, BadRequestCode(param+".role", CodeInvalidValue, "Role %q is not supported (system, developer, user, assistant, tool).", role)
+	}
+	if c := m.Content.bad; c != nil {
+		return Message{}, BadRequestCode(param+".content"+c.sub, c.code, "%s.", c.msg)
+	}
+	out := Message{Role: role, Content: m.Content.text}
+	if m.Name != nil {
+		out.Name = *m.Name
+	}
+	if nonNull(m.ToolCalls) {
+		if role != "assistant" {
+			return Message{}, BadRequestCode(param+".tool_calls", CodeUnsupportedParameter, "Only assistant messages may have tool_calls (message %d is %s).", i, role)
+		}
+		calls, e := decodeToolCalls(param+".tool_calls", m.ToolCalls)
+		if e != nil {
+			return Message{}, e
+		}
+		out.ToolCalls = calls
+	}
+	if role == "tool" {
+		if m.ToolCallID == nil || *m.ToolCallID == "" {
+			return Message{}, BadRequestCode(param+".tool_call_id", CodeMissingRequiredParameter, "A tool message must name the call it answers in tool_call_id.")
+		}
+		out.ToolCallID = *m.ToolCallID
+	}
+	if !m.Content.set && role != "assistant" {
+		return Message{}, BadRequestCode(param+".content", CodeMissingRequiredParameter, "Message %d has no content.", i)
+	}
+	return out, nil
+}
+
+// rawToolCall is one entry of an assistant message's tool_calls.
+type rawToolCall struct {
+	ID       *string `json:"id"`
+	Type     *string `json:"type"`
+	Function *struct {
+		Name      *string         `json:"name"`
+		Arguments json.RawMessage `json:"arguments"`
+	} `json:"function"`
+}
+
+// toolCallOut is a tool call as the chat template gets it.
+type toolCallOut struct {
+	ID       string       `json:"id,omitempty"`
+	Type     string       `json:"type"`
+	Function toolFunction `json:"function"`
+}
+
+type toolFunction struct {
+	Name      string          `json:"name"`
+	Arguments json.RawMessage `json:"arguments"`
+}
+
+// decodeToolCalls validates an assistant message's tool_calls (an array of
+// function calls whose arguments are a JSON string, or already an object)
+// and returns them as compact JSON with each arguments string that holds a
+// JSON object decoded into it; "" for an empty array.
+func decodeToolCalls(param string, raw json.RawMessage) (string, *Error) {
+	var calls []rawToolCall
+	if err := json.Unmarshal(raw, &calls); err != nil {
+		return "", BadRequestCode(param, CodeInvalidType, "tool_calls must be an array of tool call objects.")
+	}
+	if len(calls) == 0 {
+		return "", nil
+	}
+	out := make([]toolCallOut, len(calls))
+	for j, c := range calls {
+		p := fmt.Sprintf("%s[%d]", param, j)
+		if c.Type != nil && *c.Type != "function" {
+			return "", BadRequestCode(p+".type", CodeUnsupportedValue, "Tool call type %q is not supported (only function).", *c.Type)
+		}
+		if c.Function == nil || c.Function.Name == nil || *c.Function.Name == "" {
+			return "", BadRequestCode(p+".function.name", CodeMissingRequiredParameter, "Tool call %d has no function name.", j)
+		}
+		args, e := toolArguments(p+".function.arguments", c.Function.Arguments)
+		if e != nil {
+			return "", e
+		}
+		out[j] = toolCallOut{Type: "function", Function: toolFunction{Name: *c.Function.Name, Arguments: args}}
+		if c.ID != nil {
+			out[j].ID = *c.ID
+		}
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return "", BadRequestCode(param, CodeInvalidValue, "tool_calls cannot be encoded: %v.", err)
+	}
+	return string(b), nil
+}
+
+// toolArguments is a tool call's arguments for the template: the JSON
+// object a JSON-string argument holds (compacted, key order kept), else the
+// string itself; an object given directly is kept; absent or null is {}.
+func toolArguments(param string, raw json.RawMessage) (json.RawMessage, *Error) {
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 || bytes.Equal(t, []byte("null")) {
+		return json.RawMessage("{}"), nil
+	}
+	var buf bytes.Buffer
+	switch t[0] {
+	case '{':
+		if err := json.Compact(&buf, t); err != nil {
+			return nil, BadRequestCode(param, CodeInvalidType, "arguments must be a JSON string.")
+		}
+		return buf.Bytes(), nil
+	case '"':
+		var str string
+		if json.Unmarshal(t, &str) != nil {
+			return nil, BadRequestCode(param, CodeInvalidType, "arguments must be a JSON string.")
+		}
+		if s := strings.TrimSpace(str); len(s) > 0 && s[0] == '{' && json.Compact(&buf, []byte(s)) == nil {
+			return buf.Bytes(), nil
+		}
+		return t, nil // not an object: the template gets the string
+	}
+	return nil, BadRequestCode(param, CodeInvalidType, "arguments must be a JSON string.")
+}
+
+// decodeTools validates the chat request's tools and tool_choice: tools are
+// function definitions, given to the chat template; tool_choice may be
+// "none" or "auto" (the model is free to answer), since forcing a call
+// ("required" or a named function) needs the output parsed into tool
+// calls, which this server does not do. It returns the tools as compact
+// JSON, nil when absent or empty.
+func decodeTools(raw, choice json.RawMessage) (json.RawMessage, *Error) {
+	if nonNull(choice) {
+		var s string
+		switch err := json.Unmarshal(choice, &s); {
+		case err != nil:
+			return nil, BadRequestCode("tool_choice", CodeUnsupportedValue,
+				"tool_choice naming a function is not supported: this server does not parse the output into tool calls, so it cannot force one (use \"auto\" or \"none\").")
+		case s == "required":
+			return nil, BadRequestCode("tool_choice", CodeUnsupportedValue,
+				"tool_choice \"required\" is not supported: this server does not parse the output into tool calls, so it cannot force one (use \"auto\" or \"none\").")
+		case s != "auto" && s != "none":
+			return nil, BadRequestCode("tool_choice", CodeInvalidValue, "tool_choice must be \"none\", \"auto\", \"required\" or a function, got %q.", s)
+		}
+	}
+	if !nonNull(raw) {
+		return nil, nil
+	}
+	var tools []struct {
+		Type     *string `json:"type"`
+		Function *struct {
+			Name *string `json:"name"`
+		} `json:"function"`
+	}
+	if json.Unmarshal(raw, &tools) != nil {
+		return nil, BadRequestCode("tools", CodeInvalidType, "tools must be an array of tool objects.")
+	}
+	if len(tools) == 0 {
+		return nil, nil
+	}
+	for j, tl := range tools {
+		p := fmt.Sprintf("tools[%d]", j)
+		if tl.Type == nil {
+			return nil, BadRequestCode(p+".type", CodeMissingRequiredParameter, "Tool %d has no type.", j)
+		}
+		if *tl.Type != "function" {
+			return nil, BadRequestCode(p+".type", CodeUnsupportedValue, "Tool type %q is not supported (only function).", *tl.Type)
+		}
+		if tl.Function == nil || tl.Function.Name == nil || *tl.Function.Name == "" {
+			return nil, BadRequestCode(p+".function.name", CodeMissingRequiredParameter, "Tool %d has no function name.", j)
+		}
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, raw); err != nil {
+		return nil, BadRequestCode("tools", CodeInvalidType, "tools must be an array of tool objects.")
+	}
+	return buf.Bytes(), nil
+}
+
+// nonNull reports whether raw is present and not null.
+func nonNull(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) > 0 && !bytes.Equal(t, []byte("null"))
 }
 
 // nonEmptyJSON reports whether raw is present and neither null nor [].
@@ -530,28 +752,28 @@ func DecodeCompletion(body []byte) (*Generation, *Error) {
 func decodePrompt(g *Generation, raw json.RawMessage) *Error {
 	t := bytes.TrimSpace(raw)
 	if len(t) == 0 || bytes.Equal(t, []byte("null")) {
-		return BadRequest("prompt", "You must provide a prompt.")
+		return BadRequestCode("prompt", CodeMissingRequiredParameter, "You must provide a prompt.")
 	}
 	if t[0] == '"' {
 		if json.Unmarshal(t, &g.Prompt) != nil {
-			return BadRequest("prompt", "prompt must be a string, an array of token ids, or a one-element array of either.")
+			return BadRequestCode("prompt", CodeInvalidType, "prompt must be a string, an array of token ids, or a one-element array of either.")
 		}
 		return nil
 	}
 	if t[0] != '[' {
-		return BadRequest("prompt", "prompt must be a string, an array of token ids, or a one-element array of either.")
+		return BadRequestCode("prompt", CodeInvalidType, "prompt must be a string, an array of token ids, or a one-element array of either.")
 	}
 	var items []json.RawMessage
 	if json.Unmarshal(t, &items) != nil {
-		return BadRequest("prompt", "prompt must be a string, an array of token ids, or a one-element array of either.")
+		return BadRequestCode("prompt", CodeInvalidType, "prompt must be a string, an array of token ids, or a one-element array of either.")
 	}
 	if len(items) == 0 {
-		return BadRequest("prompt", "prompt must not be empty.")
+		return BadRequestCode("prompt", CodeEmptyArray, "prompt must not be empty.")
 	}
 	first := bytes.TrimSpace(items[0])
 	if len(first) > 0 && (first[0] == '"' || first[0] == '[') {
 		if len(items) != 1 {
-			return BadRequest("prompt", "Batched prompts are not supported; send one prompt per request (got %d).", len(items))
+			return BadRequestCode("prompt", CodeUnsupportedValue, "Batched prompts are not supported; send one prompt per request (got %d).", len(items))
 		}
 		return decodePrompt(g, first)
 	}
@@ -559,7 +781,7 @@ func decodePrompt(g *Generation, raw json.RawMessage) *Error {
 	for i, it := range items {
 		var v int64
 		if json.Unmarshal(it, &v) != nil || v < 0 || v > math.MaxInt32 {
-			return BadRequest("prompt", "Token %d of the prompt is not a non-negative integer token id.", i)
+			return BadRequestCode("prompt", CodeInvalidValue, "Token %d of the prompt is not a non-negative integer token id.", i)
 		}
 		toks[i] = int32(v)
 	}
@@ -598,10 +820,13 @@ func DecodeDocuments(body []byte) (*Documents, *Error) {
 		d.Model = *r.Model
 	}
 	if len(r.Documents) == 0 {
-		return nil, BadRequest("documents", "documents must be a non-empty array.")
+		if r.Documents == nil {
+			return nil, BadRequestCode("documents", CodeMissingRequiredParameter, "You must provide documents: a non-empty array.")
+		}
+		return nil, BadRequestCode("documents", CodeEmptyArray, "documents must be a non-empty array.")
 	}
 	if len(r.Documents) > MaxDocuments {
-		return nil, BadRequest("documents", "At most %d documents per request, got %d.", MaxDocuments, len(r.Documents))
+		return nil, BadRequestCode("documents", CodeArrayAboveMaxLength, "At most %d documents per request, got %d.", MaxDocuments, len(r.Documents))
 	}
 	for i, raw := range r.Documents {
 		param := fmt.Sprintf("documents[%d]", i)
@@ -610,7 +835,7 @@ func DecodeDocuments(body []byte) (*Documents, *Error) {
 		switch {
 		case len(t) > 0 && t[0] == '"':
 			if json.Unmarshal(t, &doc.Text) != nil {
-				return nil, BadRequest(param, "Document %d is not a valid string.", i)
+				return nil, BadRequestCode(param, CodeInvalidType, "Document %d is not a valid string.", i)
 			}
 		case len(t) > 0 && t[0] == '{':
 			var o struct {
@@ -618,47 +843,68 @@ func DecodeDocuments(body []byte) (*Documents, *Error) {
 				Text *string `json:"text"`
 			}
 			if json.Unmarshal(t, &o) != nil || o.Text == nil {
-				return nil, BadRequest(param, "Document %d must be a string or an object with a string text.", i)
+				return nil, BadRequestCode(param, CodeInvalidType, "Document %d must be a string or an object with a string text.", i)
 			}
 			doc.Text = *o.Text
 			if o.ID != nil {
 				doc.ID = *o.ID
 			}
 		default:
-			return nil, BadRequest(param, "Document %d must be a string or an object with a string text.", i)
+			return nil, BadRequestCode(param, CodeInvalidType, "Document %d must be a string or an object with a string text.", i)
 		}
 		if doc.Text == "" {
-			return nil, BadRequest(param, "Document %d is empty.", i)
+			return nil, BadRequestCode(param, CodeInvalidValue, "Document %d is empty.", i)
 		}
 		d.Docs = append(d.Docs, doc)
 	}
 	return d, nil
 }
 
-// ChatMessages are msgs as a chat template takes them.
+// ChatMessages are msgs as a chat template takes them (tool calls, the
+// call id a tool message answers and names included).
 func ChatMessages(msgs []Message) []chat.Message {
 	out := make([]chat.Message, len(msgs))
 	for i, m := range msgs {
-		out[i] = chat.Message{Role: m.Role, Content: m.Content}
+		out[i] = chat.Message{Role: m.Role, Content: m.Content, Name: m.Name, ToolCallID: m.ToolCallID}
+		if m.ToolCalls != "" {
+			out[i].ToolCalls = json.RawMessage(m.ToolCalls)
+		}
 	}
 	return out
 }
 
 // ChatPrompt renders chat messages into the prompt text of the engine's
-// byte-level model:
+// byte-level model (ChatPromptTools without tools).
+func ChatPrompt(msgs []Message) string { return ChatPromptTools(msgs, nil) }
+
+// ChatPromptTools renders chat messages and the request's tools into the
+// prompt text of the engine's byte-level model:
 //
-//	<|role|>\ncontent\n ... <|assistant|>\n
+//	[<|tools|>\ntools JSON\n] <|role|>\ncontent\n[<|tool_calls|>\ncalls JSON\n] ... <|assistant|>\n
 //
-// Documents quoted in a message keep their bytes, so their tokens are the
-// same wherever they appear (what non-prefix reuse relies on).
-func ChatPrompt(msgs []Message) string {
+// The tools block is there only when tools are given, and a tool_calls
+// block only after an assistant message that made calls; a tool result is
+// a message of role tool. Documents quoted in a message keep their bytes,
+// so their tokens are the same wherever they appear (what non-prefix reuse
+// relies on).
+func ChatPromptTools(msgs []Message, tools json.RawMessage) string {
 	var sb strings.Builder
+	if len(tools) > 0 {
+		sb.WriteString("<|tools|>\n")
+		sb.Write(tools)
+		sb.WriteString("\n")
+	}
 	for _, m := range msgs {
 		sb.WriteString("<|")
 		sb.WriteString(m.Role)
 		sb.WriteString("|>\n")
 		sb.WriteString(m.Content)
 		sb.WriteString("\n")
+		if m.ToolCalls != "" {
+			sb.WriteString("<|tool_calls|>\n")
+			sb.WriteString(m.ToolCalls)
+			sb.WriteString("\n")
+		}
 	}
 	sb.WriteString("<|assistant|>\n")
 	return sb.String()

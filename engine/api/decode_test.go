@@ -20,7 +20,7 @@ func TestDecodeChatValid(t *testing.T) {
 	if e != nil {
 		t.Fatal(e)
 	}
-	want := []Message{{"system", "be brief"}, {"user", "hello"}, {"assistant", ""}}
+	want := []Message{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hello"}, {Role: "assistant"}}
 	if !slices.Equal(g.Messages, want) {
 		t.Errorf("messages = %+v", g.Messages)
 	}
@@ -60,11 +60,11 @@ func TestDecodeChatRejects(t *testing.T) {
 		{"messages not array", `{"model":"m","messages":"hi"}`, "messages"},
 		{"no role", `{"model":"m","messages":[{"content":"x"}]}`, "messages[0].role"},
 		{"bad role", `{"model":"m","messages":[{"role":"wizard","content":"x"}]}`, "messages[0].role"},
-		{"tool role", `{"model":"m","messages":[{"role":"tool","content":"x"}]}`, "messages[0].role"},
+		{"tool role without tool_call_id", `{"model":"m","messages":[{"role":"tool","content":"x"}]}`, "messages[0].tool_call_id"},
 		{"no content", `{"model":"m","messages":[{"role":"user"}]}`, "messages[0].content"},
 		{"numeric content", `{"model":"m","messages":[{"role":"user","content":5}]}`, "messages[0].content"},
-		{"image part", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, "messages[0].content"},
-		{"part without text", `{"model":"m","messages":[{"role":"user","content":[{"type":"text"}]}]}`, "messages[0].content"},
+		{"image part", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, "messages[0].content[0].type"},
+		{"part without text", `{"model":"m","messages":[{"role":"user","content":[{"type":"text"}]}]}`, "messages[0].content[0].text"},
 		{"max_tokens zero", `{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":0}`, "max_tokens"},
 		{"max_tokens negative", `{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":-1}`, "max_tokens"},
 		{"max_tokens string", `{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":"5"}`, "max_tokens"},
@@ -83,7 +83,7 @@ func TestDecodeChatRejects(t *testing.T) {
 		{"presence_penalty out of range", `{"model":"m","messages":[{"role":"user","content":"x"}],"presence_penalty":3}`, "presence_penalty"},
 		{"frequency_penalty unsupported", `{"model":"m","messages":[{"role":"user","content":"x"}],"frequency_penalty":0.5}`, "frequency_penalty"},
 		{"logprobs", `{"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true}`, "logprobs"},
-		{"tools", `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]}`, "tools"},
+		{"tool without function", `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]}`, "tools[0].function.name"},
 		{"json mode", `{"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}`, "response_format"},
 		{"logit_bias", `{"model":"m","messages":[{"role":"user","content":"x"}],"logit_bias":{"5":10}}`, "logit_bias"},
 		{"seed not int", `{"model":"m","messages":[{"role":"user","content":"x"}],"seed":"s"}`, "seed"},
@@ -237,7 +237,7 @@ func FuzzDecode(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		check := func(e *Error) {
-			if e.Status < 400 || e.Status >= 500 || e.Message == "" || e.Type == "" {
+			if e.Status < 400 || e.Status >= 500 || e.Message == "" || e.Type == "" || e.Code == "" {
 				t.Fatalf("bad error %+v", e)
 			}
 		}

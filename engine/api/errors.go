@@ -1,6 +1,8 @@
 package api
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -47,6 +49,10 @@ type Error struct {
 	// RetryAfter, when positive, is sent as the Retry-After header (whole
 	// seconds): when a 429 or 503 is worth retrying.
 	RetryAfter int
+	// RetryAfterMs, when positive, is sent as the Retry-After-Ms header
+	// (the OpenAI SDKs read it before Retry-After): the same wait to the
+	// millisecond.
+	RetryAfterMs int64
 }
 
 // WithRetryAfter returns a copy of e that carries a Retry-After of secs
@@ -54,6 +60,15 @@ type Error struct {
 func (e *Error) WithRetryAfter(secs int) *Error {
 	c := *e
 	c.RetryAfter = max(secs, 1)
+	return &c
+}
+
+// WithRetryAfterDuration returns a copy of e that carries a wait of d:
+// Retry-After in whole seconds rounded up (at least 1) and Retry-After-Ms.
+func (e *Error) WithRetryAfterDuration(d time.Duration) *Error {
+	c := *e
+	c.RetryAfter = int(max(1, (d+time.Second-1)/time.Second))
+	c.RetryAfterMs = int64(max(1, (d+time.Millisecond-1)/time.Millisecond))
 	return &c
 }
 
@@ -79,36 +94,73 @@ type ErrorObject struct {
 	Code    *string `json:"code"`
 }
 
-// Body returns the error's JSON body value.
+// Body returns the error's JSON body value. Its code is never null: an
+// Error without one gets DefaultCode(Status), so a client can always branch
+// on it.
 func (e *Error) Body() ErrorBody {
 	b := ErrorBody{Error: ErrorObject{Message: e.Message, Type: e.Type}}
 	if e.Param != "" {
 		p := e.Param
 		b.Error.Param = &p
 	}
-	if e.Code != "" {
-		c := e.Code
-		b.Error.Code = &c
+	c := e.Code
+	if c == "" {
+		c = DefaultCode(e.Status)
 	}
+	b.Error.Code = &c
 	return b
 }
 
-// Write sends e as a JSON error response with its status.
+// DefaultCode is the code of an error made without one: CodeInvalidRequest
+// for a 4xx, CodeServerError otherwise.
+func DefaultCode(status int) string {
+	if status >= 400 && status < 500 {
+		return CodeInvalidRequest
+	}
+	return CodeServerError
+}
+
+// HeaderRequestID is the response header that names the request (OpenAI's
+// x-request-id; the SDKs expose it as the error's and the response's
+// request id).
+const HeaderRequestID = "X-Request-Id"
+
+// NewRequestID returns a fresh request id, "req-" and 24 hex digits, for a
+// response that has none yet (an error written before the request got its
+// completion id).
+func NewRequestID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return "req-" + hex.EncodeToString(b[:])
+}
+
+// Write sends e as a JSON error response with its status. The response
+// carries an X-Request-Id: the one the handler already set, else a fresh
+// NewRequestID, so that every error (a gateway's own 400, 415, 404, 429 and
+// 503 included) can be quoted by the client.
 func (e *Error) Write(w http.ResponseWriter) {
 	body, _ := json.Marshal(e.Body())
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Del("Content-Length")
+	if h.Get(HeaderRequestID) == "" {
+		h.Set(HeaderRequestID, NewRequestID())
+	}
 	if e.RetryAfter > 0 {
 		h.Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
+	if e.RetryAfterMs > 0 {
+		h.Set("Retry-After-Ms", strconv.FormatInt(e.RetryAfterMs, 10))
 	}
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(append(body, '\n'))
 }
 
-// BadRequest returns a 400 invalid_request_error about param.
+// BadRequest returns a 400 invalid_request_error about param with the
+// generic code CodeInvalidRequest; prefer BadRequestCode with the specific
+// code.
 func BadRequest(param, format string, args ...any) *Error {
-	return &Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param,
+	return &Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: CodeInvalidRequest,
 		Message: fmt.Sprintf(format, args...), ErrorType: ErrorTypeInvalidRequest}
 }
 
@@ -144,6 +196,20 @@ const (
 	CodeInvalidValue = "invalid_value"
 	// CodeUnsupportedMediaType: a body that is not application/json (415).
 	CodeUnsupportedMediaType = "unsupported_media_type"
+	// CodeMissingRequiredParameter: a required parameter is absent or null
+	// (model, messages, prompt, a message's role, a tool message's
+	// tool_call_id).
+	CodeMissingRequiredParameter = "missing_required_parameter"
+	// CodeInvalidType: a parameter of the wrong JSON type.
+	CodeInvalidType = "invalid_type"
+	// CodeInvalidJSON: a body that is empty, not a JSON object, not UTF-8 or
+	// not valid JSON.
+	CodeInvalidJSON = "invalid_json"
+	// CodeInvalidRequest: the generic code of a 4xx without a more specific
+	// one (see DefaultCode).
+	CodeInvalidRequest = "invalid_request"
+	// CodeServerError: the generic code of a 5xx without a more specific one.
+	CodeServerError = "server_error"
 )
 
 // UnsupportedMediaType returns the 415 of a request body whose Content-Type

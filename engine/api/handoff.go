@@ -1,6 +1,7 @@
 package api
 
 import (
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
@@ -12,6 +13,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // The HTTP contract of a prefill/decode hand-over (docs/design.md §9).
@@ -21,6 +23,11 @@ const (
 	// request over to: its base URL, http://host:port. Set by the caller
 	// (the gateway).
 	HeaderDecodeEngine = "X-CB-Decode-Engine"
+	// HeaderDecodeAuth, next to HeaderDecodeEngine, is the gateway's proof
+	// that it chose the decode engine (DecodeAuth): an HMAC with the stack
+	// key over the decode engine's URL, a nonce and an expiry. A prefill
+	// engine honours HeaderDecodeEngine only with a valid proof.
+	HeaderDecodeAuth = "X-CB-Decode-Auth"
 	// HeaderHandoff, on the request a prefill engine forwards to the
 	// decode engine, carries the hand-over (Handoff.String). Set by the
 	// prefill engine only.
@@ -49,19 +56,46 @@ const (
 	// maxHandoffTokens bounds the prompt length a hand-over names (the
 	// model's positions are checked by the engine).
 	maxHandoffTokens = 1 << 20
+	// MinStackKeyBytes is the shortest stack key taken (the key that signs
+	// hand-overs and the gateway's decode-engine proofs).
+	MinStackKeyBytes = 16
+	// HandoffTTL is how long a signed hand-over (Handoff.Expires) and a
+	// gateway's proof (DecodeAuth) stay valid after they were made: both are
+	// checked on arrival, a moment later; the margin covers clocks of
+	// different hosts.
+	HandoffTTL = 30 * time.Second
+	// maxNonce bounds the nonce of a HeaderDecodeAuth proof.
+	maxNonce = 64
 )
 
 // ErrBadHandoff reports a hand-over header that does not parse or is out
 // of bounds.
 var ErrBadHandoff = errors.New("api: bad hand-over")
 
+// Authentication failures of a hand-over (Handoff.Verify) or of a
+// gateway's decode-engine proof (VerifyDecodeAuth); the caller answers 403
+// and counts the reason.
+var (
+	// ErrNoStackKey: this engine has no stack key, so it can neither check
+	// nor make a signature; hand-overs are refused.
+	ErrNoStackKey = errors.New("api: no stack key configured")
+	// ErrBadSignature: the signature does not verify with the stack key
+	// (forged, altered, made for another prompt or another decode engine).
+	ErrBadSignature = errors.New("api: signature does not verify")
+	// ErrExpired: the signature verifies but its expiry has passed.
+	ErrExpired = errors.New("api: signature expired")
+)
+
 // Handoff is what a prefill engine tells the decode engine about a request
 // it prefilled: where the prompt's KV is kept and under which secret, and
 // what was sampled. On the wire (HeaderHandoff) it is
 //
-//	v=1;id=<request id>;worker=<host:port>;secret=<base64url, 32 bytes>;first=<token>;n=<prompt tokens>;digest=<hex sha256>;draws=<n>
+//	v=1;id=<request id>;worker=<host:port>;secret=<base64url, 32 bytes>;first=<token>;n=<prompt tokens>;digest=<hex sha256>;draws=<n>;exp=<unix seconds>;sig=<base64url, 32 bytes>
 //
-// with the fields in any order, each exactly once.
+// with the fields in any order, each exactly once. sig is Sign's HMAC with
+// the stack key over every other field and the decode engine's URL: a
+// decode engine takes over only a hand-over made for it, for the prompt it
+// tokenized, before exp (Verify).
 type Handoff struct {
 	// ID is the request id, kept by the decode engine (one request id,
 	// one trace): 1–128 characters of [A-Za-z0-9_.-].
@@ -80,6 +114,48 @@ type Handoff struct {
 	Digest string
 	// Draws is the samples drawn on the prefill worker (0 or 1).
 	Draws uint32
+	// Expires is when the hand-over stops being valid (unix seconds).
+	Expires int64
+	// Sig is the HMAC-SHA256 of the hand-over (Sign).
+	Sig []byte
+	// Tokens are the prompt's tokens as the decode engine tokenized them,
+	// set by the decode engine once they match N and Digest (not on the
+	// wire): its worker checks the pulled blocks against them.
+	Tokens []int32
+}
+
+// signed is the message Sign authenticates: every field but Sig, and the
+// decode engine's URL.
+func (h Handoff) signed(target string) []byte {
+	return fmt.Appendf(nil, "cb-handoff/1\nid=%s\nworker=%s\nsecret=%s\nfirst=%d\nn=%d\ndigest=%s\ndraws=%d\nexp=%d\ntarget=%s",
+		h.ID, h.Worker, base64.RawURLEncoding.EncodeToString(h.Secret), h.FirstToken, h.N, h.Digest, h.Draws, h.Expires, target)
+}
+
+// Sign returns h with Sig set: the HMAC-SHA256 with key over every field
+// and target, the decode engine's base URL (as ParseDecodeEngine returns it).
+func (h Handoff) Sign(key []byte, target string) Handoff {
+	m := hmac.New(sha256.New, key)
+	m.Write(h.signed(target))
+	h.Sig = m.Sum(nil)
+	return h
+}
+
+// Verify checks h's signature with key for the decode engine target (its
+// base URL as the prefill engine addressed it) and its expiry at now:
+// ErrNoStackKey without a key, ErrBadSignature, ErrExpired.
+func (h Handoff) Verify(key []byte, target string, now time.Time) error {
+	if len(key) == 0 {
+		return ErrNoStackKey
+	}
+	m := hmac.New(sha256.New, key)
+	m.Write(h.signed(target))
+	if !hmac.Equal(m.Sum(nil), h.Sig) {
+		return ErrBadSignature
+	}
+	if now.Unix() > h.Expires {
+		return fmt.Errorf("%w: at %s", ErrExpired, time.Unix(h.Expires, 0).UTC().Format(time.RFC3339))
+	}
+	return nil
 }
 
 // PromptDigest is the hex SHA-256 of tokens (little-endian int32 each).
@@ -95,8 +171,9 @@ func PromptDigest(tokens []int32) string {
 
 // String encodes h for HeaderHandoff.
 func (h Handoff) String() string {
-	return fmt.Sprintf("v=1;id=%s;worker=%s;secret=%s;first=%d;n=%d;digest=%s;draws=%d",
-		h.ID, h.Worker, base64.RawURLEncoding.EncodeToString(h.Secret), h.FirstToken, h.N, h.Digest, h.Draws)
+	return fmt.Sprintf("v=1;id=%s;worker=%s;secret=%s;first=%d;n=%d;digest=%s;draws=%d;exp=%d;sig=%s",
+		h.ID, h.Worker, base64.RawURLEncoding.EncodeToString(h.Secret), h.FirstToken, h.N, h.Digest, h.Draws,
+		h.Expires, base64.RawURLEncoding.EncodeToString(h.Sig))
 }
 
 // ParseHandoff parses and bounds a HeaderHandoff value. Every field is
@@ -166,11 +243,22 @@ func ParseHandoff(s string) (Handoff, error) {
 				return bad("draws %q, want 0 or 1", clip(v))
 			}
 			h.Draws = uint32(d)
+		case "exp":
+			e, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || e < 0 || len(v) > 12 {
+				return bad("expiry %q", clip(v))
+			}
+			h.Expires = e
+		case "sig":
+			h.Sig, err = base64.RawURLEncoding.DecodeString(v)
+			if err != nil || len(h.Sig) != sha256.Size {
+				return bad("sig is not %d bytes of base64url", sha256.Size)
+			}
 		default:
 			return bad("unknown field %q", clip(k))
 		}
 	}
-	for _, k := range []string{"v", "id", "worker", "secret", "first", "n", "digest", "draws"} {
+	for _, k := range []string{"v", "id", "worker", "secret", "first", "n", "digest", "draws", "exp", "sig"} {
 		if !seen[k] {
 			return bad("field %s missing", k)
 		}
@@ -279,4 +367,90 @@ func ParseKVReport(h http.Header) (r KVReport, ok bool) {
 		return KVReport{}, false
 	}
 	return KVReport{Bytes: b, BlocksSent: int(s), BlocksDeduped: int(d)}, true
+}
+
+// DecodeAuth returns a HeaderDecodeAuth value: the gateway's proof, made
+// with the stack key, that it chose the decode engine decodeURL (its base
+// URL as ParseDecodeEngine returns it) for one request (nonce: 1–64
+// characters of [A-Za-z0-9_.-], e.g. a random id), valid until exp.
+func DecodeAuth(key []byte, decodeURL, nonce string, exp time.Time) string {
+	return fmt.Sprintf("v=1;exp=%d;nonce=%s;sig=%s", exp.Unix(), nonce,
+		base64.RawURLEncoding.EncodeToString(decodeAuthMAC(key, decodeURL, nonce, exp.Unix())))
+}
+
+func decodeAuthMAC(key []byte, decodeURL, nonce string, exp int64) []byte {
+	m := hmac.New(sha256.New, key)
+	fmt.Fprintf(m, "cb-decode-engine/1\nurl=%s\nnonce=%s\nexp=%d", decodeURL, nonce, exp)
+	return m.Sum(nil)
+}
+
+// VerifyDecodeAuth checks a HeaderDecodeAuth value for the decode engine
+// decodeURL with key at now: ErrNoStackKey without a key, ErrBadHandoff
+// when it does not parse (bounded: at most MaxHandoffHeader bytes),
+// ErrBadSignature, ErrExpired.
+func VerifyDecodeAuth(key []byte, header, decodeURL string, now time.Time) error {
+	if len(key) == 0 {
+		return ErrNoStackKey
+	}
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrBadHandoff, HeaderDecodeAuth, fmt.Sprintf(format, args...))
+	}
+	if header == "" {
+		return fmt.Errorf("%w: %s missing", ErrBadSignature, HeaderDecodeAuth)
+	}
+	if len(header) > MaxHandoffHeader {
+		return bad("%d bytes, at most %d", len(header), MaxHandoffHeader)
+	}
+	var (
+		exp   int64
+		nonce string
+		sig   []byte
+	)
+	seen := map[string]bool{}
+	for _, part := range strings.Split(header, ";") {
+		k, v, ok := strings.Cut(part, "=")
+		if !ok {
+			return bad("field %q is not key=value", clip(part))
+		}
+		if seen[k] {
+			return bad("field %s twice", clip(k))
+		}
+		seen[k] = true
+		var err error
+		switch k {
+		case "v":
+			if v != "1" {
+				return bad("version %q, want 1", clip(v))
+			}
+		case "exp":
+			exp, err = strconv.ParseInt(v, 10, 64)
+			if err != nil || exp < 0 || len(v) > 12 {
+				return bad("expiry %q", clip(v))
+			}
+		case "nonce":
+			if len(v) > maxNonce || !validID(v) {
+				return bad("nonce %q", clip(v))
+			}
+			nonce = v
+		case "sig":
+			sig, err = base64.RawURLEncoding.DecodeString(v)
+			if err != nil || len(sig) != sha256.Size {
+				return bad("sig is not %d bytes of base64url", sha256.Size)
+			}
+		default:
+			return bad("unknown field %q", clip(k))
+		}
+	}
+	for _, k := range []string{"v", "exp", "nonce", "sig"} {
+		if !seen[k] {
+			return bad("field %s missing", k)
+		}
+	}
+	if !hmac.Equal(decodeAuthMAC(key, decodeURL, nonce, exp), sig) {
+		return ErrBadSignature
+	}
+	if now.Unix() > exp {
+		return fmt.Errorf("%w: at %s", ErrExpired, time.Unix(exp, 0).UTC().Format(time.RFC3339))
+	}
+	return nil
 }

@@ -6,11 +6,60 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 func sampleHandoff() Handoff {
 	return Handoff{ID: "chatcmpl-0123abcd", Worker: "127.0.0.1:50061", Secret: bytes.Repeat([]byte{0xab}, HandoffSecretBytes),
-		FirstToken: 101, N: 1884, Digest: PromptDigest([]int32{256, 1, 2}), Draws: 1}
+		FirstToken: 101, N: 1884, Digest: PromptDigest([]int32{256, 1, 2}), Draws: 1, Expires: 1 << 33}.Sign([]byte("sample stack key, 32 bytes long."), "http://127.0.0.1:8001")
+}
+
+// TestHandoffSignature: a signed hand-over verifies with its key, for its
+// decode engine, before its expiry; any other field, key, target or time
+// fails with the typed error.
+func TestHandoffSignature(t *testing.T) {
+	key, target := []byte("sample stack key, 32 bytes long."), "http://127.0.0.1:8001"
+	h := sampleHandoff()
+	now := time.Unix(1<<33-10, 0)
+	if err := h.Verify(key, target, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		mut  func(*Handoff) ([]byte, string, time.Time)
+		want error
+	}{
+		{"other digest", func(h *Handoff) ([]byte, string, time.Time) {
+			h.Digest = PromptDigest([]int32{9})
+			return key, target, now
+		}, ErrBadSignature},
+		{"other length", func(h *Handoff) ([]byte, string, time.Time) { h.N++; return key, target, now }, ErrBadSignature},
+		{"other secret", func(h *Handoff) ([]byte, string, time.Time) {
+			h.Secret = bytes.Repeat([]byte{1}, 32)
+			return key, target, now
+		}, ErrBadSignature},
+		{"other first token", func(h *Handoff) ([]byte, string, time.Time) { h.FirstToken++; return key, target, now }, ErrBadSignature},
+		{"later expiry", func(h *Handoff) ([]byte, string, time.Time) { h.Expires++; return key, target, now }, ErrBadSignature},
+		{"other decode engine", func(h *Handoff) ([]byte, string, time.Time) { return key, "http://127.0.0.1:8002", now }, ErrBadSignature},
+		{"other key", func(h *Handoff) ([]byte, string, time.Time) {
+			return []byte("another key of 32 bytes, really."), target, now
+		}, ErrBadSignature},
+		{"no key", func(h *Handoff) ([]byte, string, time.Time) { return nil, target, now }, ErrNoStackKey},
+		{"expired", func(h *Handoff) ([]byte, string, time.Time) { return key, target, time.Unix(1<<33+1, 0) }, ErrExpired},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := sampleHandoff()
+			k, tg, at := tc.mut(&h)
+			if err := h.Verify(k, tg, at); !errors.Is(err, tc.want) {
+				t.Fatalf("%v, want %v", err, tc.want)
+			}
+		})
+	}
+	// The signature survives the wire.
+	got, err := ParseHandoff(h.String())
+	if err != nil || got.Verify(key, target, now) != nil {
+		t.Fatalf("parsed %v", err)
+	}
 }
 
 func TestHandoffRoundTrip(t *testing.T) {

@@ -1,5 +1,11 @@
 package api
 
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+)
+
 // GenAI operation names (gen_ai.operation.name).
 const (
 	OperationChat           = "chat"
@@ -79,9 +85,22 @@ type Response[C, U any] struct {
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	Model   string `json:"model"`
+	// SystemFingerprint names the backend that produced the response (the
+	// model's identity and the engine's build; see Fingerprint): with the
+	// same seed and fingerprint a request replays.
+	SystemFingerprint string `json:"system_fingerprint,omitempty"`
+	// Seed is the sampling seed the request ran with (an extension): the
+	// client's, or the one the engine drew, in [0, 2^53) so that a
+	// JavaScript number holds it exactly. Sending it back as "seed" replays
+	// the request. On every body and stream chunk of a generation.
+	Seed    *int64 `json:"seed,omitempty"`
 	Choices []C    `json:"choices"`
 	Usage   U      `json:"usage,omitempty"`
 }
+
+// MaxGeneratedSeed bounds the seeds the engine draws: [0, 2^53), the
+// integers a JavaScript number (a float64) holds exactly.
+const MaxGeneratedSeed = 1 << 53
 
 // ChatCompletion is the body of a non-streamed chat completion.
 type ChatCompletion = Response[ChatChoice, Usage]
@@ -149,4 +168,17 @@ type DocumentList struct {
 	Model  string           `json:"model"`
 	Data   []DocumentResult `json:"data"`
 	Usage  Usage            `json:"usage"`
+}
+
+// Fingerprint returns a system_fingerprint for the backend described by
+// parts (the model's name and identity, its shape, the build): "fp_" and
+// the first 10 hex digits of a SHA-256 over them. The same parts give the
+// same fingerprint, in every process and across restarts.
+func Fingerprint(parts ...string) string {
+	h := sha256.New()
+	for _, p := range parts {
+		_, _ = io.WriteString(h, p)
+		_, _ = h.Write([]byte{0})
+	}
+	return "fp_" + hex.EncodeToString(h.Sum(nil))[:10]
 }

@@ -29,6 +29,173 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type StoreStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestIds    []string               `protobuf:"bytes,1,rep,name=request_ids,json=requestIds,proto3" json:"request_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoreStatusRequest) Reset() {
+	*x = StoreStatusRequest{}
+	mi := &file_blend_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoreStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoreStatusRequest) ProtoMessage() {}
+
+func (x *StoreStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_blend_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoreStatusRequest.ProtoReflect.Descriptor instead.
+func (*StoreStatusRequest) Descriptor() ([]byte, []int) {
+	return file_blend_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *StoreStatusRequest) GetRequestIds() []string {
+	if x != nil {
+		return x.RequestIds
+	}
+	return nil
+}
+
+type StoreStatusResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the server has an L2 (chunk files on disk).
+	L2 bool `protobuf:"varint,1,opt,name=l2,proto3" json:"l2,omitempty"`
+	// One per request id, in order.
+	States []*StoreState `protobuf:"bytes,2,rep,name=states,proto3" json:"states,omitempty"`
+	// Whether the L2's last write failed with a full disk (ENOSPC, EDQUOT).
+	DiskFull      bool `protobuf:"varint,3,opt,name=disk_full,json=diskFull,proto3" json:"disk_full,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoreStatusResponse) Reset() {
+	*x = StoreStatusResponse{}
+	mi := &file_blend_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoreStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoreStatusResponse) ProtoMessage() {}
+
+func (x *StoreStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_blend_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoreStatusResponse.ProtoReflect.Descriptor instead.
+func (*StoreStatusResponse) Descriptor() ([]byte, []int) {
+	return file_blend_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *StoreStatusResponse) GetL2() bool {
+	if x != nil {
+		return x.L2
+	}
+	return false
+}
+
+func (x *StoreStatusResponse) GetStates() []*StoreState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *StoreStatusResponse) GetDiskFull() bool {
+	if x != nil {
+		return x.DiskFull
+	}
+	return false
+}
+
+// StoreState is one document's storage on a blend server.
+type StoreState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "stored": every chunk is in L1 and, with an L2, in its chunk files;
+	// "memory_only": every chunk is in L1 but some L2 writes failed (not
+	// durable: a restart of the blend server loses the document; the server
+	// writes the chunks again once a later write succeeds); "failed": some
+	// chunk is held by no tier (store the document again); "unknown": no
+	// store of that id ended on this server within the wait.
+	State string `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	// The failure, e.g. "no space left on device", empty when stored.
+	Error         string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoreState) Reset() {
+	*x = StoreState{}
+	mi := &file_blend_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoreState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoreState) ProtoMessage() {}
+
+func (x *StoreState) ProtoReflect() protoreflect.Message {
+	mi := &file_blend_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoreState.ProtoReflect.Descriptor instead.
+func (*StoreState) Descriptor() ([]byte, []int) {
+	return file_blend_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *StoreState) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *StoreState) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type FleetStatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RequestIds    []string               `protobuf:"bytes,1,rep,name=request_ids,json=requestIds,proto3" json:"request_ids,omitempty"`
@@ -38,7 +205,7 @@ type FleetStatusRequest struct {
 
 func (x *FleetStatusRequest) Reset() {
 	*x = FleetStatusRequest{}
-	mi := &file_blend_proto_msgTypes[0]
+	mi := &file_blend_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -50,7 +217,7 @@ func (x *FleetStatusRequest) String() string {
 func (*FleetStatusRequest) ProtoMessage() {}
 
 func (x *FleetStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[0]
+	mi := &file_blend_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -63,7 +230,7 @@ func (x *FleetStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetStatusRequest.ProtoReflect.Descriptor instead.
 func (*FleetStatusRequest) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{0}
+	return file_blend_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *FleetStatusRequest) GetRequestIds() []string {
@@ -88,7 +255,7 @@ type FleetStatusResponse struct {
 
 func (x *FleetStatusResponse) Reset() {
 	*x = FleetStatusResponse{}
-	mi := &file_blend_proto_msgTypes[1]
+	mi := &file_blend_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -100,7 +267,7 @@ func (x *FleetStatusResponse) String() string {
 func (*FleetStatusResponse) ProtoMessage() {}
 
 func (x *FleetStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[1]
+	mi := &file_blend_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -113,7 +280,7 @@ func (x *FleetStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetStatusResponse.ProtoReflect.Descriptor instead.
 func (*FleetStatusResponse) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{1}
+	return file_blend_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *FleetStatusResponse) GetFleet() bool {
@@ -150,7 +317,7 @@ type KVLayout struct {
 
 func (x *KVLayout) Reset() {
 	*x = KVLayout{}
-	mi := &file_blend_proto_msgTypes[2]
+	mi := &file_blend_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -162,7 +329,7 @@ func (x *KVLayout) String() string {
 func (*KVLayout) ProtoMessage() {}
 
 func (x *KVLayout) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[2]
+	mi := &file_blend_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -175,7 +342,7 @@ func (x *KVLayout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVLayout.ProtoReflect.Descriptor instead.
 func (*KVLayout) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{2}
+	return file_blend_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *KVLayout) GetNumLayers() int32 {
@@ -249,7 +416,7 @@ type KVRegistration struct {
 
 func (x *KVRegistration) Reset() {
 	*x = KVRegistration{}
-	mi := &file_blend_proto_msgTypes[3]
+	mi := &file_blend_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -261,7 +428,7 @@ func (x *KVRegistration) String() string {
 func (*KVRegistration) ProtoMessage() {}
 
 func (x *KVRegistration) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[3]
+	mi := &file_blend_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -274,7 +441,7 @@ func (x *KVRegistration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVRegistration.ProtoReflect.Descriptor instead.
 func (*KVRegistration) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{3}
+	return file_blend_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *KVRegistration) GetWorkerId() string {
@@ -334,7 +501,7 @@ type KVRegistered struct {
 
 func (x *KVRegistered) Reset() {
 	*x = KVRegistered{}
-	mi := &file_blend_proto_msgTypes[4]
+	mi := &file_blend_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -346,7 +513,7 @@ func (x *KVRegistered) String() string {
 func (*KVRegistered) ProtoMessage() {}
 
 func (x *KVRegistered) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[4]
+	mi := &file_blend_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -359,7 +526,7 @@ func (x *KVRegistered) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVRegistered.ProtoReflect.Descriptor instead.
 func (*KVRegistered) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{4}
+	return file_blend_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *KVRegistered) GetCode() int32 {
@@ -401,7 +568,7 @@ type UnregisterKVRequest struct {
 
 func (x *UnregisterKVRequest) Reset() {
 	*x = UnregisterKVRequest{}
-	mi := &file_blend_proto_msgTypes[5]
+	mi := &file_blend_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -413,7 +580,7 @@ func (x *UnregisterKVRequest) String() string {
 func (*UnregisterKVRequest) ProtoMessage() {}
 
 func (x *UnregisterKVRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[5]
+	mi := &file_blend_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -426,7 +593,7 @@ func (x *UnregisterKVRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnregisterKVRequest.ProtoReflect.Descriptor instead.
 func (*UnregisterKVRequest) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{5}
+	return file_blend_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *UnregisterKVRequest) GetWorkerId() string {
@@ -458,7 +625,7 @@ type UnregisterKVResponse struct {
 
 func (x *UnregisterKVResponse) Reset() {
 	*x = UnregisterKVResponse{}
-	mi := &file_blend_proto_msgTypes[6]
+	mi := &file_blend_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -470,7 +637,7 @@ func (x *UnregisterKVResponse) String() string {
 func (*UnregisterKVResponse) ProtoMessage() {}
 
 func (x *UnregisterKVResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[6]
+	mi := &file_blend_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -483,7 +650,7 @@ func (x *UnregisterKVResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnregisterKVResponse.ProtoReflect.Descriptor instead.
 func (*UnregisterKVResponse) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{6}
+	return file_blend_proto_rawDescGZIP(), []int{9}
 }
 
 type LookupRequest struct {
@@ -503,7 +670,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_blend_proto_msgTypes[7]
+	mi := &file_blend_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -515,7 +682,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[7]
+	mi := &file_blend_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -528,7 +695,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{7}
+	return file_blend_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *LookupRequest) GetRequestId() string {
@@ -593,7 +760,7 @@ type Match struct {
 
 func (x *Match) Reset() {
 	*x = Match{}
-	mi := &file_blend_proto_msgTypes[8]
+	mi := &file_blend_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -605,7 +772,7 @@ func (x *Match) String() string {
 func (*Match) ProtoMessage() {}
 
 func (x *Match) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[8]
+	mi := &file_blend_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -618,7 +785,7 @@ func (x *Match) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Match.ProtoReflect.Descriptor instead.
 func (*Match) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{8}
+	return file_blend_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Match) GetStoredSt() int32 {
@@ -698,7 +865,7 @@ type LookupResult struct {
 
 func (x *LookupResult) Reset() {
 	*x = LookupResult{}
-	mi := &file_blend_proto_msgTypes[9]
+	mi := &file_blend_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -710,7 +877,7 @@ func (x *LookupResult) String() string {
 func (*LookupResult) ProtoMessage() {}
 
 func (x *LookupResult) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[9]
+	mi := &file_blend_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -723,7 +890,7 @@ func (x *LookupResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResult.ProtoReflect.Descriptor instead.
 func (*LookupResult) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{9}
+	return file_blend_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LookupResult) GetRequestedTokens() int32 {
@@ -876,7 +1043,7 @@ type RetrieveRequest struct {
 
 func (x *RetrieveRequest) Reset() {
 	*x = RetrieveRequest{}
-	mi := &file_blend_proto_msgTypes[10]
+	mi := &file_blend_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -888,7 +1055,7 @@ func (x *RetrieveRequest) String() string {
 func (*RetrieveRequest) ProtoMessage() {}
 
 func (x *RetrieveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[10]
+	mi := &file_blend_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -901,7 +1068,7 @@ func (x *RetrieveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetrieveRequest.ProtoReflect.Descriptor instead.
 func (*RetrieveRequest) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{10}
+	return file_blend_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RetrieveRequest) GetRequestId() string {
@@ -992,7 +1159,7 @@ type Range struct {
 
 func (x *Range) Reset() {
 	*x = Range{}
-	mi := &file_blend_proto_msgTypes[11]
+	mi := &file_blend_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1004,7 +1171,7 @@ func (x *Range) String() string {
 func (*Range) ProtoMessage() {}
 
 func (x *Range) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[11]
+	mi := &file_blend_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1017,7 +1184,7 @@ func (x *Range) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Range.ProtoReflect.Descriptor instead.
 func (*Range) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{11}
+	return file_blend_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Range) GetStart() int32 {
@@ -1052,7 +1219,7 @@ type RetrieveResponse struct {
 
 func (x *RetrieveResponse) Reset() {
 	*x = RetrieveResponse{}
-	mi := &file_blend_proto_msgTypes[12]
+	mi := &file_blend_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1231,7 @@ func (x *RetrieveResponse) String() string {
 func (*RetrieveResponse) ProtoMessage() {}
 
 func (x *RetrieveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[12]
+	mi := &file_blend_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1244,7 @@ func (x *RetrieveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetrieveResponse.ProtoReflect.Descriptor instead.
 func (*RetrieveResponse) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{12}
+	return file_blend_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RetrieveResponse) GetScatteredTokens() int32 {
@@ -1160,7 +1327,7 @@ type StoreRequest struct {
 
 func (x *StoreRequest) Reset() {
 	*x = StoreRequest{}
-	mi := &file_blend_proto_msgTypes[13]
+	mi := &file_blend_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1172,7 +1339,7 @@ func (x *StoreRequest) String() string {
 func (*StoreRequest) ProtoMessage() {}
 
 func (x *StoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[13]
+	mi := &file_blend_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1185,7 +1352,7 @@ func (x *StoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreRequest.ProtoReflect.Descriptor instead.
 func (*StoreRequest) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{13}
+	return file_blend_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StoreRequest) GetRequestId() string {
@@ -1269,7 +1436,7 @@ type StoreResponse struct {
 
 func (x *StoreResponse) Reset() {
 	*x = StoreResponse{}
-	mi := &file_blend_proto_msgTypes[14]
+	mi := &file_blend_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +1448,7 @@ func (x *StoreResponse) String() string {
 func (*StoreResponse) ProtoMessage() {}
 
 func (x *StoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_blend_proto_msgTypes[14]
+	mi := &file_blend_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +1461,7 @@ func (x *StoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreResponse.ProtoReflect.Descriptor instead.
 func (*StoreResponse) Descriptor() ([]byte, []int) {
-	return file_blend_proto_rawDescGZIP(), []int{14}
+	return file_blend_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StoreResponse) GetStoredChunks() int32 {
@@ -1323,6 +1490,17 @@ var File_blend_proto protoreflect.FileDescriptor
 const file_blend_proto_rawDesc = "" +
 	"\n" +
 	"\vblend.proto\x12\rcacheblend.v1\"5\n" +
+	"\x12StoreStatusRequest\x12\x1f\n" +
+	"\vrequest_ids\x18\x01 \x03(\tR\n" +
+	"requestIds\"u\n" +
+	"\x13StoreStatusResponse\x12\x0e\n" +
+	"\x02l2\x18\x01 \x01(\bR\x02l2\x121\n" +
+	"\x06states\x18\x02 \x03(\v2\x19.cacheblend.v1.StoreStateR\x06states\x12\x1b\n" +
+	"\tdisk_full\x18\x03 \x01(\bR\bdiskFull\"8\n" +
+	"\n" +
+	"StoreState\x12\x14\n" +
+	"\x05state\x18\x01 \x01(\tR\x05state\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"5\n" +
 	"\x12FleetStatusRequest\x12\x1f\n" +
 	"\vrequest_ids\x18\x01 \x03(\tR\n" +
 	"requestIds\"C\n" +
@@ -1446,13 +1624,14 @@ const file_blend_proto_rawDesc = "" +
 	"\rStoreResponse\x12#\n" +
 	"\rstored_chunks\x18\x01 \x01(\x05R\fstoredChunks\x12%\n" +
 	"\x0eskipped_chunks\x18\x02 \x01(\x05R\rskippedChunks\x12\x14\n" +
-	"\x05bytes\x18\x03 \x01(\x03R\x05bytes2\x93\x03\n" +
+	"\x05bytes\x18\x03 \x01(\x03R\x05bytes2\xe9\x03\n" +
 	"\fBlendService\x12W\n" +
 	"\fUnregisterKV\x12\".cacheblend.v1.UnregisterKVRequest\x1a#.cacheblend.v1.UnregisterKVResponse\x12C\n" +
 	"\x06Lookup\x12\x1c.cacheblend.v1.LookupRequest\x1a\x1b.cacheblend.v1.LookupResult\x12K\n" +
 	"\bRetrieve\x12\x1e.cacheblend.v1.RetrieveRequest\x1a\x1f.cacheblend.v1.RetrieveResponse\x12B\n" +
 	"\x05Store\x12\x1b.cacheblend.v1.StoreRequest\x1a\x1c.cacheblend.v1.StoreResponse\x12T\n" +
-	"\vFleetStatus\x12!.cacheblend.v1.FleetStatusRequest\x1a\".cacheblend.v1.FleetStatusResponseB+Z)github.com/cacheblend/cacheblend/rpc/cbv1b\x06proto3"
+	"\vFleetStatus\x12!.cacheblend.v1.FleetStatusRequest\x1a\".cacheblend.v1.FleetStatusResponse\x12T\n" +
+	"\vStoreStatus\x12!.cacheblend.v1.StoreStatusRequest\x1a\".cacheblend.v1.StoreStatusResponseB+Z)github.com/cacheblend/cacheblend/rpc/cbv1b\x06proto3"
 
 var (
 	file_blend_proto_rawDescOnce sync.Once
@@ -1466,44 +1645,50 @@ func file_blend_proto_rawDescGZIP() []byte {
 	return file_blend_proto_rawDescData
 }
 
-var file_blend_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_blend_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_blend_proto_goTypes = []any{
-	(*FleetStatusRequest)(nil),   // 0: cacheblend.v1.FleetStatusRequest
-	(*FleetStatusResponse)(nil),  // 1: cacheblend.v1.FleetStatusResponse
-	(*KVLayout)(nil),             // 2: cacheblend.v1.KVLayout
-	(*KVRegistration)(nil),       // 3: cacheblend.v1.KVRegistration
-	(*KVRegistered)(nil),         // 4: cacheblend.v1.KVRegistered
-	(*UnregisterKVRequest)(nil),  // 5: cacheblend.v1.UnregisterKVRequest
-	(*UnregisterKVResponse)(nil), // 6: cacheblend.v1.UnregisterKVResponse
-	(*LookupRequest)(nil),        // 7: cacheblend.v1.LookupRequest
-	(*Match)(nil),                // 8: cacheblend.v1.Match
-	(*LookupResult)(nil),         // 9: cacheblend.v1.LookupResult
-	(*RetrieveRequest)(nil),      // 10: cacheblend.v1.RetrieveRequest
-	(*Range)(nil),                // 11: cacheblend.v1.Range
-	(*RetrieveResponse)(nil),     // 12: cacheblend.v1.RetrieveResponse
-	(*StoreRequest)(nil),         // 13: cacheblend.v1.StoreRequest
-	(*StoreResponse)(nil),        // 14: cacheblend.v1.StoreResponse
+	(*StoreStatusRequest)(nil),   // 0: cacheblend.v1.StoreStatusRequest
+	(*StoreStatusResponse)(nil),  // 1: cacheblend.v1.StoreStatusResponse
+	(*StoreState)(nil),           // 2: cacheblend.v1.StoreState
+	(*FleetStatusRequest)(nil),   // 3: cacheblend.v1.FleetStatusRequest
+	(*FleetStatusResponse)(nil),  // 4: cacheblend.v1.FleetStatusResponse
+	(*KVLayout)(nil),             // 5: cacheblend.v1.KVLayout
+	(*KVRegistration)(nil),       // 6: cacheblend.v1.KVRegistration
+	(*KVRegistered)(nil),         // 7: cacheblend.v1.KVRegistered
+	(*UnregisterKVRequest)(nil),  // 8: cacheblend.v1.UnregisterKVRequest
+	(*UnregisterKVResponse)(nil), // 9: cacheblend.v1.UnregisterKVResponse
+	(*LookupRequest)(nil),        // 10: cacheblend.v1.LookupRequest
+	(*Match)(nil),                // 11: cacheblend.v1.Match
+	(*LookupResult)(nil),         // 12: cacheblend.v1.LookupResult
+	(*RetrieveRequest)(nil),      // 13: cacheblend.v1.RetrieveRequest
+	(*Range)(nil),                // 14: cacheblend.v1.Range
+	(*RetrieveResponse)(nil),     // 15: cacheblend.v1.RetrieveResponse
+	(*StoreRequest)(nil),         // 16: cacheblend.v1.StoreRequest
+	(*StoreResponse)(nil),        // 17: cacheblend.v1.StoreResponse
 }
 var file_blend_proto_depIdxs = []int32{
-	2,  // 0: cacheblend.v1.KVRegistration.layout:type_name -> cacheblend.v1.KVLayout
-	8,  // 1: cacheblend.v1.LookupResult.matches:type_name -> cacheblend.v1.Match
-	8,  // 2: cacheblend.v1.RetrieveRequest.matches:type_name -> cacheblend.v1.Match
-	11, // 3: cacheblend.v1.RetrieveResponse.missing:type_name -> cacheblend.v1.Range
-	5,  // 4: cacheblend.v1.BlendService.UnregisterKV:input_type -> cacheblend.v1.UnregisterKVRequest
-	7,  // 5: cacheblend.v1.BlendService.Lookup:input_type -> cacheblend.v1.LookupRequest
-	10, // 6: cacheblend.v1.BlendService.Retrieve:input_type -> cacheblend.v1.RetrieveRequest
-	13, // 7: cacheblend.v1.BlendService.Store:input_type -> cacheblend.v1.StoreRequest
-	0,  // 8: cacheblend.v1.BlendService.FleetStatus:input_type -> cacheblend.v1.FleetStatusRequest
-	6,  // 9: cacheblend.v1.BlendService.UnregisterKV:output_type -> cacheblend.v1.UnregisterKVResponse
-	9,  // 10: cacheblend.v1.BlendService.Lookup:output_type -> cacheblend.v1.LookupResult
-	12, // 11: cacheblend.v1.BlendService.Retrieve:output_type -> cacheblend.v1.RetrieveResponse
-	14, // 12: cacheblend.v1.BlendService.Store:output_type -> cacheblend.v1.StoreResponse
-	1,  // 13: cacheblend.v1.BlendService.FleetStatus:output_type -> cacheblend.v1.FleetStatusResponse
-	9,  // [9:14] is the sub-list for method output_type
-	4,  // [4:9] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	2,  // 0: cacheblend.v1.StoreStatusResponse.states:type_name -> cacheblend.v1.StoreState
+	5,  // 1: cacheblend.v1.KVRegistration.layout:type_name -> cacheblend.v1.KVLayout
+	11, // 2: cacheblend.v1.LookupResult.matches:type_name -> cacheblend.v1.Match
+	11, // 3: cacheblend.v1.RetrieveRequest.matches:type_name -> cacheblend.v1.Match
+	14, // 4: cacheblend.v1.RetrieveResponse.missing:type_name -> cacheblend.v1.Range
+	8,  // 5: cacheblend.v1.BlendService.UnregisterKV:input_type -> cacheblend.v1.UnregisterKVRequest
+	10, // 6: cacheblend.v1.BlendService.Lookup:input_type -> cacheblend.v1.LookupRequest
+	13, // 7: cacheblend.v1.BlendService.Retrieve:input_type -> cacheblend.v1.RetrieveRequest
+	16, // 8: cacheblend.v1.BlendService.Store:input_type -> cacheblend.v1.StoreRequest
+	3,  // 9: cacheblend.v1.BlendService.FleetStatus:input_type -> cacheblend.v1.FleetStatusRequest
+	0,  // 10: cacheblend.v1.BlendService.StoreStatus:input_type -> cacheblend.v1.StoreStatusRequest
+	9,  // 11: cacheblend.v1.BlendService.UnregisterKV:output_type -> cacheblend.v1.UnregisterKVResponse
+	12, // 12: cacheblend.v1.BlendService.Lookup:output_type -> cacheblend.v1.LookupResult
+	15, // 13: cacheblend.v1.BlendService.Retrieve:output_type -> cacheblend.v1.RetrieveResponse
+	17, // 14: cacheblend.v1.BlendService.Store:output_type -> cacheblend.v1.StoreResponse
+	4,  // 15: cacheblend.v1.BlendService.FleetStatus:output_type -> cacheblend.v1.FleetStatusResponse
+	1,  // 16: cacheblend.v1.BlendService.StoreStatus:output_type -> cacheblend.v1.StoreStatusResponse
+	11, // [11:17] is the sub-list for method output_type
+	5,  // [5:11] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_blend_proto_init() }
@@ -1517,7 +1702,7 @@ func file_blend_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_blend_proto_rawDesc), len(file_blend_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

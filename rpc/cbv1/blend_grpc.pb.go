@@ -32,6 +32,7 @@ const (
 	BlendService_Retrieve_FullMethodName     = "/cacheblend.v1.BlendService/Retrieve"
 	BlendService_Store_FullMethodName        = "/cacheblend.v1.BlendService/Store"
 	BlendService_FleetStatus_FullMethodName  = "/cacheblend.v1.BlendService/FleetStatus"
+	BlendService_StoreStatus_FullMethodName  = "/cacheblend.v1.BlendService/StoreStatus"
 )
 
 // BlendServiceClient is the client API for BlendService service.
@@ -65,6 +66,12 @@ type BlendServiceClient interface {
 	// caller's deadline, until each one's fleet writes were tried once.
 	// InvalidArgument for no id, more than 256, or an id over 256 bytes.
 	FleetStatus(ctx context.Context, in *FleetStatusRequest, opts ...grpc.CallOption) (*FleetStatusResponse, error)
+	// StoreStatus reports, for documents this server stored (named by the
+	// request ids of their stores), whether their chunks are held in the
+	// tiers the server has (L1 memory; the L2 chunk files when it has an L2):
+	// it waits, at most the server's fleet status wait and the caller's
+	// deadline, until each one's stores ended. InvalidArgument as FleetStatus.
+	StoreStatus(ctx context.Context, in *StoreStatusRequest, opts ...grpc.CallOption) (*StoreStatusResponse, error)
 }
 
 type blendServiceClient struct {
@@ -125,6 +132,16 @@ func (c *blendServiceClient) FleetStatus(ctx context.Context, in *FleetStatusReq
 	return out, nil
 }
 
+func (c *blendServiceClient) StoreStatus(ctx context.Context, in *StoreStatusRequest, opts ...grpc.CallOption) (*StoreStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StoreStatusResponse)
+	err := c.cc.Invoke(ctx, BlendService_StoreStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BlendServiceServer is the server API for BlendService service.
 // All implementations must embed UnimplementedBlendServiceServer
 // for forward compatibility.
@@ -156,6 +173,12 @@ type BlendServiceServer interface {
 	// caller's deadline, until each one's fleet writes were tried once.
 	// InvalidArgument for no id, more than 256, or an id over 256 bytes.
 	FleetStatus(context.Context, *FleetStatusRequest) (*FleetStatusResponse, error)
+	// StoreStatus reports, for documents this server stored (named by the
+	// request ids of their stores), whether their chunks are held in the
+	// tiers the server has (L1 memory; the L2 chunk files when it has an L2):
+	// it waits, at most the server's fleet status wait and the caller's
+	// deadline, until each one's stores ended. InvalidArgument as FleetStatus.
+	StoreStatus(context.Context, *StoreStatusRequest) (*StoreStatusResponse, error)
 	mustEmbedUnimplementedBlendServiceServer()
 }
 
@@ -180,6 +203,9 @@ func (UnimplementedBlendServiceServer) Store(context.Context, *StoreRequest) (*S
 }
 func (UnimplementedBlendServiceServer) FleetStatus(context.Context, *FleetStatusRequest) (*FleetStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method FleetStatus not implemented")
+}
+func (UnimplementedBlendServiceServer) StoreStatus(context.Context, *StoreStatusRequest) (*StoreStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StoreStatus not implemented")
 }
 func (UnimplementedBlendServiceServer) mustEmbedUnimplementedBlendServiceServer() {}
 func (UnimplementedBlendServiceServer) testEmbeddedByValue()                      {}
@@ -292,6 +318,24 @@ func _BlendService_FleetStatus_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BlendService_StoreStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StoreStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BlendServiceServer).StoreStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BlendService_StoreStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BlendServiceServer).StoreStatus(ctx, req.(*StoreStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // BlendService_ServiceDesc is the grpc.ServiceDesc for BlendService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -318,6 +362,10 @@ var BlendService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "FleetStatus",
 			Handler:    _BlendService_FleetStatus_Handler,
+		},
+		{
+			MethodName: "StoreStatus",
+			Handler:    _BlendService_StoreStatus_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

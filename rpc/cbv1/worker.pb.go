@@ -86,7 +86,14 @@ type PullKVRequest struct {
 	// worker's memory (the decode engine's prefix cache held them).
 	FromBlock int32 `protobuf:"varint,6,opt,name=from_block,json=fromBlock,proto3" json:"from_block,omitempty"`
 	// The prompt's length in tokens.
-	NTokens       int32 `protobuf:"varint,7,opt,name=n_tokens,json=nTokens,proto3" json:"n_tokens,omitempty"`
+	NTokens int32 `protobuf:"varint,7,opt,name=n_tokens,json=nTokens,proto3" json:"n_tokens,omitempty"`
+	// W3C tracestate of trace_context: the caller's vendor entries, carried to
+	// kv.receive and kv.send (ignored without a valid trace_context).
+	TraceState string `protobuf:"bytes,8,opt,name=trace_state,json=traceState,proto3" json:"trace_state,omitempty"`
+	// The prompt's tokens as the decode engine tokenized them (n_tokens of
+	// them): the decode worker computes each block's chain hash from them and
+	// refuses a block the prefill worker says holds other tokens.
+	Tokens        []int32 `protobuf:"varint,9,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -170,6 +177,20 @@ func (x *PullKVRequest) GetNTokens() int32 {
 	return 0
 }
 
+func (x *PullKVRequest) GetTraceState() string {
+	if x != nil {
+		return x.TraceState
+	}
+	return ""
+}
+
+func (x *PullKVRequest) GetTokens() []int32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
 type PullKVResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Bytes         int64                  `protobuf:"varint,1,opt,name=bytes,proto3" json:"bytes,omitempty"`
@@ -233,8 +254,10 @@ type ReadKVRequest struct {
 	// The reader's KV layout and model: the blocks are copied as they are, so
 	// layers, block size, KV heads and head dimension must match the
 	// keeper's (num_blocks may differ).
-	Layout        *KVLayout `protobuf:"bytes,6,opt,name=layout,proto3" json:"layout,omitempty"`
-	Model         string    `protobuf:"bytes,7,opt,name=model,proto3" json:"model,omitempty"`
+	Layout *KVLayout `protobuf:"bytes,6,opt,name=layout,proto3" json:"layout,omitempty"`
+	Model  string    `protobuf:"bytes,7,opt,name=model,proto3" json:"model,omitempty"`
+	// W3C tracestate of trace_context (see PullKVRequest.trace_state).
+	TraceState    string `protobuf:"bytes,8,opt,name=trace_state,json=traceState,proto3" json:"trace_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -318,15 +341,27 @@ func (x *ReadKVRequest) GetModel() string {
 	return ""
 }
 
+func (x *ReadKVRequest) GetTraceState() string {
+	if x != nil {
+		return x.TraceState
+	}
+	return ""
+}
+
 // KVBlocks carries n_blocks consecutive blocks of the request's block table
 // from first_block on: for each layer, K then V, for each block the vectors
 // of its tokens (block_size, fewer in the prompt's last block), float32
 // little-endian, kv_heads * head_dim per token.
 type KVBlocks struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	FirstBlock    int32                  `protobuf:"varint,1,opt,name=first_block,json=firstBlock,proto3" json:"first_block,omitempty"`
-	NBlocks       int32                  `protobuf:"varint,2,opt,name=n_blocks,json=nBlocks,proto3" json:"n_blocks,omitempty"`
-	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	FirstBlock int32                  `protobuf:"varint,1,opt,name=first_block,json=firstBlock,proto3" json:"first_block,omitempty"`
+	NBlocks    int32                  `protobuf:"varint,2,opt,name=n_blocks,json=nBlocks,proto3" json:"n_blocks,omitempty"`
+	Data       []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	// The keeper's chain hash (kvcache.HashBlock, 32 bytes) of the prompt
+	// tokens each of the n_blocks blocks holds, the last, partial block
+	// included: the reader refuses the transfer when one differs from the
+	// hash of the tokens it pulls for.
+	BlockHashes   [][]byte `protobuf:"bytes,4,rep,name=block_hashes,json=blockHashes,proto3" json:"block_hashes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -378,6 +413,13 @@ func (x *KVBlocks) GetNBlocks() int32 {
 func (x *KVBlocks) GetData() []byte {
 	if x != nil {
 		return x.Data
+	}
+	return nil
+}
+
+func (x *KVBlocks) GetBlockHashes() [][]byte {
+	if x != nil {
+		return x.BlockHashes
 	}
 	return nil
 }
@@ -1191,7 +1233,7 @@ var File_worker_proto protoreflect.FileDescriptor
 
 const file_worker_proto_rawDesc = "" +
 	"\n" +
-	"\fworker.proto\x12\rcacheblend.v1\x1a\vblend.proto\"\xde\x01\n" +
+	"\fworker.proto\x12\rcacheblend.v1\x1a\vblend.proto\"\x97\x02\n" +
 	"\rPullKVRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1202,10 +1244,13 @@ const file_worker_proto_rawDesc = "" +
 	"blockTable\x12\x1d\n" +
 	"\n" +
 	"from_block\x18\x06 \x01(\x05R\tfromBlock\x12\x19\n" +
-	"\bn_tokens\x18\a \x01(\x05R\anTokens\">\n" +
+	"\bn_tokens\x18\a \x01(\x05R\anTokens\x12\x1f\n" +
+	"\vtrace_state\x18\b \x01(\tR\n" +
+	"traceState\x12\x16\n" +
+	"\x06tokens\x18\t \x03(\x05R\x06tokens\">\n" +
 	"\x0ePullKVResponse\x12\x14\n" +
 	"\x05bytes\x18\x01 \x01(\x03R\x05bytes\x12\x16\n" +
-	"\x06blocks\x18\x02 \x01(\x05R\x06blocks\"\xec\x01\n" +
+	"\x06blocks\x18\x02 \x01(\x05R\x06blocks\"\x8d\x02\n" +
 	"\rReadKVRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1215,12 +1260,15 @@ const file_worker_proto_rawDesc = "" +
 	"from_block\x18\x04 \x01(\x05R\tfromBlock\x12\x19\n" +
 	"\bn_tokens\x18\x05 \x01(\x05R\anTokens\x12/\n" +
 	"\x06layout\x18\x06 \x01(\v2\x17.cacheblend.v1.KVLayoutR\x06layout\x12\x14\n" +
-	"\x05model\x18\a \x01(\tR\x05model\"Z\n" +
+	"\x05model\x18\a \x01(\tR\x05model\x12\x1f\n" +
+	"\vtrace_state\x18\b \x01(\tR\n" +
+	"traceState\"}\n" +
 	"\bKVBlocks\x12\x1f\n" +
 	"\vfirst_block\x18\x01 \x01(\x05R\n" +
 	"firstBlock\x12\x19\n" +
 	"\bn_blocks\x18\x02 \x01(\x05R\anBlocks\x12\x12\n" +
-	"\x04data\x18\x03 \x01(\fR\x04data\"\r\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12!\n" +
+	"\fblock_hashes\x18\x04 \x03(\fR\vblockHashes\"\r\n" +
 	"\vInfoRequest\"\xd9\x04\n" +
 	"\fInfoResponse\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
