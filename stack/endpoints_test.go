@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -173,7 +174,7 @@ func TestEndpointsFileRewrittenOnRestart(t *testing.T) {
 // node entry), and node 1's state directory is its own.
 func TestEndpointsFileRewrittenOnNodeRestart(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "state")
-	st, _ := fakeUp(t, UpConfig{Plaintext: true, Nodes: 2, NoGateway: true, RedisURL: "redis://127.0.0.1:1", StateDir: state})
+	st, _ := fakeUp(t, UpConfig{Plaintext: true, Nodes: 2, NoGateway: true, RedisURL: "redis://127.0.0.1:1", FleetKey: strings.Repeat("k", 32), StateDir: state})
 	defer st.Shutdown(context.Background())
 	path := filepath.Join(t.TempDir(), "endpoints.json")
 	if err := st.WriteEndpoints(path); err != nil {

@@ -178,7 +178,7 @@ func TestCheck(t *testing.T) {
 			}))},
 		{name: "a span that may not repeat, twice",
 			td: request(r1, add(tracetest.SpanDef{Name: spanname.CBClassify, Service: tracetest.Blend, Kind: ptrace.SpanKindInternal, Parent: spanname.CBLookup,
-				StartMs: 32, EndMs: 32.5, Attrs: map[string]any{"request_id": "r1", "found": int64(1), "stale": int64(0), "per_rank_ok": int64(1)}})),
+				StartMs: 32, EndMs: 32.5, Attrs: map[string]any{"request_id": "r1", "found": int64(1), "stale": int64(0), "per_rank_ok": int64(1), "pending": int64(0)}})),
 			want: []string{"repeated-span cb.classify"}},
 		{name: "cb.store may end after the request (async)",
 			td: request(r1, add(tracetest.SpanDef{Name: spanname.CBStore, Service: tracetest.Blend, Kind: ptrace.SpanKindServer, Parent: spanname.CBExecute,

@@ -17,14 +17,15 @@ func lowerThreadPriority() error {
 	return syscall.Setpriority(syscall.PRIO_PROCESS, syscall.Gettid(), checkerNice)
 }
 
-// threadCPU is the calling thread's CPU time (user and system); ok is false
-// when it cannot be read. The checker's goroutine is locked to its thread
-// and computes on it alone (a one-thread model view), so the difference of
-// two readings is what a comparison cost in CPU.
+// threadCPU is the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID:
+// the scheduler's own count, to the nanosecond; getrusage's may advance by
+// whole ticks); ok is false when it cannot be read. The checker's goroutine
+// is locked to its thread and computes on it alone (a one-thread model
+// view), so the difference of two readings is what a comparison cost in CPU.
 func threadCPU() (d time.Duration, ok bool) {
-	var ru unix.Rusage
-	if unix.Getrusage(unix.RUSAGE_THREAD, &ru) != nil {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts) != nil {
 		return 0, false
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), true
+	return time.Duration(ts.Nano()), true
 }

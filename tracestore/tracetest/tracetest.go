@@ -135,7 +135,7 @@ func (r Request) Defs() []SpanDef {
 			"model": r.Model, "world_size": int64(1), "n_prompt_tokens": r.PromptTokens, "lookup": r.Lookup}))},
 		{spanname.CBSchedule, Engine, ptrace.SpanKindInternal, spanname.CBRequest, 3, 41, with(map[string]any{})},
 		{spanname.CBLookupRPC, Engine, ptrace.SpanKindClient, spanname.CBSchedule, 4, 37, with(map[string]any{"n_polls": int64(3)})},
-		{spanname.CBLookup, Blend, ptrace.SpanKindServer, spanname.CBLookupRPC, 5.5, 33, with(stats(map[string]any{"prefix_chunks": int64(1)}))},
+		{spanname.CBLookup, Blend, ptrace.SpanKindServer, spanname.CBLookupRPC, 5.5, 33, with(stats(map[string]any{"prefix_chunks": int64(1), "pending_wait_ms": 0.0}))},
 		{spanname.MPLookupPrefetch, Blend, ptrace.SpanKindInternal, spanname.CBLookup, 6, 8.5, with(map[string]any{"prefix_chunks": int64(1)})},
 		{spanname.CBFingerprintMatch, Blend, ptrace.SpanKindInternal, spanname.CBLookup, 8.5, 15, with(map[string]any{
 			"n_probes": r.PromptTokens - 256, "table_hits": int64(3), "matches": int64(2)})},
@@ -144,7 +144,7 @@ func (r Request) Defs() []SpanDef {
 		{spanname.CBL2Load, Blend, ptrace.SpanKindInternal, spanname.CBSparsePrefetch, 15.5, 29.5, with(map[string]any{
 			"chunks": r.L2Misses, "bytes": r.L2Misses * 4 << 20, "ms": 14.0})},
 		{spanname.CBClassify, Blend, ptrace.SpanKindInternal, spanname.CBLookup, 30, 32, with(map[string]any{
-			"found": int64(3), "stale": int64(0), "per_rank_ok": int64(1)})},
+			"found": int64(3), "stale": int64(0), "per_rank_ok": int64(1), "pending": int64(0)})},
 		{spanname.CBBuildMeta, Engine, ptrace.SpanKindInternal, spanname.CBSchedule, 38, 40, with(map[string]any{})},
 		{spanname.CBExecute, Worker, ptrace.SpanKindServer, spanname.CBRequest, 42, 120, with(map[string]any{})},
 		{spanname.CBStartLoadKV, Worker, ptrace.SpanKindClient, spanname.CBExecute, 43, 61, with(map[string]any{
