@@ -249,7 +249,10 @@ type attempt struct {
 	at         time.Time
 	status     int
 	retryAfter string
-	client     string
+	// retryAfterMs is the Retry-After-Ms header ("" without one): the SDKs
+	// read it first, to the millisecond.
+	retryAfterMs string
+	client       string
 }
 
 func (l *retryLog) middleware(client string) option.Middleware {
@@ -258,7 +261,7 @@ func (l *retryLog) middleware(client string) option.Middleware {
 		resp, err := next(req)
 		a := attempt{at: at, client: client}
 		if resp != nil {
-			a.status, a.retryAfter = resp.StatusCode, resp.Header.Get("Retry-After")
+			a.status, a.retryAfter, a.retryAfterMs = resp.StatusCode, resp.Header.Get("Retry-After"), resp.Header.Get("Retry-After-Ms")
 		}
 		l.mu.Lock()
 		l.attempts = append(l.attempts, a)
@@ -323,8 +326,16 @@ func TestRetryAfterHonoured(t *testing.T) {
 			if i+1 >= len(as) {
 				t.Fatalf("%s: no retry after a 429", name)
 			}
-			if waited := as[i+1].at.Sub(a.at); waited < time.Duration(secs)*time.Second {
-				t.Fatalf("%s: retried after %v, Retry-After %ds", name, waited, secs)
+			wait := time.Duration(secs) * time.Second
+			if a.retryAfterMs != "" { // what the SDK follows when sent
+				ms, err := strconv.ParseInt(a.retryAfterMs, 10, 64)
+				if err != nil || ms < 1 || time.Duration(ms)*time.Millisecond > wait {
+					t.Fatalf("%s: 429 with Retry-After-Ms %q beyond Retry-After %ds", name, a.retryAfterMs, secs)
+				}
+				wait = time.Duration(ms) * time.Millisecond
+			}
+			if waited := as[i+1].at.Sub(a.at); waited < wait {
+				t.Fatalf("%s: retried after %v, Retry-After %ds, Retry-After-Ms %q", name, waited, secs, a.retryAfterMs)
 			}
 			t.Logf("%s: 429 with Retry-After %ss, retried after %v (status %d)", name, a.retryAfter, as[i+1].at.Sub(a.at).Round(time.Millisecond), as[i+1].status)
 		}

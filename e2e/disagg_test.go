@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -36,13 +38,41 @@ type pdNodes struct {
 	collector  *tracestore.Collector
 	queryURL   string
 	kvSendRate int64
+	// stackKey is the engines' shared stack key (CB_STACK_KEY): the test
+	// signs its X-CB-Decode-Engine choices with it, as the gateway does.
+	stackKey []byte
+}
+
+// e2eStackKey is the stack key the hand-over tests give their engines and
+// gateways (CB_STACK_KEY, at least api.MinStackKeyBytes).
+const e2eStackKey = "e2e-stack-key-0123456789abcdef0123456789abcdef"
+
+// decodeHeaders names decodeURL as the decode engine of one request to a
+// prefill engine, with the gateway's proof (api.DecodeAuth, a fresh nonce)
+// made with key, plus the extra headers.
+func decodeHeaders(key []byte, decodeURL string, extra map[string]string) map[string]string {
+	var nonce [12]byte
+	_, _ = rand.Read(nonce[:])
+	h := map[string]string{
+		api.HeaderDecodeEngine: decodeURL,
+		api.HeaderDecodeAuth:   api.DecodeAuth(key, decodeURL, hex.EncodeToString(nonce[:]), time.Now().Add(api.HandoffTTL)),
+	}
+	for k, v := range extra {
+		h[k] = v
+	}
+	return h
+}
+
+// toDecode is decodeHeaders for this pair's decode engine.
+func (x *pdNodes) toDecode(extra map[string]string) map[string]string {
+	return decodeHeaders(x.stackKey, x.d.Engine.API, extra)
 }
 
 // startPD starts the two nodes. The prefill worker paces its KV reads at
 // kvSendRate bytes/s, so that a transfer lasts long enough to be cut.
 func startPD(t *testing.T, kvSendRate int64) *pdNodes {
 	t.Helper()
-	x := &pdNodes{t: t, logs: &syncWriter{}, kvSendRate: kvSendRate}
+	x := &pdNodes{t: t, logs: &syncWriter{}, kvSendRate: kvSendRate, stackKey: []byte(e2eStackKey)}
 	col, err := tracestore.New(tracestore.Config{OTLPAddr: "127.0.0.1:0", QueryAddr: "127.0.0.1:0"}, component.Deps{})
 	if err != nil {
 		t.Fatal(err)
@@ -69,7 +99,7 @@ func startPD(t *testing.T, kvSendRate int64) *pdNodes {
 		st, err := stack.Up(context.Background(), stack.UpConfig{
 			Exe: cbBin, APIAddr: api, TLSDir: tlsDir,
 			OTLPEndpoint: "http://" + col.OTLPAddr() + "/v1/traces", OTLPProtocol: "http/protobuf",
-			Env:        []string{"OTEL_BSP_SCHEDULE_DELAY=100"},
+			Env:        []string{"OTEL_BSP_SCHEDULE_DELAY=100", "CB_STACK_KEY=" + e2eStackKey},
 			EngineArgs: engineArgs, WorkerArgs: append(small, workerArgs...),
 			Supervisor: stack.Config{Logs: &prefixWriter{prefix: name + " ", w: x.logs}, ReadyTimeout: 90 * time.Second},
 		})
@@ -78,7 +108,8 @@ func startPD(t *testing.T, kvSendRate int64) *pdNodes {
 		}
 		return st
 	}
-	x.prefill = up("prefill", []string{"--role", "prefill"}, []string{"--kv-send-rate", fmt.Sprint(kvSendRate)})
+	// The prefill engine's allow-list: the decode engine's URL.
+	x.prefill = up("prefill", []string{"--role", "prefill", "--decode-engine", fmt.Sprintf("http://127.0.0.1:%d", ports[1])}, []string{"--kv-send-rate", fmt.Sprint(kvSendRate)})
 	x.decode = up("decode", []string{"--role", "decode"}, nil)
 	x.p, x.d = x.prefill.Endpoints(), x.decode.Endpoints()
 	t.Cleanup(func() {
@@ -230,8 +261,7 @@ func waitValue(t *testing.T, url, sample string, ok func(float64) bool, what str
 // error with the KV blocks freed on both sides.
 func TestPrefillDecodeDisaggregation(t *testing.T) {
 	x := startPD(t, 2<<20) // 2 MB/s: a 2-document prompt's KV (~2.7 MB) takes ~1.3 s
-	p, d := x.p.Engine.API, x.d.Engine.API
-	toDecode := map[string]string{api.HeaderDecodeEngine: d}
+	p := x.p.Engine.API
 	// The prefill node's blend server holds the documents: CacheBlend reuse
 	// on the prefill engine.
 	var docs []map[string]string
@@ -250,7 +280,7 @@ func TestPrefillDecodeDisaggregation(t *testing.T) {
 	full := map[string]any{"cacheblend": map[string]any{"reuse": false}}
 	question := demo.Prompt(demo.Documents()[7:8], "Question: summarize this document in one sentence.")
 	one := send(p, nil, chatBody(question, 24, false, full))
-	dis := send(p, toDecode, chatBody(question, 24, false, full))
+	dis := send(p, x.toDecode(nil), chatBody(question, 24, false, full))
 	if one.status != 200 || dis.status != 200 || one.text == "" || dis.text != one.text {
 		t.Fatalf("one engine %d %q\ndisaggregated %d %q %s", one.status, one.text, dis.status, dis.text, dis.body)
 	}
@@ -264,7 +294,7 @@ func TestPrefillDecodeDisaggregation(t *testing.T) {
 	// decode SERVER → kv.receive → kv.send, checked against the contract.
 	docs14 := []demo.Document{demo.Documents()[1], demo.Documents()[4]}
 	rag := demo.Prompt(docs14, "Question: what do these documents have in common?")
-	a := send(p, map[string]string{api.HeaderDecodeEngine: d, "traceparent": caller}, chatBody(rag, 16, true, nil))
+	a := send(p, x.toDecode(map[string]string{"traceparent": caller}), chatBody(rag, 16, true, nil))
 	if a.status != 200 || strings.Contains(a.text, "<error") {
 		t.Fatalf("RAG hand-over: %d %s", a.status, a.body)
 	}
@@ -310,7 +340,7 @@ func TestPrefillDecodeDisaggregation(t *testing.T) {
 
 	// 3. A second request sharing the prefix: the decode engine's prefix
 	// cache holds its blocks, which are not sent.
-	b := send(p, toDecode, chatBody(demo.Prompt(docs14, "Question: which one is longer?"), 16, false, nil))
+	b := send(p, x.toDecode(nil), chatBody(demo.Prompt(docs14, "Question: which one is longer?"), 16, false, nil))
 	second, ok := api.ParseKVReport(b.header)
 	// (The first one shared only the prompt's opening with the earlier
 	// request: the chat template and the instruction, 2 blocks.)
@@ -346,7 +376,7 @@ func (x *pdNodes) killDecodeMidTransfer(t *testing.T) {
 	waitValue(t, p+"/metrics", usedP, func(v float64) bool { return v == 0 }, "prefill engine idle before the fault")
 	done := make(chan answer, 1)
 	go func() {
-		done <- send(p, map[string]string{api.HeaderDecodeEngine: d}, chatBody(ragPrompt(2, 5, 6), 8, true, nil))
+		done <- send(p, x.toDecode(nil), chatBody(ragPrompt(2, 5, 6), 8, true, nil))
 	}()
 	pulling := `cb_worker_kv_handoffs{state="pulling"}`
 	waitValue(t, x.d.Worker.Metrics, pulling, func(v float64) bool { return v == 1 }, "decode worker pulling")
@@ -397,7 +427,7 @@ func (x *pdNodes) killDecodeMidTransfer(t *testing.T) {
 	if v := scrapeValue(d+"/metrics", `cb_engine_kv_blocks{state="used"}`); v != 0 {
 		t.Errorf("restarted decode engine: %v blocks used", v)
 	}
-	again := send(p, map[string]string{api.HeaderDecodeEngine: d}, chatBody("hello again", 4, false, nil))
+	again := send(p, x.toDecode(nil), chatBody("hello again", 4, false, nil))
 	if again.status != 200 {
 		t.Fatalf("after the restart: %d %s", again.status, again.body)
 	}

@@ -35,7 +35,9 @@ func TestFleetTwoNodesShareDocuments(t *testing.T) {
 func fleetTwoNodes(t *testing.T, url string, tp int) {
 	// A generous Redis deadline too: a pipelined read of megabytes that
 	// overruns the default 250 ms on a loaded machine is a miss.
-	fleetArgs := []string{"--redis-url", url, "--coordinator-timeout", "2s", "--redis-timeout", "5s"}
+	// The URL and the fleet key reach cb blend in its environment
+	// (CB_BLEND_REDIS_URL, CB_BLEND_FLEET_KEY).
+	fleetArgs := []string{"--coordinator-timeout", "2s", "--redis-timeout", "5s"}
 	// --no-store: a request's prompt is not stored (through Redis the
 	// other node would reuse it whole), so both nodes reuse the documents
 	// alone, one plan, and must give one answer (CacheBlend is approximate:
@@ -44,8 +46,8 @@ func fleetTwoNodes(t *testing.T, url string, tp int) {
 	// parallel packages) a lookup that gives up is a full prefill, and this
 	// test is about what the lookup finds, not how fast.
 	engineArgs := []string{"--no-store", "--lookup-timeout", "10s"}
-	a := startEnv(t, options{blendArgs: fleetArgs, engineArgs: engineArgs, tp: tp})
-	b := startEnv(t, options{blendArgs: fleetArgs, engineArgs: engineArgs, tp: tp})
+	a := startEnv(t, options{redisURL: url, blendArgs: fleetArgs, engineArgs: engineArgs, tp: tp})
+	b := startEnv(t, options{redisURL: url, blendArgs: fleetArgs, engineArgs: engineArgs, tp: tp})
 	a.ingest()
 	a.awaitFleetWrites()
 
@@ -146,8 +148,8 @@ func text(out map[string]any) string {
 // once node A has stored its documents again).
 func TestFleetFaults(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
-	a := startEnv(t, options{blendArgs: []string{"--redis-url", srv.URL(), "--coordinator-timeout", "2s"}})
-	b := startEnv(t, options{blendArgs: []string{"--redis-url", srv.URL(), "--coordinator-timeout", "100ms", "--redis-timeout", "200ms"}})
+	a := startEnv(t, options{redisURL: srv.URL(), blendArgs: []string{"--coordinator-timeout", "2s"}})
+	b := startEnv(t, options{redisURL: srv.URL(), blendArgs: []string{"--coordinator-timeout", "100ms", "--redis-timeout", "200ms"}})
 	a.ingest()
 
 	srv.Pause()

@@ -105,7 +105,16 @@ type options struct {
 	// model is a GGUF model file the stack serves (stack.UpConfig.ModelPath,
 	// as cb up --model), and modelName its general.name (env.model).
 	model, modelName string
+	// redisURL joins the blend server to this fleet tier
+	// (stack.UpConfig.RedisURL: cb blend gets it in CB_BLEND_REDIS_URL,
+	// never in argv), with e2eFleetKey as the fleet key
+	// (CB_BLEND_FLEET_KEY); "" for none.
+	redisURL string
 }
+
+// e2eFleetKey is the fleet key of the tests' fleet tiers (every node of a
+// fleet has the same; at least 32 bytes).
+const e2eFleetKey = "e2e-fleet-key-0123456789abcdef0123456789abcdef"
 
 // startEnv starts the collector (unless o.otlpEndpoint is set) and the
 // three processes; everything is stopped when the test ends.
@@ -125,6 +134,9 @@ func startEnv(t *testing.T, o options) *env {
 		TP:         o.tp,
 		StateDir:   o.stateDir,
 		ModelPath:  o.model,
+	}
+	if o.redisURL != "" {
+		cfg.RedisURL, cfg.FleetKey = o.redisURL, e2eFleetKey
 	}
 	e.model = o.modelName
 	if o.otlpEndpoint == "" {

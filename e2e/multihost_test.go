@@ -143,7 +143,7 @@ func startMultiHost(t *testing.T) *multiHost {
 
 	// Hosts node-a and node-b: blend, worker, prefill engine.
 	for _, h := range []*netns.Host{m.a, m.b} {
-		m.start(h, "cb-blend", m.tlsEnv(h, "blend", "CB_BLEND_REDIS_URL="+m.redisURL()), cbBin, "blend",
+		m.start(h, "cb-blend", m.tlsEnv(h, "blend", "CB_BLEND_REDIS_URL="+m.redisURL(), "CB_BLEND_FLEET_KEY="+e2eFleetKey), cbBin, "blend",
 			"--addr", h.Addr(mhBlendPort), "--metrics-addr", h.Addr(mhBlendMet), "--coordinator-timeout", "2s", "--redis-timeout", "2s")
 		m.start(h, "cb-worker", m.tlsEnv(h, "worker"), cbBin, append([]string{"worker",
 			"--addr", h.Addr(mhWorkerPort), "--metrics-addr", h.Addr(mhWorkerMet), "--blend", h.Addr(mhBlendPort)}, smallModel...)...)
@@ -156,14 +156,17 @@ func startMultiHost(t *testing.T) *multiHost {
 	}
 	for _, h := range []*netns.Host{m.a, m.b} {
 		m.waitHealthy(h.URL(mhBlendMet) + "/health")
-		m.start(h, "cb-engine", m.tlsEnv(h, "engine"), cbBin, "engine", "--role", "prefill",
+		// The stack key the engines and the gateway share (CB_STACK_KEY), and
+		// the decode engine this prefill engine may hand over to.
+		m.start(h, "cb-engine", m.tlsEnv(h, "engine", "CB_STACK_KEY="+e2eStackKey), cbBin, "engine", "--role", "prefill",
 			"--addr", h.Addr(mhEnginePort), "--worker", h.Addr(mhWorkerPort), "--blend", h.Addr(mhBlendPort),
+			"--decode-engine", m.dec.URL(mhEnginePort),
 			"--lookup-timeout", "10s",
 			// Below the gateway's idle timeout (connect 1 s + idle): a decode
 			// host gone is the prefill engine's 503, not its silence.
 			"--handoff-connect-timeout", "1s", "--handoff-idle-timeout", (mhIdleTimeout / 2).String())
 	}
-	m.start(m.dec, "cb-engine", m.tlsEnv(m.dec, "engine"), cbBin, "engine", "--role", "decode",
+	m.start(m.dec, "cb-engine", m.tlsEnv(m.dec, "engine", "CB_STACK_KEY="+e2eStackKey), cbBin, "engine", "--role", "decode",
 		"--addr", m.dec.Addr(mhEnginePort), "--worker", m.dec.Addr(mhWorkerPort),
 		"--handoff-source", m.a.Addr(mhWorkerPort), "--handoff-source", m.b.Addr(mhWorkerPort))
 	for _, h := range []*netns.Host{m.a, m.b, m.dec} {
@@ -179,7 +182,7 @@ func startMultiHost(t *testing.T) *multiHost {
 	if m.idleTimeoutSupport {
 		gwArgs = append(gwArgs, "--upstream-idle-timeout", mhIdleTimeout.String())
 	}
-	m.start(m.gw, "cb-gateway", m.baseEnv(m.gw), cbBin, gwArgs...)
+	m.start(m.gw, "cb-gateway", append(m.baseEnv(m.gw), "CB_STACK_KEY="+e2eStackKey), cbBin, gwArgs...)
 	m.waitHealthy(m.gw.URL(mhGatewayPort) + "/health")
 	return m
 }

@@ -8,6 +8,8 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/engine/api"
@@ -50,8 +52,11 @@ func (e *Engine) serveDocuments(w *statusWriter, r *http.Request, _ string, t0 t
 	}
 	if apiErr == nil {
 		out.Usage = api.Usage{PromptTokens: nTokens, TotalTokens: nTokens}
-		writeJSON(w, http.StatusOK, withFleetState(parent, e.blend, e.log, out, ids))
-		return
+		res := withFleetState(parent, e.blend, e.log, out, ids)
+		if apiErr = withStoreState(parent, e.blend, e.log, res, ids); apiErr == nil {
+			writeJSON(w, http.StatusOK, res)
+			return
+		}
 	}
 	if apiErr.Status == http.StatusServiceUnavailable && apiErr.RetryAfter == 0 {
 		apiErr = apiErr.WithRetryAfter(WorkerRetryAfter)
@@ -78,6 +83,14 @@ type documentResult struct {
 	// when the blend server did not answer the query ("unknown" is never
 	// guessed).
 	Fleet string `json:"fleet,omitempty"`
+	// L2 is, with a blend server that keeps chunk files (L2), whether the
+	// document's chunks reached them: "stored", or "failed: <cause>" (e.g.
+	// "failed: no space left on device"; the document's status is then
+	// memory_only). Absent without an L2 or when the blend server did not
+	// answer.
+	L2 string `json:"l2,omitempty"`
+	// Error is why a document's status is not "stored".
+	Error string `json:"error,omitempty"`
 }
 
 // documentList is the body of a POST /v1/documents response (api.DocumentList
@@ -122,6 +135,94 @@ func withFleetState(ctx context.Context, bc cbv1.BlendServiceClient, log *slog.L
 	return res
 }
 
+// Document statuses of a POST /v1/documents answer (documentResult.Status).
+const (
+	// DocStored: the chunks are held in every tier the blend server has (L1
+	// memory, and its L2 chunk files when it has an L2).
+	DocStored = "stored"
+	// DocMemoryOnly: held in L1 memory (reusable now) but an L2 write failed:
+	// a restart of the blend server loses the document (l2 and error say
+	// why; it is written to L2 later once a write succeeds, or store it
+	// again then).
+	DocMemoryOnly = "memory_only"
+	// DocFailed: some chunk is held by no tier: store the document again.
+	DocFailed = "failed"
+	// DocUnconfirmed: the worker reported the store done but the blend
+	// server did not confirm it (it did not answer, or no store of the
+	// document reached it in time): reuse is likely but not promised.
+	DocUnconfirmed = "unconfirmed"
+)
+
+// storeStatusTimeout bounds the engine's store status query (the blend
+// server waits at most its FleetStatusWait, 1 s by default, for the
+// stores' ends).
+const storeStatusTimeout = 3 * time.Second
+
+// withStoreState asks the blend server bc (nil: nothing is asked) where the
+// stored documents' chunks are held (BlendService.StoreStatus, by their
+// request ids ids, in order) and sets each document's status, l2 and error.
+// It returns an error for the whole request when no document was stored
+// in any tier: 507 insufficient_storage when the blend server's disk is
+// full, else 503 with Retry-After (the client may retry; nothing was kept).
+// A partial answer (some memory_only or failed) stays 200: each document
+// says what happened to it.
+func withStoreState(ctx context.Context, bc cbv1.BlendServiceClient, log *slog.Logger, res *documentList, ids []string) *api.Error {
+	if bc == nil || len(ids) == 0 || len(ids) != len(res.Data) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeStatusTimeout)
+	defer cancel()
+	st, err := bc.StoreStatus(ctx, &cbv1.StoreStatusRequest{RequestIds: ids})
+	if status.Code(err) == codes.Unimplemented {
+		// A blend server older than StoreStatus: the status stays the
+		// worker's report (the store was done), as before it.
+		return nil
+	}
+	if err != nil || len(st.GetStates()) != len(ids) {
+		log.Warn("storage state of the stored documents unknown", "err", err)
+		for i := range res.Data {
+			res.Data[i].Status = DocUnconfirmed
+		}
+		return nil
+	}
+	failed := 0
+	for i := range res.Data {
+		d, s := &res.Data[i], st.GetStates()[i]
+		switch s.GetState() {
+		case "stored":
+			d.Status = DocStored
+			if st.GetL2() {
+				d.L2 = "stored"
+			}
+		case "memory_only":
+			d.Status, d.Error = DocMemoryOnly, "held in memory only, not durable: L2 write failed: "+s.GetError()
+			d.L2 = "failed: " + s.GetError()
+		case "failed":
+			failed++
+			d.Status, d.Error = DocFailed, "not stored: "+s.GetError()
+			if st.GetL2() {
+				d.L2 = "failed: " + s.GetError()
+			}
+		default:
+			d.Status = DocUnconfirmed
+		}
+		if d.Status != DocStored {
+			log.Error("document not stored durably", "request_id", ids[i], "document_id", d.ID,
+				"status", d.Status, "l2", d.L2, "err", s.GetError(), "disk_full", st.GetDiskFull())
+		}
+	}
+	if failed < len(res.Data) {
+		return nil
+	}
+	msg := "No document was stored: " + st.GetStates()[0].GetError() + "."
+	if st.GetDiskFull() {
+		return &api.Error{Status: http.StatusInsufficientStorage, Type: "server_error", Code: "insufficient_storage",
+			Message: msg + " The blend server's disk is full.", ErrorType: "internal"}
+	}
+	return &api.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "store_failed",
+		Message: msg, ErrorType: "internal"}
+}
+
 // readDocuments reads and decodes a documents request and tokenizes its
 // documents, each within the model's positions.
 func (e *Engine) readDocuments(w *statusWriter, r *http.Request) (*api.Documents, [][]int32, *api.Error) {
@@ -144,7 +245,8 @@ func (e *Engine) readDocuments(w *statusWriter, r *http.Request) (*api.Documents
 	for i, d := range docs.Docs {
 		toks[i] = e.tok.Encode(d.Text)
 		if mp := int(info.GetMaxPositions()); mp > 0 && len(toks[i]) > mp {
-			return nil, nil, api.BadRequest("documents", "Document %d has %d tokens; the model allows %d.", i, len(toks[i]), mp)
+			return nil, nil, api.BadRequestCode("documents", api.CodeContextLengthExceeded,
+				"Document %d has %d tokens; the model allows %d.", i, len(toks[i]), mp)
 		}
 	}
 	return docs, toks, nil

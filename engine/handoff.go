@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -102,17 +103,34 @@ func (e *Engine) checkHandoff(r *http.Request, ho *api.Handoff, hoErr error, pro
 	case hoErr != nil:
 		return "", badHandoff("invalid_handoff", "Header %s: %v.", api.HeaderHandoff, hoErr)
 	case ho != nil:
+		// Signed by a prefill engine of this stack, for this decode engine
+		// (as the prefill engine addressed it), for this prompt, not expired.
+		if err := ho.Verify(e.cfg.StackKey, selfURL(r), time.Now()); err != nil {
+			return "", e.unauthenticated(api.HeaderHandoff, err)
+		}
 		if ho.N != len(prompt) || ho.Digest != api.PromptDigest(prompt) {
 			return "", badHandoff("handoff_mismatch", "The prompt (%d tokens here) is not the one the prefill engine handed over (%d tokens).", len(prompt), ho.N)
 		}
 		if len(e.cfg.HandoffSources) > 0 && !slices.Contains(e.cfg.HandoffSources, ho.Worker) {
 			return "", badHandoff("invalid_handoff", "Prefill worker %s is not among this engine's hand-over sources.", ho.Worker)
 		}
+		ho.Tokens = prompt // the decode worker checks the pulled blocks against them
 		return "", nil
 	case dh != "":
 		u, err := api.ParseDecodeEngine(dh)
 		if err != nil {
 			return "", badHandoff("invalid_handoff", "Header %s: %v.", api.HeaderDecodeEngine, err)
+		}
+		// Only the gateway names decode engines (its proof, made with the
+		// stack key), and only those of the allow-list.
+		if err := api.VerifyDecodeAuth(e.cfg.StackKey, r.Header.Get(api.HeaderDecodeAuth), u, time.Now()); err != nil {
+			return "", e.unauthenticated(api.HeaderDecodeEngine, err)
+		}
+		if !e.allowed[u] {
+			e.sec.Refused(metrics.RefusedNotAllowed)
+			return "", &api.Error{Status: http.StatusForbidden, Type: "permission_error", Code: CodeDecodeEngineNotAllowed,
+				Message:   fmt.Sprintf("Decode engine %s is not in this prefill engine's allow-list (--decode-engine).", u),
+				ErrorType: api.ErrorTypeUnauthorized}
 		}
 		if err := CheckAdvertise(e.cfg.WorkerAdvertise, u); err != nil {
 			return "", &api.Error{Status: http.StatusInternalServerError, Type: "server_error", Code: CodeHandoffMisconfigured,
@@ -121,6 +139,67 @@ func (e *Engine) checkHandoff(r *http.Request, ho *api.Handoff, hoErr error, pro
 		return u, nil
 	}
 	return "", nil
+}
+
+// Codes of the 403 and 503 answers that protect a hand-over (docs/design.md
+// §9, "Security").
+const (
+	// CodeHandoffUnauthenticated: X-CB-Handoff without a valid signature,
+	// or X-CB-Decode-Engine without the gateway's valid proof
+	// (X-CB-Decode-Auth), or an engine without a stack key.
+	CodeHandoffUnauthenticated = "handoff_unauthenticated"
+	// CodeDecodeEngineNotAllowed: X-CB-Decode-Engine names an engine
+	// outside Config.DecodeEngines.
+	CodeDecodeEngineNotAllowed = "decode_engine_not_allowed"
+	// CodeHandoffPeerBusy: Config.MaxHandoffsPerPeer hand-overs to that
+	// decode engine are in flight (503, Retry-After).
+	CodeHandoffPeerBusy = "handoff_peer_busy"
+)
+
+// unauthenticated counts and answers a hand-over header that did not
+// authenticate (err from api.Handoff.Verify or api.VerifyDecodeAuth).
+func (e *Engine) unauthenticated(header string, err error) *api.Error {
+	reason := metrics.RefusedBadSignature
+	switch {
+	case errors.Is(err, api.ErrNoStackKey):
+		reason = metrics.RefusedNoKey
+	case errors.Is(err, api.ErrExpired):
+		reason = metrics.RefusedExpired
+	}
+	e.sec.Refused(reason)
+	return &api.Error{Status: http.StatusForbidden, Type: "permission_error", Code: CodeHandoffUnauthenticated,
+		Message: fmt.Sprintf("Header %s is not authenticated: %v.", header, err), ErrorType: api.ErrorTypeUnauthorized}
+}
+
+// selfURL is this engine's base URL as the caller addressed it (scheme and
+// Host header): the decode engine a hand-over must have been signed for.
+func selfURL(r *http.Request) string {
+	if r.TLS != nil {
+		return "https://" + r.Host
+	}
+	return "http://" + r.Host
+}
+
+// acquirePeer takes one of the hand-over slots of the decode engine u; ok
+// is false when its Config.MaxHandoffsPerPeer are taken. release gives the
+// slot back (once).
+func (e *Engine) acquirePeer(u string) (release func(), ok bool) {
+	e.peerMu.Lock()
+	defer e.peerMu.Unlock()
+	if e.peers[u] >= e.cfg.MaxHandoffsPerPeer {
+		return nil, false
+	}
+	e.peers[u]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			e.peerMu.Lock()
+			defer e.peerMu.Unlock()
+			if e.peers[u]--; e.peers[u] <= 0 {
+				delete(e.peers, u)
+			}
+		})
+	}, true
 }
 
 // CodeHandoffMisconfigured is the code of the 500 of a hand-over the
@@ -162,9 +241,10 @@ func CheckAdvertise(advertise, decodeURL string) error {
 func (e *Engine) prefilled(ho *api.Handoff) *scheduler.Prefilled {
 	return &scheduler.Prefilled{FirstToken: ho.FirstToken, RNGDraws: ho.Draws,
 		Pull: func(ctx context.Context, bt []int32, from int) (int64, error) {
+			tp, ts := telemetry.InjectStrings(ctx)
 			resp, err := e.worker.PullKV(ctx, &cbv1.PullKVRequest{
-				RequestId: ho.ID, TraceContext: telemetry.InjectString(ctx), Source: ho.Worker, Secret: ho.Secret,
-				BlockTable: bt, FromBlock: int32(from), NTokens: int32(ho.N),
+				RequestId: ho.ID, TraceContext: tp, TraceState: ts, Source: ho.Worker, Secret: ho.Secret,
+				BlockTable: bt, FromBlock: int32(from), NTokens: int32(ho.N), Tokens: ho.Tokens,
 			})
 			return resp.GetBytes(), err
 		}}
@@ -211,6 +291,18 @@ func (e *Engine) awaitTransfer(w *statusWriter, r *http.Request, reqCtx context.
 // ReleaseHandoff dropped it).
 func (e *Engine) handOver(w *statusWriter, r *http.Request, ctx, reqCtx context.Context, rec *genRecord, g *api.Generation,
 	req *scheduler.Request, body []byte, route, decodeURL string) {
+	// The prompt's blocks stay held while the hand-over lasts: at most
+	// MaxHandoffsPerPeer of them per decode engine.
+	releasePeer, ok := e.acquirePeer(decodeURL)
+	if !ok {
+		e.sec.Refused(metrics.RefusedPeerBusy)
+		apiErr := &api.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: CodeHandoffPeerBusy,
+			Message: fmt.Sprintf("%d hand-overs to decode engine %s are in flight (the limit); retry, or use another decode engine.",
+				e.cfg.MaxHandoffsPerPeer, decodeURL), ErrorType: api.ErrorTypeWorkerUnavailable}
+		rec.fail(w, apiErr.WithRetryAfter(1), errors.New("hand-over slots of the decode engine taken"))
+		return
+	}
+	defer releasePeer()
 	secret := make([]byte, scheduler.SecretBytes)
 	_, _ = rand.Read(secret)
 	req.MaxTokens, req.HandoffSecret, req.OnToken = 1, secret, nil
@@ -228,10 +320,11 @@ func (e *Engine) handOver(w *statusWriter, r *http.Request, ctx, reqCtx context.
 	}
 	defer e.sched.ReleaseHandoff(rec.id) // a no-op once the decode worker read the KV
 	ho := api.Handoff{ID: rec.id, Worker: e.cfg.WorkerAdvertise, Secret: secret, FirstToken: res.Tokens[0],
-		N: len(req.Prompt), Digest: api.PromptDigest(req.Prompt)}
+		N: len(req.Prompt), Digest: api.PromptDigest(req.Prompt), Expires: time.Now().Add(api.HandoffTTL).Unix()}
 	if g.Temperature > 0 { // the worker drew once for the first token (model.Sample)
 		ho.Draws = 1
 	}
+	ho = ho.Sign(e.cfg.StackKey, decodeURL)
 	// The call's overall deadline is the request's (reqCtx, a child of ctx:
 	// the span's parent is the same); a decode engine silent for
 	// HandoffIdleTimeout is cut.
@@ -249,8 +342,10 @@ func (e *Engine) handOver(w *statusWriter, r *http.Request, ctx, reqCtx context.
 		return
 	}
 	out.Header.Set("Content-Type", "application/json")
-	if a := r.Header.Get("Authorization"); a != "" {
-		out.Header.Set("Authorization", a)
+	// The caller's Authorization never leaves this engine: the decode
+	// engine gets this engine's own API key (the stack's engines share it).
+	if k := e.cfg.APIKey; k != "" {
+		out.Header.Set("Authorization", "Bearer "+k)
 	}
 	out.Header.Set(api.HeaderHandoff, ho.String())
 	telemetry.InjectHTTP(tctx, out.Header)
@@ -295,8 +390,10 @@ func (e *Engine) handOverFailed(w *statusWriter, span *telemetry.Span, rec *genR
 }
 
 // relayedError is the API error recorded for a decode engine's error
-// answer of status (its body is relayed as it is).
-func relayedError(status int) *api.Error {
+// answer of status (its body is relayed as it is): its code is the one
+// the body's OpenAI error object carries (the decode engine's, e.g.
+// context_length_exceeded), else api.DefaultCode(status).
+func relayedError(status int, body []byte) *api.Error {
 	et := api.ErrorTypeInternal
 	switch status {
 	case http.StatusBadRequest, http.StatusMethodNotAllowed:
@@ -314,8 +411,23 @@ func relayedError(status int) *api.Error {
 	case http.StatusGatewayTimeout, http.StatusRequestTimeout:
 		et = api.ErrorTypeTimeout
 	}
-	return &api.Error{Status: status, Type: "server_error", Message: fmt.Sprintf("The decode engine answered %d.", status), ErrorType: et}
+	e := &api.Error{Status: status, Type: "server_error", Code: api.DefaultCode(status),
+		Message: fmt.Sprintf("The decode engine answered %d.", status), ErrorType: et}
+	var eb api.ErrorBody
+	if json.Unmarshal(body, &eb) == nil {
+		if c := eb.Error.Code; c != nil && *c != "" && len(*c) <= maxRelayedCode {
+			e.Code = *c
+		}
+		if eb.Error.Type != "" && len(eb.Error.Type) <= maxRelayedCode {
+			e.Type = eb.Error.Type
+		}
+	}
+	return e
 }
+
+// maxRelayedCode bounds the code and type taken from a decode engine's
+// error body (longer ones keep the defaults).
+const maxRelayedCode = 64
 
 // relay copies the decode engine's answer to the caller: status, content
 // headers and body; an event stream event by event, each flushed. A stream
@@ -334,7 +446,7 @@ func (e *Engine) relay(ctx context.Context, w *statusWriter, resp *http.Response
 	w.Header().Del("Content-Length")
 	rec.status = resp.StatusCode
 	if resp.StatusCode != http.StatusOK {
-		rec.apiErr = relayedError(resp.StatusCode)
+		rec.apiErr = relayedError(resp.StatusCode, nil)
 	}
 	events := resp.StatusCode == http.StatusOK && stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	if !events {
@@ -352,6 +464,8 @@ func (e *Engine) relay(ctx context.Context, w *statusWriter, resp *http.Response
 		}
 		if resp.StatusCode == http.StatusOK {
 			b = withUsage(b, pu)
+		} else if err == nil {
+			rec.apiErr = relayedError(resp.StatusCode, b) // the decode engine's code
 		}
 		w.WriteHeader(resp.StatusCode)
 		_, _ = w.Write(b)

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -36,7 +38,29 @@ const (
 	// with that error event): the decode engine it was given failed; the request is retried
 	// on the same prefill engine with another decode engine.
 	failDecode = "decode_unavailable"
+	// failPeerBusy: the prefill engine answered 503 handoff_peer_busy: its hand-overs to the
+	// decode engine it was given are at their limit (cb engine --max-handoffs-per-peer). The
+	// engine is not down (the limit is per decode peer): the request goes to another prefill
+	// engine, without marking this one down; with none left the 503 is passed through with its
+	// Retry-After.
+	failPeerBusy = "handoff_peer_busy"
 )
+
+// failoverResult is the cb_gateway_attempts_total result and cb_gateway_failovers_total reason
+// of a failover reason: failDecode and failPeerBusy are the prefill engine's 503s.
+func failoverResult(fail string) string {
+	if fail == failDecode || fail == failPeerBusy {
+		return failUnavailable
+	}
+	return fail
+}
+
+// newNonce returns 24 random hex digits: the nonce of a decode-engine proof.
+func newNonce() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
 
 // record is what the gateway learns of one request, for its span, metrics and log line.
 type record struct {
@@ -145,16 +169,16 @@ func (g *Gateway) serveGenerate(w *statusWriter, r *http.Request, op, route stri
 	})
 }
 
-// promptTokens returns the prompt's tokens as the engine builds them: with a model file its
-// chat template and tokenizer (modelfile.File.ChatTokens) or its tokens of the completion
-// prompt; else BOS and the byte tokens of the chat template (api.ChatPrompt) or of the
-// completion prompt; or the prompt's token ids.
+// promptTokens returns the prompt's tokens as the engine builds them, the request's tools
+// included: with a model file its chat template and tokenizer (modelfile.File.ChatTokensTools)
+// or its tokens of the completion prompt; else BOS and the byte tokens of the chat template
+// (api.ChatPromptTools) or of the completion prompt; or the prompt's token ids.
 func promptTokens(f *modelfile.File, g *api.Generation) []int32 {
 	var tok tokenizer.Tokenizer
 	if f != nil {
 		switch {
 		case g.Operation == api.OperationChat:
-			toks, _, err := f.ChatTokens(api.ChatMessages(g.Messages))
+			toks, _, err := f.ChatTokensTools(api.ChatMessages(g.Messages), g.Tools)
 			if err != nil {
 				return nil // the engine answers the error
 			}
@@ -166,7 +190,7 @@ func promptTokens(f *modelfile.File, g *api.Generation) []int32 {
 	}
 	switch {
 	case g.Operation == api.OperationChat:
-		return tok.AppendEncode([]int32{tokenizer.BOS}, api.ChatPrompt(g.Messages))
+		return tok.AppendEncode([]int32{tokenizer.BOS}, api.ChatPromptTools(g.Messages, g.Tools))
 	case g.PromptTokens != nil:
 		return g.PromptTokens
 	}
@@ -278,6 +302,11 @@ func (g *Gateway) dispatch(ctx context.Context, w *statusWriter, r *http.Request
 				extra = http.Header{}
 			}
 			extra.Set(api.HeaderDecodeEngine, dl.u.url)
+			// The gateway's proof that it chose the decode engine (the prefill engine refuses
+			// the header without it).
+			if u, err := api.ParseDecodeEngine(dl.u.url); err == nil && len(g.cfg.StackKey) > 0 {
+				extra.Set(api.HeaderDecodeAuth, api.DecodeAuth(g.cfg.StackKey, u, newNonce(), time.Now().Add(api.HandoffTTL)))
+			}
 		}
 		fail := g.attempt(reqCtx, w, r, rec, l, extra, body, path)
 		g.pool.release(l)
@@ -297,9 +326,9 @@ func (g *Gateway) dispatch(ctx context.Context, w *statusWriter, r *http.Request
 			}
 			return
 		}
-		g.metrics.Failover(l.u.name, fail)
+		g.metrics.Failover(l.u.name, failoverResult(fail))
 		job.exclude[l.u.i] = true
-		if fail != failQueueFull {
+		if fail != failQueueFull && fail != failPeerBusy {
 			g.markDown(g.pool, l.u, "request failed: "+fail)
 		}
 	}
@@ -374,11 +403,7 @@ func (g *Gateway) attempt(ctx context.Context, w *statusWriter, r *http.Request,
 	switch {
 	case fail != "":
 		span.SetError(fail, err)
-		result := fail
-		if fail == failDecode {
-			result = failUnavailable // the prefill engine answered 503
-		}
-		g.metrics.Attempt(u.name, result)
+		g.metrics.Attempt(u.name, failoverResult(fail))
 		rec.last.reason = fail
 		if fail == failUnreachable {
 			rec.last.status, rec.last.header, rec.last.body = 0, nil, nil
@@ -457,8 +482,13 @@ func (g *Gateway) forward(ctx context.Context, w *statusWriter, r *http.Request,
 		if resp.StatusCode == http.StatusTooManyRequests {
 			return failQueueFull, "", fmt.Errorf("engine %s: %s", u.name, resp.Status)
 		}
-		if extra.Get(api.HeaderDecodeEngine) != "" && errorCode(b) == failDecode {
-			return failDecode, "", fmt.Errorf("engine %s: %s decode_unavailable (decode engine %s)", u.name, resp.Status, rec.decodeEngine)
+		if extra.Get(api.HeaderDecodeEngine) != "" {
+			switch errorCode(b) {
+			case failDecode:
+				return failDecode, "", fmt.Errorf("engine %s: %s decode_unavailable (decode engine %s)", u.name, resp.Status, rec.decodeEngine)
+			case failPeerBusy:
+				return failPeerBusy, "", fmt.Errorf("engine %s: %s handoff_peer_busy (decode engine %s)", u.name, resp.Status, rec.decodeEngine)
+			}
 		}
 		return failUnavailable, "", fmt.Errorf("engine %s: %s", u.name, resp.Status)
 	}
@@ -870,7 +900,9 @@ func (g *Gateway) finish(ctx context.Context, span *telemetry.Span, rec *record,
 	}
 	attrs := []slog.Attr{
 		slog.String("route", rec.route),
-		slog.String("request_id", rec.requestID),
+		// The answering engine's id, else the one the gateway's own answer carries (its error
+		// made here, with api.NewRequestID): the id the client can quote.
+		slog.String("request_id", cmp.Or(rec.requestID, w.Header().Get(api.HeaderRequestID))),
 		slog.Int("status", status),
 		slog.String("error_type", rec.errType),
 		slog.String("engine", rec.engine),

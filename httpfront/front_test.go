@@ -102,3 +102,69 @@ func containsAll(have, want []string) bool {
 	}
 	return true
 }
+
+// Every answer of a front carries an X-Request-Id: the handler's own when it
+// set one, else a fresh one (health, metrics, a handler that writes
+// nothing, a flush first, the front's own 404).
+func TestRequestIDOnEveryAnswer(t *testing.T) {
+	f := New(Config{Component: "test", Addr: "127.0.0.1:0"}, Handlers{
+		Generate: func(w *StatusWriter, _ *http.Request, _, _ string, _ time.Time) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.Flush()
+			io.WriteString(w, "data: [DONE]\n\n")
+		},
+		Documents: func(w *StatusWriter, _ *http.Request, _ string, _ time.Time) {
+			w.Header().Set("X-Request-Id", "docs-own")
+			WriteJSON(w, http.StatusOK, map[string]string{"ok": "1"})
+		},
+		Models: func(w *StatusWriter, _ *http.Request, _ string, _ time.Time) {}, // writes nothing
+		Health: func(w *StatusWriter, _ *http.Request, _ string, _ time.Time) {
+			WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		},
+		Metrics: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "m 1\n") }),
+		Record:  func(string, string, int, float64) {},
+	})
+	if err := f.Start(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, _ = f.Shutdown(ctx, nil)
+	})
+	base := "http://" + f.Addr()
+	seen := map[string]bool{}
+	for _, tc := range []struct {
+		name, method, path string
+		own                string // the handler's id, "" for a fresh one
+	}{
+		{"health", "GET", "/health", ""},
+		{"metrics", "GET", "/metrics", ""},
+		{"handler's own id kept", "POST", "/v1/documents", "docs-own"},
+		{"handler wrote nothing", "GET", "/v1/models", ""},
+		{"flush first", "POST", "/v1/chat/completions", ""},
+		{"404", "GET", "/nope", ""},
+		{"HEAD health", "HEAD", "/health", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tc.method, base+tc.path, strings.NewReader("{}"))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			_, _ = io.Copy(io.Discard, resp.Body)
+			ids := resp.Header.Values("X-Request-Id")
+			switch {
+			case len(ids) != 1:
+				t.Fatalf("X-Request-Id %q, want exactly one", ids)
+			case tc.own != "" && ids[0] != tc.own:
+				t.Fatalf("X-Request-Id %q, want the handler's %q", ids[0], tc.own)
+			case tc.own == "" && (!strings.HasPrefix(ids[0], "req-") || seen[ids[0]]):
+				t.Fatalf("X-Request-Id %q, want a fresh req- id", ids[0])
+			}
+			seen[ids[0]] = true
+		})
+	}
+}

@@ -10,8 +10,10 @@ import (
 
 // StatusWriter records the status a handler sent and whether anything was written, and
 // renews the connection's write deadline (writeTimeout) before every write, so that a client
-// that stops reading is cut after it while a long stream never is. Not safe for concurrent use
-// (one per request, like the http.ResponseWriter it wraps).
+// that stops reading is cut after it while a long stream never is. Every response it writes
+// carries an X-Request-Id (api.HeaderRequestID): the handler's when it set one before the
+// first write, else a fresh api.NewRequestID. Not safe for concurrent use (one per request,
+// like the http.ResponseWriter it wraps).
 type StatusWriter struct {
 	http.ResponseWriter
 	// Status is the status sent (0 before); a handler may set it to one it could not send
@@ -30,6 +32,17 @@ func NewStatusWriter(rw http.ResponseWriter, writeTimeout time.Duration) *Status
 // Wrote reports whether anything (a header or a body) was written.
 func (w *StatusWriter) Wrote() bool { return w.wrote }
 
+// ensureRequestID sets a fresh X-Request-Id before the first write when the handler set
+// none (the gateway's /health, /metrics and documents answers, an engine's /metrics).
+func (w *StatusWriter) ensureRequestID() {
+	if w.wrote {
+		return
+	}
+	if h := w.ResponseWriter.Header(); h.Get(api.HeaderRequestID) == "" {
+		h.Set(api.HeaderRequestID, api.NewRequestID())
+	}
+}
+
 func (w *StatusWriter) renew() {
 	if w.rc != nil && w.writeTimeout > 0 {
 		_ = w.rc.SetWriteDeadline(time.Now().Add(w.writeTimeout))
@@ -41,6 +54,7 @@ func (w *StatusWriter) WriteHeader(code int) {
 	if w.Status == 0 {
 		w.Status = code
 	}
+	w.ensureRequestID()
 	w.wrote = true
 	w.renew()
 	w.ResponseWriter.WriteHeader(code)
@@ -51,6 +65,7 @@ func (w *StatusWriter) Write(b []byte) (int, error) {
 	if w.Status == 0 {
 		w.Status = http.StatusOK
 	}
+	w.ensureRequestID()
 	w.wrote = true
 	w.renew()
 	return w.ResponseWriter.Write(b)
@@ -59,6 +74,7 @@ func (w *StatusWriter) Write(b []byte) (int, error) {
 // FlushError flushes and reports a failed write (the client went away or stopped reading);
 // http.ResponseController.Flush uses it.
 func (w *StatusWriter) FlushError() error {
+	w.ensureRequestID() // a flush before any write sends the header
 	w.renew()
 	if w.rc == nil {
 		if f, ok := w.ResponseWriter.(http.Flusher); ok {
@@ -107,6 +123,7 @@ func routes(table map[string]route, writeTimeout time.Duration, record func(meth
 		default:
 			ent.Handler(w, r, route, t0)
 		}
+		w.ensureRequestID() // a handler that wrote nothing: net/http sends the header now
 		status := w.Status
 		if status == 0 {
 			status = http.StatusOK

@@ -73,11 +73,15 @@ func procStart(pid int) (string, error) {
 }
 
 // ownerAlive reports whether the process an owner file names still runs
-// (same pid and start time).
-func ownerAlive(dir string) bool {
+// (same pid and start time). Without an owner file the directory is being
+// set up by the process its name gives (namePID), or was left by it when it
+// was killed between MkdirTemp and writing the file: alive while that
+// process runs.
+func ownerAlive(dir string, namePID int) bool {
 	f, err := os.OpenFile(filepath.Join(dir, ownerFile), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
-		return false // no owner file (killed between MkdirTemp and writing it): stale
+		_, err := procStart(namePID)
+		return err == nil
 	}
 	defer f.Close()
 	b := make([]byte, 64)
@@ -113,7 +117,8 @@ func CleanStaleRunDirs(logger *slog.Logger) []string {
 		if !ok || !ok2 || !e.IsDir() || e.Type()&fs.ModeSymlink != 0 {
 			continue
 		}
-		if pid, err := strconv.Atoi(pidStr); err != nil || pid <= 0 {
+		pid, err := strconv.Atoi(pidStr)
+		if err != nil || pid <= 0 {
 			continue
 		}
 		dir := filepath.Join(tmp, e.Name())
@@ -124,7 +129,7 @@ func CleanStaleRunDirs(logger *slog.Logger) []string {
 		if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != os.Getuid() {
 			continue
 		}
-		if ownerAlive(dir) {
+		if ownerAlive(dir, pid) {
 			continue
 		}
 		if err := os.RemoveAll(dir); err != nil {

@@ -85,20 +85,69 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	s.Port = l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	s.Addr = "127.0.0.1:" + strconv.Itoa(s.Port)
-	s.args = []string{bin, "--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--requirepass", o.Password, "--masterauth", o.Password, "--dir", s.dir, "--protected-mode", "yes"}
+	// The settings go in a configuration file of mode 0600 in the server's directory, not on
+	// its command line: an argument (the password) is readable by every user in
+	// /proc/PID/cmdline. Paths in it are relative to the directory (the process's working
+	// directory).
+	conf := []string{"port " + strconv.Itoa(s.Port), "bind 127.0.0.1", `save ""`, "appendonly no",
+		"requirepass " + confQuote(o.Password), "masterauth " + confQuote(o.Password), "dir ./", "protected-mode yes"}
 	if o.MaxMemory != "" {
-		s.args = append(s.args, "--maxmemory", o.MaxMemory, "--maxmemory-policy", "allkeys-lru")
+		conf = append(conf, "maxmemory "+confQuote(o.MaxMemory), "maxmemory-policy allkeys-lru")
 	}
 	if o.Cluster {
-		s.args = append(s.args, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(s.dir, "nodes.conf"),
-			"--cluster-node-timeout", "2000")
+		conf = append(conf, "cluster-enabled yes", "cluster-config-file nodes.conf", "cluster-node-timeout 2000")
 	}
+	confPath := filepath.Join(s.dir, "redis.conf")
+	if err := writeConf(confPath, conf); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	s.args = []string{bin, confPath}
 	if err := s.start(ctx); err != nil {
 		s.Stop()
 		return nil, err
 	}
 	return s, nil
+}
+
+// writeConf writes the configuration lines to path, mode 0600 (a symbolic link there is
+// refused).
+func writeConf(path string, lines []string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("redisproc: configuration file: %w", err)
+	}
+	err = f.Chmod(0o600) // an existing file keeps its mode on open
+	if err == nil {
+		_, err = f.WriteString(strings.Join(lines, "\n") + "\n")
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("redisproc: configuration file: %w", err)
+	}
+	return nil
+}
+
+// confQuote quotes v as one argument of a redis.conf line: in double quotes, with
+// backslashes, quotes and control characters escaped.
+func confQuote(v string) string {
+	var sb strings.Builder
+	sb.WriteByte('"')
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case c == '\\' || c == '"':
+			sb.WriteByte('\\')
+			sb.WriteByte(c)
+		case c < 0x20 || c == 0x7f:
+			fmt.Fprintf(&sb, "\\x%02x", c)
+		default:
+			sb.WriteByte(c)
+		}
+	}
+	sb.WriteByte('"')
+	return sb.String()
 }
 
 // URL is the server's redis:// URL with its password.

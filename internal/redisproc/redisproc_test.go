@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -52,5 +54,43 @@ func TestServerDiesWithItsOwner(t *testing.T) {
 			t.Fatalf("redis-server %d outlived its owner", pid)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The password is in a configuration file of mode 0600, not on the
+// server's command line (readable by every user in /proc/PID/cmdline); a
+// password needing quotes works; Restart reuses the file.
+func TestPasswordNotOnTheCommandLine(t *testing.T) {
+	for _, tc := range []struct{ name, password string }{
+		{"generated", ""},
+		{"quotes and spaces", `p a"s\s w'ord`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := Start(context.Background(), Options{Password: tc.password})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Stop()
+			cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(s.PID()) + "/cmdline")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(string(cmdline), s.Password) || strings.Contains(string(cmdline), "requirepass") {
+				t.Fatalf("password on the command line: %q", cmdline)
+			}
+			fi, err := os.Stat(filepath.Join(s.dir, "redis.conf"))
+			if err != nil || fi.Mode().Perm() != 0o600 {
+				t.Fatalf("configuration file: %v %v", fi, err)
+			}
+			if line, err := s.Command("PING"); err != nil || line != "+PONG" {
+				t.Fatalf("PING with the password: %q %v", line, err)
+			}
+			if err := s.Restart(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if line, err := s.Command("PING"); err != nil || line != "+PONG" {
+				t.Fatalf("PING after Restart: %q %v", line, err)
+			}
+		})
 	}
 }

@@ -380,7 +380,7 @@ func (w *Worker) step(s *cbv1.SeqStep) *cbv1.SeqOutput {
 	return out
 }
 
-// Blend is the cb-blend double: Lookup only. A lookup answers at once with
+// Blend is the cb-blend double: Lookup, FleetStatus and StoreStatus. A lookup answers at once with
 // Result's result, or Err's error, unless its request id is held (Hold),
 // in which case it waits for Release or the caller's deadline. Safe for
 // concurrent use once serving; set the fields before.
@@ -396,6 +396,13 @@ type Blend struct {
 	// Fleet, when set, gives the fleet state of each document request id
 	// (BlendService.FleetStatus); nil: a blend server without a fleet tier.
 	Fleet func(id string) string
+	// Stores, when set, answers BlendService.StoreStatus (where the stored
+	// documents' chunks are held: one StoreState per request id, in
+	// order, "stored", "memory_only", "failed" or "unknown"; or an error,
+	// e.g. codes.Unimplemented for a blend server older than the RPC).
+	// nil: every store durable, each id "stored", on a server without an
+	// L2.
+	Stores func(r *cbv1.StoreStatusRequest) (*cbv1.StoreStatusResponse, error)
 
 	mu       sync.Mutex
 	lookups  []*cbv1.LookupRequest
@@ -410,6 +417,18 @@ func (b *Blend) FleetStatus(_ context.Context, r *cbv1.FleetStatusRequest) (*cbv
 	resp := &cbv1.FleetStatusResponse{Fleet: true}
 	for _, id := range r.GetRequestIds() {
 		resp.States = append(resp.States, b.Fleet(id))
+	}
+	return resp, nil
+}
+
+// StoreStatus answers from Stores (nil: every id "stored").
+func (b *Blend) StoreStatus(_ context.Context, r *cbv1.StoreStatusRequest) (*cbv1.StoreStatusResponse, error) {
+	if b.Stores != nil {
+		return b.Stores(r)
+	}
+	resp := &cbv1.StoreStatusResponse{}
+	for range r.GetRequestIds() {
+		resp.States = append(resp.States, &cbv1.StoreState{State: "stored"})
 	}
 	return resp, nil
 }
