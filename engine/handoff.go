@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -24,6 +23,7 @@ import (
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/engine/scheduler"
+	"github.com/cacheblend/cacheblend/internal/idle"
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 	"github.com/cacheblend/cacheblend/telemetry"
@@ -333,8 +333,8 @@ func (e *Engine) handOver(w *statusWriter, r *http.Request, ctx, reqCtx context.
 	defer span.End()
 	tctx, cut := context.WithCancelCause(tctx)
 	defer cut(nil)
-	var last atomic.Int64
-	stopIdle := watchIdle(e.cfg.HandoffIdleTimeout, &last, func() { cut(errHandoffIdle) })
+	var act idle.Activity
+	stopIdle := idle.Watch(e.cfg.HandoffIdleTimeout, &act, func() { cut(errHandoffIdle) })
 	defer stopIdle()
 	out, err := http.NewRequestWithContext(tctx, http.MethodPost, decodeURL+route, bytes.NewReader(body))
 	if err != nil {
@@ -366,8 +366,8 @@ func (e *Engine) handOver(w *statusWriter, r *http.Request, ctx, reqCtx context.
 		e.handOverFailed(w, span, rec, apiErr, err)
 		return
 	}
-	last.Store(time.Now().UnixNano())
-	resp.Body = &progressBody{ReadCloser: resp.Body, last: &last}
+	act.Touch()
+	resp.Body = idle.Body(resp.Body, &act)
 	defer resp.Body.Close()
 	kv, reported := api.ParseKVReport(resp.Header)
 	span.SetAttributes(attribute.Int64("bytes", kv.Bytes), attribute.Int("blocks_sent", kv.BlocksSent),
@@ -547,53 +547,4 @@ func handoffError(ctx context.Context, err error) error {
 		return fmt.Errorf("%w (%w)", cause, err)
 	}
 	return err
-}
-
-// progressBody records the time of each read of the decode engine's answer
-// that returned bytes.
-type progressBody struct {
-	io.ReadCloser
-	last *atomic.Int64
-}
-
-func (b *progressBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if n > 0 {
-		b.last.Store(time.Now().UnixNano())
-	}
-	return n, err
-}
-
-// watchIdle calls cut once when last (unix nanoseconds; 0: since the
-// watch began) is older than d. The returned stop ends the watch and waits
-// for its goroutine.
-func watchIdle(d time.Duration, last *atomic.Int64, cut func()) (stop func()) {
-	start := time.Now()
-	done, exited := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(exited)
-		t := time.NewTimer(d)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case now := <-t.C:
-				at := start
-				if l := last.Load(); l != 0 {
-					at = time.Unix(0, l)
-				}
-				if left := d - now.Sub(at); left > 0 {
-					t.Reset(left)
-					continue
-				}
-				cut()
-				return
-			}
-		}
-	}()
-	return func() {
-		close(done)
-		<-exited
-	}
 }

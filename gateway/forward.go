@@ -22,6 +22,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/engine/api"
+	"github.com/cacheblend/cacheblend/internal/idle"
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/modelfile"
 	"github.com/cacheblend/cacheblend/telemetry"
@@ -441,7 +442,7 @@ func (g *Gateway) forward(ctx context.Context, w *statusWriter, r *http.Request,
 	if pr == nil {
 		pr = &progress{}
 	}
-	stopIdle := watchIdle(g.cfg.IdleTimeout, pr, func() { upCancel(errIdleTimeout) })
+	stopIdle := idle.Watch(g.cfg.IdleTimeout, &pr.Activity, func() { upCancel(errIdleTimeout) })
 	defer stopIdle()
 	req, err := http.NewRequestWithContext(upCtx, r.Method, u.url+path, bytes.NewReader(body))
 	if err != nil {
@@ -471,8 +472,8 @@ func (g *Gateway) forward(ctx context.Context, w *statusWriter, r *http.Request,
 		}
 		return failUnreachable, "", upstreamError(upCtx, u, err)
 	}
-	pr.touch()
-	resp.Body = &progressBody{ReadCloser: resp.Body, pr: pr}
+	pr.Touch()
+	resp.Body = idle.Body(resp.Body, &pr.Activity)
 	defer resp.Body.Close()
 	span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
 	switch resp.StatusCode {
@@ -513,53 +514,6 @@ func upstreamError(upCtx context.Context, u *upstream, err error) error {
 		return fmt.Errorf("engine %s: %w: %w", u.name, errIdleTimeout, err)
 	}
 	return err
-}
-
-// progressBody records each read of an engine's answer that returned bytes.
-type progressBody struct {
-	io.ReadCloser
-	pr *progress
-}
-
-func (b *progressBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if n > 0 {
-		b.pr.touch()
-	}
-	return n, err
-}
-
-// watchIdle calls cut once when no byte was recorded in pr for d (counted from now until
-// the first byte). The returned stop ends the watch and waits for its goroutine.
-func watchIdle(d time.Duration, pr *progress, cut func()) (stop func()) {
-	start := time.Now()
-	done, exited := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(exited)
-		t := time.NewTimer(d)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case now := <-t.C:
-				last := start
-				if l := pr.last.Load(); l != 0 {
-					last = time.Unix(0, l)
-				}
-				if left := d - now.Sub(last); left > 0 {
-					t.Reset(left)
-					continue
-				}
-				cut()
-				return
-			}
-		}
-	}()
-	return func() {
-		close(done)
-		<-exited
-	}
 }
 
 // clientDone reports whether ctx ended because the client went away or the request timed

@@ -10,8 +10,9 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/cacheblend/cacheblend/internal/idle"
 )
 
 // Errors of pool.acquire.
@@ -49,20 +50,11 @@ type upstream struct {
 	pending  map[*progress]struct{} // attempts whose response has not begun
 }
 
-// progress is one attempt's upstream activity: the time of the last byte received from the
-// engine (response headers included), and the cut of the attempt. Safe for concurrent use.
+// progress is one attempt's upstream activity (the time of the last byte received from the
+// engine, response headers included) and the cut of the attempt. Safe for concurrent use.
 type progress struct {
-	last   atomic.Int64 // unix nanoseconds of the last byte; 0: none yet
+	idle.Activity
 	cancel context.CancelCauseFunc
-}
-
-// touch records a byte received now.
-func (pr *progress) touch() { pr.last.Store(time.Now().UnixNano()) }
-
-// stalled reports whether no byte arrived within window before now (none at all: stalled).
-func (pr *progress) stalled(now time.Time, window time.Duration) bool {
-	l := pr.last.Load()
-	return l == 0 || now.Sub(time.Unix(0, l)) >= window
 }
 
 func newUpstream(i int, base string, idx *reuseIndex) *upstream {
@@ -372,7 +364,7 @@ func (p *pool) setHealth(u *upstream, up, probe bool, reason string, g *engineGa
 	if !up {
 		now := time.Now()
 		for pr := range u.pending {
-			if pr.stalled(now, p.stall) {
+			if pr.Stalled(now, p.stall) {
 				pr.cancel(errEngineDown)
 				delete(u.pending, pr)
 			}
