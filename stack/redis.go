@@ -8,11 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/cacheblend/cacheblend/internal/redisproc"
 )
 
 // ErrNoRedis is returned when a multi-node stack needs redis-server and it
@@ -45,19 +46,9 @@ func redisSpec(dir string) (Spec, string, error) {
 	if err != nil {
 		return Spec{}, "", err
 	}
-	conf := strings.Join([]string{
-		"port " + strconv.Itoa(ports[0]),
-		"bind 127.0.0.1",
-		"protected-mode yes",
-		`save ""`,
-		"appendonly no",
-		"requirepass " + password,
-		"dir " + data,
-		"",
-	}, "\n")
 	path := filepath.Join(dir, "redis.conf")
-	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
-		return Spec{}, "", fmt.Errorf("stack: redis configuration: %w", err)
+	if err := redisproc.WriteConf(path, redisproc.ConfLines(ports[0], password, data)); err != nil {
+		return Spec{}, "", fmt.Errorf("stack: %w", err)
 	}
 	spec := Spec{Name: "redis-server", Path: bin, Args: []string{path},
 		Probe: func(ctx context.Context) error { return redisPing(ctx, addr, password) }}

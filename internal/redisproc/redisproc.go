@@ -1,6 +1,7 @@
 // Package redisproc starts and stops a real redis-server process (Debian's
-// redis-server) on a free loopback port: for `cb up --nodes N` without
-// --redis-url, and for the tests (package redistest). A missing
+// redis-server) on a free loopback port for the tests (package redistest), and
+// writes the configuration file a redis-server is started with (ConfLines,
+// WriteConf; cb up's supervised redis-server uses it too). A missing
 // redis-server is an error naming the Debian package.
 package redisproc
 
@@ -89,8 +90,7 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	// its command line: an argument (the password) is readable by every user in
 	// /proc/PID/cmdline. Paths in it are relative to the directory (the process's working
 	// directory).
-	conf := []string{"port " + strconv.Itoa(s.Port), "bind 127.0.0.1", `save ""`, "appendonly no",
-		"requirepass " + confQuote(o.Password), "masterauth " + confQuote(o.Password), "dir ./", "protected-mode yes"}
+	conf := append(ConfLines(s.Port, o.Password, "./"), "masterauth "+confQuote(o.Password))
 	if o.MaxMemory != "" {
 		conf = append(conf, "maxmemory "+confQuote(o.MaxMemory), "maxmemory-policy allkeys-lru")
 	}
@@ -98,7 +98,7 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		conf = append(conf, "cluster-enabled yes", "cluster-config-file nodes.conf", "cluster-node-timeout 2000")
 	}
 	confPath := filepath.Join(s.dir, "redis.conf")
-	if err := writeConf(confPath, conf); err != nil {
+	if err := WriteConf(confPath, conf); err != nil {
 		s.Stop()
 		return nil, err
 	}
@@ -110,9 +110,18 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	return s, nil
 }
 
-// writeConf writes the configuration lines to path, mode 0600 (a symbolic link there is
+// ConfLines are the settings of a redis-server on 127.0.0.1:port with password and working
+// directory dir, without persistence, in protected mode: lines of a redis.conf (WriteConf),
+// so that the password is never in a command line (readable by every user in
+// /proc/PID/cmdline).
+func ConfLines(port int, password, dir string) []string {
+	return []string{"port " + strconv.Itoa(port), "bind 127.0.0.1", "protected-mode yes", `save ""`,
+		"appendonly no", "requirepass " + confQuote(password), "dir " + confQuote(dir)}
+}
+
+// WriteConf writes the configuration lines to path, mode 0600 (a symbolic link there is
 // refused).
-func writeConf(path string, lines []string) error {
+func WriteConf(path string, lines []string) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return fmt.Errorf("redisproc: configuration file: %w", err)
