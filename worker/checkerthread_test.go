@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cacheblend/cacheblend/model"
 )
 
 // threadNice reads the calling thread's nice value from
@@ -72,5 +74,36 @@ func TestCheckerProcessor(t *testing.T) {
 	}
 	if n := runtime.GOMAXPROCS(0); n != base {
 		t.Fatalf("GOMAXPROCS %d after Shutdown, want %d", n, base)
+	}
+}
+
+// The checker's memory made ready at start is bounded in bytes as well as
+// tokens: the default model gets every token of the bound, a wider one fewer.
+func TestReserveFor(t *testing.T) {
+	small, err := model.New(smallModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wide := smallModel
+	wide.Layers, wide.Dim, wide.Heads, wide.KVHeads, wide.FFNDim = 16, 1024, 16, 16, 2048
+	big, err := model.New(wide)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		m    *model.Model
+	}{{"small", small}, {"wide", big}} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := reserveFor(tc.m)
+			l := tc.m.KVLayout(1, 1)
+			bytes := n * 16 * l.NumLayers * l.KVHeads * l.HeadDim
+			if n < 1 || n > reserveTokens || n > tc.m.Config().MaxPositions || bytes > reserveBytes {
+				t.Fatalf("reserve %d tokens (%d bytes)", n, bytes)
+			}
+		})
+	}
+	if reserveFor(big) >= reserveFor(small) {
+		t.Fatalf("a wider model reserves %d tokens, the small one %d", reserveFor(big), reserveFor(small))
 	}
 }

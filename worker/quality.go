@@ -26,9 +26,24 @@ const (
 	DefaultQualityPositions = 4
 )
 
-// reserveTokens bounds the prompt length the checker's memory is made
-// ready for at start (a longer prompt grows it at its snapshot).
-const reserveTokens = 4096
+// reserveTokens and reserveBytes bound what the checker's memory is made
+// ready for at start: prompts of reserveTokens tokens, or fewer when the
+// memory (the served copy and the full prefill's, every layer's K and V)
+// would exceed reserveBytes — 64 MiB, the default model's 4,096 tokens; a
+// 1B model with 64 KiB of K and V per token gets 512 tokens. A longer prompt
+// grows the memory at its snapshot.
+const (
+	reserveTokens = 4096
+	reserveBytes  = 64 << 20
+)
+
+// reserveFor returns the prompt tokens the checker's memory of m is made
+// ready for at start (reserveTokens, reserveBytes).
+func reserveFor(m *model.Model) int {
+	l := m.KVLayout(1, 1)
+	perToken := 2 * 2 * 4 * l.NumLayers * l.KVHeads * l.HeadDim // two copies, K and V, float32
+	return max(1, min(m.Config().MaxPositions, reserveTokens, reserveBytes/max(perToken, 1)))
+}
 
 // qualitySampler is the online quality check (Config.QualitySampleRate):
 // for a sampled share of blended prefills, the prompt's KV as served is
@@ -65,7 +80,7 @@ func newQualitySampler(cfg Config, m *model.Model) *qualitySampler {
 	}
 	return &qualitySampler{
 		rate: min(cfg.Quality.SampleRate, 1), budget: cfg.Quality.Budget, k: cfg.Quality.Positions,
-		reserve: min(m.Config().MaxPositions, reserveTokens),
+		reserve: reserveFor(m),
 		rng:     rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x51)),
 		checker: quality.NewChecker(m.WithThreads(1)), // on the checker's own thread
 		jobs:    make(chan qualityJob, 1),
