@@ -61,11 +61,7 @@ func (e *Engine) endGenerate(ctx context.Context, span *telemetry.Span, rec *gen
 		// A request the handler gave up on (its context is cancelled by
 		// now) is still being finished by the scheduler, which ends its
 		// cb.request: the SERVER span ends after it.
-		select {
-		case <-rec.h.Done():
-		case <-time.After(finishWait):
-			e.log.Warn("the scheduler did not finish an abandoned request in time", "request_id", rec.id, "waited", finishWait)
-		}
+		e.awaitFinish(rec)
 		res = rec.h.Snapshot()
 	}
 	end := time.Now()
@@ -131,6 +127,24 @@ func (e *Engine) endGenerate(ctx context.Context, span *telemetry.Span, rec *gen
 	e.metrics.RecordRequest(ctx, mrec)
 	e.logGenerate(ctx, rec, res, status, mrec)
 	span.End(trace.WithTimestamp(end))
+}
+
+// awaitFinish waits, at most finishWait, for the scheduler to finish rec's
+// request; a finished one (every request that was not given up) costs no
+// timer.
+func (e *Engine) awaitFinish(rec *genRecord) {
+	select {
+	case <-rec.h.Done():
+		return
+	default:
+	}
+	t := time.NewTimer(finishWait)
+	defer t.Stop()
+	select {
+	case <-rec.h.Done():
+	case <-t.C:
+		e.log.Warn("the scheduler did not finish an abandoned request in time", "request_id", rec.id, "waited", finishWait)
+	}
 }
 
 // finishWait bounds endGenerate's wait for the scheduler to finish a
