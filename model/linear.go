@@ -21,10 +21,37 @@ import (
 // dequantize-and-dot kernels (quant.Dot) per row; larger ones dequantize a
 // panel of qPanel rows into a worker's scratch and multiply it with simd's
 // F32 GEMM, so the dequantization is amortised over every row of x.
+//
+// A stacked projection may mix types (a Q4_K_M file keeps attn_v in Q6_K in
+// some layers while Q and K are Q4_K): types then holds each row's type and
+// t is meaningless; products split the rows into runs of one type.
 type qmat struct {
-	t    quant.Type
-	in   int
-	rows [][]byte
+	t     quant.Type
+	in    int
+	rows  [][]byte
+	types []quant.Type // per row, only when the rows mix types
+}
+
+// typeAt is row r's type.
+func (q *qmat) typeAt(r int) quant.Type {
+	if q.types != nil {
+		return q.types[r]
+	}
+	return q.t
+}
+
+// uniform returns q with types dropped when every row has one type.
+func (q *qmat) uniform() *qmat {
+	if q.types == nil || len(q.types) == 0 {
+		return q
+	}
+	for _, t := range q.types[1:] {
+		if t != q.types[0] {
+			return q
+		}
+	}
+	q.t, q.types = q.types[0], nil
+	return q
 }
 
 const (
@@ -52,34 +79,49 @@ func newQmat(t quant.Type, in, out int, data []byte) (*qmat, error) {
 	return q, nil
 }
 
-// stack returns the rows of qs one after the other (all must share type
-// and row length).
+// stack returns the rows of qs one after the other (all must have the same
+// row length; types may differ).
 func stack(qs ...*qmat) (*qmat, error) {
 	out := &qmat{t: qs[0].t, in: qs[0].in}
+	mixed := false
 	for _, q := range qs {
-		if q.t != out.t || q.in != out.in {
+		if q.in != out.in {
 			return nil, fmt.Errorf("%w: cannot stack %s×%d rows with %s×%d rows", ErrBadConfig, q.t, q.in, out.t, out.in)
 		}
+		mixed = mixed || q.types != nil || q.t != out.t
 		out.rows = append(out.rows, q.rows...)
 	}
-	return out, nil
+	if mixed {
+		for _, q := range qs {
+			for r := range q.rows {
+				out.types = append(out.types, q.typeAt(r))
+			}
+		}
+	}
+	return out.uniform(), nil
 }
 
 // sliceRows returns rows [r0, r1).
 func (q *qmat) sliceRows(r0, r1 int) *qmat {
-	return &qmat{t: q.t, in: q.in, rows: q.rows[r0:r1:r1]}
+	out := &qmat{t: q.t, in: q.in, rows: q.rows[r0:r1:r1]}
+	if q.types != nil {
+		out.types = q.types[r0:r1:r1]
+		out = out.uniform()
+	}
+	return out
 }
 
 // sliceCols returns every row cut to elements [c0, c1), which must fall on
-// block boundaries.
+// the blocks of every row's type.
 func (q *qmat) sliceCols(c0, c1 int) (*qmat, error) {
-	bs := q.t.BlockSize()
-	if c0%bs != 0 || c1%bs != 0 {
-		return nil, fmt.Errorf("%w: columns [%d, %d) of a %s weight do not fall on its %d-element blocks", ErrBadConfig, c0, c1, q.t, bs)
-	}
-	b0, b1 := c0/bs*q.t.TypeSize(), c1/bs*q.t.TypeSize()
-	out := &qmat{t: q.t, in: c1 - c0, rows: make([][]byte, len(q.rows))}
+	out := &qmat{t: q.t, in: c1 - c0, rows: make([][]byte, len(q.rows)), types: q.types}
 	for i, r := range q.rows {
+		t := q.typeAt(i)
+		bs := t.BlockSize()
+		if c0%bs != 0 || c1%bs != 0 {
+			return nil, fmt.Errorf("%w: columns [%d, %d) of a %s weight do not fall on its %d-element blocks", ErrBadConfig, c0, c1, t, bs)
+		}
+		b0, b1 := c0/bs*t.TypeSize(), c1/bs*t.TypeSize()
 		out.rows[i] = r[b0:b1:b1]
 	}
 	return out, nil
@@ -87,8 +129,8 @@ func (q *qmat) sliceCols(c0, c1 int) (*qmat, error) {
 
 // row dequantizes row r into dst (len in).
 func (q *qmat) row(r int, dst []float32) {
-	if err := quant.DequantizeRow(q.t, q.rows[r], dst); err != nil {
-		panic(fmt.Sprintf("model: dequantize row %d of a %s weight: %v", r, q.t, err)) // sizes checked at load
+	if err := quant.DequantizeRow(q.typeAt(r), q.rows[r], dst); err != nil {
+		panic(fmt.Sprintf("model: dequantize row %d of a %s weight: %v", r, q.typeAt(r), err)) // sizes checked at load
 	}
 }
 
@@ -97,6 +139,17 @@ func (q *qmat) row(r int, dst []float32) {
 func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 	m, n, k := c.rows, c.cols, q.in
 	if m == 0 || n == 0 {
+		return
+	}
+	if q.types != nil { // mixed types: each run of one type on its own
+		for j0 := 0; j0 < n; {
+			j1 := j0 + 1
+			for j1 < n && q.types[off+j1] == q.types[off+j0] {
+				j1++
+			}
+			qgemm(tm, c.view(0, j0, m, j1-j0), a, q.sliceRows(off+j0, off+j1), 0, acc)
+			j0 = j1
+		}
 		return
 	}
 	if r := activationRounding(q.t); r != roundNone {

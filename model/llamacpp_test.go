@@ -10,10 +10,12 @@ package model
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/cacheblend/cacheblend/gguf"
@@ -124,6 +126,10 @@ func TestAgainstLlamaCpp(t *testing.T) {
 		{"llama Q4_K_M", testmodel.Spec{Arch: "llama", Dim: 256, Heads: 4, KVHeads: 2, FFNDim: 512, Type: quant.Q4_K, OutType: quant.Q6_K}, 0, "llama-spm"},
 		{"qwen2 Q4_K_M", testmodel.Spec{Arch: "qwen2", Dim: 256, Heads: 4, KVHeads: 2, FFNDim: 512, Type: quant.Q4_K, OutType: quant.Q6_K}, 0, "llama-spm"},
 		{"qwen2 Q6_K", testmodel.Spec{Arch: "qwen2", Dim: 256, Heads: 4, KVHeads: 2, FFNDim: 512, Type: quant.Q6_K}, 0, "llama-spm"},
+		// llama-quantize's Q4_K_M mixture: attn_v and ffn_down Q6_K in some
+		// layers (here 2 and 3 of 4), so one stacked Q|K|V projection mixes
+		// Q4_K and Q6_K rows.
+		{"llama Q4_K_M mixture", testmodel.Spec{Arch: "llama", Layers: 4, Dim: 256, Heads: 4, KVHeads: 2, FFNDim: 512, Type: quant.Q4_K, OutType: quant.Q6_K, TensorType: q4KMMixture}, 0, "llama-spm"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -212,4 +218,15 @@ func TestAgainstLlamaCpp(t *testing.T) {
 			}
 		})
 	}
+}
+
+// q4KMMixture gives attn_v and ffn_down of layers 2 and up Q6_K (what
+// llama-quantize's use_more_bits picks in a 4-layer Q4_K_M file).
+func q4KMMixture(name string, _, _ int) quant.Type {
+	var layer int
+	var rest string
+	if _, err := fmt.Sscanf(name, "blk.%d.%s", &layer, &rest); err == nil && layer >= 2 && (strings.HasPrefix(rest, "attn_v.") || strings.HasPrefix(rest, "ffn_down.")) {
+		return quant.Q6_K
+	}
+	return 0
 }

@@ -267,7 +267,7 @@ func (ld loader) matrix(name string, in, out int, pack bool) (mat, error) {
 // when pack), any other type stays a qmat.
 func fromQ(q *qmat, pack bool) mat {
 	n, k := len(q.rows), q.in
-	if q.t != quant.F32 {
+	if q.types != nil || q.t != quant.F32 {
 		return mat{rows: n, cols: k, stride: k, q: q}
 	}
 	data := make([]float32, n*k)

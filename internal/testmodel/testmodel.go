@@ -39,6 +39,11 @@ type Spec struct {
 	// token's KV above the first layer is an average of everything before
 	// it, and a document's KV computed alone is not its KV in a prompt.
 	MixContext bool
+	// TensorType, when set, chooses the type of each 2-D weight (a
+	// llama-quantize mixture such as Q4_K_M): it gets the tensor's name, its
+	// row length and row count, and returns 0 to keep the type Type,
+	// EmbedType or OutType would give.
+	TensorType func(name string, in, out int) quant.Type
 }
 
 func (s Spec) withDefaults() Spec {
@@ -116,6 +121,11 @@ func Encode(s Spec) ([]byte, error) {
 	add := func(name string, t quant.Type, w []float32, dims ...uint64) {
 		if werr != nil {
 			return
+		}
+		if s.TensorType != nil && len(dims) == 2 {
+			if tt := s.TensorType(name, int(dims[0]), int(dims[1])); tt != 0 {
+				t = tt
+			}
 		}
 		if t == 0 {
 			t = quant.F32

@@ -9,7 +9,9 @@
 // Ops: hello; tokenize {model, texts, addSpecial, parseSpecial}; detokenize {model, ids,
 // removeSpecial, unparseSpecial}; piece {model, ids, special}; info {model}; eval {model, tokens,
 // positions, mode: "logprobs"|"logits", k, ids, threads, kvType, flashAttention, batch}; greedy
-// {model, prompt, n, threads, kvType, flashAttention, batch}. See internal/llamaref for semantics.
+// {model, prompt, n, threads, kvType, flashAttention, batch}; bench_prefill {model, tokens, threads,
+// batch, reps, kvType, flashAttention}; bench_decode {model, contexts, next, threads, batch, kvType,
+// flashAttention}; rss; unload {model}. See internal/llamaref for semantics.
 //
 // node-llama-cpp is found in $CB_REF_DIR/node_modules (default ~/.cache/cacheblend/ref), imported
 // through an absolute file URL because ES modules ignore NODE_PATH.
@@ -504,6 +506,56 @@ function evalOpts(req) {
     return {threads: req.threads | 0, kvType: req.kvType || "f32", flashAttention: !!req.flashAttention, batch: req.batch | 0};
 }
 
+// benchContext returns a fresh context for the benchmark ops (cb bench --vs-llamacpp): ctxSize
+// cells, a batch (and micro-batch) of batchSize tokens, seqs sequences. The evaluation context of
+// the model is dropped first, so one context at a time holds memory.
+async function benchContext(e, m, ctxSize, batchSize, seqs, opts) {
+    if (e.ctx) {
+        await e.ctx.sampler.dispose();
+        await e.ctx.ctx.dispose();
+        e.ctx = null;
+    }
+    if (e.bench && e.bench.key !== `${ctxSize}/${batchSize}/${seqs}/${opts.threads}/${opts.kvType}/${opts.flashAttention}`) {
+        await e.bench.ctx.dispose();
+        e.bench = null;
+    }
+    if (!e.bench) {
+        const kv = opts.kvType || "f16";
+        if (!(kv in GGML_TYPE)) throw new Error(`unknown kv cache type ${JSON.stringify(kv)}`);
+        const ctx = new llama._bindings.AddonContext(m._model, {
+            contextSize: ctxSize,
+            batchSize,
+            sequences: seqs,
+            flashAttention: opts.flashAttention === "auto" ? "auto" : !!opts.flashAttention,
+            threads: opts.threads > 0 ? opts.threads : 1,
+            performanceTracking: false,
+            kvCacheKeyType: GGML_TYPE[kv],
+            kvCacheValueType: GGML_TYPE[kv],
+        });
+        if (!(await ctx.init())) throw new Error("failed to create llama context");
+        e.bench = {key: `${ctxSize}/${batchSize}/${seqs}/${opts.threads}/${opts.kvType}/${opts.flashAttention}`, ctx};
+    }
+    for (let s = 0; s < seqs; s++) e.bench.ctx.disposeSequence(s);
+    return e.bench.ctx;
+}
+
+// benchFill evaluates tokens at positions [start, start+n) of sequence seq in chunks of batchSize,
+// logits for the last token only (what a prompt's prefill computes).
+async function benchFill(ctx, seq, start, tokens, batchSize) {
+    for (let off = 0; off < tokens.length; off += batchSize) {
+        const end = Math.min(tokens.length, off + batchSize);
+        ctx.initBatch(end - off);
+        ctx.addToBatch(seq, start + off, Uint32Array.from(tokens.slice(off, end)), end === tokens.length ? Uint32Array.of(end - off - 1) : new Uint32Array(0));
+        await ctx.decodeBatch();
+    }
+}
+
+const nowMs = () => Number(process.hrtime.bigint()) / 1e6;
+
+function benchOpts(req) {
+    return {threads: req.threads | 0, kvType: req.kvType || "f16", flashAttention: req.flashAttention ?? "auto"};
+}
+
 const ops = {
 
     // eval: evaluate tokens and return, for every asked position, either the full shifted logits
@@ -573,6 +625,83 @@ const ops = {
         }
         return {tokens: outIds};
     },
+    // bench_prefill: time the prefill of tokens (sequence 0 from an empty cache) reps times, in
+    // chunks of batch tokens (llama.cpp's default micro-batch is 512). Returns milliseconds per rep.
+    async bench_prefill(req) {
+        const e = entry(req.model);
+        const m = await e.full();
+        const v = await e.vocab();
+        checkTokens(req.tokens, v.nVocab, "bench_prefill");
+        const batch = req.batch > 0 ? req.batch | 0 : 512;
+        const reps = Math.max(1, req.reps | 0);
+        const ctxSize = Math.ceil(req.tokens.length / 256) * 256;
+        const ctx = await benchContext(e, m, ctxSize, batch, 1, benchOpts(req));
+        const ms = [];
+        for (let r = 0; r < reps; r++) {
+            ctx.disposeSequence(0);
+            const t0 = nowMs();
+            await benchFill(ctx, 0, 0, req.tokens, batch);
+            ms.push(nowMs() - t0);
+        }
+        return {ms};
+    },
+
+    // bench_decode: prefill one context per sequence (req.contexts, untimed), then req.steps decode
+    // steps, each feeding every sequence its next token (req.next[step][seq]) in one batch — the
+    // sequences share each step's pass over the weights. Returns milliseconds per step.
+    async bench_decode(req) {
+        const e = entry(req.model);
+        const m = await e.full();
+        const v = await e.vocab();
+        const seqs = req.contexts.length;
+        if (seqs < 1 || seqs > 64) throw new Error(`bench_decode: ${seqs} sequences`);
+        const steps = req.next.length;
+        let need = 0;
+        for (const c of req.contexts) {
+            checkTokens(c, v.nVocab, "bench_decode context");
+            need = Math.max(need, c.length + steps);
+        }
+        for (const n of req.next) {
+            if (n.length !== seqs) throw new Error("bench_decode: a step needs one token per sequence");
+            checkIds(n, v.nVocab, "bench_decode next");
+        }
+        const batch = req.batch > 0 ? req.batch | 0 : 512;
+        const ctxSize = Math.ceil((need * seqs) / 256) * 256;
+        const ctx = await benchContext(e, m, ctxSize, Math.max(batch, seqs), seqs, benchOpts(req));
+        for (let s = 0; s < seqs; s++) await benchFill(ctx, s, 0, req.contexts[s], batch);
+        const ms = [];
+        for (let i = 0; i < steps; i++) {
+            const t0 = nowMs();
+            ctx.initBatch(seqs);
+            for (let s = 0; s < seqs; s++) ctx.addToBatch(s, req.contexts[s].length + i, Uint32Array.of(req.next[i][s]), Uint32Array.of(0));
+            await ctx.decodeBatch();
+            ms.push(nowMs() - t0);
+        }
+        return {ms};
+    },
+
+    // rss: the driver process's resident memory in bytes.
+    async rss() {
+        return {rss: process.memoryUsage.rss()};
+    },
+
+    // unload: drop a model and its contexts.
+    async unload(req) {
+        const abs = path.resolve(String(req.model));
+        const e = models.get(abs);
+        if (!e) return {};
+        models.delete(abs);
+        if (e.bench) await e.bench.ctx.dispose();
+        if (e.ctx) {
+            await e.ctx.sampler.dispose();
+            await e.ctx.ctx.dispose();
+        }
+        for (const s of e.tempSamplers?.values() ?? []) await s.dispose();
+        if (e.fullModel) await e.fullModel._model.dispose();
+        if (e.vocabModel) await e.vocabModel._model.dispose();
+        return {};
+    },
+
     async hello() {
         return {pid: process.pid, node: process.version, refDir, llamaCppRelease: llama.llamaCppRelease};
     },

@@ -1,0 +1,464 @@
+package llamabench
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cacheblend/cacheblend/gguf"
+	"github.com/cacheblend/cacheblend/internal/llamaref"
+	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/reuseplan"
+)
+
+// Config sets what [Run] measures. Every zero field takes its default.
+type Config struct {
+	Dir      string   // test files; default $XDG_CACHE_HOME/cacheblend/bench (~/.cache/…)
+	VocabDir string   // llama.cpp's vocabulary files; default llama.cpp's models/ in the reference directory
+	Shapes   []string // shape names; default every one of Shapes()
+	Formats  []string // default Formats()
+	Threads  int      // threads of both engines; default runtime.NumCPU()
+	Reps     int      // timed repetitions after one warm-up; default 3
+	Prompts  []int    // prefill prompt lengths; default 512 and 2,048
+
+	DecodeContext int // context of the batch-1 decode; default 512
+	DecodeSteps   int // timed decode steps (after one warm-up step); default 16
+	BatchSeqs     int // sequences of the batched decode; default 8
+	BatchContext  int // context of each of them; default 128
+
+	RAGDocs     int // documents of the RAG prompt; default 3
+	RAGDocLen   int // tokens per document; default 600
+	RAGQuestion int // tokens after the documents; default 200
+
+	// Llama sets llama.cpp's context options; Threads is Config.Threads.
+	Llama llamaref.BenchOptions
+	// Log, when set, gets a line per step.
+	Log func(format string, args ...any) `json:"-"`
+}
+
+func (c Config) withDefaults() Config {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	if c.Dir == "" {
+		base, err := os.UserCacheDir()
+		if err != nil {
+			base = os.TempDir()
+		}
+		c.Dir = filepath.Join(base, "cacheblend", "bench")
+	}
+	if c.VocabDir == "" {
+		if src, err := llamaref.LlamaCppSource(); err == nil {
+			c.VocabDir = filepath.Join(src, "models")
+		}
+	}
+	if len(c.Shapes) == 0 {
+		for _, s := range Shapes() {
+			c.Shapes = append(c.Shapes, s.Name)
+		}
+	}
+	if len(c.Formats) == 0 {
+		c.Formats = Formats()
+	}
+	def(&c.Threads, runtime.NumCPU())
+	def(&c.Reps, 3)
+	if len(c.Prompts) == 0 {
+		c.Prompts = []int{512, 2048}
+	}
+	def(&c.DecodeContext, 512)
+	def(&c.DecodeSteps, 16)
+	def(&c.BatchSeqs, 8)
+	def(&c.BatchContext, 128)
+	def(&c.RAGDocs, 3)
+	def(&c.RAGDocLen, 600)
+	def(&c.RAGQuestion, 200)
+	c.Llama.Threads = c.Threads
+	if c.Log == nil {
+		c.Log = func(string, ...any) {}
+	}
+	return c
+}
+
+// Stat summarises repeated timings.
+type Stat struct {
+	Min, Median, Max time.Duration
+	N                int
+}
+
+func statOf(d []time.Duration) Stat {
+	if len(d) == 0 {
+		return Stat{}
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return Stat{Min: s[0], Median: s[len(s)/2], Max: s[len(s)-1], N: len(s)}
+}
+
+// Side is one engine's figures on one file.
+type Side struct {
+	Prefill []Stat // per Config.Prompts
+	Decode1 Stat   // a decode step at batch 1
+	DecodeN Stat   // a decode step of Config.BatchSeqs sequences
+	RAG     Stat   // first-token latency of the RAG prompt
+	RSS     int64  // resident memory after the runs minus before the model was loaded, bytes
+	KVBytes int64  // the KV cache the engine held, bytes
+}
+
+// Result is one file's figures.
+type Result struct {
+	Shape     Shape
+	Format    string
+	File      string
+	FileBytes int64
+	// StepBytes is the bytes of weights one decode step reads: every
+	// tensor but the embedding table (of which it reads one row per
+	// token), which counts when it is also the LM head.
+	StepBytes int64
+	RAGTokens int // tokens of the RAG prompt
+	RAGReused int // of which reused from the documents' stored KV (ours)
+	Ours      Side
+	Llama     *Side // nil when llama.cpp was not run
+}
+
+// inputs are the token ids of one file's runs, shared by both engines.
+type inputs struct {
+	prompts   [][]int32
+	decodeCtx []int32
+	decode1   [][]int32 // [step][1]
+	batchCtx  [][]int32 // [seq]
+	decodeN   [][]int32 // [step][seq]
+	docs      [][]int32
+	rag       []int32
+}
+
+func newInputs(cfg Config, vocab int, seed uint64) inputs {
+	rng := rand.New(rand.NewPCG(seed, 0xBE7C4))
+	toks := func(n int) []int32 {
+		t := make([]int32, n)
+		for i := range t {
+			t[i] = int32(rng.IntN(vocab))
+		}
+		return t
+	}
+	var in inputs
+	for _, n := range cfg.Prompts {
+		in.prompts = append(in.prompts, toks(n))
+	}
+	in.decodeCtx = toks(cfg.DecodeContext)
+	for range cfg.DecodeSteps + 1 {
+		in.decode1 = append(in.decode1, toks(1))
+		in.decodeN = append(in.decodeN, toks(cfg.BatchSeqs))
+	}
+	for range cfg.BatchSeqs {
+		in.batchCtx = append(in.batchCtx, toks(cfg.BatchContext))
+	}
+	for range cfg.RAGDocs {
+		d := toks(cfg.RAGDocLen)
+		in.docs = append(in.docs, d)
+		in.rag = append(in.rag, d...)
+	}
+	in.rag = append(in.rag, toks(cfg.RAGQuestion)...)
+	return in
+}
+
+// Run generates (or reuses) every test file of cfg and measures package
+// model on each, and llama.cpp on each when ref is not nil, one engine at a
+// time. It stops at the first error.
+func Run(cfg Config, ref *llamaref.Ref) ([]Result, error) {
+	cfg = cfg.withDefaults()
+	if cfg.VocabDir == "" {
+		return nil, errors.New("llamabench: no vocabulary directory: install the reference (bash scripts/deps.sh) or set Config.VocabDir")
+	}
+	var out []Result
+	for _, name := range cfg.Shapes {
+		s, err := ShapeByName(name)
+		if err != nil {
+			return nil, err
+		}
+		for _, format := range cfg.Formats {
+			t0 := time.Now()
+			path, err := Generate(cfg.Dir, cfg.VocabDir, s, format)
+			if err != nil {
+				return nil, err
+			}
+			cfg.Log("%s %s: file ready in %s (%s)", s.Name, format, time.Since(t0).Round(time.Millisecond), path)
+			r, err := runFile(cfg, s, format, path, ref)
+			if err != nil {
+				return nil, fmt.Errorf("llamabench: %s: %w", FileName(s, format), err)
+			}
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+func runFile(cfg Config, s Shape, format, path string, ref *llamaref.Ref) (Result, error) {
+	r := Result{Shape: s, Format: format, File: path}
+	f, err := gguf.Open(path)
+	if err != nil {
+		return r, err
+	}
+	toks, err := f.Strings("tokenizer.ggml.tokens")
+	if err != nil {
+		f.Close()
+		return r, err
+	}
+	_, hasOut := f.Tensor("output.weight")
+	for _, t := range f.Tensors {
+		r.FileBytes += t.Size
+		if t.Name != "token_embd.weight" || !hasOut {
+			r.StepBytes += t.Size
+		}
+	}
+	f.Close()
+	if st, err := os.Stat(path); err == nil {
+		r.FileBytes = st.Size()
+	}
+	in := newInputs(cfg, len(toks), uint64(s.Dim)*31+uint64(len(format)))
+	r.RAGTokens = len(in.rag)
+	if r.Ours, r.RAGReused, err = runOurs(cfg, path, in); err != nil {
+		return r, fmt.Errorf("ours: %w", err)
+	}
+	cfg.Log("%s %s: ours done", s.Name, format)
+	if ref != nil {
+		side, err := runLlama(cfg, ref, path, in, s)
+		if err != nil {
+			return r, fmt.Errorf("llama.cpp: %w", err)
+		}
+		r.Llama = &side
+		cfg.Log("%s %s: llama.cpp done", s.Name, format)
+	}
+	return r, nil
+}
+
+// rss is the process's resident memory in bytes (/proc/self/status VmRSS;
+// 0 where there is none).
+func rss() int64 {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+const blockSize = 16
+
+func blocksFor(n int) int { return (n + blockSize - 1) / blockSize }
+
+func blockRange(first, n int) []int32 {
+	bt := make([]int32, n)
+	for i := range bt {
+		bt[i] = int32(first + i)
+	}
+	return bt
+}
+
+// timeReps runs fn once to warm up, then cfg.Reps times timed.
+func timeReps(reps int, fn func() error) (Stat, error) {
+	if err := fn(); err != nil {
+		return Stat{}, err
+	}
+	var d []time.Duration
+	for range reps {
+		t0 := time.Now()
+		if err := fn(); err != nil {
+			return Stat{}, err
+		}
+		d = append(d, time.Since(t0))
+	}
+	return statOf(d), nil
+}
+
+func runOurs(cfg Config, path string, in inputs) (side Side, reused int, err error) {
+	debug.FreeOSMemory()
+	rss0 := rss()
+	f, err := gguf.Open(path)
+	if err != nil {
+		return side, 0, err
+	}
+	defer f.Close()
+	m, err := model.Load(f, model.Config{Threads: cfg.Threads})
+	if err != nil {
+		return side, 0, err
+	}
+	// The cache: a prompt area (the longest prompt, the RAG prompt or the
+	// decode context), BatchSeqs sequence areas and one area per document.
+	promptLen := max(slices.Max(cfg.Prompts), len(in.rag), cfg.DecodeContext+cfg.DecodeSteps+1)
+	promptBlocks := blocksFor(promptLen)
+	seqBlocks := blocksFor(cfg.BatchContext + cfg.DecodeSteps + 1)
+	docBlocks := blocksFor(cfg.RAGDocLen)
+	total := promptBlocks + cfg.BatchSeqs*seqBlocks + cfg.RAGDocs*docBlocks
+	kv, err := kvcache.Create("", m.Config().KVLayout(total, blockSize))
+	if err != nil {
+		return side, 0, err
+	}
+	defer kv.Close()
+	side.KVBytes = kv.Layout().Bytes()
+	prompt := blockRange(0, promptBlocks)
+
+	for _, p := range in.prompts {
+		st, err := timeReps(cfg.Reps, func() error {
+			_, err := m.Prefill(kv, model.PrefillInput{Tokens: p, BlockTable: prompt})
+			return err
+		})
+		if err != nil {
+			return side, 0, err
+		}
+		side.Prefill = append(side.Prefill, st)
+	}
+
+	// Decode, batch 1.
+	if _, err := m.Prefill(kv, model.PrefillInput{Tokens: in.decodeCtx, BlockTable: prompt}); err != nil {
+		return side, 0, err
+	}
+	var steps []time.Duration
+	for i, t := range in.decode1 {
+		t0 := time.Now()
+		if _, err := m.Decode(kv, []model.DecodeInput{{Token: t[0], Pos: len(in.decodeCtx) + i, BlockTable: prompt}}); err != nil {
+			return side, 0, err
+		}
+		if i > 0 {
+			steps = append(steps, time.Since(t0))
+		}
+	}
+	side.Decode1 = statOf(steps)
+
+	// Decode, BatchSeqs sequences in one step.
+	seqs := make([][]int32, cfg.BatchSeqs)
+	for q := range seqs {
+		seqs[q] = blockRange(promptBlocks+q*seqBlocks, seqBlocks)
+		if _, err := m.Prefill(kv, model.PrefillInput{Tokens: in.batchCtx[q], BlockTable: seqs[q]}); err != nil {
+			return side, 0, err
+		}
+	}
+	steps = steps[:0]
+	batch := make([]model.DecodeInput, cfg.BatchSeqs)
+	for i, ts := range in.decodeN {
+		for q := range batch {
+			batch[q] = model.DecodeInput{Token: ts[q], Pos: cfg.BatchContext + i, BlockTable: seqs[q]}
+		}
+		t0 := time.Now()
+		if _, err := m.Decode(kv, batch); err != nil {
+			return side, 0, err
+		}
+		if i > 0 {
+			steps = append(steps, time.Since(t0))
+		}
+	}
+	side.DecodeN = statOf(steps)
+
+	// RAG: every document prefilled alone at positions 0.. (seen before,
+	// untimed), then per run: their KV copied into the prompt's blocks at
+	// their positions (re-RoPE'd, the blend server's retrieve) and the
+	// CacheBlend forward — both timed.
+	docs := make([][]int32, len(in.docs))
+	var ranges []reuseplan.Range
+	off := 0
+	for d, doc := range in.docs {
+		docs[d] = blockRange(promptBlocks+cfg.BatchSeqs*seqBlocks+d*docBlocks, docBlocks)
+		if _, err := m.Prefill(kv, model.PrefillInput{Tokens: doc, BlockTable: docs[d]}); err != nil {
+			return side, 0, err
+		}
+		ranges = append(ranges, reuseplan.Range{Start: off, End: off + len(doc)})
+		off += len(doc)
+	}
+	bin := model.BlendInput{Tokens: in.rag, BlockTable: prompt, Reused: ranges, CheckLayer: model.UseConfig, RecompRatio: model.UseConfig}
+	side.RAG, err = timeReps(cfg.Reps, func() error {
+		for d, r := range ranges {
+			placeKV(m, kv, docs[d], prompt, r.Start, r.End-r.Start)
+		}
+		_, _, err := m.BlendForward(kv, bin)
+		return err
+	})
+	if err != nil {
+		return side, 0, err
+	}
+	for _, r := range ranges {
+		reused += r.End - r.Start
+	}
+	side.RSS = rss() - rss0
+	runtime.KeepAlive(m)
+	return side, reused, nil
+}
+
+// placeKV copies n tokens of KV stored at positions 0.. of the blocks src
+// to positions to.. of dst, rotating K to the new positions.
+func placeKV(m *model.Model, kv *kvcache.Memory, src, dst []int32, to, n int) {
+	bs := kv.Layout().BlockSize
+	rp := m.RoPE()
+	for l := range m.Config().Layers {
+		for i := range n {
+			s, _ := kvcache.Slot(src, i, bs)
+			d, _ := kvcache.Slot(dst, to+i, bs)
+			k := kv.TokenK(l, d)
+			copy(k, kv.TokenK(l, s))
+			rp.Shift(k, i, to+i)
+			copy(kv.TokenV(l, d), kv.TokenV(l, s))
+		}
+	}
+}
+
+func runLlama(cfg Config, ref *llamaref.Ref, path string, in inputs, s Shape) (Side, error) {
+	var side Side
+	rss0, err := ref.RSS()
+	if err != nil {
+		return side, err
+	}
+	drop := func(d []time.Duration) Stat { return statOf(d[1:]) }
+	for _, p := range in.prompts {
+		d, err := ref.BenchPrefill(path, p, cfg.Reps+1, cfg.Llama)
+		if err != nil {
+			return side, err
+		}
+		side.Prefill = append(side.Prefill, drop(d))
+	}
+	d, err := ref.BenchDecode(path, [][]int32{in.decodeCtx}, in.decode1, cfg.Llama)
+	if err != nil {
+		return side, err
+	}
+	side.Decode1 = drop(d)
+	if d, err = ref.BenchDecode(path, in.batchCtx, in.decodeN, cfg.Llama); err != nil {
+		return side, err
+	}
+	side.DecodeN = drop(d)
+	if d, err = ref.BenchPrefill(path, in.rag, cfg.Reps+1, cfg.Llama); err != nil {
+		return side, err
+	}
+	side.RAG = drop(d)
+	rss1, err := ref.RSS()
+	if err != nil {
+		return side, err
+	}
+	side.RSS = rss1 - rss0
+	// The last context: the RAG prompt's cells, K and V, F16 unless set.
+	cells := (len(in.rag) + 255) / 256 * 256
+	el := int64(2)
+	if cfg.Llama.KVType == "f32" {
+		el = 4
+	}
+	side.KVBytes = int64(cells) * int64(s.Layers) * 2 * int64(s.KVHeads*(s.Dim/s.Heads)) * el
+	return side, ref.Unload(path)
+}
+
+// DefaultThreads is the thread count Run uses when Config.Threads is 0.
+func DefaultThreads() int { return runtime.NumCPU() }
