@@ -18,7 +18,9 @@ import (
 //
 // As the right operand of a product x·Wᵀ, output column j of the product
 // is row j: decode-sized products (at most qDotRows rows of x) take fused
-// dequantize-and-dot kernels (quant.Dot) per row; larger ones dequantize a
+// dequantize-and-dot kernels (quant.Dot) per row; batches of up to qRowDots
+// rows dequantize each weight row once and dot it with every row of x
+// (simd.Dot); larger ones dequantize a
 // panel of qPanel rows into a worker's scratch and multiply it with simd's
 // F32 GEMM, so the dequantization is amortised over every row of x.
 //
@@ -55,7 +57,8 @@ func (q *qmat) uniform() *qmat {
 }
 
 const (
-	qDotRows = 4
+	qDotRows = 2
+	qRowDots = 32
 	qPanel   = 64
 )
 
@@ -185,6 +188,43 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 					}
 				}
 			}
+		})
+		return
+	}
+	if m <= qRowDots {
+		// A few rows (a decode batch): a panel of weight rows is
+		// dequantized once into a worker's scratch (sized for L2) and
+		// multiplied with every row of a by simd.DotTile (4×4 tiles of
+		// dots: one pass over the weights for the whole batch, every load
+		// feeding four FMAs, and no packing, which would cost as much as
+		// the product).
+		pr := min(qPanel, max(16, (1<<16)/k/16*16))
+		ld := k + 16 // rows 4 KiB apart would share L1 sets
+		tm.run((n+pr-1)/pr, func(_, t int) {
+			j0, j1 := t*pr, min(n, (t+1)*pr)
+			need := (j1-j0)*ld + m*pr
+			bp, _ := qScratch.Get().(*[]float32)
+			if bp == nil || cap(*bp) < need {
+				s := make([]float32, max(need, qPanel*k))
+				bp = &s
+			}
+			buf := (*bp)[:(j1-j0)*ld]
+			for j := j0; j < j1; j++ {
+				q.row(off+j, buf[(j-j0)*ld:(j-j0)*ld+k])
+			}
+			if !acc {
+				simd.DotTile(c.data[j0:], c.stride, a.data, a.stride, m, buf, ld, j1-j0, k)
+			} else {
+				tmp := (*bp)[(j1-j0)*ld : (j1-j0)*ld+m*(j1-j0)]
+				simd.DotTile(tmp, j1-j0, a.data, a.stride, m, buf, ld, j1-j0, k)
+				for i := range m {
+					dst := c.data[i*c.stride+j0 : i*c.stride+j1]
+					for j, v := range tmp[i*(j1-j0) : (i+1)*(j1-j0)] {
+						dst[j] += v
+					}
+				}
+			}
+			qScratch.Put(bp)
 		})
 		return
 	}

@@ -27,6 +27,9 @@ func dotRows512(dst, q, k *float32, ldk, n, hd int)
 func dotRows16_512(dst, q, k *float32, ldk, blocks, hd int)
 
 //go:noescape
+func dotTile4x4_512(dst *float32, ldd int, a *float32, lda int, b *float32, ldb int, k int)
+
+//go:noescape
 func axpyRows1_512(out, w, v *float32, ldv, n int)
 
 //go:noescape
@@ -126,6 +129,7 @@ func registerAsm() {
 	if cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512DQ && cpu.X86.HasFMA {
 		impls[AVX512] = asmImpl(AVX512, 32, kerns512, kernsU512, peakFMA512, 24*16*2,
 			dot512, dotRows512x, axpyRows512x, axpy512, scale512, sumsq512, mulScale512, maxf512, expSum512, swiglu512)
+		impls[AVX512].dotTile4 = dotTile4x4_512
 	}
 }
 

@@ -58,6 +58,9 @@ type impl struct {
 	maxf     func(x []float32) float32
 	expSum   func(x []float32, k, off float32) float32
 	swiglu   func(dst, g, u []float32)
+	// dotTile4 is a 4×4 tile of DotTile (k a multiple of 16), nil where
+	// the level has none.
+	dotTile4 func(dst *float32, ldd int, a *float32, lda int, b *float32, ldb int, k int)
 }
 
 // impls holds the tables this build and CPU support, by level; cur is the

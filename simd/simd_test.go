@@ -481,3 +481,42 @@ func TestRotate(t *testing.T) {
 		})
 	}
 }
+
+// TestDotTile checks DotTile at every level, on shapes with and without
+// whole 4×4 tiles and 16-element chunks, against float64 dots.
+func TestDotTile(t *testing.T) {
+	cases := []struct {
+		name     string
+		m, n, k  int
+		lda, ldb int
+	}{
+		{"4x4 k16", 4, 4, 16, 16, 16},
+		{"8x64 k512 padded rows", 8, 64, 512, 512, 528},
+		{"5x7 k100 edges", 5, 7, 100, 101, 103},
+		{"3x2 below a tile", 3, 2, 64, 64, 64},
+		{"12x20 k2048", 12, 20, 2048, 2048, 2064},
+		{"k8 no chunk", 6, 6, 8, 8, 8},
+	}
+	for _, l := range append([]Level{Generic}, levels(t)...) {
+		for _, tc := range cases {
+			t.Run(fmt.Sprintf("%v/%s", l, tc.name), func(t *testing.T) {
+				a := randVec(uint64(tc.m*tc.k+1), (tc.m-1)*tc.lda+tc.k)
+				b := randVec(uint64(tc.n*tc.k+2), (tc.n-1)*tc.ldb+tc.k)
+				ldd := tc.n + 3
+				dst := make([]float32, (tc.m-1)*ldd+tc.n)
+				withLevel(t, l, func() { DotTile(dst, ldd, a, tc.lda, tc.m, b, tc.ldb, tc.n, tc.k) })
+				for i := range tc.m {
+					for j := range tc.n {
+						var want float64
+						for p := range tc.k {
+							want += float64(a[i*tc.lda+p]) * float64(b[j*tc.ldb+p])
+						}
+						if !closeTo(float64(dst[i*ldd+j]), want, 1e-4) {
+							t.Fatalf("dst[%d][%d] = %g, want %g", i, j, dst[i*ldd+j], want)
+						}
+					}
+				}
+			})
+		}
+	}
+}

@@ -10,6 +10,49 @@ func Dot(a, b []float32) float32 { return cur.Load().dot(a, b[:len(a)]) }
 // run of cache slots).
 func DotRows(dst, q, k []float32, ldk int) { cur.Load().dotRows(dst, q, k, ldk) }
 
+// DotTile writes a[i*lda:][:k]·b[j*ldb:][:k] into dst[i*ldd+j] for every
+// i < m and j < n: the product a·bᵀ of m rows and n rows that both run
+// along k, as a GEMV of a few activation rows against weight rows needs it
+// (no packing or transposition). At the AVX-512 level it runs 4×4 tiles
+// that reuse every vector load for four FMAs, taking the rows of b four at
+// a time as the outer loop (so they stay in L1 while the rows of a pass);
+// elsewhere, and for the edges, DotRows per row of a. It panics when a
+// slice is too short.
+func DotTile(dst []float32, ldd int, a []float32, lda, m int, b []float32, ldb, n, k int) {
+	if m <= 0 || n <= 0 {
+		return
+	}
+	if len(a) < (m-1)*lda+k || len(b) < (n-1)*ldb+k || len(dst) < (m-1)*ldd+n || k < 0 {
+		panic("simd: DotTile operand too short")
+	}
+	im := cur.Load()
+	m4, n4, k16 := 0, 0, k&^15
+	if im.dotTile4 != nil && k16 > 0 {
+		m4, n4 = m&^3, n&^3
+		for j := 0; j < n4; j += 4 {
+			for i := 0; i < m4; i += 4 {
+				im.dotTile4(&dst[i*ldd+j], ldd, &a[i*lda], lda, &b[j*ldb], ldb, k16)
+				if k16 < k {
+					for ii := i; ii < i+4; ii++ {
+						for jj := j; jj < j+4; jj++ {
+							dst[ii*ldd+jj] += im.dot(a[ii*lda+k16:ii*lda+k], b[jj*ldb+k16:jj*ldb+k])
+						}
+					}
+				}
+			}
+		}
+	}
+	for i := range m {
+		j0 := n4
+		if i >= m4 {
+			j0 = 0
+		}
+		if j0 < n {
+			im.dotRows(dst[i*ldd+j0:i*ldd+n], a[i*lda:i*lda+k], b[j0*ldb:], ldb)
+		}
+	}
+}
+
 // AxpyRows adds Σ_t w[t]·v[t*ldv:][:len(out)] to out over t < len(w): the
 // weighted sum of values stored as rows at stride ldv.
 func AxpyRows(out, w, v []float32, ldv int) { cur.Load().axpyRows(out, w, v, ldv) }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 
@@ -23,6 +24,7 @@ func newBenchCmd() *cobra.Command {
 		vsLlama           bool
 		jsonPath, mdPath  string
 		flashAttn, kvType string
+		cpuProfile        string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -71,6 +73,17 @@ flags, FP32 peak per core and memory read bandwidth; --json writes every figure 
 				threads = llamabench.DefaultThreads()
 			}
 			mc := llamabench.DetectMachine(threads)
+			if cpuProfile != "" {
+				pf, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				if err := pprof.StartCPUProfile(pf); err != nil {
+					pf.Close()
+					return err
+				}
+				defer func() { pprof.StopCPUProfile(); pf.Close() }()
+			}
 			rs, err := llamabench.Run(cfg, ref)
 			if err != nil {
 				return err
@@ -111,5 +124,6 @@ flags, FP32 peak per core and memory read bandwidth; --json writes every figure 
 	fl.StringVar(&kvType, "llama-kv-type", "f16", "llama.cpp's KV cache type: f16, f32, bf16 or q8_0")
 	fl.StringVar(&jsonPath, "json", "", "write every figure (min, median, max) as JSON to this file")
 	fl.StringVar(&mdPath, "markdown", "", "also write the tables to this file")
+	fl.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process (our side, file generation included) to this file")
 	return cmd
 }

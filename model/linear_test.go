@@ -1,0 +1,94 @@
+package model
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/cacheblend/cacheblend/quant"
+)
+
+// TestQgemmPaths checks every path of qgemm (fused dots, per-row dots,
+// dequantized panels) on every shape of batch against a float64 product of
+// the dequantized weight with the activations llama.cpp would multiply
+// (rounded per actround.go), for uniform and mixed-type weights, with and
+// without accumulation, at a column offset.
+func TestQgemmPaths(t *testing.T) {
+	const k, n = 512, 70
+	w := randMat(7, n*k)
+	build := func(t *testing.T, types ...quant.Type) *qmat {
+		var parts []*qmat
+		per := n / len(types)
+		for i, typ := range types {
+			r1 := (i + 1) * per
+			if i == len(types)-1 {
+				r1 = n
+			}
+			data, err := quant.QuantizeRows(typ, w[i*per*k:r1*k], k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			q, err := newQmat(typ, k, r1-i*per, data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			parts = append(parts, q)
+		}
+		q, err := stack(parts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q
+	}
+	weights := []struct {
+		name  string
+		types []quant.Type
+	}{
+		{"F16", []quant.Type{quant.F16}},
+		{"Q8_0", []quant.Type{quant.Q8_0}},
+		{"Q4_K", []quant.Type{quant.Q4_K}},
+		{"Q6_K", []quant.Type{quant.Q6_K}},
+		{"Q4_K|Q6_K|Q4_K mixed", []quant.Type{quant.Q4_K, quant.Q6_K, quant.Q4_K}},
+		{"Q8_0|F16 mixed", []quant.Type{quant.Q8_0, quant.F16}},
+	}
+	for _, wc := range weights {
+		for _, m := range []int{1, qDotRows, qDotRows + 1, 8, qRowDots, qRowDots + 1, 100} {
+			for _, acc := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/m%d/acc=%v", wc.name, m, acc), func(t *testing.T) {
+					q := build(t, wc.types...)
+					if len(wc.types) > 1 && q.types == nil {
+						t.Fatal("mixed weight lost its row types")
+					}
+					a := randMat(uint64(m), m*k)
+					const off, cols = 3, n - 5
+					c := make([]float32, m*cols)
+					for i := range c {
+						c[i] = float32(i%7) - 3
+					}
+					before := append([]float32(nil), c...)
+					qgemm(newTeam(2), dense(c, m, cols), dense(a, m, k), q, off, acc)
+					row := make([]float32, k)
+					x := make([]float32, k)
+					for j := range cols {
+						q.row(off+j, row)
+						for i := range m {
+							copy(x, a[i*k:(i+1)*k])
+							roundRow(activationRounding(q.typeAt(off+j)), x)
+							var want float64
+							for p := range k {
+								want += float64(row[p]) * float64(x[p])
+							}
+							if acc {
+								want += float64(before[i*cols+j])
+							}
+							got := float64(c[i*cols+j])
+							if math.Abs(got-want) > 1e-4*(1+math.Abs(want)) {
+								t.Fatalf("c[%d][%d] = %g, want %g", i, j, got, want)
+							}
+						}
+					}
+				})
+			}
+		}
+	}
+}
