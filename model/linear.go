@@ -228,19 +228,52 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		})
 		return
 	}
+	// Many rows (a prefill): the product is computed transposed, cᵀ = W·aᵀ,
+	// so the weight panel is the GEMM's left operand, read in place by its
+	// micro-kernel, and only a — packed once per call — and each panel's
+	// m×qPanel result are transposed (packing every weight panel instead
+	// cost 15% of a prefill: n·k scalar moves against m·k + m·n).
+	pk := qPacked.Get().(*[]float32)
+	pa := simd.NewPackedB(*pk, k, m)
+	tm.run(pa.Panels(), func(_, p int) { pa.PackPanel(p, a.data, a.stride, true) })
+	ld := k + 16 // weight rows 4 KiB apart would share L1 sets
+	const mc = 256 // columns of aᵀ per product: ≤ 8 panels, A read in place
 	tm.run((n+qPanel-1)/qPanel, func(_, t int) {
 		j0, j1 := t*qPanel, min(n, (t+1)*qPanel)
-		need := (j1 - j0) * k
+		nr := j1 - j0
+		need := nr*ld + qPanel*mc
 		bp, _ := qScratch.Get().(*[]float32)
 		if bp == nil || cap(*bp) < need {
-			s := make([]float32, qPanel*k)
+			s := make([]float32, max(need, qPanel*k))
 			bp = &s
 		}
-		buf := (*bp)[:need]
+		buf := (*bp)[:nr*ld]
+		ct := (*bp)[nr*ld : nr*ld+qPanel*mc]
 		for j := j0; j < j1; j++ {
-			q.row(off+j, buf[(j-j0)*k:(j-j0+1)*k])
+			q.row(off+j, buf[(j-j0)*ld:(j-j0)*ld+k])
 		}
-		simd.Gemm(m, j1-j0, k, a.data, a.stride, buf, k, true, c.data[j0:], c.stride, acc)
+		for i0 := 0; i0 < m; i0 += mc {
+			i1 := min(m, i0+mc)
+			w := i1 - i0
+			pa.Gemm(nr, buf, ld, i0, i1, ct, w, false)
+			for i := range w {
+				row := c.data[(i0+i)*c.stride+j0 : (i0+i)*c.stride+j1]
+				if acc {
+					for jj := range row {
+						row[jj] += ct[jj*w+i]
+					}
+				} else {
+					for jj := range row {
+						row[jj] = ct[jj*w+i]
+					}
+				}
+			}
+		}
 		qScratch.Put(bp)
 	})
+	*pk = pa.Data()
+	qPacked.Put(pk)
 }
+
+// qPacked recycles the packed activations of qgemm's prefill path.
+var qPacked = sync.Pool{New: func() any { return new([]float32) }}

@@ -248,6 +248,29 @@ func PackB(k, n int, b []float32, ldb int, transB bool) *PackedB {
 	return pb
 }
 
+// NewPackedB returns an empty k×n PackedB whose panels PackPanel fills,
+// backed by buf when it is large enough (k·32·ceil(n/32) floats; a scratch
+// the caller recycles) and by a new slice otherwise. It is safe to fill
+// different panels concurrently; use it only after all are filled.
+func NewPackedB(buf []float32, k, n int) *PackedB {
+	np := (n + panelW - 1) / panelW
+	return &PackedB{k: k, n: n, data: grow(buf, np*k*panelW)}
+}
+
+// Panels is the number of 32-column panels of the matrix.
+func (pb *PackedB) Panels() int { return (pb.n + panelW - 1) / panelW }
+
+// PackPanel packs columns [32p, 32p+32) of b (k×n, element (q, j) at
+// b[q*ldb+j], or b[j*ldb+q] when transB) into panel p.
+func (pb *PackedB) PackPanel(p int, b []float32, ldb int, transB bool) {
+	j := p * panelW
+	src := bOperand{data: b, ld: ldb, trans: transB}
+	packPanel(pb.data[p*pb.k*panelW:], &src, 0, pb.k, j, min(panelW, pb.n-j))
+}
+
+// Data is the backing slice (for the caller to recycle once done).
+func (pb *PackedB) Data() []float32 { return pb.data }
+
 // K is the packed matrix's row count (the products' inner dimension).
 func (pb *PackedB) K() int { return pb.k }
 
