@@ -155,6 +155,33 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		}
 		return
 	}
+	if m <= qDotRows && quant.SupportsQ8K(q.t) && k%quant.QK_K == 0 {
+		// Decode with K-quant weights: the activations quantized to Q8_K
+		// once, every row dotted with them in integers (AVX-512 VNNI), as
+		// llama.cpp computes it.
+		xs := q8kPool.Get().(*[qDotRows]quant.Q8K)
+		for i := range m {
+			if err := xs[i].Quantize(a.row(i)[:k]); err != nil {
+				panic(fmt.Sprintf("model: %v", err)) // k checked above
+			}
+		}
+		const chunk = 32
+		tm.run((n+chunk-1)/chunk, func(_, t int) {
+			for j := t * chunk; j < min(n, (t+1)*chunk); j++ {
+				w := q.rows[off+j]
+				for i := range m {
+					v := quant.DotQ8K(q.t, w, &xs[i])
+					if acc {
+						c.data[i*c.stride+j] += v
+					} else {
+						c.data[i*c.stride+j] = v
+					}
+				}
+			}
+		})
+		q8kPool.Put(xs)
+		return
+	}
 	if r := activationRounding(q.t); r != roundNone {
 		// The activations llama.cpp multiplies (see actround.go), in a copy.
 		bp, _ := qScratch.Get().(*[]float32)
@@ -274,6 +301,9 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 	*pk = pa.Data()
 	qPacked.Put(pk)
 }
+
+// q8kPool recycles the quantized activations of qgemm's decode path.
+var q8kPool = sync.Pool{New: func() any { return new([qDotRows]quant.Q8K) }}
 
 // qPacked recycles the packed activations of qgemm's prefill path.
 var qPacked = sync.Pool{New: func() any { return new([]float32) }}

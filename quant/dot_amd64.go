@@ -116,6 +116,20 @@ const (
 // level is the kernel level now: package simd's level (CB_SIMD,
 // simd.SetLevel), capped by what this package has, so one switch moves
 // every kernel of the process.
+// hasVNNI is whether the CPU runs dotQ4KQ8KVNNI (AVX-512 with VNNI).
+var hasVNNI = hasAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VNNI
+
+//go:noescape
+func dotQ4KQ8KVNNI(w *byte, q *int8, d *float32, sums *int32, n int) float32
+
+// dotQ4KQ8KAsm runs DotQ8K's Q4_K kernel at the AVX-512 level with VNNI.
+func dotQ4KQ8KAsm(w []byte, x *Q8K) (float32, bool) {
+	if !hasVNNI || level() != lvlAVX512 {
+		return 0, false
+	}
+	return dotQ4KQ8KVNNI(&w[0], &x.q[0], &x.d[0], &x.sums[0], len(x.d)), true
+}
+
 func level() int {
 	if !hasAVX2 {
 		return lvlGo

@@ -3660,6 +3660,178 @@ dotQ6KAVX512_done:
 	VZEROUPPER
 	RET
 
+// func dotQ4KQ8KVNNI(w *byte, q *int8, d *float32, sums *int32, n int) float32: n Q4_K blocks.
+TEXT ·dotQ4KQ8KVNNI(SB), NOSPLIT, $0-44
+	MOVQ w+0(FP), SI
+	MOVQ q+8(FP), DI
+	MOVQ d+16(FP), BX
+	MOVQ sums+24(FP), DX
+	MOVQ n+32(FP), CX
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	MOVL $0x0f0f0f0f, AX
+	VMOVD AX, X6
+	VPBROADCASTD X6, Z6
+	VMOVDQU32 ·q4kq8kIdx+0(SB), Z16
+	VMOVDQU32 ·q4kq8kIdx+64(SB), Z17
+	VMOVDQU32 ·q4kq8kIdx+128(SB), Z18
+	VMOVDQU32 ·q4kq8kIdx+192(SB), Z19
+	TESTQ CX, CX
+	JZ dotQ4KQ8KVNNI_done
+dotQ4KQ8KVNNI_block:
+	MOVL 4(SI), R8
+	MOVL 8(SI), R9
+	MOVL 12(SI), R10
+	MOVL R10, R11
+	SHRL $4, R11
+	ANDL $0x0f0f0f0f, R11
+	MOVL R9, R12
+	SHRL $6, R12
+	ANDL $0x03030303, R12
+	SHLL $4, R12
+	ORL R12, R11
+	MOVL R9, R13
+	ANDL $0x3f3f3f3f, R13
+	ANDL $0x0f0f0f0f, R10
+	MOVL R8, R12
+	SHRL $6, R12
+	ANDL $0x03030303, R12
+	SHLL $4, R12
+	ORL R12, R10
+	ANDL $0x3f3f3f3f, R8
+	VMOVD R8, X3
+	VPINSRD $1, R10, X3, X3
+	VMOVD R13, X4
+	VPINSRD $1, R11, X4, X4
+	VPMOVZXBD X3, Y3
+	VPMOVZXBD X4, Y4
+	MOVL 0(SI), AX
+	VMOVD AX, X5
+	VCVTPH2PS X5, X5
+	VBROADCASTSS (BX), X7
+	VMULPS X7, X5, X5
+	VBROADCASTSS X5, Z20
+	VMOVSHDUP X5, X7
+	VBROADCASTSS X7, Y21
+	VPMULLD (DX), Y4, Y15
+	VCVTDQ2PS Y15, Y15
+	VFMADD231PS Y21, Y15, Y1
+	VPERMD Z3, Z16, Z11
+	VPERMD Z3, Z17, Z12
+	VPERMD Z3, Z18, Z13
+	VPERMD Z3, Z19, Z14
+	VMOVDQU64 16(SI), Z7
+	VPANDD Z6, Z7, Z8
+	VPSRLD $4, Z7, Z9
+	VPANDD Z6, Z9, Z9
+	VPXORD Z22, Z22, Z22
+	VPXORD Z23, Z23, Z23
+	VPDPBUSD 0(DI), Z8, Z22
+	VPDPBUSD 64(DI), Z9, Z23
+	VMOVDQU64 80(SI), Z7
+	VPANDD Z6, Z7, Z8
+	VPSRLD $4, Z7, Z9
+	VPANDD Z6, Z9, Z9
+	VPXORD Z24, Z24, Z24
+	VPXORD Z25, Z25, Z25
+	VPDPBUSD 128(DI), Z8, Z24
+	VPDPBUSD 192(DI), Z9, Z25
+	VPMULLD Z11, Z22, Z22
+	VPMULLD Z12, Z23, Z23
+	VPMULLD Z13, Z24, Z24
+	VPMULLD Z14, Z25, Z25
+	VPADDD Z23, Z22, Z22
+	VPADDD Z25, Z24, Z24
+	VPADDD Z24, Z22, Z22
+	VCVTDQ2PS Z22, Z22
+	VFMADD231PS Z20, Z22, Z0
+	ADDQ $144, SI
+	ADDQ $256, DI
+	ADDQ $4, BX
+	ADDQ $32, DX
+	DECQ CX
+	JNZ dotQ4KQ8KVNNI_block
+dotQ4KQ8KVNNI_done:
+	VEXTRACTF64X4 $1, Z0, Y2
+	VADDPS Y2, Y0, Y0
+	VSUBPS Y1, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	VMOVSS X0, ret+40(FP)
+	VZEROUPPER
+	RET
+
+// q4kq8kIdx: the VPERMD indices that spread the eight Q4_K scales over
+// the lanes of dotQ4KQ8KVNNI's four accumulators (sub-blocks 0|2, 1|3,
+// 4|6, 5|7).
+DATA ·q4kq8kIdx+0(SB)/4, $0
+DATA ·q4kq8kIdx+4(SB)/4, $0
+DATA ·q4kq8kIdx+8(SB)/4, $0
+DATA ·q4kq8kIdx+12(SB)/4, $0
+DATA ·q4kq8kIdx+16(SB)/4, $0
+DATA ·q4kq8kIdx+20(SB)/4, $0
+DATA ·q4kq8kIdx+24(SB)/4, $0
+DATA ·q4kq8kIdx+28(SB)/4, $0
+DATA ·q4kq8kIdx+32(SB)/4, $2
+DATA ·q4kq8kIdx+36(SB)/4, $2
+DATA ·q4kq8kIdx+40(SB)/4, $2
+DATA ·q4kq8kIdx+44(SB)/4, $2
+DATA ·q4kq8kIdx+48(SB)/4, $2
+DATA ·q4kq8kIdx+52(SB)/4, $2
+DATA ·q4kq8kIdx+56(SB)/4, $2
+DATA ·q4kq8kIdx+60(SB)/4, $2
+DATA ·q4kq8kIdx+64(SB)/4, $1
+DATA ·q4kq8kIdx+68(SB)/4, $1
+DATA ·q4kq8kIdx+72(SB)/4, $1
+DATA ·q4kq8kIdx+76(SB)/4, $1
+DATA ·q4kq8kIdx+80(SB)/4, $1
+DATA ·q4kq8kIdx+84(SB)/4, $1
+DATA ·q4kq8kIdx+88(SB)/4, $1
+DATA ·q4kq8kIdx+92(SB)/4, $1
+DATA ·q4kq8kIdx+96(SB)/4, $3
+DATA ·q4kq8kIdx+100(SB)/4, $3
+DATA ·q4kq8kIdx+104(SB)/4, $3
+DATA ·q4kq8kIdx+108(SB)/4, $3
+DATA ·q4kq8kIdx+112(SB)/4, $3
+DATA ·q4kq8kIdx+116(SB)/4, $3
+DATA ·q4kq8kIdx+120(SB)/4, $3
+DATA ·q4kq8kIdx+124(SB)/4, $3
+DATA ·q4kq8kIdx+128(SB)/4, $4
+DATA ·q4kq8kIdx+132(SB)/4, $4
+DATA ·q4kq8kIdx+136(SB)/4, $4
+DATA ·q4kq8kIdx+140(SB)/4, $4
+DATA ·q4kq8kIdx+144(SB)/4, $4
+DATA ·q4kq8kIdx+148(SB)/4, $4
+DATA ·q4kq8kIdx+152(SB)/4, $4
+DATA ·q4kq8kIdx+156(SB)/4, $4
+DATA ·q4kq8kIdx+160(SB)/4, $6
+DATA ·q4kq8kIdx+164(SB)/4, $6
+DATA ·q4kq8kIdx+168(SB)/4, $6
+DATA ·q4kq8kIdx+172(SB)/4, $6
+DATA ·q4kq8kIdx+176(SB)/4, $6
+DATA ·q4kq8kIdx+180(SB)/4, $6
+DATA ·q4kq8kIdx+184(SB)/4, $6
+DATA ·q4kq8kIdx+188(SB)/4, $6
+DATA ·q4kq8kIdx+192(SB)/4, $5
+DATA ·q4kq8kIdx+196(SB)/4, $5
+DATA ·q4kq8kIdx+200(SB)/4, $5
+DATA ·q4kq8kIdx+204(SB)/4, $5
+DATA ·q4kq8kIdx+208(SB)/4, $5
+DATA ·q4kq8kIdx+212(SB)/4, $5
+DATA ·q4kq8kIdx+216(SB)/4, $5
+DATA ·q4kq8kIdx+220(SB)/4, $5
+DATA ·q4kq8kIdx+224(SB)/4, $7
+DATA ·q4kq8kIdx+228(SB)/4, $7
+DATA ·q4kq8kIdx+232(SB)/4, $7
+DATA ·q4kq8kIdx+236(SB)/4, $7
+DATA ·q4kq8kIdx+240(SB)/4, $7
+DATA ·q4kq8kIdx+244(SB)/4, $7
+DATA ·q4kq8kIdx+248(SB)/4, $7
+DATA ·q4kq8kIdx+252(SB)/4, $7
+GLOBL ·q4kq8kIdx(SB), RODATA|NOPTR, $256
+
 // q5shifts: per-lane right shifts for the fifth bits of Q5_0/Q5_1.
 DATA ·q5shifts+0(SB)/4, $0
 DATA ·q5shifts+4(SB)/4, $1

@@ -1,0 +1,142 @@
+package quant
+
+import (
+	"fmt"
+	"math"
+)
+
+// Q8K is a row of activations quantized as llama.cpp's Q8_K (what its CPU
+// kernels multiply K-quant weights with): per 256 elements a float32 scale
+// d and 256 int8 values q with x ≈ d·q, and per 32 elements the sum of the
+// values (llama.cpp keeps sums per 16; the Q4_K dot only needs them per
+// 32). [DotQ8K] multiplies a weight row with it in integers. The values
+// are stored in the order the kernels read them. The zero value is ready
+// for Quantize; a Q8K is not safe for concurrent use while it is being
+// quantized, and safe to read concurrently afterwards.
+type Q8K struct {
+	n    int
+	d    []float32
+	q    []int8
+	sums []int32
+}
+
+// Len is the number of elements quantized.
+func (x *Q8K) Len() int { return x.n }
+
+// Quantize sets x to the Q8_K form of v (len(v) a multiple of 256),
+// reusing x's memory: ggml's quantize_row_q8_K (the scale is −127 over the
+// value of largest magnitude, values rounded to nearest even and capped at
+// 127; an all-zero block has scale 0).
+func (x *Q8K) Quantize(v []float32) error {
+	if len(v)%QK_K != 0 {
+		return fmt.Errorf("%w: Q8_K quantization of %d values, not a multiple of %d", ErrSize, len(v), QK_K)
+	}
+	nb := len(v) / QK_K
+	x.n = len(v)
+	x.d = grow(x.d, nb)
+	x.q = grow(x.q, len(v))
+	x.sums = grow(x.sums, len(v)/32)
+	var nat [QK_K]int8
+	for b := range nb {
+		blk := v[b*QK_K : (b+1)*QK_K]
+		var amax, mx float32
+		for _, f := range blk {
+			if a := float32(math.Abs(float64(f))); a > amax {
+				amax, mx = a, f
+			}
+		}
+		if amax == 0 {
+			x.d[b] = 0
+			clear(nat[:])
+		} else {
+			iscale := -127 / mx
+			x.d[b] = 1 / iscale
+			for i, f := range blk {
+				nat[i] = int8(min(127, math.RoundToEven(float64(iscale*f))))
+			}
+		}
+		for j := range QK_K / 32 {
+			var s int32
+			for _, q := range nat[32*j : 32*j+32] {
+				s += int32(q)
+			}
+			x.sums[b*QK_K/32+j] = s
+		}
+		// Kernel order: per 128, elements 0..31, 64..95, 32..63, 96..127.
+		out := x.q[b*QK_K : (b+1)*QK_K]
+		for h := range 2 {
+			src, dst := nat[128*h:], out[128*h:]
+			copy(dst[0:32], src[0:32])
+			copy(dst[32:64], src[64:96])
+			copy(dst[64:96], src[32:64])
+			copy(dst[96:128], src[96:128])
+		}
+	}
+	return nil
+}
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// SupportsQ8K reports whether DotQ8K computes rows of type t (Q4_K).
+func SupportsQ8K(t Type) bool { return t == Q4_K }
+
+// DotQ8K is Σ dequant(w)·(d·q) for a row w of type t (SupportsQ8K) and
+// activations x of the same length, computed as llama.cpp's
+// ggml_vec_dot_q4_K_q8_K does: integer dots per 32-element sub-block,
+// scaled by the block's 6-bit scales, the mins applied through x's sums,
+// one float multiply per block. With AVX-512 VNNI (at package simd's
+// AVX-512 level) it runs VPDPBUSD; elsewhere the same integer arithmetic
+// in Go. It panics when t is not supported or the sizes disagree.
+func DotQ8K(t Type, w []byte, x *Q8K) float32 {
+	if t != Q4_K {
+		panic("quant: DotQ8K of a " + t.String() + " row")
+	}
+	nb := x.n / QK_K
+	if len(w) != nb*144 {
+		panic(fmt.Sprintf("quant: DotQ8K of %d bytes against %d Q8_K elements", len(w), x.n))
+	}
+	if nb == 0 {
+		return 0
+	}
+	if v, ok := dotQ4KQ8KAsm(w, x); ok {
+		return v
+	}
+	return dotQ4KQ8KGo(w, x)
+}
+
+// dotQ4KQ8KGo is DotQ8K's integer arithmetic in Go.
+func dotQ4KQ8KGo(w []byte, x *Q8K) float32 {
+	var sumf, summ float32
+	for b := range x.n / QK_K {
+		blk := (*[144]byte)(w[b*144:])
+		sc, mn := scalesK4((*[12]byte)(blk[4:16]))
+		q := x.q[b*QK_K:]
+		var sumi int32
+		for h := range 2 {
+			qs := blk[16+64*h : 16+64*h+64]
+			xs := q[128*h : 128*h+128]
+			var lo0, lo1, hi0, hi1 int32
+			for l := range 32 {
+				lo0 += int32(qs[l]&0xf) * int32(xs[l])
+				lo1 += int32(qs[32+l]&0xf) * int32(xs[32+l])
+				hi0 += int32(qs[l]>>4) * int32(xs[64+l])
+				hi1 += int32(qs[32+l]>>4) * int32(xs[96+l])
+			}
+			sumi += int32(sc[4*h])*lo0 + int32(sc[4*h+1])*hi0 + int32(sc[4*h+2])*lo1 + int32(sc[4*h+3])*hi1
+		}
+		var mi int32
+		for j := range 8 {
+			mi += int32(mn[j]) * x.sums[b*8+j]
+		}
+		d := half(blk[0:]) * x.d[b]
+		dmin := half(blk[2:]) * x.d[b]
+		sumf += d * float32(sumi)
+		summ += dmin * float32(mi)
+	}
+	return sumf - summ
+}

@@ -1,0 +1,126 @@
+package quant
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/cacheblend/cacheblend/simd"
+)
+
+// q8kRef is quantize_row_q8_K written out for one block, in natural order.
+func q8kRef(x []float32) (d float32, q []int8) {
+	q = make([]int8, len(x))
+	var amax, mx float32
+	for _, v := range x {
+		if a := float32(math.Abs(float64(v))); a > amax {
+			amax, mx = a, v
+		}
+	}
+	if amax == 0 {
+		return 0, q
+	}
+	iscale := -127 / mx
+	for i, v := range x {
+		q[i] = int8(min(127, math.RoundToEven(float64(iscale*v))))
+	}
+	return 1 / iscale, q
+}
+
+// TestDotQ8K checks DotQ8K at every level against Σ dequant(w)·d·q in
+// float64 (refElem's dequantization, q8kRef's quantization), on rows with
+// and without outliers, and a block of zeros.
+func TestDotQ8K(t *testing.T) {
+	levels := []simd.Level{simd.Generic}
+	for _, l := range []simd.Level{simd.AVX2, simd.AVX512} {
+		if simd.Supported(l) {
+			levels = append(levels, l)
+		}
+	}
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, l := range levels {
+		for _, tc := range []struct {
+			name string
+			n    int
+			x    func(n int) []float32
+		}{
+			{"1 block", 256, func(n int) []float32 { return gauss(r, n, 1) }},
+			{"8 blocks", 2048, func(n int) []float32 { return gauss(r, n, 0.3) }},
+			{"outliers", 1024, func(n int) []float32 { return gaussOutliers(r, n, 1) }},
+			{"zero block", 512, func(n int) []float32 { x := gauss(r, n, 1); clear(x[256:]); return x }},
+		} {
+			t.Run(fmt.Sprintf("%v/%s", l, tc.name), func(t *testing.T) {
+				prev, err := simd.SetLevel(l)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer simd.SetLevel(prev)
+				for trial := range 20 {
+					w := randomRow(r, Q4_K, tc.n)
+					x := tc.x(tc.n)
+					var q Q8K
+					if err := q.Quantize(x); err != nil {
+						t.Fatal(err)
+					}
+					var want, mag float64
+					for b := 0; b < tc.n; b += QK_K {
+						d, qs := q8kRef(x[b : b+QK_K])
+						if d != q.d[b/QK_K] {
+							t.Fatalf("block %d scale %g, want %g", b/QK_K, q.d[b/QK_K], d)
+						}
+						for i, v := range qs {
+							p := float64(refElem(Q4_K, w, b+i)) * float64(d) * float64(v)
+							want += p
+							mag += math.Abs(p)
+						}
+					}
+					got := float64(DotQ8K(Q4_K, w, &q))
+					if math.Abs(got-want) > 1e-5*(mag+1) {
+						t.Fatalf("trial %d: DotQ8K = %g, want %g (Σ|terms| %g)", trial, got, want, mag)
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestQ8KErrors(t *testing.T) {
+	var q Q8K
+	if err := q.Quantize(make([]float32, 100)); err == nil {
+		t.Fatal("Quantize of 100 values: no error")
+	}
+	if SupportsQ8K(Q6_K) || !SupportsQ8K(Q4_K) {
+		t.Fatal("SupportsQ8K: want Q4_K only")
+	}
+}
+
+func BenchmarkDotQ8K(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 2))
+	const k, rows = 2048, 2048
+	w := randomRow(r, Q4_K, k*rows)
+	rb := len(w) / rows
+	x := gauss(r, k, 1)
+	var q Q8K
+	if err := q.Quantize(x); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("Q8K", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			for j := range rows {
+				DotQ8K(Q4_K, w[j*rb:(j+1)*rb], &q)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(k*rows), "ns/weight")
+	})
+	b.Run("float", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			for j := range rows {
+				Dot(Q4_K, w[j*rb:(j+1)*rb], x)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(k*rows), "ns/weight")
+	})
+}
