@@ -263,7 +263,7 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 	pk := qPacked.Get().(*[]float32)
 	pa := simd.NewPackedB(*pk, k, m)
 	tm.run(pa.Panels(), func(_, p int) { pa.PackPanel(p, a.data, a.stride, true) })
-	ld := k + 16 // weight rows 4 KiB apart would share L1 sets
+	ld := k + 16   // weight rows 4 KiB apart would share L1 sets
 	const mc = 256 // columns of aᵀ per product: ≤ 8 panels, A read in place
 	tm.run((n+qPanel-1)/qPanel, func(_, t int) {
 		j0, j1 := t*qPanel, min(n, (t+1)*qPanel)
