@@ -8,5 +8,5 @@ func useAsm() {}
 // asmLevel names the kernels in use.
 func asmLevel() string { return "go" }
 
-// dotQ4KQ8KAsm has no assembly to run.
-func dotQ4KQ8KAsm([]byte, *Q8K) (float32, bool) { return 0, false }
+// dotQ8KAsm has no assembly to run.
+func dotQ8KAsm(Type, []byte, *Q8K) (float32, bool) { return 0, false }

@@ -122,10 +122,16 @@ var hasVNNI = hasAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.Ha
 //go:noescape
 func dotQ4KQ8KVNNI(w *byte, q *int8, d *float32, sums *int32, n int) float32
 
-// dotQ4KQ8KAsm runs DotQ8K's Q4_K kernel at the AVX-512 level with VNNI.
-func dotQ4KQ8KAsm(w []byte, x *Q8K) (float32, bool) {
+//go:noescape
+func dotQ6KQ8KVNNI(w *byte, q *int8, d *float32, sums16 *int32, n int) float32
+
+// dotQ8KAsm runs DotQ8K's kernels at the AVX-512 level with VNNI.
+func dotQ8KAsm(t Type, w []byte, x *Q8K) (float32, bool) {
 	if !hasVNNI || level() != lvlAVX512 {
 		return 0, false
+	}
+	if t == Q6_K {
+		return dotQ6KQ8KVNNI(&w[0], &x.qn[0], &x.d[0], &x.sums16[0], len(x.d)), true
 	}
 	return dotQ4KQ8KVNNI(&w[0], &x.q[0], &x.d[0], &x.sums[0], len(x.d)), true
 }

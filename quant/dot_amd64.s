@@ -3832,6 +3832,191 @@ DATA ·q4kq8kIdx+248(SB)/4, $7
 DATA ·q4kq8kIdx+252(SB)/4, $7
 GLOBL ·q4kq8kIdx(SB), RODATA|NOPTR, $256
 
+// func dotQ6KQ8KVNNI(w *byte, q *int8, d *float32, sums16 *int32, n int) float32: n Q6_K blocks.
+TEXT ·dotQ6KQ8KVNNI(SB), NOSPLIT, $0-44
+	MOVQ w+0(FP), SI
+	MOVQ q+8(FP), DI
+	MOVQ d+16(FP), BX
+	MOVQ sums16+24(FP), DX
+	MOVQ n+32(FP), CX
+	VPXORD Z0, Z0, Z0
+	MOVL $0x0f0f0f0f, AX
+	VMOVD AX, X6
+	VPBROADCASTD X6, Z6
+	MOVL $0x03030303, AX
+	VMOVD AX, X17
+	VPBROADCASTD X17, Z17
+	VMOVDQU64 ·q6kq8kShift+0(SB), Z16
+	VMOVDQU64 ·q6kq8kShift+64(SB), Z18
+	VMOVDQU32 ·q6kq8kIdx+0(SB), Z26
+	VMOVDQU32 ·q6kq8kIdx+64(SB), Z27
+	VMOVDQU32 ·q6kq8kIdx+128(SB), Z28
+	VMOVDQU32 ·q6kq8kIdx+192(SB), Z29
+	TESTQ CX, CX
+	JZ dotQ6KQ8KVNNI_done
+dotQ6KQ8KVNNI_block:
+	VPMOVSXBD 192(SI), Z3
+	VPMULLD (DX), Z3, Z15
+	VPSLLD $5, Z15, Z15
+	MOVWLZX 208(SI), AX
+	VMOVD AX, X5
+	VCVTPH2PS X5, X5
+	VMULSS (BX), X5, X5
+	VBROADCASTSS X5, Z20
+	VPXORD Z22, Z22, Z22
+	VMOVDQU64 0(SI), Z7
+	VBROADCASTI64X4 128(SI), Z10
+	VPANDD Z6, Z7, Z8
+	VPSRLVQ Z16, Z10, Z11
+	VPANDD Z17, Z11, Z11
+	VPSLLW $4, Z11, Z11
+	VPORD Z11, Z8, Z8
+	VPSRLW $4, Z7, Z9
+	VPANDD Z6, Z9, Z9
+	VPSRLVQ Z18, Z10, Z12
+	VPANDD Z17, Z12, Z12
+	VPSLLW $4, Z12, Z12
+	VPORD Z12, Z9, Z9
+	VPXORD Z24, Z24, Z24
+	VPXORD Z25, Z25, Z25
+	VPDPBUSD 0(DI), Z8, Z24
+	VPDPBUSD 64(DI), Z9, Z25
+	VPERMD Z3, Z26, Z13
+	VPMULLD Z13, Z24, Z24
+	VPERMD Z3, Z27, Z14
+	VPMULLD Z14, Z25, Z25
+	VPADDD Z24, Z22, Z22
+	VPADDD Z25, Z22, Z22
+	VMOVDQU64 64(SI), Z7
+	VBROADCASTI64X4 160(SI), Z10
+	VPANDD Z6, Z7, Z8
+	VPSRLVQ Z16, Z10, Z11
+	VPANDD Z17, Z11, Z11
+	VPSLLW $4, Z11, Z11
+	VPORD Z11, Z8, Z8
+	VPSRLW $4, Z7, Z9
+	VPANDD Z6, Z9, Z9
+	VPSRLVQ Z18, Z10, Z12
+	VPANDD Z17, Z12, Z12
+	VPSLLW $4, Z12, Z12
+	VPORD Z12, Z9, Z9
+	VPXORD Z24, Z24, Z24
+	VPXORD Z25, Z25, Z25
+	VPDPBUSD 128(DI), Z8, Z24
+	VPDPBUSD 192(DI), Z9, Z25
+	VPERMD Z3, Z28, Z13
+	VPMULLD Z13, Z24, Z24
+	VPERMD Z3, Z29, Z14
+	VPMULLD Z14, Z25, Z25
+	VPADDD Z24, Z22, Z22
+	VPADDD Z25, Z22, Z22
+	VPSUBD Z15, Z22, Z22
+	VCVTDQ2PS Z22, Z22
+	VFMADD231PS Z20, Z22, Z0
+	ADDQ $210, SI
+	ADDQ $256, DI
+	ADDQ $4, BX
+	ADDQ $64, DX
+	DECQ CX
+	JNZ dotQ6KQ8KVNNI_block
+dotQ6KQ8KVNNI_done:
+	VEXTRACTF64X4 $1, Z0, Y2
+	VADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	VMOVSS X0, ret+40(FP)
+	VZEROUPPER
+	RET
+
+// q6kq8kShift: the VPSRLVQ counts of dotQ6KQ8KVNNI (0|2, 4|6 per half).
+DATA ·q6kq8kShift+0(SB)/8, $0
+DATA ·q6kq8kShift+8(SB)/8, $0
+DATA ·q6kq8kShift+16(SB)/8, $0
+DATA ·q6kq8kShift+24(SB)/8, $0
+DATA ·q6kq8kShift+32(SB)/8, $2
+DATA ·q6kq8kShift+40(SB)/8, $2
+DATA ·q6kq8kShift+48(SB)/8, $2
+DATA ·q6kq8kShift+56(SB)/8, $2
+DATA ·q6kq8kShift+64(SB)/8, $4
+DATA ·q6kq8kShift+72(SB)/8, $4
+DATA ·q6kq8kShift+80(SB)/8, $4
+DATA ·q6kq8kShift+88(SB)/8, $4
+DATA ·q6kq8kShift+96(SB)/8, $6
+DATA ·q6kq8kShift+104(SB)/8, $6
+DATA ·q6kq8kShift+112(SB)/8, $6
+DATA ·q6kq8kShift+120(SB)/8, $6
+GLOBL ·q6kq8kShift(SB), RODATA|NOPTR, $128
+
+// q6kq8kIdx: the VPERMD indices giving each lane of dotQ6KQ8KVNNI's
+// accumulators its 16-element sub-block's scale.
+DATA ·q6kq8kIdx+0(SB)/4, $0
+DATA ·q6kq8kIdx+4(SB)/4, $0
+DATA ·q6kq8kIdx+8(SB)/4, $0
+DATA ·q6kq8kIdx+12(SB)/4, $0
+DATA ·q6kq8kIdx+16(SB)/4, $1
+DATA ·q6kq8kIdx+20(SB)/4, $1
+DATA ·q6kq8kIdx+24(SB)/4, $1
+DATA ·q6kq8kIdx+28(SB)/4, $1
+DATA ·q6kq8kIdx+32(SB)/4, $2
+DATA ·q6kq8kIdx+36(SB)/4, $2
+DATA ·q6kq8kIdx+40(SB)/4, $2
+DATA ·q6kq8kIdx+44(SB)/4, $2
+DATA ·q6kq8kIdx+48(SB)/4, $3
+DATA ·q6kq8kIdx+52(SB)/4, $3
+DATA ·q6kq8kIdx+56(SB)/4, $3
+DATA ·q6kq8kIdx+60(SB)/4, $3
+DATA ·q6kq8kIdx+64(SB)/4, $4
+DATA ·q6kq8kIdx+68(SB)/4, $4
+DATA ·q6kq8kIdx+72(SB)/4, $4
+DATA ·q6kq8kIdx+76(SB)/4, $4
+DATA ·q6kq8kIdx+80(SB)/4, $5
+DATA ·q6kq8kIdx+84(SB)/4, $5
+DATA ·q6kq8kIdx+88(SB)/4, $5
+DATA ·q6kq8kIdx+92(SB)/4, $5
+DATA ·q6kq8kIdx+96(SB)/4, $6
+DATA ·q6kq8kIdx+100(SB)/4, $6
+DATA ·q6kq8kIdx+104(SB)/4, $6
+DATA ·q6kq8kIdx+108(SB)/4, $6
+DATA ·q6kq8kIdx+112(SB)/4, $7
+DATA ·q6kq8kIdx+116(SB)/4, $7
+DATA ·q6kq8kIdx+120(SB)/4, $7
+DATA ·q6kq8kIdx+124(SB)/4, $7
+DATA ·q6kq8kIdx+128(SB)/4, $8
+DATA ·q6kq8kIdx+132(SB)/4, $8
+DATA ·q6kq8kIdx+136(SB)/4, $8
+DATA ·q6kq8kIdx+140(SB)/4, $8
+DATA ·q6kq8kIdx+144(SB)/4, $9
+DATA ·q6kq8kIdx+148(SB)/4, $9
+DATA ·q6kq8kIdx+152(SB)/4, $9
+DATA ·q6kq8kIdx+156(SB)/4, $9
+DATA ·q6kq8kIdx+160(SB)/4, $10
+DATA ·q6kq8kIdx+164(SB)/4, $10
+DATA ·q6kq8kIdx+168(SB)/4, $10
+DATA ·q6kq8kIdx+172(SB)/4, $10
+DATA ·q6kq8kIdx+176(SB)/4, $11
+DATA ·q6kq8kIdx+180(SB)/4, $11
+DATA ·q6kq8kIdx+184(SB)/4, $11
+DATA ·q6kq8kIdx+188(SB)/4, $11
+DATA ·q6kq8kIdx+192(SB)/4, $12
+DATA ·q6kq8kIdx+196(SB)/4, $12
+DATA ·q6kq8kIdx+200(SB)/4, $12
+DATA ·q6kq8kIdx+204(SB)/4, $12
+DATA ·q6kq8kIdx+208(SB)/4, $13
+DATA ·q6kq8kIdx+212(SB)/4, $13
+DATA ·q6kq8kIdx+216(SB)/4, $13
+DATA ·q6kq8kIdx+220(SB)/4, $13
+DATA ·q6kq8kIdx+224(SB)/4, $14
+DATA ·q6kq8kIdx+228(SB)/4, $14
+DATA ·q6kq8kIdx+232(SB)/4, $14
+DATA ·q6kq8kIdx+236(SB)/4, $14
+DATA ·q6kq8kIdx+240(SB)/4, $15
+DATA ·q6kq8kIdx+244(SB)/4, $15
+DATA ·q6kq8kIdx+248(SB)/4, $15
+DATA ·q6kq8kIdx+252(SB)/4, $15
+GLOBL ·q6kq8kIdx(SB), RODATA|NOPTR, $256
+
 // q5shifts: per-lane right shifts for the fifth bits of Q5_0/Q5_1.
 DATA ·q5shifts+0(SB)/4, $0
 DATA ·q5shifts+4(SB)/4, $1

@@ -8,16 +8,17 @@ import (
 // Q8K is a row of activations quantized as llama.cpp's Q8_K (what its CPU
 // kernels multiply K-quant weights with): per 256 elements a float32 scale
 // d and 256 int8 values q with x ≈ d·q, and per 32 elements the sum of the
-// values (llama.cpp keeps sums per 16; the Q4_K dot only needs them per
-// 32). [DotQ8K] multiplies a weight row with it in integers. The values
+// values, and per 16 (llama.cpp's bsums). [DotQ8K] multiplies a weight row with it in integers. The values
 // are stored in the order the kernels read them. The zero value is ready
 // for Quantize; a Q8K is not safe for concurrent use while it is being
 // quantized, and safe to read concurrently afterwards.
 type Q8K struct {
-	n    int
-	d    []float32
-	q    []int8
-	sums []int32
+	n      int
+	d      []float32
+	q      []int8  // Q4_K kernel order: per 128, elements 0..31, 64..95, 32..63, 96..127
+	qn     []int8  // natural order (the Q6_K kernel's)
+	sums   []int32 // per 32
+	sums16 []int32 // per 16
 }
 
 // Len is the number of elements quantized.
@@ -36,6 +37,8 @@ func (x *Q8K) Quantize(v []float32) error {
 	x.d = grow(x.d, nb)
 	x.q = grow(x.q, len(v))
 	x.sums = grow(x.sums, len(v)/32)
+	x.sums16 = grow(x.sums16, len(v)/16)
+	x.qn = grow(x.qn, len(v))
 	var nat [QK_K]int8
 	for b := range nb {
 		blk := v[b*QK_K : (b+1)*QK_K]
@@ -55,13 +58,17 @@ func (x *Q8K) Quantize(v []float32) error {
 				nat[i] = int8(min(127, math.RoundToEven(float64(iscale*f))))
 			}
 		}
-		for j := range QK_K / 32 {
+		for j := range QK_K / 16 {
 			var s int32
-			for _, q := range nat[32*j : 32*j+32] {
+			for _, q := range nat[16*j : 16*j+16] {
 				s += int32(q)
 			}
-			x.sums[b*QK_K/32+j] = s
+			x.sums16[b*QK_K/16+j] = s
 		}
+		for j := range QK_K / 32 {
+			x.sums[b*QK_K/32+j] = x.sums16[b*QK_K/16+2*j] + x.sums16[b*QK_K/16+2*j+1]
+		}
+		copy(x.qn[b*QK_K:], nat[:])
 		// Kernel order: per 128, elements 0..31, 64..95, 32..63, 96..127.
 		out := x.q[b*QK_K : (b+1)*QK_K]
 		for h := range 2 {
@@ -82,31 +89,72 @@ func grow[T any](s []T, n int) []T {
 	return s[:n]
 }
 
-// SupportsQ8K reports whether DotQ8K computes rows of type t (Q4_K).
-func SupportsQ8K(t Type) bool { return t == Q4_K }
+// SupportsQ8K reports whether DotQ8K computes rows of type t (Q4_K and
+// Q6_K).
+func SupportsQ8K(t Type) bool { return t == Q4_K || t == Q6_K }
 
 // DotQ8K is Σ dequant(w)·(d·q) for a row w of type t (SupportsQ8K) and
 // activations x of the same length, computed as llama.cpp's
-// ggml_vec_dot_q4_K_q8_K does: integer dots per 32-element sub-block,
-// scaled by the block's 6-bit scales, the mins applied through x's sums,
-// one float multiply per block. With AVX-512 VNNI (at package simd's
-// AVX-512 level) it runs VPDPBUSD; elsewhere the same integer arithmetic
-// in Go. It panics when t is not supported or the sizes disagree.
+// ggml_vec_dot_q4_K_q8_K and ggml_vec_dot_q6_K_q8_K do: integer dots per
+// sub-block, scaled by the block's integer scales, the mins (Q4_K) or the
+// offset 32 (Q6_K) applied through x's sums, one float multiply per block.
+// With AVX-512 VNNI (at package simd's AVX-512 level) it runs VPDPBUSD;
+// elsewhere the same integer arithmetic in Go. It panics when t is not
+// supported or the sizes disagree.
 func DotQ8K(t Type, w []byte, x *Q8K) float32 {
-	if t != Q4_K {
+	if !SupportsQ8K(t) {
 		panic("quant: DotQ8K of a " + t.String() + " row")
 	}
-	nb := x.n / QK_K
-	if len(w) != nb*144 {
-		panic(fmt.Sprintf("quant: DotQ8K of %d bytes against %d Q8_K elements", len(w), x.n))
+	nb, ts := x.n/QK_K, 144
+	if t == Q6_K {
+		ts = 210
+	}
+	if len(w) != nb*ts {
+		panic(fmt.Sprintf("quant: DotQ8K of %d %s bytes against %d Q8_K elements", len(w), t, x.n))
 	}
 	if nb == 0 {
 		return 0
 	}
-	if v, ok := dotQ4KQ8KAsm(w, x); ok {
+	if v, ok := dotQ8KAsm(t, w, x); ok {
 		return v
 	}
+	if t == Q6_K {
+		return dotQ6KQ8KGo(w, x)
+	}
 	return dotQ4KQ8KGo(w, x)
+}
+
+// dotQ6KQ8KGo is DotQ8K's Q6_K integer arithmetic in Go.
+func dotQ6KQ8KGo(w []byte, x *Q8K) float32 {
+	var sumf float32
+	for b := range x.n / QK_K {
+		blk := (*[210]byte)(w[b*210:])
+		q := x.qn[b*QK_K:]
+		var sumi int32
+		for sub := range 16 {
+			var s int32
+			for e := 16 * sub; e < 16*sub+16; e++ {
+				n, l := e/128, e%128
+				ql, qh := blk[64*n:], blk[128+32*n:]
+				var v byte
+				switch l / 32 {
+				case 0:
+					v = ql[l]&0xf | (qh[l]&3)<<4
+				case 1:
+					v = ql[l]&0xf | (qh[l-32]>>2&3)<<4
+				case 2:
+					v = ql[l-64]>>4 | (qh[l-64]>>4&3)<<4
+				case 3:
+					v = ql[l-64]>>4 | (qh[l-96]>>6&3)<<4
+				}
+				s += int32(v) * int32(q[e])
+			}
+			sc := int32(int8(blk[192+sub]))
+			sumi += sc * (s - 32*x.sums16[b*16+sub])
+		}
+		sumf += half(blk[208:]) * x.d[b] * float32(sumi)
+	}
+	return sumf
 }
 
 // dotQ4KQ8KGo is DotQ8K's integer arithmetic in Go.

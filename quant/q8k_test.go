@@ -40,47 +40,49 @@ func TestDotQ8K(t *testing.T) {
 	}
 	r := rand.New(rand.NewPCG(5, 6))
 	for _, l := range levels {
-		for _, tc := range []struct {
-			name string
-			n    int
-			x    func(n int) []float32
-		}{
-			{"1 block", 256, func(n int) []float32 { return gauss(r, n, 1) }},
-			{"8 blocks", 2048, func(n int) []float32 { return gauss(r, n, 0.3) }},
-			{"outliers", 1024, func(n int) []float32 { return gaussOutliers(r, n, 1) }},
-			{"zero block", 512, func(n int) []float32 { x := gauss(r, n, 1); clear(x[256:]); return x }},
-		} {
-			t.Run(fmt.Sprintf("%v/%s", l, tc.name), func(t *testing.T) {
-				prev, err := simd.SetLevel(l)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer simd.SetLevel(prev)
-				for trial := range 20 {
-					w := randomRow(r, Q4_K, tc.n)
-					x := tc.x(tc.n)
-					var q Q8K
-					if err := q.Quantize(x); err != nil {
+		for _, typ := range []Type{Q4_K, Q6_K} {
+			for _, tc := range []struct {
+				name string
+				n    int
+				x    func(n int) []float32
+			}{
+				{"1 block", 256, func(n int) []float32 { return gauss(r, n, 1) }},
+				{"8 blocks", 2048, func(n int) []float32 { return gauss(r, n, 0.3) }},
+				{"outliers", 1024, func(n int) []float32 { return gaussOutliers(r, n, 1) }},
+				{"zero block", 512, func(n int) []float32 { x := gauss(r, n, 1); clear(x[256:]); return x }},
+			} {
+				t.Run(fmt.Sprintf("%v/%s/%s", l, typ, tc.name), func(t *testing.T) {
+					prev, err := simd.SetLevel(l)
+					if err != nil {
 						t.Fatal(err)
 					}
-					var want, mag float64
-					for b := 0; b < tc.n; b += QK_K {
-						d, qs := q8kRef(x[b : b+QK_K])
-						if d != q.d[b/QK_K] {
-							t.Fatalf("block %d scale %g, want %g", b/QK_K, q.d[b/QK_K], d)
+					defer simd.SetLevel(prev)
+					for trial := range 20 {
+						w := randomRow(r, typ, tc.n)
+						x := tc.x(tc.n)
+						var q Q8K
+						if err := q.Quantize(x); err != nil {
+							t.Fatal(err)
 						}
-						for i, v := range qs {
-							p := float64(refElem(Q4_K, w, b+i)) * float64(d) * float64(v)
-							want += p
-							mag += math.Abs(p)
+						var want, mag float64
+						for b := 0; b < tc.n; b += QK_K {
+							d, qs := q8kRef(x[b : b+QK_K])
+							if d != q.d[b/QK_K] {
+								t.Fatalf("block %d scale %g, want %g", b/QK_K, q.d[b/QK_K], d)
+							}
+							for i, v := range qs {
+								p := float64(refElem(typ, w, b+i)) * float64(d) * float64(v)
+								want += p
+								mag += math.Abs(p)
+							}
+						}
+						got := float64(DotQ8K(typ, w, &q))
+						if math.Abs(got-want) > 1e-5*(mag+1) {
+							t.Fatalf("trial %d: DotQ8K = %g, want %g (Σ|terms| %g)", trial, got, want, mag)
 						}
 					}
-					got := float64(DotQ8K(Q4_K, w, &q))
-					if math.Abs(got-want) > 1e-5*(mag+1) {
-						t.Fatalf("trial %d: DotQ8K = %g, want %g (Σ|terms| %g)", trial, got, want, mag)
-					}
-				}
-			})
+				})
+			}
 		}
 	}
 }
@@ -90,8 +92,8 @@ func TestQ8KErrors(t *testing.T) {
 	if err := q.Quantize(make([]float32, 100)); err == nil {
 		t.Fatal("Quantize of 100 values: no error")
 	}
-	if SupportsQ8K(Q6_K) || !SupportsQ8K(Q4_K) {
-		t.Fatal("SupportsQ8K: want Q4_K only")
+	if SupportsQ8K(Q8_0) || !SupportsQ8K(Q4_K) || !SupportsQ8K(Q6_K) {
+		t.Fatal("SupportsQ8K: want Q4_K and Q6_K")
 	}
 }
 
@@ -105,7 +107,7 @@ func BenchmarkDotQ8K(b *testing.B) {
 	if err := q.Quantize(x); err != nil {
 		b.Fatal(err)
 	}
-	b.Run("Q8K", func(b *testing.B) {
+	b.Run("Q4_K-Q8K", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			for j := range rows {
