@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -22,7 +23,7 @@ type Machine struct {
 	// BenchmarkPeakFP32 measures it), GFLOP/s.
 	PeakGFLOPs float64
 	// BandwidthGBs is the memory read bandwidth with Threads goroutines,
-	// GB/s: the best of several passes of simd.SumSquares over a buffer far
+	// GB/s: the best of ten passes of simd.SumSquares over a buffer far
 	// larger than the caches (1 GiB), each goroutine its own part.
 	BandwidthGBs float64
 	Threads      int
@@ -63,6 +64,8 @@ func DetectMachine(threads int) Machine {
 	}
 	m.PeakGFLOPs = measurePeak()
 	m.BandwidthGBs = measureBandwidth(threads, 1<<30)
+	runtime.GC()
+	debug.FreeOSMemory()
 	return m
 }
 
@@ -81,7 +84,7 @@ func measurePeak() float64 {
 }
 
 // measureBandwidth reads a buffer of size bytes with threads goroutines,
-// five passes, and returns the best pass's GB/s.
+// ten passes, and returns the best pass's GB/s.
 func measureBandwidth(threads int, size int) float64 {
 	threads = max(threads, 1)
 	buf := make([]float32, size/4)
@@ -91,7 +94,7 @@ func measureBandwidth(threads int, size int) float64 {
 	part := len(buf) / threads
 	best := 0.0
 	var sink [64]float32
-	for range 5 {
+	for range 10 {
 		var wg sync.WaitGroup
 		t0 := time.Now()
 		for t := range threads {

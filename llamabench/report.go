@@ -76,7 +76,7 @@ func WriteMarkdown(w io.Writer, mc Machine, cfg Config, rs []Result) error {
 	}
 
 	fmt.Fprintf(&b, "\nRAG first token (%d documents of %d tokens seen before + %d question tokens; ours blends the stored KV with CacheBlend at the default recompute ratio, llama.cpp prefills the prompt) and resident memory (RSS after the runs − before loading; ours against file + our KV cache):\n\n", cfg.RAGDocs, cfg.RAGDocLen, cfg.RAGQuestion)
-	b.WriteString("| model | format | TTFT ours | llama.cpp | × | RSS ours | ours ÷ (file + KV) | RSS llama.cpp | llama.cpp ÷ (file + KV) |\n|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| model | format | TTFT ours | llama.cpp | × | RSS ours (Go heap) | ours ÷ (file + KV) | RSS llama.cpp | llama.cpp ÷ (file + KV) |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		o := r.Ours.RAG.Median
 		var l time.Duration
@@ -86,8 +86,8 @@ func WriteMarkdown(w io.Writer, mc Machine, cfg Config, rs []Result) error {
 			lrss = mib(r.Llama.RSS)
 			lrat = fmt.Sprintf("%.2f", float64(r.Llama.RSS)/float64(r.FileBytes+r.Llama.KVBytes))
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %.2f | %s | %s |\n", r.Shape.Name, r.Format, ms(o), ms(l), ratio(l.Seconds(), o.Seconds()),
-			mib(r.Ours.RSS), float64(r.Ours.RSS)/float64(r.FileBytes+r.Ours.KVBytes), lrss, lrat)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s (%s) | %.2f | %s | %s |\n", r.Shape.Name, r.Format, ms(o), ms(l), ratio(l.Seconds(), o.Seconds()),
+			mib(r.Ours.RSS), mib(r.Ours.GoHeap), float64(r.Ours.RSS)/float64(r.FileBytes+r.Ours.KVBytes), lrss, lrat)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

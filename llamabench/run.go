@@ -30,6 +30,11 @@ type Config struct {
 	Threads  int      // threads of both engines; default runtime.NumCPU()
 	Reps     int      // timed repetitions after one warm-up; default 3
 	Prompts  []int    // prefill prompt lengths; default 512 and 2,048
+	// Chunk is the tokens package model computes per forward of a prompt
+	// (the engine's scheduler cuts prefills into steps of its
+	// StepTokenBudget, 512 by default; llama.cpp's micro-batch is 512
+	// too); default 512.
+	Chunk int
 
 	DecodeContext int // context of the batch-1 decode; default 512
 	DecodeSteps   int // timed decode steps (after one warm-up step); default 16
@@ -77,6 +82,7 @@ func (c Config) withDefaults() Config {
 	if len(c.Prompts) == 0 {
 		c.Prompts = []int{512, 2048}
 	}
+	def(&c.Chunk, 512)
 	def(&c.DecodeContext, 512)
 	def(&c.DecodeSteps, 16)
 	def(&c.BatchSeqs, 8)
@@ -114,6 +120,11 @@ type Side struct {
 	RAG     Stat   // first-token latency of the RAG prompt
 	RSS     int64  // resident memory after the runs minus before the model was loaded, bytes
 	KVBytes int64  // the KV cache the engine held, bytes
+	// GoHeap is, for package model, the Go heap's share of RSS after the
+	// runs: bytes in use (runtime.MemStats.HeapInuse) plus freed bytes
+	// not yet returned to the OS (HeapIdle − HeapReleased); the rest of
+	// RSS is the file's mapped pages and the KV cache.
+	GoHeap int64
 }
 
 // Result is one file's figures.
@@ -315,12 +326,19 @@ func runOurs(cfg Config, path string, in inputs) (side Side, reused int, err err
 	defer kv.Close()
 	side.KVBytes = kv.Layout().Bytes()
 	prompt := blockRange(0, promptBlocks)
+	// prefill computes toks in chunks of cfg.Chunk, as the engine does.
+	prefill := func(toks, bt []int32) error {
+		for s := 0; s < len(toks); s += cfg.Chunk {
+			e := min(len(toks), s+cfg.Chunk)
+			if _, err := m.Prefill(kv, model.PrefillInput{Tokens: toks[s:e], Start: s, BlockTable: bt}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 
 	for _, p := range in.prompts {
-		st, err := timeReps(cfg.Reps, func() error {
-			_, err := m.Prefill(kv, model.PrefillInput{Tokens: p, BlockTable: prompt})
-			return err
-		})
+		st, err := timeReps(cfg.Reps, func() error { return prefill(p, prompt) })
 		if err != nil {
 			return side, 0, err
 		}
@@ -328,7 +346,7 @@ func runOurs(cfg Config, path string, in inputs) (side Side, reused int, err err
 	}
 
 	// Decode, batch 1.
-	if _, err := m.Prefill(kv, model.PrefillInput{Tokens: in.decodeCtx, BlockTable: prompt}); err != nil {
+	if err := prefill(in.decodeCtx, prompt); err != nil {
 		return side, 0, err
 	}
 	var steps []time.Duration
@@ -347,7 +365,7 @@ func runOurs(cfg Config, path string, in inputs) (side Side, reused int, err err
 	seqs := make([][]int32, cfg.BatchSeqs)
 	for q := range seqs {
 		seqs[q] = blockRange(promptBlocks+q*seqBlocks, seqBlocks)
-		if _, err := m.Prefill(kv, model.PrefillInput{Tokens: in.batchCtx[q], BlockTable: seqs[q]}); err != nil {
+		if err := prefill(in.batchCtx[q], seqs[q]); err != nil {
 			return side, 0, err
 		}
 	}
@@ -376,7 +394,7 @@ func runOurs(cfg Config, path string, in inputs) (side Side, reused int, err err
 	off := 0
 	for d, doc := range in.docs {
 		docs[d] = blockRange(promptBlocks+cfg.BatchSeqs*seqBlocks+d*docBlocks, docBlocks)
-		if _, err := m.Prefill(kv, model.PrefillInput{Tokens: doc, BlockTable: docs[d]}); err != nil {
+		if err := prefill(doc, docs[d]); err != nil {
 			return side, 0, err
 		}
 		ranges = append(ranges, reuseplan.Range{Start: off, End: off + len(doc)})
@@ -397,6 +415,9 @@ func runOurs(cfg Config, path string, in inputs) (side Side, reused int, err err
 		reused += r.End - r.Start
 	}
 	side.RSS = rss() - rss0
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	side.GoHeap = int64(ms.HeapInuse + ms.HeapIdle - ms.HeapReleased)
 	runtime.KeepAlive(m)
 	return side, reused, nil
 }

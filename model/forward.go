@@ -415,19 +415,34 @@ func (m *Model) attendAndMLP(ws *workspace, kv *kvcache.Memory, l int, x, qkv ma
 
 	h := dense(ws.f32(bufH, n*d), n, d)
 	m.normRows(h, x, lw.mlpNorm)
-	gu := dense(ws.f32(bufGU, n*2*f), n, 2*f)
-	gemm(m.team, gu, h, lw.gu, true, false)
-	act := dense(ws.f32(bufAct, n*f), n, f)
-	m.rowChunks(n, func(r0, r1 int) {
-		for i := r0; i < r1; i++ {
-			g := gu.row(i)
-			up := g[f : 2*f]
-			g = g[:f]
-			swiglu(act.row(i)[:f], g, up)
+	// The MLP runs mlpRows rows at a time: its intermediates (2·FFNDim and
+	// FFNDim floats a row, 96 KiB a row for Llama-3.2-1B) then stay a few
+	// tens of MiB whatever the prompt, instead of growing with it.
+	cn := min(n, mlpRows)
+	gu := dense(ws.f32(bufGU, cn*2*f), cn, 2*f)
+	act := dense(ws.f32(bufAct, cn*f), cn, f)
+	for r0 := 0; r0 < n; r0 += mlpRows {
+		rows := min(n, r0+mlpRows) - r0
+		guc, actc := gu.view(0, 0, rows, 2*f), act.view(0, 0, rows, f)
+		gemm(m.team, guc, h.view(r0, 0, rows, d), lw.gu, true, false)
+		m.rowChunks(rows, func(i0, i1 int) {
+			for i := i0; i < i1; i++ {
+				g := guc.row(i)
+				up := g[f : 2*f]
+				g = g[:f]
+				swiglu(actc.row(i)[:f], g, up)
+			}
+		})
+		if err := m.project(ws, x.view(r0, 0, rows, d), actc, lw.down); err != nil {
+			return err
 		}
-	})
-	return m.project(ws, x, act, lw.down)
+	}
+	return nil
 }
+
+// mlpRows is the most rows one MLP product computes (a prefill's chunk in
+// the engine, StepTokenBudget, is 512 by default).
+const mlpRows = 512
 
 // project adds a·w to the residual x; on a sharded model a·w is the rank's
 // partial sum, all-reduced first.
