@@ -507,12 +507,11 @@ func dq32(name string, size, qs, qh int, withMin bool, offset uint32) {
 	p("\tRET")
 }
 
-// kScales unpacks the 6-bit scales and mins of the Q4_K/Q5_K block at SI
-// with ggml's 32-bit mask trick into sc[0..7] (R8, R10) and m[0..7] (R13,
-// R11), widens them, scales them by d and dmin and parks d·sc[0..7] at
-// 0(SP) and dmin·m[0..7] at 32(SP) for VBROADCASTSS (clobbers AX,
-// R8-R13, Y3-Y7).
-func kScales() {
+// kScalesInt unpacks the 6-bit scales and mins of the Q4_K/Q5_K block at
+// SI with ggml's 32-bit mask trick into sc[0..7] (R8, R10) and m[0..7]
+// (R13, R11) and widens them into the int32 lanes of Y3 and Y4 (clobbers
+// R8-R13).
+func kScalesInt() {
 	p("\tMOVL 4(SI), R8")
 	p("\tMOVL 8(SI), R9")
 	p("\tMOVL 12(SI), R10")
@@ -539,6 +538,13 @@ func kScales() {
 	p("\tVPINSRD $1, R11, X4, X4")
 	p("\tVPMOVZXBD X3, Y3")
 	p("\tVPMOVZXBD X4, Y4")
+}
+
+// kScales is kScalesInt, then the scales times d and the mins times dmin,
+// parked as d·sc[0..7] at 0(SP) and dmin·m[0..7] at 32(SP) for
+// VBROADCASTSS (clobbers AX, R8-R13, Y3-Y7).
+func kScales() {
+	kScalesInt()
 	p("\tVCVTDQ2PS Y3, Y3")
 	p("\tVCVTDQ2PS Y4, Y4")
 	p("\tMOVL 0(SI), AX")
@@ -1025,33 +1031,7 @@ func zQ4KQ8K() {
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_done", name)
 	p("%s_block:", name)
-	// The scales and mins as int32 (kScales without the float part).
-	p("\tMOVL 4(SI), R8")
-	p("\tMOVL 8(SI), R9")
-	p("\tMOVL 12(SI), R10")
-	p("\tMOVL R10, R11")
-	p("\tSHRL $4, R11")
-	p("\tANDL $0x0f0f0f0f, R11")
-	p("\tMOVL R9, R12")
-	p("\tSHRL $6, R12")
-	p("\tANDL $0x03030303, R12")
-	p("\tSHLL $4, R12")
-	p("\tORL R12, R11")
-	p("\tMOVL R9, R13")
-	p("\tANDL $0x3f3f3f3f, R13")
-	p("\tANDL $0x0f0f0f0f, R10")
-	p("\tMOVL R8, R12")
-	p("\tSHRL $6, R12")
-	p("\tANDL $0x03030303, R12")
-	p("\tSHLL $4, R12")
-	p("\tORL R12, R10")
-	p("\tANDL $0x3f3f3f3f, R8")
-	p("\tVMOVD R8, X3")
-	p("\tVPINSRD $1, R10, X3, X3")
-	p("\tVMOVD R13, X4")
-	p("\tVPINSRD $1, R11, X4, X4")
-	p("\tVPMOVZXBD X3, Y3")
-	p("\tVPMOVZXBD X4, Y4")
+	kScalesInt()
 	// d·dx and dmin·dx.
 	p("\tMOVL 0(SI), AX")
 	p("\tVMOVD AX, X5")
