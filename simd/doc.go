@@ -1,9 +1,12 @@
 // Package simd holds the float32 compute kernels of the model and of the
 // blend server's re-RoPE: a packed, cache-blocked matrix multiply with
-// register-tiled micro-kernels ([Gemm], [PackB], [PackedB.Gemm]), a fused
-// flash-style attention tile ([Attention]), row kernels for decode
-// attention over cache slots ([DotRows], [AxpyRows]), and the vector
-// element-wise kernels ([Dot], [Axpy], [Scale], [SumSquares], [MulScale],
+// register-tiled micro-kernels ([Gemm], [PackB], [PackedB.Gemm]; a
+// PackedB can also be filled panel by panel in parallel, [NewPackedB]), a
+// fused flash-style attention tile ([Attention]), row kernels for decode
+// attention over cache slots ([DotRows], [AxpyRows]), the dots of a few
+// activation rows with many weight rows for batched decode ([DotTile]:
+// 4×4 tiles at the AVX-512 level, every load feeding four FMAs; DotRows
+// at the other levels), and the vector element-wise kernels ([Dot], [Axpy], [Scale], [SumSquares], [MulScale],
 // [RMSNorm], [Max], [ExpSum], [SwiGLU], [Rotate], [RotateF64]). Every
 // function runs on the calling goroutine and is safe for concurrent use.
 //

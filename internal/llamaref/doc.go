@@ -32,6 +32,11 @@
 //     row's maximum is 0 (KL divergences, argmaxes and log-softmax do not see the shift), and
 //     LogProbs their log-softmax in float64. With this build, logits were bit-identical for 1 and 2
 //     threads on the test fixture; an F16 KV cache or flash attention moves them by ~1e-2.
+//   - BenchPrefill/BenchDecode/RSS/Unload: cb bench's side (package llamabench): contexts with
+//     llama.cpp's server defaults unless BenchOptions says otherwise (F16 KV cache, flash
+//     attention "auto", 512-token micro-batches), prefill timed around its llama_decode calls,
+//     decode steps with every sequence's token in one batch, the driver's resident memory, and
+//     dropping a model to measure the next one from a clean state.
 //
 // Inputs must be valid UTF-8 (ErrInvalidUTF8 otherwise): the text crosses JSON and JavaScript
 // strings.
