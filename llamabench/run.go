@@ -18,6 +18,7 @@ import (
 	"github.com/cacheblend/cacheblend/internal/llamaref"
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/quality"
 	"github.com/cacheblend/cacheblend/reuseplan"
 )
 
@@ -403,7 +404,7 @@ func runOurs(cfg Config, path string, in inputs) (side Side, reused int, err err
 	bin := model.BlendInput{Tokens: in.rag, BlockTable: prompt, Reused: ranges, CheckLayer: model.UseConfig, RecompRatio: model.UseConfig}
 	side.RAG, err = timeReps(cfg.Reps, func() error {
 		for d, r := range ranges {
-			placeKV(m, kv, docs[d], prompt, r.Start, r.End-r.Start)
+			quality.MoveKV(m, kv, docs[d], prompt, r.Start, r.End-r.Start)
 		}
 		_, _, err := m.BlendForward(kv, bin)
 		return err
@@ -420,23 +421,6 @@ func runOurs(cfg Config, path string, in inputs) (side Side, reused int, err err
 	side.GoHeap = int64(ms.HeapInuse + ms.HeapIdle - ms.HeapReleased)
 	runtime.KeepAlive(m)
 	return side, reused, nil
-}
-
-// placeKV copies n tokens of KV stored at positions 0.. of the blocks src
-// to positions to.. of dst, rotating K to the new positions.
-func placeKV(m *model.Model, kv *kvcache.Memory, src, dst []int32, to, n int) {
-	bs := kv.Layout().BlockSize
-	rp := m.RoPE()
-	for l := range m.Config().Layers {
-		for i := range n {
-			s, _ := kvcache.Slot(src, i, bs)
-			d, _ := kvcache.Slot(dst, to+i, bs)
-			k := kv.TokenK(l, d)
-			copy(k, kv.TokenK(l, s))
-			rp.Shift(k, i, to+i)
-			copy(kv.TokenV(l, d), kv.TokenV(l, s))
-		}
-	}
 }
 
 func runLlama(cfg Config, ref *llamaref.Ref, path string, in inputs, s Shape) (Side, error) {

@@ -83,7 +83,7 @@ func Blend(m *model.Model, c Case, opt Options) (Report, error) {
 		if _, err := m.Prefill(kv, model.PrefillInput{Tokens: d, BlockTable: stored}); err != nil {
 			return Report{}, fmt.Errorf("quality: document %d alone: %w", i, err)
 		}
-		moveKV(m, kv, stored, blend, docs[i].Start, len(d))
+		MoveKV(m, kv, stored, blend, docs[i].Start, len(d))
 	}
 	t0 := time.Now()
 	logits, _, err := m.BlendForward(kv, model.BlendInput{
@@ -260,16 +260,21 @@ func blocks(first, n int) []int32 {
 	return bt
 }
 
-// moveKV copies positions [0, n) under src to [to, to+n) under dst in
-// every layer, rotating K by the shift.
-func moveKV(m *model.Model, kv *kvcache.Memory, src, dst []int32, to, n int) {
+// MoveKV copies the KV of positions [0, n) under the block table src to
+// positions [to, to+n) under dst in every layer of kv, rotating K to its new
+// positions: what the blend server's retrieve does for a document stored
+// alone and reused at offset to. Not safe for concurrent use on
+// overlapping blocks.
+func MoveKV(m *model.Model, kv *kvcache.Memory, src, dst []int32, to, n int) {
+	bs := kv.Layout().BlockSize
+	rp := m.RoPE()
 	for l := range m.Config().Layers {
 		for i := range n {
-			s := int(src[i/blockSize])*blockSize + i%blockSize
-			d := int(dst[(to+i)/blockSize])*blockSize + (to+i)%blockSize
+			s := int(src[i/bs])*bs + i%bs
+			d := int(dst[(to+i)/bs])*bs + (to+i)%bs
 			k := kv.TokenK(l, d)
 			copy(k, kv.TokenK(l, s))
-			m.RoPE().Shift(k, i, to+i)
+			rp.Shift(k, i, to+i)
 			copy(kv.TokenV(l, d), kv.TokenV(l, s))
 		}
 	}
