@@ -155,32 +155,47 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		}
 		return
 	}
-	if m <= qDotRows && quant.SupportsQ8K(q.t) && k%quant.QK_K == 0 {
-		// Decode with K-quant weights: the activations quantized to Q8_K
-		// once, every row dotted with them in integers (AVX-512 VNNI), as
+	if m <= qDotRows && quant.IntegerDots() {
+		// Decode with quantized weights: the activations quantized once
+		// (to Q8_K for the K-quants, Q8_0 for the 32-element formats) and
+		// every row dotted with them in integers (AVX-512 VNNI), as
 		// llama.cpp computes it.
-		xs := q8kPool.Get().(*[qDotRows]quant.Q8K)
-		for i := range m {
-			if err := xs[i].Quantize(a.row(i)[:k]); err != nil {
-				panic(fmt.Sprintf("model: %v", err)) // k checked above
-			}
-		}
-		const chunk = 32
-		tm.run((n+chunk-1)/chunk, func(_, t int) {
-			for j := t * chunk; j < min(n, (t+1)*chunk); j++ {
-				w := q.rows[off+j]
-				for i := range m {
-					v := quant.DotQ8K(q.t, w, &xs[i])
-					if acc {
-						c.data[i*c.stride+j] += v
-					} else {
-						c.data[i*c.stride+j] = v
-					}
+		xs := intActPool.Get().(*intActs)
+		defer intActPool.Put(xs)
+		var dot func(w []byte, i int) float32
+		switch {
+		case quant.SupportsQ8K(q.t) && k%quant.QK_K == 0:
+			for i := range m {
+				if err := xs.k[i].Quantize(a.row(i)[:k]); err != nil {
+					panic(fmt.Sprintf("model: %v", err)) // k checked above
 				}
 			}
-		})
-		q8kPool.Put(xs)
-		return
+			dot = func(w []byte, i int) float32 { return quant.DotQ8K(q.t, w, &xs.k[i]) }
+		case quant.SupportsQ80(q.t) && k%quant.QK8_0 == 0:
+			for i := range m {
+				if err := xs.z[i].Quantize(a.row(i)[:k]); err != nil {
+					panic(fmt.Sprintf("model: %v", err)) // k checked above
+				}
+			}
+			dot = func(w []byte, i int) float32 { return quant.DotQ80(q.t, w, &xs.z[i]) }
+		}
+		if dot != nil {
+			const chunk = 32
+			tm.run((n+chunk-1)/chunk, func(_, t int) {
+				for j := t * chunk; j < min(n, (t+1)*chunk); j++ {
+					w := q.rows[off+j]
+					for i := range m {
+						v := dot(w, i)
+						if acc {
+							c.data[i*c.stride+j] += v
+						} else {
+							c.data[i*c.stride+j] = v
+						}
+					}
+				}
+			})
+			return
+		}
 	}
 	if r := activationRounding(q.t); r != roundNone {
 		// The activations llama.cpp multiplies (see actround.go), in a copy.
@@ -302,8 +317,14 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 	qPacked.Put(pk)
 }
 
-// q8kPool recycles the quantized activations of qgemm's decode path.
-var q8kPool = sync.Pool{New: func() any { return new([qDotRows]quant.Q8K) }}
+// intActs holds a decode step's activation rows quantized for the
+// integer kernels; intActPool recycles them.
+type intActs struct {
+	k [qDotRows]quant.Q8K
+	z [qDotRows]quant.Q80
+}
+
+var intActPool = sync.Pool{New: func() any { return new(intActs) }}
 
 // qPacked recycles the packed activations of qgemm's prefill path.
 var qPacked = sync.Pool{New: func() any { return new([]float32) }}

@@ -50,6 +50,9 @@ func TestQgemmPaths(t *testing.T) {
 		{"Q6_K", []quant.Type{quant.Q6_K}},
 		{"Q4_K|Q6_K|Q4_K mixed", []quant.Type{quant.Q4_K, quant.Q6_K, quant.Q4_K}},
 		{"Q8_0|F16 mixed", []quant.Type{quant.Q8_0, quant.F16}},
+		{"Q5_0", []quant.Type{quant.Q5_0}},
+		{"Q4_0", []quant.Type{quant.Q4_0}},
+		{"Q5_0|Q8_0|Q6_K mixed", []quant.Type{quant.Q5_0, quant.Q8_0, quant.Q6_K}},
 	}
 	for _, wc := range weights {
 		for _, m := range []int{1, qDotRows, qDotRows + 1, 8, qRowDots, qRowDots + 1, 100} {

@@ -10,3 +10,9 @@ func asmLevel() string { return "go" }
 
 // dotQ8KAsm has no assembly to run.
 func dotQ8KAsm(Type, []byte, *Q8K) (float32, bool) { return 0, false }
+
+// dotQ80Asm has no assembly to run.
+func dotQ80Asm(Type, []byte, *Q80, int) (float32, bool) { return 0, false }
+
+// integerAsm: no assembly here.
+func integerAsm() bool { return false }

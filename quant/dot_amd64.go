@@ -125,9 +125,39 @@ func dotQ4KQ8KVNNI(w *byte, q *int8, d *float32, sums *int32, n int) float32
 //go:noescape
 func dotQ6KQ8KVNNI(w *byte, q *int8, d *float32, sums16 *int32, n int) float32
 
+//go:noescape
+func dotQ8_0Q80VNNI(w *byte, q *int8, d, ds *float32, n int) float32
+
+//go:noescape
+func dotQ5_0Q80VNNI(w *byte, q *int8, d, ds *float32, n int) float32
+
+//go:noescape
+func dotQ4_0Q80VNNI(w *byte, q *int8, d, ds *float32, n int) float32
+
+// integerAsm is whether the integer (VNNI) kernels run: AVX-512 with VNNI
+// at the AVX-512 level.
+func integerAsm() bool { return hasVNNI && level() == lvlAVX512 }
+
+// dotQ80Asm runs DotQ80's kernels over the first nb blocks (nb even) at
+// the AVX-512 level with VNNI.
+func dotQ80Asm(t Type, w []byte, x *Q80, nb int) (float32, bool) {
+	if !integerAsm() {
+		return 0, false
+	}
+	switch t {
+	case Q8_0:
+		return dotQ8_0Q80VNNI(&w[0], &x.q[0], &x.d[0], &x.ds[0], nb), true
+	case Q5_0:
+		return dotQ5_0Q80VNNI(&w[0], &x.q[0], &x.d[0], &x.ds[0], nb), true
+	case Q4_0:
+		return dotQ4_0Q80VNNI(&w[0], &x.q[0], &x.d[0], &x.ds[0], nb), true
+	}
+	return 0, false
+}
+
 // dotQ8KAsm runs DotQ8K's kernels at the AVX-512 level with VNNI.
 func dotQ8KAsm(t Type, w []byte, x *Q8K) (float32, bool) {
-	if !hasVNNI || level() != lvlAVX512 {
+	if !integerAsm() {
 		return 0, false
 	}
 	if t == Q6_K {

@@ -47,6 +47,10 @@ const (
 // QK_K is the super-block size of the K-quants.
 const QK_K = 256
 
+// QK8_0 is the block size of Q8_0 and of the other 32-element block types
+// (Q4_0, Q4_1, Q5_0, Q5_1).
+const QK8_0 = 32
+
 type typeInfo struct {
 	name      string
 	blockSize int // elements per block

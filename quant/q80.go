@@ -1,0 +1,126 @@
+package quant
+
+import (
+	"fmt"
+	"math"
+)
+
+// Q80 is a row of activations quantized as llama.cpp's Q8_0 (what its CPU
+// kernels multiply Q8_0, Q5_0 and Q4_0 weights with): per 32 elements a
+// scale d (fp16, kept here as the float32 it rounds to) and 32 int8
+// values q with x ≈ d·q. [DotQ80] multiplies a weight row with it in
+// integers. The zero value is ready for Quantize; a Q80 is not safe for
+// concurrent use while it is being quantized, and safe to read
+// concurrently afterwards.
+type Q80 struct {
+	d  []float32
+	ds []float32 // per block d·Σq (the kernels' offsets come off through it)
+	q  []int8
+}
+
+// Len is the number of elements quantized.
+func (x *Q80) Len() int { return len(x.q) }
+
+// Quantize sets x to the Q8_0 form of v (len(v) a multiple of 32),
+// reusing x's memory: ggml-cpu's x86 quantize_row_q8_0 (the scale is the
+// value of largest magnitude over 127, stored as fp16; the values are
+// v·127/amax rounded to nearest even; an all-zero block has scale 0).
+func (x *Q80) Quantize(v []float32) error {
+	if len(v)%QK8_0 != 0 {
+		return fmt.Errorf("%w: Q8_0 quantization of %d values, not a multiple of %d", ErrSize, len(v), QK8_0)
+	}
+	nb := len(v) / QK8_0
+	x.d = grow(x.d, nb)
+	x.ds = grow(x.ds, nb)
+	x.q = grow(x.q, len(v))
+	for b := range nb {
+		blk := v[b*QK8_0 : (b+1)*QK8_0]
+		var amax float32
+		for _, f := range blk {
+			amax = max(amax, float32(math.Abs(float64(f))))
+		}
+		var id float32
+		if amax != 0 {
+			id = 127 / amax
+		}
+		x.d[b] = F16ToF32(F32ToF16(amax / 127))
+		q := x.q[b*QK8_0 : (b+1)*QK8_0]
+		var sum int32
+		for i, f := range blk {
+			q[i] = int8(math.RoundToEven(float64(f * id)))
+			sum += int32(q[i])
+		}
+		x.ds[b] = x.d[b] * float32(sum)
+	}
+	return nil
+}
+
+// SupportsQ80 reports whether DotQ80 computes rows of type t: Q8_0, Q5_0
+// and Q4_0.
+func SupportsQ80(t Type) bool { return t == Q8_0 || t == Q5_0 || t == Q4_0 }
+
+// IntegerDots reports whether DotQ8K and DotQ80 run in assembly here
+// (AVX-512 VNNI at package simd's AVX-512 level). Elsewhere they run the
+// same integer arithmetic in Go, which is slower than Dot's float
+// kernels: callers that want speed use them only when this is true.
+func IntegerDots() bool { return integerAsm() }
+
+// DotQ80 is Σ dequant(w)·(d·q) for a row w of type t (SupportsQ80) and
+// activations x of the same length, computed as llama.cpp's
+// ggml_vec_dot_q8_0_q8_0, ggml_vec_dot_q5_0_q8_0 and
+// ggml_vec_dot_q4_0_q8_0 do: an integer dot per 32-element block, times
+// the two blocks' scales, summed in float32. With AVX-512 VNNI (at package
+// simd's AVX-512 level) it runs VPDPBUSD; elsewhere the same integer
+// arithmetic in Go. It panics when t is not supported or the sizes
+// disagree.
+func DotQ80(t Type, w []byte, x *Q80) float32 {
+	if !SupportsQ80(t) {
+		panic("quant: DotQ80 of a " + t.String() + " row")
+	}
+	nb, ts := len(x.d), 34
+	switch t {
+	case Q5_0:
+		ts = 22
+	case Q4_0:
+		ts = 18
+	}
+	if len(w) != nb*ts {
+		panic(fmt.Sprintf("quant: DotQ80 of %d %s bytes against %d Q8_0 elements", len(w), t, len(x.q)))
+	}
+	even := nb &^ 1
+	var s float32
+	if even > 0 {
+		if v, ok := dotQ80Asm(t, w, x, even); ok {
+			s = v
+		} else {
+			even = 0
+		}
+	}
+	for b := even; b < nb; b++ {
+		s += dotQ80Block(t, w[b*ts:(b+1)*ts], x.q[b*QK8_0:(b+1)*QK8_0]) * x.d[b]
+	}
+	return s
+}
+
+// dotQ80Block is one block's integer dot times the weight block's scale.
+func dotQ80Block(t Type, blk []byte, q []int8) float32 {
+	var s int32
+	switch t {
+	case Q8_0:
+		for i, v := range q {
+			s += int32(int8(blk[2+i])) * int32(v)
+		}
+	case Q5_0:
+		qh := uint32(blk[2]) | uint32(blk[3])<<8 | uint32(blk[4])<<16 | uint32(blk[5])<<24
+		for i := range 16 {
+			lo := int32(blk[6+i]&0xf|byte(qh>>i&1)<<4) - 16
+			hi := int32(blk[6+i]>>4|byte(qh>>(i+16)&1)<<4) - 16
+			s += lo*int32(q[i]) + hi*int32(q[16+i])
+		}
+	case Q4_0:
+		for i := range 16 {
+			s += (int32(blk[2+i]&0xf)-8)*int32(q[i]) + (int32(blk[2+i]>>4)-8)*int32(q[16+i])
+		}
+	}
+	return half(blk) * float32(s)
+}

@@ -1,0 +1,149 @@
+package quant
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/cacheblend/cacheblend/simd"
+)
+
+// TestDotQ80 checks Quantize against quantize_row_q8_0 written out and
+// DotQ80 at every level against Σ dequant(w)·d·q in float64 (refElem's
+// dequantization), on an odd number of blocks (the Go tail after the
+// assembly's pairs), rows with outliers and a block of zeros.
+func TestDotQ80(t *testing.T) {
+	levels := []simd.Level{simd.Generic}
+	for _, l := range []simd.Level{simd.AVX2, simd.AVX512} {
+		if simd.Supported(l) {
+			levels = append(levels, l)
+		}
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, l := range levels {
+		for _, typ := range []Type{Q8_0, Q5_0, Q4_0} {
+			for _, tc := range []struct {
+				name string
+				n    int
+				x    func(n int) []float32
+			}{
+				{"1 block", 32, func(n int) []float32 { return gauss(r, n, 1) }},
+				{"3 blocks", 96, func(n int) []float32 { return gauss(r, n, 1) }},
+				{"64 blocks", 2048, func(n int) []float32 { return gauss(r, n, 0.3) }},
+				{"outliers", 960, func(n int) []float32 { return gaussOutliers(r, n, 1) }},
+				{"zero block", 128, func(n int) []float32 { x := gauss(r, n, 1); clear(x[32:64]); return x }},
+			} {
+				t.Run(fmt.Sprintf("%v/%s/%s", l, typ, tc.name), func(t *testing.T) {
+					prev, err := simd.SetLevel(l)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer simd.SetLevel(prev)
+					for trial := range 20 {
+						w := randomRow(r, typ, tc.n)
+						x := tc.x(tc.n)
+						var q Q80
+						if err := q.Quantize(x); err != nil {
+							t.Fatal(err)
+						}
+						if q.Len() != tc.n {
+							t.Fatalf("Len = %d, want %d", q.Len(), tc.n)
+						}
+						var want, mag float64
+						for b := 0; b < tc.n; b += QK8_0 {
+							var amax float32
+							for _, v := range x[b : b+QK8_0] {
+								amax = max(amax, float32(math.Abs(float64(v))))
+							}
+							if d := F16ToF32(F32ToF16(amax / 127)); d != q.d[b/QK8_0] {
+								t.Fatalf("block %d scale %g, want %g", b/QK8_0, q.d[b/QK8_0], d)
+							}
+							for i := b; i < b+QK8_0; i++ {
+								var wq int8
+								if amax != 0 {
+									wq = int8(math.RoundToEven(float64(x[i] * (127 / amax))))
+								}
+								if q.q[i] != wq {
+									t.Fatalf("element %d quantized to %d, want %d", i, q.q[i], wq)
+								}
+								p := float64(refElem(typ, w, i)) * float64(q.d[b/QK8_0]) * float64(wq)
+								want += p
+								mag += math.Abs(p)
+							}
+						}
+						got := float64(DotQ80(typ, w, &q))
+						if math.Abs(got-want) > 1e-5*(mag+1) {
+							t.Fatalf("trial %d: DotQ80 = %g, want %g (Σ|terms| %g)", trial, got, want, mag)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+func TestQ80Errors(t *testing.T) {
+	var q Q80
+	if err := q.Quantize(make([]float32, 100)); err == nil {
+		t.Fatal("Quantize of 100 values: no error")
+	}
+	for _, tc := range []struct {
+		t    Type
+		want bool
+	}{{Q8_0, true}, {Q5_0, true}, {Q4_0, true}, {Q4_1, false}, {Q4_K, false}, {F16, false}} {
+		if SupportsQ80(tc.t) != tc.want {
+			t.Errorf("SupportsQ80(%s) = %v, want %v", tc.t, !tc.want, tc.want)
+		}
+	}
+	if err := q.Quantize(make([]float32, 64)); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		f    func()
+	}{
+		{"type", func() { DotQ80(Q4_K, make([]byte, 144), &q) }},
+		{"size", func() { DotQ80(Q8_0, make([]byte, 34), &q) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("no panic")
+				}
+			}()
+			tc.f()
+		})
+	}
+}
+
+// BenchmarkDotQ80 is a 2048×2048 matrix-vector product per type, in
+// integers against the float kernel on the same row.
+func BenchmarkDotQ80(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 2))
+	const k, rows = 2048, 2048
+	x := gauss(r, k, 1)
+	var q Q80
+	if err := q.Quantize(x); err != nil {
+		b.Fatal(err)
+	}
+	for _, typ := range []Type{Q8_0, Q5_0, Q4_0} {
+		w := randomRow(r, typ, k*rows)
+		rb := len(w) / rows
+		for _, kind := range []string{"Q80", "float"} {
+			b.Run(typ.String()+"-"+kind, func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					for j := range rows {
+						if kind == "Q80" {
+							DotQ80(typ, w[j*rb:(j+1)*rb], &q)
+						} else {
+							Dot(typ, w[j*rb:(j+1)*rb], x)
+						}
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(k*rows), "ns/weight")
+			})
+		}
+	}
+}
