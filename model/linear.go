@@ -58,6 +58,7 @@ func (q *qmat) uniform() *qmat {
 
 const (
 	qDotRows = 2
+	qIntRows = 8
 	qRowDots = 32
 	qPanel   = 64
 )
@@ -197,6 +198,44 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 			return
 		}
 	}
+	if m <= qIntRows && quant.IntegerDots() && quant.SupportsQ8K(q.t) && k%quant.QK_K == 0 {
+		// A decode batch with K-quant weights: the rows quantized to Q8_K
+		// in groups of up to four, each weight block unpacked once per
+		// group and dotted with its rows in integers.
+		groups := (m + quant.Q8KRowsMax - 1) / quant.Q8KRowsMax
+		ia := intActPool.Get().(*intActs)
+		defer intActPool.Put(ia)
+		xs := ia.kr[:groups]
+		for g := range xs {
+			i0, i1 := g*quant.Q8KRowsMax, min(m, (g+1)*quant.Q8KRowsMax)
+			rows := make([][]float32, 0, i1-i0)
+			for i := i0; i < i1; i++ {
+				rows = append(rows, a.row(i)[:k])
+			}
+			if err := xs[g].Quantize(rows...); err != nil {
+				panic(fmt.Sprintf("model: %v", err)) // k checked above
+			}
+		}
+		const chunk = 32
+		tm.run((n+chunk-1)/chunk, func(_, t int) {
+			var out [quant.Q8KRowsMax]float32
+			for j := t * chunk; j < min(n, (t+1)*chunk); j++ {
+				w := q.rows[off+j]
+				for g := range xs {
+					quant.DotQ8KRows(q.t, w, &xs[g], out[:])
+					for r := range xs[g].Rows() {
+						i := g*quant.Q8KRowsMax + r
+						if acc {
+							c.data[i*c.stride+j] += out[r]
+						} else {
+							c.data[i*c.stride+j] = out[r]
+						}
+					}
+				}
+			}
+		})
+		return
+	}
 	if r := activationRounding(q.t); r != roundNone {
 		// The activations llama.cpp multiplies (see actround.go), in a copy.
 		bp, _ := qScratch.Get().(*[]float32)
@@ -320,8 +359,9 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 // intActs holds a decode step's activation rows quantized for the
 // integer kernels; intActPool recycles them.
 type intActs struct {
-	k [qDotRows]quant.Q8K
-	z [qDotRows]quant.Q80
+	k  [qDotRows]quant.Q8K
+	z  [qDotRows]quant.Q80
+	kr [(qIntRows + quant.Q8KRowsMax - 1) / quant.Q8KRowsMax]quant.Q8KRows
 }
 
 var intActPool = sync.Pool{New: func() any { return new(intActs) }}

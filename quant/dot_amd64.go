@@ -155,6 +155,47 @@ func dotQ80Asm(t Type, w []byte, x *Q80, nb int) (float32, bool) {
 	return 0, false
 }
 
+//go:noescape
+func dotQ4KQ8KRows2VNNI(w *byte, q *int8, d *float32, sums *int32, n int, out *float32)
+
+//go:noescape
+func dotQ4KQ8KRows3VNNI(w *byte, q *int8, d *float32, sums *int32, n int, out *float32)
+
+//go:noescape
+func dotQ4KQ8KRows4VNNI(w *byte, q *int8, d *float32, sums *int32, n int, out *float32)
+
+//go:noescape
+func dotQ6KQ8KRows2VNNI(w *byte, q *int8, d *float32, sums *int32, n int, out *float32)
+
+//go:noescape
+func dotQ6KQ8KRows3VNNI(w *byte, q *int8, d *float32, sums *int32, n int, out *float32)
+
+//go:noescape
+func dotQ6KQ8KRows4VNNI(w *byte, q *int8, d *float32, sums *int32, n int, out *float32)
+
+// dotQ8KRowsAsm runs DotQ8KRows's kernels at the AVX-512 level with VNNI
+// (2 to 4 rows).
+func dotQ8KRowsAsm(t Type, w []byte, x *Q8KRows, out []float32) bool {
+	if !integerAsm() || x.r < 2 {
+		return false
+	}
+	nb, ts := len(x.d)/x.r, 144
+	if t == Q6_K {
+		ts = 210
+	}
+	if !SupportsQ8K(t) || nb == 0 || len(w) != nb*ts {
+		return false // DotQ8K panics with the reason
+	}
+	if t == Q6_K {
+		f := [...]func(*byte, *int8, *float32, *int32, int, *float32){dotQ6KQ8KRows2VNNI, dotQ6KQ8KRows3VNNI, dotQ6KQ8KRows4VNNI}[x.r-2]
+		f(&w[0], &x.qn[0], &x.d[0], &x.sums16[0], nb, &out[0])
+		return true
+	}
+	f := [...]func(*byte, *int8, *float32, *int32, int, *float32){dotQ4KQ8KRows2VNNI, dotQ4KQ8KRows3VNNI, dotQ4KQ8KRows4VNNI}[x.r-2]
+	f(&w[0], &x.q[0], &x.d[0], &x.sums[0], nb, &out[0])
+	return true
+}
+
 // dotQ8KAsm runs DotQ8K's kernels at the AVX-512 level with VNNI.
 func dotQ8KAsm(t Type, w []byte, x *Q8K) (float32, bool) {
 	if !integerAsm() {

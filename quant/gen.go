@@ -1332,6 +1332,195 @@ func q80Idx() {
 	p("GLOBL ·q80Idx(SB), RODATA|NOPTR, $128")
 }
 
+// zRowOut reduces the 16 float lanes of Z(acc), less the 8 of Y(min) when
+// min ≥ 0, and stores the sum at off(R14) (clobbers Y5, X7).
+func zRowOut(acc, min, off int) {
+	p("\tVEXTRACTF64X4 $1, Z%d, Y5", acc)
+	p("\tVADDPS Y5, Y%d, Y5", acc)
+	if min >= 0 {
+		p("\tVSUBPS Y%d, Y5, Y5", min)
+	}
+	p("\tVEXTRACTF128 $1, Y5, X7")
+	p("\tVADDPS X7, X5, X5")
+	p("\tVHADDPS X5, X5, X5")
+	p("\tVHADDPS X5, X5, X5")
+	p("\tVMOVSS X5, %d(R14)", off)
+}
+
+// zQ4KQ8KRows: dotQ4KQ8KVNNI for R activation rows at once (a decode
+// batch): each block's nibbles, scales and mins are unpacked once and
+// dotted with the R rows, which the caller interleaves per block (q: R ×
+// 256 bytes per block in the Q4_K kernel order, d: R floats, sums: R × 8
+// int32). Row r's sum goes to out[r]. Accumulators: Z28+r (d·dx·Σ sc·Σq·qx)
+// and Y0, Y1, Y2, Y10 (dmin·dx·m·sums).
+func zQ4KQ8KRows(R int) {
+	name := fmt.Sprintf("dotQ4KQ8KRows%dVNNI", R)
+	minAcc := []int{0, 1, 2, 10}
+	p("")
+	p("// func %s(w *byte, q *int8, d *float32, sums *int32, n int, out *float32): n Q4_K blocks, %d rows.", name, R)
+	p("TEXT ·%s(SB), NOSPLIT, $0-48", name)
+	p("\tMOVQ w+0(FP), SI")
+	p("\tMOVQ q+8(FP), DI")
+	p("\tMOVQ d+16(FP), BX")
+	p("\tMOVQ sums+24(FP), DX")
+	p("\tMOVQ n+32(FP), CX")
+	p("\tMOVQ out+40(FP), R14")
+	for r := range R {
+		p("\tVPXORD Z%d, Z%d, Z%d", 28+r, 28+r, 28+r)
+		p("\tVPXORD Z%d, Z%d, Z%d", minAcc[r], minAcc[r], minAcc[r])
+	}
+	zConst(6, 0x0f0f0f0f)
+	for i := range 4 {
+		p("\tVMOVDQU32 ·q4kq8kIdx+%d(SB), Z%d", 64*i, 16+i)
+	}
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	p("%s_block:", name)
+	kScalesInt()
+	for i := range 4 {
+		p("\tVPERMD Z3, Z%d, Z%d", 16+i, 11+i)
+	}
+	// The nibbles of both halves: lo0, hi0, lo1, hi1.
+	nib := []int{8, 9, 26, 27}
+	for h := range 2 {
+		p("\tVMOVDQU64 %d(SI), Z7", 16+64*h)
+		p("\tVPANDD Z6, Z7, Z%d", nib[2*h])
+		p("\tVPSRLD $4, Z7, Z%d", nib[2*h+1])
+		p("\tVPANDD Z6, Z%d, Z%d", nib[2*h+1], nib[2*h+1])
+	}
+	p("\tMOVL 0(SI), AX")
+	p("\tVMOVD AX, X5")
+	p("\tVCVTPH2PS X5, X5")
+	for r := range R {
+		// d·dx, dmin·dx of row r ([d, dmin] stays in X5).
+		p("\tVBROADCASTSS %d(BX), X7", 4*r)
+		p("\tVMULPS X7, X5, X7")
+		p("\tVBROADCASTSS X7, Z20")
+		p("\tVMOVSHDUP X7, X7")
+		p("\tVBROADCASTSS X7, Y21")
+		p("\tVPMULLD %d(DX), Y4, Y15", 32*r)
+		p("\tVCVTDQ2PS Y15, Y15")
+		p("\tVFMADD231PS Y21, Y15, Y%d", minAcc[r])
+		for i := range 4 {
+			p("\tVPXORD Z%d, Z%d, Z%d", 22+i, 22+i, 22+i)
+		}
+		// Partials in the order of zQ4KQ8K: lo0 (22), hi0 (23), lo1 (24), hi1 (25).
+		for i := range 4 {
+			p("\tVPDPBUSD %d(DI), Z%d, Z%d", 256*r+64*i, nib[i], 22+i)
+		}
+		for i := range 4 {
+			p("\tVPMULLD Z%d, Z%d, Z%d", 11+i, 22+i, 22+i)
+		}
+		p("\tVPADDD Z23, Z22, Z22")
+		p("\tVPADDD Z25, Z24, Z24")
+		p("\tVPADDD Z24, Z22, Z22")
+		p("\tVCVTDQ2PS Z22, Z22")
+		p("\tVFMADD231PS Z20, Z22, Z%d", 28+r)
+	}
+	p("\tADDQ $144, SI")
+	p("\tADDQ $%d, DI", 256*R)
+	p("\tADDQ $%d, BX", 4*R)
+	p("\tADDQ $%d, DX", 32*R)
+	p("\tDECQ CX")
+	p("\tJNZ %s_block", name)
+	p("%s_done:", name)
+	for r := range R {
+		zRowOut(28+r, minAcc[r], 4*r)
+	}
+	p("\tVZEROUPPER")
+	p("\tRET")
+}
+
+// zQ6KQ8KRows: dotQ6KQ8KVNNI for R interleaved activation rows (q: R ×
+// 256 bytes per block in natural order, d: R floats, sums16: R × 16
+// int32), each block's 6-bit values and scales unpacked once. Row r's sum
+// goes to out[r]; accumulators Z0, Z1, Z2, Z4.
+func zQ6KQ8KRows(R int) {
+	name := fmt.Sprintf("dotQ6KQ8KRows%dVNNI", R)
+	accs := []int{0, 1, 2, 4}
+	p("")
+	p("// func %s(w *byte, q *int8, d *float32, sums *int32, n int, out *float32): n Q6_K blocks, %d rows (sums: per 16).", name, R)
+	p("TEXT ·%s(SB), NOSPLIT, $0-48", name)
+	p("\tMOVQ w+0(FP), SI")
+	p("\tMOVQ q+8(FP), DI")
+	p("\tMOVQ d+16(FP), BX")
+	p("\tMOVQ sums+24(FP), DX")
+	p("\tMOVQ n+32(FP), CX")
+	p("\tMOVQ out+40(FP), R14")
+	for r := range R {
+		p("\tVPXORD Z%d, Z%d, Z%d", accs[r], accs[r], accs[r])
+	}
+	zConst(6, 0x0f0f0f0f)
+	zConst(17, 0x03030303)
+	p("\tVMOVDQU64 ·q6kq8kShift+0(SB), Z16")
+	p("\tVMOVDQU64 ·q6kq8kShift+64(SB), Z18")
+	for i := range 4 {
+		p("\tVMOVDQU32 ·q6kq8kIdx+%d(SB), Z%d", 64*i, 26+i)
+	}
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	p("%s_block:", name)
+	p("\tVPMOVSXBD 192(SI), Z3")
+	// The values: n=0 low/high in Z8/Z9, n=1 in Z30/Z31; the scales per
+	// lane in Z13, Z14 (n=0) and Z19, Z21 (n=1).
+	vals := [][2]int{{8, 9}, {30, 31}}
+	perms := [][2]int{{13, 14}, {19, 21}}
+	for n := range 2 {
+		lo, hi := vals[n][0], vals[n][1]
+		p("\tVMOVDQU64 %d(SI), Z7", 64*n)
+		p("\tVBROADCASTI64X4 %d(SI), Z10", 128+32*n)
+		p("\tVPANDD Z6, Z7, Z%d", lo)
+		p("\tVPSRLVQ Z16, Z10, Z11")
+		p("\tVPANDD Z17, Z11, Z11")
+		p("\tVPSLLW $4, Z11, Z11")
+		p("\tVPORD Z11, Z%d, Z%d", lo, lo)
+		p("\tVPSRLW $4, Z7, Z%d", hi)
+		p("\tVPANDD Z6, Z%d, Z%d", hi, hi)
+		p("\tVPSRLVQ Z18, Z10, Z12")
+		p("\tVPANDD Z17, Z12, Z12")
+		p("\tVPSLLW $4, Z12, Z12")
+		p("\tVPORD Z12, Z%d, Z%d", hi, hi)
+		p("\tVPERMD Z3, Z%d, Z%d", 26+2*n, perms[n][0])
+		p("\tVPERMD Z3, Z%d, Z%d", 27+2*n, perms[n][1])
+	}
+	p("\tMOVWLZX 208(SI), AX")
+	p("\tVMOVD AX, X5")
+	p("\tVCVTPH2PS X5, X5")
+	p("\tVMOVAPS X5, X23")
+	for r := range R {
+		p("\tVPMULLD %d(DX), Z3, Z15", 64*r)
+		p("\tVPSLLD $5, Z15, Z15")
+		p("\tVMULSS %d(BX), X23, X5", 4*r)
+		p("\tVBROADCASTSS X5, Z20")
+		p("\tVPXORD Z22, Z22, Z22")
+		for n := range 2 {
+			p("\tVPXORD Z24, Z24, Z24")
+			p("\tVPXORD Z25, Z25, Z25")
+			p("\tVPDPBUSD %d(DI), Z%d, Z24", 256*r+128*n, vals[n][0])
+			p("\tVPDPBUSD %d(DI), Z%d, Z25", 256*r+128*n+64, vals[n][1])
+			p("\tVPMULLD Z%d, Z24, Z24", perms[n][0])
+			p("\tVPMULLD Z%d, Z25, Z25", perms[n][1])
+			p("\tVPADDD Z24, Z22, Z22")
+			p("\tVPADDD Z25, Z22, Z22")
+		}
+		p("\tVPSUBD Z15, Z22, Z22")
+		p("\tVCVTDQ2PS Z22, Z22")
+		p("\tVFMADD231PS Z20, Z22, Z%d", accs[r])
+	}
+	p("\tADDQ $210, SI")
+	p("\tADDQ $%d, DI", 256*R)
+	p("\tADDQ $%d, BX", 4*R)
+	p("\tADDQ $%d, DX", 64*R)
+	p("\tDECQ CX")
+	p("\tJNZ %s_block", name)
+	p("%s_done:", name)
+	for r := range R {
+		zRowOut(accs[r], -1, 4*r)
+	}
+	p("\tVZEROUPPER")
+	p("\tRET")
+}
+
 func main() {
 	p("// Code generated by gen.go; DO NOT EDIT.")
 	p("")
@@ -1374,6 +1563,10 @@ func main() {
 	zQ80("dotQ5_0Q80VNNI", 22, 6, 2, 16)
 	zQ80("dotQ4_0Q80VNNI", 18, 2, -1, 8)
 	q80Idx()
+	for r := 2; r <= 4; r++ {
+		zQ4KQ8KRows(r)
+		zQ6KQ8KRows(r)
+	}
 	q5shifts()
 	if err := os.WriteFile("dot_amd64.s", out.Bytes(), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -188,3 +188,72 @@ func dotQ4KQ8KGo(w []byte, x *Q8K) float32 {
 	}
 	return sumf - summ
 }
+
+// Q8KRowsMax is the most rows a Q8KRows holds.
+const Q8KRowsMax = 4
+
+// Q8KRows is a few rows of activations (a decode batch), each quantized
+// as Q8K and interleaved per 256-element block, so that [DotQ8KRows]
+// unpacks each weight block once for all of them. The zero value is
+// ready for Quantize; it is not safe for concurrent use while it is being
+// quantized, and safe to read concurrently afterwards.
+type Q8KRows struct {
+	rows         [Q8KRowsMax]Q8K
+	r            int
+	q, qn        []int8
+	d            []float32
+	sums, sums16 []int32
+}
+
+// Rows is the number of rows quantized.
+func (x *Q8KRows) Rows() int { return x.r }
+
+// Quantize sets x to the Q8K forms of 1 to Q8KRowsMax rows of one length
+// (a multiple of 256), reusing x's memory.
+func (x *Q8KRows) Quantize(rows ...[]float32) error {
+	if len(rows) == 0 || len(rows) > Q8KRowsMax {
+		return fmt.Errorf("%w: %d rows for a Q8KRows (1 to %d)", ErrSize, len(rows), Q8KRowsMax)
+	}
+	for i, v := range rows {
+		if len(v) != len(rows[0]) {
+			return fmt.Errorf("%w: rows of %d and %d values", ErrSize, len(rows[0]), len(v))
+		}
+		if err := x.rows[i].Quantize(v); err != nil {
+			return err
+		}
+	}
+	R, n := len(rows), len(rows[0])
+	nb := n / QK_K
+	x.r = R
+	x.q = grow(x.q, R*n)
+	x.qn = grow(x.qn, R*n)
+	x.d = grow(x.d, R*nb)
+	x.sums = grow(x.sums, R*n/32)
+	x.sums16 = grow(x.sums16, R*n/16)
+	for b := range nb {
+		for r := range R {
+			src, i := &x.rows[r], b*R+r
+			copy(x.q[i*QK_K:(i+1)*QK_K], src.q[b*QK_K:])
+			copy(x.qn[i*QK_K:(i+1)*QK_K], src.qn[b*QK_K:])
+			x.d[i] = src.d[b]
+			copy(x.sums[i*8:(i+1)*8], src.sums[b*8:])
+			copy(x.sums16[i*16:(i+1)*16], src.sums16[b*16:])
+		}
+	}
+	return nil
+}
+
+// DotQ8KRows sets out[r] to DotQ8K(t, w, row r of x) for every row of x,
+// reading each weight block once (AVX-512 VNNI; elsewhere DotQ8K per
+// row). It panics when t is not supported, the sizes disagree or out is
+// shorter than x.Rows().
+func DotQ8KRows(t Type, w []byte, x *Q8KRows, out []float32) {
+	if x.r == 0 || len(out) < x.r {
+		panic(fmt.Sprintf("quant: DotQ8KRows of %d rows into %d", x.r, len(out)))
+	}
+	if x.r == 1 || !dotQ8KRowsAsm(t, w, x, out) {
+		for r := range x.r {
+			out[r] = DotQ8K(t, w, &x.rows[r])
+		}
+	}
+}

@@ -126,3 +126,63 @@ func BenchmarkDotQ8K(b *testing.B) {
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(k*rows), "ns/weight")
 	})
 }
+
+// TestDotQ8KRows checks DotQ8KRows at every level against DotQ8K row by
+// row, for 1 to 4 rows of Q4_K and Q6_K weights.
+func TestDotQ8KRows(t *testing.T) {
+	levels := []simd.Level{simd.Generic}
+	for _, l := range []simd.Level{simd.AVX2, simd.AVX512} {
+		if simd.Supported(l) {
+			levels = append(levels, l)
+		}
+	}
+	r := rand.New(rand.NewPCG(9, 10))
+	for _, l := range levels {
+		for _, typ := range []Type{Q4_K, Q6_K} {
+			for _, n := range []int{256, 2048} {
+				for rows := 1; rows <= Q8KRowsMax; rows++ {
+					t.Run(fmt.Sprintf("%v/%s/n%d/rows%d", l, typ, n, rows), func(t *testing.T) {
+						prev, err := simd.SetLevel(l)
+						if err != nil {
+							t.Fatal(err)
+						}
+						defer simd.SetLevel(prev)
+						for trial := range 10 {
+							w := randomRow(r, typ, n)
+							xs := make([][]float32, rows)
+							for i := range xs {
+								xs[i] = gaussOutliers(r, n, float64(i+1))
+							}
+							var batch Q8KRows
+							if err := batch.Quantize(xs...); err != nil {
+								t.Fatal(err)
+							}
+							if batch.Rows() != rows {
+								t.Fatalf("Rows = %d, want %d", batch.Rows(), rows)
+							}
+							out := make([]float32, rows)
+							DotQ8KRows(typ, w, &batch, out)
+							for i, x := range xs {
+								var q Q8K
+								if err := q.Quantize(x); err != nil {
+									t.Fatal(err)
+								}
+								want := DotQ8K(typ, w, &q)
+								if math.Abs(float64(out[i]-want)) > 1e-5*(1+math.Abs(float64(want))) {
+									t.Fatalf("trial %d row %d: %g, want %g", trial, i, out[i], want)
+								}
+							}
+						}
+					})
+				}
+			}
+		}
+	}
+	var b Q8KRows
+	if err := b.Quantize(); err == nil {
+		t.Error("Quantize of no rows: no error")
+	}
+	if err := b.Quantize(make([]float32, 256), make([]float32, 512)); err == nil {
+		t.Error("Quantize of rows of two lengths: no error")
+	}
+}
