@@ -156,7 +156,7 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		}
 		return
 	}
-	if m <= qDotRows && quant.IntegerDots() {
+	if m == 1 && quant.IntegerDots() {
 		// Decode with quantized weights: the activations quantized once
 		// (to Q8_K for the K-quants, Q8_0 for the 32-element formats) and
 		// every row dotted with them in integers (AVX-512 VNNI), as
@@ -198,33 +198,45 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 			return
 		}
 	}
-	if m <= qIntRows && quant.IntegerDots() && quant.SupportsQ8K(q.t) && k%quant.QK_K == 0 {
-		// A decode batch with K-quant weights: the rows quantized to Q8_K
-		// in groups of up to four, each weight block unpacked once per
-		// group and dotted with its rows in integers.
-		groups := (m + quant.Q8KRowsMax - 1) / quant.Q8KRowsMax
+	kq := quant.SupportsQ8K(q.t) && k%quant.QK_K == 0
+	if zq := quant.SupportsQ80(q.t) && k%quant.QK8_0 == 0; m <= qIntRows && quant.IntegerDots() && (kq || zq) {
+		// A decode batch with quantized weights: the rows quantized (Q8_K
+		// for the K-quants, Q8_0 for the 32-element formats) in groups of
+		// up to four, each weight block unpacked once per group and
+		// dotted with its rows in integers.
+		const g4 = quant.Q8KRowsMax // = quant.Q80RowsMax
+		groups := (m + g4 - 1) / g4
 		ia := intActPool.Get().(*intActs)
 		defer intActPool.Put(ia)
-		xs := ia.kr[:groups]
-		for g := range xs {
-			i0, i1 := g*quant.Q8KRowsMax, min(m, (g+1)*quant.Q8KRowsMax)
-			rows := make([][]float32, 0, i1-i0)
-			for i := i0; i < i1; i++ {
+		rows := make([][]float32, 0, g4)
+		for g := range groups {
+			rows = rows[:0]
+			for i := g * g4; i < min(m, (g+1)*g4); i++ {
 				rows = append(rows, a.row(i)[:k])
 			}
-			if err := xs[g].Quantize(rows...); err != nil {
+			var err error
+			if kq {
+				err = ia.kr[g].Quantize(rows...)
+			} else {
+				err = ia.zr[g].Quantize(rows...)
+			}
+			if err != nil {
 				panic(fmt.Sprintf("model: %v", err)) // k checked above
 			}
 		}
 		const chunk = 32
 		tm.run((n+chunk-1)/chunk, func(_, t int) {
-			var out [quant.Q8KRowsMax]float32
+			var out [g4]float32
 			for j := t * chunk; j < min(n, (t+1)*chunk); j++ {
 				w := q.rows[off+j]
-				for g := range xs {
-					quant.DotQ8KRows(q.t, w, &xs[g], out[:])
-					for r := range xs[g].Rows() {
-						i := g*quant.Q8KRowsMax + r
+				for g := range groups {
+					if kq {
+						quant.DotQ8KRows(q.t, w, &ia.kr[g], out[:])
+					} else {
+						quant.DotQ80Rows(q.t, w, &ia.zr[g], out[:])
+					}
+					for r := range min(g4, m-g*g4) {
+						i := g*g4 + r
 						if acc {
 							c.data[i*c.stride+j] += out[r]
 						} else {
@@ -362,6 +374,7 @@ type intActs struct {
 	k  [qDotRows]quant.Q8K
 	z  [qDotRows]quant.Q80
 	kr [(qIntRows + quant.Q8KRowsMax - 1) / quant.Q8KRowsMax]quant.Q8KRows
+	zr [(qIntRows + quant.Q80RowsMax - 1) / quant.Q80RowsMax]quant.Q80Rows
 }
 
 var intActPool = sync.Pool{New: func() any { return new(intActs) }}

@@ -19,3 +19,6 @@ func integerAsm() bool { return false }
 
 // dotQ8KRowsAsm has no assembly to run.
 func dotQ8KRowsAsm(Type, []byte, *Q8KRows, []float32) bool { return false }
+
+// dotQ80RowsAsm has no assembly to run.
+func dotQ80RowsAsm(Type, []byte, *Q80Rows, []float32) bool { return false }

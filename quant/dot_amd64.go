@@ -173,6 +173,62 @@ func dotQ6KQ8KRows3VNNI(w *byte, q *int8, d *float32, sums *int32, n int, out *f
 //go:noescape
 func dotQ6KQ8KRows4VNNI(w *byte, q *int8, d *float32, sums *int32, n int, out *float32)
 
+//go:noescape
+func dotQ8_0Q80Rows2VNNI(w *byte, q *int8, d, ds *float32, n int, out *float32)
+
+//go:noescape
+func dotQ8_0Q80Rows3VNNI(w *byte, q *int8, d, ds *float32, n int, out *float32)
+
+//go:noescape
+func dotQ8_0Q80Rows4VNNI(w *byte, q *int8, d, ds *float32, n int, out *float32)
+
+//go:noescape
+func dotQ5_0Q80Rows2VNNI(w *byte, q *int8, d, ds *float32, n int, out *float32)
+
+//go:noescape
+func dotQ5_0Q80Rows3VNNI(w *byte, q *int8, d, ds *float32, n int, out *float32)
+
+//go:noescape
+func dotQ5_0Q80Rows4VNNI(w *byte, q *int8, d, ds *float32, n int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80Rows2VNNI(w *byte, q *int8, d, ds *float32, n int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80Rows3VNNI(w *byte, q *int8, d, ds *float32, n int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80Rows4VNNI(w *byte, q *int8, d, ds *float32, n int, out *float32)
+
+// q80RowsKernels are DotQ80Rows's kernels for Q8_0, Q5_0 and Q4_0, by
+// rows − 2.
+var q80RowsKernels = [3][3]func(w *byte, q *int8, d, ds *float32, n int, out *float32){
+	{dotQ8_0Q80Rows2VNNI, dotQ8_0Q80Rows3VNNI, dotQ8_0Q80Rows4VNNI},
+	{dotQ5_0Q80Rows2VNNI, dotQ5_0Q80Rows3VNNI, dotQ5_0Q80Rows4VNNI},
+	{dotQ4_0Q80Rows2VNNI, dotQ4_0Q80Rows3VNNI, dotQ4_0Q80Rows4VNNI},
+}
+
+// dotQ80RowsAsm runs DotQ80Rows's kernels over the first x.nb blocks at
+// the AVX-512 level with VNNI (2 to 4 rows).
+func dotQ80RowsAsm(t Type, w []byte, x *Q80Rows, out []float32) bool {
+	if !integerAsm() || x.r < 2 || x.nb == 0 {
+		return false
+	}
+	var k *[3]func(w *byte, q *int8, d, ds *float32, n int, out *float32)
+	switch t {
+	case Q8_0:
+		k = &q80RowsKernels[0]
+	case Q5_0:
+		k = &q80RowsKernels[1]
+	case Q4_0:
+		k = &q80RowsKernels[2]
+	default:
+		return false
+	}
+	k[x.r-2](&w[0], &x.q[0], &x.d[0], &x.ds[0], x.nb, &out[0])
+	return true
+}
+
 // dotQ8KRowsAsm runs DotQ8KRows's kernels at the AVX-512 level with VNNI
 // (2 to 4 rows).
 func dotQ8KRowsAsm(t Type, w []byte, x *Q8KRows, out []float32) bool {

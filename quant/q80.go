@@ -124,3 +124,86 @@ func dotQ80Block(t Type, blk []byte, q []int8) float32 {
 	}
 	return half(blk) * float32(s)
 }
+
+// Q80RowsMax is the most rows a Q80Rows holds.
+const Q80RowsMax = 4
+
+// Q80Rows is a few rows of activations (a decode batch), each quantized as
+// Q80 and interleaved per four 32-element blocks, so that [DotQ80Rows]
+// unpacks each weight block once for all of them. The zero value is ready
+// for Quantize; it is not safe for concurrent use while it is being
+// quantized, and safe to read concurrently afterwards.
+type Q80Rows struct {
+	rows  [Q80RowsMax]Q80
+	r, nb int // rows, blocks interleaved (quads, then a last pair)
+	q     []int8
+	d, ds []float32
+}
+
+// Rows is the number of rows quantized.
+func (x *Q80Rows) Rows() int { return x.r }
+
+// Quantize sets x to the Q80 forms of 1 to Q80RowsMax rows of one length
+// (a multiple of 32), reusing x's memory.
+func (x *Q80Rows) Quantize(rows ...[]float32) error {
+	if len(rows) == 0 || len(rows) > Q80RowsMax {
+		return fmt.Errorf("%w: %d rows for a Q80Rows (1 to %d)", ErrSize, len(rows), Q80RowsMax)
+	}
+	for i, v := range rows {
+		if len(v) != len(rows[0]) {
+			return fmt.Errorf("%w: rows of %d and %d values", ErrSize, len(rows[0]), len(v))
+		}
+		if err := x.rows[i].Quantize(v); err != nil {
+			return err
+		}
+	}
+	R := len(rows)
+	x.r, x.nb = R, len(rows[0])/QK8_0&^1
+	x.q = grow(x.q, R*x.nb*QK8_0)
+	x.d = grow(x.d, R*x.nb)
+	x.ds = grow(x.ds, R*x.nb)
+	for b0 := 0; b0 < x.nb; {
+		u := 4 // blocks per unit: quads, then a pair
+		if x.nb-b0 < 4 {
+			u = 2
+		}
+		for r := range R {
+			src, i := &x.rows[r], R*b0+r*u
+			copy(x.q[i*QK8_0:(i+u)*QK8_0], src.q[b0*QK8_0:])
+			copy(x.d[i:i+u], src.d[b0:])
+			copy(x.ds[i:i+u], src.ds[b0:])
+		}
+		b0 += u
+	}
+	return nil
+}
+
+// DotQ80Rows sets out[r] to DotQ80(t, w, row r of x) for every row of x,
+// reading each weight block once (AVX-512 VNNI; elsewhere DotQ80 per
+// row). It panics when t is not supported, the sizes disagree or out is
+// shorter than x.Rows().
+func DotQ80Rows(t Type, w []byte, x *Q80Rows, out []float32) {
+	if x.r == 0 || len(out) < x.r {
+		panic(fmt.Sprintf("quant: DotQ80Rows of %d rows into %d", x.r, len(out)))
+	}
+	ts := 34
+	switch t {
+	case Q5_0:
+		ts = 22
+	case Q4_0:
+		ts = 18
+	}
+	nb := len(x.rows[0].d)
+	if !SupportsQ80(t) || len(w) != nb*ts || x.r == 1 || !dotQ80RowsAsm(t, w, x, out) {
+		for r := range x.r {
+			out[r] = DotQ80(t, w, &x.rows[r])
+		}
+		return
+	}
+	for b := x.nb; b < nb; b++ {
+		blk := w[b*ts : (b+1)*ts]
+		for r := range x.r {
+			out[r] += dotQ80Block(t, blk, x.rows[r].q[b*QK8_0:(b+1)*QK8_0]) * x.rows[r].d[b]
+		}
+	}
+}

@@ -147,3 +147,68 @@ func BenchmarkDotQ80(b *testing.B) {
 		}
 	}
 }
+
+// TestDotQ80Rows checks DotQ80Rows at every level against DotQ80 row by
+// row, for 1 to 4 rows, on lengths with and without a tail of blocks
+// after the whole quads.
+func TestDotQ80Rows(t *testing.T) {
+	levels := []simd.Level{simd.Generic}
+	for _, l := range []simd.Level{simd.AVX2, simd.AVX512} {
+		if simd.Supported(l) {
+			levels = append(levels, l)
+		}
+	}
+	r := rand.New(rand.NewPCG(11, 12))
+	for _, l := range levels {
+		for _, typ := range []Type{Q8_0, Q5_0, Q4_0} {
+			for _, n := range []int{32, 96, 128, 960, 2048} {
+				for rows := 1; rows <= Q80RowsMax; rows++ {
+					t.Run(fmt.Sprintf("%v/%s/n%d/rows%d", l, typ, n, rows), func(t *testing.T) {
+						prev, err := simd.SetLevel(l)
+						if err != nil {
+							t.Fatal(err)
+						}
+						defer simd.SetLevel(prev)
+						for trial := range 10 {
+							w := randomRow(r, typ, n)
+							xs := make([][]float32, rows)
+							for i := range xs {
+								xs[i] = gaussOutliers(r, n, float64(i+1))
+							}
+							var batch Q80Rows
+							if err := batch.Quantize(xs...); err != nil {
+								t.Fatal(err)
+							}
+							if batch.Rows() != rows {
+								t.Fatalf("Rows = %d, want %d", batch.Rows(), rows)
+							}
+							out := make([]float32, rows)
+							DotQ80Rows(typ, w, &batch, out)
+							for i, x := range xs {
+								var q Q80
+								if err := q.Quantize(x); err != nil {
+									t.Fatal(err)
+								}
+								want := DotQ80(typ, w, &q)
+								var mag float64 // Σ|terms|: float32 sums are exact to a part in 1e5 of it
+								for e := range n {
+									mag += math.Abs(float64(refElem(typ, w, e)) * float64(q.d[e/QK8_0]) * float64(q.q[e]))
+								}
+								if math.Abs(float64(out[i]-want)) > 1e-5*(1+mag) {
+									t.Fatalf("trial %d row %d: %g, want %g (Σ|terms| %g)", trial, i, out[i], want, mag)
+								}
+							}
+						}
+					})
+				}
+			}
+		}
+	}
+	var b Q80Rows
+	if err := b.Quantize(); err == nil {
+		t.Error("Quantize of no rows: no error")
+	}
+	if err := b.Quantize(make([]float32, 32), make([]float32, 64)); err == nil {
+		t.Error("Quantize of rows of two lengths: no error")
+	}
+}
