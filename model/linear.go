@@ -17,12 +17,19 @@ import (
 // bytes.
 //
 // As the right operand of a product x·Wᵀ, output column j of the product
-// is row j: decode-sized products (at most qDotRows rows of x) take fused
-// dequantize-and-dot kernels (quant.Dot) per row; batches of up to qRowDots
-// rows dequantize each weight row once and dot it with every row of x
-// (simd.Dot); larger ones dequantize a
-// panel of qPanel rows into a worker's scratch and multiply it with simd's
-// F32 GEMM, so the dequantization is amortised over every row of x.
+// is row j. Decode-sized products (at most qIntRows rows of x) with
+// quantized weights, where quant.IntegerDots says the integer kernels run
+// in assembly, quantize x once (Q8_K for the K-quants, Q8_0 for the
+// 32-element formats) and dot every weight row with it in integers, as
+// llama.cpp does: quant.DotQ8K/DotQ80 for one row of x, DotQ8KRows/
+// DotQ80Rows (each weight block unpacked once for up to four rows) for
+// more. Otherwise at most qDotRows rows of x take the fused float kernels
+// (quant.Dot) per weight row; up to qRowDots rows dequantize a panel of
+// weight rows once and multiply it with every row of x (simd.DotTile);
+// larger products dequantize panels of qPanel rows and run simd's F32
+// GEMM, so the dequantization is amortised over every row of x. The
+// matrix-vector paths cut the weight rows into four spans per thread
+// (dotChunk).
 //
 // A stacked projection may mix types (a Q4_K_M file keeps attn_v in Q6_K in
 // some layers while Q and K are Q4_K): types then holds each row's type and

@@ -59,13 +59,25 @@
 // 6-bit values against the activations' int8, the sub-block scales in
 // integers, the mins (Q4_K) or the offset 32 (Q6_K) through the
 // activations' per-32 / per-16 sums, one float multiply per 256-element
-// block. With AVX-512 VNNI at package simd's AVX-512 level it runs the
-// generated assembly (0.018 ns per Q4_K weight on one core, 2.3× the float
-// kernel, BenchmarkDotQ8K); elsewhere the same integer arithmetic in Go.
+// block. [DotQ80] does the same for Q8_0, Q5_0 and Q4_0 rows against
+// activations quantized to Q8_0 ([Q80], ggml-cpu's x86 quantize_row_q8_0):
+// the weights enter VPDPBUSD offset to unsigned (Q8_0 XOR 0x80, the
+// formats' own offsets 16 and 8) and the offsets come off once per row
+// through the activations' per-block d·Σq. [Q8KRows] and [Q80Rows] hold up
+// to four activation rows (a decode batch) interleaved per block, and
+// [DotQ8KRows] / [DotQ80Rows] unpack each weight block once for all of
+// them. With AVX-512 VNNI at package simd's AVX-512 level ([IntegerDots])
+// they run the generated assembly; elsewhere the same integer arithmetic
+// in Go, which is slower than the float kernels, so callers use them only
+// where IntegerDots is true. On one core of the development machine,
+// per weight (BenchmarkDotQ8K, BenchmarkDotQ80, BenchmarkDotRowsBatch):
+// Q4_K 0.018 ns (float kernel 0.043), Q8_0 0.022 (0.034), Q5_0 0.030
+// (0.068), Q4_0 0.024 (0.043); four rows at once 0.010–0.013 ns per weight
+// and row, 1.8–2.3× the single-row kernels.
 //
-// Every function is safe for concurrent use (a Q8K only while it is not
-// being quantized), runs on the calling goroutine, and the dot and
-// dequantize paths allocate nothing.
+// Every function is safe for concurrent use (a Q8K, Q80, Q8KRows or
+// Q80Rows only while it is not being quantized), runs on the calling
+// goroutine, and the dot and dequantize paths allocate nothing.
 package quant
 
 //go:generate go run gen.go

@@ -212,3 +212,63 @@ func TestDotQ80Rows(t *testing.T) {
 		t.Error("Quantize of rows of two lengths: no error")
 	}
 }
+
+// BenchmarkDotRowsBatch is a 2048×2048 matrix times four activation rows:
+// DotQ80Rows/DotQ8KRows (each weight block unpacked once) against four
+// single-row integer dots; ns/weight is per weight and row.
+func BenchmarkDotRowsBatch(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 2))
+	const k, rows = 2048, 2048
+	xs := make([][]float32, 4)
+	for i := range xs {
+		xs[i] = gauss(r, k, 1)
+	}
+	var zr Q80Rows
+	var kr Q8KRows
+	if err := zr.Quantize(xs...); err != nil {
+		b.Fatal(err)
+	}
+	if err := kr.Quantize(xs...); err != nil {
+		b.Fatal(err)
+	}
+	for _, typ := range []Type{Q8_0, Q5_0, Q4_K, Q6_K} {
+		w := randomRow(r, typ, k*rows)
+		for _, batched := range []bool{true, false} {
+			name := typ.String() + "-single"
+			if batched {
+				name = typ.String() + "-rows"
+			}
+			b.Run(name, func(b *testing.B) {
+				out := make([]float32, 4)
+				b.ReportAllocs()
+				for b.Loop() {
+					batchDots(typ, w, rows, &zr, &kr, out, batched)
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(k*rows*4), "ns/weight")
+			})
+		}
+	}
+}
+
+// batchDots is BenchmarkDotRowsBatch's work: every row of w times the
+// batch, batched or one activation row at a time.
+func batchDots(typ Type, w []byte, rows int, zr *Q80Rows, kr *Q8KRows, out []float32, batched bool) {
+	rb := len(w) / rows
+	for j := range rows {
+		wr := w[j*rb : (j+1)*rb]
+		switch {
+		case batched && SupportsQ80(typ):
+			DotQ80Rows(typ, wr, zr, out)
+		case batched:
+			DotQ8KRows(typ, wr, kr, out)
+		case SupportsQ80(typ):
+			for i := range out {
+				out[i] = DotQ80(typ, wr, &zr.rows[i])
+			}
+		default:
+			for i := range out {
+				out[i] = DotQ8K(typ, wr, &kr.rows[i])
+			}
+		}
+	}
+}
