@@ -75,6 +75,12 @@ func dotQ6KAVX512(w *byte, x *float32, n int) float32
 func dequantF16AVX2(w *byte, y *float32, n int)
 
 //go:noescape
+func dequantF16AVX512(w *byte, y *float32, n int)
+
+//go:noescape
+func dequantBF16AVX512(w *byte, y *float32, n int)
+
+//go:noescape
 func dequantBF16AVX2(w *byte, y *float32, n int)
 
 //go:noescape
@@ -313,7 +319,11 @@ func useAsm() {
 		kn := kern[k.t]
 		if kn.bs == 1 {
 			kn.dot = halfDot(k.avx2, k.avx512, kn.dotGo)
-			kn.dequant = halfDequant(k.dequant, kn.dequantGo)
+			d512 := dequantF16AVX512
+			if k.t == BF16 {
+				d512 = dequantBF16AVX512
+			}
+			kn.dequant = halfDequant(k.dequant, d512, kn.dequantGo)
 		} else {
 			kn.dot = blockDot(kn.bs, k.avx2, k.avx512, kn.dotGo)
 			kn.dequant = blockDequant(kn.bs, k.dequant, kn.dequantGo)
@@ -368,12 +378,17 @@ func blockDequant(bs int, asm asmDequant, pure func([]byte, []float32)) func([]b
 	}
 }
 
-// halfDequant wraps an F16/BF16 dequantizer: multiples of 8 in assembly,
-// the tail in Go.
-func halfDequant(asm asmDequant, pure func([]byte, []float32)) func([]byte, []float32) {
+// halfDequant wraps an F16/BF16 dequantizer: multiples of 16 (AVX-512)
+// or 8 (AVX2) in assembly, the tail in Go.
+func halfDequant(asm, asm512 asmDequant, pure func([]byte, []float32)) func([]byte, []float32) {
 	return func(src []byte, dst []float32) {
 		n := 0
-		if asmOn() {
+		switch level() {
+		case lvlAVX512:
+			if n = len(dst) &^ 15; n > 0 {
+				asm512(&src[0], &dst[0], n)
+			}
+		case lvlAVX2:
 			if n = len(dst) &^ 7; n > 0 {
 				asm(&src[0], &dst[0], n)
 			}
