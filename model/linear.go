@@ -300,21 +300,26 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		// the product).
 		pr := min(qPanel, max(16, (1<<16)/k/16*16))
 		ld := k + 16 // rows 4 KiB apart would share L1 sets
-		tm.run((n+pr-1)/pr, func(_, t int) {
-			j0, j1 := t*pr, min(n, (t+1)*pr)
-			need := (j1-j0)*ld + m*pr
+		// Each task takes a span of panels (see dotChunk).
+		span := (dotChunk(n, tm.threads) + pr - 1) / pr * pr
+		tm.run((n+span-1)/span, func(_, t int) {
+			need := pr*ld + m*pr
 			bp, _ := qScratch.Get().(*[]float32)
 			if bp == nil || cap(*bp) < need {
 				s := make([]float32, max(need, qPanel*k))
 				bp = &s
 			}
-			buf := (*bp)[:(j1-j0)*ld]
-			for j := j0; j < j1; j++ {
-				q.row(off+j, buf[(j-j0)*ld:(j-j0)*ld+k])
-			}
-			if !acc {
-				simd.DotTile(c.data[j0:], c.stride, a.data, a.stride, m, buf, ld, j1-j0, k)
-			} else {
+			defer qScratch.Put(bp)
+			for j0 := t * span; j0 < min(n, (t+1)*span); j0 += pr {
+				j1 := min(n, j0+pr, (t+1)*span)
+				buf := (*bp)[:(j1-j0)*ld]
+				for j := j0; j < j1; j++ {
+					q.row(off+j, buf[(j-j0)*ld:(j-j0)*ld+k])
+				}
+				if !acc {
+					simd.DotTile(c.data[j0:], c.stride, a.data, a.stride, m, buf, ld, j1-j0, k)
+					continue
+				}
 				tmp := (*bp)[(j1-j0)*ld : (j1-j0)*ld+m*(j1-j0)]
 				simd.DotTile(tmp, j1-j0, a.data, a.stride, m, buf, ld, j1-j0, k)
 				for i := range m {
@@ -324,7 +329,6 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 					}
 				}
 			}
-			qScratch.Put(bp)
 		})
 		return
 	}

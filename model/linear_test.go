@@ -14,7 +14,15 @@ import (
 // (rounded per actround.go), for uniform and mixed-type weights, with and
 // without accumulation, at a column offset.
 func TestQgemmPaths(t *testing.T) {
-	const k, n = 512, 70
+	for _, n := range []int{70, 1100} {
+		t.Run(fmt.Sprintf("n%d", n), func(t *testing.T) { testQgemmPaths(t, n) })
+	}
+}
+
+// testQgemmPaths is TestQgemmPaths on n weight rows (1,100: tasks of
+// several panels and spans of rows, see dotChunk).
+func testQgemmPaths(t *testing.T, n int) {
+	const k = 512
 	w := randMat(7, n*k)
 	build := func(t *testing.T, types ...quant.Type) *qmat {
 		var parts []*qmat
@@ -55,7 +63,11 @@ func TestQgemmPaths(t *testing.T) {
 		{"Q5_0|Q8_0|Q6_K mixed", []quant.Type{quant.Q5_0, quant.Q8_0, quant.Q6_K}},
 	}
 	for _, wc := range weights {
-		for _, m := range []int{1, qDotRows, qDotRows + 1, 8, qRowDots, qRowDots + 1, 100} {
+		ms := []int{1, qDotRows, qDotRows + 1, 8, qRowDots, qRowDots + 1, 100}
+		if n > 100 {
+			ms = []int{1, 3, qRowDots}
+		}
+		for _, m := range ms {
 			for _, acc := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%s/m%d/acc=%v", wc.name, m, acc), func(t *testing.T) {
 					q := build(t, wc.types...)
@@ -63,7 +75,7 @@ func TestQgemmPaths(t *testing.T) {
 						t.Fatal("mixed weight lost its row types")
 					}
 					a := randMat(uint64(m), m*k)
-					const off, cols = 3, n - 5
+					off, cols := 3, n-5
 					c := make([]float32, m*cols)
 					for i := range c {
 						c[i] = float32(i%7) - 3
