@@ -1195,6 +1195,35 @@ func zQ6KQ8K() {
 	p("GLOBL ·q6kq8kIdx(SB), RODATA|NOPTR, $256")
 }
 
+// q80Weights puts the unsigned weights of the pair of zQ80 blocks (size,
+// qs, qh as zQ80's) at o(SI) into Z(r) (clobbers Z(r+1), AX, DX, K3).
+func q80Weights(size, qs, qh, o, r int) {
+	if size == 34 {
+		p("\tVMOVDQU %d(SI), Y%d", o+qs, r)
+		p("\tVINSERTI64X4 $1, %d(SI), Z%d, Z%d", o+size+qs, r, r)
+		p("\tVPXORD Z14, Z%d, Z%d", r, r)
+		return
+	}
+	// Nibbles: lanes 0,1 from block A's 16 bytes, 2,3 from B's; the low
+	// nibbles in lanes 0 and 2, the high in 1 and 3.
+	p("\tVBROADCASTI32X4 %d(SI), Z%d", o+qs, r)
+	p("\tVINSERTI32X4 $2, %d(SI), Z%d, Z%d", o+size+qs, r, r)
+	p("\tVINSERTI32X4 $3, %d(SI), Z%d, Z%d", o+size+qs, r, r)
+	p("\tVPSRLW $4, Z%d, Z%d", r, r+1)
+	p("\tVPBLENDMQ Z%d, Z%d, K2, Z%d", r+1, r, r)
+	p("\tVPANDD Z15, Z%d, Z%d", r, r)
+	if qh >= 0 {
+		p("\tMOVL %d(SI), AX", o+qh)
+		p("\tMOVL %d(SI), DX", o+size+qh)
+		p("\tSHLQ $32, DX")
+		p("\tORQ DX, AX")
+		p("\tKMOVQ AX, K3")
+		p("\tVPMOVM2B K3, Z%d", r+1)
+		p("\tVPANDD Z14, Z%d, Z%d", r+1, r+1)
+		p("\tVPORD Z%d, Z%d, Z%d", r+1, r, r)
+	}
+}
+
 // zQ80: a Q8_0, Q5_0 or Q4_0 row (blocks of size bytes: an fp16 scale, for
 // Q5_0 the 32 fifth bits at qh, the values or nibbles at qs) dotted with
 // activations quantized to Q8_0, in integers as llama.cpp's
@@ -1231,38 +1260,10 @@ func zQ80(name string, size, qs, qh int, off uint32) {
 		p("\tMOVL $0xcc, AX")
 		p("\tKMOVW AX, K2")
 	}
-	// weights puts the unsigned weights of the pair of blocks at o(SI)
-	// into Z(r) (clobbers Z(r+1), AX, DX, K3).
-	weights := func(o, r int) {
-		if size == 34 {
-			p("\tVMOVDQU %d(SI), Y%d", o+qs, r)
-			p("\tVINSERTI64X4 $1, %d(SI), Z%d, Z%d", o+size+qs, r, r)
-			p("\tVPXORD Z14, Z%d, Z%d", r, r)
-			return
-		}
-		// Nibbles: lanes 0,1 from block A's 16 bytes, 2,3 from B's; the
-		// low nibbles in lanes 0 and 2, the high in 1 and 3.
-		p("\tVBROADCASTI32X4 %d(SI), Z%d", o+qs, r)
-		p("\tVINSERTI32X4 $2, %d(SI), Z%d, Z%d", o+size+qs, r, r)
-		p("\tVINSERTI32X4 $3, %d(SI), Z%d, Z%d", o+size+qs, r, r)
-		p("\tVPSRLW $4, Z%d, Z%d", r, r+1)
-		p("\tVPBLENDMQ Z%d, Z%d, K2, Z%d", r+1, r, r)
-		p("\tVPANDD Z15, Z%d, Z%d", r, r)
-		if qh >= 0 {
-			p("\tMOVL %d(SI), AX", o+qh)
-			p("\tMOVL %d(SI), DX", o+size+qh)
-			p("\tSHLQ $32, DX")
-			p("\tORQ DX, AX")
-			p("\tKMOVQ AX, K3")
-			p("\tVPMOVM2B K3, Z%d", r+1)
-			p("\tVPANDD Z14, Z%d, Z%d", r+1, r+1)
-			p("\tVPORD Z%d, Z%d, Z%d", r+1, r, r)
-		}
-	}
 	// pair dots the pair of blocks at o(SI) with the activations at
 	// xoff(DI) and adds it, scaled by Z(sc), into Z(acc).
 	pair := func(o, xoff, sc, acc, r int) {
-		weights(o, r)
+		q80Weights(size, qs, qh, o, r)
 		p("\tVPXORD Z%d, Z%d, Z%d", r+2, r+2, r+2)
 		p("\tVPDPBUSD %d(DI), Z%d, Z%d", xoff, r, r+2)
 		p("\tVCVTDQ2PS Z%d, Z%d", r+2, r+2)
@@ -1550,30 +1551,7 @@ func zQ80Rows(name string, size, qs, qh int, off uint32, R int) {
 		p("\tMOVL $0xcc, AX")
 		p("\tKMOVW AX, K2")
 	}
-	weights := func(o, r int) {
-		if size == 34 {
-			p("\tVMOVDQU %d(SI), Y%d", o+qs, r)
-			p("\tVINSERTI64X4 $1, %d(SI), Z%d, Z%d", o+size+qs, r, r)
-			p("\tVPXORD Z14, Z%d, Z%d", r, r)
-			return
-		}
-		p("\tVBROADCASTI32X4 %d(SI), Z%d", o+qs, r)
-		p("\tVINSERTI32X4 $2, %d(SI), Z%d, Z%d", o+size+qs, r, r)
-		p("\tVINSERTI32X4 $3, %d(SI), Z%d, Z%d", o+size+qs, r, r)
-		p("\tVPSRLW $4, Z%d, Z%d", r, r+1)
-		p("\tVPBLENDMQ Z%d, Z%d, K2, Z%d", r+1, r, r)
-		p("\tVPANDD Z15, Z%d, Z%d", r, r)
-		if qh >= 0 {
-			p("\tMOVL %d(SI), AX", o+qh)
-			p("\tMOVL %d(SI), DX", o+size+qh)
-			p("\tSHLQ $32, DX")
-			p("\tORQ DX, AX")
-			p("\tKMOVQ AX, K3")
-			p("\tVPMOVM2B K3, Z%d", r+1)
-			p("\tVPANDD Z14, Z%d, Z%d", r+1, r+1)
-			p("\tVPORD Z%d, Z%d, Z%d", r+1, r, r)
-		}
-	}
+
 	p("%s_quad:", name)
 	p("\tCMPQ CX, $4")
 	p("\tJLT %s_pair", name)
@@ -1585,8 +1563,8 @@ func zQ80Rows(name string, size, qs, qh int, off uint32, R int) {
 	}
 	p("\tVMOVQ AX, X11")
 	p("\tVCVTPH2PS X11, X11")
-	weights(0, 4)
-	weights(2*size, 7)
+	q80Weights(size, qs, qh, 0, 4)
+	q80Weights(size, qs, qh, 2*size, 7)
 	for r := range R {
 		p("\tVFMADD231PS %d(R8), X11, X%d", 16*r, 28+r)
 		p("\tVMULPS %d(BX), X11, X12", 16*r)
@@ -1618,7 +1596,7 @@ func zQ80Rows(name string, size, qs, qh int, off uint32, R int) {
 	p("\tORL DX, AX")
 	p("\tVMOVD AX, X11")
 	p("\tVCVTPH2PS X11, X11")
-	weights(0, 4)
+	q80Weights(size, qs, qh, 0, 4)
 	for r := range R {
 		p("\tVMOVQ %d(R8), X12", 8*r)
 		p("\tVFMADD231PS X12, X11, X%d", 28+r)

@@ -5,8 +5,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
-
-	"github.com/cacheblend/cacheblend/simd"
 )
 
 // TestDotQ80 checks Quantize against quantize_row_q8_0 written out and
@@ -14,14 +12,8 @@ import (
 // dequantization), on an odd number of blocks (the Go tail after the
 // assembly's pairs), rows with outliers and a block of zeros.
 func TestDotQ80(t *testing.T) {
-	levels := []simd.Level{simd.Generic}
-	for _, l := range []simd.Level{simd.AVX2, simd.AVX512} {
-		if simd.Supported(l) {
-			levels = append(levels, l)
-		}
-	}
 	r := rand.New(rand.NewPCG(7, 8))
-	for _, l := range levels {
+	atEachLevel(t, func(t *testing.T) {
 		for _, typ := range []Type{Q8_0, Q5_0, Q4_0} {
 			for _, tc := range []struct {
 				name string
@@ -34,12 +26,7 @@ func TestDotQ80(t *testing.T) {
 				{"outliers", 960, func(n int) []float32 { return gaussOutliers(r, n, 1) }},
 				{"zero block", 128, func(n int) []float32 { x := gauss(r, n, 1); clear(x[32:64]); return x }},
 			} {
-				t.Run(fmt.Sprintf("%v/%s/%s", l, typ, tc.name), func(t *testing.T) {
-					prev, err := simd.SetLevel(l)
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer simd.SetLevel(prev)
+				t.Run(fmt.Sprintf("%s/%s", typ, tc.name), func(t *testing.T) {
 					for trial := range 20 {
 						w := randomRow(r, typ, tc.n)
 						x := tc.x(tc.n)
@@ -80,7 +67,7 @@ func TestDotQ80(t *testing.T) {
 				})
 			}
 		}
-	}
+	})
 }
 
 func TestQ80Errors(t *testing.T) {
@@ -152,23 +139,12 @@ func BenchmarkDotQ80(b *testing.B) {
 // row, for 1 to 4 rows, on lengths with and without a tail of blocks
 // after the whole quads.
 func TestDotQ80Rows(t *testing.T) {
-	levels := []simd.Level{simd.Generic}
-	for _, l := range []simd.Level{simd.AVX2, simd.AVX512} {
-		if simd.Supported(l) {
-			levels = append(levels, l)
-		}
-	}
 	r := rand.New(rand.NewPCG(11, 12))
-	for _, l := range levels {
+	atEachLevel(t, func(t *testing.T) {
 		for _, typ := range []Type{Q8_0, Q5_0, Q4_0} {
 			for _, n := range []int{32, 96, 128, 960, 2048} {
 				for rows := 1; rows <= Q80RowsMax; rows++ {
-					t.Run(fmt.Sprintf("%v/%s/n%d/rows%d", l, typ, n, rows), func(t *testing.T) {
-						prev, err := simd.SetLevel(l)
-						if err != nil {
-							t.Fatal(err)
-						}
-						defer simd.SetLevel(prev)
+					t.Run(fmt.Sprintf("%s/n%d/rows%d", typ, n, rows), func(t *testing.T) {
 						for trial := range 10 {
 							w := randomRow(r, typ, n)
 							xs := make([][]float32, rows)
@@ -203,7 +179,7 @@ func TestDotQ80Rows(t *testing.T) {
 				}
 			}
 		}
-	}
+	})
 	var b Q80Rows
 	if err := b.Quantize(); err == nil {
 		t.Error("Quantize of no rows: no error")

@@ -130,23 +130,12 @@ func BenchmarkDotQ8K(b *testing.B) {
 // TestDotQ8KRows checks DotQ8KRows at every level against DotQ8K row by
 // row, for 1 to 4 rows of Q4_K and Q6_K weights.
 func TestDotQ8KRows(t *testing.T) {
-	levels := []simd.Level{simd.Generic}
-	for _, l := range []simd.Level{simd.AVX2, simd.AVX512} {
-		if simd.Supported(l) {
-			levels = append(levels, l)
-		}
-	}
 	r := rand.New(rand.NewPCG(9, 10))
-	for _, l := range levels {
+	atEachLevel(t, func(t *testing.T) {
 		for _, typ := range []Type{Q4_K, Q6_K} {
 			for _, n := range []int{256, 2048} {
 				for rows := 1; rows <= Q8KRowsMax; rows++ {
-					t.Run(fmt.Sprintf("%v/%s/n%d/rows%d", l, typ, n, rows), func(t *testing.T) {
-						prev, err := simd.SetLevel(l)
-						if err != nil {
-							t.Fatal(err)
-						}
-						defer simd.SetLevel(prev)
+					t.Run(fmt.Sprintf("%s/n%d/rows%d", typ, n, rows), func(t *testing.T) {
 						for trial := range 10 {
 							w := randomRow(r, typ, n)
 							xs := make([][]float32, rows)
@@ -177,7 +166,7 @@ func TestDotQ8KRows(t *testing.T) {
 				}
 			}
 		}
-	}
+	})
 	var b Q8KRows
 	if err := b.Quantize(); err == nil {
 		t.Error("Quantize of no rows: no error")
