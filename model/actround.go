@@ -1,7 +1,6 @@
 package model
 
 import (
-	"math"
 
 	"github.com/cacheblend/cacheblend/quant"
 )
@@ -57,51 +56,8 @@ func roundRow(r actRound, x []float32) {
 			x[i] = quant.BF16ToF32(quant.F32ToBF16(v))
 		}
 	case roundQ8_0:
-		for b := 0; b+32 <= len(x); b += 32 {
-			roundQ80(x[b : b+32])
-		}
+		quant.RoundQ8_0(x)
 	case roundQ8_K:
-		for b := 0; b+quant.QK_K <= len(x); b += quant.QK_K {
-			roundQ8K(x[b : b+quant.QK_K])
-		}
-	}
-}
-
-// roundQ80 is ggml-cpu's x86 quantize_row_q8_0 and back: scale amax/127
-// stored as fp16, values x·127/amax rounded to nearest even.
-func roundQ80(x []float32) {
-	var amax float32
-	for _, v := range x {
-		amax = max(amax, float32(math.Abs(float64(v))))
-	}
-	var id float32
-	if amax != 0 {
-		id = 127 / amax
-	}
-	dh := quant.F16ToF32(quant.F32ToF16(amax / 127))
-	for i, v := range x {
-		x[i] = dh * float32(math.RoundToEven(float64(v*id)))
-	}
-}
-
-// roundQ8K is ggml's quantize_row_q8_K and back: the scale is -127/(the
-// value of largest magnitude), values rounded to nearest even, capped at
-// 127.
-func roundQ8K(x []float32) {
-	var amax, mx float32
-	for _, v := range x {
-		if a := float32(math.Abs(float64(v))); a > amax {
-			amax, mx = a, v
-		}
-	}
-	if amax == 0 {
-		clear(x)
-		return
-	}
-	iscale := -127 / mx
-	d := 1 / iscale
-	for i, v := range x {
-		q := min(127, float32(math.RoundToEven(float64(iscale*v))))
-		x[i] = d * q
+		quant.RoundQ8K(x)
 	}
 }

@@ -34,25 +34,46 @@ func (x *Q80) Quantize(v []float32) error {
 	x.ds = grow(x.ds, nb)
 	x.q = grow(x.q, len(v))
 	for b := range nb {
-		blk := v[b*QK8_0 : (b+1)*QK8_0]
-		var amax float32
-		for _, f := range blk {
-			amax = max(amax, float32(math.Abs(float64(f))))
-		}
-		var id float32
-		if amax != 0 {
-			id = 127 / amax
-		}
-		x.d[b] = F16ToF32(F32ToF16(amax / 127))
 		q := x.q[b*QK8_0 : (b+1)*QK8_0]
+		x.d[b] = q80Block(v[b*QK8_0:(b+1)*QK8_0], q)
 		var sum int32
-		for i, f := range blk {
-			q[i] = int8(math.RoundToEven(float64(f * id)))
-			sum += int32(q[i])
+		for _, v := range q {
+			sum += int32(v)
 		}
 		x.ds[b] = x.d[b] * float32(sum)
 	}
 	return nil
+}
+
+// q80Block quantizes the 32 values of v into q as ggml-cpu's x86
+// quantize_row_q8_0 does and returns the scale (rounded to fp16).
+func q80Block(v []float32, q []int8) float32 {
+	var amax float32
+	for _, f := range v {
+		amax = max(amax, float32(math.Abs(float64(f))))
+	}
+	var id float32
+	if amax != 0 {
+		id = 127 / amax
+	}
+	for i, f := range v {
+		q[i] = int8(math.RoundToEven(float64(f * id)))
+	}
+	return F16ToF32(F32ToF16(amax / 127))
+}
+
+// RoundQ8_0 replaces x (len a multiple of 32; a shorter tail is left
+// as it is) by its Q8_0 quantization dequantized: what llama.cpp's CPU
+// kernels multiply Q8_0, Q5_0 and Q4_0 weights with, the values of
+// [Q80.Quantize] as floats. Safe for concurrent use on distinct x.
+func RoundQ8_0(x []float32) {
+	var q [QK8_0]int8
+	for b := 0; b+QK8_0 <= len(x); b += QK8_0 {
+		d := q80Block(x[b:b+QK8_0], q[:])
+		for i, v := range q {
+			x[b+i] = d * float32(v)
+		}
+	}
 }
 
 // SupportsQ80 reports whether DotQ80 computes rows of type t: Q8_0, Q5_0

@@ -248,3 +248,41 @@ func batchDots(typ Type, w []byte, rows int, zr *Q80Rows, kr *Q8KRows, out []flo
 		}
 	}
 }
+
+// TestRoundMatchesQuantize checks that RoundQ8_0 and RoundQ8K give the
+// values Q80.Quantize and Q8K.Quantize hold, as floats, and leave a tail
+// shorter than a block alone.
+func TestRoundMatchesQuantize(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	x := gaussOutliers(r, 512, 1)
+	clear(x[256:288])
+	var z Q80
+	var k Q8K
+	if err := z.Quantize(x); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Quantize(x); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		round func([]float32)
+		want  func(i int) float32
+	}{
+		{"Q8_0", RoundQ8_0, func(i int) float32 { return z.d[i/QK8_0] * float32(z.q[i]) }},
+		{"Q8_K", RoundQ8K, func(i int) float32 { return k.d[i/QK_K] * float32(k.qn[i]) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			y := append(append([]float32(nil), x...), 0.5)
+			tc.round(y)
+			for i := range x {
+				if y[i] != tc.want(i) {
+					t.Fatalf("element %d rounded to %g, want %g", i, y[i], tc.want(i))
+				}
+			}
+			if y[len(x)] != 0.5 {
+				t.Fatalf("tail changed to %g", y[len(x)])
+			}
+		})
+	}
+}

@@ -41,23 +41,7 @@ func (x *Q8K) Quantize(v []float32) error {
 	x.qn = grow(x.qn, len(v))
 	var nat [QK_K]int8
 	for b := range nb {
-		blk := v[b*QK_K : (b+1)*QK_K]
-		var amax, mx float32
-		for _, f := range blk {
-			if a := float32(math.Abs(float64(f))); a > amax {
-				amax, mx = a, f
-			}
-		}
-		if amax == 0 {
-			x.d[b] = 0
-			clear(nat[:])
-		} else {
-			iscale := -127 / mx
-			x.d[b] = 1 / iscale
-			for i, f := range blk {
-				nat[i] = int8(min(127, math.RoundToEven(float64(iscale*f))))
-			}
-		}
+		x.d[b] = q8kBlock(v[b*QK_K:(b+1)*QK_K], &nat)
 		for j := range QK_K / 16 {
 			var s int32
 			for _, q := range nat[16*j : 16*j+16] {
@@ -80,6 +64,40 @@ func (x *Q8K) Quantize(v []float32) error {
 		}
 	}
 	return nil
+}
+
+// q8kBlock quantizes the 256 values of v into q as ggml's
+// quantize_row_q8_K does and returns the scale.
+func q8kBlock(v []float32, q *[QK_K]int8) float32 {
+	var amax, mx float32
+	for _, f := range v {
+		if a := float32(math.Abs(float64(f))); a > amax {
+			amax, mx = a, f
+		}
+	}
+	if amax == 0 {
+		clear(q[:])
+		return 0
+	}
+	iscale := -127 / mx
+	for i, f := range v {
+		q[i] = int8(min(127, math.RoundToEven(float64(iscale*f))))
+	}
+	return 1 / iscale
+}
+
+// RoundQ8K replaces x (len a multiple of 256; a shorter tail is left as
+// it is) by its Q8_K quantization dequantized: what llama.cpp's CPU
+// kernels multiply K-quant weights with, the values of [Q8K.Quantize] as
+// floats. Safe for concurrent use on distinct x.
+func RoundQ8K(x []float32) {
+	var q [QK_K]int8
+	for b := 0; b+QK_K <= len(x); b += QK_K {
+		d := q8kBlock(x[b:b+QK_K], &q)
+		for i, v := range q {
+			x[b+i] = d * float32(v)
+		}
+	}
 }
 
 func grow[T any](s []T, n int) []T {
