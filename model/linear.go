@@ -21,9 +21,9 @@ import (
 // quantized weights, where quant.IntegerDots says the integer kernels run
 // in assembly, quantize x once (Q8_K for the K-quants, Q8_0 for the
 // 32-element formats) and dot every weight row with it in integers, as
-// llama.cpp does: quant.DotQ8K/DotQ80 for one row of x, DotQ8KRows/
-// DotQ80Rows (each weight block unpacked once for up to four rows) for
-// more. Otherwise at most qDotRows rows of x take the fused float kernels
+// llama.cpp does (quant.DotQ8KRows/DotQ80Rows: each weight block unpacked
+// once for up to four rows of x, the single-row kernels for one).
+// Otherwise at most qDotRows rows of x take the fused float kernels
 // (quant.Dot) per weight row; up to qRowDots rows dequantize a panel of
 // weight rows once and multiply it with every row of x (simd.DotTile);
 // larger products dequantize panels of qPanel rows and run simd's F32
@@ -163,61 +163,20 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		}
 		return
 	}
-	if m == 1 && quant.IntegerDots() {
-		// Decode with quantized weights: the activations quantized once
-		// (to Q8_K for the K-quants, Q8_0 for the 32-element formats) and
-		// every row dotted with them in integers (AVX-512 VNNI), as
-		// llama.cpp computes it.
-		xs := intActPool.Get().(*intActs)
-		defer intActPool.Put(xs)
-		var dot func(w []byte, i int) float32
-		switch {
-		case quant.SupportsQ8K(q.t) && k%quant.QK_K == 0:
-			for i := range m {
-				if err := xs.k[i].Quantize(a.row(i)[:k]); err != nil {
-					panic(fmt.Sprintf("model: %v", err)) // k checked above
-				}
-			}
-			dot = func(w []byte, i int) float32 { return quant.DotQ8K(q.t, w, &xs.k[i]) }
-		case quant.SupportsQ80(q.t) && k%quant.QK8_0 == 0:
-			for i := range m {
-				if err := xs.z[i].Quantize(a.row(i)[:k]); err != nil {
-					panic(fmt.Sprintf("model: %v", err)) // k checked above
-				}
-			}
-			dot = func(w []byte, i int) float32 { return quant.DotQ80(q.t, w, &xs.z[i]) }
-		}
-		if dot != nil {
-			chunk := dotChunk(n, tm.threads)
-			tm.run((n+chunk-1)/chunk, func(_, t int) {
-				for j := t * chunk; j < min(n, (t+1)*chunk); j++ {
-					w := q.rows[off+j]
-					for i := range m {
-						v := dot(w, i)
-						if acc {
-							c.data[i*c.stride+j] += v
-						} else {
-							c.data[i*c.stride+j] = v
-						}
-					}
-				}
-			})
-			return
-		}
-	}
 	kq := quant.SupportsQ8K(q.t) && k%quant.QK_K == 0
 	if zq := quant.SupportsQ80(q.t) && k%quant.QK8_0 == 0; m <= qIntRows && quant.IntegerDots() && (kq || zq) {
-		// A decode batch with quantized weights: the rows quantized (Q8_K
-		// for the K-quants, Q8_0 for the 32-element formats) in groups of
-		// up to four, each weight block unpacked once per group and
-		// dotted with its rows in integers.
+		// Decode (one sequence or a batch) with quantized weights: the
+		// rows of a quantized once (Q8_K for the K-quants, Q8_0 for the
+		// 32-element formats) in groups of up to four, each weight block
+		// unpacked once per group and dotted with its rows in integers
+		// (AVX-512 VNNI), as llama.cpp computes it.
 		const g4 = quant.Q8KRowsMax // = quant.Q80RowsMax
 		groups := (m + g4 - 1) / g4
 		ia := intActPool.Get().(*intActs)
 		defer intActPool.Put(ia)
-		rows := make([][]float32, 0, g4)
+		var rowBuf [g4][]float32
 		for g := range groups {
-			rows = rows[:0]
+			rows := rowBuf[:0]
 			for i := g * g4; i < min(m, (g+1)*g4); i++ {
 				rows = append(rows, a.row(i)[:k])
 			}
@@ -379,11 +338,9 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 	qPacked.Put(pk)
 }
 
-// intActs holds a decode step's activation rows quantized for the
-// integer kernels; intActPool recycles them.
+// intActs holds a decode step's activation rows quantized for the integer
+// kernels, in groups of four; intActPool recycles them.
 type intActs struct {
-	k  [qDotRows]quant.Q8K
-	z  [qDotRows]quant.Q80
 	kr [(qIntRows + quant.Q8KRowsMax - 1) / quant.Q8KRowsMax]quant.Q8KRows
 	zr [(qIntRows + quant.Q80RowsMax - 1) / quant.Q80RowsMax]quant.Q80Rows
 }

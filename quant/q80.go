@@ -180,6 +180,9 @@ func (x *Q80Rows) Quantize(rows ...[]float32) error {
 	}
 	R := len(rows)
 	x.r, x.nb = R, len(rows[0])/QK8_0&^1
+	if R == 1 {
+		return nil // DotQ80Rows dots the one row's Q80
+	}
 	x.q = grow(x.q, R*x.nb*QK8_0)
 	x.d = grow(x.d, R*x.nb)
 	x.ds = grow(x.ds, R*x.nb)

@@ -243,6 +243,9 @@ func (x *Q8KRows) Quantize(rows ...[]float32) error {
 	R, n := len(rows), len(rows[0])
 	nb := n / QK_K
 	x.r = R
+	if R == 1 {
+		return nil // DotQ8KRows dots the one row's Q8K
+	}
 	x.q = grow(x.q, R*n)
 	x.qn = grow(x.qn, R*n)
 	x.d = grow(x.d, R*nb)
