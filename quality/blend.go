@@ -263,15 +263,21 @@ func blocks(first, n int) []int32 {
 // MoveKV copies the KV of positions [0, n) under the block table src to
 // positions [to, to+n) under dst in every layer of kv, rotating K to its new
 // positions: what the blend server's retrieve does for a document stored
-// alone and reused at offset to. Not safe for concurrent use on
-// overlapping blocks.
+// alone and reused at offset to. It panics when a position falls outside
+// its block table. Not safe for concurrent use on overlapping blocks.
 func MoveKV(m *model.Model, kv *kvcache.Memory, src, dst []int32, to, n int) {
 	bs := kv.Layout().BlockSize
 	rp := m.RoPE()
 	for l := range m.Config().Layers {
 		for i := range n {
-			s := int(src[i/bs])*bs + i%bs
-			d := int(dst[(to+i)/bs])*bs + (to+i)%bs
+			s, err := kvcache.Slot(src, i, bs)
+			if err != nil {
+				panic(fmt.Sprintf("quality: MoveKV source: %v", err))
+			}
+			d, err := kvcache.Slot(dst, to+i, bs)
+			if err != nil {
+				panic(fmt.Sprintf("quality: MoveKV destination: %v", err))
+			}
 			k := kv.TokenK(l, d)
 			copy(k, kv.TokenK(l, s))
 			rp.Shift(k, i, to+i)

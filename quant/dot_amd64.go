@@ -249,13 +249,17 @@ func dotQ8KRowsAsm(t Type, w []byte, x *Q8KRows, out []float32) bool {
 		return false // DotQ8K panics with the reason
 	}
 	if t == Q6_K {
-		f := [...]func(*byte, *int8, *float32, *int32, int, *float32){dotQ6KQ8KRows2VNNI, dotQ6KQ8KRows3VNNI, dotQ6KQ8KRows4VNNI}[x.r-2]
-		f(&w[0], &x.qn[0], &x.d[0], &x.sums16[0], nb, &out[0])
+		q8kRowsKernels[1][x.r-2](&w[0], &x.qn[0], &x.d[0], &x.sums16[0], nb, &out[0])
 		return true
 	}
-	f := [...]func(*byte, *int8, *float32, *int32, int, *float32){dotQ4KQ8KRows2VNNI, dotQ4KQ8KRows3VNNI, dotQ4KQ8KRows4VNNI}[x.r-2]
-	f(&w[0], &x.q[0], &x.d[0], &x.sums[0], nb, &out[0])
+	q8kRowsKernels[0][x.r-2](&w[0], &x.q[0], &x.d[0], &x.sums[0], nb, &out[0])
 	return true
+}
+
+// q8kRowsKernels are DotQ8KRows's kernels for Q4_K and Q6_K, by rows − 2.
+var q8kRowsKernels = [2][3]func(w *byte, q *int8, d *float32, sums *int32, n int, out *float32){
+	{dotQ4KQ8KRows2VNNI, dotQ4KQ8KRows3VNNI, dotQ4KQ8KRows4VNNI},
+	{dotQ6KQ8KRows2VNNI, dotQ6KQ8KRows3VNNI, dotQ6KQ8KRows4VNNI},
 }
 
 // dotQ8KAsm runs DotQ8K's kernels at the AVX-512 level with VNNI.
@@ -301,29 +305,25 @@ func useAsm() {
 		return
 	}
 	for _, k := range []struct {
-		t            Type
-		avx2, avx512 asmDot
-		dequant      asmDequant
+		t                   Type
+		avx2, avx512        asmDot
+		dequant, dequant512 asmDequant // dequant512: F16/BF16 only
 	}{
-		{F16, dotF16AVX2, dotF16AVX512, dequantF16AVX2},
-		{BF16, dotBF16AVX2, dotBF16AVX512, dequantBF16AVX2},
-		{Q8_0, dotQ8_0AVX2, dotQ8_0AVX512, dequantQ8_0AVX2},
-		{Q4_0, dotQ4_0AVX2, dotQ4_0AVX512, dequantQ4_0AVX2},
-		{Q4_1, dotQ4_1AVX2, dotQ4_1AVX512, dequantQ4_1AVX2},
-		{Q5_0, dotQ5_0AVX2, dotQ5_0AVX512, dequantQ5_0AVX2},
-		{Q5_1, dotQ5_1AVX2, dotQ5_1AVX512, dequantQ5_1AVX2},
-		{Q4_K, dotQ4KAVX2, dotQ4KAVX512, dequantQ4KAVX2},
-		{Q5_K, dotQ5KAVX2, dotQ5KAVX512, dequantQ5KAVX2},
-		{Q6_K, dotQ6KAVX2, dotQ6KAVX512, dequantQ6KAVX2},
+		{F16, dotF16AVX2, dotF16AVX512, dequantF16AVX2, dequantF16AVX512},
+		{BF16, dotBF16AVX2, dotBF16AVX512, dequantBF16AVX2, dequantBF16AVX512},
+		{Q8_0, dotQ8_0AVX2, dotQ8_0AVX512, dequantQ8_0AVX2, nil},
+		{Q4_0, dotQ4_0AVX2, dotQ4_0AVX512, dequantQ4_0AVX2, nil},
+		{Q4_1, dotQ4_1AVX2, dotQ4_1AVX512, dequantQ4_1AVX2, nil},
+		{Q5_0, dotQ5_0AVX2, dotQ5_0AVX512, dequantQ5_0AVX2, nil},
+		{Q5_1, dotQ5_1AVX2, dotQ5_1AVX512, dequantQ5_1AVX2, nil},
+		{Q4_K, dotQ4KAVX2, dotQ4KAVX512, dequantQ4KAVX2, nil},
+		{Q5_K, dotQ5KAVX2, dotQ5KAVX512, dequantQ5KAVX2, nil},
+		{Q6_K, dotQ6KAVX2, dotQ6KAVX512, dequantQ6KAVX2, nil},
 	} {
 		kn := kern[k.t]
 		if kn.bs == 1 {
 			kn.dot = halfDot(k.avx2, k.avx512, kn.dotGo)
-			d512 := dequantF16AVX512
-			if k.t == BF16 {
-				d512 = dequantBF16AVX512
-			}
-			kn.dequant = halfDequant(k.dequant, d512, kn.dequantGo)
+			kn.dequant = halfDequant(k.dequant, k.dequant512, kn.dequantGo)
 		} else {
 			kn.dot = blockDot(kn.bs, k.avx2, k.avx512, kn.dotGo)
 			kn.dequant = blockDequant(kn.bs, k.dequant, kn.dequantGo)

@@ -98,13 +98,7 @@ func DotQ80(t Type, w []byte, x *Q80) float32 {
 	if !SupportsQ80(t) {
 		panic("quant: DotQ80 of a " + t.String() + " row")
 	}
-	nb, ts := len(x.d), 34
-	switch t {
-	case Q5_0:
-		ts = 22
-	case Q4_0:
-		ts = 18
-	}
+	nb, ts := len(x.d), q80BlockBytes(t)
 	if len(w) != nb*ts {
 		panic(fmt.Sprintf("quant: DotQ80 of %d %s bytes against %d Q8_0 elements", len(w), t, len(x.q)))
 	}
@@ -121,6 +115,18 @@ func DotQ80(t Type, w []byte, x *Q80) float32 {
 		s += dotQ80Block(t, w[b*ts:(b+1)*ts], x.q[b*QK8_0:(b+1)*QK8_0]) * x.d[b]
 	}
 	return s
+}
+
+// q80BlockBytes is the block size in bytes of a type DotQ80 computes (a
+// switch: Type.TypeSize is a map lookup, too slow per weight row).
+func q80BlockBytes(t Type) int {
+	switch t {
+	case Q5_0:
+		return 22
+	case Q4_0:
+		return 18
+	}
+	return 34
 }
 
 // dotQ80Block is one block's integer dot times the weight block's scale.
@@ -210,13 +216,7 @@ func DotQ80Rows(t Type, w []byte, x *Q80Rows, out []float32) {
 	if x.r == 0 || len(out) < x.r {
 		panic(fmt.Sprintf("quant: DotQ80Rows of %d rows into %d", x.r, len(out)))
 	}
-	ts := 34
-	switch t {
-	case Q5_0:
-		ts = 22
-	case Q4_0:
-		ts = 18
-	}
+	ts := q80BlockBytes(t)
 	nb := len(x.rows[0].d)
 	if !SupportsQ80(t) || len(w) != nb*ts || x.r == 1 || !dotQ80RowsAsm(t, w, x, out) {
 		for r := range x.r {
