@@ -214,6 +214,44 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		})
 		return
 	}
+	if q.t == quant.Q4_K && kq && quant.IntegerDots() {
+		// A prefill (or a decode batch of more than qIntRows rows) with
+		// Q4_K weights: the integer GEMM. The rows of a are quantized to
+		// Q8_K once, in tiles of six; each task unpacks a panel of 32
+		// weight rows to bytes and multiplies every tile with it in
+		// integers (AVX-512 VNNI), about four times the float GEMM's rate
+		// and without dequantizing.
+		x := gemmTilesPool.Get().(*quant.Q8KTiles)
+		defer gemmTilesPool.Put(x)
+		if err := x.Reset(m, k); err != nil {
+			panic(fmt.Sprintf("model: %v", err)) // k checked above
+		}
+		const tr = quant.GemmTileRows
+		tm.run(x.Tiles(), func(_, t int) {
+			var rows [tr][]float32
+			nr := min(tr, m-t*tr)
+			for i := range nr {
+				rows[i] = a.row(t*tr + i)[:k]
+			}
+			if err := x.QuantizeTile(t, rows[:nr]...); err != nil {
+				panic(fmt.Sprintf("model: %v", err))
+			}
+		})
+		const pr = quant.GemmPanelRows
+		tm.run((n+pr-1)/pr, func(_, t int) {
+			j0, j1 := t*pr, min(n, (t+1)*pr)
+			p := gemmPanelPool.Get().(*quant.Q4KPanel)
+			defer gemmPanelPool.Put(p)
+			if err := p.Pack(q.rows[off+j0:off+j1], k); err != nil {
+				panic(fmt.Sprintf("model: %v", err)) // sizes checked at load
+			}
+			for ti := range x.Tiles() {
+				i0 := ti * tr
+				quant.GemmQ4K(p, x, ti, min(tr, m-i0), c.data[i0*c.stride+j0:], c.stride, acc)
+			}
+		})
+		return
+	}
 	if r := activationRounding(q.t); r != roundNone {
 		// The activations llama.cpp multiplies (see actround.go), in a copy.
 		bp, _ := qScratch.Get().(*[]float32)
@@ -346,6 +384,13 @@ type intActs struct {
 }
 
 var intActPool = sync.Pool{New: func() any { return new(intActs) }}
+
+// gemmTilesPool and gemmPanelPool recycle the integer GEMM's quantized
+// activations and unpacked weight panels.
+var (
+	gemmTilesPool = sync.Pool{New: func() any { return new(quant.Q8KTiles) }}
+	gemmPanelPool = sync.Pool{New: func() any { return new(quant.Q4KPanel) }}
+)
 
 // qPacked recycles the packed activations of qgemm's prefill path.
 var qPacked = sync.Pool{New: func() any { return new([]float32) }}

@@ -1710,9 +1710,98 @@ func main() {
 		zQ80Rows(fmt.Sprintf("dotQ5_0Q80Rows%dVNNI", r), 22, 6, 2, 16, r)
 		zQ80Rows(fmt.Sprintf("dotQ4_0Q80Rows%dVNNI", r), 18, 2, -1, 8, r)
 	}
+	zGemmQ4K()
 	q5shifts()
 	if err := os.WriteFile("dot_amd64.s", out.Bytes(), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+}
+
+// zGemmQ4K: the integer GEMM's tile kernel (see gemm.go) for AVX-512
+// VNNI: c [6][32] += a tile of n blocks times a Q4_K panel. Z0–Z11 hold
+// the block's scaled integer sums of the 6×32 outputs (two vectors of 16
+// weight rows per activation row), Z12–Z23 a sub-block's sums (then the
+// mins' sums), Z24/Z25 the weight vectors, Z26 the broadcast activations.
+func zGemmQ4K() {
+	const name = "gemmQ4KQ8KVNNI"
+	const tileBlock = (64*6 + 6 + 24) * 4 // bytes per block of a tile
+	p("")
+	p("// func %s(w *uint32, a *uint32, c *float32, n int)", name)
+	p("TEXT ·%s(SB), NOSPLIT, $0-32", name)
+	p("\tMOVQ w+0(FP), SI")
+	p("\tMOVQ a+8(FP), DI")
+	p("\tMOVQ c+16(FP), DX")
+	p("\tMOVQ n+24(FP), CX")
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	p("%s_block:", name)
+	for r := range 12 {
+		p("\tVPXORD Z%d, Z%d, Z%d", r, r, r)
+	}
+	p("\tLEAQ %d(SI), R8", 8*8*32*4) // the scales
+	p("\tMOVQ $8, R9")
+	p("%s_sub:", name)
+	for r := 12; r < 24; r++ {
+		p("\tVPXORD Z%d, Z%d, Z%d", r, r, r)
+	}
+	for t := range 8 {
+		p("\tVMOVDQU32 %d(SI), Z24", t*128)
+		p("\tVMOVDQU32 %d(SI), Z25", t*128+64)
+		for i := range 6 {
+			p("\tVPBROADCASTD %d(DI), Z26", (t*6+i)*4)
+			p("\tVPDPBUSD Z26, Z24, Z%d", 12+2*i)
+			p("\tVPDPBUSD Z26, Z25, Z%d", 13+2*i)
+		}
+	}
+	p("\tVMOVDQU32 (R8), Z27")
+	p("\tVMOVDQU32 64(R8), Z28")
+	for i := range 6 {
+		for j := range 2 {
+			p("\tVPMULLD Z%d, Z%d, Z%d", 27+j, 12+2*i+j, 12+2*i+j)
+			p("\tVPADDD Z%d, Z%d, Z%d", 12+2*i+j, 2*i+j, 2*i+j)
+		}
+	}
+	p("\tADDQ $1024, SI")
+	p("\tADDQ $128, R8")
+	p("\tADDQ $192, DI")
+	p("\tDECQ R9")
+	p("\tJNZ %s_sub", name)
+	// R8: the mins; DI: the tile's d, then its sums.
+	for r := 12; r < 24; r++ {
+		p("\tVPXORD Z%d, Z%d, Z%d", r, r, r)
+	}
+	for pr := range 4 {
+		p("\tVMOVDQU32 %d(R8), Z24", pr*128)
+		p("\tVMOVDQU32 %d(R8), Z25", pr*128+64)
+		for i := range 6 {
+			p("\tVPBROADCASTD %d(DI), Z26", 24+(pr*6+i)*4)
+			p("\tVPDPWSSD Z26, Z24, Z%d", 12+2*i)
+			p("\tVPDPWSSD Z26, Z25, Z%d", 13+2*i)
+		}
+	}
+	p("\tVMOVUPS 512(R8), Z27")
+	p("\tVMOVUPS 576(R8), Z28")
+	p("\tVMOVUPS 640(R8), Z29")
+	p("\tVMOVUPS 704(R8), Z30")
+	for i := range 6 {
+		p("\tVBROADCASTSS %d(DI), Z31", 4*i)
+		for j := range 2 {
+			s, m, off := 2*i+j, 12+2*i+j, i*128+j*64
+			p("\tVCVTDQ2PS Z%d, Z%d", s, s)
+			p("\tVCVTDQ2PS Z%d, Z%d", m, m)
+			p("\tVMULPS Z%d, Z%d, Z%d", 27+j, s, s)
+			p("\tVFNMADD231PS Z%d, Z%d, Z%d", 29+j, m, s)
+			p("\tVFMADD213PS %d(DX), Z31, Z%d", off, s)
+			p("\tVMOVUPS Z%d, %d(DX)", s, off)
+		}
+	}
+	p("\tADDQ $%d, R8", 768)
+	p("\tMOVQ R8, SI")
+	p("\tADDQ $%d, DI", tileBlock-8*192)
+	p("\tDECQ CX")
+	p("\tJNZ %s_block", name)
+	p("%s_done:", name)
+	p("\tVZEROUPPER")
+	p("\tRET")
 }

@@ -1,0 +1,165 @@
+package quant
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestGemmQ4K checks the integer GEMM at every level against DotQ8K of
+// each pair of rows (the same integer arithmetic, one row at a time): full
+// and partial tiles and panels, accumulation, outliers and zero blocks.
+func TestGemmQ4K(t *testing.T) { atEachLevel(t, testGemmQ4K) }
+
+func testGemmQ4K(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	for _, tc := range []struct {
+		name       string
+		m, n, k    int
+		acc        bool
+		x          func(n int) []float32
+		zeroBlocks bool
+	}{
+		{name: "one tile one panel", m: 6, n: 32, k: 256, x: func(n int) []float32 { return gauss(r, n, 1) }},
+		{name: "partial tile", m: 4, n: 32, k: 512, x: func(n int) []float32 { return gauss(r, n, 0.3) }},
+		{name: "partial panel", m: 13, n: 7, k: 768, x: func(n int) []float32 { return gauss(r, n, 1) }},
+		{name: "accumulate", m: 9, n: 40, k: 512, acc: true, x: func(n int) []float32 { return gauss(r, n, 1) }},
+		{name: "outliers", m: 6, n: 32, k: 2048, x: func(n int) []float32 { return gaussOutliers(r, n, 1) }},
+		{name: "zero blocks", m: 7, n: 33, k: 512, zeroBlocks: true, x: func(n int) []float32 { return gauss(r, n, 1) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := make([][]byte, tc.n)
+			for j := range w {
+				w[j] = randomRow(r, Q4_K, tc.k)
+			}
+			a := make([][]float32, tc.m)
+			for i := range a {
+				a[i] = tc.x(tc.k)
+				if tc.zeroBlocks && i%2 == 0 {
+					clear(a[i][:QK_K])
+				}
+			}
+			var x Q8KTiles
+			if err := x.Reset(tc.m, tc.k); err != nil {
+				t.Fatal(err)
+			}
+			for ti := range x.Tiles() {
+				if err := x.QuantizeTile(ti, a[ti*GemmTileRows:min(tc.m, (ti+1)*GemmTileRows)]...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c := make([]float32, tc.m*tc.n)
+			base := make([]float32, len(c))
+			if tc.acc {
+				for i := range base {
+					base[i] = float32(r.NormFloat64())
+				}
+				copy(c, base)
+			}
+			var p Q4KPanel
+			for j0 := 0; j0 < tc.n; j0 += GemmPanelRows {
+				j1 := min(tc.n, j0+GemmPanelRows)
+				if err := p.Pack(w[j0:j1], tc.k); err != nil {
+					t.Fatal(err)
+				}
+				for ti := range x.Tiles() {
+					i0 := ti * GemmTileRows
+					GemmQ4K(&p, &x, ti, min(GemmTileRows, tc.m-i0), c[i0*tc.n+j0:], tc.n, tc.acc)
+				}
+			}
+			for i := range tc.m {
+				var q Q8K
+				if err := q.Quantize(a[i]); err != nil {
+					t.Fatal(err)
+				}
+				for j := range tc.n {
+					want := float64(base[i*tc.n+j]) + float64(DotQ8K(Q4_K, w[j], &q))
+					var mag float64
+					for e := range tc.k {
+						mag += math.Abs(float64(refElem(Q4_K, w[j], e)) * float64(a[i][e]))
+					}
+					if got := float64(c[i*tc.n+j]); math.Abs(got-want) > 1e-5*(mag+1) {
+						t.Fatalf("c[%d][%d] = %g, want %g (Σ|terms| %g)", i, j, got, want, mag)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestGemmQ4KErrors(t *testing.T) {
+	var p Q4KPanel
+	var x Q8KTiles
+	row := randomRow(rand.New(rand.NewPCG(1, 2)), Q4_K, 256)
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"panel k not a multiple of 256", p.Pack([][]byte{row}, 100)},
+		{"panel of no rows", p.Pack(nil, 256)},
+		{"panel of 33 rows", p.Pack(make([][]byte, 33), 256)},
+		{"panel row too short", p.Pack([][]byte{row[:100]}, 256)},
+		{"tiles k 0", x.Reset(4, 0)},
+		{"tiles of no rows", x.Reset(0, 256)},
+	} {
+		if !errors.Is(tc.err, ErrSize) {
+			t.Errorf("%s: error %v, want ErrSize", tc.name, tc.err)
+		}
+	}
+	if err := x.Reset(7, 256); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		t    int
+		rows [][]float32
+	}{
+		{"tile out of range", 2, nil},
+		{"negative tile", -1, nil},
+		{"too many rows", 0, make([][]float32, 7)},
+		{"short row", 0, [][]float32{make([]float32, 255)}},
+	} {
+		if err := x.QuantizeTile(tc.t, tc.rows...); !errors.Is(err, ErrSize) {
+			t.Errorf("%s: error %v, want ErrSize", tc.name, err)
+		}
+	}
+}
+
+// BenchmarkGemmQ4K is the integer GEMM's tile kernel on one core: a
+// 2,048-column panel of 32 rows against 64 tiles of 6 rows (the panel
+// from L2, the tiles from L2/L3, as in a prefill); ns per weight·row.
+func BenchmarkGemmQ4K(b *testing.B) {
+	const k, m = 2048, 64 * GemmTileRows
+	r := rand.New(rand.NewPCG(3, 4))
+	w := make([][]byte, GemmPanelRows)
+	for j := range w {
+		w[j] = randomRow(r, Q4_K, k)
+	}
+	var p Q4KPanel
+	if err := p.Pack(w, k); err != nil {
+		b.Fatal(err)
+	}
+	var x Q8KTiles
+	if err := x.Reset(m, k); err != nil {
+		b.Fatal(err)
+	}
+	for ti := range x.Tiles() {
+		rows := make([][]float32, GemmTileRows)
+		for i := range rows {
+			rows[i] = gauss(r, k, 1)
+		}
+		if err := x.QuantizeTile(ti, rows...); err != nil {
+			b.Fatal(err)
+		}
+	}
+	c := make([]float32, m*GemmPanelRows)
+	b.ReportAllocs()
+	b.SetBytes(int64(k * GemmPanelRows * m))
+	for b.Loop() {
+		for ti := range x.Tiles() {
+			GemmQ4K(&p, &x, ti, GemmTileRows, c[ti*GemmTileRows*GemmPanelRows:], GemmPanelRows, false)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(k*GemmPanelRows*m), "ns/weight·row")
+}
