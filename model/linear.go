@@ -214,9 +214,9 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		})
 		return
 	}
-	if q.t == quant.Q4_K && kq && quant.IntegerDots() {
+	if quant.SupportsGemm(q.t) && kq && quant.IntegerDots() {
 		// A prefill (or a decode batch of more than qIntRows rows) with
-		// Q4_K weights: the integer GEMM. The rows of a are quantized to
+		// Q4_K or Q6_K weights: the integer GEMM. The rows of a are quantized to
 		// Q8_K once, in tiles of six; each task unpacks a panel of 32
 		// weight rows to bytes and multiplies every tile with it in
 		// integers (AVX-512 VNNI), about four times the float GEMM's rate
@@ -240,14 +240,14 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		const pr = quant.GemmPanelRows
 		tm.run((n+pr-1)/pr, func(_, t int) {
 			j0, j1 := t*pr, min(n, (t+1)*pr)
-			p := gemmPanelPool.Get().(*quant.Q4KPanel)
+			p := gemmPanelPool.Get().(*quant.GemmPanel)
 			defer gemmPanelPool.Put(p)
-			if err := p.Pack(q.rows[off+j0:off+j1], k); err != nil {
+			if err := p.Pack(q.t, q.rows[off+j0:off+j1], k); err != nil {
 				panic(fmt.Sprintf("model: %v", err)) // sizes checked at load
 			}
 			for ti := range x.Tiles() {
 				i0 := ti * tr
-				quant.GemmQ4K(p, x, ti, min(tr, m-i0), c.data[i0*c.stride+j0:], c.stride, acc)
+				quant.Gemm(p, x, ti, min(tr, m-i0), c.data[i0*c.stride+j0:], c.stride, acc)
 			}
 		})
 		return
@@ -389,7 +389,7 @@ var intActPool = sync.Pool{New: func() any { return new(intActs) }}
 // activations and unpacked weight panels.
 var (
 	gemmTilesPool = sync.Pool{New: func() any { return new(quant.Q8KTiles) }}
-	gemmPanelPool = sync.Pool{New: func() any { return new(quant.Q4KPanel) }}
+	gemmPanelPool = sync.Pool{New: func() any { return new(quant.GemmPanel) }}
 )
 
 // qPacked recycles the packed activations of qgemm's prefill path.

@@ -23,5 +23,7 @@ func dotQ8KRowsAsm(Type, []byte, *Q8KRows, []float32) bool { return false }
 // dotQ80RowsAsm has no assembly to run.
 func dotQ80RowsAsm(Type, []byte, *Q80Rows, []float32) bool { return false }
 
-// gemmQ4KAsm has no assembly to run.
-func gemmQ4KAsm(_, _ []uint32, _ *[GemmTileRows * GemmPanelRows]float32, _ int) bool { return false }
+// gemmAsm has no assembly to run.
+func gemmAsm(Type, []uint32, []uint32, *[GemmTileRows * GemmPanelRows]float32, int) bool {
+	return false
+}

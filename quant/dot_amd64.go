@@ -402,14 +402,22 @@ func halfDequant(asm, asm512 asmDequant, pure func([]byte, []float32)) func([]by
 //go:noescape
 func gemmQ4KQ8KVNNI(w *uint32, a *uint32, c *float32, n int)
 
-// gemmQ4KAsm runs the integer GEMM's tile kernel at the AVX-512 level with
-// VNNI.
-func gemmQ4KAsm(w, a []uint32, c *[GemmTileRows * GemmPanelRows]float32, nb int) bool {
+//go:noescape
+func gemmQ6KQ8KVNNI(w *uint32, a *uint32, c *float32, n int)
+
+// gemmAsm runs the integer GEMM's tile kernel for panels of type t at the
+// AVX-512 level with VNNI.
+func gemmAsm(t Type, w, a []uint32, c *[GemmTileRows * GemmPanelRows]float32, nb int) bool {
 	if !integerAsm() {
 		return false
 	}
-	_ = w[nb*panelBlock-1]
 	_ = a[nb*tileBlock-1]
-	gemmQ4KQ8KVNNI(&w[0], &a[0], &c[0], nb)
+	if t == Q6_K {
+		_ = w[nb*panelBlock6-1]
+		gemmQ6KQ8KVNNI(&w[0], &a[0], &c[0], nb)
+	} else {
+		_ = w[nb*panelBlock4-1]
+		gemmQ4KQ8KVNNI(&w[0], &a[0], &c[0], nb)
+	}
 	return true
 }

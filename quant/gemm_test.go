@@ -7,12 +7,19 @@ import (
 	"testing"
 )
 
-// TestGemmQ4K checks the integer GEMM at every level against DotQ8K of
-// each pair of rows (the same integer arithmetic, one row at a time): full
-// and partial tiles and panels, accumulation, outliers and zero blocks.
-func TestGemmQ4K(t *testing.T) { atEachLevel(t, testGemmQ4K) }
+// TestGemm checks the integer GEMM of Q4_K and Q6_K weights at every
+// level against DotQ8K of each pair of rows (the same integer arithmetic,
+// one row at a time): full and partial tiles and panels, accumulation,
+// outliers and zero blocks.
+func TestGemm(t *testing.T) {
+	atEachLevel(t, func(t *testing.T) {
+		for _, typ := range []Type{Q4_K, Q6_K} {
+			t.Run(typ.String(), func(t *testing.T) { testGemm(t, typ) })
+		}
+	})
+}
 
-func testGemmQ4K(t *testing.T) {
+func testGemm(t *testing.T, typ Type) {
 	r := rand.New(rand.NewPCG(11, 12))
 	for _, tc := range []struct {
 		name       string
@@ -31,7 +38,7 @@ func testGemmQ4K(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w := make([][]byte, tc.n)
 			for j := range w {
-				w[j] = randomRow(r, Q4_K, tc.k)
+				w[j] = randomRow(r, typ, tc.k)
 			}
 			a := make([][]float32, tc.m)
 			for i := range a {
@@ -57,15 +64,15 @@ func testGemmQ4K(t *testing.T) {
 				}
 				copy(c, base)
 			}
-			var p Q4KPanel
+			var p GemmPanel
 			for j0 := 0; j0 < tc.n; j0 += GemmPanelRows {
 				j1 := min(tc.n, j0+GemmPanelRows)
-				if err := p.Pack(w[j0:j1], tc.k); err != nil {
+				if err := p.Pack(typ, w[j0:j1], tc.k); err != nil {
 					t.Fatal(err)
 				}
 				for ti := range x.Tiles() {
 					i0 := ti * GemmTileRows
-					GemmQ4K(&p, &x, ti, min(GemmTileRows, tc.m-i0), c[i0*tc.n+j0:], tc.n, tc.acc)
+					Gemm(&p, &x, ti, min(GemmTileRows, tc.m-i0), c[i0*tc.n+j0:], tc.n, tc.acc)
 				}
 			}
 			for i := range tc.m {
@@ -74,10 +81,10 @@ func testGemmQ4K(t *testing.T) {
 					t.Fatal(err)
 				}
 				for j := range tc.n {
-					want := float64(base[i*tc.n+j]) + float64(DotQ8K(Q4_K, w[j], &q))
+					want := float64(base[i*tc.n+j]) + float64(DotQ8K(typ, w[j], &q))
 					var mag float64
 					for e := range tc.k {
-						mag += math.Abs(float64(refElem(Q4_K, w[j], e)) * float64(a[i][e]))
+						mag += math.Abs(float64(refElem(typ, w[j], e)) * float64(a[i][e]))
 					}
 					if got := float64(c[i*tc.n+j]); math.Abs(got-want) > 1e-5*(mag+1) {
 						t.Fatalf("c[%d][%d] = %g, want %g (Σ|terms| %g)", i, j, got, want, mag)
@@ -88,24 +95,28 @@ func testGemmQ4K(t *testing.T) {
 	}
 }
 
-func TestGemmQ4KErrors(t *testing.T) {
-	var p Q4KPanel
+func TestGemmErrors(t *testing.T) {
+	var p GemmPanel
 	var x Q8KTiles
 	row := randomRow(rand.New(rand.NewPCG(1, 2)), Q4_K, 256)
 	for _, tc := range []struct {
 		name string
 		err  error
 	}{
-		{"panel k not a multiple of 256", p.Pack([][]byte{row}, 100)},
-		{"panel of no rows", p.Pack(nil, 256)},
-		{"panel of 33 rows", p.Pack(make([][]byte, 33), 256)},
-		{"panel row too short", p.Pack([][]byte{row[:100]}, 256)},
+		{"panel k not a multiple of 256", p.Pack(Q4_K, [][]byte{row}, 100)},
+		{"panel of no rows", p.Pack(Q4_K, nil, 256)},
+		{"panel of 33 rows", p.Pack(Q4_K, make([][]byte, 33), 256)},
+		{"panel row too short", p.Pack(Q4_K, [][]byte{row[:100]}, 256)},
+		{"Q6_K row given as Q4_K", p.Pack(Q4_K, [][]byte{randomRow(rand.New(rand.NewPCG(1, 2)), Q6_K, 256)}, 256)},
 		{"tiles k 0", x.Reset(4, 0)},
 		{"tiles of no rows", x.Reset(0, 256)},
 	} {
 		if !errors.Is(tc.err, ErrSize) {
 			t.Errorf("%s: error %v, want ErrSize", tc.name, tc.err)
 		}
+	}
+	if err := p.Pack(Q8_0, [][]byte{make([]byte, 34*8)}, 256); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("Q8_0 panel: error %v, want ErrUnsupported", err)
 	}
 	if err := x.Reset(7, 256); err != nil {
 		t.Fatal(err)
@@ -126,18 +137,24 @@ func TestGemmQ4KErrors(t *testing.T) {
 	}
 }
 
-// BenchmarkGemmQ4K is the integer GEMM's tile kernel on one core: a
+// BenchmarkGemm is the integer GEMM's tile kernel on one core: a
 // 2,048-column panel of 32 rows against 64 tiles of 6 rows (the panel
 // from L2, the tiles from L2/L3, as in a prefill); ns per weight·row.
-func BenchmarkGemmQ4K(b *testing.B) {
+func BenchmarkGemm(b *testing.B) {
+	for _, typ := range []Type{Q4_K, Q6_K} {
+		b.Run(typ.String(), func(b *testing.B) { benchGemm(b, typ) })
+	}
+}
+
+func benchGemm(b *testing.B, typ Type) {
 	const k, m = 2048, 64 * GemmTileRows
 	r := rand.New(rand.NewPCG(3, 4))
 	w := make([][]byte, GemmPanelRows)
 	for j := range w {
-		w[j] = randomRow(r, Q4_K, k)
+		w[j] = randomRow(r, typ, k)
 	}
-	var p Q4KPanel
-	if err := p.Pack(w, k); err != nil {
+	var p GemmPanel
+	if err := p.Pack(typ, w, k); err != nil {
 		b.Fatal(err)
 	}
 	var x Q8KTiles
@@ -158,7 +175,7 @@ func BenchmarkGemmQ4K(b *testing.B) {
 	b.SetBytes(int64(k * GemmPanelRows * m))
 	for b.Loop() {
 		for ti := range x.Tiles() {
-			GemmQ4K(&p, &x, ti, GemmTileRows, c[ti*GemmTileRows*GemmPanelRows:], GemmPanelRows, false)
+			Gemm(&p, &x, ti, GemmTileRows, c[ti*GemmTileRows*GemmPanelRows:], GemmPanelRows, false)
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(k*GemmPanelRows*m), "ns/weight·row")

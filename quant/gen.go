@@ -1710,7 +1710,8 @@ func main() {
 		zQ80Rows(fmt.Sprintf("dotQ5_0Q80Rows%dVNNI", r), 22, 6, 2, 16, r)
 		zQ80Rows(fmt.Sprintf("dotQ4_0Q80Rows%dVNNI", r), 18, 2, -1, 8, r)
 	}
-	zGemmQ4K()
+	zGemm("gemmQ4KQ8KVNNI", false)
+	zGemm("gemmQ6KQ8KVNNI", true)
 	q5shifts()
 	if err := os.WriteFile("dot_amd64.s", out.Bytes(), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -1718,14 +1719,21 @@ func main() {
 	}
 }
 
-// zGemmQ4K: the integer GEMM's tile kernel (see gemm.go) for AVX-512
-// VNNI: c [6][32] += a tile of n blocks times a Q4_K panel. Z0–Z11 hold
+// zGemm: the integer GEMM's tile kernels (see gemm.go) for AVX-512 VNNI:
+// c [6][32] += a tile of n blocks times a Q4_K or Q6_K panel. Z0–Z11 hold
 // the block's scaled integer sums of the 6×32 outputs (two vectors of 16
 // weight rows per activation row), Z12–Z23 a sub-block's sums (then the
-// mins' sums), Z24/Z25 the weight vectors, Z26 the broadcast activations.
-func zGemmQ4K() {
-	const name = "gemmQ4KQ8KVNNI"
-	const tileBlock = (64*6 + 6 + 24) * 4 // bytes per block of a tile
+// sums of the mins or offsets), Z24/Z25 the weight vectors, Z26 the
+// broadcast activations. Per sub-block (subs of them, 64/subs steps of 4
+// elements) the sums are multiplied by the sub-block's scales (VPMULLD)
+// into Z0–Z11.
+func zGemm(name string, q6 bool) {
+	const tileBlock = (64*6 + 6 + 24 + 48) * 4 // bytes per block of a tile
+	subs := 8
+	if q6 {
+		subs = 16
+	}
+	steps := 64 / subs
 	p("")
 	p("// func %s(w *uint32, a *uint32, c *float32, n int)", name)
 	p("TEXT ·%s(SB), NOSPLIT, $0-32", name)
@@ -1736,23 +1744,13 @@ func zGemmQ4K() {
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_done", name)
 	p("%s_block:", name)
-	for r := range 12 {
-		p("\tVPXORD Z%d, Z%d, Z%d", r, r, r)
-	}
-	p("\tLEAQ %d(SI), R8", 8*8*32*4) // the scales
-	p("\tMOVQ $8, R9")
+	zeroZ(0, 12)
+	p("\tLEAQ %d(SI), R8", 64*32*4) // the scales
+	p("\tMOVQ $%d, R9", subs)
 	p("%s_sub:", name)
-	for r := 12; r < 24; r++ {
-		p("\tVPXORD Z%d, Z%d, Z%d", r, r, r)
-	}
-	for t := range 8 {
-		p("\tVMOVDQU32 %d(SI), Z24", t*128)
-		p("\tVMOVDQU32 %d(SI), Z25", t*128+64)
-		for i := range 6 {
-			p("\tVPBROADCASTD %d(DI), Z26", (t*6+i)*4)
-			p("\tVPDPBUSD Z26, Z24, Z%d", 12+2*i)
-			p("\tVPDPBUSD Z26, Z25, Z%d", 13+2*i)
-		}
+	zeroZ(12, 24)
+	for t := range steps {
+		gemmPairStep("VPDPBUSD", "SI", t*128, t*24)
 	}
 	p("\tVMOVDQU32 (R8), Z27")
 	p("\tVMOVDQU32 64(R8), Z28")
@@ -1762,46 +1760,75 @@ func zGemmQ4K() {
 			p("\tVPADDD Z%d, Z%d, Z%d", 12+2*i+j, 2*i+j, 2*i+j)
 		}
 	}
-	p("\tADDQ $1024, SI")
+	p("\tADDQ $%d, SI", steps*128)
 	p("\tADDQ $128, R8")
-	p("\tADDQ $192, DI")
+	p("\tADDQ $%d, DI", steps*24)
 	p("\tDECQ R9")
 	p("\tJNZ %s_sub", name)
-	// R8: the mins; DI: the tile's d, then its sums.
-	for r := 12; r < 24; r++ {
-		p("\tVPXORD Z%d, Z%d, Z%d", r, r, r)
+	// R8: the mins (Q4_K) or paired scales (Q6_K); DI: the tile's d, then
+	// its sums (per 32, then per 16).
+	zeroZ(12, 24)
+	pairs, sums := 4, 24
+	if q6 {
+		pairs, sums = 8, 24+96
 	}
-	for pr := range 4 {
-		p("\tVMOVDQU32 %d(R8), Z24", pr*128)
-		p("\tVMOVDQU32 %d(R8), Z25", pr*128+64)
-		for i := range 6 {
-			p("\tVPBROADCASTD %d(DI), Z26", 24+(pr*6+i)*4)
-			p("\tVPDPWSSD Z26, Z24, Z%d", 12+2*i)
-			p("\tVPDPWSSD Z26, Z25, Z%d", 13+2*i)
-		}
+	for pr := range pairs {
+		gemmPairStep("VPDPWSSD", "R8", pr*128, sums+pr*24)
 	}
-	p("\tVMOVUPS 512(R8), Z27")
-	p("\tVMOVUPS 576(R8), Z28")
-	p("\tVMOVUPS 640(R8), Z29")
-	p("\tVMOVUPS 704(R8), Z30")
+	p("\tVMOVUPS %d(R8), Z27", pairs*128)
+	p("\tVMOVUPS %d(R8), Z28", pairs*128+64)
+	if !q6 {
+		p("\tVMOVUPS %d(R8), Z29", pairs*128+128)
+		p("\tVMOVUPS %d(R8), Z30", pairs*128+192)
+	}
 	for i := range 6 {
 		p("\tVBROADCASTSS %d(DI), Z31", 4*i)
 		for j := range 2 {
 			s, m, off := 2*i+j, 12+2*i+j, i*128+j*64
-			p("\tVCVTDQ2PS Z%d, Z%d", s, s)
-			p("\tVCVTDQ2PS Z%d, Z%d", m, m)
-			p("\tVMULPS Z%d, Z%d, Z%d", 27+j, s, s)
-			p("\tVFNMADD231PS Z%d, Z%d, Z%d", 29+j, m, s)
+			if q6 { // Σ sc·q·a − 32·Σ sc·sums16
+				p("\tVPSLLD $5, Z%d, Z%d", m, m)
+				p("\tVPSUBD Z%d, Z%d, Z%d", m, s, s)
+				p("\tVCVTDQ2PS Z%d, Z%d", s, s)
+				p("\tVMULPS Z%d, Z%d, Z%d", 27+j, s, s)
+			} else { // d·Σ sc·q·a − dmin·Σ m·sums
+				p("\tVCVTDQ2PS Z%d, Z%d", s, s)
+				p("\tVCVTDQ2PS Z%d, Z%d", m, m)
+				p("\tVMULPS Z%d, Z%d, Z%d", 27+j, s, s)
+				p("\tVFNMADD231PS Z%d, Z%d, Z%d", 29+j, m, s)
+			}
 			p("\tVFMADD213PS %d(DX), Z31, Z%d", off, s)
 			p("\tVMOVUPS Z%d, %d(DX)", s, off)
 		}
 	}
-	p("\tADDQ $%d, R8", 768)
-	p("\tMOVQ R8, SI")
-	p("\tADDQ $%d, DI", tileBlock-8*192)
+	next := pairs*128 + 128
+	if !q6 {
+		next += 128
+	}
+	p("\tLEAQ %d(R8), SI", next)
+	p("\tADDQ $%d, DI", tileBlock-64*24)
 	p("\tDECQ CX")
 	p("\tJNZ %s_block", name)
 	p("%s_done:", name)
 	p("\tVZEROUPPER")
 	p("\tRET")
+}
+
+// zeroZ clears Z[from, to).
+func zeroZ(from, to int) {
+	for r := from; r < to; r++ {
+		p("\tVPXORD Z%d, Z%d, Z%d", r, r, r)
+	}
+}
+
+// gemmPairStep is one step of zGemm: the weight vectors at wOff(wReg)
+// (32 rows' words) against the six activation rows' words at aOff(DI),
+// broadcast, accumulated by op into Z12–Z23.
+func gemmPairStep(op, wReg string, wOff, aOff int) {
+	p("\tVMOVDQU32 %d(%s), Z24", wOff, wReg)
+	p("\tVMOVDQU32 %d(%s), Z25", wOff+64, wReg)
+	for i := range 6 {
+		p("\tVPBROADCASTD %d(DI), Z26", aOff+4*i)
+		p("\t%s Z26, Z24, Z%d", op, 12+2*i)
+		p("\t%s Z26, Z25, Z%d", op, 13+2*i)
+	}
 }
