@@ -164,7 +164,8 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		return
 	}
 	kq := quant.SupportsQ8K(q.t) && k%quant.QK_K == 0
-	if zq := quant.SupportsQ80(q.t) && k%quant.QK8_0 == 0; m <= qIntRows && quant.IntegerDots() && (kq || zq) {
+	zq := quant.SupportsQ80(q.t) && k%quant.QK8_0 == 0
+	if m <= qIntRows && quant.IntegerDots() && (kq || zq) {
 		// Decode (one sequence or a batch) with quantized weights: the
 		// rows of a quantized once (Q8_K for the K-quants, Q8_0 for the
 		// 32-element formats) in groups of up to four, each weight block
@@ -214,16 +215,16 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		})
 		return
 	}
-	if quant.SupportsGemm(q.t) && kq && quant.IntegerDots() {
+	if (kq || zq) && quant.IntegerDots() {
 		// A prefill (or a decode batch of more than qIntRows rows) with
-		// Q4_K or Q6_K weights: the integer GEMM. The rows of a are quantized to
-		// Q8_K once, in tiles of six; each task unpacks a panel of 32
-		// weight rows to bytes and multiplies every tile with it in
-		// integers (AVX-512 VNNI), about four times the float GEMM's rate
-		// and without dequantizing.
-		x := gemmTilesPool.Get().(*quant.Q8KTiles)
+		// Q4_K, Q6_K, Q8_0, Q5_0 or Q4_0 weights: the integer GEMM. The
+		// rows of a are quantized once (Q8_K or Q8_0), in tiles of six;
+		// each task unpacks a panel of 32 weight rows to bytes and
+		// multiplies every tile with it in integers (AVX-512 VNNI), about
+		// four times the float GEMM's rate and without dequantizing.
+		x := gemmTilesPool.Get().(*quant.GemmTiles)
 		defer gemmTilesPool.Put(x)
-		if err := x.Reset(m, k); err != nil {
+		if err := x.Reset(q.t, m, k); err != nil {
 			panic(fmt.Sprintf("model: %v", err)) // k checked above
 		}
 		const tr = quant.GemmTileRows
@@ -388,7 +389,7 @@ var intActPool = sync.Pool{New: func() any { return new(intActs) }}
 // gemmTilesPool and gemmPanelPool recycle the integer GEMM's quantized
 // activations and unpacked weight panels.
 var (
-	gemmTilesPool = sync.Pool{New: func() any { return new(quant.Q8KTiles) }}
+	gemmTilesPool = sync.Pool{New: func() any { return new(quant.GemmTiles) }}
 	gemmPanelPool = sync.Pool{New: func() any { return new(quant.GemmPanel) }}
 )
 

@@ -405,19 +405,25 @@ func gemmQ4KQ8KVNNI(w *uint32, a *uint32, c *float32, n int)
 //go:noescape
 func gemmQ6KQ8KVNNI(w *uint32, a *uint32, c *float32, n int)
 
+//go:noescape
+func gemmQ80VNNI(w *uint32, a *uint32, c *float32, n int)
+
 // gemmAsm runs the integer GEMM's tile kernel for panels of type t at the
 // AVX-512 level with VNNI.
 func gemmAsm(t Type, w, a []uint32, c *[GemmTileRows * GemmPanelRows]float32, nb int) bool {
 	if !integerAsm() {
 		return false
 	}
-	_ = a[nb*tileBlock-1]
-	if t == Q6_K {
-		_ = w[nb*panelBlock6-1]
-		gemmQ6KQ8KVNNI(&w[0], &a[0], &c[0], nb)
-	} else {
-		_ = w[nb*panelBlock4-1]
+	_, _, pb, tb := gemmLayout(t)
+	_ = w[nb*pb-1]
+	_ = a[nb*tb-1]
+	switch t {
+	case Q4_K:
 		gemmQ4KQ8KVNNI(&w[0], &a[0], &c[0], nb)
+	case Q6_K:
+		gemmQ6KQ8KVNNI(&w[0], &a[0], &c[0], nb)
+	default:
+		gemmQ80VNNI(&w[0], &a[0], &c[0], nb)
 	}
 	return true
 }

@@ -32,7 +32,18 @@ import (
 //	scp    [8][32] 2×int16                     the scales of sub-blocks 2p, 2p+1
 //	d      [32] float32
 //
-// and a tile of activations
+// a panel of Q8_0, Q5_0 or Q4_0 rows, per 32-element block,
+//
+//	q      [8 steps][32 rows]                 4 unsigned values (q+128, q+16, q+8)
+//	d      [32] float32
+//
+// a tile of activations for the 32-element formats (Q8_0), per block,
+//
+//	q      [8 steps][6 rows]                  4 int8 values
+//	d      [6] float32
+//	osum   [6] int32                           the weights' offset times the sum of q
+//
+// and a tile of activations for the K-quants (Q8_K), per 256 elements,
 //
 //	q      [64 steps][6 rows]                 4 int8 values
 //	d      [6] float32
@@ -60,11 +71,43 @@ const (
 	tileSums   = tileD + GemmTileRows
 	tileSums16 = tileSums + 4*GemmTileRows
 	tileBlock  = tileSums16 + 8*GemmTileRows
+
+	panelD0     = 8 * GemmPanelRows
+	panelBlock0 = panelD0 + GemmPanelRows // Q8_0, Q5_0, Q4_0 (per 32)
+	tileD0      = 8 * GemmTileRows
+	tileOsum0   = tileD0 + GemmTileRows
+	tileBlock0  = tileOsum0 + GemmTileRows
 )
 
-// SupportsGemm reports whether [GemmPanel] packs rows of type t (Q4_K and
-// Q6_K).
-func SupportsGemm(t Type) bool { return t == Q4_K || t == Q6_K }
+// SupportsGemm reports whether [GemmPanel] packs rows of type t: Q4_K,
+// Q6_K (with activations quantized as Q8_K), Q8_0, Q5_0 and Q4_0 (as
+// Q8_0).
+func SupportsGemm(t Type) bool { return SupportsQ8K(t) || SupportsQ80(t) }
+
+// gemmLayout is how a type's rows and activations are laid out: elements
+// per block, weight bytes per block, words per block of a panel and of a
+// tile.
+func gemmLayout(t Type) (bs, wb, pb, tb int) {
+	switch t {
+	case Q4_K:
+		return QK_K, 144, panelBlock4, tileBlock
+	case Q6_K:
+		return QK_K, 210, panelBlock6, tileBlock
+	}
+	return QK8_0, q80BlockBytes(t), panelBlock0, tileBlock0
+}
+
+// gemmOffset is what the panel adds to the weights of a 32-element format
+// to make them unsigned.
+func gemmOffset(t Type) int32 {
+	switch t {
+	case Q8_0:
+		return 128
+	case Q5_0:
+		return 16
+	}
+	return 8
+}
 
 // GemmPanel is up to GemmPanelRows weight rows of one type (SupportsGemm)
 // unpacked for [Gemm]. The zero value is ready for Pack; a panel is not
@@ -85,16 +128,14 @@ func (p *GemmPanel) Pack(t Type, rows [][]byte, k int) error {
 	if !SupportsGemm(t) {
 		return fmt.Errorf("%w: no integer GEMM for %s", ErrUnsupported, t)
 	}
-	if k <= 0 || k%QK_K != 0 {
-		return fmt.Errorf("%w: %s panel of %d columns, not a positive multiple of %d", ErrSize, t, k, QK_K)
+	be, bs, pb, _ := gemmLayout(t)
+	if k <= 0 || k%be != 0 {
+		return fmt.Errorf("%w: %s panel of %d columns, not a positive multiple of %d", ErrSize, t, k, be)
 	}
 	if len(rows) == 0 || len(rows) > GemmPanelRows {
 		return fmt.Errorf("%w: %s panel of %d rows (1 to %d)", ErrSize, t, len(rows), GemmPanelRows)
 	}
-	nb, bs, pb := k/QK_K, 144, panelBlock4
-	if t == Q6_K {
-		bs, pb = 210, panelBlock6
-	}
+	nb := k / be
 	for r, row := range rows {
 		if len(row) != nb*bs {
 			return fmt.Errorf("%w: %s row %d of %d bytes, want %d", ErrSize, t, r, len(row), nb*bs)
@@ -108,10 +149,13 @@ func (p *GemmPanel) Pack(t Type, rows [][]byte, k int) error {
 			clear(w)
 		}
 		for r, row := range rows {
-			if t == Q6_K {
-				packQ6K(w, r, (*[210]byte)(row[b*bs:]))
-			} else {
-				packQ4K(w, r, (*[144]byte)(row[b*bs:]))
+			switch blk := row[b*bs : (b+1)*bs]; t {
+			case Q4_K:
+				packQ4K(w, r, (*[144]byte)(blk))
+			case Q6_K:
+				packQ6K(w, r, (*[210]byte)(blk))
+			default:
+				packQ80(t, w, r, blk)
 			}
 		}
 	}
@@ -170,46 +214,106 @@ func packQ6K(w []uint32, r int, blk *[210]byte) {
 	}
 }
 
-// Q8KTiles is rows of activations quantized as Q8_K (as [Q8K]) and packed
-// in tiles of GemmTileRows rows for [GemmQ4K]. Reset sizes it; each tile
-// is then quantized by QuantizeTile, concurrently for distinct tiles.
-// Safe to read concurrently once quantized.
-type Q8KTiles struct {
+// packQ80 unpacks one Q8_0, Q5_0 or Q4_0 block into row r of a panel's
+// block w, offset to unsigned values (see dequantQ5_0 for Q5_0's fifth
+// bits).
+func packQ80(t Type, w []uint32, r int, blk []byte) {
+	w[panelD0+r] = math.Float32bits(half(blk))
+	switch t {
+	case Q8_0:
+		for st := range 8 {
+			w[st*GemmPanelRows+r] = binary.LittleEndian.Uint32(blk[2+4*st:]) ^ 0x80808080
+		}
+	case Q4_0:
+		for st := range 4 {
+			v := binary.LittleEndian.Uint32(blk[2+4*st:])
+			w[st*GemmPanelRows+r] = v & 0x0f0f0f0f
+			w[(st+4)*GemmPanelRows+r] = v >> 4 & 0x0f0f0f0f
+		}
+	case Q5_0:
+		qh := binary.LittleEndian.Uint32(blk[2:])
+		for st := range 4 {
+			v := binary.LittleEndian.Uint32(blk[6+4*st:])
+			var h0, h1 uint32
+			for l := range 4 {
+				h0 |= (qh >> (4*st + l) & 1) << (8*l + 4)
+				h1 |= (qh >> (16 + 4*st + l) & 1) << (8*l + 4)
+			}
+			w[st*GemmPanelRows+r] = v&0x0f0f0f0f | h0
+			w[(st+4)*GemmPanelRows+r] = v>>4&0x0f0f0f0f | h1
+		}
+	}
+}
+
+// GemmTiles is rows of activations quantized for [Gemm] with weights of
+// one type — as Q8_K for the K-quants (as [Q8K]), as Q8_0 for the
+// 32-element formats (as [Q80]) — and packed in tiles of GemmTileRows
+// rows. Reset sizes it; each tile is then quantized by QuantizeTile,
+// concurrently for distinct tiles. Safe to read concurrently once
+// quantized.
+type GemmTiles struct {
+	t    Type
 	m, k int
 	w    []uint32
 }
 
-// Reset sizes x for m rows of k elements (k a multiple of 256), reusing
+// Reset sizes x for m rows of k elements (k a multiple of the type's
+// block) to be multiplied with weights of type t (SupportsGemm), reusing
 // its memory.
-func (x *Q8KTiles) Reset(m, k int) error {
-	if k <= 0 || k%QK_K != 0 || m <= 0 {
-		return fmt.Errorf("%w: Q8_K tiles of %d×%d, k not a positive multiple of %d", ErrSize, m, k, QK_K)
+func (x *GemmTiles) Reset(t Type, m, k int) error {
+	if !SupportsGemm(t) {
+		return fmt.Errorf("%w: no integer GEMM for %s", ErrUnsupported, t)
 	}
-	x.m, x.k = m, k
-	x.w = grow(x.w, x.Tiles()*k/QK_K*tileBlock)
+	be, _, _, tb := gemmLayout(t)
+	if k <= 0 || k%be != 0 || m <= 0 {
+		return fmt.Errorf("%w: tiles of %d×%d for %s, k not a positive multiple of %d", ErrSize, m, k, t, be)
+	}
+	x.t, x.m, x.k = t, m, k
+	x.w = grow(x.w, x.Tiles()*k/be*tb)
 	return nil
 }
 
 // Tiles is the number of tiles: the rows over GemmTileRows, rounded up.
-func (x *Q8KTiles) Tiles() int { return (x.m + GemmTileRows - 1) / GemmTileRows }
+func (x *GemmTiles) Tiles() int { return (x.m + GemmTileRows - 1) / GemmTileRows }
 
 // QuantizeTile quantizes rows (the tile's rows, at most GemmTileRows, each
-// of the k elements given to Reset) into tile t as ggml's quantize_row_q8_K
-// does. Missing rows are zero.
-func (x *Q8KTiles) QuantizeTile(t int, rows ...[]float32) error {
+// of the k elements given to Reset) into tile t as ggml's
+// quantize_row_q8_K (or, for the 32-element formats, ggml-cpu's x86
+// quantize_row_q8_0) does. Missing rows are zero.
+func (x *GemmTiles) QuantizeTile(t int, rows ...[]float32) error {
 	if t < 0 || t >= x.Tiles() || len(rows) > GemmTileRows {
 		return fmt.Errorf("%w: tile %d of %d rows (tiles %d)", ErrSize, t, len(rows), x.Tiles())
 	}
-	nb := x.k / QK_K
-	tw := x.w[t*nb*tileBlock : (t+1)*nb*tileBlock]
+	be, _, _, tb := gemmLayout(x.t)
+	nb := x.k / be
+	tw := x.w[t*nb*tb : (t+1)*nb*tb]
 	if len(rows) < GemmTileRows {
 		clear(tw)
 	}
-	var q [QK_K]int8
-	for i, v := range rows {
+	for _, v := range rows {
 		if len(v) != x.k {
 			return fmt.Errorf("%w: row of %d values for tiles of %d", ErrSize, len(v), x.k)
 		}
+	}
+	if be == QK8_0 {
+		off := gemmOffset(x.t)
+		var q [QK8_0]int8
+		for i, v := range rows {
+			for b := range nb {
+				w := tw[b*tb : (b+1)*tb]
+				w[tileD0+i] = math.Float32bits(q80Block(v[b*QK8_0:(b+1)*QK8_0], q[:]))
+				var sum int32
+				for st := range 8 {
+					sum += int32(q[4*st]) + int32(q[4*st+1]) + int32(q[4*st+2]) + int32(q[4*st+3])
+					w[st*GemmTileRows+i] = qWord(q[4*st:])
+				}
+				w[tileOsum0+i] = uint32(off * sum)
+			}
+		}
+		return nil
+	}
+	var q [QK_K]int8
+	for i, v := range rows {
 		for b := range nb {
 			w := tw[b*tileBlock : (b+1)*tileBlock]
 			d := q8kBlock(v[b*QK_K:(b+1)*QK_K], &q)
@@ -218,8 +322,7 @@ func (x *Q8KTiles) QuantizeTile(t int, rows ...[]float32) error {
 			for st := range 64 {
 				e := 4 * st
 				sums[st/4] += int32(q[e]) + int32(q[e+1]) + int32(q[e+2]) + int32(q[e+3])
-				w[st*GemmTileRows+i] = uint32(uint8(q[e])) | uint32(uint8(q[e+1]))<<8 |
-					uint32(uint8(q[e+2]))<<16 | uint32(uint8(q[e+3]))<<24
+				w[st*GemmTileRows+i] = qWord(q[e:])
 			}
 			pair := func(a, b int32) uint32 { return uint32(uint16(int16(a))) | uint32(uint16(int16(b)))<<16 }
 			for pr := range 4 {
@@ -233,6 +336,11 @@ func (x *Q8KTiles) QuantizeTile(t int, rows ...[]float32) error {
 	return nil
 }
 
+// qWord packs q[0:4] into a little-endian word.
+func qWord(q []int8) uint32 {
+	return uint32(uint8(q[0])) | uint32(uint8(q[1]))<<8 | uint32(uint8(q[2]))<<16 | uint32(uint8(q[3]))<<24
+}
+
 // Gemm sets (or, with acc, adds to) c[i·ldc + j] the dot product of row
 // i of tile t of x and row j of p, for the tile's rows below rows (at most
 // GemmTileRows) and j below p.Rows(): an integer GEMM of K-quant weights
@@ -240,13 +348,14 @@ func (x *Q8KTiles) QuantizeTile(t int, rows ...[]float32) error {
 // VNNI (IntegerDots) it runs in assembly, elsewhere the same arithmetic in
 // Go. It panics when p and x differ in k or t is out of range. Safe for
 // concurrent use with distinct c.
-func Gemm(p *GemmPanel, x *Q8KTiles, t, rows int, c []float32, ldc int, acc bool) {
-	if p.k != x.k || t < 0 || t >= x.Tiles() || rows > GemmTileRows {
-		panic(fmt.Sprintf("quant: Gemm of a %d-column panel and %d-column tiles (tile %d of %d)", p.k, x.k, t, x.Tiles()))
+func Gemm(p *GemmPanel, x *GemmTiles, t, rows int, c []float32, ldc int, acc bool) {
+	if p.k != x.k || p.t != x.t || t < 0 || t >= x.Tiles() || rows > GemmTileRows {
+		panic(fmt.Sprintf("quant: Gemm of a %d-column %s panel and %d-column tiles for %s (tile %d of %d)", p.k, p.t, x.k, x.t, t, x.Tiles()))
 	}
-	nb := p.k / QK_K
+	be, _, _, tb := gemmLayout(p.t)
+	nb := p.k / be
 	var out [GemmTileRows * GemmPanelRows]float32
-	a := x.w[t*nb*tileBlock : (t+1)*nb*tileBlock]
+	a := x.w[t*nb*tb : (t+1)*nb*tb]
 	if !gemmAsm(p.t, p.w, a, &out, nb) {
 		gemmGo(p.t, p.w, a, &out, nb)
 	}
@@ -267,6 +376,10 @@ func Gemm(p *GemmPanel, x *Q8KTiles, t, rows int, c []float32, ldc int, acc bool
 // GemmTileRows × GemmPanelRows) += a tile of nb blocks times a panel of
 // type t.
 func gemmGo(t Type, w, a []uint32, c *[GemmTileRows * GemmPanelRows]float32, nb int) {
+	if SupportsQ80(t) {
+		gemmGo80(w, a, c, nb)
+		return
+	}
 	pb, subs := panelBlock4, 8
 	if t == Q6_K {
 		pb, subs = panelBlock6, 16
@@ -306,6 +419,28 @@ func gemmGo(t Type, w, a []uint32, c *[GemmTileRows * GemmPanelRows]float32, nb 
 				d := math.Float32frombits(pw[panelD+r])
 				dmin := math.Float32frombits(pw[panelDmin+r])
 				c[i*GemmPanelRows+r] += da * (d*float32(sum) - dmin*float32(off))
+			}
+		}
+	}
+}
+
+// gemmGo80 is gemmGo for the 32-element formats.
+func gemmGo80(w, a []uint32, c *[GemmTileRows * GemmPanelRows]float32, nb int) {
+	for b := range nb {
+		pw := w[b*panelBlock0 : (b+1)*panelBlock0]
+		ta := a[b*tileBlock0 : (b+1)*tileBlock0]
+		for i := range GemmTileRows {
+			da := math.Float32frombits(ta[tileD0+i])
+			for r := range GemmPanelRows {
+				var dot int32
+				for j := range 8 {
+					wv, av := pw[j*GemmPanelRows+r], ta[j*GemmTileRows+i]
+					for l := 0; l < 32; l += 8 {
+						dot += int32(uint8(wv>>l)) * int32(int8(av>>l))
+					}
+				}
+				d := math.Float32frombits(pw[panelD0+r])
+				c[i*GemmPanelRows+r] += da * (d * float32(dot-int32(ta[tileOsum0+i])))
 			}
 		}
 	}

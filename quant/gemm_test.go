@@ -7,13 +7,13 @@ import (
 	"testing"
 )
 
-// TestGemm checks the integer GEMM of Q4_K and Q6_K weights at every
-// level against DotQ8K of each pair of rows (the same integer arithmetic,
-// one row at a time): full and partial tiles and panels, accumulation,
+// TestGemm checks the integer GEMM of every type at every level against
+// DotQ8K or DotQ80 of each pair of rows (the same integer arithmetic, one
+// row at a time): full and partial tiles and panels, accumulation,
 // outliers and zero blocks.
 func TestGemm(t *testing.T) {
 	atEachLevel(t, func(t *testing.T) {
-		for _, typ := range []Type{Q4_K, Q6_K} {
+		for _, typ := range []Type{Q4_K, Q6_K, Q8_0, Q5_0, Q4_0} {
 			t.Run(typ.String(), func(t *testing.T) { testGemm(t, typ) })
 		}
 	})
@@ -27,6 +27,7 @@ func testGemm(t *testing.T, typ Type) {
 		acc        bool
 		x          func(n int) []float32
 		zeroBlocks bool
+		blocks32   bool // k not a multiple of 256: the 32-element formats only
 	}{
 		{name: "one tile one panel", m: 6, n: 32, k: 256, x: func(n int) []float32 { return gauss(r, n, 1) }},
 		{name: "partial tile", m: 4, n: 32, k: 512, x: func(n int) []float32 { return gauss(r, n, 0.3) }},
@@ -34,7 +35,11 @@ func testGemm(t *testing.T, typ Type) {
 		{name: "accumulate", m: 9, n: 40, k: 512, acc: true, x: func(n int) []float32 { return gauss(r, n, 1) }},
 		{name: "outliers", m: 6, n: 32, k: 2048, x: func(n int) []float32 { return gaussOutliers(r, n, 1) }},
 		{name: "zero blocks", m: 7, n: 33, k: 512, zeroBlocks: true, x: func(n int) []float32 { return gauss(r, n, 1) }},
+		{name: "224 columns", m: 8, n: 35, k: 224, blocks32: true, x: func(n int) []float32 { return gauss(r, n, 1) }},
 	} {
+		if tc.blocks32 && !SupportsQ80(typ) {
+			continue
+		}
 		t.Run(tc.name, func(t *testing.T) {
 			w := make([][]byte, tc.n)
 			for j := range w {
@@ -45,10 +50,11 @@ func testGemm(t *testing.T, typ Type) {
 				a[i] = tc.x(tc.k)
 				if tc.zeroBlocks && i%2 == 0 {
 					clear(a[i][:QK_K])
+					clear(a[i][QK_K+32 : QK_K+64])
 				}
 			}
-			var x Q8KTiles
-			if err := x.Reset(tc.m, tc.k); err != nil {
+			var x GemmTiles
+			if err := x.Reset(typ, tc.m, tc.k); err != nil {
 				t.Fatal(err)
 			}
 			for ti := range x.Tiles() {
@@ -76,12 +82,9 @@ func testGemm(t *testing.T, typ Type) {
 				}
 			}
 			for i := range tc.m {
-				var q Q8K
-				if err := q.Quantize(a[i]); err != nil {
-					t.Fatal(err)
-				}
+				dot := rowDot(t, typ, a[i])
 				for j := range tc.n {
-					want := float64(base[i*tc.n+j]) + float64(DotQ8K(typ, w[j], &q))
+					want := float64(base[i*tc.n+j]) + float64(dot(w[j]))
 					var mag float64
 					for e := range tc.k {
 						mag += math.Abs(float64(refElem(typ, w[j], e)) * float64(a[i][e]))
@@ -95,9 +98,25 @@ func testGemm(t *testing.T, typ Type) {
 	}
 }
 
+// rowDot is the one-row integer dot of a with rows of type typ.
+func rowDot(t *testing.T, typ Type, a []float32) func(w []byte) float32 {
+	if SupportsQ80(typ) {
+		var q Q80
+		if err := q.Quantize(a); err != nil {
+			t.Fatal(err)
+		}
+		return func(w []byte) float32 { return DotQ80(typ, w, &q) }
+	}
+	var q Q8K
+	if err := q.Quantize(a); err != nil {
+		t.Fatal(err)
+	}
+	return func(w []byte) float32 { return DotQ8K(typ, w, &q) }
+}
+
 func TestGemmErrors(t *testing.T) {
 	var p GemmPanel
-	var x Q8KTiles
+	var x GemmTiles
 	row := randomRow(rand.New(rand.NewPCG(1, 2)), Q4_K, 256)
 	for _, tc := range []struct {
 		name string
@@ -108,17 +127,20 @@ func TestGemmErrors(t *testing.T) {
 		{"panel of 33 rows", p.Pack(Q4_K, make([][]byte, 33), 256)},
 		{"panel row too short", p.Pack(Q4_K, [][]byte{row[:100]}, 256)},
 		{"Q6_K row given as Q4_K", p.Pack(Q4_K, [][]byte{randomRow(rand.New(rand.NewPCG(1, 2)), Q6_K, 256)}, 256)},
-		{"tiles k 0", x.Reset(4, 0)},
-		{"tiles of no rows", x.Reset(0, 256)},
+		{"tiles k 0", x.Reset(Q4_K, 4, 0)},
+		{"tiles of no rows", x.Reset(Q4_K, 0, 256)},
 	} {
 		if !errors.Is(tc.err, ErrSize) {
 			t.Errorf("%s: error %v, want ErrSize", tc.name, tc.err)
 		}
 	}
-	if err := p.Pack(Q8_0, [][]byte{make([]byte, 34*8)}, 256); !errors.Is(err, ErrUnsupported) {
-		t.Errorf("Q8_0 panel: error %v, want ErrUnsupported", err)
+	if err := p.Pack(Q4_1, [][]byte{make([]byte, 20*8)}, 256); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("Q4_1 panel: error %v, want ErrUnsupported", err)
 	}
-	if err := x.Reset(7, 256); err != nil {
+	if err := x.Reset(F16, 6, 256); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("F16 tiles: error %v, want ErrUnsupported", err)
+	}
+	if err := x.Reset(Q4_K, 7, 256); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -141,7 +163,7 @@ func TestGemmErrors(t *testing.T) {
 // 2,048-column panel of 32 rows against 64 tiles of 6 rows (the panel
 // from L2, the tiles from L2/L3, as in a prefill); ns per weight·row.
 func BenchmarkGemm(b *testing.B) {
-	for _, typ := range []Type{Q4_K, Q6_K} {
+	for _, typ := range []Type{Q4_K, Q6_K, Q8_0} {
 		b.Run(typ.String(), func(b *testing.B) { benchGemm(b, typ) })
 	}
 }
@@ -157,8 +179,8 @@ func benchGemm(b *testing.B, typ Type) {
 	if err := p.Pack(typ, w, k); err != nil {
 		b.Fatal(err)
 	}
-	var x Q8KTiles
-	if err := x.Reset(m, k); err != nil {
+	var x GemmTiles
+	if err := x.Reset(typ, m, k); err != nil {
 		b.Fatal(err)
 	}
 	for ti := range x.Tiles() {

@@ -1712,6 +1712,7 @@ func main() {
 	}
 	zGemm("gemmQ4KQ8KVNNI", false)
 	zGemm("gemmQ6KQ8KVNNI", true)
+	zGemm80("gemmQ80VNNI")
 	q5shifts()
 	if err := os.WriteFile("dot_amd64.s", out.Bytes(), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -1809,6 +1810,55 @@ func zGemm(name string, q6 bool) {
 	p("\tDECQ CX")
 	p("\tJNZ %s_block", name)
 	p("%s_done:", name)
+	p("\tVZEROUPPER")
+	p("\tRET")
+}
+
+// zGemm80: the integer GEMM's tile kernel for panels of the 32-element
+// formats (Q8_0, Q5_0, Q4_0, unpacked to offset bytes; one kernel for the
+// three): per block the six rows' integer sums (Z12–Z23) less the tile's
+// offset sums, converted, times the weights' scales (Z27/Z28) and the
+// activations' (Z29) into float accumulators Z0–Z11, added to c at the
+// end.
+func zGemm80(name string) {
+	const panelBlock, tileBlock = (8*32 + 32) * 4, (8*6 + 12) * 4
+	p("")
+	p("// func %s(w *uint32, a *uint32, c *float32, n int)", name)
+	p("TEXT ·%s(SB), NOSPLIT, $0-32", name)
+	p("\tMOVQ w+0(FP), SI")
+	p("\tMOVQ a+8(FP), DI")
+	p("\tMOVQ c+16(FP), DX")
+	p("\tMOVQ n+24(FP), CX")
+	zeroZ(0, 12)
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	p("%s_block:", name)
+	zeroZ(12, 24)
+	for t := range 8 {
+		gemmPairStep("VPDPBUSD", "SI", t*128, t*24)
+	}
+	p("\tVMOVUPS 1024(SI), Z27")
+	p("\tVMOVUPS 1088(SI), Z28")
+	for i := range 6 {
+		p("\tVPBROADCASTD %d(DI), Z30", 8*24+24+4*i)
+		p("\tVBROADCASTSS %d(DI), Z29", 8*24+4*i)
+		for j := range 2 {
+			m := 12 + 2*i + j
+			p("\tVPSUBD Z30, Z%d, Z%d", m, m)
+			p("\tVCVTDQ2PS Z%d, Z%d", m, m)
+			p("\tVMULPS Z%d, Z%d, Z%d", 27+j, m, m)
+			p("\tVFMADD231PS Z29, Z%d, Z%d", m, 2*i+j)
+		}
+	}
+	p("\tADDQ $%d, SI", panelBlock)
+	p("\tADDQ $%d, DI", tileBlock)
+	p("\tDECQ CX")
+	p("\tJNZ %s_block", name)
+	p("%s_done:", name)
+	for i := range 12 {
+		p("\tVADDPS %d(DX), Z%d, Z%d", 64*i, i, i)
+		p("\tVMOVUPS Z%d, %d(DX)", i, 64*i)
+	}
 	p("\tVZEROUPPER")
 	p("\tRET")
 }
