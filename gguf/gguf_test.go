@@ -182,9 +182,22 @@ func TestRoundTripParse(t *testing.T) {
 	}
 }
 
-// TestRoundTripOpen writes a file to disk and memory-maps it back; the
-// identity equals that of Parse on the same bytes, and Close is idempotent.
+// TestRoundTripOpen writes a file to disk and opens it back, mapped and
+// resident; the identity equals that of Parse on the same bytes, and Close
+// is idempotent.
 func TestRoundTripOpen(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []OpenOption
+	}{
+		{"mapped", nil},
+		{"resident", []OpenOption{Resident()}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testRoundTripOpen(t, tc.opts...) })
+	}
+}
+
+func testRoundTripOpen(t *testing.T, opts ...OpenOption) {
 	kv, ts := allKV(), testTensors()
 	path := filepath.Join(t.TempDir(), "m.gguf")
 	w, err := os.Create(path)
@@ -197,7 +210,7 @@ func TestRoundTripOpen(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	f, err := Open(path)
+	f, err := Open(path, opts...)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -412,16 +425,19 @@ func TestOpenErrors(t *testing.T) {
 		{"bad magic", bad, bad + `: bad magic "GGML"`, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f, err := Open(tc.path)
-			if err == nil || f != nil || !strings.Contains(err.Error(), tc.sub) || errors.Is(err, ErrFormat) != tc.format {
-				t.Fatalf("Open = %v, %v; want error containing %q (ErrFormat %v)", f, err, tc.sub, tc.format)
+			for _, opts := range [][]OpenOption{nil, {Resident()}} {
+				f, err := Open(tc.path, opts...)
+				if err == nil || f != nil || !strings.Contains(err.Error(), tc.sub) || errors.Is(err, ErrFormat) != tc.format {
+					t.Fatalf("Open (%d options) = %v, %v; want error containing %q (ErrFormat %v)", len(opts), f, err, tc.sub, tc.format)
+				}
 			}
 		})
 	}
 }
 
 // TestOpenNoCopy: opening a file with 32 MiB of tensor data allocates far
-// less than that (the data is mapped, not read), and Data reads the bytes.
+// less than that on the Go heap (the data is mapped, not read; resident,
+// it is read into memory outside the heap), and Data reads the bytes.
 func TestOpenNoCopy(t *testing.T) {
 	data := randomBytes(7, 32<<20)
 	path := filepath.Join(t.TempDir(), "big.gguf")
@@ -433,19 +449,23 @@ func TestOpenNoCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.Close()
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	f, err := Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runtime.ReadMemStats(&after)
-	defer f.Close()
-	if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
-		t.Errorf("Open allocated %d bytes for a %d-byte file", n, f.Size)
-	}
-	if !bytes.Equal(f.Data(&f.Tensors[0]), data) {
-		t.Error("mapped tensor data differs")
+	for _, opts := range [][]OpenOption{nil, {Resident()}} {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		f, err := Open(path, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runtime.ReadMemStats(&after)
+		if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
+			t.Errorf("Open (%d options) allocated %d bytes for a %d-byte file", len(opts), n, f.Size)
+		}
+		if !bytes.Equal(f.Data(&f.Tensors[0]), data) {
+			t.Errorf("Open (%d options): tensor data differs", len(opts))
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -8,8 +8,9 @@ import (
 )
 
 // Open reads the file at path into memory (this platform has no mmap
-// support here), parses and validates it.
-func Open(path string) (*File, error) {
+// support here, so every file is opened as with [Resident]), parses and
+// validates it.
+func Open(path string, _ ...OpenOption) (*File, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("gguf: %w", err)

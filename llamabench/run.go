@@ -304,7 +304,8 @@ func timeReps(reps int, fn func() error) (Stat, error) {
 func runOurs(cfg Config, path string, in inputs) (side Side, reused int, err error) {
 	debug.FreeOSMemory()
 	rss0 := rss()
-	f, err := gguf.Open(path)
+	f, err := gguf.Open(path, gguf.Resident()) // as cb worker opens it
+
 	if err != nil {
 		return side, 0, err
 	}

@@ -37,10 +37,11 @@ type File struct {
 	Stop []int32
 }
 
-// Open maps the GGUF file at path and checks that it can be served: a
-// supported tokenizer, and a chat template that renders (when it has one).
-func Open(path string) (*File, error) {
-	g, err := gguf.Open(path)
+// Open maps the GGUF file at path (or, with gguf.Resident, reads it into
+// memory) and checks that it can be served: a supported tokenizer, and a
+// chat template that renders (when it has one).
+func Open(path string, opts ...gguf.OpenOption) (*File, error) {
+	g, err := gguf.Open(path, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("model file: %w", err)
 	}
