@@ -700,6 +700,9 @@ func zHsumRet(ret int) {
 }
 
 // zHalf: F16 or BF16 rows, n a multiple of 16, 64 per iteration.
+// zHalfAhead is how far ahead of its loads (bytes) zHalf prefetches.
+const zHalfAhead = 1024
+
 func zHalf(name string, f16 bool) {
 	header(name, 0, "x", fmt.Sprintf("func %s(w *byte, x *float32, n int) float32: n a multiple of 16.", name))
 	for i := 0; i < 4; i++ {
@@ -716,6 +719,8 @@ func zHalf(name string, f16 bool) {
 	p("%s_64:", name)
 	p("\tCMPQ CX, $64")
 	p("\tJLT %s_16", name)
+	p("\tPREFETCHT0 %d(SI)", zHalfAhead)
+	p("\tPREFETCHT0 %d(SI)", zHalfAhead+64)
 	for i := 0; i < 4; i++ {
 		load(32*i, 4+i)
 	}

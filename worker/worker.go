@@ -18,10 +18,10 @@ import (
 
 	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/defaults"
+	"github.com/cacheblend/cacheblend/gguf"
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/model"
-	"github.com/cacheblend/cacheblend/gguf"
 	"github.com/cacheblend/cacheblend/modelfile"
 	"github.com/cacheblend/cacheblend/rankgroup"
 	"github.com/cacheblend/cacheblend/reuseplan"
