@@ -143,19 +143,47 @@ func (p *GemmPanel) Pack(t Type, rows [][]byte, k int) error {
 	}
 	p.t, p.k, p.rows = t, k, len(rows)
 	p.w = grow(p.w, nb*pb)
-	for b := range nb {
-		w := p.w[b*pb : (b+1)*pb]
-		if len(rows) < GemmPanelRows {
-			clear(w)
-		}
-		for r, row := range rows {
-			switch blk := row[b*bs : (b+1)*bs]; t {
-			case Q4_K:
-				packQ4K(w, r, (*[144]byte)(blk))
-			case Q6_K:
-				packQ6K(w, r, (*[210]byte)(blk))
-			default:
-				packQ80(t, w, r, blk)
+	if len(rows) < GemmPanelRows {
+		clear(p.w)
+	}
+	for r, row := range rows {
+		switch t {
+		case Q4_K:
+			for b := range nb {
+				packQ4K(p.w[b*pb:(b+1)*pb], r, (*[144]byte)(row[b*bs:]))
+			}
+		case Q6_K:
+			for b := range nb {
+				packQ6K(p.w[b*pb:(b+1)*pb], r, (*[210]byte)(row[b*bs:]))
+			}
+		case Q8_0:
+			for b := range nb {
+				w, blk := (*[panelBlock0]uint32)(p.w[b*pb:]), (*[34]byte)(row[b*bs:])
+				w[panelD0+r] = math.Float32bits(half(blk[:]))
+				for st := range 8 {
+					w[st*GemmPanelRows+r] = binary.LittleEndian.Uint32(blk[2+4*st:]) ^ 0x80808080
+				}
+			}
+		case Q4_0:
+			for b := range nb {
+				w, blk := (*[panelBlock0]uint32)(p.w[b*pb:]), (*[18]byte)(row[b*bs:])
+				w[panelD0+r] = math.Float32bits(half(blk[:]))
+				for st := range 4 {
+					v := binary.LittleEndian.Uint32(blk[2+4*st:])
+					w[st*GemmPanelRows+r] = v & 0x0f0f0f0f
+					w[(st+4)*GemmPanelRows+r] = v >> 4 & 0x0f0f0f0f
+				}
+			}
+		case Q5_0:
+			for b := range nb {
+				w, blk := (*[panelBlock0]uint32)(p.w[b*pb:]), (*[22]byte)(row[b*bs:])
+				w[panelD0+r] = math.Float32bits(half(blk[:]))
+				qh := binary.LittleEndian.Uint32(blk[2:])
+				for st := range 4 {
+					v := binary.LittleEndian.Uint32(blk[6+4*st:])
+					w[st*GemmPanelRows+r] = v&0x0f0f0f0f | fifthBits[qh>>(4*st)&15]
+					w[(st+4)*GemmPanelRows+r] = v>>4&0x0f0f0f0f | fifthBits[qh>>(16+4*st)&15]
+				}
 			}
 		}
 	}
@@ -195,55 +223,32 @@ func packQ6K(w []uint32, r int, blk *[210]byte) {
 	}
 	w[panelD6+r] = math.Float32bits(half(blk[208:]))
 	for n := range 2 {
-		ql, qh := blk[64*n:], blk[128+32*n:]
+		ql, qh := blk[64*n:64*n+64], blk[128+32*n:128+32*n+32]
+		q := w[32*n*GemmPanelRows : (32*n+32)*GemmPanelRows]
 		for l := 0; l < 32; l += 4 {
 			lo := binary.LittleEndian.Uint32(ql[l:])
 			hi := binary.LittleEndian.Uint32(ql[l+32:])
 			h := binary.LittleEndian.Uint32(qh[l:])
 			const m4, m2 = 0x0f0f0f0f, 0x03030303
-			for j, v := range [4]uint32{
-				lo&m4 | (h&m2)<<4,
-				hi&m4 | (h>>2&m2)<<4,
-				lo>>4&m4 | (h>>4&m2)<<4,
-				hi>>4&m4 | (h>>6&m2)<<4,
-			} {
-				e := 128*n + 32*j + l
-				w[e/4*GemmPanelRows+r] = v
-			}
+			// Elements l, 32+l, 64+l, 96+l of the half: words l/4 + 8j.
+			q[(l/4)*GemmPanelRows+r] = lo&m4 | (h&m2)<<4
+			q[(l/4+8)*GemmPanelRows+r] = hi&m4 | (h>>2&m2)<<4
+			q[(l/4+16)*GemmPanelRows+r] = lo>>4&m4 | (h>>4&m2)<<4
+			q[(l/4+24)*GemmPanelRows+r] = hi>>4&m4 | (h>>6&m2)<<4
 		}
 	}
 }
 
-// packQ80 unpacks one Q8_0, Q5_0 or Q4_0 block into row r of a panel's
-// block w, offset to unsigned values (see dequantQ5_0 for Q5_0's fifth
-// bits).
-func packQ80(t Type, w []uint32, r int, blk []byte) {
-	w[panelD0+r] = math.Float32bits(half(blk))
-	switch t {
-	case Q8_0:
-		for st := range 8 {
-			w[st*GemmPanelRows+r] = binary.LittleEndian.Uint32(blk[2+4*st:]) ^ 0x80808080
-		}
-	case Q4_0:
-		for st := range 4 {
-			v := binary.LittleEndian.Uint32(blk[2+4*st:])
-			w[st*GemmPanelRows+r] = v & 0x0f0f0f0f
-			w[(st+4)*GemmPanelRows+r] = v >> 4 & 0x0f0f0f0f
-		}
-	case Q5_0:
-		qh := binary.LittleEndian.Uint32(blk[2:])
-		for st := range 4 {
-			v := binary.LittleEndian.Uint32(blk[6+4*st:])
-			var h0, h1 uint32
-			for l := range 4 {
-				h0 |= (qh >> (4*st + l) & 1) << (8*l + 4)
-				h1 |= (qh >> (16 + 4*st + l) & 1) << (8*l + 4)
-			}
-			w[st*GemmPanelRows+r] = v&0x0f0f0f0f | h0
-			w[(st+4)*GemmPanelRows+r] = v>>4&0x0f0f0f0f | h1
+// fifthBits[v] has bit 4 of byte l set for each bit l of v: four of
+// Q5_0's fifth bits moved onto their unpacked bytes.
+var fifthBits = func() (t [16]uint32) {
+	for v := range t {
+		for l := range 4 {
+			t[v] |= uint32(v>>l&1) << (8*l + 4)
 		}
 	}
-}
+	return t
+}()
 
 // GemmTiles is rows of activations quantized for [Gemm] with weights of
 // one type — as Q8_K for the K-quants (as [Q8K]), as Q8_0 for the

@@ -202,3 +202,27 @@ func benchGemm(b *testing.B, typ Type) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(k*GemmPanelRows*m), "ns/weight·row")
 }
+
+// BenchmarkGemmPack is unpacking a panel of 32 rows of 2,048 weights; ns
+// per weight (against BenchmarkGemm's ns per weight·row: the packing is
+// paid once per panel and call, the product once per row).
+func BenchmarkGemmPack(b *testing.B) {
+	for _, typ := range []Type{Q4_K, Q6_K, Q8_0, Q5_0} {
+		b.Run(typ.String(), func(b *testing.B) {
+			const k = 2048
+			r := rand.New(rand.NewPCG(3, 4))
+			w := make([][]byte, GemmPanelRows)
+			for j := range w {
+				w[j] = randomRow(r, typ, k)
+			}
+			var p GemmPanel
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := p.Pack(typ, w, k); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(k*GemmPanelRows), "ns/weight")
+		})
+	}
+}
