@@ -330,8 +330,31 @@ func (m *Model) normRows(h, x mat, gain []float32) {
 // residual stream), writing every row's K/V into its slot. It fails only
 // when a sharded model's all-reduce fails.
 func (m *Model) layer(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch) error {
-	qkv := m.storeKV(ws, kv, l, x, b, true)
-	return m.attendAndMLP(ws, kv, l, x, qkv, b)
+	if x.rows <= mlpRows || len(b.seqs) != 1 {
+		qkv := m.storeKV(ws, kv, l, x, b, true)
+		return m.attendAndMLP(ws, kv, l, x, qkv, b)
+	}
+	// One sequence of many rows (a CacheBlend forward's full layers, its
+	// important rows): mlpRows rows at a time, so that the layer's
+	// buffers (Q/K/V, attention output, norms) stay the size of a
+	// prefill chunk's. A chunk's rows attend causally, by position, so the
+	// K/V of later chunks not yet written is never read.
+	for r0 := 0; r0 < x.rows; r0 += mlpRows {
+		r1 := min(x.rows, r0+mlpRows)
+		xc, bc := x.view(r0, 0, r1-r0, x.cols), b.sub(r0, r1)
+		qkv := m.storeKV(ws, kv, l, xc, bc, true)
+		if err := m.attendAndMLP(ws, kv, l, xc, qkv, bc); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sub is rows [r0, r1) of a one-sequence batch, attending over the same
+// positions.
+func (b *batch) sub(r0, r1 int) *batch {
+	s := b.seqs[0]
+	return &batch{pos: b.pos[r0:r1], slot: b.slot[r0:r1], seqs: []seqInfo{{r0: 0, r1: r1 - r0, ctx: s.ctx, slots: s.slots}}}
 }
 
 // storeKV computes the Q, K and V of every row of x at layer l (returned,
@@ -355,13 +378,12 @@ func (m *Model) storeKV(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batc
 // over them), but the attention, the output projection and the MLP run for
 // the tail rows alone — the others' results would feed no layer.
 func (m *Model) lastLayer(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch, tail int) error {
-	qkv := m.storeKV(ws, kv, l, x, b, false)
-	r, s := x.rows-tail, b.seqs[0]
-	for i := r; i < x.rows; i++ {
-		m.table.Rotate(qkv.row(i)[:m.qDim], b.pos[i])
+	r := x.rows - tail
+	for r0 := 0; r0 < r; r0 += mlpRows { // K and V only, a chunk at a time
+		r1 := min(r, r0+mlpRows)
+		m.storeKV(ws, kv, l, x.view(r0, 0, r1-r0, x.cols), b.sub(r0, r1), false)
 	}
-	last := &batch{pos: b.pos[r:], slot: b.slot[r:], seqs: []seqInfo{{r0: 0, r1: tail, ctx: s.ctx, slots: s.slots}}}
-	return m.attendAndMLP(ws, kv, l, x.view(r, 0, tail, m.cfg.Dim), qkv.view(r, 0, tail, m.qkvDim), last)
+	return m.layer(ws, kv, l, x.view(r, 0, tail, x.cols), b.sub(r, x.rows))
 }
 
 // forwardLayers runs layers [from, L) on the rows of x (one sequence, batch
