@@ -398,13 +398,7 @@ func gemmGo(t Type, w, a []uint32, c *[GemmTileRows * GemmPanelRows]float32, nb 
 			for r := range GemmPanelRows {
 				var sum, off int32
 				for s := range subs {
-					var dot int32
-					for j := s * steps; j < (s+1)*steps; j++ {
-						wv, av := pw[j*GemmPanelRows+r], ta[j*GemmTileRows+i]
-						for l := 0; l < 32; l += 8 {
-							dot += int32(uint8(wv>>l)) * int32(int8(av>>l))
-						}
-					}
+					dot := stepsDot(pw, ta, s*steps, (s+1)*steps, r, i)
 					sum += dot * int32(pw[panelSc+s*GemmPanelRows+r])
 				}
 				pairs := func(w0, a0, n int) (s int32) {
@@ -437,16 +431,23 @@ func gemmGo80(w, a []uint32, c *[GemmTileRows * GemmPanelRows]float32, nb int) {
 		for i := range GemmTileRows {
 			da := math.Float32frombits(ta[tileD0+i])
 			for r := range GemmPanelRows {
-				var dot int32
-				for j := range 8 {
-					wv, av := pw[j*GemmPanelRows+r], ta[j*GemmTileRows+i]
-					for l := 0; l < 32; l += 8 {
-						dot += int32(uint8(wv>>l)) * int32(int8(av>>l))
-					}
-				}
+				dot := stepsDot(pw, ta, 0, 8, r, i)
 				d := math.Float32frombits(pw[panelD0+r])
 				c[i*GemmPanelRows+r] += da * (d * float32(dot-int32(ta[tileOsum0+i])))
 			}
 		}
 	}
+}
+
+// stepsDot is the integer dot of weight row r of a panel block pw and
+// activation row i of a tile block ta over the steps [j0, j1) (4 elements
+// each): unsigned weights times signed activations.
+func stepsDot(pw, ta []uint32, j0, j1, r, i int) (dot int32) {
+	for j := j0; j < j1; j++ {
+		wv, av := pw[j*GemmPanelRows+r], ta[j*GemmTileRows+i]
+		for l := 0; l < 32; l += 8 {
+			dot += int32(uint8(wv>>l)) * int32(int8(av>>l))
+		}
+	}
+	return dot
 }

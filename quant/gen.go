@@ -1740,13 +1740,7 @@ func zGemm(name string, q6 bool) {
 		subs = 16
 	}
 	steps := 64 / subs
-	p("")
-	p("// func %s(w *uint32, a *uint32, c *float32, n int)", name)
-	p("TEXT ·%s(SB), NOSPLIT, $0-32", name)
-	p("\tMOVQ w+0(FP), SI")
-	p("\tMOVQ a+8(FP), DI")
-	p("\tMOVQ c+16(FP), DX")
-	p("\tMOVQ n+24(FP), CX")
+	gemmHeader(name)
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_done", name)
 	p("%s_block:", name)
@@ -1827,13 +1821,7 @@ func zGemm(name string, q6 bool) {
 // end.
 func zGemm80(name string) {
 	const panelBlock, tileBlock = (8*32 + 32) * 4, (8*6 + 12) * 4
-	p("")
-	p("// func %s(w *uint32, a *uint32, c *float32, n int)", name)
-	p("TEXT ·%s(SB), NOSPLIT, $0-32", name)
-	p("\tMOVQ w+0(FP), SI")
-	p("\tMOVQ a+8(FP), DI")
-	p("\tMOVQ c+16(FP), DX")
-	p("\tMOVQ n+24(FP), CX")
+	gemmHeader(name)
 	zeroZ(0, 12)
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_done", name)
@@ -1866,6 +1854,18 @@ func zGemm80(name string) {
 	}
 	p("\tVZEROUPPER")
 	p("\tRET")
+}
+
+// gemmHeader opens a tile kernel func name(w, a *uint32, c *float32, n
+// int): w in SI, a in DI, c in DX, n in CX.
+func gemmHeader(name string) {
+	p("")
+	p("// func %s(w *uint32, a *uint32, c *float32, n int)", name)
+	p("TEXT ·%s(SB), NOSPLIT, $0-32", name)
+	p("\tMOVQ w+0(FP), SI")
+	p("\tMOVQ a+8(FP), DI")
+	p("\tMOVQ c+16(FP), DX")
+	p("\tMOVQ n+24(FP), CX")
 }
 
 // zeroZ clears Z[from, to).
