@@ -203,12 +203,13 @@ func TestUpNodes(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	exited, done := waitCmd(cmd)
 	defer func() {
-		if cmd.ProcessState == nil {
+		select {
+		case <-done:
+		default:
 			cmd.Process.Kill()
-			<-exited
+			<-done
 		}
 	}()
 	var b []byte

@@ -374,3 +374,16 @@ func httpGet(url string) (string, error) {
 	}
 	return string(b), nil
 }
+
+// waitCmd waits for the started cmd in a goroutine: exited receives Wait's
+// result (buffered: nobody has to read it), done is closed after it. A
+// test's cleanup selects on done instead of reading cmd.ProcessState,
+// which Wait writes on the other goroutine.
+func waitCmd(cmd *exec.Cmd) (exited <-chan error, done <-chan struct{}) {
+	ex, dn := make(chan error, 1), make(chan struct{})
+	go func() {
+		ex <- cmd.Wait()
+		close(dn)
+	}()
+	return ex, dn
+}

@@ -41,12 +41,13 @@ func TestUpMutualTLS(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	exited, done := waitCmd(cmd)
 	defer func() {
-		if cmd.ProcessState == nil {
+		select {
+		case <-done:
+		default:
 			cmd.Process.Kill()
-			<-exited
+			<-done
 		}
 		if t.Failed() {
 			t.Logf("cb up output:\n%s", tail(out.String(), 60))

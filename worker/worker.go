@@ -430,6 +430,12 @@ func (w *Worker) Start(ctx context.Context) error {
 		// first requests after READY can load reused KV.
 		<-firstTry
 	}
+	if w.quality != nil {
+		// Started means the quality checker's memory is reserved: while
+		// it is being reserved the checker is busy, and a request that asks
+		// for a check right after READY would have it dropped.
+		<-w.quality.ready
+	}
 	w.logger.Info("worker started", "addr", ln.Addr().String(), "kv_memory", kv.Name(), "sealed", kv.Sealed(), "layers", m.Config().Layers,
 		"dim", m.Config().Dim, "blocks", w.cfg.NumBlocks, "block_size", w.cfg.BlockSize, "blend", w.blend != nil,
 		"rank", w.cfg.Rank, "world_size", w.group.world)
