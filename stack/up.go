@@ -515,21 +515,41 @@ func makeCerts(runDir string, validity time.Duration) (string, error) {
 	return dir, nil
 }
 
-// FreePorts returns n distinct free TCP ports on 127.0.0.1. (A port could be
-// taken by someone else between this call and its use; the process then
-// fails to start and says so.)
+// FreePorts returns n distinct free TCP ports on 127.0.0.1, none of them
+// returned before by FreePorts in this process: two stacks started at once
+// in one process never get the same port between its pick and its bind
+// (the kernel may hand a just-closed port to the next bind of :0). A port
+// could still be taken by another process between this call and its use;
+// the process then fails to start and says so. Safe for concurrent use.
 func FreePorts(n int) ([]int, error) {
+	portsMu.Lock()
+	defer portsMu.Unlock()
 	ports := make([]int, 0, n)
-	for range n {
+	for tries := 0; len(ports) < n; tries++ {
+		if tries >= 64+4*n {
+			return nil, fmt.Errorf("stack: free port: %d picks gave only ports handed out before", tries)
+		}
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, fmt.Errorf("stack: free port: %w", err)
 		}
 		defer l.Close() // every listener held until return: the n ports differ
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		p := l.Addr().(*net.TCPAddr).Port
+		if handedOut[p] {
+			continue
+		}
+		handedOut[p] = true
+		ports = append(ports, p)
 	}
 	return ports, nil
 }
+
+// portsMu guards handedOut, the ports FreePorts returned in this process
+// (at most the 65,535 TCP ports).
+var (
+	portsMu   sync.Mutex
+	handedOut = map[int]bool{}
+)
 
 // upNodes starts cfg.Nodes single-node stacks sharing one fleet tier (the
 // Redis server at cfg.RedisURL, or one it starts) and, unless NoGateway, a
