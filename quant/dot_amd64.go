@@ -406,7 +406,13 @@ func gemmQ4KQ8KVNNI(w *uint32, a *uint32, c *float32, n int)
 func gemmQ6KQ8KVNNI(w *uint32, a *uint32, c *float32, n int)
 
 //go:noescape
-func gemmQ80VNNI(w *uint32, a *uint32, c *float32, n int)
+func gemmQ8_0VNNI(w *uint32, a *uint32, c *float32, n int)
+
+//go:noescape
+func gemmQ5_0VNNI(w *uint32, a *uint32, c *float32, n int)
+
+//go:noescape
+func gemmQ4_0VNNI(w *uint32, a *uint32, c *float32, n int)
 
 // gemmAsm runs the integer GEMM's tile kernel for panels of type t at the
 // AVX-512 level with VNNI.
@@ -422,8 +428,12 @@ func gemmAsm(t Type, w, a []uint32, c *[GemmTileRows * GemmPanelRows]float32, nb
 		gemmQ4KQ8KVNNI(&w[0], &a[0], &c[0], nb)
 	case Q6_K:
 		gemmQ6KQ8KVNNI(&w[0], &a[0], &c[0], nb)
+	case Q8_0:
+		gemmQ8_0VNNI(&w[0], &a[0], &c[0], nb)
+	case Q5_0:
+		gemmQ5_0VNNI(&w[0], &a[0], &c[0], nb)
 	default:
-		gemmQ80VNNI(&w[0], &a[0], &c[0], nb)
+		gemmQ4_0VNNI(&w[0], &a[0], &c[0], nb)
 	}
 	return true
 }

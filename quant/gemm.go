@@ -6,8 +6,8 @@ import (
 	"math"
 )
 
-// The integer GEMM (prefill with K-quant weights): the activations are
-// quantized to Q8_K and packed in tiles of GemmTileRows rows, a panel of
+// The integer GEMM (prefill with quantized weights): the activations are
+// quantized to Q8_K (or Q8_0) and packed in tiles of GemmTileRows rows, a panel of
 // up to GemmPanelRows weight rows is unpacked to one byte per weight, and
 // a tile times a panel is computed in integers per sub-block (AVX-512
 // VNNI: a weight vector of 16 rows × 4 bytes against one activation row's
@@ -41,7 +41,7 @@ import (
 //
 //	q      [8 steps][6 rows]                  4 int8 values
 //	d      [6] float32
-//	osum   [6] int32                           the weights' offset times the sum of q
+//	sum    [6] int32                           the sum of q (times the weights' offset in the kernel)
 //
 // and a tile of activations for the K-quants (Q8_K), per 256 elements,
 //
@@ -75,8 +75,8 @@ const (
 	panelD0     = 8 * GemmPanelRows
 	panelBlock0 = panelD0 + GemmPanelRows // Q8_0, Q5_0, Q4_0 (per 32)
 	tileD0      = 8 * GemmTileRows
-	tileOsum0   = tileD0 + GemmTileRows
-	tileBlock0  = tileOsum0 + GemmTileRows
+	tileSum0    = tileD0 + GemmTileRows
+	tileBlock0  = tileSum0 + GemmTileRows
 )
 
 // SupportsGemm reports whether [GemmPanel] packs rows of type t: Q4_K,
@@ -97,16 +97,16 @@ func gemmLayout(t Type) (bs, wb, pb, tb int) {
 	return QK8_0, q80BlockBytes(t), panelBlock0, tileBlock0
 }
 
-// gemmOffset is what the panel adds to the weights of a 32-element format
-// to make them unsigned.
-func gemmOffset(t Type) int32 {
+// gemmShift is log2 of what the panel adds to the weights of a
+// 32-element format to make them unsigned (128, 16, 8).
+func gemmShift(t Type) int {
 	switch t {
 	case Q8_0:
-		return 128
+		return 7
 	case Q5_0:
-		return 16
+		return 4
 	}
-	return 8
+	return 3
 }
 
 // GemmPanel is up to GemmPanelRows weight rows of one type (SupportsGemm)
@@ -123,7 +123,8 @@ type GemmPanel struct {
 func (p *GemmPanel) Rows() int { return p.rows }
 
 // Pack unpacks rows (1 to GemmPanelRows rows of type t, k elements each,
-// k a multiple of 256) into p, reusing p's memory. Missing rows are zero.
+// k a multiple of the type's block: 256 for the K-quants, 32 for the
+// others) into p, reusing p's memory. Missing rows are zero.
 func (p *GemmPanel) Pack(t Type, rows [][]byte, k int) error {
 	if !SupportsGemm(t) {
 		return fmt.Errorf("%w: no integer GEMM for %s", ErrUnsupported, t)
@@ -250,12 +251,13 @@ var fifthBits = func() (t [16]uint32) {
 	return t
 }()
 
-// GemmTiles is rows of activations quantized for [Gemm] with weights of
-// one type — as Q8_K for the K-quants (as [Q8K]), as Q8_0 for the
-// 32-element formats (as [Q80]) — and packed in tiles of GemmTileRows
-// rows. Reset sizes it; each tile is then quantized by QuantizeTile,
-// concurrently for distinct tiles. Safe to read concurrently once
-// quantized.
+// GemmTiles is rows of activations quantized for [Gemm] — as Q8_K for
+// the K-quants (as [Q8K]), as Q8_0 for the 32-element formats (as [Q80])
+// — and packed in tiles of GemmTileRows rows: one quantization serves
+// panels of every type that Fits (a Q4_K|Q6_K or Q5_0|Q8_0 stack of
+// weights is multiplied with one). Reset sizes it; each tile is then
+// quantized by QuantizeTile, concurrently for distinct tiles. Safe to
+// read concurrently once quantized.
 type GemmTiles struct {
 	t    Type
 	m, k int
@@ -263,8 +265,8 @@ type GemmTiles struct {
 }
 
 // Reset sizes x for m rows of k elements (k a multiple of the type's
-// block) to be multiplied with weights of type t (SupportsGemm), reusing
-// its memory.
+// block) to be multiplied with weights of type t (SupportsGemm) and every
+// type that Fits it, reusing its memory.
 func (x *GemmTiles) Reset(t Type, m, k int) error {
 	if !SupportsGemm(t) {
 		return fmt.Errorf("%w: no integer GEMM for %s", ErrUnsupported, t)
@@ -276,6 +278,12 @@ func (x *GemmTiles) Reset(t Type, m, k int) error {
 	x.t, x.m, x.k = t, m, k
 	x.w = grow(x.w, x.Tiles()*k/be*tb)
 	return nil
+}
+
+// Fits reports whether x, reset for some type, serves panels of type t:
+// both K-quants, or both of the 32-element formats.
+func (x *GemmTiles) Fits(t Type) bool {
+	return SupportsQ8K(x.t) && SupportsQ8K(t) || SupportsQ80(x.t) && SupportsQ80(t)
 }
 
 // Tiles is the number of tiles: the rows over GemmTileRows, rounded up.
@@ -301,7 +309,6 @@ func (x *GemmTiles) QuantizeTile(t int, rows ...[]float32) error {
 		}
 	}
 	if be == QK8_0 {
-		off := gemmOffset(x.t)
 		var q [QK8_0]int8
 		for i, v := range rows {
 			for b := range nb {
@@ -312,7 +319,7 @@ func (x *GemmTiles) QuantizeTile(t int, rows ...[]float32) error {
 					sum += int32(q[4*st]) + int32(q[4*st+1]) + int32(q[4*st+2]) + int32(q[4*st+3])
 					w[st*GemmTileRows+i] = qWord(q[4*st:])
 				}
-				w[tileOsum0+i] = uint32(off * sum)
+				w[tileSum0+i] = uint32(sum)
 			}
 		}
 		return nil
@@ -348,13 +355,13 @@ func qWord(q []int8) uint32 {
 
 // Gemm sets (or, with acc, adds to) c[i·ldc + j] the dot product of row
 // i of tile t of x and row j of p, for the tile's rows below rows (at most
-// GemmTileRows) and j below p.Rows(): an integer GEMM of K-quant weights
-// and Q8_K activations (see the package's integer GEMM). With AVX-512
-// VNNI (IntegerDots) it runs in assembly, elsewhere the same arithmetic in
-// Go. It panics when p and x differ in k or t is out of range. Safe for
-// concurrent use with distinct c.
+// GemmTileRows) and j below p.Rows(): an integer GEMM of quantized
+// weights and quantized activations (see the package's integer GEMM).
+// With AVX-512 VNNI (IntegerDots) it runs in assembly, elsewhere the same
+// arithmetic in Go. It panics when p and x differ in k, x does not fit
+// p's type, or t is out of range. Safe for concurrent use with distinct c.
 func Gemm(p *GemmPanel, x *GemmTiles, t, rows int, c []float32, ldc int, acc bool) {
-	if p.k != x.k || p.t != x.t || t < 0 || t >= x.Tiles() || rows > GemmTileRows {
+	if p.k != x.k || !x.Fits(p.t) || t < 0 || t >= x.Tiles() || rows > GemmTileRows {
 		panic(fmt.Sprintf("quant: Gemm of a %d-column %s panel and %d-column tiles for %s (tile %d of %d)", p.k, p.t, x.k, x.t, t, x.Tiles()))
 	}
 	be, _, _, tb := gemmLayout(p.t)
@@ -382,7 +389,7 @@ func Gemm(p *GemmPanel, x *GemmTiles, t, rows int, c []float32, ldc int, acc boo
 // type t.
 func gemmGo(t Type, w, a []uint32, c *[GemmTileRows * GemmPanelRows]float32, nb int) {
 	if SupportsQ80(t) {
-		gemmGo80(w, a, c, nb)
+		gemmGo80(w, a, c, nb, int32(1)<<gemmShift(t))
 		return
 	}
 	pb, subs := panelBlock4, 8
@@ -423,8 +430,9 @@ func gemmGo(t Type, w, a []uint32, c *[GemmTileRows * GemmPanelRows]float32, nb 
 	}
 }
 
-// gemmGo80 is gemmGo for the 32-element formats.
-func gemmGo80(w, a []uint32, c *[GemmTileRows * GemmPanelRows]float32, nb int) {
+// gemmGo80 is gemmGo for the 32-element formats, whose weights the panel
+// holds plus off.
+func gemmGo80(w, a []uint32, c *[GemmTileRows * GemmPanelRows]float32, nb int, off int32) {
 	for b := range nb {
 		pw := w[b*panelBlock0 : (b+1)*panelBlock0]
 		ta := a[b*tileBlock0 : (b+1)*tileBlock0]
@@ -433,7 +441,7 @@ func gemmGo80(w, a []uint32, c *[GemmTileRows * GemmPanelRows]float32, nb int) {
 			for r := range GemmPanelRows {
 				dot := stepsDot(pw, ta, 0, 8, r, i)
 				d := math.Float32frombits(pw[panelD0+r])
-				c[i*GemmPanelRows+r] += da * (d * float32(dot-int32(ta[tileOsum0+i])))
+				c[i*GemmPanelRows+r] += da * (d * float32(dot-off*int32(ta[tileSum0+i])))
 			}
 		}
 	}

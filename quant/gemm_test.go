@@ -226,3 +226,66 @@ func BenchmarkGemmPack(b *testing.B) {
 		})
 	}
 }
+
+// TestGemmSharedTiles: one quantization of the activations serves panels
+// of every type that fits it (a mixed Q4_K|Q6_K or Q8_0|Q5_0|Q4_0 stack),
+// at every level, checked against the one-row integer dots; Fits says
+// which.
+func TestGemmSharedTiles(t *testing.T) {
+	atEachLevel(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(21, 22))
+		const m, n, k = 8, 40, 512
+		for _, tc := range []struct {
+			reset  Type
+			panels []Type
+		}{
+			{Q6_K, []Type{Q4_K, Q6_K}},
+			{Q4_0, []Type{Q8_0, Q5_0, Q4_0}},
+		} {
+			a := make([][]float32, m)
+			for i := range a {
+				a[i] = gauss(r, k, 1)
+			}
+			var x GemmTiles
+			if err := x.Reset(tc.reset, m, k); err != nil {
+				t.Fatal(err)
+			}
+			for ti := range x.Tiles() {
+				if err := x.QuantizeTile(ti, a[ti*GemmTileRows:min(m, (ti+1)*GemmTileRows)]...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, typ := range []Type{Q4_K, Q6_K, Q8_0, Q5_0, Q4_0} {
+				if want := SupportsQ8K(typ) == SupportsQ8K(tc.reset); x.Fits(typ) != want {
+					t.Errorf("tiles for %s: Fits(%s) = %v, want %v", tc.reset, typ, !want, want)
+				}
+			}
+			for _, typ := range tc.panels {
+				w := make([][]byte, n)
+				for j := range w {
+					w[j] = randomRow(r, typ, k)
+				}
+				c := make([]float32, m*n)
+				var p GemmPanel
+				for j0 := 0; j0 < n; j0 += GemmPanelRows {
+					if err := p.Pack(typ, w[j0:min(n, j0+GemmPanelRows)], k); err != nil {
+						t.Fatal(err)
+					}
+					for ti := range x.Tiles() {
+						i0 := ti * GemmTileRows
+						Gemm(&p, &x, ti, min(GemmTileRows, m-i0), c[i0*n+j0:], n, false)
+					}
+				}
+				for i := range m {
+					dot := rowDot(t, typ, a[i])
+					for j := range n {
+						want := float64(dot(w[j]))
+						if got := float64(c[i*n+j]); math.Abs(got-want) > 1e-4*(math.Abs(want)+1) {
+							t.Fatalf("tiles for %s, %s panel: c[%d][%d] = %g, want %g", tc.reset, typ, i, j, got, want)
+						}
+					}
+				}
+			}
+		}
+	})
+}

@@ -1717,7 +1717,9 @@ func main() {
 	}
 	zGemm("gemmQ4KQ8KVNNI", false)
 	zGemm("gemmQ6KQ8KVNNI", true)
-	zGemm80("gemmQ80VNNI")
+	zGemm80("gemmQ8_0VNNI", 7)
+	zGemm80("gemmQ5_0VNNI", 4)
+	zGemm80("gemmQ4_0VNNI", 3)
 	q5shifts()
 	if err := os.WriteFile("dot_amd64.s", out.Bytes(), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -1813,13 +1815,14 @@ func zGemm(name string, q6 bool) {
 	p("\tRET")
 }
 
-// zGemm80: the integer GEMM's tile kernel for panels of the 32-element
-// formats (Q8_0, Q5_0, Q4_0, unpacked to offset bytes; one kernel for the
-// three): per block the six rows' integer sums (Z12–Z23) less the tile's
-// offset sums, converted, times the weights' scales (Z27/Z28) and the
-// activations' (Z29) into float accumulators Z0–Z11, added to c at the
-// end.
-func zGemm80(name string) {
+// zGemm80: the integer GEMM's tile kernel for panels of a 32-element
+// format (Q8_0, Q5_0, Q4_0, unpacked to bytes plus 1<<shift): per block
+// the six rows' integer sums (Z12–Z23) less the tile's sums shifted by
+// shift (the offset), converted, times the weights' scales (Z27/Z28) and
+// the activations' (Z29) into float accumulators Z0–Z11, added to c at
+// the end. The tiles hold plain sums, so one quantization of the
+// activations serves all three formats.
+func zGemm80(name string, shift int) {
 	const panelBlock, tileBlock = (8*32 + 32) * 4, (8*6 + 12) * 4
 	gemmHeader(name)
 	zeroZ(0, 12)
@@ -1834,6 +1837,7 @@ func zGemm80(name string) {
 	p("\tVMOVUPS 1088(SI), Z28")
 	for i := range 6 {
 		p("\tVPBROADCASTD %d(DI), Z30", 8*24+24+4*i)
+		p("\tVPSLLD $%d, Z30, Z30", shift) // Σq times the weights' offset
 		p("\tVBROADCASTSS %d(DI), Z29", 8*24+4*i)
 		for j := range 2 {
 			m := 12 + 2*i + j
