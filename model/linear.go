@@ -153,12 +153,23 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		return
 	}
 	if q.types != nil { // mixed types: each run of one type on its own
+		// With the integer GEMM, one quantization of a serves every run
+		// whose type it fits (Q4_K|Q6_K, Q5_0|Q8_0 in a Q4_K_M file).
+		var x *quant.GemmTiles
+		if t0 := q.types[off]; m > qIntRows && intGemm(t0, k) {
+			x = quantizeTiles(tm, a, t0, k)
+			defer gemmTilesPool.Put(x)
+		}
 		for j0 := 0; j0 < n; {
 			j1 := j0 + 1
 			for j1 < n && q.types[off+j1] == q.types[off+j0] {
 				j1++
 			}
-			qgemm(tm, c.view(0, j0, m, j1-j0), a, q.sliceRows(off+j0, off+j1), 0, acc)
+			if run := q.sliceRows(off+j0, off+j1); x != nil && x.Fits(run.t) {
+				gemmPanels(tm, c.view(0, j0, m, j1-j0), x, run, acc)
+			} else {
+				qgemm(tm, c.view(0, j0, m, j1-j0), a, run, 0, acc)
+			}
 			j0 = j1
 		}
 		return
@@ -215,42 +226,12 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		})
 		return
 	}
-	if (kq || zq) && quant.IntegerDots() {
+	if intGemm(q.t, k) {
 		// A prefill (or a decode batch of more than qIntRows rows) with
-		// Q4_K, Q6_K, Q8_0, Q5_0 or Q4_0 weights: the integer GEMM. The
-		// rows of a are quantized once (Q8_K or Q8_0), in tiles of six;
-		// each task unpacks a panel of 32 weight rows to bytes and
-		// multiplies every tile with it in integers (AVX-512 VNNI), about
-		// four times the float GEMM's rate and without dequantizing.
-		x := gemmTilesPool.Get().(*quant.GemmTiles)
+		// Q4_K, Q6_K, Q8_0, Q5_0 or Q4_0 weights: the integer GEMM.
+		x := quantizeTiles(tm, a, q.t, k)
 		defer gemmTilesPool.Put(x)
-		if err := x.Reset(q.t, m, k); err != nil {
-			panic(fmt.Sprintf("model: %v", err)) // k checked above
-		}
-		const tr = quant.GemmTileRows
-		tm.run(x.Tiles(), func(_, t int) {
-			var rows [tr][]float32
-			nr := min(tr, m-t*tr)
-			for i := range nr {
-				rows[i] = a.row(t*tr + i)[:k]
-			}
-			if err := x.QuantizeTile(t, rows[:nr]...); err != nil {
-				panic(fmt.Sprintf("model: %v", err))
-			}
-		})
-		const pr = quant.GemmPanelRows
-		tm.run((n+pr-1)/pr, func(_, t int) {
-			j0, j1 := t*pr, min(n, (t+1)*pr)
-			p := gemmPanelPool.Get().(*quant.GemmPanel)
-			defer gemmPanelPool.Put(p)
-			if err := p.Pack(q.t, q.rows[off+j0:off+j1], k); err != nil {
-				panic(fmt.Sprintf("model: %v", err)) // sizes checked at load
-			}
-			for ti := range x.Tiles() {
-				i0 := ti * tr
-				quant.Gemm(p, x, ti, min(tr, m-i0), c.data[i0*c.stride+j0:], c.stride, acc)
-			}
-		})
+		gemmPanels(tm, c, x, q.sliceRows(off, off+n), acc)
 		return
 	}
 	if r := activationRounding(q.t); r != roundNone {
@@ -375,6 +356,59 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 	})
 	*pk = pa.Data()
 	qPacked.Put(pk)
+}
+
+// intGemm reports whether products of more than qIntRows activation rows
+// with k-column weights of type t run the integer GEMM: about four times
+// the float GEMM's rate and without dequantizing, where the kernels run
+// in assembly (AVX-512 VNNI).
+func intGemm(t quant.Type, k int) bool {
+	return quant.IntegerDots() && (quant.SupportsQ8K(t) && k%quant.QK_K == 0 || quant.SupportsQ80(t) && k%quant.QK8_0 == 0)
+}
+
+// quantizeTiles quantizes the rows of a (k columns) for the integer GEMM
+// with weights of type t (and every type the tiles fit), in tiles of six
+// rows on the team's threads. The caller puts the tiles back in
+// gemmTilesPool.
+func quantizeTiles(tm *team, a mat, t quant.Type, k int) *quant.GemmTiles {
+	m := a.rows
+	x := gemmTilesPool.Get().(*quant.GemmTiles)
+	if err := x.Reset(t, m, k); err != nil {
+		panic(fmt.Sprintf("model: %v", err)) // k checked by intGemm
+	}
+	const tr = quant.GemmTileRows
+	tm.run(x.Tiles(), func(_, t int) {
+		var rows [tr][]float32
+		nr := min(tr, m-t*tr)
+		for i := range nr {
+			rows[i] = a.row(t*tr + i)[:k]
+		}
+		if err := x.QuantizeTile(t, rows[:nr]...); err != nil {
+			panic(fmt.Sprintf("model: %v", err))
+		}
+	})
+	return x
+}
+
+// gemmPanels computes c = a·Wᵀ (c += … when acc) for the rows of q (one
+// type, which x fits) from a's quantized tiles x: each task unpacks a
+// panel of 32 weight rows to bytes and multiplies every tile with it in
+// integers.
+func gemmPanels(tm *team, c mat, x *quant.GemmTiles, q *qmat, acc bool) {
+	const tr, pr = quant.GemmTileRows, quant.GemmPanelRows
+	m, n := c.rows, c.cols
+	tm.run((n+pr-1)/pr, func(_, t int) {
+		j0, j1 := t*pr, min(n, (t+1)*pr)
+		p := gemmPanelPool.Get().(*quant.GemmPanel)
+		defer gemmPanelPool.Put(p)
+		if err := p.Pack(q.t, q.rows[j0:j1], q.in); err != nil {
+			panic(fmt.Sprintf("model: %v", err)) // sizes checked at load
+		}
+		for ti := range x.Tiles() {
+			i0 := ti * tr
+			quant.Gemm(p, x, ti, min(tr, m-i0), c.data[i0*c.stride+j0:], c.stride, acc)
+		}
+	})
 }
 
 // intActs holds a decode step's activation rows quantized for the integer
