@@ -36,6 +36,10 @@ type Config struct {
 	// StepTokenBudget, 512 by default; llama.cpp's micro-batch is 512
 	// too); default 512.
 	Chunk int
+	// MapWeights opens the files of package model as a memory mapping
+	// instead of reading them into huge-page memory as cb worker does
+	// (cb worker --map-weights); default false.
+	MapWeights bool
 
 	DecodeContext int // context of the batch-1 decode; default 512
 	DecodeSteps   int // timed decode steps (after one warm-up step); default 16
@@ -304,8 +308,11 @@ func timeReps(reps int, fn func() error) (Stat, error) {
 func runOurs(cfg Config, path string, in inputs) (side Side, reused int, err error) {
 	debug.FreeOSMemory()
 	rss0 := rss()
-	f, err := gguf.Open(path, gguf.Resident()) // as cb worker opens it
-
+	var opts []gguf.OpenOption
+	if !cfg.MapWeights {
+		opts = append(opts, gguf.Resident()) // as cb worker opens it
+	}
+	f, err := gguf.Open(path, opts...)
 	if err != nil {
 		return side, 0, err
 	}

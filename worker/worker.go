@@ -58,9 +58,10 @@ type Config struct {
 	ModelName string
 	// ModelPath is a GGUF model file to serve (see model.Load); empty: the
 	// built-in model. Its bytes are read into the worker's own memory with
-	// transparent huge pages (gguf.Resident: decode streams the weights
-	// faster than through 4 KiB file pages) unless MapWeights is set or the
-	// worker is a tensor-parallel rank (Deps.Reducer), which map it.
+	// transparent huge pages (gguf.Resident: no TLB miss per 4 KiB page of
+	// weights; a decode step 0–10% faster on Llama-3.2-1B F16) unless
+	// MapWeights is set or the worker is a tensor-parallel rank
+	// (Deps.Reducer), which map it.
 	ModelPath string
 	// MapWeights serves ModelPath from a memory mapping of the file (pages
 	// shared with every process mapping it, read on first use, no copy at

@@ -119,6 +119,7 @@ flags, FP32 peak per core and memory read bandwidth; --json writes every figure 
 	fl.IntVar(&cfg.Reps, "reps", 3, "timed repetitions of each measurement, after one warm-up")
 	fl.IntVar(&cfg.DecodeSteps, "decode-steps", 16, "timed decode steps")
 	fl.StringVar(&cfg.Dir, "dir", "", "where the test files are generated and kept (default $XDG_CACHE_HOME/cacheblend/bench)")
+	fl.BoolVar(&cfg.MapWeights, "map-weights", false, "open the files for our side as a memory mapping (cb worker --map-weights) instead of reading them into huge-page memory as cb worker does")
 	fl.BoolVar(&vsLlama, "vs-llamacpp", false, "run llama.cpp on the same files beside ours")
 	fl.StringVar(&flashAttn, "llama-flash-attn", "auto", "llama.cpp's flash attention: auto, on or off")
 	fl.StringVar(&kvType, "llama-kv-type", "f16", "llama.cpp's KV cache type: f16, f32, bf16 or q8_0")
