@@ -176,6 +176,31 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 	}
 	kq := quant.SupportsQ8K(q.t) && k%quant.QK_K == 0
 	zq := quant.SupportsQ80(q.t) && k%quant.QK8_0 == 0
+	if m == 1 && quant.IntegerDots() && (kq || zq) {
+		// Decode of one sequence: a quantized once, each task's weight
+		// rows dotted with it by one kernel call (quant.DotQ8KMany,
+		// DotQ80Many: at SmolLM2's 576 columns a call per row cost as
+		// much as its dot).
+		ia := intActPool.Get().(*intActs)
+		defer intActPool.Put(ia)
+		var err error
+		if kq {
+			err = ia.k1.Quantize(a.row(0)[:k])
+		} else {
+			err = ia.z1.Quantize(a.row(0)[:k])
+		}
+		if err != nil {
+			panic(fmt.Sprintf("model: %v", err)) // k checked above
+		}
+		manyRows(tm, c, q, off, acc, func(ws [][]byte, out []float32) {
+			if kq {
+				quant.DotQ8KMany(q.t, ws, &ia.k1, out)
+			} else {
+				quant.DotQ80Many(q.t, ws, &ia.z1, out)
+			}
+		})
+		return
+	}
 	if m <= qIntRows && quant.IntegerDots() && (kq || zq) {
 		// Decode (one sequence or a batch) with quantized weights: the
 		// rows of a quantized once (Q8_K for the K-quants, Q8_0 for the
@@ -252,6 +277,11 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 			}
 		})
 		a = ra
+	}
+	if m == 1 {
+		x := a.row(0)[:k]
+		manyRows(tm, c, q, off, acc, func(ws [][]byte, out []float32) { quant.DotMany(q.t, ws, x, out) })
+		return
 	}
 	if m <= qDotRows {
 		chunk := dotChunk(n, tm.threads)
@@ -411,9 +441,37 @@ func gemmPanels(tm *team, c mat, x *quant.GemmTiles, q *qmat, acc bool) {
 	})
 }
 
+// manyRows computes row 0 of c = a·Wᵀ (c += … when acc) for a single row
+// of a: each task takes a span of the weight rows (dotChunk) and hands
+// them to dots in runs of at most 256, whose results go straight into c
+// (or through a buffer on the stack when acc).
+func manyRows(tm *team, c mat, q *qmat, off int, acc bool, dots func(ws [][]byte, out []float32)) {
+	n := c.cols
+	chunk := dotChunk(n, tm.threads)
+	tm.run((n+chunk-1)/chunk, func(_, t int) {
+		const run = 256
+		var buf [run]float32
+		for j0 := t * chunk; j0 < min(n, (t+1)*chunk); j0 += run {
+			j1 := min(n, (t+1)*chunk, j0+run)
+			ws := q.rows[off+j0 : off+j1]
+			dst := c.data[j0:j1]
+			if !acc {
+				dots(ws, dst)
+				continue
+			}
+			dots(ws, buf[:])
+			for j, v := range buf[:j1-j0] {
+				dst[j] += v
+			}
+		}
+	})
+}
+
 // intActs holds a decode step's activation rows quantized for the integer
 // kernels, in groups of four; intActPool recycles them.
 type intActs struct {
+	k1 quant.Q8K // one row (manyRows)
+	z1 quant.Q80
 	kr [(qIntRows + quant.Q8KRowsMax - 1) / quant.Q8KRowsMax]quant.Q8KRows
 	zr [(qIntRows + quant.Q80RowsMax - 1) / quant.Q80RowsMax]quant.Q80Rows
 }

@@ -27,3 +27,12 @@ func dotQ80RowsAsm(Type, []byte, *Q80Rows, []float32) bool { return false }
 func gemmAsm(Type, []uint32, []uint32, *[GemmTileRows * GemmPanelRows]float32, int) bool {
 	return false
 }
+
+// dotQ80ManyAsm has no assembly to run.
+func dotQ80ManyAsm(Type, [][]byte, *Q80, []float32) bool { return false }
+
+// dotQ8KManyAsm has no assembly to run.
+func dotQ8KManyAsm(Type, [][]byte, *Q8K, []float32) bool { return false }
+
+// dotHalfManyAsm has no assembly to run.
+func dotHalfManyAsm(Type, [][]byte, []float32, []float32) bool { return false }

@@ -256,6 +256,78 @@ func dotQ8KRowsAsm(t Type, w []byte, x *Q8KRows, out []float32) bool {
 	return true
 }
 
+// The Many kernels: one call for a set of weight rows (see gen.go's
+// manyStart), each row a []byte header of ws.
+
+//go:noescape
+func dotF16ManyAVX512(ws *[]byte, x *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotBF16ManyAVX512(ws *[]byte, x *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4KQ8KManyVNNI(ws *[]byte, q *int8, d *float32, sums *int32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ6KQ8KManyVNNI(ws *[]byte, q *int8, d *float32, sums16 *int32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ8_0Q80ManyVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ5_0Q80ManyVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80ManyVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+// dotHalfManyAsm runs DotMany's F16 and BF16 kernel at the AVX-512 level
+// (len(x) a multiple of 16; ws non-empty, its rows checked).
+func dotHalfManyAsm(t Type, ws [][]byte, x, out []float32) bool {
+	if level() != lvlAVX512 || len(x)%16 != 0 {
+		return false
+	}
+	switch t {
+	case F16:
+		dotF16ManyAVX512(&ws[0], &x[0], len(x), len(ws), &out[0])
+	case BF16:
+		dotBF16ManyAVX512(&ws[0], &x[0], len(x), len(ws), &out[0])
+	default:
+		return false
+	}
+	return true
+}
+
+// dotQ8KManyAsm runs DotQ8KMany's kernels at the AVX-512 level with VNNI
+// (ws non-empty, its rows checked, at least one block).
+func dotQ8KManyAsm(t Type, ws [][]byte, x *Q8K, out []float32) bool {
+	if !integerAsm() {
+		return false
+	}
+	if t == Q6_K {
+		dotQ6KQ8KManyVNNI(&ws[0], &x.qn[0], &x.d[0], &x.sums16[0], len(x.d), len(ws), &out[0])
+	} else {
+		dotQ4KQ8KManyVNNI(&ws[0], &x.q[0], &x.d[0], &x.sums[0], len(x.d), len(ws), &out[0])
+	}
+	return true
+}
+
+// dotQ80ManyAsm runs DotQ80Many's kernels at the AVX-512 level with VNNI
+// (ws non-empty, its rows checked, an even number of blocks).
+func dotQ80ManyAsm(t Type, ws [][]byte, x *Q80, out []float32) bool {
+	if !integerAsm() {
+		return false
+	}
+	k := dotQ8_0Q80ManyVNNI
+	switch t {
+	case Q5_0:
+		k = dotQ5_0Q80ManyVNNI
+	case Q4_0:
+		k = dotQ4_0Q80ManyVNNI
+	}
+	k(&ws[0], &x.q[0], &x.d[0], &x.ds[0], len(x.d), len(ws), &out[0])
+	return true
+}
+
 // q8kRowsKernels are DotQ8KRows's kernels for Q4_K and Q6_K, by rows − 2.
 var q8kRowsKernels = [2][3]func(w *byte, q *int8, d *float32, sums *int32, n int, out *float32){
 	{dotQ4KQ8KRows2VNNI, dotQ4KQ8KRows3VNNI, dotQ4KQ8KRows4VNNI},

@@ -46,6 +46,45 @@ func hsumRet(ret int) {
 	p("\tRET")
 }
 
+// The "Many" form of a dot kernel computes one dot per weight row of a
+// [][]byte: its arguments are (ws *[]byte, the single-row kernel's other
+// arguments, rows int, out *float32) instead of (w *byte, …) float32, and
+// it keeps its place in a 24-byte frame: 0(SP) the next row's slice header
+// (its data pointer is the row), 8(SP) the rows left, 16(SP) where the
+// next result goes. One call covers a task's rows, so the constants are
+// set once and no Go code runs between rows.
+
+// manyStart opens a Many kernel's row loop (rowsArg and outArg: the frame
+// offsets of rows and out); SI is the row at the label.
+func manyStart(name string, rowsArg, outArg int) {
+	p("\tMOVQ ws+0(FP), AX")
+	p("\tMOVQ AX, 0(SP)")
+	p("\tMOVQ rows+%d(FP), AX", rowsArg)
+	p("\tMOVQ AX, 8(SP)")
+	p("\tMOVQ out+%d(FP), AX", outArg)
+	p("\tMOVQ AX, 16(SP)")
+	p("%s_row:", name)
+	p("\tMOVQ 0(SP), AX")
+	p("\tMOVQ (AX), SI")
+}
+
+// hsumNext reduces Y0 to its lane sum, stores it as the row's result and
+// loops to the next row (see manyStart).
+func hsumNext(name string) {
+	p("\tVEXTRACTF128 $1, Y0, X1")
+	p("\tVADDPS X1, X0, X0")
+	p("\tVHADDPS X0, X0, X0")
+	p("\tVHADDPS X0, X0, X0")
+	p("\tMOVQ 16(SP), AX")
+	p("\tVMOVSS X0, (AX)")
+	p("\tADDQ $4, 16(SP)")
+	p("\tADDQ $24, 0(SP)")
+	p("\tDECQ 8(SP)")
+	p("\tJNZ %s_row", name)
+	p("\tVZEROUPPER")
+	p("\tRET")
+}
+
 // header opens a function of the given frame size: a dot kernel (w, x
 // *, n int) float32 or, when x is "y", a dequantizer (w, y *, n int).
 func header(name string, frame int, x, doc string) {
@@ -703,8 +742,17 @@ func zHsumRet(ret int) {
 // zHalfAhead is how far ahead of its loads (bytes) zHalf prefetches.
 const zHalfAhead = 1024
 
-func zHalf(name string, f16 bool) {
-	header(name, 0, "x", fmt.Sprintf("func %s(w *byte, x *float32, n int) float32: n a multiple of 16.", name))
+func zHalf(name string, f16, many bool) {
+	if many {
+		p("")
+		p("// func %s(ws *[]byte, x *float32, n, rows int, out *float32): rows > 0, n a multiple of 16.", name)
+		p("TEXT ·%s(SB), NOSPLIT, $24-40", name)
+		manyStart(name, 24, 32)
+		p("\tMOVQ x+8(FP), DI")
+		p("\tMOVQ n+16(FP), CX")
+	} else {
+		header(name, 0, "x", fmt.Sprintf("func %s(w *byte, x *float32, n int) float32: n a multiple of 16.", name))
+	}
 	for i := 0; i < 4; i++ {
 		p("\tVPXORD Z%d, Z%d, Z%d", i, i, i)
 	}
@@ -744,6 +792,12 @@ func zHalf(name string, f16 bool) {
 	p("\tVADDPS Z1, Z0, Z0")
 	p("\tVADDPS Z3, Z2, Z2")
 	p("\tVADDPS Z2, Z0, Z0")
+	if many {
+		p("\tVEXTRACTF64X4 $1, Z0, Y1")
+		p("\tVADDPS Y1, Y0, Y0")
+		hsumNext(name)
+		return
+	}
 	zHsumRet(24)
 }
 
@@ -1018,22 +1072,32 @@ func zQ6K() {
 // next-but-one, and are multiplied by their 6-bit scales (VPERMD of the
 // eight scales by q4kq8kIdx); the mins meet the activations' per-32 sums.
 // Z0 accumulates d·dx·Σ sc·Σq·qx, Y1 dmin·dx·m·sums.
-func zQ4KQ8K() {
-	const name = "dotQ4KQ8KVNNI"
+func zQ4KQ8K(many bool) {
+	name := "dotQ4KQ8KVNNI"
 	p("")
-	p("// func %s(w *byte, q *int8, d *float32, sums *int32, n int) float32: n Q4_K blocks.", name)
-	p("TEXT ·%s(SB), NOSPLIT, $0-44", name)
-	p("\tMOVQ w+0(FP), SI")
+	if many {
+		name = "dotQ4KQ8KManyVNNI"
+		p("// func %s(ws *[]byte, q *int8, d *float32, sums *int32, n, rows int, out *float32): rows > 0, n Q4_K blocks each.", name)
+		p("TEXT ·%s(SB), NOSPLIT, $24-56", name)
+	} else {
+		p("// func %s(w *byte, q *int8, d *float32, sums *int32, n int) float32: n Q4_K blocks.", name)
+		p("TEXT ·%s(SB), NOSPLIT, $0-44", name)
+	}
+	zConst(6, 0x0f0f0f0f)
+	for i := range 4 {
+		p("\tVMOVDQU32 ·q4kq8kIdx+%d(SB), Z%d", 64*i, 16+i)
+	}
+	if many {
+		manyStart(name, 40, 48)
+	} else {
+		p("\tMOVQ w+0(FP), SI")
+	}
 	p("\tMOVQ q+8(FP), DI")
 	p("\tMOVQ d+16(FP), BX")
 	p("\tMOVQ sums+24(FP), DX")
 	p("\tMOVQ n+32(FP), CX")
 	p("\tVPXORD Z0, Z0, Z0")
 	p("\tVPXORD Z1, Z1, Z1")
-	zConst(6, 0x0f0f0f0f)
-	for i := range 4 {
-		p("\tVMOVDQU32 ·q4kq8kIdx+%d(SB), Z%d", 64*i, 16+i)
-	}
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_done", name)
 	p("%s_block:", name)
@@ -1084,6 +1148,10 @@ func zQ4KQ8K() {
 	p("\tVEXTRACTF64X4 $1, Z0, Y2")
 	p("\tVADDPS Y2, Y0, Y0")
 	p("\tVSUBPS Y1, Y0, Y0")
+	if many {
+		hsumNext(name)
+		return
+	}
 	hsumRet(40)
 	p("")
 	p("// q4kq8kIdx: the VPERMD indices that spread the eight Q4_K scales over")
@@ -1109,17 +1177,17 @@ func zQ4KQ8K() {
 // order is the activations' natural order; VPDPBUSD against them, each
 // lane times its 16-element sub-block's signed scale; the −32 offset as
 // 32·Σ scale·(sum of the sub-block's activations).
-func zQ6KQ8K() {
-	const name = "dotQ6KQ8KVNNI"
+func zQ6KQ8K(many bool) {
+	name := "dotQ6KQ8KVNNI"
 	p("")
-	p("// func %s(w *byte, q *int8, d *float32, sums16 *int32, n int) float32: n Q6_K blocks.", name)
-	p("TEXT ·%s(SB), NOSPLIT, $0-44", name)
-	p("\tMOVQ w+0(FP), SI")
-	p("\tMOVQ q+8(FP), DI")
-	p("\tMOVQ d+16(FP), BX")
-	p("\tMOVQ sums16+24(FP), DX")
-	p("\tMOVQ n+32(FP), CX")
-	p("\tVPXORD Z0, Z0, Z0")
+	if many {
+		name = "dotQ6KQ8KManyVNNI"
+		p("// func %s(ws *[]byte, q *int8, d *float32, sums16 *int32, n, rows int, out *float32): rows > 0, n Q6_K blocks each.", name)
+		p("TEXT ·%s(SB), NOSPLIT, $24-56", name)
+	} else {
+		p("// func %s(w *byte, q *int8, d *float32, sums16 *int32, n int) float32: n Q6_K blocks.", name)
+		p("TEXT ·%s(SB), NOSPLIT, $0-44", name)
+	}
 	zConst(6, 0x0f0f0f0f)
 	zConst(17, 0x03030303)
 	p("\tVMOVDQU64 ·q6kq8kShift+0(SB), Z16")
@@ -1127,6 +1195,16 @@ func zQ6KQ8K() {
 	for i := range 4 {
 		p("\tVMOVDQU32 ·q6kq8kIdx+%d(SB), Z%d", 64*i, 26+i)
 	}
+	if many {
+		manyStart(name, 40, 48)
+	} else {
+		p("\tMOVQ w+0(FP), SI")
+	}
+	p("\tMOVQ q+8(FP), DI")
+	p("\tMOVQ d+16(FP), BX")
+	p("\tMOVQ sums16+24(FP), DX")
+	p("\tMOVQ n+32(FP), CX")
+	p("\tVPXORD Z0, Z0, Z0")
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_done", name)
 	p("%s_block:", name)
@@ -1176,6 +1254,10 @@ func zQ6KQ8K() {
 	p("%s_done:", name)
 	p("\tVEXTRACTF64X4 $1, Z0, Y2")
 	p("\tVADDPS Y2, Y0, Y0")
+	if many {
+		hsumNext(name)
+		return
+	}
 	hsumRet(40)
 	p("")
 	p("// q6kq8kShift: the VPSRLVQ counts of dotQ6KQ8KVNNI (0|2, 4|6 per half).")
@@ -1242,18 +1324,15 @@ func q80Weights(size, qs, qh, o, r int) {
 // activations' per-block d·Σq (ds): X2 accumulates Σ dw·ds, and the result
 // is Z0+Z1 − off·X2. Z15 = 0x0f bytes, Z14 = 0x10 bytes (Q5_0) or 0x80
 // (Q8_0), Z16/Z17 = the spreading indices, K2 = the high-nibble quadwords.
-func zQ80(name string, size, qs, qh int, off uint32) {
+func zQ80(name string, size, qs, qh int, off uint32, many bool) {
 	p("")
-	p("// func %s(w *byte, q *int8, d, ds *float32, n int) float32: n blocks, n even.", name)
-	p("TEXT ·%s(SB), NOSPLIT, $0-44", name)
-	p("\tMOVQ w+0(FP), SI")
-	p("\tMOVQ q+8(FP), DI")
-	p("\tMOVQ d+16(FP), BX")
-	p("\tMOVQ ds+24(FP), R8")
-	p("\tMOVQ n+32(FP), CX")
-	p("\tVPXORD Z0, Z0, Z0")
-	p("\tVPXORD Z1, Z1, Z1")
-	p("\tVPXORD Z2, Z2, Z2")
+	if many {
+		p("// func %s(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32): rows > 0, n blocks each, n even.", name)
+		p("TEXT ·%s(SB), NOSPLIT, $24-56", name)
+	} else {
+		p("// func %s(w *byte, q *int8, d, ds *float32, n int) float32: n blocks, n even.", name)
+		p("TEXT ·%s(SB), NOSPLIT, $0-44", name)
+	}
 	p("\tVMOVDQU32 ·q80Idx(SB), Z16")
 	p("\tVMOVDQU32 ·q80Idx+64(SB), Z17")
 	switch {
@@ -1265,6 +1344,18 @@ func zQ80(name string, size, qs, qh int, off uint32) {
 		p("\tMOVL $0xcc, AX")
 		p("\tKMOVW AX, K2")
 	}
+	if many {
+		manyStart(name, 40, 48)
+	} else {
+		p("\tMOVQ w+0(FP), SI")
+	}
+	p("\tMOVQ q+8(FP), DI")
+	p("\tMOVQ d+16(FP), BX")
+	p("\tMOVQ ds+24(FP), R8")
+	p("\tMOVQ n+32(FP), CX")
+	p("\tVPXORD Z0, Z0, Z0")
+	p("\tVPXORD Z1, Z1, Z1")
+	p("\tVPXORD Z2, Z2, Z2")
 	// pair dots the pair of blocks at o(SI) with the activations at
 	// xoff(DI) and adds it, scaled by Z(sc), into Z(acc).
 	pair := func(o, xoff, sc, acc, r int) {
@@ -1323,6 +1414,10 @@ func zQ80(name string, size, qs, qh int, off uint32) {
 	p("\tVBROADCASTSS X3, X3")
 	p("\tVMULPS X3, X2, X2")
 	p("\tVSUBPS Y2, Y0, Y0")
+	if many {
+		hsumNext(name)
+		return
+	}
 	hsumRet(40)
 }
 
@@ -1692,8 +1787,8 @@ func main() {
 	dqQ6K()
 	zDqHalf("dequantF16AVX512", true)
 	zDqHalf("dequantBF16AVX512", false)
-	zHalf("dotF16AVX512", true)
-	zHalf("dotBF16AVX512", false)
+	zHalf("dotF16AVX512", true, false)
+	zHalf("dotBF16AVX512", false, false)
 	zQ8_0()
 	zQ32("dotQ4_0AVX512", 18, 2, -1, false, 8)
 	zQ32("dotQ4_1AVX512", 20, 4, -1, true, 0)
@@ -1702,12 +1797,20 @@ func main() {
 	zQ4K(false)
 	zQ4K(true)
 	zQ6K()
-	zQ4KQ8K()
-	zQ6KQ8K()
-	zQ80("dotQ8_0Q80VNNI", 34, 2, -1, 128)
-	zQ80("dotQ5_0Q80VNNI", 22, 6, 2, 16)
-	zQ80("dotQ4_0Q80VNNI", 18, 2, -1, 8)
+	zQ4KQ8K(false)
+	zQ6KQ8K(false)
+	zQ80("dotQ8_0Q80VNNI", 34, 2, -1, 128, false)
+	zQ80("dotQ5_0Q80VNNI", 22, 6, 2, 16, false)
+	zQ80("dotQ4_0Q80VNNI", 18, 2, -1, 8, false)
 	q80Idx()
+	// The Many forms: a task's weight rows in one call.
+	zHalf("dotF16ManyAVX512", true, true)
+	zHalf("dotBF16ManyAVX512", false, true)
+	zQ4KQ8K(true)
+	zQ6KQ8K(true)
+	zQ80("dotQ8_0Q80ManyVNNI", 34, 2, -1, 128, true)
+	zQ80("dotQ5_0Q80ManyVNNI", 22, 6, 2, 16, true)
+	zQ80("dotQ4_0Q80ManyVNNI", 18, 2, -1, 8, true)
 	for r := 2; r <= 4; r++ {
 		zQ4KQ8KRows(r)
 		zQ6KQ8KRows(r)

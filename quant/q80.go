@@ -117,6 +117,38 @@ func DotQ80(t Type, w []byte, x *Q80) float32 {
 	return s
 }
 
+// DotQ80Many sets out[i] = DotQ80(t, ws[i], x) for every row of ws (out
+// must hold len(ws) values): the decode product of one activation row
+// against a task's weight rows, wherever they lie (a stacked, permuted or
+// column-sliced weight's rows). With AVX-512 VNNI all the rows go through
+// one kernel call when x has an even number of blocks, so no Go code runs
+// between two rows; elsewhere it is DotQ80 per row, and the results are the
+// same either way. It panics like DotQ80, and when out is too short. Safe
+// for concurrent use; does not allocate.
+func DotQ80Many(t Type, ws [][]byte, x *Q80, out []float32) {
+	if len(out) < len(ws) {
+		panic(fmt.Sprintf("quant: DotQ80Many of %d rows into %d", len(ws), len(out)))
+	}
+	if len(ws) == 0 {
+		return
+	}
+	if !SupportsQ80(t) {
+		panic("quant: DotQ80Many of " + t.String() + " rows")
+	}
+	nb, ts := len(x.d), q80BlockBytes(t)
+	for _, w := range ws {
+		if len(w) != nb*ts {
+			panic(fmt.Sprintf("quant: DotQ80Many of %d %s bytes against %d Q8_0 elements", len(w), t, len(x.q)))
+		}
+	}
+	if nb > 0 && nb%2 == 0 && dotQ80ManyAsm(t, ws, x, out) {
+		return
+	}
+	for i, w := range ws {
+		out[i] = DotQ80(t, w, x)
+	}
+}
+
 // q80BlockBytes is the block size in bytes of a type DotQ80 computes (a
 // switch: Type.TypeSize is a map lookup, too slow per weight row).
 func q80BlockBytes(t Type) int {

@@ -142,6 +142,41 @@ func DotQ8K(t Type, w []byte, x *Q8K) float32 {
 	return dotQ4KQ8KGo(w, x)
 }
 
+// DotQ8KMany sets out[i] = DotQ8K(t, ws[i], x) for every row of ws (out
+// must hold len(ws) values): the decode product of one activation row
+// against a task's weight rows, wherever they lie (a stacked, permuted or
+// column-sliced weight's rows). With AVX-512 VNNI all the rows go through
+// one kernel call, so no Go code runs between two rows; elsewhere it is
+// DotQ8K per row, and the results are the same either way. It panics like
+// DotQ8K, and when out is too short. Safe for concurrent use; does not
+// allocate.
+func DotQ8KMany(t Type, ws [][]byte, x *Q8K, out []float32) {
+	if len(out) < len(ws) {
+		panic(fmt.Sprintf("quant: DotQ8KMany of %d rows into %d", len(ws), len(out)))
+	}
+	if len(ws) == 0 {
+		return
+	}
+	if !SupportsQ8K(t) {
+		panic("quant: DotQ8KMany of " + t.String() + " rows")
+	}
+	nb, ts := x.n/QK_K, 144
+	if t == Q6_K {
+		ts = 210
+	}
+	for _, w := range ws {
+		if len(w) != nb*ts {
+			panic(fmt.Sprintf("quant: DotQ8KMany of %d %s bytes against %d Q8_K elements", len(w), t, x.n))
+		}
+	}
+	if nb > 0 && dotQ8KManyAsm(t, ws, x, out) {
+		return
+	}
+	for i, w := range ws {
+		out[i] = DotQ8K(t, w, x)
+	}
+}
+
 // dotQ6KQ8KGo is DotQ8K's Q6_K integer arithmetic in Go.
 func dotQ6KQ8KGo(w []byte, x *Q8K) float32 {
 	var sumf float32

@@ -169,6 +169,43 @@ func Dot(t Type, row []byte, x []float32) float32 {
 	return k.dot(row, x)
 }
 
+// DotMany sets out[i] = Dot(t, ws[i], x) for every row of ws (out must
+// hold len(ws) values): the decode product of one activation row against
+// a task's weight rows, wherever they lie (a stacked, permuted or
+// column-sliced weight's rows). F16 and BF16 rows at package simd's
+// AVX-512 level, with len(x) a multiple of 16, go through one kernel call
+// for all the rows, so no Go code runs between two rows; every other case
+// is Dot per row, and the results are the same either way. It panics like
+// Dot, and when out is too short. Safe for concurrent use; does not
+// allocate.
+func DotMany(t Type, ws [][]byte, x []float32, out []float32) {
+	if len(out) < len(ws) {
+		panic(fmt.Sprintf("quant.DotMany: %d rows into %d", len(ws), len(out)))
+	}
+	if len(ws) == 0 {
+		return
+	}
+	k, rb, err := layout(t, len(x))
+	if err != nil {
+		panic("quant.DotMany: " + err.Error())
+	}
+	for _, w := range ws {
+		if len(w) != rb {
+			panic(fmt.Sprintf("quant.DotMany: %d bytes for a row of %d %s elements (want %d)", len(w), len(x), t, rb))
+		}
+	}
+	if len(x) == 0 {
+		clear(out[:len(ws)])
+		return
+	}
+	if dotHalfManyAsm(t, ws, x, out) {
+		return
+	}
+	for i, w := range ws {
+		out[i] = k.dot(w, x)
+	}
+}
+
 // DotRows computes dst[r] = Dot(t, w[r·rowBytes:(r+1)·rowBytes], x) for r
 // in [0, len(dst)): the decode kernel of one activation row against
 // len(dst) weight rows stored back to back. rowBytes must be

@@ -1,0 +1,204 @@
+package quant
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// manyRows returns count rows of n elements of t cut from a matrix of
+// 2·count rows in a shuffled order, every other one a column slice of a
+// wider row (as a stacked, permuted or tensor-parallel weight's rows lie).
+func manyRows(r *rand.Rand, t Type, n, count int) [][]byte {
+	rb, _ := t.RowBytes(n)
+	wide := make([]byte, 0, 2*count*2*rb)
+	for range 2 * count {
+		wide = append(wide, randomRow(r, t, 2*n)...)
+	}
+	ws := make([][]byte, count)
+	for i, j := range r.Perm(2 * count)[:count] {
+		off := j * 2 * rb
+		if i%2 == 1 {
+			off += rb // the second half of the wide row
+		}
+		ws[i] = wide[off : off+rb : off+rb]
+	}
+	return ws
+}
+
+// TestDotMany checks DotMany, DotQ80Many and DotQ8KMany against their
+// one-row functions: the same kernels, so the same bits, at every level,
+// for every row count (the kernels loop over rows) and lengths whose
+// block counts are odd (the Q8_0 formats' Go path).
+func TestDotMany(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	atEachLevel(t, func(t *testing.T) {
+		for _, tc := range []struct {
+			name  string
+			types []Type
+			ns    []int
+			dot   func(t Type, ws [][]byte, x []float32, out []float32)
+			one   func(t Type, w []byte, x []float32) float32
+		}{
+			{"DotMany", []Type{F32, F16, BF16, Q8_0, Q4_K, Q6_K}, []int{256, 512, 2048},
+				DotMany, Dot},
+			{"DotQ80Many", []Type{Q8_0, Q5_0, Q4_0}, []int{32, 96, 576, 960},
+				func(t Type, ws [][]byte, x []float32, out []float32) {
+					var q Q80
+					if err := q.Quantize(x); err != nil {
+						panic(err)
+					}
+					DotQ80Many(t, ws, &q, out)
+				},
+				func(t Type, w []byte, x []float32) float32 {
+					var q Q80
+					if err := q.Quantize(x); err != nil {
+						panic(err)
+					}
+					return DotQ80(t, w, &q)
+				}},
+			{"DotQ8KMany", []Type{Q4_K, Q6_K}, []int{256, 768, 2048},
+				func(t Type, ws [][]byte, x []float32, out []float32) {
+					var q Q8K
+					if err := q.Quantize(x); err != nil {
+						panic(err)
+					}
+					DotQ8KMany(t, ws, &q, out)
+				},
+				func(t Type, w []byte, x []float32) float32 {
+					var q Q8K
+					if err := q.Quantize(x); err != nil {
+						panic(err)
+					}
+					return DotQ8K(t, w, &q)
+				}},
+		} {
+			for _, typ := range tc.types {
+				for _, n := range tc.ns {
+					for _, count := range []int{1, 2, 7, 64} {
+						t.Run(fmt.Sprintf("%s/%s/n%d/rows%d", tc.name, typ, n, count), func(t *testing.T) {
+							ws := manyRows(r, typ, n, count)
+							x := gaussOutliers(r, n, 1)
+							out := make([]float32, count+1)
+							out[count] = 42 // past the rows: untouched
+							tc.dot(typ, ws, x, out)
+							for i, w := range ws {
+								if want := tc.one(typ, w, x); math.Float32bits(out[i]) != math.Float32bits(want) {
+									t.Fatalf("row %d: %g, want %g", i, out[i], want)
+								}
+							}
+							if out[count] != 42 {
+								t.Fatalf("out[%d] written: %g", count, out[count])
+							}
+						})
+					}
+				}
+			}
+		}
+	})
+}
+
+// TestDotManyErrors: a row of the wrong length, a short out, an
+// unsupported type panic; no rows is no work.
+func TestDotManyErrors(t *testing.T) {
+	r := rand.New(rand.NewPCG(23, 24))
+	x := gauss(r, 256, 1)
+	var q80 Q80
+	var q8k Q8K
+	if err := q80.Quantize(x); err != nil {
+		t.Fatal(err)
+	}
+	if err := q8k.Quantize(x); err != nil {
+		t.Fatal(err)
+	}
+	good := manyRows(r, Q8_0, 256, 3)
+	bad := append(manyRows(r, Q8_0, 256, 2), make([]byte, 10))
+	for _, tc := range []struct {
+		name string
+		fn   func()
+	}{
+		{"DotMany/short row", func() { DotMany(Q8_0, bad, x, make([]float32, 3)) }},
+		{"DotMany/short out", func() { DotMany(Q8_0, good, x, make([]float32, 2)) }},
+		{"DotMany/unsupported", func() { DotMany(Type(99), good, x, make([]float32, 3)) }},
+		{"DotQ80Many/short row", func() { DotQ80Many(Q8_0, bad, &q80, make([]float32, 3)) }},
+		{"DotQ80Many/short out", func() { DotQ80Many(Q8_0, good, &q80, make([]float32, 2)) }},
+		{"DotQ80Many/K-quant", func() { DotQ80Many(Q4_K, manyRows(r, Q4_K, 256, 1), &q80, make([]float32, 1)) }},
+		{"DotQ8KMany/short row", func() { DotQ8KMany(Q4_K, [][]byte{make([]byte, 10)}, &q8k, make([]float32, 1)) }},
+		{"DotQ8KMany/Q8_0", func() { DotQ8KMany(Q8_0, good, &q8k, make([]float32, 3)) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("no panic")
+				}
+			}()
+			tc.fn()
+		})
+	}
+	// No rows: nothing to do, whatever out is.
+	DotMany(Q8_0, nil, x, nil)
+	DotQ80Many(Q8_0, nil, &q80, nil)
+	DotQ8KMany(Q4_K, nil, &q8k, nil)
+}
+
+// BenchmarkDotMany is one activation row against 1,024 weight rows of
+// k = 576 (SmolLM2-135M's width) and 2,048: the Many kernels against a
+// loop of one-row calls; ns/weight is per weight.
+func BenchmarkDotMany(b *testing.B) {
+	r := rand.New(rand.NewPCG(25, 26))
+	const rows = 1024
+	for _, typ := range []Type{F16, Q8_0, Q5_0, Q4_K, Q6_K} {
+		for _, k := range []int{576, 2048} {
+			if typ.BlockSize() == QK_K && k%QK_K != 0 {
+				continue
+			}
+			ws := manyRows(r, typ, k, rows)
+			x := gauss(r, k, 1)
+			var q80 Q80
+			var q8k Q8K
+			if err := q80.Quantize(x); err != nil {
+				b.Fatal(err)
+			}
+			if k%QK_K == 0 {
+				if err := q8k.Quantize(x); err != nil {
+					b.Fatal(err)
+				}
+			}
+			out := make([]float32, rows)
+			one, many := func() {
+				for i, w := range ws {
+					out[i] = Dot(typ, w, x)
+				}
+			}, func() { DotMany(typ, ws, x, out) }
+			switch {
+			case SupportsQ80(typ):
+				one = func() {
+					for i, w := range ws {
+						out[i] = DotQ80(typ, w, &q80)
+					}
+				}
+				many = func() { DotQ80Many(typ, ws, &q80, out) }
+			case SupportsQ8K(typ):
+				one = func() {
+					for i, w := range ws {
+						out[i] = DotQ8K(typ, w, &q8k)
+					}
+				}
+				many = func() { DotQ8KMany(typ, ws, &q8k, out) }
+			}
+			for _, c := range []struct {
+				name string
+				fn   func()
+			}{{"one", one}, {"many", many}} {
+				b.Run(fmt.Sprintf("%s/k%d/%s", typ, k, c.name), func(b *testing.B) {
+					b.ReportAllocs()
+					for b.Loop() {
+						c.fn()
+					}
+					b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(rows*k), "ns/weight")
+				})
+			}
+		}
+	}
+}
