@@ -63,7 +63,6 @@ const (
 	bufQKV
 	bufAtt
 	bufGU
-	bufAct
 	bufKT
 	bufV
 	bufOut
@@ -91,6 +90,16 @@ const (
 func (ws *workspace) f32(id, n int) []float32 {
 	if cap(ws.bufs[id]) < n {
 		ws.bufs[id] = make([]float32, n, n+n/4)
+	}
+	return ws.bufs[id][:n]
+}
+
+// f32Exact is f32 without the quarter of headroom, for a buffer whose size
+// is bounded by the rows of one product (mlpRows), not by a context that
+// grows a token at a time.
+func (ws *workspace) f32Exact(id, n int) []float32 {
+	if cap(ws.bufs[id]) < n {
+		ws.bufs[id] = make([]float32, n)
 	}
 	return ws.bufs[id][:n]
 }
@@ -437,22 +446,23 @@ func (m *Model) attendAndMLP(ws *workspace, kv *kvcache.Memory, l int, x, qkv ma
 
 	h := dense(ws.f32(bufH, n*d), n, d)
 	m.normRows(h, x, lw.mlpNorm)
-	// The MLP runs mlpRows rows at a time: its intermediates (2·FFNDim and
-	// FFNDim floats a row, 96 KiB a row for Llama-3.2-1B) then stay a few
-	// tens of MiB whatever the prompt, instead of growing with it.
+	// The MLP runs mlpRows rows at a time: its intermediate (2·FFNDim
+	// floats a row, 64 KiB a row for Llama-3.2-1B) then stays a few tens
+	// of MiB whatever the prompt, instead of growing with it. The
+	// activation silu(gate)·up is written over the gate half of each row
+	// and read from there by the down projection (a view of stride
+	// 2·FFNDim), so it needs no buffer of its own.
 	cn := min(n, mlpRows)
-	gu := dense(ws.f32(bufGU, cn*2*f), cn, 2*f)
-	act := dense(ws.f32(bufAct, cn*f), cn, f)
+	gu := dense(ws.f32Exact(bufGU, cn*2*f), cn, 2*f)
 	for r0 := 0; r0 < n; r0 += mlpRows {
 		rows := min(n, r0+mlpRows) - r0
-		guc, actc := gu.view(0, 0, rows, 2*f), act.view(0, 0, rows, f)
+		guc := gu.view(0, 0, rows, 2*f)
+		actc := guc.view(0, 0, rows, f)
 		gemm(m.team, guc, h.view(r0, 0, rows, d), lw.gu, true, false)
 		m.rowChunks(rows, func(i0, i1 int) {
 			for i := i0; i < i1; i++ {
 				g := guc.row(i)
-				up := g[f : 2*f]
-				g = g[:f]
-				swiglu(actc.row(i)[:f], g, up)
+				swiglu(g[:f], g[:f], g[f:2*f])
 			}
 		})
 		if err := m.project(ws, x.view(r0, 0, rows, d), actc, lw.down); err != nil {

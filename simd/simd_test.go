@@ -126,6 +126,13 @@ func TestVectorKernels(t *testing.T) {
 								t.Fatalf("SwiGLU[%d] = %g, want %g", i, dst[i], want)
 							}
 						}
+						inPlace := append([]float32(nil), a...)
+						SwiGLU(inPlace, inPlace, g) // dst = g, as the model's MLP calls it
+						for i := range n {
+							if math.Float32bits(inPlace[i]) != math.Float32bits(dst[i]) {
+								t.Fatalf("SwiGLU in place [%d] = %g, want %g", i, inPlace[i], dst[i])
+							}
+						}
 						e := append([]float32(nil), a...)
 						k, offv := float32(0.7*log2e), float32(mx*0.7*log2e)
 						sum := ExpSum(e, k, offv)

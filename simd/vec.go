@@ -94,7 +94,7 @@ func Max(x []float32) float32 { return cur.Load().maxf(x) }
 func ExpSum(x []float32, k, off float32) float32 { return cur.Load().expSum(x, k, off) }
 
 // SwiGLU writes silu(g[i])·u[i] = g[i]/(1+e^−g[i])·u[i] into dst[i] for
-// i < len(g).
+// i < len(g). dst may be g (each element is read before it is written).
 func SwiGLU(dst, g, u []float32) { cur.Load().swiglu(dst[:len(g)], g, u[:len(g)]) }
 
 // PeakLoop runs n iterations of the current level's peak loop (independent
