@@ -263,31 +263,37 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 	// Phase 2: the check layer.
 	st.CheckStart = time.Now()
 	lw := &m.layers[cl]
-	h := dense(ws.f32(bufH, n*d), n, d)
-	m.normRows(h, x, lw.attnNorm)
 	kvd := m.kvDim
-	kf := dense(ws.f32(bufQKV, n*kvd), n, kvd)
-	m.projectQKV(lw, kf, h, m.qDim, m.qDim+kvd)
 	dev := ws.f32(bufDev, n)
 	kPlane := kv.K(cl)
-	m.rowChunks(n, func(r0, r1 int) {
-		for i := r0; i < r1; i++ {
-			if !reused[i] {
-				dev[i] = 0
-				continue
+	// mlpRows rows at a time, so the normed rows and their keys stay the
+	// size of a prefill chunk's buffers (a 2,000-token prompt's would be
+	// 20 MiB at Llama-3.2-1B's width).
+	for c0 := 0; c0 < n; c0 += mlpRows {
+		c1 := min(n, c0+mlpRows)
+		h := dense(ws.f32(bufH, (c1-c0)*d), c1-c0, d)
+		m.normRows(h, x.view(c0, 0, c1-c0, d), lw.attnNorm)
+		kf := dense(ws.f32(bufQKV, (c1-c0)*kvd), c1-c0, kvd)
+		m.projectQKV(lw, kf, h, m.qDim, m.qDim+kvd)
+		m.rowChunks(c1-c0, func(r0, r1 int) {
+			for i := c0 + r0; i < c0+r1; i++ {
+				if !reused[i] {
+					dev[i] = 0
+					continue
+				}
+				k := kf.row(i - c0)
+				m.table.Rotate(k, pos[i])
+				s := all.slot[i]
+				old := kPlane[s*kvd : (s+1)*kvd]
+				var acc float32
+				for j, v := range k {
+					e := v - old[j]
+					acc += e * e
+				}
+				dev[i] = acc
 			}
-			k := kf.row(i)
-			m.table.Rotate(k, pos[i])
-			s := all.slot[i]
-			old := kPlane[s*kvd : (s+1)*kvd]
-			var acc float32
-			for j, v := range k {
-				e := v - old[j]
-				acc += e * e
-			}
-			dev[i] = acc
-		}
-	})
+		})
+	}
 	// Each rank measured its KV heads: the sum is the whole deviation, the
 	// same on every rank, so every rank selects the same tokens.
 	if err := m.allReduce(dev); err != nil {
@@ -341,8 +347,8 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 		posImp[r] = pos[i]
 		slotImp[r] = all.slot[i]
 		copy(xi.row(r), x.row(i))
-		copy(hi.row(r), h.row(i))
 	}
+	m.normRows(hi, xi, lw.attnNorm) // as the check layer's chunks normed them
 	ib := &batch{pos: posImp, slot: slotImp, seqs: []seqInfo{{r0: 0, r1: ni, ctx: total, slots: slots}}}
 	qkv := dense(ws.f32(bufQKV, ni*m.qkvDim), ni, m.qkvDim)
 	m.projectQKV(lw, qkv, hi, 0, m.qkvDim)

@@ -30,11 +30,17 @@ func newBlendFixture(t *testing.T) *blendFixture {
 
 func newBlendFixtureSeed(t *testing.T, seed uint64) *blendFixture {
 	t.Helper()
+	return newBlendFixtureDocs(t, seed, 40)
+}
+
+// newBlendFixtureDocs is the fixture with documents of docLen tokens.
+func newBlendFixtureDocs(t *testing.T, seed uint64, docLen int) *blendFixture {
+	t.Helper()
 	cfg := smallConfig()
 	cfg.Seed = seed
 	m := newModel(t, cfg)
 	f := &blendFixture{m: m}
-	const sys, docLen, q = 7, 40, 12
+	const sys, q = 7, 12
 	f.toks = append(f.toks, randTokens(50, sys)...)
 	var docToks [][]int32
 	for d := range 3 {
@@ -145,6 +151,32 @@ func TestBlendShiftedDocumentsRecomputeHelps(t *testing.T) {
 	}
 	if !(dev[0.15] < dev[0]) || !(rms[0.15] < rms[0]) {
 		t.Fatalf("ratio 0.15 deviation (max %.5f, rms %.5f) is not below ratio 0 (max %.5f, rms %.5f)", dev[0.15], rms[0.15], dev[0], rms[0])
+	}
+}
+
+// A prompt of more than mlpRows rows: the check layer measures its
+// deviations mlpRows rows at a time; recomputing every token still equals
+// a full prefill, and a partial recompute still repairs shifted documents.
+func TestBlendLongPrompt(t *testing.T) {
+	f := newBlendFixtureDocs(t, smallConfig().Seed, 200)
+	if n := len(f.toks); n <= mlpRows {
+		t.Fatalf("prompt of %d tokens: not more than %d", n, mlpRows)
+	}
+	got, st := f.blend(t, 0, f.docs, 1)
+	if d := maxAbsDiff(got, f.full); d >= 1e-3 {
+		t.Fatalf("ratio 1 blend differs from full prefill by %g", d)
+	}
+	if st.ImpCount != len(f.toks) {
+		t.Fatalf("ratio 1 recomputed %d of %d tokens", st.ImpCount, len(f.toks))
+	}
+	dev := map[float64]float64{}
+	for _, ratio := range []float64{0, 0.15} {
+		f.loadShifted()
+		got, _ := f.blend(t, 0, f.docs, ratio)
+		dev[ratio] = rmsDiff(got, f.full)
+	}
+	if dev[0] == 0 || !(dev[0.15] < dev[0]) {
+		t.Fatalf("rms deviation from full prefill: ratio 0.15 %g, ratio 0 %g", dev[0.15], dev[0])
 	}
 }
 
