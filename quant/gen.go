@@ -1305,9 +1305,9 @@ func q80Weights(size, qs, qh, o, r int) {
 		p("\tSHLQ $32, DX")
 		p("\tORQ DX, AX")
 		p("\tKMOVQ AX, K3")
-		p("\tVPMOVM2B K3, Z%d", r+1)
-		p("\tVPANDD Z14, Z%d, Z%d", r+1, r+1)
-		p("\tVPORD Z%d, Z%d, Z%d", r+1, r, r)
+		// 0x10 into the bytes whose fifth bit is set (a masked add: the
+		// nibbles are below 0x10).
+		p("\tVPADDB Z14, Z%d, K3, Z%d", r, r)
 	}
 }
 
