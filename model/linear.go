@@ -22,9 +22,11 @@ import (
 // in assembly, quantize x once (Q8_K for the K-quants, Q8_0 for the
 // 32-element formats) and dot every weight row with it in integers, as
 // llama.cpp does (quant.DotQ8KRows/DotQ80Rows: each weight block unpacked
-// once for up to four rows of x, the single-row kernels for one).
+// once for up to four rows of x; for one row quant.DotQ8KMany/DotQ80Many,
+// one kernel call for a task's weight rows, see manyRows).
 // Otherwise at most qDotRows rows of x take the fused float kernels
-// (quant.Dot) per weight row; up to qRowDots rows dequantize a panel of
+// (quant.Dot per weight row, quant.DotMany per task for one row of x); up
+// to qRowDots rows dequantize a panel of
 // weight rows once and multiply it with every row of x (simd.DotTile);
 // larger products dequantize panels of qPanel rows and run simd's F32
 // GEMM, so the dequantization is amortised over every row of x. The
