@@ -85,6 +85,21 @@ func hsumNext(name string) {
 	p("\tRET")
 }
 
+// intArgs loads the arguments of an integer dot kernel (w or ws, q, d, a
+// fourth pointer named arg into reg, n) for the row at SI, opening the
+// row loop of a Many kernel.
+func intArgs(name string, many bool, arg, reg string) {
+	if many {
+		manyStart(name, 40, 48)
+	} else {
+		p("\tMOVQ w+0(FP), SI")
+	}
+	p("\tMOVQ q+8(FP), DI")
+	p("\tMOVQ d+16(FP), BX")
+	p("\tMOVQ %s+24(FP), %s", arg, reg)
+	p("\tMOVQ n+32(FP), CX")
+}
+
 // header opens a function of the given frame size: a dot kernel (w, x
 // *, n int) float32 or, when x is "y", a dequantizer (w, y *, n int).
 func header(name string, frame int, x, doc string) {
@@ -1087,15 +1102,7 @@ func zQ4KQ8K(many bool) {
 	for i := range 4 {
 		p("\tVMOVDQU32 ·q4kq8kIdx+%d(SB), Z%d", 64*i, 16+i)
 	}
-	if many {
-		manyStart(name, 40, 48)
-	} else {
-		p("\tMOVQ w+0(FP), SI")
-	}
-	p("\tMOVQ q+8(FP), DI")
-	p("\tMOVQ d+16(FP), BX")
-	p("\tMOVQ sums+24(FP), DX")
-	p("\tMOVQ n+32(FP), CX")
+	intArgs(name, many, "sums", "DX")
 	p("\tVPXORD Z0, Z0, Z0")
 	p("\tVPXORD Z1, Z1, Z1")
 	p("\tTESTQ CX, CX")
@@ -1195,15 +1202,7 @@ func zQ6KQ8K(many bool) {
 	for i := range 4 {
 		p("\tVMOVDQU32 ·q6kq8kIdx+%d(SB), Z%d", 64*i, 26+i)
 	}
-	if many {
-		manyStart(name, 40, 48)
-	} else {
-		p("\tMOVQ w+0(FP), SI")
-	}
-	p("\tMOVQ q+8(FP), DI")
-	p("\tMOVQ d+16(FP), BX")
-	p("\tMOVQ sums16+24(FP), DX")
-	p("\tMOVQ n+32(FP), CX")
+	intArgs(name, many, "sums16", "DX")
 	p("\tVPXORD Z0, Z0, Z0")
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_done", name)
@@ -1344,15 +1343,7 @@ func zQ80(name string, size, qs, qh int, off uint32, many bool) {
 		p("\tMOVL $0xcc, AX")
 		p("\tKMOVW AX, K2")
 	}
-	if many {
-		manyStart(name, 40, 48)
-	} else {
-		p("\tMOVQ w+0(FP), SI")
-	}
-	p("\tMOVQ q+8(FP), DI")
-	p("\tMOVQ d+16(FP), BX")
-	p("\tMOVQ ds+24(FP), R8")
-	p("\tMOVQ n+32(FP), CX")
+	intArgs(name, many, "ds", "R8")
 	p("\tVPXORD Z0, Z0, Z0")
 	p("\tVPXORD Z1, Z1, Z1")
 	p("\tVPXORD Z2, Z2, Z2")
