@@ -36,3 +36,9 @@ func dotQ8KManyAsm(Type, [][]byte, *Q8K, []float32) bool { return false }
 
 // dotHalfManyAsm has no assembly to run.
 func dotHalfManyAsm(Type, [][]byte, []float32, []float32) bool { return false }
+
+// q8kBlockAsm has no assembly to run.
+func q8kBlockAsm([]float32, *[QK_K]int8) (float32, bool) { return 0, false }
+
+// q80BlocksAsm has no assembly to run.
+func q80BlocksAsm([]float32, []int8, []float32) bool { return false }

@@ -509,3 +509,30 @@ func gemmAsm(t Type, w, a []uint32, c *[GemmTileRows * GemmPanelRows]float32, nb
 	}
 	return true
 }
+
+//go:noescape
+func q8kBlockAVX512(v *float32, q *int8) (d float32, ok bool)
+
+//go:noescape
+func q80BlocksAVX512(v *float32, q *int8, amax *float32, n int) (ok bool)
+
+// q8kBlockAsm is q8kBlock in assembly at the AVX-512 level (v 256 values);
+// false when it did not run or met an Inf or NaN.
+func q8kBlockAsm(v []float32, q *[QK_K]int8) (float32, bool) {
+	if level() != lvlAVX512 {
+		return 0, false
+	}
+	return q8kBlockAVX512(&v[0], &q[0])
+}
+
+// q80BlocksAsm quantizes the len(amax) 32-value blocks of v into q as
+// q80Block does, leaving each block's largest magnitude in amax, in
+// assembly at the AVX-512 level; false when it did not run or met an Inf
+// or NaN.
+func q80BlocksAsm(v []float32, q []int8, amax []float32) bool {
+	n := len(amax)
+	if level() != lvlAVX512 || n == 0 || len(v) < n*QK8_0 || len(q) < n*QK8_0 {
+		return false
+	}
+	return q80BlocksAVX512(&v[0], &q[0], &amax[0], n)
+}

@@ -1809,6 +1809,8 @@ func main() {
 		zQ80Rows(fmt.Sprintf("dotQ5_0Q80Rows%dVNNI", r), 22, 6, 2, 16, r)
 		zQ80Rows(fmt.Sprintf("dotQ4_0Q80Rows%dVNNI", r), 18, 2, -1, 8, r)
 	}
+	zQuantQ8K()
+	zQuantQ80()
 	zGemm("gemmQ4KQ8KVNNI", false)
 	zGemm("gemmQ6KQ8KVNNI", true)
 	zGemm80("gemmQ8_0VNNI", 7)
@@ -1819,6 +1821,159 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+}
+
+// zAbsMaxBits leaves in X(dst) the largest of the absolute-value bit
+// patterns of the nv float vectors at off(SI) (Z31 = 0x7fffffff, clobbers
+// Z(dst)..Z(dst+1)): as unsigned integers the patterns of non-negative
+// floats order as the floats do, and Inf and NaN lie above 0x7f7fffff.
+func zAbsMaxBits(off, nv, dst int) {
+	p("\tVPANDD %d(SI), Z31, Z%d", off, dst)
+	for j := 1; j < nv; j++ {
+		p("\tVPANDD %d(SI), Z31, Z%d", off+64*j, dst+1)
+		p("\tVPMAXUD Z%d, Z%d, Z%d", dst+1, dst, dst)
+	}
+	p("\tVEXTRACTI64X4 $1, Z%d, Y%d", dst, dst+1)
+	p("\tVPMAXUD Y%d, Y%d, Y%d", dst+1, dst, dst)
+	p("\tVEXTRACTI128 $1, Y%d, X%d", dst, dst+1)
+	p("\tVPMAXUD X%d, X%d, X%d", dst+1, dst, dst)
+	p("\tVPSHUFD $0x4e, X%d, X%d", dst, dst+1)
+	p("\tVPMAXUD X%d, X%d, X%d", dst+1, dst, dst)
+	p("\tVPSHUFD $0xb1, X%d, X%d", dst, dst+1)
+	p("\tVPMAXUD X%d, X%d, X%d", dst+1, dst, dst)
+}
+
+// tinyMax is the bit pattern of 2^−119 (1.5e-36): blocks whose largest
+// magnitude is below it go to the Go quantizers, because 127 over it would
+// overflow to Inf (at 3.7e-37) and Go and VCVTPS2DQ convert the resulting
+// NaN and Inf products to different integers.
+const tinyMax = 0x04000000
+
+// zQuantQ8K: q8kBlock (ggml's quantize_row_q8_K) of one 256-value block
+// with AVX-512: the largest magnitude as integer maxima of the
+// absolute-value bits, the first value of that magnitude (its sign makes
+// the scale −127/max), the values times the scale rounded to nearest even
+// (VCVTPS2DQ, as Go's RoundToEven of the float32 product), capped at 127.
+// ok is false, with nothing written, when a value is Inf or NaN or the
+// block's largest magnitude is below tinyMax.
+func zQuantQ8K() {
+	const name = "q8kBlockAVX512"
+	p("")
+	p("// func %s(v *float32, q *int8) (d float32, ok bool)", name)
+	p("TEXT ·%s(SB), NOSPLIT, $0-21", name)
+	p("\tMOVQ v+0(FP), SI")
+	p("\tMOVQ q+8(FP), DI")
+	zConst(31, 0x7fffffff)
+	zAbsMaxBits(0, 16, 0)
+	p("\tVMOVD X0, AX")
+	p("\tCMPL AX, $0x7f800000")
+	p("\tJAE %s_bad", name)
+	p("\tTESTL AX, AX")
+	p("\tJNZ %s_scale", name)
+	p("\tVPXORD Z1, Z1, Z1")
+	for j := range 4 {
+		p("\tVMOVDQU64 Z1, %d(DI)", 64*j)
+	}
+	p("\tMOVL $0, d+16(FP)")
+	p("\tMOVB $1, ok+20(FP)")
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("%s_scale:", name)
+	p("\tCMPL AX, $0x%08x", tinyMax)
+	p("\tJB %s_bad", name)
+	p("\tVPBROADCASTD X0, Z0")
+	for j := range 16 {
+		p("\tVPANDD %d(SI), Z31, Z1", 64*j)
+		p("\tVPCMPEQD Z0, Z1, K1")
+		p("\tKMOVW K1, AX")
+		p("\tTESTL AX, AX")
+		p("\tJNZ %s_at%d", name, j)
+	}
+	p("\tJMP %s_bad", name) // unreachable: the maximum is one of the values
+	for j := range 16 {
+		p("%s_at%d:", name, j)
+		p("\tTZCNTL AX, AX")
+		p("\tVMOVSS %d(SI)(AX*4), X1", 64*j)
+		p("\tJMP %s_found", name)
+	}
+	p("%s_found:", name)
+	p("\tMOVL $0x%08x, AX", math.Float32bits(-127))
+	p("\tVMOVD AX, X2")
+	p("\tVDIVSS X1, X2, X2") // iscale = −127/max
+	p("\tVBROADCASTSS X2, Z3")
+	p("\tMOVL $127, AX")
+	p("\tVPBROADCASTD AX, Z4")
+	for j := range 16 {
+		p("\tVMULPS %d(SI), Z3, Z5", 64*j)
+		p("\tVCVTPS2DQ Z5, Z5")
+		p("\tVPMINSD Z4, Z5, Z5")
+		p("\tVPMOVSDB Z5, %d(DI)", 16*j)
+	}
+	p("\tMOVL $0x%08x, AX", math.Float32bits(1))
+	p("\tVMOVD AX, X1")
+	p("\tVDIVSS X2, X1, X1") // d = 1/iscale
+	p("\tVMOVSS X1, d+16(FP)")
+	p("\tMOVB $1, ok+20(FP)")
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("%s_bad:", name)
+	p("\tMOVB $0, ok+20(FP)")
+	p("\tVZEROUPPER")
+	p("\tRET")
+}
+
+// zQuantQ80: the quantization of q80Block (ggml-cpu's x86
+// quantize_row_q8_0) for n 32-value blocks with AVX-512: per block the
+// largest magnitude (as in zQuantQ8K), stored at amax, and the values
+// times 127/amax (0 for an all-zero block) rounded to nearest even. ok is
+// false when a value is Inf or NaN or a block's largest magnitude is below
+// tinyMax (the blocks before it are written).
+func zQuantQ80() {
+	const name = "q80BlocksAVX512"
+	p("")
+	p("// func %s(v *float32, q *int8, amax *float32, n int) (ok bool)", name)
+	p("TEXT ·%s(SB), NOSPLIT, $0-33", name)
+	p("\tMOVQ v+0(FP), SI")
+	p("\tMOVQ q+8(FP), DI")
+	p("\tMOVQ amax+16(FP), BX")
+	p("\tMOVQ n+24(FP), CX")
+	zConst(31, 0x7fffffff)
+	p("\tMOVL $0x%08x, DX", math.Float32bits(127))
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	p("%s_block:", name)
+	zAbsMaxBits(0, 2, 0)
+	p("\tVMOVD X0, AX")
+	p("\tCMPL AX, $0x7f800000")
+	p("\tJAE %s_bad", name)
+	p("\tVMOVSS X0, (BX)")
+	p("\tVXORPS X2, X2, X2") // id = 0 for an all-zero block
+	p("\tTESTL AX, AX")
+	p("\tJZ %s_id", name)
+	p("\tCMPL AX, $0x%08x", tinyMax)
+	p("\tJB %s_bad", name)
+	p("\tVMOVD DX, X2")
+	p("\tVDIVSS X0, X2, X2") // id = 127/amax
+	p("%s_id:", name)
+	p("\tVBROADCASTSS X2, Z2")
+	for j := range 2 {
+		p("\tVMULPS %d(SI), Z2, Z3", 64*j)
+		p("\tVCVTPS2DQ Z3, Z3")
+		p("\tVPMOVSDB Z3, %d(DI)", 16*j)
+	}
+	p("\tADDQ $128, SI")
+	p("\tADDQ $32, DI")
+	p("\tADDQ $4, BX")
+	p("\tDECQ CX")
+	p("\tJNZ %s_block", name)
+	p("%s_done:", name)
+	p("\tMOVB $1, ok+32(FP)")
+	p("\tVZEROUPPER")
+	p("\tRET")
+	p("%s_bad:", name)
+	p("\tMOVB $0, ok+32(FP)")
+	p("\tVZEROUPPER")
+	p("\tRET")
 }
 
 // zGemm: the integer GEMM's tile kernels (see gemm.go) for AVX-512 VNNI:

@@ -33,9 +33,14 @@ func (x *Q80) Quantize(v []float32) error {
 	x.d = grow(x.d, nb)
 	x.ds = grow(x.ds, nb)
 	x.q = grow(x.q, len(v))
+	asm := q80BlocksAsm(v, x.q, x.d) // x.d: each block's largest magnitude
 	for b := range nb {
 		q := x.q[b*QK8_0 : (b+1)*QK8_0]
-		x.d[b] = q80Block(v[b*QK8_0:(b+1)*QK8_0], q)
+		if asm {
+			x.d[b] = F16ToF32(F32ToF16(x.d[b] / 127))
+		} else {
+			x.d[b] = q80BlockGo(v[b*QK8_0:(b+1)*QK8_0], q)
+		}
 		var sum int32
 		for _, v := range q {
 			sum += int32(v)
@@ -46,8 +51,19 @@ func (x *Q80) Quantize(v []float32) error {
 }
 
 // q80Block quantizes the 32 values of v into q as ggml-cpu's x86
-// quantize_row_q8_0 does and returns the scale (rounded to fp16).
+// quantize_row_q8_0 does and returns the scale (rounded to fp16): in
+// assembly at the AVX-512 level (the same bits), in Go elsewhere and for
+// blocks holding an Inf or NaN.
 func q80Block(v []float32, q []int8) float32 {
+	var amax [1]float32
+	if q80BlocksAsm(v[:QK8_0], q[:QK8_0], amax[:]) {
+		return F16ToF32(F32ToF16(amax[0] / 127))
+	}
+	return q80BlockGo(v, q)
+}
+
+// q80BlockGo is q80Block in Go.
+func q80BlockGo(v []float32, q []int8) float32 {
 	var amax float32
 	for _, f := range v {
 		amax = max(amax, float32(math.Abs(float64(f))))

@@ -67,8 +67,19 @@ func (x *Q8K) Quantize(v []float32) error {
 }
 
 // q8kBlock quantizes the 256 values of v into q as ggml's
-// quantize_row_q8_K does and returns the scale.
+// quantize_row_q8_K does and returns the scale: in assembly at the
+// AVX-512 level (the same bits), in Go elsewhere and for blocks holding an
+// Inf or NaN.
 func q8kBlock(v []float32, q *[QK_K]int8) float32 {
+	v = v[:QK_K]
+	if d, ok := q8kBlockAsm(v, q); ok {
+		return d
+	}
+	return q8kBlockGo(v, q)
+}
+
+// q8kBlockGo is q8kBlock in Go.
+func q8kBlockGo(v []float32, q *[QK_K]int8) float32 {
 	var amax, mx float32
 	for _, f := range v {
 		if a := float32(math.Abs(float64(f))); a > amax {
