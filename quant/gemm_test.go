@@ -36,6 +36,7 @@ func testGemm(t *testing.T, typ Type) {
 		{name: "outliers", m: 6, n: 32, k: 2048, x: func(n int) []float32 { return gaussOutliers(r, n, 1) }},
 		{name: "zero blocks", m: 7, n: 33, k: 512, zeroBlocks: true, x: func(n int) []float32 { return gauss(r, n, 1) }},
 		{name: "224 columns", m: 8, n: 35, k: 224, blocks32: true, x: func(n int) []float32 { return gauss(r, n, 1) }},
+		{name: "2,560 columns", m: 7, n: 33, k: 2560, x: func(n int) []float32 { return gaussOutliers(r, n, 1) }}, // 80 Q8_0 blocks: two groups of QuantizeTile
 	} {
 		if tc.blocks32 && !SupportsQ80(typ) {
 			continue
@@ -288,4 +289,31 @@ func TestGemmSharedTiles(t *testing.T) {
 			}
 		}
 	})
+}
+
+// BenchmarkGemmQuantizeTile is quantizing one tile of six 2,048-value
+// activation rows for the integer GEMM (Q8_K tiles for the K-quants, Q8_0
+// tiles for the 32-element formats); ns per value.
+func BenchmarkGemmQuantizeTile(b *testing.B) {
+	r := rand.New(rand.NewPCG(5, 6))
+	const k = 2048
+	rows := make([][]float32, GemmTileRows)
+	for i := range rows {
+		rows[i] = gaussOutliers(r, k, 1)
+	}
+	for _, typ := range []Type{Q4_K, Q8_0} {
+		b.Run(typ.String(), func(b *testing.B) {
+			var x GemmTiles
+			if err := x.Reset(typ, GemmTileRows, k); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := x.QuantizeTile(0, rows...); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(k*GemmTileRows), "ns/value")
+		})
+	}
 }
