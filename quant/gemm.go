@@ -310,24 +310,18 @@ func (x *GemmTiles) QuantizeTile(t int, rows ...[]float32) error {
 	}
 	if be == QK8_0 {
 		// A row's blocks are quantized group by group (one assembly call
-		// each, see q80BlocksAsm), then laid out.
+		// each, see q80Blocks), then laid out.
 		const group = 64
 		var qs [group * QK8_0]int8
-		var amax [group]float32
+		var ds [group]float32
 		for i, v := range rows {
 			for b0 := 0; b0 < nb; b0 += group {
 				g := min(group, nb-b0)
-				asm := q80BlocksAsm(v[b0*QK8_0:(b0+g)*QK8_0], qs[:g*QK8_0], amax[:g])
+				q80Blocks(v[b0*QK8_0:(b0+g)*QK8_0], qs[:g*QK8_0], ds[:g])
 				for b := b0; b < b0+g; b++ {
 					q := qs[(b-b0)*QK8_0 : (b-b0+1)*QK8_0]
-					var d float32
-					if asm {
-						d = F16ToF32(F32ToF16(amax[b-b0] / 127))
-					} else {
-						d = q80BlockGo(v[b*QK8_0:(b+1)*QK8_0], q)
-					}
 					w := tw[b*tb : (b+1)*tb]
-					w[tileD0+i] = math.Float32bits(d)
+					w[tileD0+i] = math.Float32bits(ds[b-b0])
 					var sum int32
 					for st := range 8 {
 						sum += int32(q[4*st]) + int32(q[4*st+1]) + int32(q[4*st+2]) + int32(q[4*st+3])

@@ -33,14 +33,9 @@ func (x *Q80) Quantize(v []float32) error {
 	x.d = grow(x.d, nb)
 	x.ds = grow(x.ds, nb)
 	x.q = grow(x.q, len(v))
-	asm := q80BlocksAsm(v, x.q, x.d) // x.d: each block's largest magnitude
+	q80Blocks(v, x.q, x.d)
 	for b := range nb {
 		q := x.q[b*QK8_0 : (b+1)*QK8_0]
-		if asm {
-			x.d[b] = F16ToF32(F32ToF16(x.d[b] / 127))
-		} else {
-			x.d[b] = q80BlockGo(v[b*QK8_0:(b+1)*QK8_0], q)
-		}
 		var sum int32
 		for _, v := range q {
 			sum += int32(v)
@@ -55,12 +50,30 @@ func (x *Q80) Quantize(v []float32) error {
 // assembly at the AVX-512 level (the same bits), in Go elsewhere and for
 // blocks holding an Inf or NaN.
 func q80Block(v []float32, q []int8) float32 {
-	var amax [1]float32
-	if q80BlocksAsm(v[:QK8_0], q[:QK8_0], amax[:]) {
-		return F16ToF32(F32ToF16(amax[0] / 127))
-	}
-	return q80BlockGo(v, q)
+	var d [1]float32
+	q80Blocks(v[:QK8_0], q[:QK8_0], d[:])
+	return d[0]
 }
+
+// q80Blocks is q80Block for the len(d) blocks of v (and of q), each
+// block's scale written to d: one assembly call for all of them at the
+// AVX-512 level (which leaves each block's largest magnitude in d), Go
+// where the assembly does not run or meets an Inf or NaN.
+func q80Blocks(v []float32, q []int8, d []float32) {
+	if q80BlocksAsm(v, q, d) {
+		for b, amax := range d {
+			d[b] = q80Scale(amax)
+		}
+		return
+	}
+	for b := range d {
+		d[b] = q80BlockGo(v[b*QK8_0:(b+1)*QK8_0], q[b*QK8_0:(b+1)*QK8_0])
+	}
+}
+
+// q80Scale is the scale of a Q8_0 block of largest magnitude amax,
+// rounded to fp16 as it is stored.
+func q80Scale(amax float32) float32 { return F16ToF32(F32ToF16(amax / 127)) }
 
 // q80BlockGo is q80Block in Go.
 func q80BlockGo(v []float32, q []int8) float32 {
@@ -75,7 +88,7 @@ func q80BlockGo(v []float32, q []int8) float32 {
 	for i, f := range v {
 		q[i] = int8(math.RoundToEven(float64(f * id)))
 	}
-	return F16ToF32(F32ToF16(amax / 127))
+	return q80Scale(amax)
 }
 
 // RoundQ8_0 replaces x (len a multiple of 32; a shorter tail is left
