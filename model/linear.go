@@ -285,6 +285,17 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		manyRows(tm, c, q, off, acc, func(ws [][]byte, out []float32) { quant.DotMany(q.t, ws, x, out) })
 		return
 	}
+	if m <= qRowDots && quant.TileKernels(q.t, k) {
+		// A decode batch of F16 or BF16 weights: each task's rows in
+		// tiles of four against up to four activation rows, every weight
+		// vector converted once for them (no dequantized copy).
+		chunk := dotChunk(n, tm.threads)
+		tm.run((n+chunk-1)/chunk, func(_, t int) {
+			j0, j1 := t*chunk, min(n, (t+1)*chunk)
+			quant.DotTile(q.t, q.rows[off+j0:off+j1], a.data, a.stride, m, k, c.data[j0:], c.stride, acc)
+		})
+		return
+	}
 	if m <= qDotRows {
 		chunk := dotChunk(n, tm.threads)
 		tm.run((n+chunk-1)/chunk, func(_, t int) {

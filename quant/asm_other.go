@@ -42,3 +42,9 @@ func q8kBlockAsm([]float32, *[QK_K]int8) (float32, bool) { return 0, false }
 
 // q80BlocksAsm has no assembly to run.
 func q80BlocksAsm([]float32, []int8, []float32) bool { return false }
+
+// halfTileAsm: no assembly here.
+func halfTileAsm(Type, int) bool { return false }
+
+// halfTile is never called (halfTileAsm is false).
+func halfTile(Type, int, *[]byte, *float32, int, int, *float32) {}

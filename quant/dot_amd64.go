@@ -297,6 +297,59 @@ func dotHalfManyAsm(t Type, ws [][]byte, x, out []float32) bool {
 	return true
 }
 
+//go:noescape
+func dotF16Tile1AVX512(ws *[]byte, a *float32, lda, k int, out *float32)
+
+//go:noescape
+func dotF16Tile2AVX512(ws *[]byte, a *float32, lda, k int, out *float32)
+
+//go:noescape
+func dotF16Tile3AVX512(ws *[]byte, a *float32, lda, k int, out *float32)
+
+//go:noescape
+func dotF16Tile4AVX512(ws *[]byte, a *float32, lda, k int, out *float32)
+
+//go:noescape
+func dotBF16Tile1AVX512(ws *[]byte, a *float32, lda, k int, out *float32)
+
+//go:noescape
+func dotBF16Tile2AVX512(ws *[]byte, a *float32, lda, k int, out *float32)
+
+//go:noescape
+func dotBF16Tile3AVX512(ws *[]byte, a *float32, lda, k int, out *float32)
+
+//go:noescape
+func dotBF16Tile4AVX512(ws *[]byte, a *float32, lda, k int, out *float32)
+
+// halfTileAsm reports whether DotTile's kernels run for t and k: F16 or
+// BF16 rows at the AVX-512 level, k a positive multiple of 16.
+func halfTileAsm(t Type, k int) bool {
+	return level() == lvlAVX512 && k > 0 && k%16 == 0 && (t == F16 || t == BF16)
+}
+
+// halfTile runs the kernel of r (1…4) activation rows for t (see
+// halfTileAsm): out[i*4+j] = ws[j] · a[i*lda:][:k].
+func halfTile(t Type, r int, ws *[]byte, a *float32, lda, k int, out *float32) {
+	switch {
+	case t == F16 && r == 4:
+		dotF16Tile4AVX512(ws, a, lda, k, out)
+	case t == F16 && r == 3:
+		dotF16Tile3AVX512(ws, a, lda, k, out)
+	case t == F16 && r == 2:
+		dotF16Tile2AVX512(ws, a, lda, k, out)
+	case t == F16:
+		dotF16Tile1AVX512(ws, a, lda, k, out)
+	case r == 4:
+		dotBF16Tile4AVX512(ws, a, lda, k, out)
+	case r == 3:
+		dotBF16Tile3AVX512(ws, a, lda, k, out)
+	case r == 2:
+		dotBF16Tile2AVX512(ws, a, lda, k, out)
+	default:
+		dotBF16Tile1AVX512(ws, a, lda, k, out)
+	}
+}
+
 // dotQ8KManyAsm runs DotQ8KMany's kernels at the AVX-512 level with VNNI
 // (ws non-empty, its rows checked, at least one block).
 func dotQ8KManyAsm(t Type, ws [][]byte, x *Q8K, out []float32) bool {

@@ -816,6 +816,68 @@ func zHalf(name string, f16, many bool) {
 	zHsumRet(24)
 }
 
+// zHalfTile: a tile of four F16 or BF16 weight rows (read from four
+// consecutive slice headers at ws) against R activation rows (a, rows
+// lda floats apart), k a multiple of 16 and positive: out[i*4+j] =
+// row j · activation row i. Per 16 columns each weight vector is converted
+// once and feeds R FMAs, so a decode batch needs no dequantized copy of
+// the weights (sixteen accumulators at R = 4).
+func zHalfTile(name string, f16 bool, R int) {
+	p("")
+	p("// func %s(ws *[]byte, a *float32, lda, k int, out *float32): %d activation rows, k a positive multiple of 16.", name, R)
+	p("TEXT ·%s(SB), NOSPLIT, $0-40", name)
+	p("\tMOVQ ws+0(FP), AX")
+	wreg := []string{"R10", "R11", "R12", "R13"}
+	for j, r := range wreg {
+		p("\tMOVQ %d(AX), %s", 24*j, r)
+	}
+	p("\tMOVQ a+8(FP), SI")
+	p("\tMOVQ lda+16(FP), R8")
+	p("\tSHLQ $2, R8")
+	p("\tLEAQ (R8)(R8*2), R9")
+	p("\tMOVQ k+24(FP), CX")
+	p("\tSHRQ $4, CX")
+	p("\tMOVQ out+32(FP), DI")
+	p("\tXORQ DX, DX")
+	for i := range 4 * R {
+		p("\tVPXORD Z%d, Z%d, Z%d", i, i, i)
+	}
+	p("%s_loop:", name)
+	for _, r := range wreg {
+		p("\tPREFETCHT0 %d(%s)(DX*1)", zHalfAhead, r)
+	}
+	for j, r := range wreg {
+		if f16 {
+			p("\tVCVTPH2PS (%s)(DX*1), Z%d", r, 16+j)
+		} else {
+			p("\tVPMOVZXWD (%s)(DX*1), Z%d", r, 16+j)
+			p("\tVPSLLD $16, Z%d, Z%d", 16+j, 16+j)
+		}
+	}
+	arow := []string{"", "(R8*1)", "(R8*2)", "(R9*1)"}
+	for i := range R {
+		p("\tVMOVUPS (SI)%s, Z%d", arow[i], 20+i)
+		for j := range 4 {
+			p("\tVFMADD231PS Z%d, Z%d, Z%d", 16+j, 20+i, i*4+j)
+		}
+	}
+	p("\tADDQ $32, DX")
+	p("\tADDQ $64, SI")
+	p("\tDECQ CX")
+	p("\tJNZ %s_loop", name)
+	for r := range 4 * R {
+		p("\tVEXTRACTF64X4 $1, Z%d, Y24", r)
+		p("\tVADDPS Y24, Y%d, Y%d", r, r)
+		p("\tVEXTRACTF32X4 $1, Y%d, X24", r)
+		p("\tVADDPS X24, X%d, X%d", r, r)
+		p("\tVHADDPS X%d, X%d, X%d", r, r, r)
+		p("\tVHADDPS X%d, X%d, X%d", r, r, r)
+		p("\tVMOVSS X%d, %d(DI)", r, 4*r)
+	}
+	p("\tVZEROUPPER")
+	p("\tRET")
+}
+
 // zHalfScale broadcasts the f16 at off(SI) into Z(reg).
 func zHalfScale(off, reg int) {
 	p("\tMOVWLZX %d(SI), AX", off)
@@ -1797,6 +1859,10 @@ func main() {
 	// The Many forms: a task's weight rows in one call.
 	zHalf("dotF16ManyAVX512", true, true)
 	zHalf("dotBF16ManyAVX512", false, true)
+	for r := 1; r <= 4; r++ {
+		zHalfTile(fmt.Sprintf("dotF16Tile%dAVX512", r), true, r)
+		zHalfTile(fmt.Sprintf("dotBF16Tile%dAVX512", r), false, r)
+	}
 	zQ4KQ8K(true)
 	zQ6KQ8K(true)
 	zQ80("dotQ8_0Q80ManyVNNI", 34, 2, -1, 128, true)

@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/cacheblend/cacheblend/simd"
 )
 
 // manyRows returns count rows of n elements of t cut from a matrix of
@@ -198,6 +200,111 @@ func BenchmarkDotMany(b *testing.B) {
 					}
 					b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(rows*k), "ns/weight")
 				})
+			}
+		}
+	}
+}
+
+// TestDotTile checks DotTile against float64 dots of the dequantized rows
+// for every count of activation rows (the kernels take one to four) and
+// of weight rows (a partial last tile), with and without accumulation,
+// and that nothing between the rows or past them is written. F16 and BF16
+// run the tile kernels at the AVX-512 level (k = 40 does not: Dot per
+// pair); Q8_0 is always Dot per pair.
+func TestDotTile(t *testing.T) {
+	r := rand.New(rand.NewPCG(25, 26))
+	atEachLevel(t, func(t *testing.T) {
+		for _, typ := range []Type{F16, BF16, Q8_0} {
+			for _, k := range []int{32, 40, 896} {
+				if k%typ.BlockSize() != 0 {
+					continue
+				}
+				for _, m := range []int{1, 2, 3, 4, 5, 8} {
+					for _, n := range []int{1, 3, 4, 9} {
+						for _, acc := range []bool{false, true} {
+							t.Run(fmt.Sprintf("%s/k%d/m%d/n%d/acc%v", typ, k, m, n, acc), func(t *testing.T) {
+								ws := manyRows(r, typ, k, n)
+								lda, ldd := k+5, n+3
+								a := gaussOutliers(r, (m-1)*lda+k, 1)
+								dst := make([]float32, m*ldd)
+								for i := range dst {
+									dst[i] = 42
+								}
+								DotTile(typ, ws, a, lda, m, k, dst, ldd, acc)
+								deq := make([]float32, k)
+								for j, w := range ws {
+									if err := DequantizeRow(typ, w, deq); err != nil {
+										t.Fatal(err)
+									}
+									for i := range m {
+										var want, mag float64
+										for c, v := range deq {
+											want += float64(v) * float64(a[i*lda+c])
+											mag += math.Abs(float64(v) * float64(a[i*lda+c]))
+										}
+										if acc {
+											want += 42
+										}
+										if got := float64(dst[i*ldd+j]); math.Abs(got-want) > 1e-5*(mag+42) {
+											t.Fatalf("[%d][%d] = %g, want %g", i, j, got, want)
+										}
+									}
+								}
+								for i := range m {
+									for j := n; j < ldd; j++ {
+										if dst[i*ldd+j] != 42 {
+											t.Fatalf("[%d][%d] written past the rows: %g", i, j, dst[i*ldd+j])
+										}
+									}
+								}
+							})
+						}
+					}
+				}
+			}
+		}
+	})
+}
+
+// BenchmarkDotTile: a decode batch's product on one core, 1,024 F16 or
+// BF16 weight rows against m activation rows: DotTile's tiles against
+// the path they replaced in package model (each panel of 64 rows
+// dequantized to float32, then simd.DotTile). GFLOP/s counts 2·m·k per
+// weight row.
+func BenchmarkDotTile(b *testing.B) {
+	r := rand.New(rand.NewPCG(27, 28))
+	const rows = 1024
+	for _, typ := range []Type{F16, BF16} {
+		for _, k := range []int{896, 2048} {
+			ws := manyRows(r, typ, k, rows)
+			for _, m := range []int{4, 8} {
+				a := gauss(r, m*k, 1)
+				dst := make([]float32, m*rows)
+				panel := make([]float32, 64*k)
+				for _, tc := range []struct {
+					name string
+					fn   func()
+				}{
+					{"tile", func() { DotTile(typ, ws, a, k, m, k, dst, rows, false) }},
+					{"dequant", func() {
+						for j0 := 0; j0 < rows; j0 += 64 {
+							for j := range 64 {
+								if err := DequantizeRow(typ, ws[j0+j], panel[j*k:(j+1)*k]); err != nil {
+									b.Fatal(err)
+								}
+							}
+							simd.DotTile(dst[j0:], rows, a, k, m, panel, k, 64, k)
+						}
+					}},
+				} {
+					b.Run(fmt.Sprintf("%s/k%d/m%d/%s", typ, k, m, tc.name), func(b *testing.B) {
+						b.ReportAllocs()
+						for b.Loop() {
+							tc.fn()
+						}
+						b.ReportMetric(float64(b.N)*2*float64(m*k*rows)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+					})
+				}
 			}
 		}
 	}

@@ -206,6 +206,83 @@ func DotMany(t Type, ws [][]byte, x []float32, out []float32) {
 	}
 }
 
+// DotTile sets dst[i·ldd+j] = Dot(t, ws[j], a[i·lda:i·lda+k]) for every
+// activation row i < m and weight row j < len(ws), or adds the dot to it
+// when acc: the product of a decode batch's rows with a task's weight
+// rows, wherever they lie (as for [DotMany]). F16 and BF16 rows at package
+// simd's AVX-512 level, with k a multiple of 16, go through tiles of four
+// weight rows by up to four activation rows, one kernel call each: every
+// weight vector is converted once for the tile's activation rows and
+// nothing is dequantized to memory. Every other case is Dot per pair. The
+// results equal Dot's up to float32 summation order. It panics like Dot,
+// and when a or dst is too short for m rows at its stride. Safe for
+// concurrent use; does not allocate.
+func DotTile(t Type, ws [][]byte, a []float32, lda, m, k int, dst []float32, ldd int, acc bool) {
+	n := len(ws)
+	if m <= 0 || n == 0 {
+		return
+	}
+	kn, rb, err := layout(t, k)
+	if err != nil {
+		panic("quant.DotTile: " + err.Error())
+	}
+	if m > 1 && (lda < k || ldd < n) || len(a) < (m-1)*lda+k || len(dst) < (m-1)*ldd+n {
+		panic(fmt.Sprintf("quant.DotTile: %d×%d activations (%d floats, stride %d) into %d×%d (%d floats, stride %d)", m, k, len(a), lda, m, n, len(dst), ldd))
+	}
+	for _, w := range ws {
+		if len(w) != rb {
+			panic(fmt.Sprintf("quant.DotTile: %d bytes for a row of %d %s elements (want %d)", len(w), k, t, rb))
+		}
+	}
+	put := func(row []float32, v []float32) {
+		if acc {
+			for j := range row {
+				row[j] += v[j]
+			}
+		} else {
+			copy(row, v)
+		}
+	}
+	if !halfTileAsm(t, k) {
+		var v [1]float32
+		for i := range m {
+			for j, w := range ws {
+				if k > 0 {
+					v[0] = kn.dot(w, a[i*lda:i*lda+k])
+				}
+				put(dst[i*ldd+j:i*ldd+j+1], v[:])
+			}
+		}
+		return
+	}
+	var out [16]float32
+	var hdr [4][]byte
+	for j0 := 0; j0 < n; j0 += 4 {
+		nj := min(4, n-j0)
+		hp := &ws[j0]
+		if nj < 4 { // the last row stands in for the missing ones
+			copy(hdr[:], ws[j0:])
+			for x := nj; x < 4; x++ {
+				hdr[x] = ws[n-1]
+			}
+			hp = &hdr[0]
+		}
+		for i0 := 0; i0 < m; i0 += 4 {
+			r := min(4, m-i0)
+			halfTile(t, r, hp, &a[i0*lda], lda, k, &out[0])
+			for i := range r {
+				put(dst[(i0+i)*ldd+j0:(i0+i)*ldd+j0+nj], out[i*4:i*4+nj])
+			}
+		}
+	}
+}
+
+// TileKernels reports whether [DotTile] runs rows of type t and k columns
+// through its tile kernels (F16 and BF16 at package simd's AVX-512 level,
+// k a positive multiple of 16); otherwise it is Dot per pair. Safe for
+// concurrent use.
+func TileKernels(t Type, k int) bool { return halfTileAsm(t, k) }
+
 // DotRows computes dst[r] = Dot(t, w[r·rowBytes:(r+1)·rowBytes], x) for r
 // in [0, len(dst)): the decode kernel of one activation row against
 // len(dst) weight rows stored back to back. rowBytes must be
