@@ -24,6 +24,9 @@ import (
 // llama.cpp does (quant.DotQ8KRows/DotQ80Rows: each weight block unpacked
 // once for up to four rows of x; for one row quant.DotQ8KMany/DotQ80Many,
 // one kernel call for a task's weight rows, see manyRows).
+// F16 and BF16 weights (where quant.TileKernels holds) take quant.DotTile
+// for up to qRowDots rows of x: tiles of four weight rows by four rows of
+// x, each weight vector converted once in registers for all of them.
 // Otherwise at most qDotRows rows of x take the fused float kernels
 // (quant.Dot per weight row, quant.DotMany per task for one row of x); up
 // to qRowDots rows dequantize a panel of
