@@ -358,10 +358,12 @@ func runOurs(cfg Config, path string, in inputs) (side Side, reused int, err err
 	if err := prefill(in.decodeCtx, prompt); err != nil {
 		return side, 0, err
 	}
+	// The logits go into one reused buffer, as cb worker's decode steps do.
+	logits := make([]float32, cfg.BatchSeqs*m.Config().Vocab)
 	var steps []time.Duration
 	for i, t := range in.decode1 {
 		t0 := time.Now()
-		if _, err := m.Decode(kv, []model.DecodeInput{{Token: t[0], Pos: len(in.decodeCtx) + i, BlockTable: prompt}}); err != nil {
+		if err := m.DecodeInto(kv, []model.DecodeInput{{Token: t[0], Pos: len(in.decodeCtx) + i, BlockTable: prompt}}, logits); err != nil {
 			return side, 0, err
 		}
 		if i > 0 {
@@ -385,7 +387,7 @@ func runOurs(cfg Config, path string, in inputs) (side Side, reused int, err err
 			batch[q] = model.DecodeInput{Token: ts[q], Pos: cfg.BatchContext + i, BlockTable: seqs[q]}
 		}
 		t0 := time.Now()
-		if _, err := m.Decode(kv, batch); err != nil {
+		if err := m.DecodeInto(kv, batch, logits); err != nil {
 			return side, 0, err
 		}
 		if i > 0 {

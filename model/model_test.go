@@ -200,6 +200,26 @@ func TestDecodeMatchesPrefill(t *testing.T) {
 	if got, err := m.Decode(kv, nil); err != nil || got != nil {
 		t.Errorf("empty decode = %v, %v", got, err)
 	}
+	// DecodeInto writes the same logits into the caller's buffer (the
+	// same step again: its KV writes are the same values) and leaves what
+	// lies past them alone; a short buffer is an input error.
+	vocab := m.Config().Vocab
+	buf := make([]float32, len(in)*vocab+1)
+	buf[len(in)*vocab] = 42
+	if err := m.DecodeInto(kv, in, buf); err != nil {
+		t.Fatal(err)
+	}
+	for i := range in {
+		if d := maxAbsDiff(buf[i*vocab:(i+1)*vocab], got[i]); d != 0 {
+			t.Errorf("DecodeInto: sequence %d differs from Decode by %g", i, d)
+		}
+	}
+	if buf[len(in)*vocab] != 42 {
+		t.Errorf("DecodeInto wrote past the logits")
+	}
+	if err := m.DecodeInto(kv, in, buf[:len(in)*vocab-1]); !errors.Is(err, ErrInput) {
+		t.Errorf("DecodeInto with a short buffer: %v, want ErrInput", err)
+	}
 }
 
 // TestFiniteAtLastPosition: the scaled initialisation keeps logits finite at

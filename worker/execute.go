@@ -458,7 +458,11 @@ func (w *Worker) decode(seqs []*cbv1.SeqStep) []*cbv1.SeqOutput {
 		return outs
 	}
 	t0 := time.Now()
-	logits, err := w.model.Decode(w.kv, in)
+	vocab := w.model.Config().Vocab
+	if need := len(in) * vocab; cap(w.logits) < need {
+		w.logits = make([]float32, need)
+	}
+	err := w.model.DecodeInto(w.kv, in, w.logits[:len(in)*vocab])
 	if err != nil {
 		for _, i := range idx {
 			outs[i].Error = err.Error()
@@ -470,7 +474,7 @@ func (w *Worker) decode(seqs []*cbv1.SeqStep) []*cbv1.SeqOutput {
 		sq := seqs[i]
 		st := w.seqs[sq.GetRequestId()]
 		outs[i].HasToken = true
-		outs[i].Token = model.Sample(logits[j], sampling(sq.GetSampling()), st.rng)
+		outs[i].Token = model.Sample(w.logits[j*vocab:(j+1)*vocab], sampling(sq.GetSampling()), st.rng)
 	}
 	return outs
 }

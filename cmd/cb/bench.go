@@ -25,6 +25,7 @@ func newBenchCmd() *cobra.Command {
 		jsonPath, mdPath  string
 		flashAttn, kvType string
 		cpuProfile        string
+		memProfile        string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -108,6 +109,9 @@ flags, FP32 peak per core and memory read bandwidth; --json writes every figure 
 			if err := write(mdPath, func(f *os.File) error { return llamabench.WriteMarkdown(f, mc, cfg, rs) }); err != nil {
 				return err
 			}
+			if err := write(memProfile, func(f *os.File) error { return pprof.Lookup("allocs").WriteTo(f, 0) }); err != nil {
+				return err
+			}
 			return write(jsonPath, func(f *os.File) error { return llamabench.WriteJSON(f, mc, cfg, rs) })
 		},
 	}
@@ -126,5 +130,6 @@ flags, FP32 peak per core and memory read bandwidth; --json writes every figure 
 	fl.StringVar(&jsonPath, "json", "", "write every figure (min, median, max) as JSON to this file")
 	fl.StringVar(&mdPath, "markdown", "", "also write the tables to this file")
 	fl.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process (our side, file generation included) to this file")
+	fl.StringVar(&memProfile, "memprofile", "", "write a heap profile of this process at the end (what is in use, and every allocation of the runs: go tool pprof -sample_index=alloc_space) to this file")
 	return cmd
 }
