@@ -459,16 +459,20 @@ func gemmPanels(tm *team, c mat, x *quant.GemmTiles, q *qmat, acc bool) {
 
 // manyRows computes row 0 of c = a·Wᵀ (c += … when acc) for a single row
 // of a: each task takes a span of the weight rows (dotChunk) and hands
-// them to dots in runs of at most 256, whose results go straight into c
-// (or through a buffer on the stack when acc).
+// them to dots in runs of at most manyRun, whose results go straight into
+// c (or through a pooled buffer when acc: one on the stack escaped to the
+// heap, as dots is a function value, and made a decode step's garbage).
 func manyRows(tm *team, c mat, q *qmat, off int, acc bool, dots func(ws [][]byte, out []float32)) {
 	n := c.cols
 	chunk := dotChunk(n, tm.threads)
 	tm.run((n+chunk-1)/chunk, func(_, t int) {
-		const run = 256
-		var buf [run]float32
-		for j0 := t * chunk; j0 < min(n, (t+1)*chunk); j0 += run {
-			j1 := min(n, (t+1)*chunk, j0+run)
+		var buf *[manyRun]float32
+		if acc {
+			buf = manyBufs.Get().(*[manyRun]float32)
+			defer manyBufs.Put(buf)
+		}
+		for j0 := t * chunk; j0 < min(n, (t+1)*chunk); j0 += manyRun {
+			j1 := min(n, (t+1)*chunk, j0+manyRun)
 			ws := q.rows[off+j0 : off+j1]
 			dst := c.data[j0:j1]
 			if !acc {
@@ -482,6 +486,12 @@ func manyRows(tm *team, c mat, q *qmat, off int, acc bool, dots func(ws [][]byte
 		}
 	})
 }
+
+// manyRun is the most weight rows manyRows hands to one dots call;
+// manyBufs recycles its accumulation buffers.
+const manyRun = 256
+
+var manyBufs = sync.Pool{New: func() any { return new([manyRun]float32) }}
 
 // intActs holds a decode step's activation rows quantized for the integer
 // kernels, in groups of four; intActPool recycles them.
