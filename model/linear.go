@@ -21,9 +21,10 @@ import (
 // quantized weights, where quant.IntegerDots says the integer kernels run
 // in assembly, quantize x once (Q8_K for the K-quants, Q8_0 for the
 // 32-element formats) and dot every weight row with it in integers, as
-// llama.cpp does (quant.DotQ8KRows/DotQ80Rows: each weight block unpacked
-// once for up to four rows of x; for one row quant.DotQ8KMany/DotQ80Many,
-// one kernel call for a task's weight rows, see manyRows).
+// llama.cpp does (quant.DotQ8KRowsMany/DotQ80RowsMany: each weight block
+// unpacked once for up to four rows of x, one kernel call for a run of a
+// task's weight rows; for one row quant.DotQ8KMany/DotQ80Many, see
+// manyRows).
 // F16 and BF16 weights (where quant.TileKernels holds) take quant.DotTile
 // for up to qRowDots rows of x: tiles of four weight rows by four rows of
 // x, each weight vector converted once in registers for all of them.
@@ -232,23 +233,32 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 				panic(fmt.Sprintf("model: %v", err)) // k checked above
 			}
 		}
+		// Each task's weight rows go to one kernel call per group and run
+		// of at most manyRun rows (quant.DotQ8KRowsMany, DotQ80RowsMany).
 		chunk := dotChunk(n, tm.threads)
 		tm.run((n+chunk-1)/chunk, func(_, t int) {
-			var out [g4]float32
-			for j := t * chunk; j < min(n, (t+1)*chunk); j++ {
-				w := q.rows[off+j]
+			buf := rowsBufs.Get().(*[manyRun * g4]float32)
+			defer rowsBufs.Put(buf)
+			for j0 := t * chunk; j0 < min(n, (t+1)*chunk); j0 += manyRun {
+				j1 := min(n, (t+1)*chunk, j0+manyRun)
+				ws := q.rows[off+j0 : off+j1]
 				for g := range groups {
+					R := min(g4, m-g*g4)
 					if kq {
-						quant.DotQ8KRows(q.t, w, &ia.kr[g], out[:])
+						quant.DotQ8KRowsMany(q.t, ws, &ia.kr[g], buf[:])
 					} else {
-						quant.DotQ80Rows(q.t, w, &ia.zr[g], out[:])
+						quant.DotQ80RowsMany(q.t, ws, &ia.zr[g], buf[:])
 					}
-					for r := range min(g4, m-g*g4) {
-						i := g*g4 + r
+					for r := range R {
+						dst := c.data[(g*g4+r)*c.stride+j0 : (g*g4+r)*c.stride+j1]
 						if acc {
-							c.data[i*c.stride+j] += out[r]
+							for j := range dst {
+								dst[j] += buf[j*R+r]
+							}
 						} else {
-							c.data[i*c.stride+j] = out[r]
+							for j := range dst {
+								dst[j] = buf[j*R+r]
+							}
 						}
 					}
 				}
@@ -492,6 +502,10 @@ func manyRows(tm *team, c mat, q *qmat, off int, acc bool, dots func(ws [][]byte
 const manyRun = 256
 
 var manyBufs = sync.Pool{New: func() any { return new([manyRun]float32) }}
+
+// rowsBufs recycles the results of a decode batch's runs of weight rows
+// (manyRun rows × up to four activation rows).
+var rowsBufs = sync.Pool{New: func() any { return new([manyRun * quant.Q8KRowsMax]float32) }}
 
 // intActs holds a decode step's activation rows quantized for the integer
 // kernels, in groups of four; intActPool recycles them.

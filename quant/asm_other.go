@@ -48,3 +48,9 @@ func halfTileAsm(Type, int) bool { return false }
 
 // halfTile is never called (halfTileAsm is false).
 func halfTile(Type, int, *[]byte, *float32, int, int, *float32) {}
+
+// dotQ80RowsManyAsm has no assembly to run.
+func dotQ80RowsManyAsm(Type, [][]byte, *Q80Rows, []float32) bool { return false }
+
+// dotQ8KRowsManyAsm has no assembly to run.
+func dotQ8KRowsManyAsm(Type, [][]byte, *Q8KRows, []float32) bool { return false }

@@ -256,6 +256,110 @@ func dotQ8KRowsAsm(t Type, w []byte, x *Q8KRows, out []float32) bool {
 	return true
 }
 
+//go:noescape
+func dotQ4KQ8KRows2ManyVNNI(ws *[]byte, q *int8, d *float32, sums *int32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ6KQ8KRows2ManyVNNI(ws *[]byte, q *int8, d *float32, sums *int32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ8_0Q80Rows2ManyVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ5_0Q80Rows2ManyVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80Rows2ManyVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4KQ8KRows3ManyVNNI(ws *[]byte, q *int8, d *float32, sums *int32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ6KQ8KRows3ManyVNNI(ws *[]byte, q *int8, d *float32, sums *int32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ8_0Q80Rows3ManyVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ5_0Q80Rows3ManyVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80Rows3ManyVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4KQ8KRows4ManyVNNI(ws *[]byte, q *int8, d *float32, sums *int32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ6KQ8KRows4ManyVNNI(ws *[]byte, q *int8, d *float32, sums *int32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ8_0Q80Rows4ManyVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ5_0Q80Rows4ManyVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80Rows4ManyVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+// dotQ80RowsManyAsm runs DotQ80RowsMany's kernels (AVX-512 VNNI, 2 to 4
+// activation rows, every block in the kernels' quads and pairs); ws is
+// non-empty and its rows are checked.
+func dotQ80RowsManyAsm(t Type, ws [][]byte, x *Q80Rows, out []float32) bool {
+	if !integerAsm() || x.r < 2 || x.nb == 0 || x.nb != len(x.rows[0].d) {
+		return false
+	}
+	w, q, d, ds, n, rows, o := &ws[0], &x.q[0], &x.d[0], &x.ds[0], x.nb, len(ws), &out[0]
+	switch {
+	case t == Q8_0 && x.r == 2:
+		dotQ8_0Q80Rows2ManyVNNI(w, q, d, ds, n, rows, o)
+	case t == Q8_0 && x.r == 3:
+		dotQ8_0Q80Rows3ManyVNNI(w, q, d, ds, n, rows, o)
+	case t == Q8_0:
+		dotQ8_0Q80Rows4ManyVNNI(w, q, d, ds, n, rows, o)
+	case t == Q5_0 && x.r == 2:
+		dotQ5_0Q80Rows2ManyVNNI(w, q, d, ds, n, rows, o)
+	case t == Q5_0 && x.r == 3:
+		dotQ5_0Q80Rows3ManyVNNI(w, q, d, ds, n, rows, o)
+	case t == Q5_0:
+		dotQ5_0Q80Rows4ManyVNNI(w, q, d, ds, n, rows, o)
+	case t == Q4_0 && x.r == 2:
+		dotQ4_0Q80Rows2ManyVNNI(w, q, d, ds, n, rows, o)
+	case t == Q4_0 && x.r == 3:
+		dotQ4_0Q80Rows3ManyVNNI(w, q, d, ds, n, rows, o)
+	case t == Q4_0:
+		dotQ4_0Q80Rows4ManyVNNI(w, q, d, ds, n, rows, o)
+	default:
+		return false
+	}
+	return true
+}
+
+// dotQ8KRowsManyAsm runs DotQ8KRowsMany's kernels (AVX-512 VNNI, 2 to 4
+// activation rows); ws is non-empty and its rows are checked.
+func dotQ8KRowsManyAsm(t Type, ws [][]byte, x *Q8KRows, out []float32) bool {
+	if !integerAsm() || x.r < 2 || len(x.d) == 0 {
+		return false
+	}
+	w, d, n, rows, o := &ws[0], &x.d[0], len(x.d)/x.r, len(ws), &out[0]
+	switch {
+	case t == Q6_K && x.r == 2:
+		dotQ6KQ8KRows2ManyVNNI(w, &x.qn[0], d, &x.sums16[0], n, rows, o)
+	case t == Q6_K && x.r == 3:
+		dotQ6KQ8KRows3ManyVNNI(w, &x.qn[0], d, &x.sums16[0], n, rows, o)
+	case t == Q6_K:
+		dotQ6KQ8KRows4ManyVNNI(w, &x.qn[0], d, &x.sums16[0], n, rows, o)
+	case t == Q4_K && x.r == 2:
+		dotQ4KQ8KRows2ManyVNNI(w, &x.q[0], d, &x.sums[0], n, rows, o)
+	case t == Q4_K && x.r == 3:
+		dotQ4KQ8KRows3ManyVNNI(w, &x.q[0], d, &x.sums[0], n, rows, o)
+	case t == Q4_K:
+		dotQ4KQ8KRows4ManyVNNI(w, &x.q[0], d, &x.sums[0], n, rows, o)
+	default:
+		return false
+	}
+	return true
+}
+
 // The Many kernels: one call for a set of weight rows (see gen.go's
 // manyStart), each row a []byte header of ws.
 

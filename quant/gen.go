@@ -1486,6 +1486,44 @@ func q80Idx() {
 	p("GLOBL ·q80Idx(SB), RODATA|NOPTR, $128")
 }
 
+// rowsArgs opens a Rows kernel (w or ws, q, d, a fourth pointer named arg
+// into reg, n, [rows,] out) after its constants are set: in the Many form
+// the row loop of manyStart, with out in R14 either way.
+func rowsArgs(name string, many bool, arg, reg string) {
+	intArgs(name, many, arg, reg)
+	if many {
+		p("\tMOVQ 16(SP), R14")
+	} else {
+		p("\tMOVQ out+40(FP), R14")
+	}
+}
+
+// rowsHeader writes a Rows kernel's TEXT line (the Many form takes rows
+// and keeps manyStart's 24-byte frame).
+func rowsHeader(name string, many bool, doc string) {
+	p("")
+	if many {
+		p("// func %s(ws *[]byte, q *int8, d *float32, x4 *, n, rows int, out *float32): %s; out[i*R+r] is weight row i with activation row r.", name, doc)
+		p("TEXT ·%s(SB), NOSPLIT, $24-56", name)
+		return
+	}
+	p("// func %s(w *byte, q *int8, d *float32, x4 *, n int, out *float32): %s.", name, doc)
+	p("TEXT ·%s(SB), NOSPLIT, $0-48", name)
+}
+
+// rowsNext ends a Rows kernel: in the Many form, on to the next weight
+// row (R results further on).
+func rowsNext(name string, many bool, R int) {
+	if many {
+		p("\tADDQ $%d, 16(SP)", 4*R)
+		p("\tADDQ $24, 0(SP)")
+		p("\tDECQ 8(SP)")
+		p("\tJNZ %s_row", name)
+	}
+	p("\tVZEROUPPER")
+	p("\tRET")
+}
+
 // zRowOut reduces the 16 float lanes of Z(acc), less the 8 of Y(min) when
 // min ≥ 0, and stores the sum at off(R14) (clobbers Y5, X7).
 func zRowOut(acc, min, off int) {
@@ -1507,25 +1545,21 @@ func zRowOut(acc, min, off int) {
 // 256 bytes per block in the Q4_K kernel order, d: R floats, sums: R × 8
 // int32). Row r's sum goes to out[r]. Accumulators: Z28+r (d·dx·Σ sc·Σq·qx)
 // and Y0, Y1, Y2, Y10 (dmin·dx·m·sums).
-func zQ4KQ8KRows(R int) {
+func zQ4KQ8KRows(R int, many bool) {
 	name := fmt.Sprintf("dotQ4KQ8KRows%dVNNI", R)
-	minAcc := []int{0, 1, 2, 10}
-	p("")
-	p("// func %s(w *byte, q *int8, d *float32, sums *int32, n int, out *float32): n Q4_K blocks, %d rows.", name, R)
-	p("TEXT ·%s(SB), NOSPLIT, $0-48", name)
-	p("\tMOVQ w+0(FP), SI")
-	p("\tMOVQ q+8(FP), DI")
-	p("\tMOVQ d+16(FP), BX")
-	p("\tMOVQ sums+24(FP), DX")
-	p("\tMOVQ n+32(FP), CX")
-	p("\tMOVQ out+40(FP), R14")
-	for r := range R {
-		p("\tVPXORD Z%d, Z%d, Z%d", 28+r, 28+r, 28+r)
-		p("\tVPXORD Z%d, Z%d, Z%d", minAcc[r], minAcc[r], minAcc[r])
+	if many {
+		name = fmt.Sprintf("dotQ4KQ8KRows%dManyVNNI", R)
 	}
+	minAcc := []int{0, 1, 2, 10}
+	rowsHeader(name, many, fmt.Sprintf("n Q4_K blocks, %d rows, x4 = sums *int32", R))
 	zConst(6, 0x0f0f0f0f)
 	for i := range 4 {
 		p("\tVMOVDQU32 ·q4kq8kIdx+%d(SB), Z%d", 64*i, 16+i)
+	}
+	rowsArgs(name, many, "sums", "DX")
+	for r := range R {
+		p("\tVPXORD Z%d, Z%d, Z%d", 28+r, 28+r, 28+r)
+		p("\tVPXORD Z%d, Z%d, Z%d", minAcc[r], minAcc[r], minAcc[r])
 	}
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_done", name)
@@ -1581,35 +1615,30 @@ func zQ4KQ8KRows(R int) {
 	for r := range R {
 		zRowOut(28+r, minAcc[r], 4*r)
 	}
-	p("\tVZEROUPPER")
-	p("\tRET")
+	rowsNext(name, many, R)
 }
 
 // zQ6KQ8KRows: dotQ6KQ8KVNNI for R interleaved activation rows (q: R ×
 // 256 bytes per block in natural order, d: R floats, sums16: R × 16
 // int32), each block's 6-bit values and scales unpacked once. Row r's sum
 // goes to out[r]; accumulators Z0, Z1, Z2, Z4.
-func zQ6KQ8KRows(R int) {
+func zQ6KQ8KRows(R int, many bool) {
 	name := fmt.Sprintf("dotQ6KQ8KRows%dVNNI", R)
-	accs := []int{0, 1, 2, 4}
-	p("")
-	p("// func %s(w *byte, q *int8, d *float32, sums *int32, n int, out *float32): n Q6_K blocks, %d rows (sums: per 16).", name, R)
-	p("TEXT ·%s(SB), NOSPLIT, $0-48", name)
-	p("\tMOVQ w+0(FP), SI")
-	p("\tMOVQ q+8(FP), DI")
-	p("\tMOVQ d+16(FP), BX")
-	p("\tMOVQ sums+24(FP), DX")
-	p("\tMOVQ n+32(FP), CX")
-	p("\tMOVQ out+40(FP), R14")
-	for r := range R {
-		p("\tVPXORD Z%d, Z%d, Z%d", accs[r], accs[r], accs[r])
+	if many {
+		name = fmt.Sprintf("dotQ6KQ8KRows%dManyVNNI", R)
 	}
+	accs := []int{0, 1, 2, 4}
+	rowsHeader(name, many, fmt.Sprintf("n Q6_K blocks, %d rows, x4 = sums16 *int32 (per 16)", R))
 	zConst(6, 0x0f0f0f0f)
 	zConst(17, 0x03030303)
 	p("\tVMOVDQU64 ·q6kq8kShift+0(SB), Z16")
 	p("\tVMOVDQU64 ·q6kq8kShift+64(SB), Z18")
 	for i := range 4 {
 		p("\tVMOVDQU32 ·q6kq8kIdx+%d(SB), Z%d", 64*i, 26+i)
+	}
+	rowsArgs(name, many, "sums", "DX")
+	for r := range R {
+		p("\tVPXORD Z%d, Z%d, Z%d", accs[r], accs[r], accs[r])
 	}
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_done", name)
@@ -1671,8 +1700,7 @@ func zQ6KQ8KRows(R int) {
 	for r := range R {
 		zRowOut(accs[r], -1, 4*r)
 	}
-	p("\tVZEROUPPER")
-	p("\tRET")
+	rowsNext(name, many, R)
 }
 
 // zQ80Rows: the zQ80 kernels for R activation rows at once (a decode
@@ -1680,20 +1708,8 @@ func zQ6KQ8KRows(R int) {
 // the rows per four blocks (q: R × 128 bytes, d and ds: R × 4 floats per
 // quad). n is a multiple of 4; row r's sum goes to out[r]. Accumulators
 // Z24+r, offsets X28+r.
-func zQ80Rows(name string, size, qs, qh int, off uint32, R int) {
-	p("")
-	p("// func %s(w *byte, q *int8, d, ds *float32, n int, out *float32): n blocks, n even, %d rows.", name, R)
-	p("TEXT ·%s(SB), NOSPLIT, $0-48", name)
-	p("\tMOVQ w+0(FP), SI")
-	p("\tMOVQ q+8(FP), DI")
-	p("\tMOVQ d+16(FP), BX")
-	p("\tMOVQ ds+24(FP), R8")
-	p("\tMOVQ n+32(FP), CX")
-	p("\tMOVQ out+40(FP), R14")
-	for r := range R {
-		p("\tVPXORD Z%d, Z%d, Z%d", 24+r, 24+r, 24+r)
-		p("\tVPXORD Z%d, Z%d, Z%d", 28+r, 28+r, 28+r)
-	}
+func zQ80Rows(name string, size, qs, qh int, off uint32, R int, many bool) {
+	rowsHeader(name, many, fmt.Sprintf("n blocks, n even, %d rows, x4 = ds *float32", R))
 	p("\tVMOVDQU32 ·q80Idx(SB), Z16")
 	p("\tVMOVDQU32 ·q80Idx+64(SB), Z17")
 	if size == 34 {
@@ -1703,6 +1719,11 @@ func zQ80Rows(name string, size, qs, qh int, off uint32, R int) {
 		zConst(14, 0x10101010)
 		p("\tMOVL $0xcc, AX")
 		p("\tKMOVW AX, K2")
+	}
+	rowsArgs(name, many, "ds", "R8")
+	for r := range R {
+		p("\tVPXORD Z%d, Z%d, Z%d", 24+r, 24+r, 24+r)
+		p("\tVPXORD Z%d, Z%d, Z%d", 28+r, 28+r, 28+r)
 	}
 
 	p("%s_quad:", name)
@@ -1769,8 +1790,7 @@ func zQ80Rows(name string, size, qs, qh int, off uint32, R int) {
 		p("\tVMULPS X3, X%d, X6", 28+r)
 		zRowOut(24+r, 6, 4*r)
 	}
-	p("\tVZEROUPPER")
-	p("\tRET")
+	rowsNext(name, many, R)
 }
 
 // zDqHalf: the AVX-512 F16/BF16 dequantizer, n a multiple of 16, 64 per
@@ -1868,12 +1888,18 @@ func main() {
 	zQ80("dotQ8_0Q80ManyVNNI", 34, 2, -1, 128, true)
 	zQ80("dotQ5_0Q80ManyVNNI", 22, 6, 2, 16, true)
 	zQ80("dotQ4_0Q80ManyVNNI", 18, 2, -1, 8, true)
-	for r := 2; r <= 4; r++ {
-		zQ4KQ8KRows(r)
-		zQ6KQ8KRows(r)
-		zQ80Rows(fmt.Sprintf("dotQ8_0Q80Rows%dVNNI", r), 34, 2, -1, 128, r)
-		zQ80Rows(fmt.Sprintf("dotQ5_0Q80Rows%dVNNI", r), 22, 6, 2, 16, r)
-		zQ80Rows(fmt.Sprintf("dotQ4_0Q80Rows%dVNNI", r), 18, 2, -1, 8, r)
+	for _, many := range []bool{false, true} {
+		form := ""
+		if many {
+			form = "Many"
+		}
+		for r := 2; r <= 4; r++ {
+			zQ4KQ8KRows(r, many)
+			zQ6KQ8KRows(r, many)
+			zQ80Rows(fmt.Sprintf("dotQ8_0Q80Rows%d%sVNNI", r, form), 34, 2, -1, 128, r, many)
+			zQ80Rows(fmt.Sprintf("dotQ5_0Q80Rows%d%sVNNI", r, form), 22, 6, 2, 16, r, many)
+			zQ80Rows(fmt.Sprintf("dotQ4_0Q80Rows%d%sVNNI", r, form), 18, 2, -1, 8, r, many)
+		}
 	}
 	zQuantQ8K()
 	zQuantQ80()

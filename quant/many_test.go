@@ -309,3 +309,68 @@ func BenchmarkDotTile(b *testing.B) {
 		}
 	}
 }
+
+// TestDotRowsMany checks DotQ80RowsMany and DotQ8KRowsMany against
+// DotQ80Rows and DotQ8KRows row by row: the same kernels, so the same
+// bits, at every level, for one to four activation rows, several weight
+// row counts, and block counts the kernels do not take whole (1 and 3
+// blocks of 32: Go per row).
+func TestDotRowsMany(t *testing.T) {
+	r := rand.New(rand.NewPCG(29, 30))
+	atEachLevel(t, func(t *testing.T) {
+		for _, tc := range []struct {
+			types []Type
+			ns    []int
+		}{
+			{[]Type{Q8_0, Q5_0, Q4_0}, []int{32, 96, 576, 960}},
+			{[]Type{Q4_K, Q6_K}, []int{256, 768, 2048}},
+		} {
+			for _, typ := range tc.types {
+				for _, n := range tc.ns {
+					for _, R := range []int{1, 2, 3, 4} {
+						for _, count := range []int{1, 2, 7, 64} {
+							t.Run(fmt.Sprintf("%s/n%d/x%d/rows%d", typ, n, R, count), func(t *testing.T) {
+								ws := manyRows(r, typ, n, count)
+								xs := make([][]float32, R)
+								for i := range xs {
+									xs[i] = gaussOutliers(r, n, 1)
+								}
+								out := make([]float32, count*R+1)
+								out[count*R] = 42 // past the rows: untouched
+								one := make([]float32, R)
+								check := func(row func(w []byte, out []float32)) {
+									for i, w := range ws {
+										row(w, one)
+										for k := range R {
+											if got := out[i*R+k]; math.Float32bits(got) != math.Float32bits(one[k]) {
+												t.Fatalf("weight row %d, activation row %d: %g, want %g", i, k, got, one[k])
+											}
+										}
+									}
+								}
+								if SupportsQ80(typ) {
+									var x Q80Rows
+									if err := x.Quantize(xs...); err != nil {
+										t.Fatal(err)
+									}
+									DotQ80RowsMany(typ, ws, &x, out)
+									check(func(w []byte, o []float32) { DotQ80Rows(typ, w, &x, o) })
+								} else {
+									var x Q8KRows
+									if err := x.Quantize(xs...); err != nil {
+										t.Fatal(err)
+									}
+									DotQ8KRowsMany(typ, ws, &x, out)
+									check(func(w []byte, o []float32) { DotQ8KRows(typ, w, &x, o) })
+								}
+								if out[count*R] != 42 {
+									t.Fatalf("out[%d] written: %g", count*R, out[count*R])
+								}
+							})
+						}
+					}
+				}
+			}
+		}
+	})
+}

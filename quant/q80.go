@@ -269,6 +269,38 @@ func (x *Q80Rows) Quantize(rows ...[]float32) error {
 	return nil
 }
 
+// DotQ80RowsMany sets out[i·x.Rows()+r] to DotQ80(t, ws[i], row r of x)
+// for every weight row of ws and row of x: DotQ80Rows over a task's
+// weight rows, wherever they lie (see DotQ80Many), in one kernel call at
+// the AVX-512 level with VNNI when x's blocks are all in the kernels'
+// quads and pairs (an even count), so no Go code runs between two weight
+// rows; otherwise DotQ80Rows per row. The results are the same either
+// way. It panics like DotQ80Rows, and when out is shorter than
+// len(ws)·x.Rows(). Safe for concurrent use; does not allocate.
+func DotQ80RowsMany(t Type, ws [][]byte, x *Q80Rows, out []float32) {
+	if x.r == 0 || len(out) < len(ws)*x.r {
+		panic(fmt.Sprintf("quant: DotQ80RowsMany of %d × %d rows into %d", len(ws), x.r, len(out)))
+	}
+	if len(ws) == 0 {
+		return
+	}
+	if !SupportsQ80(t) {
+		panic(fmt.Sprintf("quant: DotQ80RowsMany of %s weights", t))
+	}
+	rb := q80BlockBytes(t) * len(x.rows[0].d)
+	for i, w := range ws {
+		if len(w) != rb {
+			panic(fmt.Sprintf("quant: DotQ80RowsMany: weight row %d has %d bytes, want %d", i, len(w), rb))
+		}
+	}
+	if dotQ80RowsManyAsm(t, ws, x, out) {
+		return
+	}
+	for i, w := range ws {
+		DotQ80Rows(t, w, x, out[i*x.r:(i+1)*x.r])
+	}
+}
+
 // DotQ80Rows sets out[r] to DotQ80(t, w, row r of x) for every row of x,
 // reading each weight block once (AVX-512 VNNI; elsewhere DotQ80 per
 // row). It panics when t is not supported, the sizes disagree or out is

@@ -310,6 +310,40 @@ func (x *Q8KRows) Quantize(rows ...[]float32) error {
 	return nil
 }
 
+// DotQ8KRowsMany sets out[i·x.Rows()+r] to DotQ8K(t, ws[i], row r of x)
+// for every weight row of ws and row of x: DotQ8KRows over a task's
+// weight rows, wherever they lie (see DotQ8KMany), in one kernel call at
+// the AVX-512 level with VNNI, so no Go code runs between two weight rows;
+// otherwise DotQ8KRows per row. The results are the same either way. It
+// panics like DotQ8KRows, and when out is shorter than len(ws)·x.Rows().
+// Safe for concurrent use; does not allocate.
+func DotQ8KRowsMany(t Type, ws [][]byte, x *Q8KRows, out []float32) {
+	if x.r == 0 || len(out) < len(ws)*x.r {
+		panic(fmt.Sprintf("quant: DotQ8KRowsMany of %d × %d rows into %d", len(ws), x.r, len(out)))
+	}
+	if len(ws) == 0 {
+		return
+	}
+	nb, ts := len(x.rows[0].d), 144
+	if t == Q6_K {
+		ts = 210
+	}
+	if !SupportsQ8K(t) {
+		panic(fmt.Sprintf("quant: DotQ8KRowsMany of %s weights", t))
+	}
+	for i, w := range ws {
+		if len(w) != nb*ts {
+			panic(fmt.Sprintf("quant: DotQ8KRowsMany: weight row %d has %d bytes, want %d", i, len(w), nb*ts))
+		}
+	}
+	if dotQ8KRowsManyAsm(t, ws, x, out) {
+		return
+	}
+	for i, w := range ws {
+		DotQ8KRows(t, w, x, out[i*x.r:(i+1)*x.r])
+	}
+}
+
 // DotQ8KRows sets out[r] to DotQ8K(t, w, row r of x) for every row of x,
 // reading each weight block once (AVX-512 VNNI; elsewhere DotQ8K per
 // row). It panics when t is not supported, the sizes disagree or out is
