@@ -429,7 +429,6 @@ func runOurs(cfg Config, path string, in inputs) (side Side, reused int, err err
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	side.GoHeap = int64(ms.HeapInuse + ms.HeapIdle - ms.HeapReleased)
-	fmt.Fprintf(os.Stderr, "TMPDBG inuse %d idle %d released %d numgc %d alloc %d totalalloc %d\n", ms.HeapInuse>>20, ms.HeapIdle>>20, ms.HeapReleased>>20, ms.NumGC, ms.HeapAlloc>>20, ms.TotalAlloc>>20)
 	runtime.KeepAlive(m)
 	return side, reused, nil
 }
