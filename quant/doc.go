@@ -77,9 +77,14 @@
 // [DotQ8KMany] dot one activation row with a set of weight rows (a []byte
 // each, wherever they lie) in one call of the "Many" form of the kernel,
 // which walks the slice headers: at 576 columns a call per row cost as
-// much as its dot (BenchmarkDotMany: Q8_0 0.152 → 0.065 ns a weight). The
-// activations are quantized (Q8_K, Q8_0) in AVX-512 assembly at that
-// level, bit for bit the Go quantizers (BenchmarkGemmQuantizeTile,
+// much as its dot (BenchmarkDotMany: Q8_0 0.152 → 0.065 ns a weight);
+// [DotQ8KRowsMany] and [DotQ80RowsMany] are the same for a decode batch's
+// [Q8KRows] / [Q80Rows]. [DotTile] is the decode batch's product for F16
+// and BF16 rows: tiles of four weight rows by up to four activation rows,
+// each weight vector converted once in registers (BenchmarkDotTile: 123–140
+// GFLOP/s on one core, where dequantizing panels for simd.DotTile gave
+// 58–90). The activations are quantized (Q8_K, Q8_0) in AVX-512 assembly
+// at that level, bit for bit the Go quantizers (BenchmarkGemmQuantizeTile,
 // BenchmarkQuantizeActivations).
 //
 // # Integer GEMM
