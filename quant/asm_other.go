@@ -54,3 +54,6 @@ func dotQ80RowsManyAsm(Type, [][]byte, *Q80Rows, []float32) bool { return false 
 
 // dotQ8KRowsManyAsm has no assembly to run.
 func dotQ8KRowsManyAsm(Type, [][]byte, *Q8KRows, []float32) bool { return false }
+
+// hasVBMI: no assembly here.
+var hasVBMI bool

@@ -140,6 +140,10 @@ func dotQ5_0Q80VNNI(w *byte, q *int8, d, ds *float32, n int) float32
 //go:noescape
 func dotQ4_0Q80VNNI(w *byte, q *int8, d, ds *float32, n int) float32
 
+// hasVBMI is whether the CPU runs the nibble formats' VBMI kernels
+// (AVX-512 VBMI and BITALG beside VNNI: Ice Lake, Zen 4 and later).
+var hasVBMI = hasVNNI && cpu.X86.HasAVX512VBMI && cpu.X86.HasAVX512BITALG
+
 // integerAsm is whether the integer (VNNI) kernels run: AVX-512 with VNNI
 // at the AVX-512 level.
 func integerAsm() bool { return hasVNNI && level() == lvlAVX512 }
@@ -475,10 +479,14 @@ func dotQ80ManyAsm(t Type, ws [][]byte, x *Q80, out []float32) bool {
 		return false
 	}
 	k := dotQ8_0Q80ManyVNNI
-	switch t {
-	case Q5_0:
+	switch {
+	case t == Q5_0 && hasVBMI:
+		k = dotQ5_0Q80ManyVBMI
+	case t == Q5_0:
 		k = dotQ5_0Q80ManyVNNI
-	case Q4_0:
+	case t == Q4_0 && hasVBMI:
+		k = dotQ4_0Q80ManyVBMI
+	case t == Q4_0:
 		k = dotQ4_0Q80ManyVNNI
 	}
 	k(&ws[0], &x.q[0], &x.d[0], &x.ds[0], len(x.d), len(ws), &out[0])
@@ -693,3 +701,9 @@ func q80BlocksAsm(v []float32, q []int8, amax []float32) bool {
 	}
 	return q80BlocksAVX512(&v[0], &q[0], &amax[0], n)
 }
+
+//go:noescape
+func dotQ5_0Q80ManyVBMI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80ManyVBMI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)

@@ -1343,6 +1343,72 @@ func zQ6KQ8K(many bool) {
 	p("GLOBL ·q6kq8kIdx(SB), RODATA|NOPTR, $256")
 }
 
+// vbmi switches q80Weights (and the constants zQ80 sets) to the AVX-512
+// VBMI + BITALG unpacking of the nibble formats: the pair of blocks read
+// by one masked load, its nibbles put in place by one VPERMB and one
+// VPSRLVW, and Q5_0's fifth bits turned into a mask by VPERMB and
+// VPSHUFBITQMB instead of scalar loads and KMOVQ.
+var vbmi bool
+
+// vbmiConsts sets the VBMI path's constants for blocks of size bytes (qs,
+// qh as zQ80's): Z20 the nibble bytes' VPERMB indices, Z21 VPSRLVW's
+// counts (4 in the lanes of high nibbles), K4 the load mask of a pair, and
+// for Q5_0 Z22 the fifth bits' VPERMB indices and Z23 VPSHUFBITQMB's bit
+// indices (clobbers AX).
+func vbmiConsts(size, qs, qh int) {
+	p("\tVMOVDQU64 ·q80VbmiQs%d(SB), Z20", size)
+	p("\tVMOVDQU64 ·q80VbmiShift(SB), Z21")
+	p("\tMOVQ $0x%x, AX", uint64(1)<<(2*size)-1)
+	p("\tKMOVQ AX, K4")
+	if qh >= 0 {
+		p("\tVMOVDQU64 ·q80VbmiQh%d(SB), Z22", size)
+		p("\tVMOVDQU64 ·q80VbmiBit(SB), Z23")
+	}
+}
+
+// vbmiTables writes the VBMI path's tables: for each nibble format the
+// source byte of every weight byte (lanes 0, 1: block A's 16 nibble bytes,
+// 2, 3: block B's; see q80Weights) and, for Q5_0, of qh's bytes (block A's
+// four in qwords 0-3, B's in 4-7); the shift counts; the bit indices.
+func vbmiTables() {
+	for _, f := range []struct{ size, qs, qh int }{{22, 6, 2}, {18, 2, -1}} {
+		p("")
+		for j := range 64 {
+			src := f.qs + j%16
+			if j >= 32 {
+				src += f.size
+			}
+			p("DATA ·q80VbmiQs%d+%d(SB)/1, $%d", f.size, j, src)
+		}
+		p("GLOBL ·q80VbmiQs%d(SB), RODATA|NOPTR, $64", f.size)
+		if f.qh < 0 {
+			continue
+		}
+		for j := range 64 {
+			src := f.qh + j%8
+			if j%8 >= 4 {
+				src = 0
+			} else if j >= 32 {
+				src += f.size
+			}
+			p("DATA ·q80VbmiQh%d+%d(SB)/1, $%d", f.size, j, src)
+		}
+		p("GLOBL ·q80VbmiQh%d(SB), RODATA|NOPTR, $64", f.size)
+	}
+	for w := range 32 {
+		c := 0
+		if (w/8)%2 == 1 {
+			c = 4
+		}
+		p("DATA ·q80VbmiShift+%d(SB)/2, $%d", 2*w, c)
+	}
+	p("GLOBL ·q80VbmiShift(SB), RODATA|NOPTR, $64")
+	for j := range 64 {
+		p("DATA ·q80VbmiBit+%d(SB)/1, $%d", j, j%32)
+	}
+	p("GLOBL ·q80VbmiBit(SB), RODATA|NOPTR, $64")
+}
+
 // q80Weights puts the unsigned weights of the pair of zQ80 blocks (size,
 // qs, qh as zQ80's) at o(SI) into Z(r) (clobbers Z(r+1), AX, DX, K3).
 func q80Weights(size, qs, qh, o, r int) {
@@ -1350,6 +1416,18 @@ func q80Weights(size, qs, qh, o, r int) {
 		p("\tVMOVDQU %d(SI), Y%d", o+qs, r)
 		p("\tVINSERTI64X4 $1, %d(SI), Z%d, Z%d", o+size+qs, r, r)
 		p("\tVPXORD Z14, Z%d, Z%d", r, r)
+		return
+	}
+	if vbmi {
+		p("\tVMOVDQU8.Z %d(SI), K4, Z%d", o, r+1)
+		p("\tVPERMB Z%d, Z20, Z%d", r+1, r)
+		p("\tVPSRLVW Z21, Z%d, Z%d", r, r)
+		p("\tVPANDD Z15, Z%d, Z%d", r, r)
+		if qh >= 0 {
+			p("\tVPERMB Z%d, Z22, Z%d", r+1, r+1)
+			p("\tVPSHUFBITQMB Z23, Z%d, K3", r+1)
+			p("\tVPADDB Z14, Z%d, K3, Z%d", r, r)
+		}
 		return
 	}
 	// Nibbles: lanes 0,1 from block A's 16 bytes, 2,3 from B's; the low
@@ -1404,6 +1482,9 @@ func zQ80(name string, size, qs, qh int, off uint32, many bool) {
 		zConst(14, 0x10101010)
 		p("\tMOVL $0xcc, AX")
 		p("\tKMOVW AX, K2")
+		if vbmi {
+			vbmiConsts(size, qs, qh)
+		}
 	}
 	intArgs(name, many, "ds", "R8")
 	p("\tVPXORD Z0, Z0, Z0")
@@ -1901,6 +1982,11 @@ func main() {
 			zQ80Rows(fmt.Sprintf("dotQ4_0Q80Rows%d%sVNNI", r, form), 18, 2, -1, 8, r, many)
 		}
 	}
+	vbmi = true
+	zQ80("dotQ5_0Q80ManyVBMI", 22, 6, 2, 16, true)
+	zQ80("dotQ4_0Q80ManyVBMI", 18, 2, -1, 8, true)
+	vbmi = false
+	vbmiTables()
 	zQuantQ8K()
 	zQuantQ80()
 	zGemm("gemmQ4KQ8KVNNI", false)

@@ -395,6 +395,11 @@ func atEachLevel(t *testing.T, f func(t *testing.T)) {
 			t.Fatal(err)
 		}
 		t.Run(asmLevel(), f)
+		if l == simd.AVX512 && hasVBMI { // and the VNNI kernels the VBMI ones replace
+			hasVBMI = false
+			t.Run(asmLevel()+"-novbmi", f)
+			hasVBMI = true
+		}
 	}
 }
 
