@@ -82,8 +82,9 @@
 // [Q8KRows] / [Q80Rows]. Where the CPU also has AVX-512 VBMI and BITALG
 // (Ice Lake, Zen 4 and later), DotQ80Many's Q5_0 and Q4_0 kernels unpack a
 // pair of blocks with one masked load, VPERMB and VPSRLVW, and Q5_0's fifth
-// bits with VPERMB and VPSHUFBITQMB (BenchmarkDotMany's rows at 65,536
-// rows: Q5_0 0.034 → 0.031 ns a weight, Q4_0 0.028 → 0.027). [DotTile] is the decode batch's product for F16
+// bits with VPERMB and VPSHUFBITQMB (BenchmarkDotManyStream, three runs:
+// Q5_0 0.033–0.034 → 0.031 ns a weight, Q4_0 0.028 → 0.027; a small gain,
+// near this machine's run-to-run noise of up to 10%). [DotTile] is the decode batch's product for F16
 // and BF16 rows: tiles of four weight rows by up to four activation rows,
 // each weight vector converted once in registers (BenchmarkDotTile: 123–140
 // GFLOP/s on one core, where dequantizing panels for simd.DotTile gave

@@ -374,3 +374,43 @@ func TestDotRowsMany(t *testing.T) {
 		}
 	})
 }
+
+// BenchmarkDotManyStream: DotQ80Many over 65,536 contiguous weight rows of
+// 576 columns (SmolLM2's width; 24–40 MB, streamed from memory as a decode
+// step streams its weights) on one core, with the VBMI kernels where the
+// CPU has them and with the VNNI ones.
+func BenchmarkDotManyStream(b *testing.B) {
+	r := rand.New(rand.NewPCG(31, 32))
+	const rows, k = 65536, 576
+	for _, typ := range []Type{Q8_0, Q5_0, Q4_0} {
+		rb, _ := typ.RowBytes(k)
+		all := make([]byte, 0, rows*rb)
+		for range rows {
+			all = append(all, randomRow(r, typ, k)...)
+		}
+		ws := make([][]byte, rows)
+		for i := range ws {
+			ws[i] = all[i*rb : (i+1)*rb]
+		}
+		var x Q80
+		if err := x.Quantize(gauss(r, k, 1)); err != nil {
+			b.Fatal(err)
+		}
+		out := make([]float32, rows)
+		for _, vb := range []bool{true, false} {
+			if vb && !hasVBMI {
+				continue
+			}
+			b.Run(fmt.Sprintf("%s/vbmi=%v", typ, vb), func(b *testing.B) {
+				defer func(prev bool) { hasVBMI = prev }(hasVBMI)
+				hasVBMI = vb
+				b.ReportAllocs()
+				for b.Loop() {
+					DotQ80Many(typ, ws, &x, out)
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(rows*k), "ns/weight")
+				b.ReportMetric(float64(b.N)*float64(rows*rb)/b.Elapsed().Seconds()/1e9, "GB/s")
+			})
+		}
+	}
+}
