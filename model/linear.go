@@ -76,8 +76,12 @@ const (
 	qPanel   = 64
 )
 
-// qScratch recycles the dequantized panels (qPanel × in floats).
-var qScratch sync.Pool
+// qScratch recycles the dequantized panels (qPanel × in floats);
+// roundScratch the rounded copies of the activations (m × in floats: a
+// prefill chunk's are 10 MiB at Qwen2.5's 4,864-wide down projection).
+// Apart, because a panel-sized buffer drawn for a copy was dropped and a
+// new one allocated on nearly every F16/BF16 prefill product.
+var qScratch, roundScratch sync.Pool
 
 // newQmat builds the qmat of a tensor of out rows × in elements of type t
 // stored back to back in data.
@@ -276,12 +280,12 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 	}
 	if r := activationRounding(q.t); r != roundNone {
 		// The activations llama.cpp multiplies (see actround.go), in a copy.
-		bp, _ := qScratch.Get().(*[]float32)
+		bp, _ := roundScratch.Get().(*[]float32)
 		if bp == nil || cap(*bp) < m*k {
 			s := make([]float32, m*k)
 			bp = &s
 		}
-		defer qScratch.Put(bp)
+		defer roundScratch.Put(bp)
 		ra := dense((*bp)[:m*k], m, k)
 		const chunk = 16
 		tm.run((m+chunk-1)/chunk, func(_, t int) {
