@@ -80,8 +80,11 @@ func (s *Server) lookupRPC(ctx context.Context, r *cbv1.LookupRequest) (*cbv1.Lo
 			s.lookups.abandoned.Add(1)
 			return
 		}
-		done <- s.lookupAfter(r, tc, ts, submitted, sw)
+		res := s.lookupAfter(r, tc, ts, submitted, sw)
+		// Counted before the answer is handed over: a caller that reads
+		// Stats after its lookup returned sees it.
 		s.lookups.done.Add(1)
+		done <- res
 	}
 	if !enqueue(s, s.lookups.queue, run) {
 		s.lookups.rejected.Add(1)
