@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"reflect"
 	"slices"
+	"unsafe"
 
 	"github.com/cacheblend/cacheblend/quant"
 )
@@ -401,11 +402,13 @@ func (d *decoder) array(depth int, what string) (any, error) {
 }
 
 // strings reads n strings with one allocation for their bytes: a first pass
-// validates the lengths, then the whole region is copied into one string
-// that the elements slice.
+// validates the lengths, then the strings' bytes (without their length
+// prefixes: 8 bytes a string, 2.4 MB of a 151,936-token vocabulary and its
+// merges) are copied into one buffer that the elements share.
 func (d *decoder) strings(n int, what string) ([]string, error) {
 	start := d.off
 	off := d.off
+	total := 0
 	for i := range n {
 		if len(d.b)-off < 8 {
 			d.off = off
@@ -418,15 +421,20 @@ func (d *decoder) strings(n int, what string) ([]string, error) {
 			return nil, d.errorf("%s: element %d: string length %d exceeds the %d bytes remaining", what, i, l, len(d.b)-off)
 		}
 		off += int(l)
+		total += int(l)
 	}
-	region := string(d.b[start:off])
+	buf := make([]byte, 0, total)
 	out := make([]string, n)
-	pos := 0
+	pos := start
 	for i := range out {
-		l := int(binary.LittleEndian.Uint64(d.b[start+pos:]))
+		l := int(binary.LittleEndian.Uint64(d.b[pos:]))
 		pos += 8
-		out[i] = region[pos : pos+l]
+		b0 := len(buf)
+		buf = append(buf, d.b[pos:pos+l]...)
 		pos += l
+		// buf never grows past its capacity and is never written again,
+		// so the strings over it are immutable.
+		out[i] = unsafe.String(unsafe.SliceData(buf[b0:]), l)
 	}
 	d.off = off
 	return out, nil

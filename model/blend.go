@@ -266,6 +266,7 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 	kvd := m.kvDim
 	dev := ws.f32(bufDev, n)
 	kPlane := kv.K(cl)
+	m.angles(all)
 	// mlpRows rows at a time, so the normed rows and their keys stay the
 	// size of a prefill chunk's buffers (a 2,000-token prompt's would be
 	// 20 MiB at Llama-3.2-1B's width).
@@ -282,7 +283,7 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 					continue
 				}
 				k := kf.row(i - c0)
-				m.table.Rotate(k, pos[i])
+				m.rotate(k, all, i)
 				s := all.slot[i]
 				old := kPlane[s*kvd : (s+1)*kvd]
 				var acc float32

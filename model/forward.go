@@ -2,8 +2,10 @@ package model
 
 import (
 	"fmt"
+	"runtime"
 
 	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/offheap"
 	"github.com/cacheblend/cacheblend/simd"
 )
 
@@ -40,6 +42,9 @@ type batch struct {
 	pos  []int
 	slot []int
 	seqs []seqInfo
+	// cos and sin are every row's RoPE angles (HeadDim/2 values a row),
+	// computed by Model.angles once per batch and used by every layer.
+	cos, sin []float64
 }
 
 type seqInfo struct {
@@ -50,11 +55,71 @@ type seqInfo struct {
 
 // workspace holds the scratch buffers of one forward call; the Model keeps
 // up to maxFreeWS of them between calls, and concurrent calls use different
-// ones.
+// ones. Its float buffers of offheapMin bytes or more live outside the Go
+// heap (package offheap): the collector then does not count them as live
+// and let the heap grow by as much again before it collects (GOGC=100), so
+// a 19 MiB gate|up buffer costs 19 MiB of resident memory, not up to 38.
 type workspace struct {
-	bufs    [numBufs][]float32
+	f       *wsFloats
 	ints    [numInts][]int
 	scratch [][]float32 // per worker
+}
+
+// wsFloats is a workspace's float buffers, apart from the workspace so that
+// the cleanup of a workspace dropped without release can free them.
+type wsFloats struct {
+	bufs   [numBufs][]float32
+	mapped [numBufs]bool // bufs[i] comes from offheap.Floats
+	// retired holds mapped buffers replaced by bigger ones during the
+	// current call: slices of them may still be in use until it returns.
+	retired [][]float32
+}
+
+// offheapMin is the smallest buffer (bytes) a workspace maps off the heap;
+// smaller ones are not worth a system call.
+const offheapMin = 64 << 10
+
+func newWorkspace() *workspace {
+	ws := &workspace{f: &wsFloats{}}
+	runtime.AddCleanup(ws, (*wsFloats).free, ws.f)
+	return ws
+}
+
+// grow makes bufs[id] hold n floats with capacity c (c ≥ n), dropping its
+// contents.
+func (f *wsFloats) grow(id, n, c int) {
+	if f.mapped[id] {
+		f.retired = append(f.retired, f.bufs[id])
+	}
+	f.bufs[id], f.mapped[id] = nil, false
+	if c*4 >= offheapMin {
+		if b, err := offheap.Floats(c); err == nil {
+			f.bufs[id], f.mapped[id] = b[:n], true
+			return
+		}
+		// Refused mapping: the heap still works.
+	}
+	f.bufs[id] = make([]float32, n, c)
+}
+
+// endCall unmaps the buffers retired during the call that just ended.
+func (f *wsFloats) endCall() {
+	for i, b := range f.retired {
+		_ = offheap.Free(b) // cannot fail for a buffer of offheap.Floats
+		f.retired[i] = nil
+	}
+	f.retired = f.retired[:0]
+}
+
+// free unmaps every mapped buffer; the workspace must not be used again.
+func (f *wsFloats) free() {
+	f.endCall()
+	for id, b := range f.bufs {
+		if f.mapped[id] {
+			_ = offheap.Free(b)
+		}
+		f.bufs[id], f.mapped[id] = nil, false
+	}
 }
 
 const (
@@ -88,20 +153,20 @@ const (
 )
 
 func (ws *workspace) f32(id, n int) []float32 {
-	if cap(ws.bufs[id]) < n {
-		ws.bufs[id] = make([]float32, n, n+n/4)
+	if cap(ws.f.bufs[id]) < n {
+		ws.f.grow(id, n, n+n/4)
 	}
-	return ws.bufs[id][:n]
+	return ws.f.bufs[id][:n]
 }
 
 // f32Exact is f32 without the quarter of headroom, for a buffer whose size
 // is bounded by the rows of one product (mlpRows), not by a context that
 // grows a token at a time.
 func (ws *workspace) f32Exact(id, n int) []float32 {
-	if cap(ws.bufs[id]) < n {
-		ws.bufs[id] = make([]float32, n)
+	if cap(ws.f.bufs[id]) < n {
+		ws.f.grow(id, n, n)
 	}
-	return ws.bufs[id][:n]
+	return ws.f.bufs[id][:n]
 }
 
 func (ws *workspace) int(id, n int) []int {
@@ -125,7 +190,7 @@ func (m *Model) getWS() *workspace {
 	case ws := <-m.free:
 		return ws
 	default:
-		return &workspace{}
+		return newWorkspace()
 	}
 }
 
@@ -134,9 +199,11 @@ func (m *Model) getWS() *workspace {
 const maxFreeWS = 2
 
 func (m *Model) putWS(ws *workspace) {
+	ws.f.endCall()
 	select {
 	case m.free <- ws:
-	default: // enough kept: this one is garbage
+	default: // enough kept: this one is released
+		ws.f.free()
 	}
 }
 
@@ -383,7 +450,39 @@ func (m *Model) layer(ws *workspace, kv *kvcache.Memory, l int, x mat, b *batch)
 // positions.
 func (b *batch) sub(r0, r1 int) *batch {
 	s := b.seqs[0]
-	return &batch{pos: b.pos[r0:r1], slot: b.slot[r0:r1], seqs: []seqInfo{{r0: 0, r1: r1 - r0, ctx: s.ctx, slots: s.slots}}}
+	out := &batch{pos: b.pos[r0:r1], slot: b.slot[r0:r1], seqs: []seqInfo{{r0: 0, r1: r1 - r0, ctx: s.ctx, slots: s.slots}}}
+	if len(b.pos) > 0 && b.cos != nil {
+		half := len(b.cos) / len(b.pos)
+		out.cos, out.sin = b.cos[r0*half:r1*half], b.sin[r0*half:r1*half]
+	}
+	return out
+}
+
+// angles computes b's RoPE angles (b.cos, b.sin) unless it has them: once
+// per forward instead of once per layer, the same bits as rope.RotateHeads.
+// Not safe for concurrent use on one batch (a forward owns its batch).
+func (m *Model) angles(b *batch) {
+	if b.cos != nil {
+		return
+	}
+	half, n := m.headDim/2, len(b.pos)
+	b.cos, b.sin = make([]float64, n*half), make([]float64, n*half)
+	fill := func(r0, r1 int) {
+		for i := r0; i < r1; i++ {
+			m.rope.Angles(b.pos[i], b.cos[i*half:(i+1)*half], b.sin[i*half:(i+1)*half])
+		}
+	}
+	if n < 64 {
+		fill(0, n)
+		return
+	}
+	m.rowChunks(n, fill)
+}
+
+// rotate rotates every head of x to the position of b's row i.
+func (m *Model) rotate(x []float32, b *batch, i int) {
+	half := m.headDim / 2
+	m.rope.RotateBy(x, b.cos[i*half:(i+1)*half], b.sin[i*half:(i+1)*half])
 }
 
 // storeKV computes the Q, K and V of every row of x at layer l (returned,
@@ -435,15 +534,15 @@ func (m *Model) forwardLayers(ws *workspace, kv *kvcache.Memory, from int, x mat
 func (m *Model) ropeAndStore(kv *kvcache.Memory, l int, qkv mat, b *batch, withQ bool) {
 	kPlane, vPlane := kv.K(l), kv.V(l)
 	kvd := m.kvDim
+	m.angles(b)
 	m.rowChunks(qkv.rows, func(r0, r1 int) {
 		for i := r0; i < r1; i++ {
 			row := qkv.row(i)
-			p := b.pos[i]
 			if withQ {
-				m.table.Rotate(row[:m.qDim], p)
+				m.rotate(row[:m.qDim], b, i)
 			}
 			k := row[m.qDim : m.qDim+kvd]
-			m.table.Rotate(k, p)
+			m.rotate(k, b, i)
 			s := b.slot[i]
 			copy(kPlane[s*kvd:(s+1)*kvd], k)
 			copy(vPlane[s*kvd:(s+1)*kvd], row[m.qDim+kvd:m.qDim+2*kvd])

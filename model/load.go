@@ -168,7 +168,6 @@ func Load(f *gguf.File, cfg Config) (*Model, error) {
 		}
 	}
 	m.rope = rope.NewWith(hd, c.RoPETheta, rope.Options{FreqScale: c.RoPEFreqScale, FreqFactors: factors})
-	m.table = rope.NewTable(m.rope, c.MaxPositions)
 
 	if m.embed, err = ld.matrix("token_embd.weight", c.Dim, c.Vocab, false); err != nil {
 		return nil, err

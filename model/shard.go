@@ -73,7 +73,6 @@ func (m *Model) Shard(reducer tp.AllReducer) (*Model, error) {
 		output:    whole.output,
 		finalNorm: whole.finalNorm,
 		rope:      whole.rope,
-		table:     whole.table,
 		file:      whole.file,
 		tp:        &shard{rank: rank, world: world, reducer: reducer, full: c},
 		free:      make(chan *workspace, maxFreeWS),

@@ -45,8 +45,7 @@ type Model struct {
 	layers    []layerWeights
 	finalNorm []float32
 
-	rope  *rope.RoPE
-	table rope.Table
+	rope *rope.RoPE
 
 	file *gguf.File // the file the weights come from (nil: none kept)
 

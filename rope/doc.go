@@ -6,9 +6,11 @@
 // default). [RoPE.RotateHeads] rotates every head of a vector to a position;
 // since rotations compose, [RoPE.Shift] moves keys computed at one position
 // to another (re-RoPE), which is how CacheBlend reuses a document's KV at a
-// new offset in a prompt. [Table] caches the rotation angles of positions
-// [0, maxPos) so the model's forward pass rotates bit for bit as RotateHeads
-// would, without a Sincos per token.
+// new offset in a prompt. [RoPE.Angles] computes a position's angles once
+// and [RoPE.RotateBy] rotates by them, bit for bit as RotateHeads would: the
+// model's forward computes them once per token and rotates every layer's Q
+// and K with them (a table of every position was 4 MiB that stayed live for
+// the model's life).
 //
 // The rotations run on the vector kernels of package simd (AVX-512, AVX2 or
 // pure Go; every level gives the same bits, since no product is fused).

@@ -99,12 +99,29 @@ func (r *RoPE) RotateHeads(x []float32, pos int) {
 	} else {
 		cosv, sinv = make([]float64, half), make([]float64, half)
 	}
+	r.Angles(pos, cosv, sinv)
+	r.RotateBy(x, cosv, sinv)
+}
+
+// Angles writes the cosines and sines of position pos's angles (HeadDim/2
+// values each) into cos and sin: the numbers RotateHeads rotates by, for a
+// caller that rotates many vectors at one position (every layer's Q and K
+// of a token). It panics when cos or sin is shorter than HeadDim/2.
+func (r *RoPE) Angles(pos int, cos, sin []float64) {
 	p := float64(pos)
-	for i := range half {
-		sinv[i], cosv[i] = math.Sincos(p * r.invFreq[i])
+	cos, sin = cos[:len(r.invFreq)], sin[:len(r.invFreq)]
+	for i, f := range r.invFreq {
+		sin[i], cos[i] = math.Sincos(p * f)
 	}
+}
+
+// RotateBy rotates, in place, every head of x (len(x) a multiple of
+// HeadDim) by the angles whose cosines and sines Angles wrote: the same bits
+// as RotateHeads at that position.
+func (r *RoPE) RotateBy(x []float32, cos, sin []float64) {
+	half := r.headDim / 2
 	for h := 0; h+r.headDim <= len(x); h += r.headDim {
-		simd.RotateF64(x[h:h+half], x[h+half:h+r.headDim], cosv, sinv)
+		simd.RotateF64(x[h:h+half], x[h+half:h+r.headDim], cos[:half], sin[:half])
 	}
 }
 
@@ -139,43 +156,3 @@ func (r *RoPE) Shift(x []float32, from, to int) {
 	}
 }
 
-// Table caches, for every position below maxPos, the cos/sin values
-// [RoPE.RotateHeads] would compute, so the model's forward pass rotates with
-// exactly the same numbers (bit for bit) without calling Sincos per token.
-// The zero Table is not usable; build one with [NewTable]. A Table is
-// immutable and safe for concurrent use.
-type Table struct {
-	r        *RoPE
-	half     int
-	maxPos   int
-	cos, sin []float64 // [maxPos × half]
-}
-
-// NewTable returns the table of r for positions [0, maxPos).
-func NewTable(r *RoPE, maxPos int) Table {
-	half := r.headDim / 2
-	t := Table{r: r, half: half, maxPos: maxPos, cos: make([]float64, maxPos*half), sin: make([]float64, maxPos*half)}
-	for p := range maxPos {
-		fp := float64(p)
-		for i := range half {
-			t.sin[p*half+i], t.cos[p*half+i] = math.Sincos(fp * r.invFreq[i])
-		}
-	}
-	return t
-}
-
-// Rotate is RotateHeads(x, pos) of the table's RoPE, using the cached values
-// for 0 <= pos < maxPos; other positions fall back to computing them.
-func (t Table) Rotate(x []float32, pos int) {
-	if pos < 0 || pos >= t.maxPos {
-		t.r.RotateHeads(x, pos)
-		return
-	}
-	half := t.half
-	cosv := t.cos[pos*half : pos*half+half]
-	sinv := t.sin[pos*half : pos*half+half]
-	hd := 2 * half
-	for h := 0; h+hd <= len(x); h += hd {
-		simd.RotateF64(x[h:h+half], x[h+half:h+hd], cosv, sinv)
-	}
-}

@@ -23,18 +23,23 @@ func maxAbsDiff(a, b []float32) float64 {
 	return d
 }
 
-// A Table rotates exactly like RoPE.RotateHeads, and a Shift composes with
-// the rotation (re-RoPE).
-func TestTableMatchesRotateHeads(t *testing.T) {
+// Angles + RotateBy rotate exactly like RoPE.RotateHeads, and a Shift
+// composes with the rotation (re-RoPE).
+func TestRotateByMatchesRotateHeads(t *testing.T) {
 	r := New(32, 0)
-	tab := NewTable(r, 300)
-	for _, pos := range []int{0, 1, 17, 299, 300, -3} {
+	cos, sin := make([]float64, 16), make([]float64, 16)
+	for _, pos := range []int{0, 1, 17, 299, 300, -3, 1 << 20} {
 		a := randMat(uint64(pos+10), 64)
 		b := append([]float32(nil), a...)
+		want := append([]float32(nil), a...)
 		r.RotateHeads(a, pos)
-		tab.Rotate(b, pos)
+		r.Angles(pos, cos, sin)
+		r.RotateBy(b, cos, sin)
 		if d := maxAbsDiff(a, b); d != 0 {
-			t.Fatalf("pos %d: table differs by %g", pos, d)
+			t.Fatalf("pos %d: RotateBy differs by %g", pos, d)
+		}
+		if pos != 0 && maxAbsDiff(a, want) == 0 {
+			t.Fatalf("pos %d: nothing rotated", pos)
 		}
 	}
 	x := randMat(3, 32)

@@ -1,0 +1,16 @@
+// Package offheap allocates large, pointer-free scratch buffers outside the
+// Go heap, in private anonymous mappings.
+//
+// A serving process whose weights and KV cache already live in mappings
+// still keeps long-lived scratch buffers on the heap: the model's per-call
+// workspaces (tens of MiB for a 512-token chunk). The garbage collector
+// counts them as live, so with the default GOGC=100 the heap is allowed to
+// grow by as much again before the next collection: every MiB of workspace
+// costs about two of resident memory. A buffer from [Floats] costs one.
+//
+// The caller owns each buffer and must call [Free] exactly once, when no
+// slice of it is used any more; the memory is then returned to the
+// operating system at once. Nothing here is tracked by the garbage
+// collector, so a buffer must never hold a pointer into the Go heap (float32
+// slices cannot). Both functions are safe for concurrent use.
+package offheap
