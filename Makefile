@@ -14,8 +14,9 @@ lint:
 
 unit:
 	$(GO) test -race -count=1 -timeout 20m ./...
-	# The comparisons with llama.cpp (numerical; built without -race, see model/llamacpp_test.go).
-	$(GO) test -count=1 -timeout 20m -run 'TestAgainstLlamaCpp' ./model
+	# The comparisons with llama.cpp and the heavy MLP-halves cases (numerical;
+	# built without -race, see model/llamacpp_test.go and model/mlpsplit_test.go).
+	$(GO) test -count=1 -timeout 20m -run 'TestAgainstLlamaCpp|TestMLPHalves' ./model
 
 # Fuzz the parsers of outside input, FUZZTIME each (CI: 30s).
 FUZZTIME ?= 30s

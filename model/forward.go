@@ -555,7 +555,7 @@ func (m *Model) ropeAndStore(kv *kvcache.Memory, l int, qkv mat, b *batch, withQ
 // SwiGLU MLP, both added to the residual x. On a sharded model both are
 // partial sums, all-reduced before they are added.
 func (m *Model) attendAndMLP(ws *workspace, kv *kvcache.Memory, l int, x, qkv mat, b *batch) error {
-	n, d, f := x.rows, m.cfg.Dim, m.cfg.FFNDim
+	n, d := x.rows, m.cfg.Dim
 	lw := &m.layers[l]
 	att := dense(ws.f32(bufAtt, n*m.qDim), n, m.qDim)
 	m.attention(ws, kv, l, att, qkv, b)
@@ -565,31 +565,86 @@ func (m *Model) attendAndMLP(ws *workspace, kv *kvcache.Memory, l int, x, qkv ma
 
 	h := dense(ws.f32(bufH, n*d), n, d)
 	m.normRows(h, x, lw.mlpNorm)
+	return m.mlp(ws, lw, x, h)
+}
+
+// mlp adds the SwiGLU MLP of the normed rows h to the residual x.
+func (m *Model) mlp(ws *workspace, lw *layerWeights, x, h mat) error {
+	n, d, f := x.rows, m.cfg.Dim, m.cfg.FFNDim
 	// The MLP runs mlpRows rows at a time: its intermediate (2·FFNDim
 	// floats a row, 64 KiB a row for Llama-3.2-1B) then stays a few tens
 	// of MiB whatever the prompt, instead of growing with it. The
 	// activation silu(gate)·up is written over the gate half of each row
 	// and read from there by the down projection (a view of stride
-	// 2·FFNDim), so it needs no buffer of its own.
+	// 2·FFNDim), so it needs no buffer of its own. A chunk of splitRows
+	// rows or more, when the layer is split, computes the FFN columns in
+	// two halves (the gate|up and down products of the first, then of the
+	// second, adding to the residual): the intermediate is then half as
+	// big (16 MiB of 32 at Llama-3.2-1B's width) and every product keeps
+	// its rows, so its weight panels are unpacked as often as before.
 	cn := min(n, mlpRows)
-	gu := dense(ws.f32Exact(bufGU, cn*2*f), cn, 2*f)
+	halves := lw.split > 0 && cn >= splitRows
+	w := 2 * f
+	if halves {
+		w = 2 * lw.split
+	}
+	gu := dense(ws.f32Exact(bufGU, cn*w), cn, w)
 	for r0 := 0; r0 < n; r0 += mlpRows {
 		rows := min(n, r0+mlpRows) - r0
-		guc := gu.view(0, 0, rows, 2*f)
-		actc := guc.view(0, 0, rows, f)
-		gemm(m.team, guc, h.view(r0, 0, rows, d), lw.gu, true, false)
-		m.rowChunks(rows, func(i0, i1 int) {
-			for i := i0; i < i1; i++ {
-				g := guc.row(i)
-				swiglu(g[:f], g[:f], g[f:2*f])
+		hc, xc := h.view(r0, 0, rows, d), x.view(r0, 0, rows, d)
+		if !halves {
+			guc := dense(gu.data[:rows*2*f], rows, 2*f)
+			gemm(m.team, guc, hc, lw.gu, true, false)
+			m.swiglu(guc, lw.split, f)
+			if err := m.project(ws, xc, guc.view(0, 0, rows, f), lw.down); err != nil {
+				return err
 			}
-		})
-		if err := m.project(ws, x.view(r0, 0, rows, d), actc, lw.down); err != nil {
-			return err
+			continue
+		}
+		// Both halves' gate|up products take the rows quantized once.
+		xq := sharedTiles(m.team, hc, lw.gu)
+		for hf, c := range [2][2]int{{0, lw.split}, {lw.split, f}} {
+			fh := c[1] - c[0]
+			guc := dense(gu.data[:rows*2*fh], rows, 2*fh)
+			gemmTiles(m.team, guc, hc, lw.gu.view(2*c[0], 0, 2*fh, d), xq, false)
+			m.swiglu(guc, 0, fh)
+			if err := m.project(ws, xc, guc.view(0, 0, rows, fh), lw.downHalf[hf]); err != nil {
+				if xq != nil {
+					gemmTilesPool.Put(xq)
+				}
+				return err
+			}
+		}
+		if xq != nil {
+			gemmTilesPool.Put(xq)
 		}
 	}
 	return nil
 }
+
+// swiglu writes silu(gate)·up over the first f columns of every row of gu,
+// whose row holds gate | up (split 0) or the halves gate[:split] |
+// up[:split] | gate[split:] | up[split:].
+func (m *Model) swiglu(gu mat, split, f int) {
+	m.rowChunks(gu.rows, func(i0, i1 int) {
+		for i := i0; i < i1; i++ {
+			g := gu.row(i)
+			if split <= 0 {
+				swiglu(g[:f], g[:f], g[f:2*f])
+				continue
+			}
+			s, t := split, f-split
+			swiglu(g[:s], g[:s], g[s:2*s])
+			// Columns [s, f) are up[:s], already read; gate[s:] starts at
+			// 2s ≥ f, so the writes never reach what is still to be read.
+			swiglu(g[s:f], g[2*s:2*s+t], g[2*s+t:2*s+2*t])
+		}
+	})
+}
+
+// splitRows is the fewest rows of a chunk whose MLP runs in halves (see
+// attendAndMLP): a decode batch's few rows keep one product per weight.
+const splitRows = 64
 
 // mlpRows is the most rows one MLP product computes (a prefill's chunk in
 // the engine, StepTokenBudget, is 512 by default).

@@ -1,16 +1,21 @@
 package model
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
 
+	"github.com/cacheblend/cacheblend/gguf"
 	"github.com/cacheblend/cacheblend/internal/llamaref"
+	"github.com/cacheblend/cacheblend/internal/testmodel"
 	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/quant"
 )
 
 func TestMain(m *testing.M) {
@@ -125,4 +130,34 @@ func refVocab(t testing.TB, name string) string {
 		t.Fatal(err)
 	}
 	return filepath.Join(src, "models", "ggml-vocab-"+name+".gguf")
+}
+
+// loadFile writes the test model of s and loads it with Load.
+func loadFile(t testing.TB, s testmodel.Spec) (string, *Model) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "model.gguf")
+	if err := testmodel.Write(path, s); err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	m, err := Load(f, Config{Threads: 2, MaxPositions: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path, m
+}
+
+// q4KMMixture gives attn_v and ffn_down of layers 2 and up Q6_K (what
+// llama-quantize's use_more_bits picks in a 4-layer Q4_K_M file).
+func q4KMMixture(name string, _, _ int) quant.Type {
+	var layer int
+	var rest string
+	if _, err := fmt.Sscanf(name, "blk.%d.%s", &layer, &rest); err == nil && layer >= 2 && (strings.HasPrefix(rest, "attn_v.") || strings.HasPrefix(rest, "ffn_down.")) {
+		return quant.Q6_K
+	}
+	return 0
 }

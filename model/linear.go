@@ -433,6 +433,29 @@ func intGemm(t quant.Type, k int) bool {
 	return quant.IntegerDots() && (quant.SupportsQ8K(t) && k%quant.QK_K == 0 || quant.SupportsQ80(t) && k%quant.QK8_0 == 0)
 }
 
+// sharedTiles quantizes a once for the integer GEMMs of several products
+// with weight w's type (the MLP's two gate|up halves): nil when w does not
+// go through the integer GEMM at a's rows (a's rows are then quantized, or
+// rounded, per product as gemm does). The caller puts non-nil tiles back
+// in gemmTilesPool.
+func sharedTiles(tm *team, a mat, w mat) *quant.GemmTiles {
+	q := w.q
+	if q == nil || q.types != nil || a.rows <= qIntRows || !intGemm(q.t, q.in) {
+		return nil
+	}
+	return quantizeTiles(tm, a, q.t, q.in)
+}
+
+// gemmTiles is gemm(tm, c, a, w, true, acc) with a's rows already
+// quantized in x (sharedTiles; nil: not quantized).
+func gemmTiles(tm *team, c, a, w mat, x *quant.GemmTiles, acc bool) {
+	if x == nil || w.q == nil || w.q.types != nil || !x.Fits(w.q.t) {
+		gemm(tm, c, a, w, true, acc)
+		return
+	}
+	gemmPanels(tm, c, x, w.q, acc)
+}
+
 // quantizeTiles quantizes the rows of a (k columns) for the integer GEMM
 // with weights of type t (and every type the tiles fit), in tiles of six
 // rows on the team's threads. The caller puts the tiles back in

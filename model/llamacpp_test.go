@@ -10,38 +10,15 @@ package model
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"math"
 	"math/rand/v2"
-	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 
-	"github.com/cacheblend/cacheblend/gguf"
 	"github.com/cacheblend/cacheblend/internal/llamaref"
 	"github.com/cacheblend/cacheblend/internal/testmodel"
 	"github.com/cacheblend/cacheblend/quant"
 )
-
-// loadFile writes the test model of s and loads it with Load.
-func loadFile(t testing.TB, s testmodel.Spec) (string, *Model) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "model.gguf")
-	if err := testmodel.Write(path, s); err != nil {
-		t.Fatal(err)
-	}
-	f, err := gguf.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	m, err := Load(f, Config{Threads: 2, MaxPositions: 512})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return path, m
-}
 
 // teacherForced returns the model's logits for the distributions of tokens
 // [p, len(toks)): a prefill of toks[:p], then one decode step per token.
@@ -125,6 +102,9 @@ func TestAgainstLlamaCpp(t *testing.T) {
 		{"llama Q8_0", testmodel.Spec{Arch: "llama", Type: quant.Q8_0}, 0, "llama-spm"},
 		{"llama Q4_K_M", testmodel.Spec{Arch: "llama", Dim: 256, Heads: 4, KVHeads: 2, FFNDim: 512, Type: quant.Q4_K, OutType: quant.Q6_K}, 0, "llama-spm"},
 		{"qwen2 Q4_K_M", testmodel.Spec{Arch: "qwen2", Dim: 256, Heads: 4, KVHeads: 2, FFNDim: 512, Type: quant.Q4_K, OutType: quant.Q6_K}, 0, "llama-spm"},
+		// FFN 4352: the gate|up rows stored in uneven halves (2,304 |
+		// 2,048), as Qwen2.5-0.5B's and Llama-3.2-1B's are.
+		{"llama Q4_K_M, gate|up in halves", testmodel.Spec{Arch: "llama", Dim: 256, Heads: 4, KVHeads: 2, FFNDim: 4352, Type: quant.Q4_K, OutType: quant.Q6_K}, 0, "llama-spm"},
 		{"qwen2 Q6_K", testmodel.Spec{Arch: "qwen2", Dim: 256, Heads: 4, KVHeads: 2, FFNDim: 512, Type: quant.Q6_K}, 0, "llama-spm"},
 		// llama-quantize's Q4_K_M mixture: attn_v and ffn_down Q6_K in some
 		// layers (here 2 and 3 of 4), so one stacked Q|K|V projection mixes
@@ -218,15 +198,4 @@ func TestAgainstLlamaCpp(t *testing.T) {
 			}
 		})
 	}
-}
-
-// q4KMMixture gives attn_v and ffn_down of layers 2 and up Q6_K (what
-// llama-quantize's use_more_bits picks in a 4-layer Q4_K_M file).
-func q4KMMixture(name string, _, _ int) quant.Type {
-	var layer int
-	var rest string
-	if _, err := fmt.Sscanf(name, "blk.%d.%s", &layer, &rest); err == nil && layer >= 2 && (strings.HasPrefix(rest, "attn_v.") || strings.HasPrefix(rest, "ffn_down.")) {
-		return quant.Q6_K
-	}
-	return 0
 }

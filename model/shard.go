@@ -88,7 +88,6 @@ func (m *Model) Shard(reducer tp.AllReducer) (*Model, error) {
 	q0, kv0, f0 := rank*s.qDim, rank*s.kvDim, rank*f
 	qkvRows := [][2]int{{q0, q0 + s.qDim}, {whole.qDim + kv0, whole.qDim + kv0 + s.kvDim},
 		{whole.qDim + whole.kvDim + kv0, whole.qDim + whole.kvDim + kv0 + s.kvDim}}
-	guRows := [][2]int{{f0, f0 + f}, {c.FFNDim + f0, c.FFNDim + f0 + f}}
 	s.layers = make([]layerWeights, c.Layers)
 	var err error
 	for l, w := range whole.layers {
@@ -102,7 +101,7 @@ func (m *Model) Shard(reducer tp.AllReducer) (*Model, error) {
 				lw.qkvBias = append(lw.qkvBias, w.qkvBias[r[0]:r[1]]...)
 			}
 		}
-		if lw.gu, err = selectRows(w.gu, guRows); err != nil {
+		if lw.gu, err = selectRows(w.gu, w.guRanges(f0, f0+f, c.FFNDim)); err != nil {
 			return nil, fmt.Errorf("layer %d gate/up: %w", l, err)
 		}
 		if lw.wo, err = selectCols(w.wo, q0, q0+s.qDim); err != nil {

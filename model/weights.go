@@ -21,8 +21,35 @@ type layerWeights struct {
 	qkvBias  []float32 // [(Heads+2·KVHeads)·HeadDim] or nil
 	wo       mat       // [Dim × Heads·HeadDim]
 	mlpNorm  []float32 // [Dim]
-	gu       mat       // [2·FFNDim × Dim]: gate | up rows
+	gu       mat       // [2·FFNDim × Dim]: gate | up rows, in halves when split
 	down     mat       // [Dim × FFNDim]
+	// split, when positive, is where a prefill chunk's MLP is cut in two
+	// (FFNDim columns [0, split) and [split, FFNDim)): gu's rows are then
+	// gate[:split] | up[:split] | gate[split:] | up[split:], so each half is
+	// a contiguous view of gu, and downHalf holds down's two column ranges.
+	split    int
+	downHalf [2]mat
+}
+
+// guRanges returns the rows of lw.gu holding gate rows [f0, f1) followed by
+// those holding up rows [f0, f1) (FFNDim ffn).
+func (lw *layerWeights) guRanges(f0, f1, ffn int) [][2]int {
+	s := lw.split
+	if s <= 0 {
+		return [][2]int{{f0, f1}, {ffn + f0, ffn + f1}}
+	}
+	// gate row j sits at j (j < s) or s + j (j ≥ s); up row j at s + j or
+	// ffn + j.
+	var gate, up [][2]int
+	if f0 < s {
+		e := min(f1, s)
+		gate, up = append(gate, [2]int{f0, e}), append(up, [2]int{s + f0, s + e})
+	}
+	if f1 > s {
+		b := max(f0, s)
+		gate, up = append(gate, [2]int{s + b, s + f1}), append(up, [2]int{ffn + b, ffn + f1})
+	}
+	return append(gate, up...)
 }
 
 // Model is a Llama-architecture decoder: the built-in model (New, weights

@@ -24,7 +24,7 @@ func dotQ8KRowsAsm(Type, []byte, *Q8KRows, []float32) bool { return false }
 func dotQ80RowsAsm(Type, []byte, *Q80Rows, []float32) bool { return false }
 
 // gemmAsm has no assembly to run.
-func gemmAsm(Type, []uint32, []uint32, *[GemmTileRows * GemmPanelRows]float32, int) bool {
+func gemmAsm(Type, []uint32, []uint32, *float32, int, int) bool {
 	return false
 }
 

@@ -637,23 +637,23 @@ func halfDequant(asm, asm512 asmDequant, pure func([]byte, []float32)) func([]by
 }
 
 //go:noescape
-func gemmQ4KQ8KVNNI(w *uint32, a *uint32, c *float32, n int)
+func gemmQ4KQ8KVNNI(w *uint32, a *uint32, c *float32, n, ldc int)
 
 //go:noescape
-func gemmQ6KQ8KVNNI(w *uint32, a *uint32, c *float32, n int)
+func gemmQ6KQ8KVNNI(w *uint32, a *uint32, c *float32, n, ldc int)
 
 //go:noescape
-func gemmQ8_0VNNI(w *uint32, a *uint32, c *float32, n int)
+func gemmQ8_0VNNI(w *uint32, a *uint32, c *float32, n, ldc int)
 
 //go:noescape
-func gemmQ5_0VNNI(w *uint32, a *uint32, c *float32, n int)
+func gemmQ5_0VNNI(w *uint32, a *uint32, c *float32, n, ldc int)
 
 //go:noescape
-func gemmQ4_0VNNI(w *uint32, a *uint32, c *float32, n int)
+func gemmQ4_0VNNI(w *uint32, a *uint32, c *float32, n, ldc int)
 
 // gemmAsm runs the integer GEMM's tile kernel for panels of type t at the
 // AVX-512 level with VNNI.
-func gemmAsm(t Type, w, a []uint32, c *[GemmTileRows * GemmPanelRows]float32, nb int) bool {
+func gemmAsm(t Type, w, a []uint32, c *float32, ldc, nb int) bool {
 	if !integerAsm() {
 		return false
 	}
@@ -662,15 +662,15 @@ func gemmAsm(t Type, w, a []uint32, c *[GemmTileRows * GemmPanelRows]float32, nb
 	_ = a[nb*tb-1]
 	switch t {
 	case Q4_K:
-		gemmQ4KQ8KVNNI(&w[0], &a[0], &c[0], nb)
+		gemmQ4KQ8KVNNI(&w[0], &a[0], c, nb, ldc)
 	case Q6_K:
-		gemmQ6KQ8KVNNI(&w[0], &a[0], &c[0], nb)
+		gemmQ6KQ8KVNNI(&w[0], &a[0], c, nb, ldc)
 	case Q8_0:
-		gemmQ8_0VNNI(&w[0], &a[0], &c[0], nb)
+		gemmQ8_0VNNI(&w[0], &a[0], c, nb, ldc)
 	case Q5_0:
-		gemmQ5_0VNNI(&w[0], &a[0], &c[0], nb)
+		gemmQ5_0VNNI(&w[0], &a[0], c, nb, ldc)
 	default:
-		gemmQ4_0VNNI(&w[0], &a[0], &c[0], nb)
+		gemmQ4_0VNNI(&w[0], &a[0], c, nb, ldc)
 	}
 	return true
 }

@@ -375,9 +375,22 @@ func Gemm(p *GemmPanel, x *GemmTiles, t, rows int, c []float32, ldc int, acc boo
 	}
 	be, _, _, tb := gemmLayout(p.t)
 	nb := p.k / be
-	var out [GemmTileRows * GemmPanelRows]float32
 	a := x.w[t*nb*tb : (t+1)*nb*tb]
-	if !gemmAsm(p.t, p.w, a, &out, nb) {
+	if rows == GemmTileRows && p.rows == GemmPanelRows && ldc >= GemmPanelRows && integerAsm() {
+		// A whole tile: the kernel adds to c's rows in place (ldc apart),
+		// so no tile buffer is zeroed, filled and added back in Go (that
+		// was an eighth of a quantized prefill's time).
+		_ = c[(rows-1)*ldc+GemmPanelRows-1]
+		if !acc {
+			for i := range rows {
+				clear(c[i*ldc : i*ldc+GemmPanelRows])
+			}
+		}
+		gemmAsm(p.t, p.w, a, &c[0], ldc, nb)
+		return
+	}
+	var out [GemmTileRows * GemmPanelRows]float32
+	if !gemmAsm(p.t, p.w, a, &out[0], GemmPanelRows, nb) {
 		gemmGo(p.t, p.w, a, &out, nb)
 	}
 	for i := range rows {

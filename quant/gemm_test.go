@@ -28,7 +28,9 @@ func testGemm(t *testing.T, typ Type) {
 		x          func(n int) []float32
 		zeroBlocks bool
 		blocks32   bool // k not a multiple of 256: the 32-element formats only
+		dirty      bool // c holds NaNs before a product that overwrites it
 	}{
+		{name: "overwrite", m: 12, n: 64, k: 256, dirty: true, x: func(n int) []float32 { return gauss(r, n, 1) }},
 		{name: "one tile one panel", m: 6, n: 32, k: 256, x: func(n int) []float32 { return gauss(r, n, 1) }},
 		{name: "partial tile", m: 4, n: 32, k: 512, x: func(n int) []float32 { return gauss(r, n, 0.3) }},
 		{name: "partial panel", m: 13, n: 7, k: 768, x: func(n int) []float32 { return gauss(r, n, 1) }},
@@ -70,6 +72,10 @@ func testGemm(t *testing.T, typ Type) {
 					base[i] = float32(r.NormFloat64())
 				}
 				copy(c, base)
+			} else if tc.dirty {
+				for i := range c {
+					c[i] = float32(math.NaN())
+				}
 			}
 			var p GemmPanel
 			for j0 := 0; j0 < tc.n; j0 += GemmPanelRows {
@@ -90,7 +96,7 @@ func testGemm(t *testing.T, typ Type) {
 					for e := range tc.k {
 						mag += math.Abs(float64(refElem(typ, w[j], e)) * float64(a[i][e]))
 					}
-					if got := float64(c[i*tc.n+j]); math.Abs(got-want) > 1e-5*(mag+1) {
+					if got := float64(c[i*tc.n+j]); !(math.Abs(got-want) <= 1e-5*(mag+1)) { // a NaN fails too
 						t.Fatalf("c[%d][%d] = %g, want %g (Σ|terms| %g)", i, j, got, want, mag)
 					}
 				}

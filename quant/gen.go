@@ -2213,7 +2213,7 @@ func zGemm(name string, q6 bool) {
 	for i := range 6 {
 		p("\tVBROADCASTSS %d(DI), Z31", 4*i)
 		for j := range 2 {
-			s, m, off := 2*i+j, 12+2*i+j, i*128+j*64
+			s, m := 2*i+j, 12+2*i+j
 			if q6 { // Σ sc·q·a − 32·Σ sc·sums16
 				p("\tVPSLLD $5, Z%d, Z%d", m, m)
 				p("\tVPSUBD Z%d, Z%d, Z%d", m, s, s)
@@ -2225,8 +2225,8 @@ func zGemm(name string, q6 bool) {
 				p("\tVMULPS Z%d, Z%d, Z%d", 27+j, s, s)
 				p("\tVFNMADD231PS Z%d, Z%d, Z%d", 29+j, m, s)
 			}
-			p("\tVFMADD213PS %d(DX), Z31, Z%d", off, s)
-			p("\tVMOVUPS Z%d, %d(DX)", s, off)
+			p("\tVFMADD213PS %s, Z31, Z%d", crow(i, j*64), s)
+			p("\tVMOVUPS Z%d, %s", s, crow(i, j*64))
 		}
 	}
 	next := pairs*128 + 128
@@ -2280,23 +2280,44 @@ func zGemm80(name string, shift int) {
 	p("\tJNZ %s_block", name)
 	p("%s_done:", name)
 	for i := range 12 {
-		p("\tVADDPS %d(DX), Z%d, Z%d", 64*i, i, i)
-		p("\tVMOVUPS Z%d, %d(DX)", i, 64*i)
+		p("\tVADDPS %s, Z%d, Z%d", crow(i/2, 64*(i%2)), i, i)
+		p("\tVMOVUPS Z%d, %s", i, crow(i/2, 64*(i%2)))
 	}
 	p("\tVZEROUPPER")
 	p("\tRET")
 }
 
-// gemmHeader opens a tile kernel func name(w, a *uint32, c *float32, n
-// int): w in SI, a in DI, c in DX, n in CX.
+// gemmHeader opens a tile kernel func name(w, a *uint32, c *float32, n,
+// ldc int): w in SI, a in DI, c's row 0 in DX, n in CX, ldc·4 (bytes
+// between c's rows) in R11 and c's row 3 in R10 (see crow).
 func gemmHeader(name string) {
 	p("")
-	p("// func %s(w *uint32, a *uint32, c *float32, n int)", name)
-	p("TEXT ·%s(SB), NOSPLIT, $0-32", name)
+	p("// func %s(w *uint32, a *uint32, c *float32, n, ldc int)", name)
+	p("TEXT ·%s(SB), NOSPLIT, $0-40", name)
 	p("\tMOVQ w+0(FP), SI")
 	p("\tMOVQ a+8(FP), DI")
 	p("\tMOVQ c+16(FP), DX")
 	p("\tMOVQ n+24(FP), CX")
+	p("\tMOVQ ldc+32(FP), R11")
+	p("\tSHLQ $2, R11")
+	p("\tLEAQ (R11)(R11*2), R10")
+	p("\tADDQ DX, R10")
+}
+
+// crow is the operand of byte off in row i (0–5) of a tile kernel's c:
+// rows 0–2 from DX, 3–5 from R10, ldc·4 bytes (R11) apart.
+func crow(i, off int) string {
+	base := "DX"
+	if i >= 3 {
+		base, i = "R10", i-3
+	}
+	switch i {
+	case 0:
+		return fmt.Sprintf("%d(%s)", off, base)
+	case 1:
+		return fmt.Sprintf("%d(%s)(R11*1)", off, base)
+	}
+	return fmt.Sprintf("%d(%s)(R11*2)", off, base)
 }
 
 // zeroZ clears Z[from, to).

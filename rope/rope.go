@@ -155,4 +155,3 @@ func (r *RoPE) Shift(x []float32, from, to int) {
 		simd.Rotate(x[h:h+half], x[h+half:h+hd], cosv, sinv)
 	}
 }
-
