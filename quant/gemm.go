@@ -367,8 +367,11 @@ func qWord(q []int8) uint32 {
 // GemmTileRows) and j below p.Rows(): an integer GEMM of quantized
 // weights and quantized activations (see the package's integer GEMM).
 // With AVX-512 VNNI (IntegerDots) it runs in assembly, elsewhere the same
-// arithmetic in Go. It panics when p and x differ in k, x does not fit
-// p's type, or t is out of range. Safe for concurrent use with distinct c.
+// arithmetic in Go; a whole tile (GemmTileRows rows of a full panel) is
+// added to c's rows in place, block by block for the K-quants (so a
+// product split over k in two calls gives the same bits as one call). It
+// panics when p and x differ in k, x does not fit p's type, t is out of
+// range, or c is too short. Safe for concurrent use with distinct c.
 func Gemm(p *GemmPanel, x *GemmTiles, t, rows int, c []float32, ldc int, acc bool) {
 	if p.k != x.k || !x.Fits(p.t) || t < 0 || t >= x.Tiles() || rows > GemmTileRows {
 		panic(fmt.Sprintf("quant: Gemm of a %d-column %s panel and %d-column tiles for %s (tile %d of %d)", p.k, p.t, x.k, x.t, t, x.Tiles()))
