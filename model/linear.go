@@ -24,7 +24,8 @@ import (
 // llama.cpp does (quant.DotQ8KRowsMany/DotQ80RowsMany: each weight block
 // unpacked once for up to four rows of x, one kernel call for a run of a
 // task's weight rows; for one row quant.DotQ8KMany/DotQ80Many, see
-// manyRows).
+// manyRows — for one row also where quant.IntegerGEMV says only those run
+// in assembly: the 32-element formats at the AVX2 level).
 // F16 and BF16 weights (where quant.TileKernels holds) take quant.DotTile
 // for up to qRowDots rows of x: tiles of four weight rows by four rows of
 // x, each weight vector converted once in registers for all of them.
@@ -193,7 +194,7 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 	}
 	kq := quant.SupportsQ8K(q.t) && k%quant.QK_K == 0
 	zq := quant.SupportsQ80(q.t) && k%quant.QK8_0 == 0
-	if m == 1 && quant.IntegerDots() && (kq || zq) {
+	if m == 1 && quant.IntegerGEMV(q.t) && (kq || zq) {
 		// Decode of one sequence: a quantized once, each task's weight
 		// rows dotted with it by one kernel call (quant.DotQ8KMany,
 		// DotQ80Many: at SmolLM2's 576 columns a call per row cost as

@@ -17,6 +17,9 @@ func dotQ80Asm(Type, []byte, *Q80, int) (float32, bool) { return 0, false }
 // integerAsm: no assembly here.
 func integerAsm() bool { return false }
 
+// integerGEMV: no assembly here.
+func integerGEMV(Type) bool { return false }
+
 // dotQ8KRowsAsm has no assembly to run.
 func dotQ8KRowsAsm(Type, []byte, *Q8KRows, []float32) bool { return false }
 

@@ -148,11 +148,23 @@ var hasVBMI = hasVNNI && cpu.X86.HasAVX512VBMI && cpu.X86.HasAVX512BITALG
 // at the AVX-512 level.
 func integerAsm() bool { return hasVNNI && level() == lvlAVX512 }
 
+// integerGEMV is IntegerGEMV: the VNNI kernels, or the AVX2 ones.
+func integerGEMV(t Type) bool {
+	return integerAsm() || (SupportsQ80(t) || SupportsQ8K(t)) && level() == lvlAVX2
+}
+
 // dotQ80Asm runs DotQ80's kernels over the first nb blocks (nb even) at
-// the AVX-512 level with VNNI.
+// the AVX-512 level with VNNI and at the AVX2 level.
 func dotQ80Asm(t Type, w []byte, x *Q80, nb int) (float32, bool) {
 	if !integerAsm() {
-		return 0, false
+		if level() != lvlAVX2 {
+			return 0, false
+		}
+		// The Many kernel with one row: the same bits as DotQ80Many.
+		ws := [1][]byte{w}
+		var s float32
+		q80AVX2(t, &ws[0], x, nb, 1, &s)
+		return s, true
 	}
 	switch t {
 	case Q8_0:
@@ -458,11 +470,33 @@ func halfTile(t Type, r int, ws *[]byte, a *float32, lda, k int, out *float32) {
 	}
 }
 
+//go:noescape
+func dotQ4KQ8KManyAVX2(ws *[]byte, q *int8, d *float32, sums *int32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ6KQ8KManyAVX2(ws *[]byte, q *int8, d *float32, sums16 *int32, n, rows int, out *float32)
+
+// q8kAVX2 runs the AVX2 kernel (VPMADDUBSW) of type t's rows against Q8_K
+// activations: DotQ8KMany's at the AVX2 level, and DotQ8K's there with
+// one row.
+func q8kAVX2(t Type, ws *[]byte, x *Q8K, rows int, out *float32) {
+	if t == Q6_K {
+		dotQ6KQ8KManyAVX2(ws, &x.qn[0], &x.d[0], &x.sums16[0], len(x.d), rows, out)
+	} else {
+		dotQ4KQ8KManyAVX2(ws, &x.qn[0], &x.d[0], &x.sums[0], len(x.d), rows, out)
+	}
+}
+
 // dotQ8KManyAsm runs DotQ8KMany's kernels at the AVX-512 level with VNNI
-// (ws non-empty, its rows checked, at least one block).
+// and at the AVX2 level (ws non-empty, its rows checked, at least one
+// block).
 func dotQ8KManyAsm(t Type, ws [][]byte, x *Q8K, out []float32) bool {
 	if !integerAsm() {
-		return false
+		if level() != lvlAVX2 {
+			return false
+		}
+		q8kAVX2(t, &ws[0], x, len(ws), &out[0])
+		return true
 	}
 	if t == Q6_K {
 		dotQ6KQ8KManyVNNI(&ws[0], &x.qn[0], &x.d[0], &x.sums16[0], len(x.d), len(ws), &out[0])
@@ -472,11 +506,40 @@ func dotQ8KManyAsm(t Type, ws [][]byte, x *Q8K, out []float32) bool {
 	return true
 }
 
+//go:noescape
+func dotQ8_0Q80ManyAVX2(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ5_0Q80ManyAVX2(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80ManyAVX2(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+// q80AVX2 runs the AVX2 kernel (VPMADDUBSW) of type t's rows against
+// Q8_0 activations: DotQ80Many's at the AVX2 level, and DotQ80's there
+// with one row. (Direct calls: through a func value the arguments would
+// escape.)
+func q80AVX2(t Type, ws *[]byte, x *Q80, nb, rows int, out *float32) {
+	switch t {
+	case Q5_0:
+		dotQ5_0Q80ManyAVX2(ws, &x.q[0], &x.d[0], &x.ds[0], nb, rows, out)
+	case Q4_0:
+		dotQ4_0Q80ManyAVX2(ws, &x.q[0], &x.d[0], &x.ds[0], nb, rows, out)
+	default:
+		dotQ8_0Q80ManyAVX2(ws, &x.q[0], &x.d[0], &x.ds[0], nb, rows, out)
+	}
+}
+
 // dotQ80ManyAsm runs DotQ80Many's kernels at the AVX-512 level with VNNI
-// (ws non-empty, its rows checked, an even number of blocks).
+// and at the AVX2 level (ws non-empty, its rows checked, an even number of
+// blocks).
 func dotQ80ManyAsm(t Type, ws [][]byte, x *Q80, out []float32) bool {
 	if !integerAsm() {
-		return false
+		if level() != lvlAVX2 {
+			return false
+		}
+		q80AVX2(t, &ws[0], x, len(x.d), len(ws), &out[0])
+		return true
 	}
 	k := dotQ8_0Q80ManyVNNI
 	switch {
@@ -499,10 +562,18 @@ var q8kRowsKernels = [2][3]func(w *byte, q *int8, d *float32, sums *int32, n int
 	{dotQ6KQ8KRows2VNNI, dotQ6KQ8KRows3VNNI, dotQ6KQ8KRows4VNNI},
 }
 
-// dotQ8KAsm runs DotQ8K's kernels at the AVX-512 level with VNNI.
+// dotQ8KAsm runs DotQ8K's kernels at the AVX-512 level with VNNI and at
+// the AVX2 level.
 func dotQ8KAsm(t Type, w []byte, x *Q8K) (float32, bool) {
 	if !integerAsm() {
-		return 0, false
+		if level() != lvlAVX2 || len(x.d) == 0 {
+			return 0, false
+		}
+		// The Many kernel with one row: the same bits as DotQ8KMany.
+		ws := [1][]byte{w}
+		var s float32
+		q8kAVX2(t, &ws[0], x, 1, &s)
+		return s, true
 	}
 	if t == Q6_K {
 		return dotQ6KQ8KVNNI(&w[0], &x.qn[0], &x.d[0], &x.sums16[0], len(x.d)), true

@@ -1555,6 +1555,259 @@ func zQ80(name string, size, qs, qh int, off uint32, many bool) {
 	hsumRet(40)
 }
 
+// yQ80: the Many kernels of DotQ80Many at the AVX2 level (no VNNI), as
+// llama.cpp's AVX2 ggml_vec_dot_q8_0_q8_0 / q5_0 / q4_0 compute a block:
+// 32 weights as unsigned bytes against the activations' signed ones by
+// VPMADDUBSW (pairs summed into int16 lanes), VPMADDWD by ones (int32
+// lanes), converted and scaled by the two blocks' scales into Y0 (even
+// blocks) and Y1 (odd). Q8_0 weights go in as |w| against x·sign(w)
+// (VPSIGNB: no pair sum can saturate, 2·128·127 < 2¹⁵); Q5_0 and Q4_0
+// weights as their unsigned fields (q + 16, q + 8), the offset coming
+// off at the end through the activations' d·Σq (ds) summed per block
+// times the weight's scale in X2 — as zQ80 does. Q5_0's fifth bits are
+// spread to bytes as llama.cpp's bytes_from_bits_32 does: qh broadcast,
+// VPSHUFB picks byte i/8 for byte i, OR with every bit but bit i%8 set,
+// compared with all ones. Y14 = int16 ones, Y15 = 0x0f bytes, Y13 the
+// shuffle, Y12 the bit mask, Y11 all ones, Y10 = 0x10 bytes. Two blocks
+// per iteration; the one-row DotQ80 runs it with one row at this level.
+func yQ80(name string, size, qs, qh int, off uint32) {
+	p("")
+	p("// func %s(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32): rows > 0, n blocks each, n even.", name)
+	p("TEXT ·%s(SB), NOSPLIT, $24-56", name)
+	bcastConst(14, 0x00010001)
+	if size != 34 {
+		bcastConst(15, 0x0f0f0f0f)
+	}
+	if qh >= 0 {
+		p("\tVMOVDQU ·y5Shuf(SB), Y13")
+		p("\tMOVQ $0x7fbfdfeff7fbfdfe, AX")
+		p("\tVMOVQ AX, X12")
+		p("\tVPBROADCASTQ X12, Y12")
+		p("\tVPCMPEQB Y11, Y11, Y11")
+		bcastConst(10, 0x10101010)
+	}
+	intArgs(name, true, "ds", "R8")
+	p("\tVXORPS Y0, Y0, Y0")
+	p("\tVXORPS Y1, Y1, Y1")
+	p("\tVXORPS Y2, Y2, Y2")
+	p("%s_pair:", name)
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	// The pair's scales: dw·dx of block 0 broadcast in Y8, of block 1 in Y9.
+	p("\tMOVWLZX 0(SI), AX")
+	p("\tMOVWLZX %d(SI), DX", size)
+	p("\tSHLL $16, DX")
+	p("\tORL DX, AX")
+	p("\tVMOVD AX, X7")
+	p("\tVCVTPH2PS X7, X7")
+	if off != 0 {
+		p("\tVMOVQ (R8), X8")
+		p("\tVFMADD231PS X8, X7, X2")
+	}
+	p("\tVMOVQ (BX), X8")
+	p("\tVMULPS X8, X7, X7")
+	p("\tVBROADCASTSS X7, Y8")
+	p("\tVMOVSHDUP X7, X9")
+	p("\tVBROADCASTSS X9, Y9")
+	for b := range 2 {
+		o, u, t := b*size, 4+2*b, 5+2*b
+		if size == 34 {
+			p("\tVMOVDQU %d(DI), Y%d", 32*b, t)
+			p("\tVMOVDQU %d(SI), Y%d", o+qs, u)
+			p("\tVPSIGNB Y%d, Y%d, Y%d", u, t, t)
+			p("\tVPSIGNB Y%d, Y%d, Y%d", u, u, u)
+			p("\tVPMADDUBSW Y%d, Y%d, Y%d", t, u, u)
+		} else {
+			p("\tVMOVDQU %d(SI), X%d", o+qs, u)
+			p("\tVPSRLW $4, X%d, X%d", u, t)
+			p("\tVINSERTI128 $1, X%d, Y%d, Y%d", t, u, u)
+			p("\tVPAND Y15, Y%d, Y%d", u, u)
+			if qh >= 0 {
+				p("\tVPBROADCASTD %d(SI), Y%d", o+qh, t)
+				p("\tVPSHUFB Y13, Y%d, Y%d", t, t)
+				p("\tVPOR Y12, Y%d, Y%d", t, t)
+				p("\tVPCMPEQB Y11, Y%d, Y%d", t, t)
+				p("\tVPAND Y10, Y%d, Y%d", t, t)
+				p("\tVPOR Y%d, Y%d, Y%d", t, u, u)
+			}
+			p("\tVPMADDUBSW %d(DI), Y%d, Y%d", 32*b, u, u)
+		}
+		p("\tVPMADDWD Y14, Y%d, Y%d", u, u)
+		p("\tVCVTDQ2PS Y%d, Y%d", u, u)
+		p("\tVFMADD231PS Y%d, Y%d, Y%d", 8+b, u, b)
+	}
+	p("\tADDQ $%d, SI", 2*size)
+	p("\tADDQ $64, DI")
+	p("\tADDQ $8, BX")
+	p("\tADDQ $8, R8")
+	p("\tSUBQ $2, CX")
+	p("\tJMP %s_pair", name)
+	p("%s_done:", name)
+	p("\tVADDPS Y1, Y0, Y0")
+	if off != 0 {
+		p("\tMOVL $0x%08x, AX", math.Float32bits(float32(off)))
+		p("\tVMOVD AX, X3")
+		p("\tVBROADCASTSS X3, X3")
+		p("\tVMULPS X3, X2, X2")
+		p("\tVSUBPS Y2, Y0, Y0")
+	}
+	hsumNext(name)
+}
+
+// yQ4KQ8K: DotQ8KMany's Q4_K kernel at the AVX2 level (no VNNI), as
+// llama.cpp's AVX2 ggml_vec_dot_q4_K_q8_K: per 256-element block the
+// scales and mins unpacked (kScalesInt; the scales parked as int32 at
+// 32(SP) for VPBROADCASTW), each 32 nibbles against 32 activations (in
+// natural order, Q8K.qn) by VPMADDUBSW, the int16 pairs times their
+// scale summed into int32 lanes by VPMADDWD (Y2), converted once per
+// block and scaled by d·dx into Y0; the mins times the activations' sums
+// per 32 (VPMULLD) scaled by dmin·dx into Y1. Y14 = 0x0f bytes.
+func yQ4KQ8K() {
+	name := "dotQ4KQ8KManyAVX2"
+	p("")
+	p("// func %s(ws *[]byte, q *int8, d *float32, sums *int32, n, rows int, out *float32): rows > 0, n Q4_K blocks each, q in natural order.", name)
+	p("TEXT ·%s(SB), NOSPLIT, $64-56", name)
+	bcastConst(14, 0x0f0f0f0f)
+	intArgs(name, true, "sums", "DX")
+	p("\tVXORPS Y0, Y0, Y0")
+	p("\tVXORPS Y1, Y1, Y1")
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	p("%s_block:", name)
+	kScalesInt()
+	p("\tVMOVDQU Y3, 32(SP)")
+	p("\tMOVL 0(SI), AX")
+	p("\tVMOVD AX, X5")
+	p("\tVCVTPH2PS X5, X5")
+	p("\tVBROADCASTSS (BX), X7")
+	p("\tVMULPS X7, X5, X5")
+	p("\tVBROADCASTSS X5, Y8")
+	p("\tVMOVSHDUP X5, X7")
+	p("\tVBROADCASTSS X7, Y9")
+	p("\tVPMULLD (DX), Y4, Y4")
+	p("\tVCVTDQ2PS Y4, Y4")
+	p("\tVFMADD231PS Y9, Y4, Y1")
+	p("\tVPXOR Y2, Y2, Y2")
+	for c := range 4 {
+		p("\tVMOVDQU %d(SI), Y5", 16+32*c)
+		p("\tVPSRLW $4, Y5, Y6")
+		p("\tVPAND Y14, Y5, Y5")
+		p("\tVPAND Y14, Y6, Y6")
+		p("\tVPMADDUBSW %d(DI), Y5, Y5", 64*c)
+		p("\tVPMADDUBSW %d(DI), Y6, Y6", 64*c+32)
+		p("\tVPBROADCASTW %d(SP), Y10", 32+8*c)
+		p("\tVPBROADCASTW %d(SP), Y11", 32+8*c+4)
+		p("\tVPMADDWD Y10, Y5, Y5")
+		p("\tVPMADDWD Y11, Y6, Y6")
+		p("\tVPADDD Y5, Y2, Y2")
+		p("\tVPADDD Y6, Y2, Y2")
+	}
+	p("\tVCVTDQ2PS Y2, Y2")
+	p("\tVFMADD231PS Y8, Y2, Y0")
+	p("\tADDQ $144, SI")
+	p("\tADDQ $256, DI")
+	p("\tADDQ $4, BX")
+	p("\tADDQ $32, DX")
+	p("\tDECQ CX")
+	p("\tJNZ %s_block", name)
+	p("%s_done:", name)
+	p("\tVSUBPS Y1, Y0, Y0")
+	hsumNext(name)
+}
+
+// yQ6KQ8K: DotQ8KMany's Q6_K kernel at the AVX2 level, as llama.cpp's
+// AVX2 ggml_vec_dot_q6_K_q8_K: each 32 six-bit values (0..63, the
+// offset 32 not yet taken) assembled from ql's nibbles and qh's bit pairs
+// with word shifts and byte masks, against 32 activations in natural
+// order by VPMADDUBSW; the two 16-element sub-blocks' scales (int16 at
+// 32(SP)) applied by VPMADDWD into int32 lanes (Y2); the offset
+// 32·Σ sc·sums16 (VPMULLD) subtracted once per block, converted and
+// scaled by d·dx into Y0. Y15 = 0x0f, Y14 = 0x03, Y13 = 0x30 bytes.
+func yQ6KQ8K() {
+	name := "dotQ6KQ8KManyAVX2"
+	p("")
+	p("// func %s(ws *[]byte, q *int8, d *float32, sums16 *int32, n, rows int, out *float32): rows > 0, n Q6_K blocks each, q in natural order.", name)
+	p("TEXT ·%s(SB), NOSPLIT, $64-56", name)
+	bcastConst(15, 0x0f0f0f0f)
+	bcastConst(14, 0x03030303)
+	bcastConst(13, 0x30303030)
+	intArgs(name, true, "sums16", "DX")
+	p("\tVXORPS Y0, Y0, Y0")
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
+	p("%s_block:", name)
+	p("\tVPMOVSXBW 192(SI), Y12")
+	p("\tVMOVDQU Y12, 32(SP)")
+	p("\tVPMOVSXBD 192(SI), Y10")
+	p("\tVPMOVSXBD 200(SI), Y11")
+	p("\tVPMULLD (DX), Y10, Y10")
+	p("\tVPMULLD 32(DX), Y11, Y11")
+	p("\tVPADDD Y11, Y10, Y10")
+	p("\tVPSLLD $5, Y10, Y10")
+	p("\tVPXOR Y2, Y2, Y2")
+	for n := range 2 {
+		p("\tVMOVDQU %d(SI), Y4", 64*n)
+		p("\tVMOVDQU %d(SI), Y5", 64*n+32)
+		p("\tVMOVDQU %d(SI), Y6", 128+32*n)
+		for c := range 4 {
+			switch c {
+			case 0: // ql0 & 0x0f | (qh & 3) << 4
+				p("\tVPAND Y15, Y4, Y7")
+				p("\tVPAND Y14, Y6, Y8")
+				p("\tVPSLLW $4, Y8, Y8")
+			case 1: // ql1 & 0x0f | (qh << 2) & 0x30
+				p("\tVPAND Y15, Y5, Y7")
+				p("\tVPSLLW $2, Y6, Y8")
+				p("\tVPAND Y13, Y8, Y8")
+			case 2: // ql0 >> 4 | qh & 0x30
+				p("\tVPSRLW $4, Y4, Y7")
+				p("\tVPAND Y15, Y7, Y7")
+				p("\tVPAND Y13, Y6, Y8")
+			case 3: // ql1 >> 4 | (qh >> 2) & 0x30
+				p("\tVPSRLW $4, Y5, Y7")
+				p("\tVPAND Y15, Y7, Y7")
+				p("\tVPSRLW $2, Y6, Y8")
+				p("\tVPAND Y13, Y8, Y8")
+			}
+			p("\tVPOR Y8, Y7, Y7")
+			g := 4*n + c
+			p("\tVPMADDUBSW %d(DI), Y7, Y7", 128*n+32*c)
+			p("\tVPBROADCASTW %d(SP), Y9", 32+4*g)
+			p("\tVPBROADCASTW %d(SP), X11", 32+4*g+2)
+			p("\tVINSERTI128 $1, X11, Y9, Y9")
+			p("\tVPMADDWD Y9, Y7, Y7")
+			p("\tVPADDD Y7, Y2, Y2")
+		}
+	}
+	p("\tVPSUBD Y10, Y2, Y2")
+	p("\tVCVTDQ2PS Y2, Y2")
+	p("\tMOVWLZX 208(SI), AX")
+	p("\tVMOVD AX, X5")
+	p("\tVCVTPH2PS X5, X5")
+	p("\tVMULSS (BX), X5, X5")
+	p("\tVBROADCASTSS X5, Y5")
+	p("\tVFMADD231PS Y5, Y2, Y0")
+	p("\tADDQ $210, SI")
+	p("\tADDQ $256, DI")
+	p("\tADDQ $4, BX")
+	p("\tADDQ $64, DX")
+	p("\tDECQ CX")
+	p("\tJNZ %s_block", name)
+	p("%s_done:", name)
+	hsumNext(name)
+}
+
+// y5Shuf: yQ80's VPSHUFB indices taking byte i/8 of a broadcast dword
+// into byte i (in each 128-bit lane: bytes 0, 1 low, 2, 3 high).
+func y5Shuf() {
+	p("")
+	p("// y5Shuf: the VPSHUFB indices spreading Q5_0's fifth bits (yQ80).")
+	for i := range 4 {
+		p("DATA ·y5Shuf+%d(SB)/8, $0x%016x", 8*i, uint64(0x0101010101010101)*uint64(i))
+	}
+	p("GLOBL ·y5Shuf(SB), RODATA|NOPTR, $32")
+}
+
 // q80Idx: VPERMPS indices spreading floats 0, 1 (and 2, 3 at +64) over
 // lanes 0-7 and 8-15.
 func q80Idx() {
@@ -1995,6 +2248,12 @@ func main() {
 	zGemm80("gemmQ5_0VNNI", 4)
 	zGemm80("gemmQ4_0VNNI", 3)
 	q5shifts()
+	yQ80("dotQ8_0Q80ManyAVX2", 34, 2, -1, 0)
+	yQ80("dotQ5_0Q80ManyAVX2", 22, 6, 2, 16)
+	yQ80("dotQ4_0Q80ManyAVX2", 18, 2, -1, 8)
+	y5Shuf()
+	yQ4KQ8K()
+	yQ6KQ8K()
 	if err := os.WriteFile("dot_amd64.s", out.Bytes(), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

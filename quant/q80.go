@@ -115,6 +115,14 @@ func SupportsQ80(t Type) bool { return t == Q8_0 || t == Q5_0 || t == Q4_0 }
 // kernels: callers that want speed use them only when this is true.
 func IntegerDots() bool { return integerAsm() }
 
+// IntegerGEMV reports whether DotQ80Many (t one of SupportsQ80) or
+// DotQ8KMany (SupportsQ8K) run rows of type t in assembly here: every
+// such type where IntegerDots is true, and Q8_0, Q5_0 and Q4_0 at package
+// simd's AVX2 level (VPMADDUBSW, as llama.cpp's AVX2 kernels). A decode
+// step of one sequence uses them for such rows when this is true; the
+// other integer kernels (DotQ80Rows, DotQ8KRows, Gemm) need IntegerDots.
+func IntegerGEMV(t Type) bool { return integerGEMV(t) }
+
 // DotQ80 is Σ dequant(w)·(d·q) for a row w of type t (SupportsQ80) and
 // activations x of the same length, computed as llama.cpp's
 // ggml_vec_dot_q8_0_q8_0, ggml_vec_dot_q5_0_q8_0 and
