@@ -219,12 +219,13 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		})
 		return
 	}
-	if m <= qIntRows && quant.IntegerDots() && (kq || zq) {
+	if m <= qIntRows && quant.IntegerGEMV(q.t) && (kq || zq) {
 		// Decode (one sequence or a batch) with quantized weights: the
 		// rows of a quantized once (Q8_K for the K-quants, Q8_0 for the
 		// 32-element formats) in groups of up to four, each weight block
 		// unpacked once per group and dotted with its rows in integers
-		// (AVX-512 VNNI), as llama.cpp computes it.
+		// (AVX-512 VNNI; at the AVX2 level a pass per row over each run of
+		// weight rows), as llama.cpp computes it.
 		const g4 = quant.Q8KRowsMax // = quant.Q80RowsMax
 		groups := (m + g4 - 1) / g4
 		ia := intActPool.Get().(*intActs)

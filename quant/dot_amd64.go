@@ -318,10 +318,13 @@ func dotQ5_0Q80Rows4ManyVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, o
 func dotQ4_0Q80Rows4ManyVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
 
 // dotQ80RowsManyAsm runs DotQ80RowsMany's kernels (AVX-512 VNNI, 2 to 4
-// activation rows, every block in the kernels' quads and pairs); ws is
-// non-empty and its rows are checked.
+// activation rows, every block in the kernels' quads and pairs; at the
+// AVX2 level q80RowsAVX2); ws is non-empty and its rows are checked.
 func dotQ80RowsManyAsm(t Type, ws [][]byte, x *Q80Rows, out []float32) bool {
-	if !integerAsm() || x.r < 2 || x.nb == 0 || x.nb != len(x.rows[0].d) {
+	if !integerAsm() {
+		return level() == lvlAVX2 && q80RowsAVX2(t, ws, x.rows[:x.r], out)
+	}
+	if x.r < 2 || x.nb == 0 || x.nb != len(x.rows[0].d) {
 		return false
 	}
 	w, q, d, ds, n, rows, o := &ws[0], &x.q[0], &x.d[0], &x.ds[0], x.nb, len(ws), &out[0]
@@ -351,9 +354,13 @@ func dotQ80RowsManyAsm(t Type, ws [][]byte, x *Q80Rows, out []float32) bool {
 }
 
 // dotQ8KRowsManyAsm runs DotQ8KRowsMany's kernels (AVX-512 VNNI, 2 to 4
-// activation rows); ws is non-empty and its rows are checked.
+// activation rows; at the AVX2 level q8kRowsAVX2); ws is non-empty and its
+// rows are checked.
 func dotQ8KRowsManyAsm(t Type, ws [][]byte, x *Q8KRows, out []float32) bool {
-	if !integerAsm() || x.r < 2 || len(x.d) == 0 {
+	if !integerAsm() {
+		return level() == lvlAVX2 && q8kRowsAVX2(t, ws, x.rows[:x.r], out)
+	}
+	if x.r < 2 || len(x.d) == 0 {
 		return false
 	}
 	w, d, n, rows, o := &ws[0], &x.d[0], len(x.d)/x.r, len(ws), &out[0]
@@ -528,6 +535,53 @@ func q80AVX2(t Type, ws *[]byte, x *Q80, nb, rows int, out *float32) {
 	default:
 		dotQ8_0Q80ManyAVX2(ws, &x.q[0], &x.d[0], &x.ds[0], nb, rows, out)
 	}
+}
+
+// rowsRun is how many weight rows the AVX2 Rows forms dot with one
+// activation row before the next: a run of a decode task's rows stays in
+// L2 for the batch's other rows.
+const rowsRun = 256
+
+// q80RowsAVX2 is DotQ80RowsMany at the AVX2 level: the Many kernel once
+// per activation row over each run of rowsRun weight rows, the results
+// interleaved into out (the same bits as DotQ80 per pair of rows). It
+// reports false (nothing done) when the rows have an odd number of blocks.
+func q80RowsAVX2(t Type, ws [][]byte, rows []Q80, out []float32) bool {
+	nb := len(rows[0].d)
+	if nb == 0 || nb%2 != 0 {
+		return false
+	}
+	R := len(rows)
+	var tmp [rowsRun]float32
+	for i0 := 0; i0 < len(ws); i0 += rowsRun {
+		i1 := min(len(ws), i0+rowsRun)
+		for r := range rows {
+			q80AVX2(t, &ws[i0], &rows[r], nb, i1-i0, &tmp[0])
+			for i, v := range tmp[:i1-i0] {
+				out[(i0+i)*R+r] = v
+			}
+		}
+	}
+	return true
+}
+
+// q8kRowsAVX2 is DotQ8KRowsMany at the AVX2 level, as q80RowsAVX2.
+func q8kRowsAVX2(t Type, ws [][]byte, rows []Q8K, out []float32) bool {
+	if len(rows[0].d) == 0 {
+		return false
+	}
+	R := len(rows)
+	var tmp [rowsRun]float32
+	for i0 := 0; i0 < len(ws); i0 += rowsRun {
+		i1 := min(len(ws), i0+rowsRun)
+		for r := range rows {
+			q8kAVX2(t, &ws[i0], &rows[r], i1-i0, &tmp[0])
+			for i, v := range tmp[:i1-i0] {
+				out[(i0+i)*R+r] = v
+			}
+		}
+	}
+	return true
 }
 
 // dotQ80ManyAsm runs DotQ80Many's kernels at the AVX-512 level with VNNI

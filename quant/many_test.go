@@ -313,8 +313,9 @@ func BenchmarkDotTile(b *testing.B) {
 // TestDotRowsMany checks DotQ80RowsMany and DotQ8KRowsMany against
 // DotQ80Rows and DotQ8KRows row by row: the same kernels, so the same
 // bits, at every level, for one to four activation rows, several weight
-// row counts, and block counts the kernels do not take whole (1 and 3
-// blocks of 32: Go per row).
+// row counts (300: more than one run of the AVX2 forms), and block
+// counts the kernels do not take whole (1 and 3 blocks of 32: Go per
+// row).
 func TestDotRowsMany(t *testing.T) {
 	r := rand.New(rand.NewPCG(29, 30))
 	atEachLevel(t, func(t *testing.T) {
@@ -328,7 +329,7 @@ func TestDotRowsMany(t *testing.T) {
 			for _, typ := range tc.types {
 				for _, n := range tc.ns {
 					for _, R := range []int{1, 2, 3, 4} {
-						for _, count := range []int{1, 2, 7, 64} {
+						for _, count := range []int{1, 2, 7, 64, 300} {
 							t.Run(fmt.Sprintf("%s/n%d/x%d/rows%d", typ, n, R, count), func(t *testing.T) {
 								ws := manyRows(r, typ, n, count)
 								xs := make([][]float32, R)

@@ -115,12 +115,13 @@ func SupportsQ80(t Type) bool { return t == Q8_0 || t == Q5_0 || t == Q4_0 }
 // kernels: callers that want speed use them only when this is true.
 func IntegerDots() bool { return integerAsm() }
 
-// IntegerGEMV reports whether DotQ80Many (t one of SupportsQ80) or
-// DotQ8KMany (SupportsQ8K) run rows of type t in assembly here: every
-// such type where IntegerDots is true, and Q8_0, Q5_0 and Q4_0 at package
-// simd's AVX2 level (VPMADDUBSW, as llama.cpp's AVX2 kernels). A decode
-// step of one sequence uses them for such rows when this is true; the
-// other integer kernels (DotQ80Rows, DotQ8KRows, Gemm) need IntegerDots.
+// IntegerGEMV reports whether DotQ80Many and DotQ80RowsMany (t one of
+// SupportsQ80) or DotQ8KMany and DotQ8KRowsMany (SupportsQ8K) run rows of
+// type t in assembly here: where IntegerDots is true (AVX-512 VNNI), and
+// at package simd's AVX2 level (VPMADDUBSW, as llama.cpp's AVX2 kernels;
+// the Rows forms there make one pass per activation row over each run of
+// 256 weight rows). A decode step uses them when this is true; the
+// integer GEMM (Gemm) needs IntegerDots.
 func IntegerGEMV(t Type) bool { return integerGEMV(t) }
 
 // DotQ80 is Σ dequant(w)·(d·q) for a row w of type t (SupportsQ80) and
@@ -282,7 +283,9 @@ func (x *Q80Rows) Quantize(rows ...[]float32) error {
 // weight rows, wherever they lie (see DotQ80Many), in one kernel call at
 // the AVX-512 level with VNNI when x's blocks are all in the kernels'
 // quads and pairs (an even count), so no Go code runs between two weight
-// rows; otherwise DotQ80Rows per row. The results are the same either
+// rows; at the AVX2 level (an even count) one DotQ80Many kernel call per
+// row of x and run of 256 weight rows; otherwise DotQ80Rows per row. The
+// results are the same either
 // way. It panics like DotQ80Rows, and when out is shorter than
 // len(ws)·x.Rows(). Safe for concurrent use; does not allocate.
 func DotQ80RowsMany(t Type, ws [][]byte, x *Q80Rows, out []float32) {
