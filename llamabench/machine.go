@@ -27,6 +27,9 @@ type Machine struct {
 	// larger than the caches (1 GiB), each goroutine its own part.
 	BandwidthGBs float64
 	Threads      int
+	// LlamaCPU is the llama.cpp CPU backend that ran (the prebuilt
+	// libggml-cpu variant, e.g. zen4 or haswell), "" without llama.cpp.
+	LlamaCPU string `json:",omitempty"`
 }
 
 var wantFlags = []string{"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512vbmi", "amx_int8", "amx_bf16"}

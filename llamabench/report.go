@@ -31,8 +31,12 @@ func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
 func WriteMarkdown(w io.Writer, mc Machine, cfg Config, rs []Result) error {
 	cfg = cfg.withDefaults()
 	var b strings.Builder
-	fmt.Fprintf(&b, "Machine: %s, %d cores, flags %s; %d threads each; package simd level %s; FP32 peak %.0f GFLOP/s per core; memory read bandwidth %.1f GB/s (%d threads).\n\n",
-		mc.CPU, mc.Cores, strings.Join(mc.Flags, " "), cfg.Threads, mc.SIMD, mc.PeakGFLOPs, mc.BandwidthGBs, mc.Threads)
+	llamaCPU := ""
+	if mc.LlamaCPU != "" {
+		llamaCPU = "; llama.cpp CPU backend " + mc.LlamaCPU
+	}
+	fmt.Fprintf(&b, "Machine: %s, %d cores, flags %s; %d threads each; package simd level %s%s; FP32 peak %.0f GFLOP/s per core; memory read bandwidth %.1f GB/s (%d threads).\n\n",
+		mc.CPU, mc.Cores, strings.Join(mc.Flags, " "), cfg.Threads, mc.SIMD, llamaCPU, mc.PeakGFLOPs, mc.BandwidthGBs, mc.Threads)
 
 	b.WriteString("Prefill, tokens/s (median of the runs):\n\n| model | format | file |")
 	for _, p := range cfg.Prompts {

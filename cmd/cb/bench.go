@@ -26,6 +26,7 @@ func newBenchCmd() *cobra.Command {
 		flashAttn, kvType string
 		cpuProfile        string
 		memProfile        string
+		llamaCPU          string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -40,7 +41,11 @@ resident memory. With --vs-llamacpp the same file, the same tokens and the same 
 llama.cpp too (node-llama-cpp 3.21.1's prebuilt CPU libraries, installed by scripts/deps.sh into
 CB_REF_DIR; llama.cpp prefills the RAG prompt whole). Every time is the median of --reps runs after
 a warm-up. Prints Markdown tables (--markdown writes them to a file too) headed by the machine: CPU,
-flags, FP32 peak per core and memory read bandwidth; --json writes every figure with min and max.`,
+flags, our kernel level, llama.cpp's CPU backend, FP32 peak per core and memory read bandwidth;
+--json writes every figure with min and max.
+
+On a CPU with AVX-512, CB_SIMD=avx2 and --llama-cpu-variant haswell measure both engines as a CPU
+with AVX2 only (no AVX-512, no VNNI) would run them.`,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if shapes != "" {
 				cfg.Shapes = strings.Split(shapes, ",")
@@ -64,16 +69,21 @@ flags, FP32 peak per core and memory read bandwidth; --json writes every figure 
 			var ref *llamaref.Ref
 			if vsLlama {
 				var err error
-				if ref, err = llamaref.Start(context.Background()); err != nil {
+				if ref, err = llamaref.StartWith(context.Background(), llamaref.StartOptions{CPUVariant: llamaCPU}); err != nil {
 					return fmt.Errorf("start llama.cpp (install it with bash scripts/deps.sh): %w", err)
 				}
 				defer ref.Close()
+			} else if llamaCPU != "" {
+				return fmt.Errorf("--llama-cpu-variant needs --vs-llamacpp")
 			}
 			threads := cfg.Threads
 			if threads <= 0 {
 				threads = llamabench.DefaultThreads()
 			}
 			mc := llamabench.DetectMachine(threads)
+			if ref != nil {
+				mc.LlamaCPU = ref.CPUBackend()
+			}
 			if cpuProfile != "" {
 				pf, err := os.Create(cpuProfile)
 				if err != nil {
@@ -127,6 +137,7 @@ flags, FP32 peak per core and memory read bandwidth; --json writes every figure 
 	fl.BoolVar(&vsLlama, "vs-llamacpp", false, "run llama.cpp on the same files beside ours")
 	fl.StringVar(&flashAttn, "llama-flash-attn", "auto", "llama.cpp's flash attention: auto, on or off")
 	fl.StringVar(&kvType, "llama-kv-type", "f16", "llama.cpp's KV cache type: f16, f32, bf16 or q8_0")
+	fl.StringVar(&llamaCPU, "llama-cpu-variant", "", "the only prebuilt llama.cpp CPU backend llama.cpp may load (haswell: AVX2; default: the best this CPU runs, as ggml picks)")
 	fl.StringVar(&jsonPath, "json", "", "write every figure (min, median, max) as JSON to this file")
 	fl.StringVar(&mdPath, "markdown", "", "also write the tables to this file")
 	fl.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process (our side, file generation included) to this file")

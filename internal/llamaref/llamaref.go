@@ -107,7 +107,21 @@ const startTimeout = 2 * time.Minute
 // Start launches `node scripts/ref/llama.mjs`. ctx bounds the start-up only (default 2 minutes);
 // the process lives until Close. Errors wrap ErrNoNode or ErrNotInstalled when something is
 // missing (tests must fail on them, not skip).
-func Start(ctx context.Context) (*Ref, error) {
+func Start(ctx context.Context) (*Ref, error) { return StartWith(ctx, StartOptions{}) }
+
+// StartOptions are the optional settings of StartWith; the zero value is Start's.
+type StartOptions struct {
+	// CPUVariant, when set, is the only llama.cpp CPU backend the child can load: one of the
+	// prebuilt variants node-llama-cpp ships (libggml-cpu-<variant>.so: x64, sse42, sandybridge,
+	// haswell, skylakex, icelake, alderlake, zen4, …). ggml otherwise loads the best variant this
+	// CPU runs; "haswell" (AVX2, FMA, F16C) measures what a CPU without AVX-512 gets. The
+	// variant's tree is Dir()/cpu-<variant>: node_modules hard-linked from Dir()'s without the
+	// other variants, made on first use.
+	CPUVariant string
+}
+
+// StartWith is Start with options.
+func StartWith(ctx context.Context, o StartOptions) (*Ref, error) {
 	node, err := exec.LookPath("node")
 	if err != nil {
 		return nil, ErrNoNode
@@ -115,6 +129,11 @@ func Start(ctx context.Context) (*Ref, error) {
 	dir := Dir()
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "node-llama-cpp", "dist", "index.js")); err != nil {
 		return nil, fmt.Errorf("node-llama-cpp in %s: %w", dir, ErrNotInstalled)
+	}
+	if o.CPUVariant != "" {
+		if dir, err = variantTree(dir, o.CPUVariant); err != nil {
+			return nil, err
+		}
 	}
 	script, err := ScriptPath()
 	if err != nil {
