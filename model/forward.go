@@ -595,37 +595,44 @@ func (m *Model) mlp(ws *workspace, lw *layerWeights, x, h mat) error {
 		if !halves {
 			guc := dense(gu.data[:rows*2*f], rows, 2*f)
 			gemm(m.team, guc, hc, lw.gu, true, false)
-			m.swiglu(guc, lw.split, f)
+			m.gatedActivation(guc, lw.split, f)
 			if err := m.project(ws, xc, guc.view(0, 0, rows, f), lw.down); err != nil {
 				return err
 			}
 			continue
 		}
-		// Both halves' gate|up products take the rows quantized once.
-		xq := sharedTiles(m.team, hc, lw.gu)
-		for hf, c := range [2][2]int{{0, lw.split}, {lw.split, f}} {
-			fh := c[1] - c[0]
-			guc := dense(gu.data[:rows*2*fh], rows, 2*fh)
-			gemmTiles(m.team, guc, hc, lw.gu.view(2*c[0], 0, 2*fh, d), xq, false)
-			m.swiglu(guc, 0, fh)
-			if err := m.project(ws, xc, guc.view(0, 0, rows, fh), lw.downHalf[hf]); err != nil {
-				if xq != nil {
-					gemmTilesPool.Put(xq)
-				}
-				return err
-			}
-		}
-		if xq != nil {
-			gemmTilesPool.Put(xq)
+		if err := m.mlpHalves(ws, lw, xc, hc, gu.data); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-// swiglu writes silu(gate)·up over the first f columns of every row of gu,
-// whose row holds gate | up (split 0) or the halves gate[:split] |
-// up[:split] | gate[split:] | up[split:].
-func (m *Model) swiglu(gu mat, split, f int) {
+// mlpHalves is mlp's chunk of rows (h's, added to x) in the two halves of
+// the layer's FFN columns, the intermediate in buf: both halves' gate|up
+// products take h's rows quantized once.
+func (m *Model) mlpHalves(ws *workspace, lw *layerWeights, x, h mat, buf []float32) error {
+	rows, d, f := h.rows, m.cfg.Dim, m.cfg.FFNDim
+	xq := sharedTiles(m.team, h, lw.gu)
+	if xq != nil {
+		defer gemmTilesPool.Put(xq)
+	}
+	for hf, c := range [2][2]int{{0, lw.split}, {lw.split, f}} {
+		fh := c[1] - c[0]
+		guc := dense(buf[:rows*2*fh], rows, 2*fh)
+		gemmTiles(m.team, guc, h, lw.gu.view(2*c[0], 0, 2*fh, d), xq, false)
+		m.gatedActivation(guc, 0, fh)
+		if err := m.project(ws, x, guc.view(0, 0, rows, fh), lw.downHalf[hf]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// gatedActivation writes swiglu's silu(gate)·up over the first f columns
+// of every row of gu, whose row holds gate | up (split 0) or the halves
+// gate[:split] | up[:split] | gate[split:] | up[split:].
+func (m *Model) gatedActivation(gu mat, split, f int) {
 	m.rowChunks(gu.rows, func(i0, i1 int) {
 		for i := i0; i < i1; i++ {
 			g := gu.row(i)
