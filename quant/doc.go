@@ -67,9 +67,21 @@
 // to four activation rows (a decode batch) interleaved per block, and
 // [DotQ8KRows] / [DotQ80Rows] unpack each weight block once for all of
 // them. With AVX-512 VNNI at package simd's AVX-512 level ([IntegerDots])
-// they run the generated assembly; elsewhere the same integer arithmetic
-// in Go, which is slower than the float kernels, so callers use them only
-// where IntegerDots is true. On one core of the development machine,
+// they run the generated assembly. At the AVX2 level (a CPU without
+// AVX-512, or CB_SIMD=avx2) the Many forms run AVX2 kernels as llama.cpp's
+// AVX2 dots compute a block ([IntegerGEMV]): VPMADDUBSW of the weights as
+// unsigned bytes (Q8_0 as |w| against x·sign(w) by VPSIGNB, so no pair sum
+// saturates; Q5_0 and Q4_0 as their unsigned fields, Q5_0's fifth bits
+// spread by VPSHUFB and a compare; Q4_K's nibbles; Q6_K's six-bit values
+// assembled with word shifts and byte masks) against the signed
+// activations, then VPMADDWD by ones or by the sub-blocks' int16 scales
+// into int32 lanes, converted once per block (Q4_K, Q6_K) or per block of
+// 32 (the others); the one-row functions and the Rows forms call them (the
+// Rows forms once per activation row over each run of 256 weight rows), so
+// the results are the same bits either way. Elsewhere the same integer
+// arithmetic runs in Go, which is slower than the float kernels, so callers
+// use them only where IntegerDots (or IntegerGEMV for the Many and Rows
+// forms) is true. On one core of the development machine,
 // per weight (BenchmarkDotQ8K, BenchmarkDotQ80, BenchmarkDotRowsBatch):
 // Q4_K 0.018 ns (float kernel 0.043), Q8_0 0.022 (0.034), Q5_0 0.030
 // (0.068), Q4_0 0.024 (0.043); four rows at once 0.010–0.013 ns per weight

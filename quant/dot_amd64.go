@@ -358,7 +358,7 @@ func dotQ80RowsManyAsm(t Type, ws [][]byte, x *Q80Rows, out []float32) bool {
 // rows are checked.
 func dotQ8KRowsManyAsm(t Type, ws [][]byte, x *Q8KRows, out []float32) bool {
 	if !integerAsm() {
-		return level() == lvlAVX2 && q8kRowsAVX2(t, ws, x.rows[:x.r], out)
+		return level() == lvlAVX2 && q8kRowsAVX2(t, ws, x, out)
 	}
 	if x.r < 2 || len(x.d) == 0 {
 		return false
@@ -483,6 +483,24 @@ func dotQ4KQ8KManyAVX2(ws *[]byte, q *int8, d *float32, sums *int32, n, rows int
 //go:noescape
 func dotQ6KQ8KManyAVX2(ws *[]byte, q *int8, d *float32, sums16 *int32, n, rows int, out *float32)
 
+//go:noescape
+func dotQ4KQ8KRows2ManyAVX2(ws *[]byte, q *int8, d *float32, sums *int32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ6KQ8KRows2ManyAVX2(ws *[]byte, q *int8, d *float32, sums16 *int32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4KQ8KRows3ManyAVX2(ws *[]byte, q *int8, d *float32, sums *int32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ6KQ8KRows3ManyAVX2(ws *[]byte, q *int8, d *float32, sums16 *int32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4KQ8KRows4ManyAVX2(ws *[]byte, q *int8, d *float32, sums *int32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ6KQ8KRows4ManyAVX2(ws *[]byte, q *int8, d *float32, sums16 *int32, n, rows int, out *float32)
+
 // q8kAVX2 runs the AVX2 kernel (VPMADDUBSW) of type t's rows against Q8_K
 // activations: DotQ8KMany's at the AVX2 level, and DotQ8K's there with
 // one row.
@@ -565,21 +583,32 @@ func q80RowsAVX2(t Type, ws [][]byte, rows []Q80, out []float32) bool {
 	return true
 }
 
-// q8kRowsAVX2 is DotQ8KRowsMany at the AVX2 level, as q80RowsAVX2.
-func q8kRowsAVX2(t Type, ws [][]byte, rows []Q8K, out []float32) bool {
-	if len(rows[0].d) == 0 {
+// q8kRowsAVX2 is DotQ8KRowsMany at the AVX2 level: one kernel call for
+// every weight row, each block unpacked once for x's rows (interleaved per
+// block, as the AVX-512 Rows kernels take them); the same bits as the
+// one-row kernel per pair of rows.
+func q8kRowsAVX2(t Type, ws [][]byte, x *Q8KRows, out []float32) bool {
+	if x.r == 1 {
+		q8kAVX2(t, &ws[0], &x.rows[0], len(ws), &out[0])
+		return true
+	}
+	if len(x.d) == 0 {
 		return false
 	}
-	R := len(rows)
-	var tmp [rowsRun]float32
-	for i0 := 0; i0 < len(ws); i0 += rowsRun {
-		i1 := min(len(ws), i0+rowsRun)
-		for r := range rows {
-			q8kAVX2(t, &ws[i0], &rows[r], i1-i0, &tmp[0])
-			for i, v := range tmp[:i1-i0] {
-				out[(i0+i)*R+r] = v
-			}
-		}
+	w, d, n, rows, o := &ws[0], &x.d[0], len(x.d)/x.r, len(ws), &out[0]
+	switch {
+	case t == Q6_K && x.r == 2:
+		dotQ6KQ8KRows2ManyAVX2(w, &x.qn[0], d, &x.sums16[0], n, rows, o)
+	case t == Q6_K && x.r == 3:
+		dotQ6KQ8KRows3ManyAVX2(w, &x.qn[0], d, &x.sums16[0], n, rows, o)
+	case t == Q6_K:
+		dotQ6KQ8KRows4ManyAVX2(w, &x.qn[0], d, &x.sums16[0], n, rows, o)
+	case x.r == 2:
+		dotQ4KQ8KRows2ManyAVX2(w, &x.qn[0], d, &x.sums[0], n, rows, o)
+	case x.r == 3:
+		dotQ4KQ8KRows3ManyAVX2(w, &x.qn[0], d, &x.sums[0], n, rows, o)
+	default:
+		dotQ4KQ8KRows4ManyAVX2(w, &x.qn[0], d, &x.sums[0], n, rows, o)
 	}
 	return true
 }

@@ -1655,22 +1655,32 @@ func yQ80(name string, size, qs, qh int, off uint32) {
 }
 
 // yQ4KQ8K: DotQ8KMany's Q4_K kernel at the AVX2 level (no VNNI), as
-// llama.cpp's AVX2 ggml_vec_dot_q4_K_q8_K: per 256-element block the
-// scales and mins unpacked (kScalesInt; the scales parked as int32 at
-// 32(SP) for VPBROADCASTW), each 32 nibbles against 32 activations (in
-// natural order, Q8K.qn) by VPMADDUBSW, the int16 pairs times their
-// scale summed into int32 lanes by VPMADDWD (Y2), converted once per
-// block and scaled by d·dx into Y0; the mins times the activations' sums
-// per 32 (VPMULLD) scaled by dmin·dx into Y1. Y14 = 0x0f bytes.
-func yQ4KQ8K() {
+// llama.cpp's AVX2 ggml_vec_dot_q4_K_q8_K, for R activation rows at once
+// (R = 1: the Many kernel; R > 1: DotQ8KRowsMany's, the rows interleaved
+// per block as Q8KRows holds them: qn R × 256 bytes, d R floats, sums R ×
+// 8 int32). Per 256-element block the scales and mins are unpacked once
+// (kScalesInt; the scales parked as int32 at 32(SP) for VPBROADCASTW), the
+// mins times each row's sums per 32 (VPMULLD) scaled by dmin·dx come off
+// the row's accumulator (Y12+r), then each 32 nibbles against the row's 32
+// activations (natural order) by VPMADDUBSW, the int16 pairs times their
+// scale summed into int32 lanes by VPMADDWD (Y0, Y1, Y2, Y10 by row),
+// converted once per block and scaled by d·dx into the accumulator: every
+// row gets the same operations whatever R, so the results are the bits of
+// the one-row kernel. Y11 = 0x0f bytes, Y5 = d.
+func yQ4KQ8K(R int) {
 	name := "dotQ4KQ8KManyAVX2"
+	if R > 1 {
+		name = fmt.Sprintf("dotQ4KQ8KRows%dManyAVX2", R)
+	}
+	sumi := [4]int{0, 1, 2, 10}
 	p("")
-	p("// func %s(ws *[]byte, q *int8, d *float32, sums *int32, n, rows int, out *float32): rows > 0, n Q4_K blocks each, q in natural order.", name)
+	p("// func %s(ws *[]byte, q *int8, d *float32, sums *int32, n, rows int, out *float32): rows > 0, n Q4_K blocks each, %d activation rows interleaved per block, q in natural order.", name, R)
 	p("TEXT ·%s(SB), NOSPLIT, $64-56", name)
-	bcastConst(14, 0x0f0f0f0f)
-	intArgs(name, true, "sums", "DX")
-	p("\tVXORPS Y0, Y0, Y0")
-	p("\tVXORPS Y1, Y1, Y1")
+	bcastConst(11, 0x0f0f0f0f)
+	rowsArgs(name, true, "sums", "DX")
+	for r := range R {
+		p("\tVXORPS Y%d, Y%d, Y%d", 12+r, 12+r, 12+r)
+	}
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_done", name)
 	p("%s_block:", name)
@@ -1679,122 +1689,158 @@ func yQ4KQ8K() {
 	p("\tMOVL 0(SI), AX")
 	p("\tVMOVD AX, X5")
 	p("\tVCVTPH2PS X5, X5")
-	p("\tVBROADCASTSS (BX), X7")
-	p("\tVMULPS X7, X5, X5")
-	p("\tVBROADCASTSS X5, Y8")
-	p("\tVMOVSHDUP X5, X7")
-	p("\tVBROADCASTSS X7, Y9")
-	p("\tVPMULLD (DX), Y4, Y4")
-	p("\tVCVTDQ2PS Y4, Y4")
-	p("\tVFMADD231PS Y9, Y4, Y1")
-	p("\tVPXOR Y2, Y2, Y2")
-	for c := range 4 {
-		p("\tVMOVDQU %d(SI), Y5", 16+32*c)
-		p("\tVPSRLW $4, Y5, Y6")
-		p("\tVPAND Y14, Y5, Y5")
-		p("\tVPAND Y14, Y6, Y6")
-		p("\tVPMADDUBSW %d(DI), Y5, Y5", 64*c)
-		p("\tVPMADDUBSW %d(DI), Y6, Y6", 64*c+32)
-		p("\tVPBROADCASTW %d(SP), Y10", 32+8*c)
-		p("\tVPBROADCASTW %d(SP), Y11", 32+8*c+4)
-		p("\tVPMADDWD Y10, Y5, Y5")
-		p("\tVPMADDWD Y11, Y6, Y6")
-		p("\tVPADDD Y5, Y2, Y2")
-		p("\tVPADDD Y6, Y2, Y2")
+	p("\tVMOVSHDUP X5, X6")
+	p("\tVBROADCASTSS X6, Y6")
+	p("\tVBROADCASTSS X5, Y5")
+	for r := range R {
+		p("\tVPMULLD %d(DX), Y4, Y8", 32*r)
+		p("\tVCVTDQ2PS Y8, Y8")
+		p("\tVBROADCASTSS %d(BX), Y9", 4*r)
+		p("\tVMULPS Y6, Y9, Y9")
+		p("\tVFNMADD231PS Y9, Y8, Y%d", 12+r)
+		p("\tVPXOR Y%d, Y%d, Y%d", sumi[r], sumi[r], sumi[r])
 	}
-	p("\tVCVTDQ2PS Y2, Y2")
-	p("\tVFMADD231PS Y8, Y2, Y0")
+	for c := range 4 {
+		p("\tVMOVDQU %d(SI), Y3", 16+32*c)
+		p("\tVPSRLW $4, Y3, Y4")
+		p("\tVPAND Y11, Y3, Y3")
+		p("\tVPAND Y11, Y4, Y4")
+		p("\tVPBROADCASTW %d(SP), Y6", 32+8*c)
+		p("\tVPBROADCASTW %d(SP), Y7", 32+8*c+4)
+		for r := range R {
+			p("\tVPMADDUBSW %d(DI), Y3, Y8", 256*r+64*c)
+			p("\tVPMADDWD Y6, Y8, Y8")
+			p("\tVPMADDUBSW %d(DI), Y4, Y9", 256*r+64*c+32)
+			p("\tVPMADDWD Y7, Y9, Y9")
+			p("\tVPADDD Y8, Y%d, Y%d", sumi[r], sumi[r])
+			p("\tVPADDD Y9, Y%d, Y%d", sumi[r], sumi[r])
+		}
+	}
+	for r := range R {
+		p("\tVCVTDQ2PS Y%d, Y%d", sumi[r], sumi[r])
+		p("\tVBROADCASTSS %d(BX), Y9", 4*r)
+		p("\tVMULPS Y5, Y9, Y9")
+		p("\tVFMADD231PS Y9, Y%d, Y%d", sumi[r], 12+r)
+	}
 	p("\tADDQ $144, SI")
-	p("\tADDQ $256, DI")
-	p("\tADDQ $4, BX")
-	p("\tADDQ $32, DX")
+	p("\tADDQ $%d, DI", 256*R)
+	p("\tADDQ $%d, BX", 4*R)
+	p("\tADDQ $%d, DX", 32*R)
 	p("\tDECQ CX")
 	p("\tJNZ %s_block", name)
 	p("%s_done:", name)
-	p("\tVSUBPS Y1, Y0, Y0")
-	hsumNext(name)
+	yRowsOut(name, R)
+}
+
+// yRowsOut reduces each row's accumulator Y12+r to its lane sum, stores it
+// at 4r(R14) and loops to the next weight row (a Many kernel's frame).
+func yRowsOut(name string, R int) {
+	for r := range R {
+		p("\tVEXTRACTF128 $1, Y%d, X8", 12+r)
+		p("\tVADDPS X8, X%d, X8", 12+r)
+		p("\tVHADDPS X8, X8, X8")
+		p("\tVHADDPS X8, X8, X8")
+		p("\tVMOVSS X8, %d(R14)", 4*r)
+	}
+	rowsNext(name, true, R)
 }
 
 // yQ6KQ8K: DotQ8KMany's Q6_K kernel at the AVX2 level, as llama.cpp's
-// AVX2 ggml_vec_dot_q6_K_q8_K: each 32 six-bit values (0..63, the
-// offset 32 not yet taken) assembled from ql's nibbles and qh's bit pairs
-// with word shifts and byte masks, against 32 activations in natural
-// order by VPMADDUBSW; the two 16-element sub-blocks' scales (int16 at
-// 32(SP)) applied by VPMADDWD into int32 lanes (Y2); the offset
-// 32·Σ sc·sums16 (VPMULLD) subtracted once per block, converted and
-// scaled by d·dx into Y0. Y15 = 0x0f, Y14 = 0x03, Y13 = 0x30 bytes.
-func yQ6KQ8K() {
+// AVX2 ggml_vec_dot_q6_K_q8_K, for R activation rows at once (laid out as
+// in yQ4KQ8K; sums16 R × 16 int32): each row's int32 lanes (Y0+r) start
+// at −32·Σ sc·sums16 (VPMULLD); each 32 six-bit values (0..63, the offset
+// 32 taken by that start) are assembled once from ql's nibbles and qh's
+// bit pairs (loaded from the block as needed) with word shifts and byte
+// masks, and meet each row's 32 activations by VPMADDUBSW; the two
+// 16-element sub-blocks' scales (int16 at 32(SP)) are applied by VPMADDWD;
+// once per block the lanes are converted and scaled by d·dx into the row's
+// accumulator (Y12+r). Y9 = 0x0f, Y10 = 0x03, Y11 = 0x30 bytes.
+func yQ6KQ8K(R int) {
 	name := "dotQ6KQ8KManyAVX2"
+	if R > 1 {
+		name = fmt.Sprintf("dotQ6KQ8KRows%dManyAVX2", R)
+	}
 	p("")
-	p("// func %s(ws *[]byte, q *int8, d *float32, sums16 *int32, n, rows int, out *float32): rows > 0, n Q6_K blocks each, q in natural order.", name)
+	p("// func %s(ws *[]byte, q *int8, d *float32, sums16 *int32, n, rows int, out *float32): rows > 0, n Q6_K blocks each, %d activation rows interleaved per block, q in natural order.", name, R)
 	p("TEXT ·%s(SB), NOSPLIT, $64-56", name)
-	bcastConst(15, 0x0f0f0f0f)
-	bcastConst(14, 0x03030303)
-	bcastConst(13, 0x30303030)
-	intArgs(name, true, "sums16", "DX")
-	p("\tVXORPS Y0, Y0, Y0")
+	bcastConst(9, 0x0f0f0f0f)
+	bcastConst(10, 0x03030303)
+	bcastConst(11, 0x30303030)
+	rowsArgs(name, true, "sums16", "DX")
+	for r := range R {
+		p("\tVXORPS Y%d, Y%d, Y%d", 12+r, 12+r, 12+r)
+	}
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_done", name)
 	p("%s_block:", name)
-	p("\tVPMOVSXBW 192(SI), Y12")
-	p("\tVMOVDQU Y12, 32(SP)")
-	p("\tVPMOVSXBD 192(SI), Y10")
-	p("\tVPMOVSXBD 200(SI), Y11")
-	p("\tVPMULLD (DX), Y10, Y10")
-	p("\tVPMULLD 32(DX), Y11, Y11")
-	p("\tVPADDD Y11, Y10, Y10")
-	p("\tVPSLLD $5, Y10, Y10")
-	p("\tVPXOR Y2, Y2, Y2")
+	p("\tVPMOVSXBW 192(SI), Y6")
+	p("\tVMOVDQU Y6, 32(SP)")
+	p("\tVPMOVSXBD 192(SI), Y4")
+	p("\tVPMOVSXBD 200(SI), Y5")
+	for r := range R {
+		p("\tVPMULLD %d(DX), Y4, Y6", 64*r)
+		p("\tVPMULLD %d(DX), Y5, Y7", 64*r+32)
+		p("\tVPADDD Y7, Y6, Y6")
+		p("\tVPSLLD $5, Y6, Y6")
+		p("\tVPXOR Y%d, Y%d, Y%d", r, r, r)
+		p("\tVPSUBD Y6, Y%d, Y%d", r, r)
+	}
 	for n := range 2 {
-		p("\tVMOVDQU %d(SI), Y4", 64*n)
-		p("\tVMOVDQU %d(SI), Y5", 64*n+32)
-		p("\tVMOVDQU %d(SI), Y6", 128+32*n)
+		ql0, ql1, qh := 64*n, 64*n+32, 128+32*n
 		for c := range 4 {
 			switch c {
 			case 0: // ql0 & 0x0f | (qh & 3) << 4
-				p("\tVPAND Y15, Y4, Y7")
-				p("\tVPAND Y14, Y6, Y8")
-				p("\tVPSLLW $4, Y8, Y8")
+				p("\tVPAND %d(SI), Y9, Y4", ql0)
+				p("\tVPAND %d(SI), Y10, Y5", qh)
+				p("\tVPSLLW $4, Y5, Y5")
 			case 1: // ql1 & 0x0f | (qh << 2) & 0x30
-				p("\tVPAND Y15, Y5, Y7")
-				p("\tVPSLLW $2, Y6, Y8")
-				p("\tVPAND Y13, Y8, Y8")
+				p("\tVPAND %d(SI), Y9, Y4", ql1)
+				p("\tVMOVDQU %d(SI), Y5", qh)
+				p("\tVPSLLW $2, Y5, Y5")
+				p("\tVPAND Y11, Y5, Y5")
 			case 2: // ql0 >> 4 | qh & 0x30
-				p("\tVPSRLW $4, Y4, Y7")
-				p("\tVPAND Y15, Y7, Y7")
-				p("\tVPAND Y13, Y6, Y8")
+				p("\tVMOVDQU %d(SI), Y4", ql0)
+				p("\tVPSRLW $4, Y4, Y4")
+				p("\tVPAND Y9, Y4, Y4")
+				p("\tVPAND %d(SI), Y11, Y5", qh)
 			case 3: // ql1 >> 4 | (qh >> 2) & 0x30
-				p("\tVPSRLW $4, Y5, Y7")
-				p("\tVPAND Y15, Y7, Y7")
-				p("\tVPSRLW $2, Y6, Y8")
-				p("\tVPAND Y13, Y8, Y8")
+				p("\tVMOVDQU %d(SI), Y4", ql1)
+				p("\tVPSRLW $4, Y4, Y4")
+				p("\tVPAND Y9, Y4, Y4")
+				p("\tVMOVDQU %d(SI), Y5", qh)
+				p("\tVPSRLW $2, Y5, Y5")
+				p("\tVPAND Y11, Y5, Y5")
 			}
-			p("\tVPOR Y8, Y7, Y7")
+			p("\tVPOR Y5, Y4, Y4")
 			g := 4*n + c
-			p("\tVPMADDUBSW %d(DI), Y7, Y7", 128*n+32*c)
-			p("\tVPBROADCASTW %d(SP), Y9", 32+4*g)
-			p("\tVPBROADCASTW %d(SP), X11", 32+4*g+2)
-			p("\tVINSERTI128 $1, X11, Y9, Y9")
-			p("\tVPMADDWD Y9, Y7, Y7")
-			p("\tVPADDD Y7, Y2, Y2")
+			p("\tVPBROADCASTW %d(SP), Y6", 32+4*g)
+			p("\tVPBROADCASTW %d(SP), X7", 32+4*g+2)
+			p("\tVINSERTI128 $1, X7, Y6, Y6")
+			for r := range R {
+				p("\tVPMADDUBSW %d(DI), Y4, Y7", 256*r+128*n+32*c)
+				p("\tVPMADDWD Y6, Y7, Y7")
+				p("\tVPADDD Y7, Y%d, Y%d", r, r)
+			}
 		}
 	}
-	p("\tVPSUBD Y10, Y2, Y2")
-	p("\tVCVTDQ2PS Y2, Y2")
 	p("\tMOVWLZX 208(SI), AX")
-	p("\tVMOVD AX, X5")
-	p("\tVCVTPH2PS X5, X5")
-	p("\tVMULSS (BX), X5, X5")
-	p("\tVBROADCASTSS X5, Y5")
-	p("\tVFMADD231PS Y5, Y2, Y0")
+	p("\tVMOVD AX, X8")
+	p("\tVCVTPH2PS X8, X8")
+	p("\tVBROADCASTSS X8, Y8")
+	for r := range R {
+		p("\tVCVTDQ2PS Y%d, Y%d", r, r)
+		p("\tVBROADCASTSS %d(BX), Y7", 4*r)
+		p("\tVMULPS Y8, Y7, Y7")
+		p("\tVFMADD231PS Y7, Y%d, Y%d", r, 12+r)
+	}
 	p("\tADDQ $210, SI")
-	p("\tADDQ $256, DI")
-	p("\tADDQ $4, BX")
-	p("\tADDQ $64, DX")
+	p("\tADDQ $%d, DI", 256*R)
+	p("\tADDQ $%d, BX", 4*R)
+	p("\tADDQ $%d, DX", 64*R)
 	p("\tDECQ CX")
 	p("\tJNZ %s_block", name)
 	p("%s_done:", name)
-	hsumNext(name)
+	yRowsOut(name, R)
 }
 
 // y5Shuf: yQ80's VPSHUFB indices taking byte i/8 of a broadcast dword
@@ -2252,8 +2298,10 @@ func main() {
 	yQ80("dotQ5_0Q80ManyAVX2", 22, 6, 2, 16)
 	yQ80("dotQ4_0Q80ManyAVX2", 18, 2, -1, 8)
 	y5Shuf()
-	yQ4KQ8K()
-	yQ6KQ8K()
+	for R := 1; R <= 4; R++ {
+		yQ4KQ8K(R)
+		yQ6KQ8K(R)
+	}
 	if err := os.WriteFile("dot_amd64.s", out.Bytes(), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

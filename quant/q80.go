@@ -285,9 +285,9 @@ func (x *Q80Rows) Quantize(rows ...[]float32) error {
 // quads and pairs (an even count), so no Go code runs between two weight
 // rows; at the AVX2 level (an even count) one DotQ80Many kernel call per
 // row of x and run of 256 weight rows; otherwise DotQ80Rows per row. The
-// results are the same either
-// way. It panics like DotQ80Rows, and when out is shorter than
-// len(ws)·x.Rows(). Safe for concurrent use; does not allocate.
+// results are the same either way. It panics like DotQ80Rows, and when
+// out is shorter than len(ws)·x.Rows(). Safe for concurrent use; does not
+// allocate.
 func DotQ80RowsMany(t Type, ws [][]byte, x *Q80Rows, out []float32) {
 	if x.r == 0 || len(out) < len(ws)*x.r {
 		panic(fmt.Sprintf("quant: DotQ80RowsMany of %d × %d rows into %d", len(ws), x.r, len(out)))

@@ -316,9 +316,8 @@ func (x *Q8KRows) Quantize(rows ...[]float32) error {
 // the AVX-512 level with VNNI, so no Go code runs between two weight rows;
 // at the AVX2 level one DotQ8KMany kernel call per row of x and run of 256
 // weight rows; otherwise DotQ8KRows per row. The results are the same
-// either way. It
-// panics like DotQ8KRows, and when out is shorter than len(ws)·x.Rows().
-// Safe for concurrent use; does not allocate.
+// either way. It panics like DotQ8KRows, and when out is shorter than
+// len(ws)·x.Rows(). Safe for concurrent use; does not allocate.
 func DotQ8KRowsMany(t Type, ws [][]byte, x *Q8KRows, out []float32) {
 	if x.r == 0 || len(out) < len(ws)*x.r {
 		panic(fmt.Sprintf("quant: DotQ8KRowsMany of %d × %d rows into %d", len(ws), x.r, len(out)))
