@@ -322,7 +322,7 @@ func dotQ4_0Q80Rows4ManyVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, o
 // AVX2 level q80RowsAVX2); ws is non-empty and its rows are checked.
 func dotQ80RowsManyAsm(t Type, ws [][]byte, x *Q80Rows, out []float32) bool {
 	if !integerAsm() {
-		return level() == lvlAVX2 && q80RowsAVX2(t, ws, x.rows[:x.r], out)
+		return level() == lvlAVX2 && q80RowsAVX2(t, ws, x, out)
 	}
 	if x.r < 2 || x.nb == 0 || x.nb != len(x.rows[0].d) {
 		return false
@@ -540,6 +540,33 @@ func dotQ5_0Q80ManyAVX2(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *f
 //go:noescape
 func dotQ4_0Q80ManyAVX2(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
 
+//go:noescape
+func dotQ8_0Q80Rows2ManyAVX2(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ5_0Q80Rows2ManyAVX2(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80Rows2ManyAVX2(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ8_0Q80Rows3ManyAVX2(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ5_0Q80Rows3ManyAVX2(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80Rows3ManyAVX2(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ8_0Q80Rows4ManyAVX2(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ5_0Q80Rows4ManyAVX2(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80Rows4ManyAVX2(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
 // q80AVX2 runs the AVX2 kernel (VPMADDUBSW) of type t's rows against
 // Q8_0 activations: DotQ80Many's at the AVX2 level, and DotQ80's there
 // with one row. (Direct calls: through a func value the arguments would
@@ -560,25 +587,43 @@ func q80AVX2(t Type, ws *[]byte, x *Q80, nb, rows int, out *float32) {
 // L2 for the batch's other rows.
 const rowsRun = 256
 
-// q80RowsAVX2 is DotQ80RowsMany at the AVX2 level: the Many kernel once
-// per activation row over each run of rowsRun weight rows, the results
-// interleaved into out (the same bits as DotQ80 per pair of rows). It
-// reports false (nothing done) when the rows have an odd number of blocks.
-func q80RowsAVX2(t Type, ws [][]byte, rows []Q80, out []float32) bool {
-	nb := len(rows[0].d)
+// q80RowsAVX2 is DotQ80RowsMany at the AVX2 level: one kernel call for
+// every weight row, each block unpacked once for x's rows (interleaved as
+// the AVX-512 Rows kernels take them); the same bits as the one-row
+// kernel per pair of rows. It reports false (nothing done) when the rows
+// have an odd number of blocks.
+func q80RowsAVX2(t Type, ws [][]byte, x *Q80Rows, out []float32) bool {
+	nb := len(x.rows[0].d)
 	if nb == 0 || nb%2 != 0 {
 		return false
 	}
-	R := len(rows)
-	var tmp [rowsRun]float32
-	for i0 := 0; i0 < len(ws); i0 += rowsRun {
-		i1 := min(len(ws), i0+rowsRun)
-		for r := range rows {
-			q80AVX2(t, &ws[i0], &rows[r], nb, i1-i0, &tmp[0])
-			for i, v := range tmp[:i1-i0] {
-				out[(i0+i)*R+r] = v
-			}
-		}
+	if x.r == 1 {
+		q80AVX2(t, &ws[0], &x.rows[0], nb, len(ws), &out[0])
+		return true
+	}
+	w, q, d, ds, rows, o := &ws[0], &x.q[0], &x.d[0], &x.ds[0], len(ws), &out[0]
+	// Direct calls: through a func value the arguments would escape.
+	switch {
+	case t == Q8_0 && x.r == 2:
+		dotQ8_0Q80Rows2ManyAVX2(w, q, d, ds, nb, rows, o)
+	case t == Q8_0 && x.r == 3:
+		dotQ8_0Q80Rows3ManyAVX2(w, q, d, ds, nb, rows, o)
+	case t == Q8_0 && x.r == 4:
+		dotQ8_0Q80Rows4ManyAVX2(w, q, d, ds, nb, rows, o)
+	case t == Q5_0 && x.r == 2:
+		dotQ5_0Q80Rows2ManyAVX2(w, q, d, ds, nb, rows, o)
+	case t == Q5_0 && x.r == 3:
+		dotQ5_0Q80Rows3ManyAVX2(w, q, d, ds, nb, rows, o)
+	case t == Q5_0 && x.r == 4:
+		dotQ5_0Q80Rows4ManyAVX2(w, q, d, ds, nb, rows, o)
+	case t == Q4_0 && x.r == 2:
+		dotQ4_0Q80Rows2ManyAVX2(w, q, d, ds, nb, rows, o)
+	case t == Q4_0 && x.r == 3:
+		dotQ4_0Q80Rows3ManyAVX2(w, q, d, ds, nb, rows, o)
+	case t == Q4_0 && x.r == 4:
+		dotQ4_0Q80Rows4ManyAVX2(w, q, d, ds, nb, rows, o)
+	default:
+		return false
 	}
 	return true
 }

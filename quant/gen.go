@@ -1555,103 +1555,122 @@ func zQ80(name string, size, qs, qh int, off uint32, many bool) {
 	hsumRet(40)
 }
 
-// yQ80: the Many kernels of DotQ80Many at the AVX2 level (no VNNI), as
-// llama.cpp's AVX2 ggml_vec_dot_q8_0_q8_0 / q5_0 / q4_0 compute a block:
-// 32 weights as unsigned bytes against the activations' signed ones by
-// VPMADDUBSW (pairs summed into int16 lanes), VPMADDWD by ones (int32
-// lanes), converted and scaled by the two blocks' scales into Y0 (even
-// blocks) and Y1 (odd). Q8_0 weights go in as |w| against x·sign(w)
-// (VPSIGNB: no pair sum can saturate, 2·128·127 < 2¹⁵); Q5_0 and Q4_0
-// weights as their unsigned fields (q + 16, q + 8), the offset coming
-// off at the end through the activations' d·Σq (ds) summed per block
-// times the weight's scale in X2 — as zQ80 does. Q5_0's fifth bits are
-// spread to bytes as llama.cpp's bytes_from_bits_32 does: qh broadcast,
-// VPSHUFB picks byte i/8 for byte i, OR with every bit but bit i%8 set,
-// compared with all ones. Y14 = int16 ones, Y15 = 0x0f bytes, Y13 the
-// shuffle, Y12 the bit mask, Y11 all ones, Y10 = 0x10 bytes. Two blocks
-// per iteration; the one-row DotQ80 runs it with one row at this level.
-func yQ80(name string, size, qs, qh int, off uint32) {
+// yQ80: DotQ80Many's kernels at the AVX2 level (no VNNI), as llama.cpp's
+// AVX2 ggml_vec_dot_q8_0_q8_0 / q5_0 / q4_0 compute a block, for R
+// activation rows at once (R = 1: the Many kernel; R > 1: DotQ80RowsMany's,
+// the rows interleaved as Q80Rows holds them: per quad of blocks R × 128
+// bytes and R × 4 scales, then a last pair as R × 64 and R × 2). Each
+// block's 32 weights are made signed bytes once (Q8_0 as stored; Q4_0's
+// nibbles − 8; Q5_0's nibbles with 0xf0 OR-ed in where the fifth bit is
+// clear — the fifth bits spread to bytes as llama.cpp's bytes_from_bits_32
+// does: qh broadcast, VPSHUFB picking byte i/8 for byte i, OR with every bit
+// but bit i%8 set, compared with all ones), then for each row |w| against
+// x·sign(w) (VPSIGNB: no pair sum can saturate, 2·128·127 < 2¹⁵) by
+// VPMADDUBSW, VPMADDWD by ones into int32 lanes, converted and scaled by
+// the two blocks' scales into the row's accumulators Y8+2r (even blocks)
+// and Y9+2r (odd): every row gets the same operations whatever R, so the
+// results are the bits of the one-row kernel. Constants are read from
+// memory (yConsts) to leave the registers to the accumulators; the
+// activations' ds is not needed (no offsets).
+func yQ80(name string, size, qs, qh, R int) {
+	if R > 1 {
+		name = fmt.Sprintf("%sRows%dManyAVX2", name, R)
+	} else {
+		name += "ManyAVX2"
+	}
 	p("")
-	p("// func %s(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32): rows > 0, n blocks each, n even.", name)
+	p("// func %s(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32): rows > 0, n blocks each, n even, %d activation rows interleaved per quad of blocks.", name, R)
 	p("TEXT ·%s(SB), NOSPLIT, $24-56", name)
-	bcastConst(14, 0x00010001)
-	if size != 34 {
-		bcastConst(15, 0x0f0f0f0f)
+	rowsArgs(name, true, "ds", "R8")
+	for r := range 2 * R {
+		p("\tVXORPS Y%d, Y%d, Y%d", 8+r, 8+r, 8+r)
 	}
-	if qh >= 0 {
-		p("\tVMOVDQU ·y5Shuf(SB), Y13")
-		p("\tMOVQ $0x7fbfdfeff7fbfdfe, AX")
-		p("\tVMOVQ AX, X12")
-		p("\tVPBROADCASTQ X12, Y12")
-		p("\tVPCMPEQB Y11, Y11, Y11")
-		bcastConst(10, 0x10101010)
+	// unpack makes the 32 weights of the block at o(SI) signed bytes in
+	// Y(dst) (clobbers Y2, Y3).
+	unpack := func(o, dst int) {
+		if size == 34 {
+			p("\tVMOVDQU %d(SI), Y%d", o+qs, dst)
+			return
+		}
+		p("\tVMOVDQU %d(SI), X%d", o+qs, dst)
+		p("\tVPSRLW $4, X%d, X2", dst)
+		p("\tVINSERTI128 $1, X2, Y%d, Y%d", dst, dst)
+		p("\tVPAND ·yConsts+32(SB), Y%d, Y%d", dst, dst)
+		if qh < 0 {
+			p("\tVPSUBB ·yConsts+64(SB), Y%d, Y%d", dst, dst)
+			return
+		}
+		p("\tVPBROADCASTD %d(SI), Y2", o+qh)
+		p("\tVPSHUFB ·y5Shuf(SB), Y2, Y2")
+		p("\tVPOR ·yConsts+96(SB), Y2, Y2")
+		p("\tVPCMPEQB Y3, Y3, Y3")
+		p("\tVPCMPEQB Y3, Y2, Y2")
+		p("\tVPANDN ·yConsts+128(SB), Y2, Y2")
+		p("\tVPOR Y2, Y%d, Y%d", dst, dst)
 	}
-	intArgs(name, true, "ds", "R8")
-	p("\tVXORPS Y0, Y0, Y0")
-	p("\tVXORPS Y1, Y1, Y1")
-	p("\tVXORPS Y2, Y2, Y2")
+	// pair: blocks 2p and 2p+1 of a unit whose rows lie xs bytes (q) and
+	// ds bytes (d) apart.
+	pair := func(pi, xs, dsz int) {
+		o := 2 * pi * size
+		p("\tMOVWLZX %d(SI), AX", o)
+		p("\tMOVWLZX %d(SI), DX", o+size)
+		p("\tSHLL $16, DX")
+		p("\tORL DX, AX")
+		p("\tVMOVD AX, X6")
+		p("\tVCVTPH2PS X6, X6")
+		unpack(o, 0)
+		unpack(o+size, 1)
+		for r := range R {
+			p("\tVMOVQ %d(BX), X7", r*dsz+8*pi)
+			p("\tVMULPS X6, X7, X7")
+			p("\tVBROADCASTSS X7, Y4")
+			p("\tVMOVSHDUP X7, X5")
+			p("\tVBROADCASTSS X5, Y5")
+			for b := range 2 {
+				p("\tVMOVDQU %d(DI), Y2", r*xs+64*pi+32*b)
+				p("\tVPSIGNB Y%d, Y2, Y2", b)
+				p("\tVPSIGNB Y%d, Y%d, Y3", b, b)
+				p("\tVPMADDUBSW Y2, Y3, Y3")
+				p("\tVPMADDWD ·yConsts+0(SB), Y3, Y3")
+				p("\tVCVTDQ2PS Y3, Y3")
+				p("\tVFMADD231PS Y%d, Y3, Y%d", 4+b, 8+2*r+b)
+			}
+		}
+	}
+	p("%s_quad:", name)
+	p("\tCMPQ CX, $4")
+	p("\tJLT %s_pair", name)
+	pair(0, 128, 16)
+	pair(1, 128, 16)
+	p("\tADDQ $%d, SI", 4*size)
+	p("\tADDQ $%d, DI", 128*R)
+	p("\tADDQ $%d, BX", 16*R)
+	p("\tSUBQ $4, CX")
+	p("\tJMP %s_quad", name)
 	p("%s_pair:", name)
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_done", name)
-	// The pair's scales: dw·dx of block 0 broadcast in Y8, of block 1 in Y9.
-	p("\tMOVWLZX 0(SI), AX")
-	p("\tMOVWLZX %d(SI), DX", size)
-	p("\tSHLL $16, DX")
-	p("\tORL DX, AX")
-	p("\tVMOVD AX, X7")
-	p("\tVCVTPH2PS X7, X7")
-	if off != 0 {
-		p("\tVMOVQ (R8), X8")
-		p("\tVFMADD231PS X8, X7, X2")
-	}
-	p("\tVMOVQ (BX), X8")
-	p("\tVMULPS X8, X7, X7")
-	p("\tVBROADCASTSS X7, Y8")
-	p("\tVMOVSHDUP X7, X9")
-	p("\tVBROADCASTSS X9, Y9")
-	for b := range 2 {
-		o, u, t := b*size, 4+2*b, 5+2*b
-		if size == 34 {
-			p("\tVMOVDQU %d(DI), Y%d", 32*b, t)
-			p("\tVMOVDQU %d(SI), Y%d", o+qs, u)
-			p("\tVPSIGNB Y%d, Y%d, Y%d", u, t, t)
-			p("\tVPSIGNB Y%d, Y%d, Y%d", u, u, u)
-			p("\tVPMADDUBSW Y%d, Y%d, Y%d", t, u, u)
-		} else {
-			p("\tVMOVDQU %d(SI), X%d", o+qs, u)
-			p("\tVPSRLW $4, X%d, X%d", u, t)
-			p("\tVINSERTI128 $1, X%d, Y%d, Y%d", t, u, u)
-			p("\tVPAND Y15, Y%d, Y%d", u, u)
-			if qh >= 0 {
-				p("\tVPBROADCASTD %d(SI), Y%d", o+qh, t)
-				p("\tVPSHUFB Y13, Y%d, Y%d", t, t)
-				p("\tVPOR Y12, Y%d, Y%d", t, t)
-				p("\tVPCMPEQB Y11, Y%d, Y%d", t, t)
-				p("\tVPAND Y10, Y%d, Y%d", t, t)
-				p("\tVPOR Y%d, Y%d, Y%d", t, u, u)
-			}
-			p("\tVPMADDUBSW %d(DI), Y%d, Y%d", 32*b, u, u)
-		}
-		p("\tVPMADDWD Y14, Y%d, Y%d", u, u)
-		p("\tVCVTDQ2PS Y%d, Y%d", u, u)
-		p("\tVFMADD231PS Y%d, Y%d, Y%d", 8+b, u, b)
-	}
-	p("\tADDQ $%d, SI", 2*size)
-	p("\tADDQ $64, DI")
-	p("\tADDQ $8, BX")
-	p("\tADDQ $8, R8")
-	p("\tSUBQ $2, CX")
-	p("\tJMP %s_pair", name)
+	pair(0, 64, 8)
 	p("%s_done:", name)
-	p("\tVADDPS Y1, Y0, Y0")
-	if off != 0 {
-		p("\tMOVL $0x%08x, AX", math.Float32bits(float32(off)))
-		p("\tVMOVD AX, X3")
-		p("\tVBROADCASTSS X3, X3")
-		p("\tVMULPS X3, X2, X2")
-		p("\tVSUBPS Y2, Y0, Y0")
+	for r := range R {
+		p("\tVADDPS Y%d, Y%d, Y%d", 9+2*r, 8+2*r, 8+2*r)
 	}
-	hsumNext(name)
+	yRowsOut(name, R, func(r int) int { return 8 + 2*r })
+}
+
+// yConsts: the AVX2 integer kernels' constants, 32 bytes each: int16 ones
+// (+0), 0x0f bytes (+32), 0x08 bytes (+64), the bit mask of
+// bytes_from_bits_32 (+96: every bit of byte i but bit i%8), 0xf0 bytes
+// (+128).
+func yConsts() {
+	p("")
+	p("// yConsts: the AVX2 integer kernels' constants (yQ80).")
+	for i, v := range []uint64{0x0001000100010001, 0x0f0f0f0f0f0f0f0f, 0x0808080808080808, 0x7fbfdfeff7fbfdfe, 0xf0f0f0f0f0f0f0f0} {
+		for j := range 4 {
+			p("DATA ·yConsts+%d(SB)/8, $0x%016x", 32*i+8*j, v)
+		}
+	}
+	p("GLOBL ·yConsts(SB), RODATA|NOPTR, $160")
 }
 
 // yQ4KQ8K: DotQ8KMany's Q4_K kernel at the AVX2 level (no VNNI), as
@@ -1729,18 +1748,19 @@ func yQ4KQ8K(R int) {
 	p("\tDECQ CX")
 	p("\tJNZ %s_block", name)
 	p("%s_done:", name)
-	yRowsOut(name, R)
+	yRowsOut(name, R, func(r int) int { return 12 + r })
 }
 
-// yRowsOut reduces each row's accumulator Y12+r to its lane sum, stores it
-// at 4r(R14) and loops to the next weight row (a Many kernel's frame).
-func yRowsOut(name string, R int) {
+// yRowsOut reduces each row's accumulator Y(acc(r)) to its lane sum,
+// stores it at 4r(R14) and loops to the next weight row (a Many kernel's
+// frame; clobbers X7).
+func yRowsOut(name string, R int, acc func(r int) int) {
 	for r := range R {
-		p("\tVEXTRACTF128 $1, Y%d, X8", 12+r)
-		p("\tVADDPS X8, X%d, X8", 12+r)
-		p("\tVHADDPS X8, X8, X8")
-		p("\tVHADDPS X8, X8, X8")
-		p("\tVMOVSS X8, %d(R14)", 4*r)
+		p("\tVEXTRACTF128 $1, Y%d, X7", acc(r))
+		p("\tVADDPS X7, X%d, X7", acc(r))
+		p("\tVHADDPS X7, X7, X7")
+		p("\tVHADDPS X7, X7, X7")
+		p("\tVMOVSS X7, %d(R14)", 4*r)
 	}
 	rowsNext(name, true, R)
 }
@@ -1840,7 +1860,7 @@ func yQ6KQ8K(R int) {
 	p("\tDECQ CX")
 	p("\tJNZ %s_block", name)
 	p("%s_done:", name)
-	yRowsOut(name, R)
+	yRowsOut(name, R, func(r int) int { return 12 + r })
 }
 
 // y5Shuf: yQ80's VPSHUFB indices taking byte i/8 of a broadcast dword
@@ -2294,10 +2314,13 @@ func main() {
 	zGemm80("gemmQ5_0VNNI", 4)
 	zGemm80("gemmQ4_0VNNI", 3)
 	q5shifts()
-	yQ80("dotQ8_0Q80ManyAVX2", 34, 2, -1, 0)
-	yQ80("dotQ5_0Q80ManyAVX2", 22, 6, 2, 16)
-	yQ80("dotQ4_0Q80ManyAVX2", 18, 2, -1, 8)
+	for R := 1; R <= 4; R++ {
+		yQ80("dotQ8_0Q80", 34, 2, -1, R)
+		yQ80("dotQ5_0Q80", 22, 6, 2, R)
+		yQ80("dotQ4_0Q80", 18, 2, -1, R)
+	}
 	y5Shuf()
+	yConsts()
 	for R := 1; R <= 4; R++ {
 		yQ4KQ8K(R)
 		yQ6KQ8K(R)
