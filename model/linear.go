@@ -24,8 +24,8 @@ import (
 // llama.cpp does (quant.DotQ8KRowsMany/DotQ80RowsMany: each weight block
 // unpacked once for up to four rows of x, one kernel call for a run of a
 // task's weight rows; for one row quant.DotQ8KMany/DotQ80Many, see
-// manyRows — for one row also where quant.IntegerGEMV says only those run
-// in assembly: the 32-element formats at the AVX2 level).
+// manyRows — also where quant.IntegerGEMV says only these run in
+// assembly: at the AVX2 level).
 // F16 and BF16 weights (where quant.TileKernels holds) take quant.DotTile
 // for up to qRowDots rows of x: tiles of four weight rows by four rows of
 // x, each weight vector converted once in registers for all of them.
@@ -224,8 +224,7 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		// rows of a quantized once (Q8_K for the K-quants, Q8_0 for the
 		// 32-element formats) in groups of up to four, each weight block
 		// unpacked once per group and dotted with its rows in integers
-		// (AVX-512 VNNI; at the AVX2 level a pass per row over each run of
-		// weight rows), as llama.cpp computes it.
+		// (AVX-512 VNNI, or AVX2's VPMADDUBSW), as llama.cpp computes it.
 		const g4 = quant.Q8KRowsMax // = quant.Q80RowsMax
 		groups := (m + g4 - 1) / g4
 		ia := intActPool.Get().(*intActs)

@@ -68,20 +68,21 @@
 // [DotQ8KRows] / [DotQ80Rows] unpack each weight block once for all of
 // them. With AVX-512 VNNI at package simd's AVX-512 level ([IntegerDots])
 // they run the generated assembly. At the AVX2 level (a CPU without
-// AVX-512, or CB_SIMD=avx2) the Many forms run AVX2 kernels as llama.cpp's
-// AVX2 dots compute a block ([IntegerGEMV]): VPMADDUBSW of the weights as
-// unsigned bytes (Q8_0 as |w| against x·sign(w) by VPSIGNB, so no pair sum
-// saturates; Q5_0 and Q4_0 as their unsigned fields, Q5_0's fifth bits
-// spread by VPSHUFB and a compare; Q4_K's nibbles; Q6_K's six-bit values
-// assembled with word shifts and byte masks) against the signed
-// activations, then VPMADDWD by ones or by the sub-blocks' int16 scales
-// into int32 lanes, converted once per block (Q4_K, Q6_K) or per block of
-// 32 (the others); the one-row functions and the Rows forms call them (the
-// Rows forms once per activation row over each run of 256 weight rows), so
-// the results are the same bits either way. Elsewhere the same integer
-// arithmetic runs in Go, which is slower than the float kernels, so callers
-// use them only where IntegerDots (or IntegerGEMV for the Many and Rows
-// forms) is true. On one core of the development machine,
+// AVX-512, or CB_SIMD=avx2) the Many and Rows forms run AVX2 kernels that
+// compute a block as llama.cpp's AVX2 dots do ([IntegerGEMV]): the weights
+// made signed bytes (Q4_0's nibbles − 8; Q5_0's with 0xf0 OR-ed in where
+// the fifth bit, spread to bytes by VPSHUFB and a compare, is clear), |w|
+// against x·sign(w) by VPMADDUBSW (VPSIGNB: no pair sum saturates), or
+// Q4_K's nibbles and Q6_K's six-bit values (assembled with word shifts and
+// byte masks) as unsigned bytes, then VPMADDWD by ones or by the
+// sub-blocks' int16 scales into int32 lanes, converted once per block of
+// 32 (Q8_0, Q5_0, Q4_0) or 256 (Q4_K, Q6_K); the Rows forms unpack each
+// weight block once for up to four activation rows, and the one-row
+// functions call the same kernels, so the results are the same bits
+// either way. Elsewhere the same integer arithmetic runs in Go, which is
+// slower than the float kernels, so callers use them only where
+// IntegerDots (IntegerGEMV for the Many and Rows forms) is true. On one
+// core of the development machine,
 // per weight (BenchmarkDotQ8K, BenchmarkDotQ80, BenchmarkDotRowsBatch):
 // Q4_K 0.018 ns (float kernel 0.043), Q8_0 0.022 (0.034), Q5_0 0.030
 // (0.068), Q4_0 0.024 (0.043); four rows at once 0.010–0.013 ns per weight

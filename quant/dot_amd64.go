@@ -582,11 +582,6 @@ func q80AVX2(t Type, ws *[]byte, x *Q80, nb, rows int, out *float32) {
 	}
 }
 
-// rowsRun is how many weight rows the AVX2 Rows forms dot with one
-// activation row before the next: a run of a decode task's rows stays in
-// L2 for the batch's other rows.
-const rowsRun = 256
-
 // q80RowsAVX2 is DotQ80RowsMany at the AVX2 level: one kernel call for
 // every weight row, each block unpacked once for x's rows (interleaved as
 // the AVX-512 Rows kernels take them); the same bits as the one-row

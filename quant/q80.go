@@ -118,10 +118,9 @@ func IntegerDots() bool { return integerAsm() }
 // IntegerGEMV reports whether DotQ80Many and DotQ80RowsMany (t one of
 // SupportsQ80) or DotQ8KMany and DotQ8KRowsMany (SupportsQ8K) run rows of
 // type t in assembly here: where IntegerDots is true (AVX-512 VNNI), and
-// at package simd's AVX2 level (VPMADDUBSW, as llama.cpp's AVX2 kernels;
-// the Rows forms there make one pass per activation row over each run of
-// 256 weight rows). A decode step uses them when this is true; the
-// integer GEMM (Gemm) needs IntegerDots.
+// at package simd's AVX2 level (VPMADDUBSW, as llama.cpp's AVX2 kernels).
+// A decode step uses them when this is true; the integer GEMM (Gemm)
+// needs IntegerDots.
 func IntegerGEMV(t Type) bool { return integerGEMV(t) }
 
 // DotQ80 is Σ dequant(w)·(d·q) for a row w of type t (SupportsQ80) and
@@ -283,8 +282,8 @@ func (x *Q80Rows) Quantize(rows ...[]float32) error {
 // weight rows, wherever they lie (see DotQ80Many), in one kernel call at
 // the AVX-512 level with VNNI when x's blocks are all in the kernels'
 // quads and pairs (an even count), so no Go code runs between two weight
-// rows; at the AVX2 level (an even count) one DotQ80Many kernel call per
-// row of x and run of 256 weight rows; otherwise DotQ80Rows per row. The
+// rows; at the AVX2 level (an even count) the same with AVX2 kernels;
+// otherwise DotQ80Rows per row. The
 // results are the same either way. It panics like DotQ80Rows, and when
 // out is shorter than len(ws)·x.Rows(). Safe for concurrent use; does not
 // allocate.

@@ -314,8 +314,8 @@ func (x *Q8KRows) Quantize(rows ...[]float32) error {
 // for every weight row of ws and row of x: DotQ8KRows over a task's
 // weight rows, wherever they lie (see DotQ8KMany), in one kernel call at
 // the AVX-512 level with VNNI, so no Go code runs between two weight rows;
-// at the AVX2 level one DotQ8KMany kernel call per row of x and run of 256
-// weight rows; otherwise DotQ8KRows per row. The results are the same
+// at the AVX2 level the same with AVX2 kernels; otherwise DotQ8KRows per
+// row. The results are the same
 // either way. It panics like DotQ8KRows, and when out is shorter than
 // len(ws)·x.Rows(). Safe for concurrent use; does not allocate.
 func DotQ8KRowsMany(t Type, ws [][]byte, x *Q8KRows, out []float32) {
