@@ -628,12 +628,12 @@ func q80RowsAVX2(t Type, ws [][]byte, x *Q80Rows, out []float32) bool {
 // block, as the AVX-512 Rows kernels take them); the same bits as the
 // one-row kernel per pair of rows.
 func q8kRowsAVX2(t Type, ws [][]byte, x *Q8KRows, out []float32) bool {
+	if len(x.rows[0].d) == 0 {
+		return false
+	}
 	if x.r == 1 {
 		q8kAVX2(t, &ws[0], &x.rows[0], len(ws), &out[0])
 		return true
-	}
-	if len(x.d) == 0 {
-		return false
 	}
 	w, d, n, rows, o := &ws[0], &x.d[0], len(x.d)/x.r, len(ws), &out[0]
 	switch {

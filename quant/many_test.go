@@ -415,3 +415,49 @@ func BenchmarkDotManyStream(b *testing.B) {
 		}
 	}
 }
+
+// TestDotEmptyRows: rows of no elements against activations of none dot
+// to 0 at every level, in every one-row, Many and Rows form (a zero-width
+// row must not make a kernel index the empty activations).
+func TestDotEmptyRows(t *testing.T) {
+	atEachLevel(t, func(t *testing.T) {
+		for _, typ := range []Type{Q8_0, Q5_0, Q4_0, Q4_K, Q6_K} {
+			for _, R := range []int{1, 2, 4} {
+				xs := make([][]float32, R)
+				for i := range xs {
+					xs[i] = []float32{}
+				}
+				out := []float32{1, 1, 1, 1, 1, 1, 1, 1, 1, 1}
+				ws := [][]byte{{}, {}}
+				if SupportsQ80(typ) {
+					var x Q80Rows
+					if err := x.Quantize(xs...); err != nil {
+						t.Fatal(err)
+					}
+					DotQ80RowsMany(typ, ws, &x, out)
+					var q Q80
+					if err := q.Quantize(nil); err != nil {
+						t.Fatal(err)
+					}
+					DotQ80Many(typ, ws, &q, out[2*R:])
+				} else {
+					var x Q8KRows
+					if err := x.Quantize(xs...); err != nil {
+						t.Fatal(err)
+					}
+					DotQ8KRowsMany(typ, ws, &x, out)
+					var q Q8K
+					if err := q.Quantize(nil); err != nil {
+						t.Fatal(err)
+					}
+					DotQ8KMany(typ, ws, &q, out[2*R:])
+				}
+				for i, v := range out[:2*R+2] {
+					if v != 0 {
+						t.Fatalf("%s, %d rows: out[%d] = %g, want 0", typ, R, i, v)
+					}
+				}
+			}
+		}
+	})
+}
