@@ -65,8 +65,11 @@ func (lk *lookup) pending() bool { return lk != nil && !lk.done }
 // lookup=skipped on cb.request.
 func (s *Scheduler) openLookup(sq *seq, now time.Time) {
 	if s.deps.Blend == nil || sq.req.NoReuse {
-		attrs, span := lookupAttrs(LookupSkipped, nil, sq.kv.nPrompt), sq.trace.reqSpan
-		s.defer_(func() { span.SetAttributes(attrs...) })
+		// Set now, not deferred to unlock: Submit's deferred actions run on
+		// the caller's goroutine after it unlocks, and the loop may finish
+		// the request and end cb.request first (attributes set after End
+		// are lost). Setting attributes does no I/O.
+		sq.trace.reqSpan.SetAttributes(lookupAttrs(LookupSkipped, nil, sq.kv.nPrompt)...)
 		return
 	}
 	ctx, span := s.deps.Spans.Start(sq.trace.schedCtx, spanname.CBLookupRPC, trace.WithSpanKind(trace.SpanKindClient),
