@@ -1601,7 +1601,7 @@ func yQ80(name string, size, qs, qh, R int) {
 			return
 		}
 		p("\tVPBROADCASTD %d(SI), Y2", o+qh)
-		p("\tVPSHUFB ·y5Shuf(SB), Y2, Y2")
+		p("\tVPSHUFB ·yConsts+160(SB), Y2, Y2")
 		p("\tVPOR ·yConsts+96(SB), Y2, Y2")
 		p("\tVPCMPEQB Y3, Y3, Y3")
 		p("\tVPCMPEQB Y3, Y2, Y2")
@@ -1661,7 +1661,8 @@ func yQ80(name string, size, qs, qh, R int) {
 // yConsts: the AVX2 integer kernels' constants, 32 bytes each: int16 ones
 // (+0), 0x0f bytes (+32), 0x08 bytes (+64), the bit mask of
 // bytes_from_bits_32 (+96: every bit of byte i but bit i%8), 0xf0 bytes
-// (+128).
+// (+128), and the VPSHUFB indices taking byte i/8 of a broadcast dword into
+// byte i (+160; in each 128-bit lane bytes 0, 1 low and 2, 3 high).
 func yConsts() {
 	p("")
 	p("// yConsts: the AVX2 integer kernels' constants (yQ80).")
@@ -1670,7 +1671,10 @@ func yConsts() {
 			p("DATA ·yConsts+%d(SB)/8, $0x%016x", 32*i+8*j, v)
 		}
 	}
-	p("GLOBL ·yConsts(SB), RODATA|NOPTR, $160")
+	for j := range 4 {
+		p("DATA ·yConsts+%d(SB)/8, $0x%016x", 160+8*j, uint64(0x0101010101010101)*uint64(j))
+	}
+	p("GLOBL ·yConsts(SB), RODATA|NOPTR, $192")
 }
 
 // yQ4KQ8K: DotQ8KMany's Q4_K kernel at the AVX2 level (no VNNI), as
@@ -1861,17 +1865,6 @@ func yQ6KQ8K(R int) {
 	p("\tJNZ %s_block", name)
 	p("%s_done:", name)
 	yRowsOut(name, R, func(r int) int { return 12 + r })
-}
-
-// y5Shuf: yQ80's VPSHUFB indices taking byte i/8 of a broadcast dword
-// into byte i (in each 128-bit lane: bytes 0, 1 low, 2, 3 high).
-func y5Shuf() {
-	p("")
-	p("// y5Shuf: the VPSHUFB indices spreading Q5_0's fifth bits (yQ80).")
-	for i := range 4 {
-		p("DATA ·y5Shuf+%d(SB)/8, $0x%016x", 8*i, uint64(0x0101010101010101)*uint64(i))
-	}
-	p("GLOBL ·y5Shuf(SB), RODATA|NOPTR, $32")
 }
 
 // q80Idx: VPERMPS indices spreading floats 0, 1 (and 2, 3 at +64) over
@@ -2319,7 +2312,6 @@ func main() {
 		yQ80("dotQ5_0Q80", 22, 6, 2, R)
 		yQ80("dotQ4_0Q80", 18, 2, -1, R)
 	}
-	y5Shuf()
 	yConsts()
 	for R := 1; R <= 4; R++ {
 		yQ4KQ8K(R)
