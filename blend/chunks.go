@@ -34,6 +34,7 @@ type chunks struct {
 	regDone, regDropped atomic.Uint64
 
 	inflight inflight // the stores not registered yet, for the lookups that would find them
+	arrivals arrivals // the rank-0 stores that reached the server, for the lookups of their engine
 
 	syncMu                             sync.Mutex // serializes syncCounters
 	lastL1Evict, lastL2Evict, lastCorr int64

@@ -13,6 +13,7 @@ import (
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/blend/events"
 	"github.com/cacheblend/cacheblend/blend/fingerprint"
+	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rpc"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
@@ -58,6 +59,14 @@ func checkLookup(r *cbv1.LookupRequest) error {
 	}
 	if len(r.GetModel()) > chunkstore.MaxModelLen {
 		return status.Errorf(codes.InvalidArgument, "lookup: model name of %d bytes", len(r.GetModel()))
+	}
+	if ids := r.GetPendingStoreIds(); len(ids) > defaults.MaxPendingStores {
+		return status.Errorf(codes.InvalidArgument, "lookup: %d pending store ids exceed %d", len(ids), defaults.MaxPendingStores)
+	}
+	for i, id := range r.GetPendingStoreIds() {
+		if id == "" || len(id) > maxRequestID {
+			return status.Errorf(codes.InvalidArgument, "lookup: pending_store_ids[%d] of %d bytes (want 1..%d)", i, len(id), maxRequestID)
+		}
 	}
 	return nil
 }
@@ -176,6 +185,7 @@ func (s *Server) lookupAfter(r *cbv1.LookupRequest, tc, ts string, submitted tim
 		events.AttrPrefixChunks.Int(int(res.PrefixChunks)),
 		events.AttrLookup.String("done"),
 		attribute.Float64("pending_wait_ms", float64(sw.waited)/float64(time.Millisecond)),
+		attribute.Int("unarrived_stores", sw.unarrived),
 	}})
 	return res
 }
@@ -312,31 +322,60 @@ const (
 	storeWaitReserve = 100 * time.Millisecond
 )
 
-// storeWait is what a lookup waited for before it ran: the time, and the
-// matched chunks of stores still in flight when it stopped.
+// storeWait is what a lookup waited for before it ran: the time, the
+// stores the caller named that had not arrived when it stopped
+// (LookupRequest.pending_store_ids), and the matched chunks of stores still
+// in flight when it stopped.
 type storeWait struct {
-	waited  time.Duration
-	pending int
+	waited    time.Duration
+	unarrived int
+	pending   int
 }
 
-// awaitStores waits for the stores in flight (not registered yet) whose
-// chunks r's prompt would match where no registered chunk covers it yet: a
-// request right after another over the same documents at other offsets
-// finds them. It waits until they are registered, at most maxStoreWait and
-// never past the caller's deadline less a reserve (a quarter of the time
-// left, at least storeWaitReserve); the chunks of those still in flight then
-// are counted pending. No store in flight in the prompt's key space: no
-// cost beyond a map lookup.
-func (s *Server) awaitStores(ctx context.Context, r *cbv1.LookupRequest, start time.Time) storeWait {
+// awaitStores waits first for the stores the caller named in flight
+// (pending_store_ids) to arrive, then for the stores in flight (not
+// registered yet) whose chunks r's prompt would match where no registered
+// chunk covers it yet: a request right after another over the same
+// documents at other offsets finds them, even when its lookup overtook the
+// other's store. Both waits end at most maxStoreWait after start and never
+// past the caller's deadline less a reserve (a quarter of the time left, at
+// least storeWaitReserve); the named stores not arrived then are counted
+// unarrived, the matched chunks of those still in flight pending. Nothing
+// named and no store in flight in the prompt's key space: no cost beyond a
+// map lookup.
+func (s *Server) awaitStores(ctx context.Context, r *cbv1.LookupRequest, start time.Time) (sw storeWait) {
+	var timer *time.Timer
+	expired := false // the timer fired (or ctx ended) while waiting for arrivals
+	startTimer := func() <-chan time.Time {
+		if timer == nil {
+			until := start.Add(maxStoreWait)
+			if dl, ok := ctx.Deadline(); ok {
+				until = minTime(until, dl.Add(-max(storeWaitReserve, dl.Sub(start)/4)))
+			}
+			timer = time.NewTimer(max(0, time.Until(until)))
+		}
+		return timer.C
+	}
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+			sw.waited = time.Since(start)
+		}
+	}()
+	if ids := r.GetPendingStoreIds(); len(ids) > 0 {
+		if sw.unarrived = s.chunks.arrivals.wait(ctx, ids, startTimer()); sw.unarrived > 0 {
+			expired = true
+		}
+	}
 	ns := keySpace(r.GetModel(), max(1, int(r.GetWorldSize())))
 	snap := s.chunks.inflight.snapshot(ns)
 	if snap == nil {
-		return storeWait{}
+		return sw
 	}
 	toks, cs := r.GetTokens(), s.cfg.ChunkSize
 	pm := snap.table.Match(toks, 0)
 	if len(pm.Matches) == 0 {
-		return storeWait{}
+		return sw
 	}
 	covered := s.registeredCoverage(ns, toks, cs)
 	minLen := snap.table.MinMatch()
@@ -347,23 +386,19 @@ func (s *Server) awaitStores(ctx context.Context, r *cbv1.LookupRequest, start t
 		}
 	}
 	if len(awaited) == 0 {
-		return storeWait{}
+		return sw
 	}
-	until := start.Add(maxStoreWait)
-	if dl, ok := ctx.Deadline(); ok {
-		until = minTime(until, dl.Add(-max(storeWaitReserve, dl.Sub(start)/4)))
-	}
-	timer := time.NewTimer(max(0, time.Until(until)))
-	defer timer.Stop()
-	sw := storeWait{}
-wait:
-	for p := range awaited {
-		select {
-		case <-p.done:
-		case <-timer.C:
-			break wait
-		case <-ctx.Done():
-			break wait
+	if !expired {
+		fired := startTimer()
+	wait:
+		for p := range awaited {
+			select {
+			case <-p.done:
+			case <-fired:
+				break wait
+			case <-ctx.Done():
+				break wait
+			}
 		}
 	}
 	for p, n := range awaited {
@@ -373,7 +408,6 @@ wait:
 			sw.pending += n
 		}
 	}
-	sw.waited = time.Since(start)
 	return sw
 }
 

@@ -174,6 +174,99 @@ func TestBackToBackLookupsReuseANewDocument(t *testing.T) {
 	t.Logf("non-prefix hits of the burst: %v", hits)
 }
 
+// TestLookupWaitsForNamedStores: a lookup that names a store of its
+// engine not yet arrived (LookupRequest.pending_store_ids: the worker sends
+// it from a goroutine, the lookup overtook it) waits until the store
+// arrives, then for its registration, and reuses the document; a store that
+// never arrives bounds the wait by the deadline; a refused store ends the
+// wait; a store not named is missed (the race the field closes).
+func TestLookupWaitsForNamedStores(t *testing.T) {
+	cases := []struct {
+		name string
+		// name: the lookup names the store; storeAt: when the store is sent
+		// after the lookup (negative: before it; 0: never); refused: the
+		// store is refused (another worker's id).
+		named     bool
+		storeAt   time.Duration
+		refused   bool
+		deadline  time.Duration
+		wantHit   int
+		unarrived int64
+		minWait   time.Duration
+		maxWait   time.Duration
+	}{
+		{name: "store arrives while the lookup waits", named: true, storeAt: 150 * time.Millisecond, deadline: 5 * time.Second,
+			wantHit: docLen, minWait: 140 * time.Millisecond, maxWait: time.Second},
+		{name: "store arrived before: no wait", named: true, storeAt: -1, deadline: 5 * time.Second,
+			wantHit: docLen, maxWait: 50 * time.Millisecond},
+		{name: "store never arrives: the deadline bounds the wait", named: true, deadline: 600 * time.Millisecond,
+			unarrived: 1, minWait: 400 * time.Millisecond, maxWait: 500 * time.Millisecond},
+		{name: "store refused: the wait ends", named: true, storeAt: 100 * time.Millisecond, refused: true, deadline: 5 * time.Second,
+			minWait: 90 * time.Millisecond, maxWait: 400 * time.Millisecond},
+		{name: "store not named: missed", storeAt: 150 * time.Millisecond, deadline: 5 * time.Second, maxWait: 50 * time.Millisecond},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, Config{})
+			mem := e.newWorker("w0", 0)
+			r := rand.New(rand.NewPCG(uint64(i), 7))
+			doc := tokens(r, docLen, 1000, 1000)
+			seqToks := append(tokens(r, 100, 5000, 1000), doc...)
+			sbt := blocks(30, (len(seqToks)+bs-1)/bs)
+			e.prefill(mem, sbt, docSeq, len(seqToks))
+			worker := "w0"
+			if tc.refused {
+				worker = "ghost"
+			}
+			store := func() {
+				_, err := e.c.Store(ctxT(t), &cbv1.StoreRequest{RequestId: "first", WorkerId: worker, Tokens: seqToks, BlockTable: sbt, Model: testModel})
+				if (err != nil) != tc.refused {
+					t.Errorf("store: %v (refused %v)", err, tc.refused)
+				}
+			}
+			var sent sync.WaitGroup
+			switch {
+			case tc.storeAt < 0:
+				store()
+				e.s.waitRegistrations(t)
+			case tc.storeAt > 0:
+				sent.Add(1)
+				time.AfterFunc(tc.storeAt, func() { defer sent.Done(); store() })
+			}
+			req := &cbv1.LookupRequest{RequestId: "second", Tokens: promptWith(promptN, 700, doc, uint64(i)), WorldSize: 1, Model: testModel}
+			if tc.named {
+				req.PendingStoreIds = []string{"first"}
+			}
+			ctx, cancel := context.WithTimeout(ctxT(t), tc.deadline)
+			defer cancel()
+			t0 := time.Now()
+			res, err := e.c.Lookup(ctx, req)
+			took := time.Since(t0)
+			if err != nil {
+				t.Fatalf("lookup: %v", err)
+			}
+			sent.Wait()
+			e.s.waitRegistrations(t)
+			if got := int(res.GetNonPrefixHitTokens()); got != tc.wantHit {
+				t.Errorf("non-prefix hit tokens %d, want %d", got, tc.wantHit)
+			}
+			if took < tc.minWait || took > tc.maxWait+200*time.Millisecond {
+				t.Errorf("lookup took %v, want %v..%v", took, tc.minWait, tc.maxWait)
+			}
+			e.shutdown()
+			lk := spanOf(t, e.exp.GetSpans(), spanname.CBLookup, "second")
+			if got := intAttr(t, lk, "unarrived_stores"); got != tc.unarrived {
+				t.Errorf("cb.lookup unarrived_stores %d, want %d", got, tc.unarrived)
+			}
+			v, _ := attr(lk, attribute.Key("pending_wait_ms"))
+			if w := time.Duration(v.AsFloat64() * float64(time.Millisecond)); w < tc.minWait || w > tc.maxWait {
+				t.Errorf("pending_wait_ms %v, want %v..%v", w, tc.minWait, tc.maxWait)
+			}
+			t.Logf("non-prefix hit %d tokens, lookup %v", res.GetNonPrefixHitTokens(), took.Round(time.Millisecond))
+		})
+	}
+}
+
 func TestMergeMatches(t *testing.T) {
 	m := func(start, end int) fingerprint.Match {
 		return fingerprint.Match{Match: reuseplan.Match{Cur: reuseplan.Range{Start: start, End: end}}}

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/component"
+	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/rpc/cbv1"
 )
 
@@ -129,6 +131,18 @@ func TestGRPCErrors(t *testing.T) {
 		}, codes.InvalidArgument},
 		{"lookup/bad world size", func() error {
 			_, err := e.c.Lookup(ctx, &cbv1.LookupRequest{RequestId: "x", Tokens: []int32{1}, WorldSize: -1})
+			return err
+		}, codes.InvalidArgument},
+		{"lookup/too many pending stores", func() error {
+			_, err := e.c.Lookup(ctx, &cbv1.LookupRequest{RequestId: "x", Tokens: []int32{1}, PendingStoreIds: make([]string, defaults.MaxPendingStores+1)})
+			return err
+		}, codes.InvalidArgument},
+		{"lookup/empty pending store id", func() error {
+			_, err := e.c.Lookup(ctx, &cbv1.LookupRequest{RequestId: "x", Tokens: []int32{1}, PendingStoreIds: []string{"a", ""}})
+			return err
+		}, codes.InvalidArgument},
+		{"lookup/pending store id too long", func() error {
+			_, err := e.c.Lookup(ctx, &cbv1.LookupRequest{RequestId: "x", Tokens: []int32{1}, PendingStoreIds: []string{strings.Repeat("a", maxRequestID+1)}})
 			return err
 		}, codes.InvalidArgument},
 		{"retrieve/unknown worker", func() error {

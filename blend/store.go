@@ -30,6 +30,11 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 		return nil, err
 	}
 	rank := int(r.GetRank())
+	if rank == 0 {
+		// The lookups naming this store wait until it arrived: once it is
+		// in flight (storeChunks), or now if it is refused.
+		defer s.chunks.arrivals.arrived(id)
+	}
 	w, err := s.regs.acquire("store", r.GetWorkerId(), rank, r.GetRegistrationToken())
 	if err != nil {
 		return nil, err
@@ -61,7 +66,7 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 	if r.GetDocument() && s.chunks.fleet != nil {
 		g = s.fleetDocs.group(id)
 	}
-	resp, endErr := s.storeChunks(mdl, w, r.GetTokens(), bt, g)
+	resp, endErr := s.storeChunks(id, mdl, w, r.GetTokens(), bt, g)
 	if endErr != nil {
 		s.logger.Warn("store: chunks not stored", "request_id", id, "err", endErr)
 	}
@@ -79,12 +84,12 @@ func (s *Server) storeKV(ctx context.Context, r *cbv1.StoreRequest) (*cbv1.Store
 	return resp, nil
 }
 
-// storeChunks copies the KV of toks out of w's memory now (the engine frees
-// the blocks once the worker reports the store done): chunk by chunk, those
-// the store does not hold; then indexes them: a rank's chunks under their
-// rank-0 keys (aliases), rank 0's sequence in the fingerprint table, and
-// both in the fleet tier.
-func (s *Server) storeChunks(mdl string, w *workerMem, toks []int32, bt []int32, g *fleet.Group) (*cbv1.StoreResponse, error) {
+// storeChunks copies the KV of toks, the store of request id, out of w's
+// memory now (the engine frees the blocks once the worker reports the store
+// done): chunk by chunk, those the store does not hold; then indexes them: a
+// rank's chunks under their rank-0 keys (aliases), rank 0's sequence in the
+// fingerprint table, and both in the fleet tier.
+func (s *Server) storeChunks(id, mdl string, w *workerMem, toks []int32, bt []int32, g *fleet.Group) (*cbv1.StoreResponse, error) {
 	cs, rank := s.cfg.ChunkSize, w.key.rank
 	ns := keySpace(mdl, w.world)
 	keys := chunkstore.ChainKeys(ns, rank, toks, cs)
@@ -97,6 +102,7 @@ func (s *Server) storeChunks(mdl string, w *workerMem, toks []int32, bt []int32,
 	var pending *pendingStore // a lookup arriving before the registration waits for it
 	if rank == 0 {
 		pending = s.chunks.inflight.begin(ns, seq)
+		s.chunks.arrivals.arrived(id) // in flight: its lookups match it from now on
 		defer func() {
 			if pending != nil { // not handed to the registration
 				s.chunks.inflight.end(pending)

@@ -30,6 +30,11 @@ const (
 	// ChunkSize is the number of tokens per stored chunk of the blend server
 	// (the granularity of prefix hashes and of reuse plans).
 	ChunkSize = 256
+
+	// MaxPendingStores bounds LookupRequest.pending_store_ids: the engine
+	// names at most this many of its stores in flight in a lookup, the blend
+	// server rejects a lookup naming more.
+	MaxPendingStores = 256
 )
 
 // KVNamespace is the model key under which the blend server (and the fleet

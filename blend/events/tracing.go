@@ -105,7 +105,7 @@ func DefaultSpanDefs() ([]SpanDef, error) {
 	defs := []SpanDef{
 		{
 			Name: spanname.CBLookup, Start: LookupStart, End: LookupEnd,
-			EndAttrs:     append(append([]attribute.Key(nil), lookupStats...), AttrPrefixChunks, "pending_wait_ms"),
+			EndAttrs:     append(append([]attribute.Key(nil), lookupStats...), AttrPrefixChunks, "pending_wait_ms", "unarrived_stores"),
 			StampRoot:    append(append([]attribute.Key(nil), lookupStats...), AttrLookup),
 			RootFallback: true,
 		},

@@ -73,7 +73,10 @@ const (
 	// reached the server. Carries the statistics the engine stamps on cb.request. pending_wait_ms
 	// is the time the lookup waited, before its legs, for the stores in flight (stored,
 	// fingerprints not registered yet) whose chunks it would match where nothing registered covers
-	// the prompt; 0 when none (see cb.classify's pending).
+	// the prompt; 0 when none (see cb.classify's pending). It includes the wait for the caller's
+	// stores in flight that had not reached the server yet (the lookup's pending_store_ids: a
+	// worker sends its store from a goroutine, and a request right after another can overtake it);
+	// unarrived_stores counts those still missing when the wait ended.
 	CBLookup = "cb.lookup"
 
 	// MPLookupPrefetch is the span "mp.lookup_prefetch" of cb-blend (kind internal, phase

@@ -195,6 +195,23 @@ func (b *blockManager) parkDoc(sq *seq, deadline time.Time) {
 	sq.kv.blocks = nil
 }
 
+// storesInFlight returns the ids of the stores not reported done (at most
+// n, any n of them when more are held): a lookup names them so that the
+// blend server waits for those its worker has not sent yet.
+func (b *blockManager) storesInFlight(n int) []string {
+	if len(b.holds) == 0 {
+		return nil
+	}
+	ids := make([]string, 0, min(n, len(b.holds)))
+	for id := range b.holds {
+		if len(ids) == n {
+			break
+		}
+		ids = append(ids, id)
+	}
+	return ids
+}
+
 // storeDone frees what the store of id held and returns the hold (nil when
 // none).
 func (b *blockManager) storeDone(id string) *storeHold {

@@ -108,6 +108,10 @@ func (s *Scheduler) startLookup(sq *seq) {
 	req := &cbv1.LookupRequest{
 		RequestId: sq.id, TraceContext: tp, TraceState: ts, Tokens: sq.req.Prompt,
 		WorldSize: int32(s.worldSize()), Model: defaults.KVNamespace(s.cfg.Model, s.cfg.ModelIdentity),
+		// The worker sends a store from a goroutine after its prefill: this
+		// lookup may reach the blend server first (a client's next request
+		// right after its answer), so it names the stores in flight.
+		PendingStoreIds: s.blocks.storesInFlight(defaults.MaxPendingStores),
 	}
 	blend, deadline := s.deps.Blend, lk.deadline
 	lk.cancel = s.lookups.start(ctx, sq, func(ctx context.Context) (*cbv1.LookupResult, error) {

@@ -796,6 +796,42 @@ func TestStoreKeepsBlocksUntilReported(t *testing.T) {
 	waitFor(t, "blocks freed", func() bool { st := checkKV(t, h.s); return st.KVUsed == 0 && st.StoresPending == 0 })
 }
 
+// TestLookupNamesStoresInFlight: a lookup names the stores of this engine
+// not reported done (the worker sends them from a goroutine, and the blend
+// server waits for the named ones to arrive), and none once they are.
+func TestLookupNamesStoresInFlight(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		delaySteps int // before the worker double reports a store done
+		want       []string
+	}{
+		{name: "first request's store not reported", delaySteps: 1 << 30, want: []string{"first"}},
+		{name: "first request's store reported", delaySteps: 0, want: nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := enginetest.NewWorker(64, 16, 4096)
+			w.StoreDelaySteps = tc.delaySteps
+			blend := &enginetest.Blend{}
+			h := newHarness(t, opts{worker: w, blend: blend, cfg: Config{StorePollInterval: 50 * time.Millisecond}})
+			for _, id := range []string{"first", "second"} {
+				if res := run(t, h.s, &Request{ID: id, Prompt: prompt(40, int32(len(id))), MaxTokens: 1}); res.Err != nil {
+					t.Fatal(res.Err)
+				}
+			}
+			got := map[string][]string{}
+			for _, l := range blend.Lookups() {
+				got[l.GetRequestId()] = l.GetPendingStoreIds()
+			}
+			if len(got["first"]) != 0 {
+				t.Errorf("the first lookup named stores %v, want none", got["first"])
+			}
+			if !slices.Equal(got["second"], tc.want) {
+				t.Errorf("the second lookup named stores %v, want %v", got["second"], tc.want)
+			}
+		})
+	}
+}
+
 func TestDocumentIngest(t *testing.T) {
 	w := enginetest.NewWorker(32, 16, 4096)
 	w.StoreDelaySteps = 2

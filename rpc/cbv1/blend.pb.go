@@ -660,6 +660,14 @@ type LookupRequest struct {
 	Tokens       []int32                `protobuf:"varint,3,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
 	WorldSize    int32                  `protobuf:"varint,4,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
 	Model        string                 `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
+	// The request ids of the caller's stores not reported done yet (the
+	// engine's store holds): at most defaults.MaxPendingStores (256), each
+	// at most 1,024 bytes. Workers send their stores from a goroutine after
+	// the prefill, so a request sent right after another can look up before
+	// the other's store reached this server. The lookup first waits (within
+	// its store-wait bound) until every rank-0 store named here has arrived,
+	// then for the arrived stores its prompt would match.
+	PendingStoreIds []string `protobuf:"bytes,6,rep,name=pending_store_ids,json=pendingStoreIds,proto3" json:"pending_store_ids,omitempty"`
 	// W3C tracestate that goes with trace_context (the caller's vendor
 	// entries), empty when there is none; ignored without a valid
 	// trace_context.
@@ -731,6 +739,13 @@ func (x *LookupRequest) GetModel() string {
 		return x.Model
 	}
 	return ""
+}
+
+func (x *LookupRequest) GetPendingStoreIds() []string {
+	if x != nil {
+		return x.PendingStoreIds
+	}
+	return nil
 }
 
 func (x *LookupRequest) GetTraceState() string {
@@ -1535,7 +1550,7 @@ const file_blend_proto_rawDesc = "" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12-\n" +
 	"\x12registration_token\x18\x03 \x01(\fR\x11registrationToken\"\x16\n" +
-	"\x14UnregisterKVResponse\"\xc1\x01\n" +
+	"\x14UnregisterKVResponse\"\xed\x01\n" +
 	"\rLookupRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1543,7 +1558,8 @@ const file_blend_proto_rawDesc = "" +
 	"\x06tokens\x18\x03 \x03(\x05R\x06tokens\x12\x1d\n" +
 	"\n" +
 	"world_size\x18\x04 \x01(\x05R\tworldSize\x12\x14\n" +
-	"\x05model\x18\x05 \x01(\tR\x05model\x12\x1f\n" +
+	"\x05model\x18\x05 \x01(\tR\x05model\x12*\n" +
+	"\x11pending_store_ids\x18\x06 \x03(\tR\x0fpendingStoreIds\x12\x1f\n" +
 	"\vtrace_state\x18\x14 \x01(\tR\n" +
 	"traceState\"\xd2\x01\n" +
 	"\x05Match\x12\x1b\n" +
