@@ -427,11 +427,11 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 }
 
 // intGemm reports whether products of more than qIntRows activation rows
-// with k-column weights of type t run the integer GEMM: about four times
-// the float GEMM's rate and without dequantizing, where the kernels run
-// in assembly (AVX-512 VNNI).
+// with k-column weights of type t run the integer GEMM: faster than the
+// float GEMM and without dequantizing, where the kernels run in assembly
+// (quant.IntegerGEMM: AVX-512 VNNI, or AVX2).
 func intGemm(t quant.Type, k int) bool {
-	return quant.IntegerDots() && (quant.SupportsQ8K(t) && k%quant.QK_K == 0 || quant.SupportsQ80(t) && k%quant.QK8_0 == 0)
+	return quant.IntegerGEMM() && (quant.SupportsQ8K(t) && k%quant.QK_K == 0 || quant.SupportsQ80(t) && k%quant.QK8_0 == 0)
 }
 
 // sharedTiles quantizes a once for the integer GEMMs of several products

@@ -17,6 +17,9 @@ func dotQ80Asm(Type, []byte, *Q80, int) (float32, bool) { return 0, false }
 // integerAsm: no assembly here.
 func integerAsm() bool { return false }
 
+// integerGEMM: no assembly here.
+func integerGEMM() bool { return false }
+
 // integerGEMV: no assembly here.
 func integerGEMV(Type) bool { return false }
 

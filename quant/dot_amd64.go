@@ -3,6 +3,8 @@
 package quant
 
 import (
+	"unsafe"
+
 	"github.com/cacheblend/cacheblend/simd"
 	"golang.org/x/sys/cpu"
 )
@@ -845,15 +847,51 @@ func gemmQ5_0VNNI(w *uint32, a *uint32, c *float32, n, ldc int)
 //go:noescape
 func gemmQ4_0VNNI(w *uint32, a *uint32, c *float32, n, ldc int)
 
+//go:noescape
+func gemmQ4KQ8KAVX2(w *uint32, a *uint32, c *float32, n, ldc int)
+
+//go:noescape
+func gemmQ6KQ8KAVX2(w *uint32, a *uint32, c *float32, n, ldc int)
+
+//go:noescape
+func gemmQ8_0AVX2(w *uint32, a *uint32, c *float32, n, ldc int)
+
+//go:noescape
+func gemmQ5_0AVX2(w *uint32, a *uint32, c *float32, n, ldc int)
+
+//go:noescape
+func gemmQ4_0AVX2(w *uint32, a *uint32, c *float32, n, ldc int)
+
+// integerGEMM is IntegerGEMM: the VNNI tile kernels, or the AVX2 ones.
+func integerGEMM() bool { return integerAsm() || level() == lvlAVX2 }
+
 // gemmAsm runs the integer GEMM's tile kernel for panels of type t at the
-// AVX-512 level with VNNI.
+// AVX-512 level with VNNI, or at the AVX2 level (two calls of a half-panel
+// kernel: rows 0–15, then 16–31, of the panel and of c).
 func gemmAsm(t Type, w, a []uint32, c *float32, ldc, nb int) bool {
-	if !integerAsm() {
+	if !integerGEMM() {
 		return false
 	}
 	_, _, pb, tb := gemmLayout(t)
 	_ = w[nb*pb-1]
 	_ = a[nb*tb-1]
+	if !integerAsm() {
+		k := gemmQ4_0AVX2
+		switch t {
+		case Q4_K:
+			k = gemmQ4KQ8KAVX2
+		case Q6_K:
+			k = gemmQ6KQ8KAVX2
+		case Q8_0:
+			k = gemmQ8_0AVX2
+		case Q5_0:
+			k = gemmQ5_0AVX2
+		}
+		const half = GemmPanelRows / 2
+		k(&w[0], &a[0], c, nb, ldc)
+		k(&w[half], &a[0], (*float32)(unsafe.Add(unsafe.Pointer(c), half*4)), nb, ldc)
+		return true
+	}
 	switch t {
 	case Q4_K:
 		gemmQ4KQ8KVNNI(&w[0], &a[0], c, nb, ldc)

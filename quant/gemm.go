@@ -379,7 +379,7 @@ func Gemm(p *GemmPanel, x *GemmTiles, t, rows int, c []float32, ldc int, acc boo
 	be, _, _, tb := gemmLayout(p.t)
 	nb := p.k / be
 	a := x.w[t*nb*tb : (t+1)*nb*tb]
-	if rows == GemmTileRows && p.rows == GemmPanelRows && ldc >= GemmPanelRows && integerAsm() {
+	if rows == GemmTileRows && p.rows == GemmPanelRows && ldc >= GemmPanelRows && integerGEMM() {
 		// A whole tile: the kernel adds to c's rows in place (ldc apart),
 		// so no tile buffer is zeroed, filled and added back in Go (that
 		// was an eighth of a quantized prefill's time).

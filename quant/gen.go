@@ -1662,7 +1662,8 @@ func yQ80(name string, size, qs, qh, R int) {
 // (+0), 0x0f bytes (+32), 0x08 bytes (+64), the bit mask of
 // bytes_from_bits_32 (+96: every bit of byte i but bit i%8), 0xf0 bytes
 // (+128), and the VPSHUFB indices taking byte i/8 of a broadcast dword into
-// byte i (+160; in each 128-bit lane bytes 0, 1 low and 2, 3 high).
+// byte i (+160; in each 128-bit lane bytes 0, 1 low and 2, 3 high), 0x80
+// bytes (+192: yGemm's Q8_0 weights made signed again).
 func yConsts() {
 	p("")
 	p("// yConsts: the AVX2 integer kernels' constants (yQ80).")
@@ -1674,7 +1675,10 @@ func yConsts() {
 	for j := range 4 {
 		p("DATA ·yConsts+%d(SB)/8, $0x%016x", 160+8*j, uint64(0x0101010101010101)*uint64(j))
 	}
-	p("GLOBL ·yConsts(SB), RODATA|NOPTR, $192")
+	for j := range 4 {
+		p("DATA ·yConsts+%d(SB)/8, $0x%016x", 192+8*j, uint64(0x8080808080808080))
+	}
+	p("GLOBL ·yConsts(SB), RODATA|NOPTR, $224")
 }
 
 // yQ4KQ8K: DotQ8KMany's Q4_K kernel at the AVX2 level (no VNNI), as
@@ -2317,6 +2321,11 @@ func main() {
 		yQ4KQ8K(R)
 		yQ6KQ8K(R)
 	}
+	yGemm("gemmQ4KQ8KAVX2", 0)
+	yGemm("gemmQ6KQ8KAVX2", 1)
+	yGemm("gemmQ8_0AVX2", 7)
+	yGemm("gemmQ5_0AVX2", 4)
+	yGemm("gemmQ4_0AVX2", 3)
 	if err := os.WriteFile("dot_amd64.s", out.Bytes(), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -2607,6 +2616,164 @@ func zGemm80(name string, shift int) {
 	}
 	p("\tVZEROUPPER")
 	p("\tRET")
+}
+
+// yGemm: the integer GEMM's tile kernel at the AVX2 level (no VNNI) for
+// half a panel: the 16 weight rows of the panel words at SI (the caller
+// passes the panel offset by 0 or 16 words, c by 0 or 16 floats) against a
+// tile's six activation rows, into int32 accumulators Y0–Y11 (row i, half
+// vector j: Y(2i+j)). Each step's 4 bytes of a weight row (Y12, 8 rows)
+// against one activation row's 4 bytes broadcast (Y14) by VPMADDUBSW, the
+// int16 pairs summed into int32 lanes by VPMADDWD — with the sub-block's
+// scale for the K-quants (each row's int32 scale made a pair of int16 once
+// per sub-block: Y13, Y15), with ones (Y15) for the 32-element formats.
+// No int16 pair can saturate: weights below 64 (Q4_K, Q6_K+32, Q5_0+16,
+// Q4_0+8) times activations of at most 128; Q8_0's weights (stored +128)
+// are made signed again and multiplied as |w| against x·sign(w) (VPSIGNB,
+// the activations of a Q8_0 tile lie in [−127, 127]). Per 256 elements
+// (K-quants; the mins or the offset 32 from the tile's sums) or per 32
+// (the others; the offset from the tile's sums) the sums are converted,
+// scaled by the weights' d, and added to c with the activations' d in one
+// fused multiply-add.
+func yGemm(name string, t int) {
+	const q4k, q6k = 0, 1 // t: Q4_K, Q6_K, or the 32-element shift (7: Q8_0, 4: Q5_0, 3: Q4_0)
+	gemmHeader(name)
+	p("	TESTQ CX, CX")
+	p("	JZ %s_done", name)
+	step := func(wOff, aOff, sc0, sc1 int, q80 bool) {
+		for v := range 2 {
+			p("	VMOVDQU %d(SI), Y12", wOff+32*v)
+			if q80 {
+				p("	VPXOR ·yConsts+192(SB), Y12, Y12")
+				p("	VPABSB Y12, Y13")
+			}
+			for i := range 6 {
+				p("	VPBROADCASTD %d(DI), Y14", aOff+4*i)
+				if q80 {
+					p("	VPSIGNB Y12, Y14, Y14")
+					p("	VPMADDUBSW Y14, Y13, Y14")
+				} else {
+					p("	VPMADDUBSW Y14, Y12, Y14")
+				}
+				sc := sc0
+				if v == 1 {
+					sc = sc1
+				}
+				p("	VPMADDWD Y%d, Y14, Y14", sc)
+				p("	VPADDD Y14, Y%d, Y%d", 2*i+v, 2*i+v)
+			}
+		}
+	}
+	zero := func() {
+		for r := range 12 {
+			p("	VPXOR Y%d, Y%d, Y%d", r, r, r)
+		}
+	}
+	if t > q6k { // the 32-element formats
+		const panelBlock, tileBlock = (8*32 + 32) * 4, (8*6 + 12) * 4
+		q80 := t == 7
+		p("	VMOVDQU ·yConsts+0(SB), Y15")
+		p("%s_block:", name)
+		zero()
+		for st := range 8 {
+			step(st*128, st*24, 15, 15, q80)
+		}
+		for i := range 6 {
+			p("	VBROADCASTSS %d(DI), Y14", 8*24+4*i)
+			if !q80 {
+				p("	VPBROADCASTD %d(DI), Y13", 8*24+24+4*i)
+				p("	VPSLLD $%d, Y13, Y13", t) // Σq times the weights' offset
+			}
+			for v := range 2 {
+				a := 2*i + v
+				if !q80 {
+					p("	VPSUBD Y13, Y%d, Y%d", a, a)
+				}
+				p("	VCVTDQ2PS Y%d, Y%d", a, a)
+				p("	VMULPS %d(SI), Y%d, Y%d", 1024+32*v, a, a)
+				p("	VFMADD213PS %s, Y14, Y%d", crow(i, 32*v), a)
+				p("	VMOVUPS Y%d, %s", a, crow(i, 32*v))
+			}
+		}
+		p("	ADDQ $%d, SI", panelBlock)
+		p("	ADDQ $%d, DI", tileBlock)
+		p("	DECQ CX")
+		p("	JNZ %s_block", name)
+		p("%s_done:", name)
+		p("	VZEROUPPER")
+		p("	RET")
+		return
+	}
+	const tileBlock = (64*6 + 6 + 24 + 48) * 4
+	q6 := t == q6k
+	subs := 8
+	if q6 {
+		subs = 16
+	}
+	steps := 64 / subs
+	p("%s_block:", name)
+	zero()
+	p("	LEAQ %d(SI), R8", 64*32*4) // the scales
+	p("	MOVQ $%d, R9", subs)
+	p("%s_sub:", name)
+	for v, reg := range []int{13, 15} { // the sub-block's scales as int16 pairs
+		p("	VMOVDQU %d(R8), Y%d", 32*v, reg)
+		p("	VPSLLD $16, Y%d, Y14", reg)
+		p("	VPBLENDW $0xaa, Y14, Y%d, Y%d", reg, reg)
+	}
+	for st := range steps {
+		step(st*128, st*24, 13, 15, false)
+	}
+	p("	ADDQ $%d, SI", steps*128)
+	p("	ADDQ $128, R8")
+	p("	ADDQ $%d, DI", steps*24)
+	p("	DECQ R9")
+	p("	JNZ %s_sub", name)
+	// R8: the mins (Q4_K) or paired scales (Q6_K); DI: the tile's d, then
+	// its sums (per 32, then per 16).
+	pairs, sums := 4, 24
+	if q6 {
+		pairs, sums = 8, 24+96
+	}
+	for i := range 6 {
+		p("	VPXOR Y12, Y12, Y12")
+		p("	VPXOR Y13, Y13, Y13")
+		for pr := range pairs {
+			p("	VPBROADCASTD %d(DI), Y14", sums+pr*24+4*i)
+			p("	VPMADDWD %d(R8), Y14, Y15", pr*128)
+			p("	VPADDD Y15, Y12, Y12")
+			p("	VPMADDWD %d(R8), Y14, Y15", pr*128+32)
+			p("	VPADDD Y15, Y13, Y13")
+		}
+		p("	VBROADCASTSS %d(DI), Y14", 4*i)
+		for v := range 2 {
+			a, m := 2*i+v, 12+v
+			if q6 { // Σ sc·q·a − 32·Σ sc·sums16
+				p("	VPSLLD $5, Y%d, Y%d", m, m)
+				p("	VPSUBD Y%d, Y%d, Y%d", m, a, a)
+				p("	VCVTDQ2PS Y%d, Y%d", a, a)
+				p("	VMULPS %d(R8), Y%d, Y%d", pairs*128+32*v, a, a)
+			} else { // d·Σ sc·q·a − dmin·Σ m·sums
+				p("	VCVTDQ2PS Y%d, Y%d", a, a)
+				p("	VCVTDQ2PS Y%d, Y%d", m, m)
+				p("	VMULPS %d(R8), Y%d, Y%d", pairs*128+32*v, a, a)
+				p("	VFNMADD231PS %d(R8), Y%d, Y%d", pairs*128+128+32*v, m, a)
+			}
+			p("	VFMADD213PS %s, Y14, Y%d", crow(i, 32*v), a)
+			p("	VMOVUPS Y%d, %s", a, crow(i, 32*v))
+		}
+	}
+	next := pairs*128 + 128
+	if !q6 {
+		next += 128
+	}
+	p("	LEAQ %d(R8), SI", next)
+	p("	ADDQ $%d, DI", tileBlock-64*24)
+	p("	DECQ CX")
+	p("	JNZ %s_block", name)
+	p("%s_done:", name)
+	p("	VZEROUPPER")
+	p("	RET")
 }
 
 // gemmHeader opens a tile kernel func name(w, a *uint32, c *float32, n,

@@ -119,9 +119,14 @@ func IntegerDots() bool { return integerAsm() }
 // SupportsQ80) or DotQ8KMany and DotQ8KRowsMany (SupportsQ8K) run rows of
 // type t in assembly here: where IntegerDots is true (AVX-512 VNNI), and
 // at package simd's AVX2 level (VPMADDUBSW, as llama.cpp's AVX2 kernels).
-// A decode step uses them when this is true; the integer GEMM (Gemm)
-// needs IntegerDots.
+// A decode step uses them when this is true.
 func IntegerGEMV(t Type) bool { return integerGEMV(t) }
+
+// IntegerGEMM reports whether Gemm runs its tile kernels in assembly here:
+// where IntegerDots is true (AVX-512 VNNI), and at package simd's AVX2
+// level (VPMADDUBSW and VPMADDWD on half panels). Elsewhere it runs the
+// same integer arithmetic in Go; a prefill uses it when this is true.
+func IntegerGEMM() bool { return integerGEMM() }
 
 // DotQ80 is Σ dequant(w)·(d·q) for a row w of type t (SupportsQ80) and
 // activations x of the same length, computed as llama.cpp's
