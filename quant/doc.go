@@ -121,7 +121,18 @@
 // register. On one core: 0.0031–0.0035 ns per weight and row
 // (BenchmarkGemm; the float GEMM at its 0.7 of the FP32 peak takes about
 // 0.013), plus 0.20–0.34 ns per weight to unpack a panel
-// (BenchmarkGemmPack), paid once per call.
+// (BenchmarkGemmPack), paid once per call. At the AVX2 level (no VNNI,
+// 16 ymm registers) the same panels and tiles go through a half-panel
+// kernel called twice per tile (rows 0–15, then 16–31): 6×16 int32 sums
+// in registers, each step's weight vector against a row's 4 bytes
+// broadcast by VPMADDUBSW and VPMADDWD — by the sub-block's scales made
+// int16 pairs (VPBLENDW) for the K-quants, by ones for the 32-element
+// formats, whose panel values (Q4_K, Q6_K + 32, Q5_0 + 16, Q4_0 + 8) stay
+// below 64, so no int16 pair sum saturates; Q8_0's (stored + 128) are made
+// signed again (XOR 0x80) and multiplied as |w| against x·sign(w), as
+// llama.cpp's AVX2 dot does. The float scales are applied per block and
+// added to the output in place. [IntegerGEMM] says where a tile kernel
+// runs in assembly.
 //
 // Every function is safe for concurrent use (a Q8K, Q80, Q8KRows, Q80Rows,
 // GemmPanel or GemmTiles only while it is not being quantized or packed),

@@ -366,10 +366,11 @@ func qWord(q []int8) uint32 {
 // i of tile t of x and row j of p, for the tile's rows below rows (at most
 // GemmTileRows) and j below p.Rows(): an integer GEMM of quantized
 // weights and quantized activations (see the package's integer GEMM).
-// With AVX-512 VNNI (IntegerDots) it runs in assembly, elsewhere the same
-// arithmetic in Go; a whole tile (GemmTileRows rows of a full panel) is
-// added to c's rows in place, block by block for the K-quants (so a
-// product split over k in two calls gives the same bits as one call). It
+// With AVX-512 VNNI or at the AVX2 level (IntegerGEMM) it runs in
+// assembly, elsewhere the same arithmetic in Go; a whole tile
+// (GemmTileRows rows of a full panel) is added to c's rows in place, block
+// by block for the K-quants and at the AVX2 level (so a product split over
+// k in two calls gives the same bits as one call). It
 // panics when p and x differ in k, x does not fit p's type, t is out of
 // range, or c is too short. Safe for concurrent use with distinct c.
 func Gemm(p *GemmPanel, x *GemmTiles, t, rows int, c []float32, ldc int, acc bool) {
