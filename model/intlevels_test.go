@@ -8,6 +8,19 @@ import (
 	"github.com/cacheblend/cacheblend/simd"
 )
 
+// integerTop is the highest level with integer kernels here: AVX-512 with
+// VNNI, else AVX2 (the levels the integer-level tests compare).
+func integerTop(t *testing.T) simd.Level {
+	t.Helper()
+	if !simd.Supported(simd.AVX2) {
+		t.Fatal("this test needs a CPU with AVX2 (its kernels are what it checks)")
+	}
+	if simd.Supported(simd.AVX512) && quant.IntegerDots() {
+		return simd.AVX512
+	}
+	return simd.AVX2
+}
+
 // TestDecodeIntegerLevels checks the decode step of one sequence with
 // quantized weights at every kernel level: at the AVX2 level it takes the
 // integer kernels (quant.IntegerGEMV: VPMADDUBSW) for Q8_0, Q5_0, Q4_0,
@@ -19,13 +32,7 @@ import (
 // highest level), and the logits of two prompts differ, so agreeing is
 // not trivial.
 func TestDecodeIntegerLevels(t *testing.T) {
-	if !simd.Supported(simd.AVX2) {
-		t.Fatal("this test needs a CPU with AVX2 (its kernels are what it checks)")
-	}
-	top := simd.AVX2
-	if simd.Supported(simd.AVX512) && quant.IntegerDots() {
-		top = simd.AVX512
-	}
+	top := integerTop(t)
 	prev, err := simd.SetLevel(simd.AVX2)
 	if err != nil {
 		t.Fatal(err)
@@ -103,13 +110,7 @@ func TestDecodeIntegerLevels(t *testing.T) {
 // prompt's length), while quant's TestGemm checks the kernels themselves
 // against the reference dequantization.
 func TestPrefillIntegerLevels(t *testing.T) {
-	if !simd.Supported(simd.AVX2) {
-		t.Fatal("this test needs a CPU with AVX2 (its kernels are what it checks)")
-	}
-	top := simd.AVX2
-	if simd.Supported(simd.AVX512) && quant.IntegerDots() {
-		top = simd.AVX512
-	}
+	top := integerTop(t)
 	prev, err := simd.SetLevel(simd.AVX2)
 	if err != nil {
 		t.Fatal(err)
