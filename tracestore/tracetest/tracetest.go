@@ -135,7 +135,7 @@ func (r Request) Defs() []SpanDef {
 			"model": r.Model, "world_size": int64(1), "n_prompt_tokens": r.PromptTokens, "lookup": r.Lookup}))},
 		{spanname.CBSchedule, Engine, ptrace.SpanKindInternal, spanname.CBRequest, 3, 41, with(map[string]any{})},
 		{spanname.CBLookupRPC, Engine, ptrace.SpanKindClient, spanname.CBSchedule, 4, 37, with(map[string]any{"n_polls": int64(3)})},
-		{spanname.CBLookup, Blend, ptrace.SpanKindServer, spanname.CBLookupRPC, 5.5, 33, with(stats(map[string]any{"prefix_chunks": int64(1), "pending_wait_ms": 0.0}))},
+		{spanname.CBLookup, Blend, ptrace.SpanKindServer, spanname.CBLookupRPC, 5.5, 33, with(stats(map[string]any{"prefix_chunks": int64(1), "pending_wait_ms": 0.0, "unarrived_stores": int64(0)}))},
 		{spanname.MPLookupPrefetch, Blend, ptrace.SpanKindInternal, spanname.CBLookup, 6, 8.5, with(map[string]any{"prefix_chunks": int64(1)})},
 		{spanname.CBFingerprintMatch, Blend, ptrace.SpanKindInternal, spanname.CBLookup, 8.5, 15, with(map[string]any{
 			"n_probes": r.PromptTokens - 256, "table_hits": int64(3), "matches": int64(2)})},
