@@ -2560,9 +2560,16 @@ func zGemm(name string, q6 bool) {
 			p("\tVMOVUPS Z%d, %s", s, crow(i, j*64))
 		}
 	}
-	next := pairs*128 + 128
-	if !q6 {
-		next += 128
+	kGemmNext(name, q6, tileBlock)
+}
+
+// kGemmNext ends a K-quant tile kernel's block (R8 at its mins or paired
+// scales, DI at the tile block's d): SI and DI to the next blocks, the
+// block loop, the return.
+func kGemmNext(name string, q6 bool, tileBlock int) {
+	next := 4*128 + 128 + 128 // mins, d, dmin
+	if q6 {
+		next = 8*128 + 128 // paired scales, d
 	}
 	p("\tLEAQ %d(R8), SI", next)
 	p("\tADDQ $%d, DI", tileBlock-64*24)
@@ -2638,70 +2645,70 @@ func zGemm80(name string, shift int) {
 func yGemm(name string, t int) {
 	const q4k, q6k = 0, 1 // t: Q4_K, Q6_K, or the 32-element shift (7: Q8_0, 4: Q5_0, 3: Q4_0)
 	gemmHeader(name)
-	p("	TESTQ CX, CX")
-	p("	JZ %s_done", name)
+	p("\tTESTQ CX, CX")
+	p("\tJZ %s_done", name)
 	step := func(wOff, aOff, sc0, sc1 int, q80 bool) {
 		for v := range 2 {
-			p("	VMOVDQU %d(SI), Y12", wOff+32*v)
+			p("\tVMOVDQU %d(SI), Y12", wOff+32*v)
 			if q80 {
-				p("	VPXOR ·yConsts+192(SB), Y12, Y12")
-				p("	VPABSB Y12, Y13")
+				p("\tVPXOR ·yConsts+192(SB), Y12, Y12")
+				p("\tVPABSB Y12, Y13")
 			}
 			for i := range 6 {
-				p("	VPBROADCASTD %d(DI), Y14", aOff+4*i)
+				p("\tVPBROADCASTD %d(DI), Y14", aOff+4*i)
 				if q80 {
-					p("	VPSIGNB Y12, Y14, Y14")
-					p("	VPMADDUBSW Y14, Y13, Y14")
+					p("\tVPSIGNB Y12, Y14, Y14")
+					p("\tVPMADDUBSW Y14, Y13, Y14")
 				} else {
-					p("	VPMADDUBSW Y14, Y12, Y14")
+					p("\tVPMADDUBSW Y14, Y12, Y14")
 				}
 				sc := sc0
 				if v == 1 {
 					sc = sc1
 				}
-				p("	VPMADDWD Y%d, Y14, Y14", sc)
-				p("	VPADDD Y14, Y%d, Y%d", 2*i+v, 2*i+v)
+				p("\tVPMADDWD Y%d, Y14, Y14", sc)
+				p("\tVPADDD Y14, Y%d, Y%d", 2*i+v, 2*i+v)
 			}
 		}
 	}
 	zero := func() {
 		for r := range 12 {
-			p("	VPXOR Y%d, Y%d, Y%d", r, r, r)
+			p("\tVPXOR Y%d, Y%d, Y%d", r, r, r)
 		}
 	}
 	if t > q6k { // the 32-element formats
 		const panelBlock, tileBlock = (8*32 + 32) * 4, (8*6 + 12) * 4
 		q80 := t == 7
-		p("	VMOVDQU ·yConsts+0(SB), Y15")
+		p("\tVMOVDQU ·yConsts+0(SB), Y15")
 		p("%s_block:", name)
 		zero()
 		for st := range 8 {
 			step(st*128, st*24, 15, 15, q80)
 		}
 		for i := range 6 {
-			p("	VBROADCASTSS %d(DI), Y14", 8*24+4*i)
+			p("\tVBROADCASTSS %d(DI), Y14", 8*24+4*i)
 			if !q80 {
-				p("	VPBROADCASTD %d(DI), Y13", 8*24+24+4*i)
-				p("	VPSLLD $%d, Y13, Y13", t) // Σq times the weights' offset
+				p("\tVPBROADCASTD %d(DI), Y13", 8*24+24+4*i)
+				p("\tVPSLLD $%d, Y13, Y13", t) // Σq times the weights' offset
 			}
 			for v := range 2 {
 				a := 2*i + v
 				if !q80 {
-					p("	VPSUBD Y13, Y%d, Y%d", a, a)
+					p("\tVPSUBD Y13, Y%d, Y%d", a, a)
 				}
-				p("	VCVTDQ2PS Y%d, Y%d", a, a)
-				p("	VMULPS %d(SI), Y%d, Y%d", 1024+32*v, a, a)
-				p("	VFMADD213PS %s, Y14, Y%d", crow(i, 32*v), a)
-				p("	VMOVUPS Y%d, %s", a, crow(i, 32*v))
+				p("\tVCVTDQ2PS Y%d, Y%d", a, a)
+				p("\tVMULPS %d(SI), Y%d, Y%d", 1024+32*v, a, a)
+				p("\tVFMADD213PS %s, Y14, Y%d", crow(i, 32*v), a)
+				p("\tVMOVUPS Y%d, %s", a, crow(i, 32*v))
 			}
 		}
-		p("	ADDQ $%d, SI", panelBlock)
-		p("	ADDQ $%d, DI", tileBlock)
-		p("	DECQ CX")
-		p("	JNZ %s_block", name)
+		p("\tADDQ $%d, SI", panelBlock)
+		p("\tADDQ $%d, DI", tileBlock)
+		p("\tDECQ CX")
+		p("\tJNZ %s_block", name)
 		p("%s_done:", name)
-		p("	VZEROUPPER")
-		p("	RET")
+		p("\tVZEROUPPER")
+		p("\tRET")
 		return
 	}
 	const tileBlock = (64*6 + 6 + 24 + 48) * 4
@@ -2713,22 +2720,22 @@ func yGemm(name string, t int) {
 	steps := 64 / subs
 	p("%s_block:", name)
 	zero()
-	p("	LEAQ %d(SI), R8", 64*32*4) // the scales
-	p("	MOVQ $%d, R9", subs)
+	p("\tLEAQ %d(SI), R8", 64*32*4) // the scales
+	p("\tMOVQ $%d, R9", subs)
 	p("%s_sub:", name)
 	for v, reg := range []int{13, 15} { // the sub-block's scales as int16 pairs
-		p("	VMOVDQU %d(R8), Y%d", 32*v, reg)
-		p("	VPSLLD $16, Y%d, Y14", reg)
-		p("	VPBLENDW $0xaa, Y14, Y%d, Y%d", reg, reg)
+		p("\tVMOVDQU %d(R8), Y%d", 32*v, reg)
+		p("\tVPSLLD $16, Y%d, Y14", reg)
+		p("\tVPBLENDW $0xaa, Y14, Y%d, Y%d", reg, reg)
 	}
 	for st := range steps {
 		step(st*128, st*24, 13, 15, false)
 	}
-	p("	ADDQ $%d, SI", steps*128)
-	p("	ADDQ $128, R8")
-	p("	ADDQ $%d, DI", steps*24)
-	p("	DECQ R9")
-	p("	JNZ %s_sub", name)
+	p("\tADDQ $%d, SI", steps*128)
+	p("\tADDQ $128, R8")
+	p("\tADDQ $%d, DI", steps*24)
+	p("\tDECQ R9")
+	p("\tJNZ %s_sub", name)
 	// R8: the mins (Q4_K) or paired scales (Q6_K); DI: the tile's d, then
 	// its sums (per 32, then per 16).
 	pairs, sums := 4, 24
@@ -2736,44 +2743,34 @@ func yGemm(name string, t int) {
 		pairs, sums = 8, 24+96
 	}
 	for i := range 6 {
-		p("	VPXOR Y12, Y12, Y12")
-		p("	VPXOR Y13, Y13, Y13")
+		p("\tVPXOR Y12, Y12, Y12")
+		p("\tVPXOR Y13, Y13, Y13")
 		for pr := range pairs {
-			p("	VPBROADCASTD %d(DI), Y14", sums+pr*24+4*i)
-			p("	VPMADDWD %d(R8), Y14, Y15", pr*128)
-			p("	VPADDD Y15, Y12, Y12")
-			p("	VPMADDWD %d(R8), Y14, Y15", pr*128+32)
-			p("	VPADDD Y15, Y13, Y13")
+			p("\tVPBROADCASTD %d(DI), Y14", sums+pr*24+4*i)
+			p("\tVPMADDWD %d(R8), Y14, Y15", pr*128)
+			p("\tVPADDD Y15, Y12, Y12")
+			p("\tVPMADDWD %d(R8), Y14, Y15", pr*128+32)
+			p("\tVPADDD Y15, Y13, Y13")
 		}
-		p("	VBROADCASTSS %d(DI), Y14", 4*i)
+		p("\tVBROADCASTSS %d(DI), Y14", 4*i)
 		for v := range 2 {
 			a, m := 2*i+v, 12+v
 			if q6 { // Σ sc·q·a − 32·Σ sc·sums16
-				p("	VPSLLD $5, Y%d, Y%d", m, m)
-				p("	VPSUBD Y%d, Y%d, Y%d", m, a, a)
-				p("	VCVTDQ2PS Y%d, Y%d", a, a)
-				p("	VMULPS %d(R8), Y%d, Y%d", pairs*128+32*v, a, a)
+				p("\tVPSLLD $5, Y%d, Y%d", m, m)
+				p("\tVPSUBD Y%d, Y%d, Y%d", m, a, a)
+				p("\tVCVTDQ2PS Y%d, Y%d", a, a)
+				p("\tVMULPS %d(R8), Y%d, Y%d", pairs*128+32*v, a, a)
 			} else { // d·Σ sc·q·a − dmin·Σ m·sums
-				p("	VCVTDQ2PS Y%d, Y%d", a, a)
-				p("	VCVTDQ2PS Y%d, Y%d", m, m)
-				p("	VMULPS %d(R8), Y%d, Y%d", pairs*128+32*v, a, a)
-				p("	VFNMADD231PS %d(R8), Y%d, Y%d", pairs*128+128+32*v, m, a)
+				p("\tVCVTDQ2PS Y%d, Y%d", a, a)
+				p("\tVCVTDQ2PS Y%d, Y%d", m, m)
+				p("\tVMULPS %d(R8), Y%d, Y%d", pairs*128+32*v, a, a)
+				p("\tVFNMADD231PS %d(R8), Y%d, Y%d", pairs*128+128+32*v, m, a)
 			}
-			p("	VFMADD213PS %s, Y14, Y%d", crow(i, 32*v), a)
-			p("	VMOVUPS Y%d, %s", a, crow(i, 32*v))
+			p("\tVFMADD213PS %s, Y14, Y%d", crow(i, 32*v), a)
+			p("\tVMOVUPS Y%d, %s", a, crow(i, 32*v))
 		}
 	}
-	next := pairs*128 + 128
-	if !q6 {
-		next += 128
-	}
-	p("	LEAQ %d(R8), SI", next)
-	p("	ADDQ $%d, DI", tileBlock-64*24)
-	p("	DECQ CX")
-	p("	JNZ %s_block", name)
-	p("%s_done:", name)
-	p("	VZEROUPPER")
-	p("	RET")
+	kGemmNext(name, q6, tileBlock)
 }
 
 // gemmHeader opens a tile kernel func name(w, a *uint32, c *float32, n,
