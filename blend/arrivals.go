@@ -48,10 +48,7 @@ func (a *arrivals) entry(id string) chan struct{} {
 func (a *arrivals) arrived(id string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	ch := a.entry(id)
-	select {
-	case <-ch:
-	default:
+	if ch := a.entry(id); !isClosed(ch) {
 		close(ch)
 	}
 }
@@ -68,23 +65,37 @@ func (a *arrivals) wait(ctx context.Context, ids []string, timer <-chan time.Tim
 		chans[i] = a.entry(id)
 	}
 	a.mu.Unlock()
-wait:
-	for _, ch := range chans {
-		select {
-		case <-ch:
-		case <-timer:
-			break wait
-		case <-ctx.Done():
-			break wait
-		}
-	}
+	waitClosed(ctx, timer, chans)
 	n := 0
 	for _, ch := range chans {
-		select {
-		case <-ch:
-		default:
+		if !isClosed(ch) {
 			n++
 		}
 	}
 	return n
+}
+
+// waitClosed waits until every channel of chans is closed, the timer fires
+// or ctx ends.
+func waitClosed(ctx context.Context, timer <-chan time.Time, chans []chan struct{}) {
+	for _, ch := range chans {
+		select {
+		case <-ch:
+		case <-timer:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// isClosed reports whether ch is closed (a channel that is only closed,
+// never sent on).
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }

@@ -352,7 +352,7 @@ func (s *Server) awaitStores(ctx context.Context, r *cbv1.LookupRequest, start t
 			if dl, ok := ctx.Deadline(); ok {
 				until = minTime(until, dl.Add(-max(storeWaitReserve, dl.Sub(start)/4)))
 			}
-			timer = time.NewTimer(max(0, time.Until(until)))
+			timer = time.NewTimer(time.Until(until)) // a deadline already past fires at once
 		}
 		return timer.C
 	}
@@ -389,22 +389,14 @@ func (s *Server) awaitStores(ctx context.Context, r *cbv1.LookupRequest, start t
 		return sw
 	}
 	if !expired {
-		fired := startTimer()
-	wait:
+		dones := make([]chan struct{}, 0, len(awaited))
 		for p := range awaited {
-			select {
-			case <-p.done:
-			case <-fired:
-				break wait
-			case <-ctx.Done():
-				break wait
-			}
+			dones = append(dones, p.done)
 		}
+		waitClosed(ctx, startTimer(), dones)
 	}
 	for p, n := range awaited {
-		select {
-		case <-p.done:
-		default:
+		if !isClosed(p.done) {
 			sw.pending += n
 		}
 	}
