@@ -40,3 +40,42 @@ func deadPID(t *testing.T) int {
 	t.Fatal("no free pid found")
 	return 0
 }
+
+// Run directories being made while another Up cleans stale ones are never
+// taken for stale: the owner file appears whole or not at all (a reader of
+// a half-written file took a live Up's keys and KV sockets away — CI saw a
+// stack fail to start that way).
+func TestCleanStaleRunDirsWhileAnotherUpStarts(t *testing.T) {
+	t.Setenv("TMPDIR", t.TempDir())
+	stop := make(chan struct{})
+	done := make(chan []string)
+	go func() {
+		var removed []string
+		for {
+			select {
+			case <-stop:
+				done <- removed
+				return
+			default:
+				removed = append(removed, CleanStaleRunDirs(nil)...)
+			}
+		}
+	}()
+	var made []string
+	for range 300 {
+		dir, err := makeRunDir()
+		if err != nil {
+			t.Fatal(err)
+		}
+		made = append(made, dir)
+	}
+	close(stop)
+	if removed := <-done; len(removed) > 0 {
+		t.Fatalf("live run directories removed as stale: %d of %d (e.g. %s)", len(removed), len(made), removed[0])
+	}
+	for _, d := range made {
+		if _, err := os.Stat(filepath.Join(d, ownerFile)); err != nil {
+			t.Fatalf("run directory %s: %v", d, err)
+		}
+	}
+}
