@@ -300,7 +300,7 @@ func spmPairSet(tokens []string) pairSet {
 // bytes (<0xNN>).
 func (v *Vocab) spm(text string, out []int32, sc *scratch) []int32 {
 	syms := mergeSymbols(text, sc, func(l, r symbol) (float64, bool) {
-		id, ok := v.toID[text[l.start:l.start+l.n+r.n]]
+		id, ok := v.toID.id(text[l.start:l.start+l.n+r.n])
 		if !ok {
 			return 0, false
 		}
@@ -308,7 +308,7 @@ func (v *Vocab) spm(text string, out []int32, sc *scratch) []int32 {
 	})
 	for i := int32(0); i != -1 && len(syms) > 0; i = syms[i].next {
 		s := text[syms[i].start : syms[i].start+syms[i].n]
-		if id, ok := v.toID[s]; ok {
+		if id, ok := v.toID.id(s); ok {
 			out = append(out, id)
 			continue
 		}
@@ -449,22 +449,22 @@ func (v *Vocab) bpeWord(word string, out []int32, sc *scratch) []int32 {
 
 func (v *Vocab) mergeWord(text string, out []int32, sc *scratch) []int32 {
 	if v.pre.ignoreMerges {
-		if id, ok := v.toID[text]; ok {
+		if id, ok := v.toID.id(text); ok {
 			return append(out, id)
 		}
 	}
 	syms := mergeSymbols(text, sc, func(l, r symbol) (float64, bool) {
-		rank, ok := v.ranks[pair{text[l.start : l.start+l.n], text[r.start : r.start+r.n]}]
+		rank, ok := v.rank(text[l.start:l.start+l.n], text[r.start:r.start+r.n])
 		return float64(rank), ok
 	})
 	for i := int32(0); i != -1 && len(syms) > 0; i = syms[i].next {
 		s := text[syms[i].start : syms[i].start+syms[i].n]
-		if id, ok := v.toID[s]; ok {
+		if id, ok := v.toID.id(s); ok {
 			out = append(out, id)
 			continue
 		}
 		for j := 0; j < len(s); j++ {
-			if id, ok := v.toID[s[j:j+1]]; ok {
+			if id, ok := v.toID.id(s[j:j+1]); ok {
 				out = append(out, id)
 			}
 		}

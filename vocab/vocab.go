@@ -163,8 +163,8 @@ type Vocab struct {
 	scores []float32
 	attrs  []uint32
 	pieces []string
-	toID   map[string]int32
-	ranks  map[pair]int32 // gpt2 merges
+	toID   tokenIndex
+	ranks  mergeRanks // gpt2 merges
 
 	// ids are the given special ids and those found by text.
 	ids                            Specials
@@ -236,9 +236,9 @@ func New(s Spec) (*Vocab, error) {
 	for b := range v.byteTok {
 		v.byteTok[b] = -1
 		if v.model == modelSPM {
-			if id, ok := v.toID[fmt.Sprintf("<0x%02X>", b)]; ok {
+			if id, ok := v.toID.id(fmt.Sprintf("<0x%02X>", b)); ok {
 				v.byteTok[b] = id
-			} else if id, ok := v.toID[string([]byte{byte(b)})]; ok {
+			} else if id, ok := v.toID.id(string([]byte{byte(b)})); ok {
 				v.byteTok[b] = id
 			}
 		}
@@ -267,15 +267,10 @@ func (v *Vocab) setTokens(s Spec) error {
 	v.tokens = make([]string, n)
 	v.scores = make([]float32, n)
 	v.attrs = make([]uint32, n)
-	v.toID = make(map[string]int32, n)
 	for i, t := range s.Tokens {
 		if t == "" {
 			t = fmt.Sprintf("[EMPTY_%d]", i)
 		}
-		if j, dup := v.toID[t]; dup {
-			return fmt.Errorf("vocab: token %d %q repeats token %d: %w", i, t, j, ErrInvalidSpec)
-		}
-		v.toID[t] = int32(i)
 		v.tokens[i] = t
 		if s.Scores != nil {
 			v.scores[i] = s.Scores[i]
@@ -285,12 +280,16 @@ func (v *Vocab) setTokens(s Spec) error {
 			v.attrs[i] = typeAttr(s.Types[i])
 		}
 	}
+	var j, i int32
+	if v.toID, j, i = newTokenIndex(v.tokens); i >= 0 {
+		return fmt.Errorf("vocab: token %d %q repeats token %d: %w", i, v.tokens[i], j, ErrInvalidSpec)
+	}
 	return nil
 }
 
 // setMerges checks and stores a gpt2 model's merge ranks.
 func (v *Vocab) setMerges(merges []string) error {
-	v.ranks = make(map[pair]int32, len(merges))
+	v.ranks = mergeRanks{byID: make(map[uint64]int32, len(merges))}
 	for i, m := range merges {
 		k := -1 // the first space after the first byte, as llama.cpp's find(' ', 1)
 		if len(m) > 1 {
@@ -301,9 +300,20 @@ func (v *Vocab) setMerges(merges []string) error {
 		if k < 0 {
 			return fmt.Errorf("vocab: merge %d %q is not \"left right\": %w", i, m, ErrInvalidSpec)
 		}
-		p := pair{m[:k], m[k+1:]}
-		if _, seen := v.ranks[p]; !seen {
-			v.ranks[p] = int32(i)
+		left, right := m[:k], m[k+1:]
+		l, lok := v.toID.id(left)
+		r, rok := v.toID.id(right)
+		if lok && rok {
+			if _, seen := v.ranks.byID[uint64(l)<<32|uint64(r)]; !seen {
+				v.ranks.byID[uint64(l)<<32|uint64(r)] = int32(i)
+			}
+			continue
+		}
+		if v.ranks.other == nil {
+			v.ranks.other = map[pair]int32{}
+		}
+		if _, seen := v.ranks.other[pair{left, right}]; !seen {
+			v.ranks.other[pair{left, right}] = int32(i)
 		}
 	}
 	return nil
@@ -332,7 +342,7 @@ func (v *Vocab) findByText() {
 		}
 		var found []int32
 		for _, t := range texts {
-			if i, ok := v.toID[t]; ok {
+			if i, ok := v.toID.id(t); ok {
 				found = append(found, i)
 			}
 		}
@@ -403,7 +413,7 @@ func (v *Vocab) setEOG() {
 		}
 	}
 	has := func(text string) (int32, bool) {
-		id, ok := v.toID[text]
+		id, ok := v.toID.id(text)
 		return id, ok && eog[id]
 	}
 	_, ret := has("<|return|>")
@@ -428,7 +438,7 @@ func (v *Vocab) setEOG() {
 func (v *Vocab) setStrip(s Spec) {
 	name := strings.ToLower(s.Name)
 	setAttr := func(text string, attr uint32, on bool) {
-		if id, ok := v.toID[text]; ok {
+		if id, ok := v.toID.id(text); ok {
 			if on {
 				v.attrs[id] |= attr
 			} else {
@@ -563,7 +573,7 @@ func (v *Vocab) TokenText(id int32) string {
 
 // ID returns the id whose text is text.
 func (v *Vocab) ID(text string) (int32, bool) {
-	id, ok := v.toID[text]
+	id, ok := v.toID.id(text)
 	return id, ok
 }
 
