@@ -18,6 +18,7 @@ import (
 	"github.com/cacheblend/cacheblend/internal/llamaref"
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/model"
+	"github.com/cacheblend/cacheblend/modelfile"
 	"github.com/cacheblend/cacheblend/quality"
 	"github.com/cacheblend/cacheblend/reuseplan"
 )
@@ -312,12 +313,14 @@ func runOurs(cfg Config, path string, in inputs) (side Side, reused int, err err
 	if !cfg.MapWeights {
 		opts = append(opts, gguf.Resident()) // as cb worker opens it
 	}
-	f, err := gguf.Open(path, opts...)
+	// Opened as cb worker opens it: the weights, and the tokenizer and chat
+	// template (modelfile.Open), whose memory counts as llama.cpp's does.
+	mf, err := modelfile.Open(path, opts...)
 	if err != nil {
 		return side, 0, err
 	}
-	defer f.Close()
-	m, err := model.Load(f, model.Config{Threads: cfg.Threads})
+	defer mf.Close()
+	m, err := model.Load(mf.GGUF, model.Config{Threads: cfg.Threads})
 	if err != nil {
 		return side, 0, err
 	}
@@ -430,6 +433,7 @@ func runOurs(cfg Config, path string, in inputs) (side Side, reused int, err err
 	runtime.ReadMemStats(&ms)
 	side.GoHeap = int64(ms.HeapInuse + ms.HeapIdle - ms.HeapReleased)
 	runtime.KeepAlive(m)
+	runtime.KeepAlive(mf)
 	return side, reused, nil
 }
 

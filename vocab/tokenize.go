@@ -300,7 +300,7 @@ func spmPairSet(tokens []string) pairSet {
 // bytes (<0xNN>).
 func (v *Vocab) spm(text string, out []int32, sc *scratch) []int32 {
 	syms := mergeSymbols(text, sc, func(l, r symbol) (float64, bool) {
-		id, ok := v.toID.id(text[l.start:l.start+l.n+r.n])
+		id, ok := v.toID.id(text[l.start : l.start+l.n+r.n])
 		if !ok {
 			return 0, false
 		}
@@ -464,7 +464,7 @@ func (v *Vocab) mergeWord(text string, out []int32, sc *scratch) []int32 {
 			continue
 		}
 		for j := 0; j < len(s); j++ {
-			if id, ok := v.toID.id(s[j:j+1]); ok {
+			if id, ok := v.toID.id(s[j : j+1]); ok {
 				out = append(out, id)
 			}
 		}
