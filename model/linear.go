@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/cacheblend/cacheblend/quant"
@@ -12,9 +13,13 @@ import (
 // §12): out rows of in elements of one ggml type, each row a slice of the
 // memory-mapped file (never copied to float32 as a whole). A projection
 // stacked from several tensors (Q|K|V, gate|up), a row permutation (the
-// Q/K rows of a llama file, see unpermuteRows) and a tensor-parallel slice
-// (a subset of rows) are all just a different rows slice over the same
-// bytes.
+// Q/K rows of a llama file, see unpermute), a tensor-parallel slice (a
+// subset of rows or of columns) are all just other spans of rows over the
+// same bytes (rowSpan: a start, a stride, a count). A product writes the
+// slice headers of a run of at most manyRun rows into a task's buffer
+// (rowsInto) for the quant kernels, so the model keeps no header per row
+// (24 bytes a row: 12 MB at Qwen2.5-0.5B, most of it the embedding's
+// 151,936 rows, read from memory at every decode step).
 //
 // As the right operand of a product x·Wᵀ, output column j of the product
 // is row j. Decode-sized products (at most qIntRows rows of x) with
@@ -39,34 +44,98 @@ import (
 // (dotChunk).
 //
 // A stacked projection may mix types (a Q4_K_M file keeps attn_v in Q6_K in
-// some layers while Q and K are Q4_K): types then holds each row's type and
-// t is meaningless; products split the rows into runs of one type.
+// some layers while Q and K are Q4_K): mixed is then set, each span has its
+// type and t is meaningless; products split the rows into runs of one type.
 type qmat struct {
 	t     quant.Type
 	in    int
-	rows  [][]byte
-	types []quant.Type // per row, only when the rows mix types
+	n     int // rows
+	spans []rowSpan
+	mixed bool // the spans' types differ
+}
+
+// rowSpan is rows [first, first+n) of a qmat, all of type t: row first+i
+// is data[i·stride:][:rb].
+type rowSpan struct {
+	data       []byte // from the first row's start
+	first, n   int
+	stride, rb int
+	t          quant.Type
+}
+
+// row is row i of the span (0 ≤ i < n).
+func (sp *rowSpan) row(i int) []byte {
+	o := i * sp.stride
+	return sp.data[o : o+sp.rb : o+sp.rb]
+}
+
+// spanAt is the index of the span holding row r.
+func (q *qmat) spanAt(r int) int {
+	i, _ := slices.BinarySearchFunc(q.spans, r, func(sp rowSpan, r int) int {
+		switch {
+		case r < sp.first:
+			return 1
+		case r >= sp.first+sp.n:
+			return -1
+		}
+		return 0
+	})
+	return i
 }
 
 // typeAt is row r's type.
 func (q *qmat) typeAt(r int) quant.Type {
-	if q.types != nil {
-		return q.types[r]
+	if !q.mixed {
+		return q.t
 	}
-	return q.t
+	return q.spans[q.spanAt(r)].t
 }
 
-// uniform returns q with types dropped when every row has one type.
-func (q *qmat) uniform() *qmat {
-	if q.types == nil || len(q.types) == 0 {
-		return q
+// rowAt is row r's bytes.
+func (q *qmat) rowAt(r int) []byte {
+	sp := &q.spans[q.spanAt(r)]
+	return sp.row(r - sp.first)
+}
+
+// typeRunEnd is the end of the run of rows of row r's type that starts at
+// r, at most limit.
+func (q *qmat) typeRunEnd(r, limit int) int {
+	s := q.spanAt(r)
+	t := q.spans[s].t
+	for s < len(q.spans) && q.spans[s].t == t && q.spans[s].first < limit {
+		s++
 	}
-	for _, t := range q.types[1:] {
-		if t != q.types[0] {
-			return q
+	return min(limit, q.spans[s-1].first+q.spans[s-1].n)
+}
+
+// rowsInto writes the slice headers of rows [r0, r1) into buf (reused from
+// its start; grown when short) and returns them.
+func (q *qmat) rowsInto(buf [][]byte, r0, r1 int) [][]byte {
+	buf = slices.Grow(buf[:0], r1-r0)
+	for s, r := q.spanAt(r0), r0; r < r1; s++ {
+		sp := &q.spans[s]
+		e := min(r1, sp.first+sp.n)
+		o := (r - sp.first) * sp.stride
+		for ; r < e; r++ {
+			buf = append(buf, sp.data[o:o+sp.rb:o+sp.rb])
+			o += sp.stride
 		}
 	}
-	q.t, q.types = q.types[0], nil
+	return buf
+}
+
+// withSpans returns a qmat of q's row length over spans (renumbered from
+// row 0 in order), its type the first span's and mixed when they differ.
+func withSpans(in int, spans []rowSpan) *qmat {
+	q := &qmat{in: in, spans: spans}
+	for i := range spans {
+		spans[i].first = q.n
+		q.n += spans[i].n
+		q.mixed = q.mixed || spans[i].t != spans[0].t
+	}
+	if len(spans) > 0 {
+		q.t = spans[0].t
+	}
 	return q
 }
 
@@ -94,71 +163,76 @@ func newQmat(t quant.Type, in, out int, data []byte) (*qmat, error) {
 	if len(data) != rb*out {
 		return nil, fmt.Errorf("%w: %d bytes for %d rows of %d %s elements (want %d)", ErrBadConfig, len(data), out, in, t, rb*out)
 	}
-	q := &qmat{t: t, in: in, rows: make([][]byte, out)}
-	for r := range out {
-		q.rows[r] = data[r*rb : (r+1)*rb : (r+1)*rb]
-	}
-	return q, nil
+	return withSpans(in, []rowSpan{{data: data, n: out, stride: rb, rb: rb, t: t}}), nil
 }
 
 // stack returns the rows of qs one after the other (all must have the same
 // row length; types may differ).
 func stack(qs ...*qmat) (*qmat, error) {
-	out := &qmat{t: qs[0].t, in: qs[0].in}
-	mixed, n := false, 0
+	var spans []rowSpan
 	for _, q := range qs {
-		if q.in != out.in {
-			return nil, fmt.Errorf("%w: cannot stack %s×%d rows with %s×%d rows", ErrBadConfig, q.t, q.in, out.t, out.in)
+		if q.in != qs[0].in {
+			return nil, fmt.Errorf("%w: cannot stack %s×%d rows with %s×%d rows", ErrBadConfig, q.t, q.in, qs[0].t, qs[0].in)
 		}
-		mixed = mixed || q.types != nil || q.t != out.t
-		n += len(q.rows)
+		spans = append(spans, q.spans...)
 	}
-	// Sized exactly: the row headers stay for the model's life (appending
-	// left up to a quarter of them unused: 4 MiB at Qwen2.5-0.5B).
-	out.rows = make([][]byte, 0, n)
-	for _, q := range qs {
-		out.rows = append(out.rows, q.rows...)
-	}
-	if mixed {
-		out.types = make([]quant.Type, 0, n)
-		for _, q := range qs {
-			for r := range q.rows {
-				out.types = append(out.types, q.typeAt(r))
-			}
-		}
-	}
-	return out.uniform(), nil
+	return withSpans(qs[0].in, slices.Clip(spans)), nil
 }
 
 // sliceRows returns rows [r0, r1).
 func (q *qmat) sliceRows(r0, r1 int) *qmat {
-	out := &qmat{t: q.t, in: q.in, rows: q.rows[r0:r1:r1]}
-	if q.types != nil {
-		out.types = q.types[r0:r1:r1]
-		out = out.uniform()
+	if r0 == r1 {
+		return &qmat{t: q.t, in: q.in}
 	}
-	return out
+	var spans []rowSpan
+	for s := q.spanAt(r0); r0 < r1; s++ {
+		sp := q.spans[s]
+		e := min(r1, sp.first+sp.n)
+		sp.data = sp.data[(r0-sp.first)*sp.stride:]
+		sp.n = e - r0
+		spans = append(spans, sp)
+		r0 = e
+	}
+	return withSpans(q.in, spans)
 }
 
 // sliceCols returns every row cut to elements [c0, c1), which must fall on
 // the blocks of every row's type.
 func (q *qmat) sliceCols(c0, c1 int) (*qmat, error) {
-	out := &qmat{t: q.t, in: c1 - c0, rows: make([][]byte, len(q.rows)), types: q.types}
-	for i, r := range q.rows {
-		t := q.typeAt(i)
-		bs := t.BlockSize()
+	spans := slices.Clone(q.spans)
+	for i := range spans {
+		sp := &spans[i]
+		bs := sp.t.BlockSize()
 		if c0%bs != 0 || c1%bs != 0 {
-			return nil, fmt.Errorf("%w: columns [%d, %d) of a %s weight do not fall on its %d-element blocks", ErrBadConfig, c0, c1, t, bs)
+			return nil, fmt.Errorf("%w: columns [%d, %d) of a %s weight do not fall on its %d-element blocks", ErrBadConfig, c0, c1, sp.t, bs)
 		}
-		b0, b1 := c0/bs*t.TypeSize(), c1/bs*t.TypeSize()
-		out.rows[i] = r[b0:b1:b1]
+		b0, b1 := c0/bs*sp.t.TypeSize(), c1/bs*sp.t.TypeSize()
+		sp.data, sp.rb = sp.data[b0:], b1-b0
 	}
-	return out, nil
+	return withSpans(c1-c0, spans), nil
+}
+
+// unpermute undoes, for heads heads of hd rows, the llama converter's
+// permutation of Q and K (file row h·hd + 2i (+1) is Hugging Face row
+// h·hd + i (+ hd/2)): each head's two halves become spans of every other
+// file row. q must be one tensor's rows (one span).
+func (q *qmat) unpermute(heads, hd int) (*qmat, error) {
+	if len(q.spans) != 1 || q.n != heads*hd || hd%2 != 0 {
+		return nil, fmt.Errorf("%w: cannot unpermute %d rows in %d spans as %d heads of %d", ErrBadConfig, q.n, len(q.spans), heads, hd)
+	}
+	sp := q.spans[0]
+	spans := make([]rowSpan, 0, 2*heads)
+	for h := range heads {
+		for half := range 2 {
+			spans = append(spans, rowSpan{data: sp.data[(h*hd+half)*sp.stride:], n: hd / 2, stride: 2 * sp.stride, rb: sp.rb, t: sp.t})
+		}
+	}
+	return withSpans(q.in, spans), nil
 }
 
 // row dequantizes row r into dst (len in).
 func (q *qmat) row(r int, dst []float32) {
-	if err := quant.DequantizeRow(q.typeAt(r), q.rows[r], dst); err != nil {
+	if err := quant.DequantizeRow(q.typeAt(r), q.rowAt(r), dst); err != nil {
 		panic(fmt.Sprintf("model: dequantize row %d of a %s weight: %v", r, q.typeAt(r), err)) // sizes checked at load
 	}
 }
@@ -170,19 +244,16 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 	if m == 0 || n == 0 {
 		return
 	}
-	if q.types != nil { // mixed types: each run of one type on its own
+	if q.mixed { // mixed types: each run of one type on its own
 		// With the integer GEMM, one quantization of a serves every run
 		// whose type it fits (Q4_K|Q6_K, Q5_0|Q8_0 in a Q4_K_M file).
 		var x *quant.GemmTiles
-		if t0 := q.types[off]; m > qIntRows && intGemm(t0, k) {
+		if t0 := q.typeAt(off); m > qIntRows && intGemm(t0, k) {
 			x = quantizeTiles(tm, a, t0, k)
 			defer gemmTilesPool.Put(x)
 		}
 		for j0 := 0; j0 < n; {
-			j1 := j0 + 1
-			for j1 < n && q.types[off+j1] == q.types[off+j0] {
-				j1++
-			}
+			j1 := q.typeRunEnd(off+j0, off+n) - off
 			if run := q.sliceRows(off+j0, off+j1); x != nil && x.Fits(run.t) {
 				gemmPanels(tm, c.view(0, j0, m, j1-j0), x, run, acc)
 			} else {
@@ -251,9 +322,12 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		tm.run((n+chunk-1)/chunk, func(_, t int) {
 			buf := rowsBufs.Get().(*[manyRun * g4]float32)
 			defer rowsBufs.Put(buf)
+			hdr := rowHeaders.Get().(*[][]byte)
+			defer rowHeaders.Put(hdr)
 			for j0 := t * chunk; j0 < min(n, (t+1)*chunk); j0 += manyRun {
 				j1 := min(n, (t+1)*chunk, j0+manyRun)
-				ws := q.rows[off+j0 : off+j1]
+				ws := q.rowsInto(*hdr, off+j0, off+j1)
+				*hdr = ws
 				for g := range groups {
 					R := min(g4, m-g*g4)
 					if kq {
@@ -316,8 +390,13 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		// vector converted once for them (no dequantized copy).
 		chunk := dotChunk(n, tm.threads)
 		tm.run((n+chunk-1)/chunk, func(_, t int) {
-			j0, j1 := t*chunk, min(n, (t+1)*chunk)
-			quant.DotTile(q.t, q.rows[off+j0:off+j1], a.data, a.stride, m, k, c.data[j0:], c.stride, acc)
+			hdr := rowHeaders.Get().(*[][]byte)
+			defer rowHeaders.Put(hdr)
+			for j0 := t * chunk; j0 < min(n, (t+1)*chunk); j0 += manyRun {
+				j1 := min(n, (t+1)*chunk, j0+manyRun)
+				*hdr = q.rowsInto(*hdr, off+j0, off+j1)
+				quant.DotTile(q.t, *hdr, a.data, a.stride, m, k, c.data[j0:], c.stride, acc)
+			}
 		})
 		return
 	}
@@ -325,7 +404,7 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		chunk := dotChunk(n, tm.threads)
 		tm.run((n+chunk-1)/chunk, func(_, t int) {
 			for j := t * chunk; j < min(n, (t+1)*chunk); j++ {
-				w := q.rows[off+j]
+				w := q.rowAt(off + j)
 				for i := range m {
 					v := quant.Dot(q.t, w, a.row(i)[:k])
 					if acc {
@@ -441,7 +520,7 @@ func intGemm(t quant.Type, k int) bool {
 // in gemmTilesPool.
 func sharedTiles(tm *team, a mat, w mat) *quant.GemmTiles {
 	q := w.q
-	if q == nil || q.types != nil || a.rows <= qIntRows || !intGemm(q.t, q.in) {
+	if q == nil || q.mixed || a.rows <= qIntRows || !intGemm(q.t, q.in) {
 		return nil
 	}
 	return quantizeTiles(tm, a, q.t, q.in)
@@ -450,7 +529,7 @@ func sharedTiles(tm *team, a mat, w mat) *quant.GemmTiles {
 // gemmTiles is gemm(tm, c, a, w, true, acc) with a's rows already
 // quantized in x (sharedTiles; nil: not quantized).
 func gemmTiles(tm *team, c, a, w mat, x *quant.GemmTiles, acc bool) {
-	if x == nil || w.q == nil || w.q.types != nil || !x.Fits(w.q.t) {
+	if x == nil || w.q == nil || w.q.mixed || !x.Fits(w.q.t) {
 		gemm(tm, c, a, w, true, acc)
 		return
 	}
@@ -492,7 +571,8 @@ func gemmPanels(tm *team, c mat, x *quant.GemmTiles, q *qmat, acc bool) {
 		j0, j1 := t*pr, min(n, (t+1)*pr)
 		p := gemmPanelPool.Get().(*quant.GemmPanel)
 		defer gemmPanelPool.Put(p)
-		if err := p.Pack(q.t, q.rows[j0:j1], q.in); err != nil {
+		var hdr [pr][]byte
+		if err := p.Pack(q.t, q.rowsInto(hdr[:0], j0, j1), q.in); err != nil {
 			panic(fmt.Sprintf("model: %v", err)) // sizes checked at load
 		}
 		for ti := range x.Tiles() {
@@ -516,9 +596,12 @@ func manyRows(tm *team, c mat, q *qmat, off int, acc bool, dots func(ws [][]byte
 			buf = manyBufs.Get().(*[manyRun]float32)
 			defer manyBufs.Put(buf)
 		}
+		hdr := rowHeaders.Get().(*[][]byte)
+		defer rowHeaders.Put(hdr)
 		for j0 := t * chunk; j0 < min(n, (t+1)*chunk); j0 += manyRun {
 			j1 := min(n, (t+1)*chunk, j0+manyRun)
-			ws := q.rows[off+j0 : off+j1]
+			ws := q.rowsInto(*hdr, off+j0, off+j1)
+			*hdr = ws
 			dst := c.data[j0:j1]
 			if !acc {
 				dots(ws, dst)
@@ -537,6 +620,10 @@ func manyRows(tm *team, c mat, q *qmat, off int, acc bool, dots func(ws [][]byte
 const manyRun = 256
 
 var manyBufs = sync.Pool{New: func() any { return new([manyRun]float32) }}
+
+// rowHeaders recycles the slice headers of a task's run of weight rows
+// (qmat.rowsInto), manyRun of them.
+var rowHeaders = sync.Pool{New: func() any { b := make([][]byte, 0, manyRun); return &b }}
 
 // rowsBufs recycles the results of a decode batch's runs of weight rows
 // (manyRun rows × up to four activation rows).

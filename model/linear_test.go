@@ -71,7 +71,7 @@ func testQgemmPaths(t *testing.T, n int) {
 			for _, acc := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%s/m%d/acc=%v", wc.name, m, acc), func(t *testing.T) {
 					q := build(t, wc.types...)
-					if len(wc.types) > 1 && q.types == nil {
+					if len(wc.types) > 1 && !q.mixed {
 						t.Fatal("mixed weight lost its row types")
 					}
 					a := randMat(uint64(m), m*k)

@@ -265,13 +265,13 @@ func (ld loader) matrix(name string, in, out int, pack bool) (mat, error) {
 // fromQ turns q into a weight mat: an F32 q becomes a float32 copy (packed
 // when pack), any other type stays a qmat.
 func fromQ(q *qmat, pack bool) mat {
-	n, k := len(q.rows), q.in
-	if q.types != nil || q.t != quant.F32 {
+	n, k := q.n, q.in
+	if q.mixed || q.t != quant.F32 {
 		return mat{rows: n, cols: k, stride: k, q: q}
 	}
 	data := make([]float32, n*k)
-	for r, row := range q.rows {
-		copy(data[r*k:(r+1)*k], f32s(row))
+	for r := range n {
+		copy(data[r*k:(r+1)*k], f32s(q.rowAt(r)))
 	}
 	a := dense(data, n, k)
 	if pack {
@@ -338,8 +338,12 @@ func (ld loader) layer(m *Model, l int) error {
 		// adjacent-pair RoPE computes Hugging Face's rotate-half one; the
 		// model (and the blend server's re-RoPE) rotate halves, so the rows
 		// go back to the Hugging Face order.
-		wq.rows = unpermuteRows(wq.rows, c.Heads, m.headDim)
-		wk.rows = unpermuteRows(wk.rows, c.KVHeads, m.headDim)
+		if wq, err = wq.unpermute(c.Heads, m.headDim); err != nil {
+			return fmt.Errorf("layer %d Q: %w", l, err)
+		}
+		if wk, err = wk.unpermute(c.KVHeads, m.headDim); err != nil {
+			return fmt.Errorf("layer %d K: %w", l, err)
+		}
 		bq = unpermuteRows(bq, c.Heads, m.headDim)
 		bk = unpermuteRows(bk, c.KVHeads, m.headDim)
 	}
@@ -394,13 +398,13 @@ func (ld loader) layer(m *Model, l int) error {
 // silu(gate)·up of the second half, written after the first, never
 // overlaps the gate values it reads.
 func mlpSplit(gate, up *qmat, down mat) int {
-	ffn := len(gate.rows)
+	ffn := gate.n
 	if down.q == nil || gate.t == quant.F32 || up.t == quant.F32 || ffn < splitMinFFN {
 		return 0
 	}
 	bs := 1
-	for r := range down.q.rows {
-		bs = max(bs, down.q.typeAt(r).BlockSize())
+	for _, sp := range down.q.spans {
+		bs = max(bs, sp.t.BlockSize())
 	}
 	s := (ffn/2 + bs - 1) / bs * bs
 	if s >= ffn {

@@ -189,8 +189,8 @@ func checkShardGU(t *testing.T, m, s *Model, rank int) {
 	t.Helper()
 	f := s.cfg.FFNDim
 	for l, lw := range s.layers {
-		if lw.split != 0 || len(lw.gu.q.rows) != 2*f {
-			t.Fatalf("rank %d layer %d: split %d, %d gate|up rows, want 0 and %d", rank, l, lw.split, len(lw.gu.q.rows), 2*f)
+		if lw.split != 0 || lw.gu.q.n != 2*f {
+			t.Fatalf("rank %d layer %d: split %d, %d gate|up rows, want 0 and %d", rank, l, lw.split, lw.gu.q.n, 2*f)
 		}
 		for h, name := range []string{"ffn_gate", "ffn_up"} {
 			ti, ok := m.file.Tensor(fmt.Sprintf("blk.%d.%s.weight", l, name))
@@ -201,7 +201,7 @@ func checkShardGU(t *testing.T, m, s *Model, rank int) {
 			rb := len(data) / m.cfg.FFNDim
 			for i := range f {
 				want := data[(rank*f+i)*rb:]
-				if got := lw.gu.q.rows[h*f+i]; &got[0] != &want[0] || len(got) != rb {
+				if got := lw.gu.q.rowAt(h*f + i); &got[0] != &want[0] || len(got) != rb {
 					t.Fatalf("rank %d layer %d: %s row %d is not the file's row %d", rank, l, name, i, rank*f+i)
 				}
 			}

@@ -126,7 +126,7 @@ func selectRows(w mat, ranges [][2]int) (mat, error) {
 		if err != nil {
 			return mat{}, err
 		}
-		return mat{rows: len(q.rows), cols: q.in, stride: q.in, q: q}, nil
+		return mat{rows: q.n, cols: q.in, stride: q.in, q: q}, nil
 	}
 	var data []float32
 	for _, r := range ranges {
@@ -146,7 +146,7 @@ func selectCols(w mat, c0, c1 int) (mat, error) {
 		if err != nil {
 			return mat{}, err
 		}
-		return mat{rows: len(q.rows), cols: q.in, stride: q.in, q: q}, nil
+		return mat{rows: q.n, cols: q.in, stride: q.in, q: q}, nil
 	}
 	k := c1 - c0
 	data := make([]float32, w.rows*k)
