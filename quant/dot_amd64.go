@@ -876,20 +876,9 @@ func gemmAsm(t Type, w, a []uint32, c *float32, ldc, nb int) bool {
 	_ = w[nb*pb-1]
 	_ = a[nb*tb-1]
 	if !integerAsm() {
-		k := gemmQ4_0AVX2
-		switch t {
-		case Q4_K:
-			k = gemmQ4KQ8KAVX2
-		case Q6_K:
-			k = gemmQ6KQ8KAVX2
-		case Q8_0:
-			k = gemmQ8_0AVX2
-		case Q5_0:
-			k = gemmQ5_0AVX2
-		}
 		const half = GemmPanelRows / 2
-		k(&w[0], &a[0], c, nb, ldc)
-		k(&w[half], &a[0], (*float32)(unsafe.Add(unsafe.Pointer(c), half*4)), nb, ldc)
+		gemmHalfAVX2(t, &w[0], &a[0], c, nb, ldc)
+		gemmHalfAVX2(t, &w[half], &a[0], (*float32)(unsafe.Add(unsafe.Pointer(c), half*4)), nb, ldc)
 		return true
 	}
 	switch t {
@@ -905,6 +894,25 @@ func gemmAsm(t Type, w, a []uint32, c *float32, ldc, nb int) bool {
 		gemmQ4_0VNNI(&w[0], &a[0], c, nb, ldc)
 	}
 	return true
+}
+
+// gemmHalfAVX2 runs the AVX2 half-panel kernel of type t. The calls are
+// direct: through a function value the compiler would move every caller's
+// c to the heap (a partial tile's 768-byte buffer in Gemm, 130 MB of
+// garbage over a cb bench run of one file).
+func gemmHalfAVX2(t Type, w, a *uint32, c *float32, nb, ldc int) {
+	switch t {
+	case Q4_K:
+		gemmQ4KQ8KAVX2(w, a, c, nb, ldc)
+	case Q6_K:
+		gemmQ6KQ8KAVX2(w, a, c, nb, ldc)
+	case Q8_0:
+		gemmQ8_0AVX2(w, a, c, nb, ldc)
+	case Q5_0:
+		gemmQ5_0AVX2(w, a, c, nb, ldc)
+	default:
+		gemmQ4_0AVX2(w, a, c, nb, ldc)
+	}
 }
 
 //go:noescape
