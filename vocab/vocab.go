@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unsafe"
 )
 
 // Errors New and SpecFromGGUF wrap.
@@ -162,9 +163,12 @@ type Vocab struct {
 	tokens []string
 	scores []float32
 	attrs  []uint32
-	pieces []string
-	toID   tokenIndex
-	ranks  mergeRanks // gpt2 merges
+	// pieces holds every token's piece back to back, piece i ending at
+	// pieceEnd[i] (4 bytes a token where a string header took 16).
+	pieces   []byte
+	pieceEnd []uint32
+	toID     tokenIndex
+	ranks    mergeRanks // gpt2 merges
 
 	// ids are the given special ids and those found by text.
 	ids                            Specials
@@ -183,7 +187,9 @@ type Vocab struct {
 // New builds a Vocab from s, validating it: token, score and type counts
 // agree, token texts are distinct, merges have the form "left right",
 // special ids are in range, and the model and pre-tokenizer are supported
-// (errors wrap ErrInvalidSpec or ErrUnsupported). New never panics.
+// (errors wrap ErrInvalidSpec or ErrUnsupported). New never panics. The
+// Vocab may keep s.Tokens (not a copy): the caller must not modify it
+// afterwards.
 func New(s Spec) (*Vocab, error) {
 	v := &Vocab{ids: s.Specials, addBOS: s.AddBOS, addEOS: s.AddEOS, addSpacePrefix: s.AddSpacePrefix}
 	switch s.Model {
@@ -228,9 +234,8 @@ func New(s Spec) (*Vocab, error) {
 		}
 	}
 	slices.SortStableFunc(v.specials, func(a, b int32) int { return len(v.tokens[b]) - len(v.tokens[a]) })
-	v.pieces = make([]string, n)
-	for i := range n {
-		v.pieces[i] = v.computePiece(i)
+	if err := v.setPieces(); err != nil {
+		return nil, err
 	}
 	v.setStrip(s)
 	for b := range v.byteTok {
@@ -264,14 +269,18 @@ func (v *Vocab) setTokens(s Spec) error {
 	case s.Types != nil && len(s.Types) != n:
 		return fmt.Errorf("vocab: %d token types for %d tokens: %w", len(s.Types), n, ErrInvalidSpec)
 	}
-	v.tokens = make([]string, n)
+	// The tokens are kept as given (for a model file, the strings gguf
+	// decoded), unless one is empty and takes llama.cpp's name for it.
+	v.tokens = s.Tokens
+	if slices.Contains(s.Tokens, "") {
+		v.tokens = slices.Clone(s.Tokens)
+	}
 	v.scores = make([]float32, n)
 	v.attrs = make([]uint32, n)
-	for i, t := range s.Tokens {
+	for i, t := range v.tokens {
 		if t == "" {
-			t = fmt.Sprintf("[EMPTY_%d]", i)
+			v.tokens[i] = fmt.Sprintf("[EMPTY_%d]", i)
 		}
-		v.tokens[i] = t
 		if s.Scores != nil {
 			v.scores[i] = s.Scores[i]
 		}
@@ -480,6 +489,35 @@ func (v *Vocab) computePiece(id int32) string {
 		return string([]byte{tokenByte(text)})
 	}
 	return ""
+}
+
+// setPieces computes every token's piece into v.pieces.
+func (v *Vocab) setPieces() error {
+	n := int32(len(v.tokens))
+	v.pieceEnd = make([]uint32, n)
+	var buf []byte
+	for i := range n {
+		buf = append(buf, v.computePiece(i)...)
+		if len(buf) > math.MaxUint32 {
+			return fmt.Errorf("vocab: the tokens' pieces exceed %d bytes: %w", uint32(math.MaxUint32), ErrInvalidSpec)
+		}
+		v.pieceEnd[i] = uint32(len(buf))
+	}
+	v.pieces = slices.Clip(buf)
+	return nil
+}
+
+// pieceOf is token id's piece (id valid), a string over v.pieces, which
+// is never written after setPieces.
+func (v *Vocab) pieceOf(id int32) string {
+	start := uint32(0)
+	if id > 0 {
+		start = v.pieceEnd[id-1]
+	}
+	if start == v.pieceEnd[id] {
+		return ""
+	}
+	return unsafe.String(&v.pieces[start], v.pieceEnd[id]-start)
 }
 
 // decodeByteLevel is llama_decode_text: GPT-2's codepoint→byte map undone,
