@@ -1,8 +1,10 @@
 package vocab
 
 import (
+	"cmp"
 	"hash/maphash"
 	"math/bits"
+	"slices"
 )
 
 // tokenIndex finds a token's id by its text: an open-addressing table of
@@ -48,13 +50,38 @@ func (ix *tokenIndex) id(t string) (int32, bool) {
 	return 0, false
 }
 
-// mergeRanks holds a gpt2 vocabulary's merge ranks keyed by the ids of the
-// merge's two sides (8 bytes a key where the sides' strings took 32);
-// merges with a side that is no token, which a well-formed vocabulary does
-// not have, keep their texts in other.
+// mergeRanks holds a gpt2 vocabulary's merge ranks by the ids of the
+// merge's two sides, in compressed rows: the merges whose left side is
+// token l are right[start[l]:start[l+1]] (ascending) with their ranks —
+// 8 bytes a merge and 4 a token (151,387 merges of a 151,936-token
+// vocabulary: 1.8 MB, against 4.2 in a map[uint64]int32 and 12.3 keyed by
+// the sides' strings). Merges with a side that is no token, which a
+// well-formed vocabulary does not have, keep their texts in other.
 type mergeRanks struct {
-	byID  map[uint64]int32
-	other map[pair]int32
+	start       []uint32
+	right, rank []int32
+	other       map[pair]int32
+}
+
+// idMerge is a merge of tokens l and r of rank k.
+type idMerge struct{ l, r, k int32 }
+
+// setByID stores ms (merges between tokens of a vocabulary of n), the
+// first rank of a merge listed twice.
+func (m *mergeRanks) setByID(n int, ms []idMerge) {
+	slices.SortFunc(ms, func(a, b idMerge) int {
+		return cmp.Or(cmp.Compare(a.l, b.l), cmp.Compare(a.r, b.r), cmp.Compare(a.k, b.k))
+	})
+	ms = slices.CompactFunc(ms, func(a, b idMerge) bool { return a.l == b.l && a.r == b.r })
+	m.start = make([]uint32, n+1)
+	m.right, m.rank = make([]int32, len(ms)), make([]int32, len(ms))
+	for i, x := range ms {
+		m.start[x.l+1]++
+		m.right[i], m.rank[i] = x.r, x.k
+	}
+	for l := range n {
+		m.start[l+1] += m.start[l]
+	}
 }
 
 // rank returns the rank of merging left and right.
@@ -62,8 +89,14 @@ func (v *Vocab) rank(left, right string) (int32, bool) {
 	l, lok := v.toID.id(left)
 	r, rok := v.toID.id(right)
 	if lok && rok {
-		k, ok := v.ranks.byID[uint64(l)<<32|uint64(r)]
-		return k, ok
+		if len(v.ranks.start) == 0 {
+			return 0, false
+		}
+		lo, hi := v.ranks.start[l], v.ranks.start[l+1]
+		if i, ok := slices.BinarySearch(v.ranks.right[lo:hi], r); ok {
+			return v.ranks.rank[int(lo)+i], true
+		}
+		return 0, false
 	}
 	k, ok := v.ranks.other[pair{left, right}]
 	return k, ok

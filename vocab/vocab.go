@@ -298,7 +298,7 @@ func (v *Vocab) setTokens(s Spec) error {
 
 // setMerges checks and stores a gpt2 model's merge ranks.
 func (v *Vocab) setMerges(merges []string) error {
-	v.ranks = mergeRanks{byID: make(map[uint64]int32, len(merges))}
+	byID := make([]idMerge, 0, len(merges))
 	for i, m := range merges {
 		k := -1 // the first space after the first byte, as llama.cpp's find(' ', 1)
 		if len(m) > 1 {
@@ -313,9 +313,7 @@ func (v *Vocab) setMerges(merges []string) error {
 		l, lok := v.toID.id(left)
 		r, rok := v.toID.id(right)
 		if lok && rok {
-			if _, seen := v.ranks.byID[uint64(l)<<32|uint64(r)]; !seen {
-				v.ranks.byID[uint64(l)<<32|uint64(r)] = int32(i)
-			}
+			byID = append(byID, idMerge{l, r, int32(i)})
 			continue
 		}
 		if v.ranks.other == nil {
@@ -325,6 +323,7 @@ func (v *Vocab) setMerges(merges []string) error {
 			v.ranks.other[pair{left, right}] = int32(i)
 		}
 	}
+	v.ranks.setByID(len(v.tokens), byID)
 	return nil
 }
 
