@@ -72,6 +72,20 @@ func DetectMachine(threads int) Machine {
 	return m
 }
 
+// RunBandwidth is the highest memory read bandwidth measured in a run (at
+// its start, mc, and before each file's runs) and the lowest: decode as a
+// fraction of the bandwidth divides by the highest, so a minute in which
+// the shared machine's memory was slow does not inflate it.
+func RunBandwidth(mc Machine, rs []Result) (high, low float64) {
+	high, low = mc.BandwidthGBs, mc.BandwidthGBs
+	for _, r := range rs {
+		if r.BandwidthGBs > 0 {
+			high, low = max(high, r.BandwidthGBs), min(low, r.BandwidthGBs)
+		}
+	}
+	return high, low
+}
+
 // measurePeak runs simd's peak loop on one locked thread for ~200 ms and
 // returns GFLOP/s (wall time: on a quiet machine, the thread's CPU time).
 func measurePeak() float64 {
@@ -87,7 +101,8 @@ func measurePeak() float64 {
 }
 
 // measureBandwidth reads a buffer of size bytes with threads goroutines,
-// ten passes, and returns the best pass's GB/s.
+// ten passes, and returns the best pass's GB/s; the buffer is garbage when
+// it returns.
 func measureBandwidth(threads int, size int) float64 {
 	threads = max(threads, 1)
 	buf := make([]float32, size/4)

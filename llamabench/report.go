@@ -35,8 +35,9 @@ func WriteMarkdown(w io.Writer, mc Machine, cfg Config, rs []Result) error {
 	if mc.LlamaCPU != "" {
 		llamaCPU = "; llama.cpp CPU backend " + mc.LlamaCPU
 	}
-	fmt.Fprintf(&b, "Machine: %s, %d cores, flags %s; %d threads each; package simd level %s%s; FP32 peak %.0f GFLOP/s per core; memory read bandwidth %.1f GB/s (%d threads).\n\n",
-		mc.CPU, mc.Cores, strings.Join(mc.Flags, " "), cfg.Threads, mc.SIMD, llamaCPU, mc.PeakGFLOPs, mc.BandwidthGBs, mc.Threads)
+	bwHigh, bwLow := RunBandwidth(mc, rs)
+	fmt.Fprintf(&b, "Machine: %s, %d cores, flags %s; %d threads each; package simd level %s%s; FP32 peak %.0f GFLOP/s per core; memory read bandwidth %.1f GB/s (%d threads; the highest of %d measurements in the run, at its start and before each file's runs: %.1f–%.1f).\n\n",
+		mc.CPU, mc.Cores, strings.Join(mc.Flags, " "), cfg.Threads, mc.SIMD, llamaCPU, mc.PeakGFLOPs, bwHigh, mc.Threads, len(rs)+1, bwLow, bwHigh)
 
 	b.WriteString("Prefill, tokens/s (median of the runs):\n\n| model | format | file |")
 	for _, p := range cfg.Prompts {
@@ -60,7 +61,7 @@ func WriteMarkdown(w io.Writer, mc Machine, cfg Config, rs []Result) error {
 		b.WriteString("\n")
 	}
 
-	fmt.Fprintf(&b, "\nDecode, tokens/s (median step; batch 1 after a %d-token context, batch %d aggregate, each sequence after %d tokens); \"of bw\" is the weight bytes a step reads ÷ step time ÷ the measured bandwidth:\n\n", cfg.DecodeContext, cfg.BatchSeqs, cfg.BatchContext)
+	fmt.Fprintf(&b, "\nDecode, tokens/s (median step; batch 1 after a %d-token context, batch %d aggregate, each sequence after %d tokens); \"of bw\" is the weight bytes a step reads ÷ step time ÷ the run's highest measured bandwidth:\n\n", cfg.DecodeContext, cfg.BatchSeqs, cfg.BatchContext)
 	fmt.Fprintf(&b, "| model | format | batch 1: ours | llama.cpp | × | ours of bw | llama.cpp of bw | batch %d: ours | llama.cpp | × |\n|---|---|---|---|---|---|---|---|---|---|\n", cfg.BatchSeqs)
 	for _, r := range rs {
 		o1 := perSec(1, r.Ours.Decode1.Median)
@@ -71,10 +72,10 @@ func WriteMarkdown(w io.Writer, mc Machine, cfg Config, rs []Result) error {
 			ln = perSec(cfg.BatchSeqs, r.Llama.DecodeN.Median)
 		}
 		bw := func(tps float64) string {
-			if tps <= 0 || mc.BandwidthGBs <= 0 {
+			if tps <= 0 || bwHigh <= 0 {
 				return "–"
 			}
-			return fmt.Sprintf("%.2f", float64(r.StepBytes)*tps/1e9/mc.BandwidthGBs)
+			return fmt.Sprintf("%.2f", float64(r.StepBytes)*tps/1e9/bwHigh)
 		}
 		fmt.Fprintf(&b, "| %s | %s | %.1f | %s | %s | %s | %s | %.1f | %s | %s |\n", r.Shape.Name, r.Format, o1, num(l1, "%.1f"), ratio(o1, l1), bw(o1), bw(l1), on, num(ln, "%.1f"), ratio(on, ln))
 	}

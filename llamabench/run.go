@@ -145,8 +145,13 @@ type Result struct {
 	StepBytes int64
 	RAGTokens int // tokens of the RAG prompt
 	RAGReused int // of which reused from the documents' stored KV (ours)
-	Ours      Side
-	Llama     *Side // nil when llama.cpp was not run
+	// BandwidthGBs is the memory read bandwidth measured just before this
+	// file's runs (as Machine.BandwidthGBs): a shared machine's varies
+	// from minute to minute, and the report divides by the highest of the
+	// run (RunBandwidth).
+	BandwidthGBs float64
+	Ours         Side
+	Llama        *Side // nil when llama.cpp was not run
 }
 
 // inputs are the token ids of one file's runs, shared by both engines.
@@ -243,6 +248,7 @@ func runFile(cfg Config, s Shape, format, path string, ref *llamaref.Ref) (Resul
 	if st, err := os.Stat(path); err == nil {
 		r.FileBytes = st.Size()
 	}
+	r.BandwidthGBs = measureBandwidth(cfg.Threads, 1<<30)
 	in := newInputs(cfg, len(toks), uint64(s.Dim)*31+uint64(len(format)))
 	r.RAGTokens = len(in.rag)
 	if r.Ours, r.RAGReused, err = runOurs(cfg, path, in); err != nil {
