@@ -124,7 +124,7 @@ func (q *qmat) rowsInto(buf [][]byte, r0, r1 int) [][]byte {
 	return buf
 }
 
-// withSpans returns a qmat of q's row length over spans (renumbered from
+// withSpans returns a qmat of rows of in elements over spans (renumbered from
 // row 0 in order), its type the first span's and mixed when they differ.
 func withSpans(in int, spans []rowSpan) *qmat {
 	q := &qmat{in: in, spans: spans}
