@@ -35,14 +35,11 @@ func makeRunDir() (string, error) {
 	}
 	start, err := procStart(os.Getpid())
 	if err == nil {
-		// Written aside and renamed into place: another Up's
-		// CleanStaleRunDirs sees no owner file (a directory being set up)
-		// or the whole one, never an empty or half-written one, which it
-		// would take for a dead owner's and remove.
-		tmp := filepath.Join(dir, ownerFile+".new")
-		if err = os.WriteFile(tmp, []byte(strconv.Itoa(os.Getpid())+" "+start+"\n"), 0o600); err == nil {
-			err = os.Rename(tmp, filepath.Join(dir, ownerFile))
-		}
+		// Written aside and renamed into place (WriteFileAtomic): another
+		// Up's CleanStaleRunDirs sees no owner file (a directory being set
+		// up) or the whole one, never an empty or half-written one, which
+		// it would take for a dead owner's and remove.
+		err = WriteFileAtomic(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())+" "+start+"\n"), 0o600)
 	}
 	if err != nil {
 		os.RemoveAll(dir)
