@@ -63,3 +63,6 @@ func dotQ8KRowsManyAsm(Type, [][]byte, *Q8KRows, []float32) bool { return false 
 
 // hasVBMI: no assembly here.
 var hasVBMI bool
+
+// avxVNNI: no assembly here.
+var avxVNNI int

@@ -569,18 +569,122 @@ func dotQ5_0Q80Rows4ManyAVX2(ws *[]byte, q *int8, d, ds *float32, n, rows int, o
 //go:noescape
 func dotQ4_0Q80Rows4ManyAVX2(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
 
-// q80AVX2 runs the AVX2 kernel (VPMADDUBSW) of type t's rows against
-// Q8_0 activations: DotQ80Many's at the AVX2 level, and DotQ80's there
-// with one row. (Direct calls: through a func value the arguments would
-// escape.)
+// The forms of the AVX2 level's Q8_0/Q5_0/Q4_0 kernels (avxVNNI).
+const (
+	vnniNone = iota // VPMADDUBSW + VPMADDWD (…AVX2)
+	vnniVEX         // AVX-VNNI's VEX-encoded VPDPBUSD (…AVXVNNI)
+	vnniEVEX        // the same kernels with AVX-512 VL's encoding (…EVEXVNNI)
+)
+
+// avxVNNI is the form of the Q8_0/Q5_0/Q4_0 kernels the AVX2 level runs:
+// with VPDPBUSD where the CPU has AVX-VNNI (Alder Lake and later client
+// cores, Sierra Forest, Zen 5), else VPMADDUBSW + VPMADDWD. The tests run
+// the other forms too: the plain AVX2 kernels, and on a CPU with AVX-512
+// VNNI but not AVX-VNNI the …EVEXVNNI twins, whose arithmetic is the
+// AVX-VNNI kernels' (TestAVXVNNIEncoding).
+var avxVNNI = func() int {
+	if hasAVX2 && cpu.X86.HasAVXVNNI {
+		return vnniVEX
+	}
+	return vnniNone
+}()
+
+//go:noescape
+func dotQ8_0Q80ManyAVXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ5_0Q80ManyAVXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80ManyAVXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ8_0Q80Rows2ManyAVXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ5_0Q80Rows2ManyAVXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80Rows2ManyAVXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ8_0Q80Rows3ManyAVXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ5_0Q80Rows3ManyAVXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80Rows3ManyAVXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ8_0Q80Rows4ManyAVXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ5_0Q80Rows4ManyAVXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80Rows4ManyAVXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ8_0Q80ManyEVEXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ5_0Q80ManyEVEXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80ManyEVEXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ8_0Q80Rows2ManyEVEXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ5_0Q80Rows2ManyEVEXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80Rows2ManyEVEXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ8_0Q80Rows3ManyEVEXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ5_0Q80Rows3ManyEVEXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80Rows3ManyEVEXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ8_0Q80Rows4ManyEVEXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ5_0Q80Rows4ManyEVEXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+//go:noescape
+func dotQ4_0Q80Rows4ManyEVEXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
+
+// q80AVX2 runs the AVX2 level's kernel (avxVNNI's form) of type t's rows against Q8_0 activations: DotQ80Many's at the AVX2 level,
+// and DotQ80's there with one row. (Direct calls: through a func value the
+// arguments would escape.)
 func q80AVX2(t Type, ws *[]byte, x *Q80, nb, rows int, out *float32) {
-	switch t {
-	case Q5_0:
-		dotQ5_0Q80ManyAVX2(ws, &x.q[0], &x.d[0], &x.ds[0], nb, rows, out)
-	case Q4_0:
-		dotQ4_0Q80ManyAVX2(ws, &x.q[0], &x.d[0], &x.ds[0], nb, rows, out)
+	q, d, ds := &x.q[0], &x.d[0], &x.ds[0]
+	switch {
+	case avxVNNI == vnniVEX && t == Q5_0:
+		dotQ5_0Q80ManyAVXVNNI(ws, q, d, ds, nb, rows, out)
+	case avxVNNI == vnniVEX && t == Q4_0:
+		dotQ4_0Q80ManyAVXVNNI(ws, q, d, ds, nb, rows, out)
+	case avxVNNI == vnniVEX && t == Q8_0:
+		dotQ8_0Q80ManyAVXVNNI(ws, q, d, ds, nb, rows, out)
+	case avxVNNI == vnniEVEX && t == Q5_0:
+		dotQ5_0Q80ManyEVEXVNNI(ws, q, d, ds, nb, rows, out)
+	case avxVNNI == vnniEVEX && t == Q4_0:
+		dotQ4_0Q80ManyEVEXVNNI(ws, q, d, ds, nb, rows, out)
+	case avxVNNI == vnniEVEX && t == Q8_0:
+		dotQ8_0Q80ManyEVEXVNNI(ws, q, d, ds, nb, rows, out)
+	case t == Q5_0:
+		dotQ5_0Q80ManyAVX2(ws, q, d, ds, nb, rows, out)
+	case t == Q4_0:
+		dotQ4_0Q80ManyAVX2(ws, q, d, ds, nb, rows, out)
 	default:
-		dotQ8_0Q80ManyAVX2(ws, &x.q[0], &x.d[0], &x.ds[0], nb, rows, out)
+		dotQ8_0Q80ManyAVX2(ws, q, d, ds, nb, rows, out)
 	}
 }
 
@@ -601,23 +705,59 @@ func q80RowsAVX2(t Type, ws [][]byte, x *Q80Rows, out []float32) bool {
 	w, q, d, ds, rows, o := &ws[0], &x.q[0], &x.d[0], &x.ds[0], len(ws), &out[0]
 	// Direct calls: through a func value the arguments would escape.
 	switch {
-	case t == Q8_0 && x.r == 2:
+	case avxVNNI == vnniVEX && t == Q8_0 && x.r == 2:
+		dotQ8_0Q80Rows2ManyAVXVNNI(w, q, d, ds, nb, rows, o)
+	case avxVNNI == vnniVEX && t == Q8_0 && x.r == 3:
+		dotQ8_0Q80Rows3ManyAVXVNNI(w, q, d, ds, nb, rows, o)
+	case avxVNNI == vnniVEX && t == Q8_0 && x.r == 4:
+		dotQ8_0Q80Rows4ManyAVXVNNI(w, q, d, ds, nb, rows, o)
+	case avxVNNI == vnniVEX && t == Q5_0 && x.r == 2:
+		dotQ5_0Q80Rows2ManyAVXVNNI(w, q, d, ds, nb, rows, o)
+	case avxVNNI == vnniVEX && t == Q5_0 && x.r == 3:
+		dotQ5_0Q80Rows3ManyAVXVNNI(w, q, d, ds, nb, rows, o)
+	case avxVNNI == vnniVEX && t == Q5_0 && x.r == 4:
+		dotQ5_0Q80Rows4ManyAVXVNNI(w, q, d, ds, nb, rows, o)
+	case avxVNNI == vnniVEX && t == Q4_0 && x.r == 2:
+		dotQ4_0Q80Rows2ManyAVXVNNI(w, q, d, ds, nb, rows, o)
+	case avxVNNI == vnniVEX && t == Q4_0 && x.r == 3:
+		dotQ4_0Q80Rows3ManyAVXVNNI(w, q, d, ds, nb, rows, o)
+	case avxVNNI == vnniVEX && t == Q4_0 && x.r == 4:
+		dotQ4_0Q80Rows4ManyAVXVNNI(w, q, d, ds, nb, rows, o)
+	case avxVNNI == vnniEVEX && t == Q8_0 && x.r == 2:
+		dotQ8_0Q80Rows2ManyEVEXVNNI(w, q, d, ds, nb, rows, o)
+	case avxVNNI == vnniEVEX && t == Q8_0 && x.r == 3:
+		dotQ8_0Q80Rows3ManyEVEXVNNI(w, q, d, ds, nb, rows, o)
+	case avxVNNI == vnniEVEX && t == Q8_0 && x.r == 4:
+		dotQ8_0Q80Rows4ManyEVEXVNNI(w, q, d, ds, nb, rows, o)
+	case avxVNNI == vnniEVEX && t == Q5_0 && x.r == 2:
+		dotQ5_0Q80Rows2ManyEVEXVNNI(w, q, d, ds, nb, rows, o)
+	case avxVNNI == vnniEVEX && t == Q5_0 && x.r == 3:
+		dotQ5_0Q80Rows3ManyEVEXVNNI(w, q, d, ds, nb, rows, o)
+	case avxVNNI == vnniEVEX && t == Q5_0 && x.r == 4:
+		dotQ5_0Q80Rows4ManyEVEXVNNI(w, q, d, ds, nb, rows, o)
+	case avxVNNI == vnniEVEX && t == Q4_0 && x.r == 2:
+		dotQ4_0Q80Rows2ManyEVEXVNNI(w, q, d, ds, nb, rows, o)
+	case avxVNNI == vnniEVEX && t == Q4_0 && x.r == 3:
+		dotQ4_0Q80Rows3ManyEVEXVNNI(w, q, d, ds, nb, rows, o)
+	case avxVNNI == vnniEVEX && t == Q4_0 && x.r == 4:
+		dotQ4_0Q80Rows4ManyEVEXVNNI(w, q, d, ds, nb, rows, o)
+	case avxVNNI == vnniNone && t == Q8_0 && x.r == 2:
 		dotQ8_0Q80Rows2ManyAVX2(w, q, d, ds, nb, rows, o)
-	case t == Q8_0 && x.r == 3:
+	case avxVNNI == vnniNone && t == Q8_0 && x.r == 3:
 		dotQ8_0Q80Rows3ManyAVX2(w, q, d, ds, nb, rows, o)
-	case t == Q8_0 && x.r == 4:
+	case avxVNNI == vnniNone && t == Q8_0 && x.r == 4:
 		dotQ8_0Q80Rows4ManyAVX2(w, q, d, ds, nb, rows, o)
-	case t == Q5_0 && x.r == 2:
+	case avxVNNI == vnniNone && t == Q5_0 && x.r == 2:
 		dotQ5_0Q80Rows2ManyAVX2(w, q, d, ds, nb, rows, o)
-	case t == Q5_0 && x.r == 3:
+	case avxVNNI == vnniNone && t == Q5_0 && x.r == 3:
 		dotQ5_0Q80Rows3ManyAVX2(w, q, d, ds, nb, rows, o)
-	case t == Q5_0 && x.r == 4:
+	case avxVNNI == vnniNone && t == Q5_0 && x.r == 4:
 		dotQ5_0Q80Rows4ManyAVX2(w, q, d, ds, nb, rows, o)
-	case t == Q4_0 && x.r == 2:
+	case avxVNNI == vnniNone && t == Q4_0 && x.r == 2:
 		dotQ4_0Q80Rows2ManyAVX2(w, q, d, ds, nb, rows, o)
-	case t == Q4_0 && x.r == 3:
+	case avxVNNI == vnniNone && t == Q4_0 && x.r == 3:
 		dotQ4_0Q80Rows3ManyAVX2(w, q, d, ds, nb, rows, o)
-	case t == Q4_0 && x.r == 4:
+	case avxVNNI == vnniNone && t == Q4_0 && x.r == 4:
 		dotQ4_0Q80Rows4ManyAVX2(w, q, d, ds, nb, rows, o)
 	default:
 		return false

@@ -1555,28 +1555,46 @@ func zQ80(name string, size, qs, qh int, off uint32, many bool) {
 	hsumRet(40)
 }
 
-// yQ80: DotQ80Many's kernels at the AVX2 level (no VNNI), as llama.cpp's
+// yQ80: DotQ80Many's kernels at the AVX2 level (no AVX-512), as llama.cpp's
 // AVX2 ggml_vec_dot_q8_0_q8_0 / q5_0 / q4_0 compute a block, for R
 // activation rows at once (R = 1: the Many kernel; R > 1: DotQ80RowsMany's,
 // the rows interleaved as Q80Rows holds them: per quad of blocks R × 128
-// bytes and R × 4 scales, then a last pair as R × 64 and R × 2). Each
-// block's 32 weights are made signed bytes once (Q8_0 as stored; Q4_0's
-// nibbles − 8; Q5_0's nibbles with 0xf0 OR-ed in where the fifth bit is
-// clear — the fifth bits spread to bytes as llama.cpp's bytes_from_bits_32
-// does: qh broadcast, VPSHUFB picking byte i/8 for byte i, OR with every bit
-// but bit i%8 set, compared with all ones), then for each row |w| against
-// x·sign(w) (VPSIGNB: no pair sum can saturate, 2·128·127 < 2¹⁵) by
-// VPMADDUBSW, VPMADDWD by ones into int32 lanes, converted and scaled by
-// the two blocks' scales into the row's accumulators Y8+2r (even blocks)
-// and Y9+2r (odd): every row gets the same operations whatever R, so the
-// results are the bits of the one-row kernel. Constants are read from
-// memory (yConsts) to leave the registers to the accumulators; the
-// activations' ds is not needed (no offsets).
-func yQ80(name string, size, qs, qh, R int) {
+// bytes and R × 4 scales, then a last pair as R × 64 and R × 2).
+//
+// Without vnni (…AVX2): each block's 32 weights are made signed bytes once
+// (Q8_0 as stored; Q4_0's nibbles − 8; Q5_0's nibbles with 0xf0 OR-ed in
+// where the fifth bit is clear — the fifth bits spread to bytes as
+// llama.cpp's bytes_from_bits_32 does: qh broadcast, VPSHUFB picking byte
+// i/8 for byte i, OR with every bit but bit i%8 set, compared with all
+// ones), then for each row |w| against x·sign(w) (VPSIGNB: no pair sum can
+// saturate, 2·128·127 < 2¹⁵) by VPMADDUBSW, VPMADDWD by ones into int32
+// lanes; the activations' ds is not needed (no offsets).
+//
+// With VPDPBUSD (…AVXVNNI, for the CPUs with AVX-VNNI but no AVX-512): the
+// weights are made unsigned once, offset by off as the AVX-512 kernels
+// (zQ80) take them (Q8_0 XOR 0x80, Q4_0's nibbles as stored, Q5_0's with
+// 0x10 OR-ed in where the fifth bit is set), and each row's 32 activations
+// meet them in one VPDPBUSD straight from memory (VEX-encoded by
+// vpdpbusdDI: Go's assembler writes only the EVEX form); the offset comes
+// off per pair of blocks as −off·dw·ds into the row's even accumulator.
+// The …EVEXVNNI twins are the same code with VPDPBUSD in its AVX-512 VL
+// encoding, as Go's assembler writes it: they run where AVX-512 VNNI does,
+// so that the tests check the AVX-VNNI kernels' arithmetic on CPUs without
+// AVX-VNNI (TestAVXVNNIEncoding checks that each …AVXVNNI kernel is its
+// twin with only that instruction's encoding changed).
+//
+// Either way the int32 lanes are converted and scaled by the two blocks'
+// scales into the row's accumulators Y8+2r (even blocks) and Y9+2r (odd):
+// every row gets the same operations whatever R, so the results are the
+// bits of the one-row kernel of the same form. Constants are read from
+// memory (yConsts) to leave the registers to the accumulators.
+func yQ80(name string, size, qs, qh, R int, form vnniForm, off float32) {
+	vnni := form != plain
+	suffix := [...]string{plain: "AVX2", vex: "AVXVNNI", evex: "EVEXVNNI"}[form]
 	if R > 1 {
-		name = fmt.Sprintf("%sRows%dManyAVX2", name, R)
+		name = fmt.Sprintf("%sRows%dMany%s", name, R, suffix)
 	} else {
-		name += "ManyAVX2"
+		name += "Many" + suffix
 	}
 	p("")
 	p("// func %s(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32): rows > 0, n blocks each, n even, %d activation rows interleaved per quad of blocks.", name, R)
@@ -1586,10 +1604,13 @@ func yQ80(name string, size, qs, qh, R int) {
 		p("\tVXORPS Y%d, Y%d, Y%d", 8+r, 8+r, 8+r)
 	}
 	// unpack makes the 32 weights of the block at o(SI) signed bytes in
-	// Y(dst) (clobbers Y2, Y3).
+	// Y(dst), or with vnni unsigned bytes offset by off (clobbers Y2, Y3).
 	unpack := func(o, dst int) {
 		if size == 34 {
 			p("\tVMOVDQU %d(SI), Y%d", o+qs, dst)
+			if vnni {
+				p("\tVPXOR ·yConsts+192(SB), Y%d, Y%d", dst, dst)
+			}
 			return
 		}
 		p("\tVMOVDQU %d(SI), X%d", o+qs, dst)
@@ -1597,7 +1618,9 @@ func yQ80(name string, size, qs, qh, R int) {
 		p("\tVINSERTI128 $1, X2, Y%d, Y%d", dst, dst)
 		p("\tVPAND ·yConsts+32(SB), Y%d, Y%d", dst, dst)
 		if qh < 0 {
-			p("\tVPSUBB ·yConsts+64(SB), Y%d, Y%d", dst, dst)
+			if !vnni {
+				p("\tVPSUBB ·yConsts+64(SB), Y%d, Y%d", dst, dst)
+			}
 			return
 		}
 		p("\tVPBROADCASTD %d(SI), Y2", o+qh)
@@ -1605,11 +1628,15 @@ func yQ80(name string, size, qs, qh, R int) {
 		p("\tVPOR ·yConsts+96(SB), Y2, Y2")
 		p("\tVPCMPEQB Y3, Y3, Y3")
 		p("\tVPCMPEQB Y3, Y2, Y2")
-		p("\tVPANDN ·yConsts+128(SB), Y2, Y2")
+		if vnni {
+			p("\tVPAND ·yConsts+224(SB), Y2, Y2")
+		} else {
+			p("\tVPANDN ·yConsts+128(SB), Y2, Y2")
+		}
 		p("\tVPOR Y2, Y%d, Y%d", dst, dst)
 	}
 	// pair: blocks 2p and 2p+1 of a unit whose rows lie xs bytes (q) and
-	// ds bytes (d) apart.
+	// ds bytes (d, ds) apart.
 	pair := func(pi, xs, dsz int) {
 		o := 2 * pi * size
 		p("\tMOVWLZX %d(SI), AX", o)
@@ -1626,14 +1653,32 @@ func yQ80(name string, size, qs, qh, R int) {
 			p("\tVBROADCASTSS X7, Y4")
 			p("\tVMOVSHDUP X7, X5")
 			p("\tVBROADCASTSS X5, Y5")
+			if vnni {
+				// −off·dw·ds of both blocks into lanes 0 and 1 (VMOVQ
+				// clears the others).
+				p("\tVMOVQ %d(R8), X7", r*dsz+8*pi)
+				p("\tVMULPS X6, X7, X7")
+				p("\tVFMADD231PS ·yConsts+%d(SB), Y7, Y%d", yOffConst(off), 8+2*r)
+			}
 			for b := range 2 {
-				p("\tVMOVDQU %d(DI), Y2", r*xs+64*pi+32*b)
-				p("\tVPSIGNB Y%d, Y2, Y2", b)
-				p("\tVPSIGNB Y%d, Y%d, Y3", b, b)
-				p("\tVPMADDUBSW Y2, Y3, Y3")
-				p("\tVPMADDWD ·yConsts+0(SB), Y3, Y3")
-				p("\tVCVTDQ2PS Y3, Y3")
-				p("\tVFMADD231PS Y%d, Y3, Y%d", 4+b, 8+2*r+b)
+				res := 3 // the block's int32 lanes
+				if vnni {
+					res = 2 + b
+					p("\tVPXOR Y%d, Y%d, Y%d", res, res, res)
+					if form == vex {
+						vpdpbusdDI(r*xs+64*pi+32*b, b, res)
+					} else {
+						p("\tVPDPBUSD %d(DI), Y%d, Y%d", r*xs+64*pi+32*b, b, res)
+					}
+				} else {
+					p("\tVMOVDQU %d(DI), Y2", r*xs+64*pi+32*b)
+					p("\tVPSIGNB Y%d, Y2, Y2", b)
+					p("\tVPSIGNB Y%d, Y%d, Y3", b, b)
+					p("\tVPMADDUBSW Y2, Y3, Y3")
+					p("\tVPMADDWD ·yConsts+0(SB), Y3, Y3")
+				}
+				p("\tVCVTDQ2PS Y%d, Y%d", res, res)
+				p("\tVFMADD231PS Y%d, Y%d, Y%d", 4+b, res, 8+2*r+b)
 			}
 		}
 	}
@@ -1645,6 +1690,9 @@ func yQ80(name string, size, qs, qh, R int) {
 	p("\tADDQ $%d, SI", 4*size)
 	p("\tADDQ $%d, DI", 128*R)
 	p("\tADDQ $%d, BX", 16*R)
+	if vnni {
+		p("\tADDQ $%d, R8", 16*R)
+	}
 	p("\tSUBQ $4, CX")
 	p("\tJMP %s_quad", name)
 	p("%s_pair:", name)
@@ -1658,12 +1706,55 @@ func yQ80(name string, size, qs, qh, R int) {
 	yRowsOut(name, R, func(r int) int { return 8 + 2*r })
 }
 
+// vnniForm is how a yQ80 kernel multiplies: VPMADDUBSW + VPMADDWD
+// (plain), or VPDPBUSD in its VEX (AVX-VNNI) or EVEX (AVX-512 VL)
+// encoding.
+type vnniForm int
+
+const (
+	plain vnniForm = iota
+	vex
+	evex
+)
+
+// vpdpbusdDI writes VPDPBUSD disp(DI), Y(u), Y(dst) in its VEX encoding
+// (AVX-VNNI: VEX.256.66.0F38.W0 50 /r, DI as the base with a 32-bit
+// displacement): each int32 lane of Y(dst) gains the four products of
+// Y(u)'s unsigned bytes with the signed bytes in memory. Go's assembler
+// writes VPDPBUSD only in its AVX-512 (EVEX) form, which a CPU with
+// AVX-VNNI but no AVX-512 does not run.
+func vpdpbusdDI(disp, u, dst int) {
+	rxb := 0x62 // X̄ and B̄ set (no index, DI), map 0F38
+	if dst < 8 {
+		rxb |= 0x80 // R̄
+	}
+	vvvv := (^u & 15) << 3
+	modrm := 0x80 | (dst&7)<<3 | 7 // [DI + disp32]
+	p("\tBYTE $0xc4; BYTE $0x%02x; BYTE $0x%02x; BYTE $0x50; BYTE $0x%02x; LONG $0x%08x // VPDPBUSD %d(DI), Y%d, Y%d",
+		rxb, vvvv|0x05, modrm, uint32(int32(disp)), disp, u, dst)
+}
+
+// yOffConst is the offset of −off (eight float32 lanes) in yConsts.
+func yOffConst(off float32) int {
+	switch off {
+	case 128:
+		return 256
+	case 16:
+		return 288
+	case 8:
+		return 320
+	}
+	panic(fmt.Sprintf("gen: no constant for offset %g", off))
+}
+
 // yConsts: the AVX2 integer kernels' constants, 32 bytes each: int16 ones
 // (+0), 0x0f bytes (+32), 0x08 bytes (+64), the bit mask of
 // bytes_from_bits_32 (+96: every bit of byte i but bit i%8), 0xf0 bytes
 // (+128), and the VPSHUFB indices taking byte i/8 of a broadcast dword into
 // byte i (+160; in each 128-bit lane bytes 0, 1 low and 2, 3 high), 0x80
-// bytes (+192: yGemm's Q8_0 weights made signed again).
+// bytes (+192: yGemm's Q8_0 weights made signed again, the AVX-VNNI kernels'
+// Q8_0 weights made unsigned), 0x10 bytes (+224: Q5_0's fifth bits, AVX-VNNI) and
+// −128, −16 and −8 as float32 lanes (+256, +288, +320: yOffConst).
 func yConsts() {
 	p("")
 	p("// yConsts: the AVX2 integer kernels' constants (yQ80).")
@@ -1678,7 +1769,16 @@ func yConsts() {
 	for j := range 4 {
 		p("DATA ·yConsts+%d(SB)/8, $0x%016x", 192+8*j, uint64(0x8080808080808080))
 	}
-	p("GLOBL ·yConsts(SB), RODATA|NOPTR, $224")
+	for j := range 4 {
+		p("DATA ·yConsts+%d(SB)/8, $0x%016x", 224+8*j, uint64(0x1010101010101010))
+	}
+	for i, off := range []float32{128, 16, 8} {
+		bits := uint64(math.Float32bits(-off))
+		for j := range 4 {
+			p("DATA ·yConsts+%d(SB)/8, $0x%016x", 256+32*i+8*j, bits<<32|bits)
+		}
+	}
+	p("GLOBL ·yConsts(SB), RODATA|NOPTR, $352")
 }
 
 // yQ4KQ8K: DotQ8KMany's Q4_K kernel at the AVX2 level (no VNNI), as
@@ -2311,10 +2411,12 @@ func main() {
 	zGemm80("gemmQ5_0VNNI", 4)
 	zGemm80("gemmQ4_0VNNI", 3)
 	q5shifts()
-	for R := 1; R <= 4; R++ {
-		yQ80("dotQ8_0Q80", 34, 2, -1, R)
-		yQ80("dotQ5_0Q80", 22, 6, 2, R)
-		yQ80("dotQ4_0Q80", 18, 2, -1, R)
+	for _, form := range []vnniForm{plain, vex, evex} {
+		for R := 1; R <= 4; R++ {
+			yQ80("dotQ8_0Q80", 34, 2, -1, R, form, 128)
+			yQ80("dotQ5_0Q80", 22, 6, 2, R, form, 16)
+			yQ80("dotQ4_0Q80", 18, 2, -1, R, form, 8)
+		}
 	}
 	yConsts()
 	for R := 1; R <= 4; R++ {

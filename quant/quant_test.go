@@ -400,6 +400,14 @@ func atEachLevel(t *testing.T, f func(t *testing.T)) {
 			t.Run(asmLevel()+"-novbmi", f)
 			hasVBMI = true
 		}
+		if l == simd.AVX2 { // and the other forms of its Q8_0/Q5_0/Q4_0 kernels
+			for _, form := range otherVNNIForms() {
+				prev := avxVNNI
+				avxVNNI = form.form
+				t.Run(asmLevel()+"-"+form.name, f)
+				avxVNNI = prev
+			}
+		}
 	}
 }
 

@@ -1,0 +1,11 @@
+//go:build !amd64 || noasm
+
+package quant
+
+// otherVNNIForms: no assembly here.
+func otherVNNIForms() []struct {
+	name string
+	form int
+} {
+	return nil
+}
