@@ -79,7 +79,14 @@
 // 32 (Q8_0, Q5_0, Q4_0) or 256 (Q4_K, Q6_K); the Rows forms unpack each
 // weight block once for up to four activation rows, and the one-row
 // functions call the same kernels, so the results are the same bits
-// either way. Elsewhere the same integer arithmetic runs in Go, which is
+// either way. Where the CPU has AVX-VNNI (Alder Lake and later client
+// cores, Sierra Forest, Zen 5) the AVX2 level's Q8_0, Q5_0 and Q4_0
+// kernels multiply with its VEX-encoded VPDPBUSD instead: the weights made
+// unsigned bytes with their offset (Q8_0 XOR 0x80, the nibbles as stored,
+// Q5_0's fifth bit OR-ed in as 0x10), the activations taken straight from
+// memory, the offset taken off through the activations' d·Σq, as the
+// AVX-512 kernels do (about 1.3–1.4× the VPMADDUBSW form's rate with four
+// activation rows, BenchmarkAVX2Forms). Elsewhere the same integer arithmetic runs in Go, which is
 // slower than the float kernels, so callers use them only where
 // IntegerDots (IntegerGEMV for the Many and Rows forms) is true. On one
 // core of the development machine,

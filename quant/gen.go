@@ -1576,7 +1576,7 @@ func zQ80(name string, size, qs, qh int, off uint32, many bool) {
 // 0x10 OR-ed in where the fifth bit is set), and each row's 32 activations
 // meet them in one VPDPBUSD straight from memory (VEX-encoded by
 // vpdpbusdDI: Go's assembler writes only the EVEX form); the offset comes
-// off per pair of blocks as −off·dw·ds into the row's even accumulator.
+// off per pair of blocks as −off·dw·ds into one of the row's accumulators.
 // The …EVEXVNNI twins are the same code with VPDPBUSD in its AVX-512 VL
 // encoding, as Go's assembler writes it: they run where AVX-512 VNNI does,
 // so that the tests check the AVX-VNNI kernels' arithmetic on CPUs without
@@ -1655,10 +1655,12 @@ func yQ80(name string, size, qs, qh, R int, form vnniForm, off float32) {
 			p("\tVBROADCASTSS X5, Y5")
 			if vnni {
 				// −off·dw·ds of both blocks into lanes 0 and 1 (VMOVQ
-				// clears the others).
+				// clears the others) of the even accumulator in a quad's
+				// first pair, the odd one in its second: each chain then
+				// waits for three multiply-adds a quad, not four and two.
 				p("\tVMOVQ %d(R8), X7", r*dsz+8*pi)
 				p("\tVMULPS X6, X7, X7")
-				p("\tVFMADD231PS ·yConsts+%d(SB), Y7, Y%d", yOffConst(off), 8+2*r)
+				p("\tVFMADD231PS ·yConsts+%d(SB), Y7, Y%d", yOffConst(off), 8+2*r+pi)
 			}
 			for b := range 2 {
 				res := 3 // the block's int32 lanes

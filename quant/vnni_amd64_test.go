@@ -5,10 +5,13 @@ package quant
 import (
 	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/cacheblend/cacheblend/simd"
 )
 
 // otherVNNIForms lists the forms of the AVX2 level's Q8_0/Q5_0/Q4_0
@@ -163,5 +166,68 @@ func TestAVXVNNIEncoding(t *testing.T) {
 	}
 	if kernels != 12 || instrs == 0 {
 		t.Fatalf("%d AVX-VNNI kernels with %d VPDPBUSD, want 12 and some", kernels, instrs)
+	}
+}
+
+// BenchmarkAVX2Forms: the AVX2 level's Q8_0/Q5_0/Q4_0 kernels in each form
+// this CPU runs (VPMADDUBSW + VPMADDWD; VPDPBUSD, VEX or its EVEX twin),
+// DotQ80RowsMany over a 2048 × 2048 matrix (in cache levels beyond L2)
+// with 1 and 4 activation rows, on one core; ns/weight is per weight and
+// row.
+func BenchmarkAVX2Forms(b *testing.B) {
+	if !simd.Supported(simd.AVX2) {
+		b.Fatal("no AVX2 here")
+	}
+	prev := simd.Current()
+	defer simd.SetLevel(prev)
+	if _, err := simd.SetLevel(simd.AVX2); err != nil {
+		b.Fatal(err)
+	}
+	forms := []struct {
+		name string
+		form int
+	}{{"avx2", vnniNone}}
+	if avxVNNI == vnniVEX {
+		forms = append(forms, struct {
+			name string
+			form int
+		}{"avxvnni", vnniVEX})
+	}
+	forms = append(forms, otherVNNIForms()...)
+	r := rand.New(rand.NewPCG(3, 4))
+	const k, rows = 2048, 2048
+	for _, typ := range []Type{Q8_0, Q5_0, Q4_0} {
+		rb, _ := typ.RowBytes(k)
+		all := randomRow(r, typ, k*rows)
+		ws := make([][]byte, rows)
+		for i := range ws {
+			ws[i] = all[i*rb : (i+1)*rb]
+		}
+		for _, R := range []int{1, 4} {
+			xs := make([][]float32, R)
+			for i := range xs {
+				xs[i] = gauss(r, k, 1)
+			}
+			var x Q80Rows
+			if err := x.Quantize(xs...); err != nil {
+				b.Fatal(err)
+			}
+			out := make([]float32, rows*R)
+			for _, f := range forms {
+				if f.form == vnniNone && f.name != "avx2" {
+					continue // listed first already
+				}
+				b.Run(fmt.Sprintf("%s/rows%d/%s", typ, R, f.name), func(b *testing.B) {
+					defer func(prev int) { avxVNNI = prev }(avxVNNI)
+					avxVNNI = f.form
+					b.ReportAllocs()
+					for b.Loop() {
+						DotQ80RowsMany(typ, ws, &x, out)
+					}
+					b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(k*rows*R), "ns/weight")
+					b.ReportMetric(float64(b.N)*float64(len(all))/b.Elapsed().Seconds()/1e9, "GB/s")
+				})
+			}
+		}
 	}
 }
