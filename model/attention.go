@@ -2,6 +2,7 @@ package model
 
 import (
 	"math"
+	"sort"
 
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/simd"
@@ -29,11 +30,14 @@ func (m *Model) attention(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat
 	for len(ws.scratch) < m.cfg.Threads {
 		ws.scratch = append(ws.scratch, nil)
 	}
-	var direct, gathered []int
+	var split, direct, gathered []int
 	for si, s := range b.seqs {
-		if s.r1-s.r0 <= directRows && m.cfg.Heads <= maxGroupHeads {
+		switch {
+		case splitAttention && s.r1-s.r0 == 1 && b.pos[s.r0] < s.ctx:
+			split = append(split, si)
+		case s.r1-s.r0 <= directRows && m.cfg.Heads <= maxGroupHeads:
 			direct = append(direct, si)
-		} else {
+		default:
 			gathered = append(gathered, si)
 		}
 	}
@@ -43,6 +47,131 @@ func (m *Model) attention(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat
 	if len(direct) > 0 {
 		m.attnDirect(ws, kv, l, att, qkv, b, direct)
 	}
+	if len(split) > 0 {
+		m.attnSplit(ws, kv, l, att, qkv, b, split)
+	}
+}
+
+// splitAttention is whether attention sends the sequences of one query
+// row to attnSplit (else attnDirect); the tests compare the two.
+var splitAttention = true
+
+// splitChunk is the most positions one attnSplit task covers. A row's
+// positions are cut into the fewest chunks of at most splitChunk, of equal
+// sizes rounded up to a multiple of 16 (a cache block): a function of the
+// row's position alone, so that its result does not depend on the number
+// of threads or on the other sequences of the step.
+const splitChunk = 64
+
+// splitChunks is the number of chunks and their size for a row attending
+// over end positions.
+func splitChunks(end int) (n, size int) {
+	n = (end + splitChunk - 1) / splitChunk
+	size = ((end+n-1)/n + 15) &^ 15
+	return (end + size - 1) / size, size
+}
+
+// attnSplit is the attention of sequences with one query row (decode),
+// split over positions as well as sequences, as flash decoding does: a task
+// is one chunk of consecutive positions of one sequence, over every query
+// head. It streams the chunk's K and V rows from memory in order, once:
+// each query head's pass after the first finds them in the cache (where
+// attnDirect's task of one KV head reads a strided part of every row, and
+// each of its query heads reads it again). The work spreads over the
+// threads in equal chunks whatever the number of KV heads. A task leaves,
+// per head, the chunk's largest scaled score, the sum of its weights and
+// its weighted values; a second pass merges each sequence's chunks. A
+// sequence of one chunk is computed into the output directly, with
+// attnDirect's operations in attnDirect's order (the same bits).
+func (m *Model) attnSplit(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat, b *batch, seqs []int) {
+	hd, kvd, grp, nh := m.headDim, m.kvDim, m.group, m.cfg.Heads
+	kPlane, vPlane := kv.K(l), kv.V(l)
+	k2 := float32(1/math.Sqrt(float64(hd))) * log2e
+	first := ws.int(intChunks, len(seqs)+1) // the first task of seqs[i]
+	tasks := 0
+	for i, si := range seqs {
+		s := b.seqs[si]
+		first[i] = tasks
+		n, _ := splitChunks(b.pos[s.r0] + 1)
+		tasks += n
+	}
+	first[len(seqs)] = tasks
+	per := nh * (hd + 2) // a task's partials: every head's hd values, then every head's max and sum
+	part := ws.f32(bufSplit, tasks*per)
+	m.team.run(tasks, func(w, ti int) {
+		i := sort.Search(len(seqs), func(i int) bool { return first[i+1] > ti })
+		s := b.seqs[seqs[i]]
+		end := b.pos[s.r0] + 1
+		n, size := splitChunks(end)
+		c := ti - first[i]
+		t0, t1 := c*size, min(end, (c+1)*size)
+		row := qkv.row(s.r0)
+		// sc[h*size+t-t0]: the score, then the weight, of head h at
+		// position t; then every head's sum of weights.
+		sc := ws.worker(w, nh*(size+1))
+		sums := sc[nh*size:]
+		for t := t0; t < t1; {
+			run := slotRun(s.slots, t, t1)
+			base := s.slots[t] * kvd
+			for h := range nh {
+				simd.DotRows(sc[h*size+t-t0:h*size+t-t0+run], row[h*hd:(h+1)*hd], kPlane[base+(h/grp)*hd:], kvd)
+			}
+			t += run
+		}
+		p := part[ti*per : (ti+1)*per]
+		for h := range nh {
+			v := sc[h*size : h*size+t1-t0]
+			mx := simd.Max(v) * k2
+			sums[h] = simd.ExpSum(v, k2, mx)
+			if n > 1 {
+				p[nh*hd+2*h], p[nh*hd+2*h+1] = mx, sums[h]
+			}
+		}
+		out := p[:nh*hd]
+		if n == 1 {
+			out = att.row(s.r0)[:nh*hd]
+		}
+		clear(out)
+		for t := t0; t < t1; {
+			run := slotRun(s.slots, t, t1)
+			base := s.slots[t] * kvd
+			for h := range nh {
+				simd.AxpyRows(out[h*hd:(h+1)*hd], sc[h*size+t-t0:h*size+t-t0+run], vPlane[base+(h/grp)*hd:], kvd)
+			}
+			t += run
+		}
+		if n == 1 {
+			for h := range nh {
+				simd.Scale(out[h*hd:(h+1)*hd], 1/sums[h])
+			}
+		}
+	})
+	// Merge: every head's output is Σ_c f_c·o_c / Σ_c f_c·sum_c with
+	// f_c = 2^(max_c − max over the chunks).
+	m.team.run(len(seqs), func(_, i int) {
+		if first[i+1]-first[i] == 1 {
+			return
+		}
+		s := b.seqs[seqs[i]]
+		chunks := part[first[i]*per : first[i+1]*per]
+		orow := att.row(s.r0)
+		for h := range nh {
+			top := float32(math.Inf(-1))
+			for c := 0; c < len(chunks); c += per {
+				top = max(top, chunks[c+nh*hd+2*h])
+			}
+			var den float64
+			for c := 0; c < len(chunks); c += per {
+				den += math.Exp2(float64(chunks[c+nh*hd+2*h]-top)) * float64(chunks[c+nh*hd+2*h+1])
+			}
+			o := orow[h*hd : (h+1)*hd]
+			clear(o)
+			for c := 0; c < len(chunks); c += per {
+				f := math.Exp2(float64(chunks[c+nh*hd+2*h]-top)) / den
+				simd.Axpy(float32(f), chunks[c+h*hd:c+(h+1)*hd], o)
+			}
+		}
+	})
 }
 
 // attnDirect is the attention of sequences with few query rows (decode):

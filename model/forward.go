@@ -133,8 +133,9 @@ const (
 	bufOut
 	bufXAll
 	bufDev
-	bufPart // a rank's partial projection output before its all-reduce
-	bufMask // the reused-position agreement of a sharded BlendForward
+	bufPart  // a rank's partial projection output before its all-reduce
+	bufMask  // the reused-position agreement of a sharded BlendForward
+	bufSplit // attnSplit's per-chunk partial results
 	numBufs
 )
 
@@ -149,6 +150,7 @@ const (
 	intImp
 	intLim
 	intLimStack // intLim repeated per query head of a group, tile by tile (attnGathered)
+	intChunks   // attnSplit's first task of every sequence
 	numInts
 )
 

@@ -1,0 +1,76 @@
+package model
+
+import (
+	"fmt"
+	"math"
+	"testing"
+)
+
+// TestAttnSplit decodes one token after contexts of many lengths, in a
+// cache whose blocks are not in order (so the slot runs break at every
+// block), with attnSplit and with attnDirect, alone and beside a second
+// sequence: where the row's positions fit one chunk the logits are the
+// same bits; beyond, the chunks' merge agrees within float rounding; and
+// a sequence's logits do not depend on the other sequence of the step.
+func TestAttnSplit(t *testing.T) {
+	m := newModel(t, Config{})
+	vocab := m.Config().Vocab
+	for _, ctx := range []int{1, 15, 16, 63, 64, 65, 130, 700} {
+		t.Run(fmt.Sprintf("ctx%d", ctx), func(t *testing.T) {
+			per := blocksFor(ctx + 1)
+			kv := newKV(t, m, 2*per)
+			// Sequence A on the odd blocks downwards, B on the even ones.
+			a, b := make([]int32, per), make([]int32, per)
+			for i := range per {
+				a[i], b[i] = int32(2*(per-1-i)+1), int32(2*i)
+			}
+			for _, s := range []struct {
+				bt   []int32
+				seed uint64
+			}{{a, 1}, {b, 2}} {
+				if _, err := m.Prefill(kv, PrefillInput{Tokens: randTokens(s.seed, ctx), BlockTable: s.bt}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			decode := func(split bool, in ...DecodeInput) []float32 {
+				defer func(prev bool) { splitAttention = prev }(splitAttention)
+				splitAttention = split
+				out := make([]float32, len(in)*vocab)
+				if err := m.DecodeInto(kv, in, out); err != nil {
+					t.Fatal(err)
+				}
+				return out
+			}
+			inA := DecodeInput{Token: 'x', Pos: ctx, BlockTable: a}
+			inB := DecodeInput{Token: 'y', Pos: ctx, BlockTable: b}
+			for _, in := range [][]DecodeInput{{inA}, {inA, inB}} {
+				direct, split := decode(false, in...), decode(true, in...)
+				if n, _ := splitChunks(ctx + 1); n == 1 {
+					for i := range direct {
+						if math.Float32bits(direct[i]) != math.Float32bits(split[i]) {
+							t.Fatalf("%d sequences, one chunk: logit %d = %g, attnDirect %g", len(in), i, split[i], direct[i])
+						}
+					}
+				} else if d := maxAbsDiff(split, direct); d > 1e-4 || d == 0 && ctx > 64 {
+					t.Fatalf("%d sequences, %d chunks: logits differ from attnDirect's by %g", len(in), n, d)
+				}
+				if len(in) == 2 && maxAbsDiff(split[:vocab], split[vocab:]) == 0 {
+					t.Fatal("the two sequences' logits are the same: the test cannot tell them apart")
+				}
+			}
+		})
+	}
+}
+
+// TestSplitChunks checks the chunking: the fewest chunks of at most
+// splitChunk positions, sizes a multiple of 16, covering the positions.
+func TestSplitChunks(t *testing.T) {
+	for _, tc := range []struct{ end, n, size int }{
+		{1, 1, 16}, {16, 1, 16}, {17, 1, 32}, {64, 1, 64}, {65, 2, 48}, {129, 3, 48}, {512, 8, 64}, {2049, 33, 64},
+	} {
+		n, size := splitChunks(tc.end)
+		if n != tc.n || size != tc.size || size%16 != 0 || n*size < tc.end || (n-1)*size >= tc.end {
+			t.Errorf("splitChunks(%d) = %d, %d; want %d, %d", tc.end, n, size, tc.n, tc.size)
+		}
+	}
+}
