@@ -42,7 +42,9 @@
 // CB_SIMD=off forces pure Go): matrix multiplies on tiles scheduled by this
 // package against weights packed once by New (and by NewShard for a rank's
 // slice), a fused flash-style attention for prefill and blend, row kernels
-// over the cache slots for decode, and vector RMSNorm, SwiGLU, softmax and
+// over the cache slots for decode (a decode row's positions in chunks of at
+// most 64, one task each over every query head, merged as flash decoding
+// does), and vector RMSNorm, SwiGLU, softmax and
 // RoPE. BenchmarkMatMul, BenchmarkAttention2048 and BenchmarkPrefill1536
 // report them against the per-core FP32 peak. A Model is safe for
 // concurrent use provided concurrent calls write disjoint KV slots.

@@ -45,7 +45,9 @@ flags, our kernel level, llama.cpp's CPU backend, FP32 peak per core and memory 
 --json writes every figure with min and max.
 
 On a CPU with AVX-512, CB_SIMD=avx2 and --llama-cpu-variant haswell measure both engines as a CPU
-with AVX2 only (no AVX-512, no VNNI) would run them.`,
+with AVX2 only (no AVX-512) would run them; where the CPU has AVX-VNNI our AVX2 level uses it (as
+llama.cpp's alderlake backend would), so the haswell comparison is then ours with AVX-VNNI against
+llama.cpp without.`,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if shapes != "" {
 				cfg.Shapes = strings.Split(shapes, ",")
@@ -62,6 +64,14 @@ with AVX2 only (no AVX-512, no VNNI) would run them.`,
 					return fmt.Errorf("--prompts: %q is not a length in [1, 8192]", p)
 				}
 				cfg.Prompts = append(cfg.Prompts, n)
+			}
+			for _, f := range []struct {
+				name  string
+				v, hi int
+			}{{"--reps", cfg.Reps, 100}, {"--decode-steps", cfg.DecodeSteps, 1024}, {"--decode-context", cfg.DecodeContext, 8192}, {"--batch-context", cfg.BatchContext, 8192}} {
+				if f.v <= 0 || f.v > f.hi {
+					return fmt.Errorf("%s: %d is not in [1, %d]", f.name, f.v, f.hi)
+				}
 			}
 			cfg.Llama.FlashAttention = flashAttn
 			cfg.Llama.KVType = kvType
@@ -132,6 +142,8 @@ with AVX2 only (no AVX-512, no VNNI) would run them.`,
 	fl.IntVar(&cfg.Threads, "threads", 0, "threads of both engines (default: the number of CPUs)")
 	fl.IntVar(&cfg.Reps, "reps", 3, "timed repetitions of each measurement, after one warm-up")
 	fl.IntVar(&cfg.DecodeSteps, "decode-steps", 16, "timed decode steps")
+	fl.IntVar(&cfg.DecodeContext, "decode-context", 512, "context of the batch-1 decode (tokens before the timed steps)")
+	fl.IntVar(&cfg.BatchContext, "batch-context", 128, "context of each sequence of the batch-8 decode")
 	fl.StringVar(&cfg.Dir, "dir", "", "where the test files are generated and kept (default $XDG_CACHE_HOME/cacheblend/bench)")
 	fl.BoolVar(&cfg.MapWeights, "map-weights", false, "open the files for our side as a memory mapping (cb worker --map-weights) instead of reading them into huge-page memory as cb worker does")
 	fl.BoolVar(&vsLlama, "vs-llamacpp", false, "run llama.cpp on the same files beside ours")
