@@ -2,7 +2,6 @@ package model
 
 import (
 	"math"
-	"sort"
 
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/simd"
@@ -56,29 +55,35 @@ func (m *Model) attention(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat
 // row to attnSplit (else attnDirect); the tests compare the two.
 var splitAttention = true
 
-// splitChunk is the most positions one attnSplit task covers. A row's
-// positions are cut into the fewest chunks of at most splitChunk, of equal
-// sizes rounded up to a multiple of 16 (a cache block): a function of the
-// row's position alone, so that its result does not depend on the number
-// of threads or on the other sequences of the step.
-const splitChunk = 64
+// A row's positions are cut into the fewest chunks of at most splitChunk
+// positions, but into no more than splitTasks over the rows of the step
+// (then longer ones): a step of one row gets up to splitTasks chunks, a
+// step of splitTasks rows or more one per row. Chunk
+// sizes are equal, rounded up to a multiple of 16 (a cache block). The
+// chunking depends on the row's position and the number of rows alone,
+// never on the number of threads.
+const (
+	splitChunk = 64
+	splitTasks = 8
+)
 
 // splitChunks is the number of chunks and their size for a row attending
-// over end positions.
-func splitChunks(end int) (n, size int) {
-	n = (end + splitChunk - 1) / splitChunk
+// over end positions in a step of rows single-row sequences.
+func splitChunks(end, rows int) (n, size int) {
+	n = min((end+splitChunk-1)/splitChunk, max(1, splitTasks/rows))
 	size = ((end+n-1)/n + 15) &^ 15
 	return (end + size - 1) / size, size
 }
 
 // attnSplit is the attention of sequences with one query row (decode),
 // split over positions as well as sequences, as flash decoding does: a task
-// is one chunk of consecutive positions of one sequence, over every query
-// head. It streams the chunk's K and V rows from memory in order, once:
+// is one chunk of consecutive positions of one sequence (splitChunks), over
+// every query head. It streams the chunk's K and V rows from memory in order, once:
 // each query head's pass after the first finds them in the cache (where
 // attnDirect's task of one KV head reads a strided part of every row, and
 // each of its query heads reads it again). The work spreads over the
-// threads in equal chunks whatever the number of KV heads. A task leaves,
+// threads in equal chunks whatever the number of KV heads; with many
+// sequences a task is one whole sequence. A task leaves,
 // per head, the chunk's largest scaled score, the sum of its weights and
 // its weighted values; a second pass merges each sequence's chunks. A
 // sequence of one chunk is computed into the output directly, with
@@ -92,17 +97,23 @@ func (m *Model) attnSplit(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat
 	for i, si := range seqs {
 		s := b.seqs[si]
 		first[i] = tasks
-		n, _ := splitChunks(b.pos[s.r0] + 1)
+		n, _ := splitChunks(b.pos[s.r0]+1, len(seqs))
 		tasks += n
 	}
 	first[len(seqs)] = tasks
+	owner := ws.int(intChunkSeq, tasks) // the index in seqs of every task
+	for i := range seqs {
+		for ti := first[i]; ti < first[i+1]; ti++ {
+			owner[ti] = i
+		}
+	}
 	per := nh * (hd + 2) // a task's partials: every head's hd values, then every head's max and sum
 	part := ws.f32(bufSplit, tasks*per)
 	m.team.run(tasks, func(w, ti int) {
-		i := sort.Search(len(seqs), func(i int) bool { return first[i+1] > ti })
+		i := owner[ti]
 		s := b.seqs[seqs[i]]
 		end := b.pos[s.r0] + 1
-		n, size := splitChunks(end)
+		n, size := splitChunks(end, len(seqs))
 		c := ti - first[i]
 		t0, t1 := c*size, min(end, (c+1)*size)
 		row := qkv.row(s.r0)
@@ -146,15 +157,15 @@ func (m *Model) attnSplit(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat
 			}
 		}
 	})
-	// Merge: every head's output is Σ_c f_c·o_c / Σ_c f_c·sum_c with
-	// f_c = 2^(max_c − max over the chunks).
-	m.team.run(len(seqs), func(_, i int) {
+	// Merge, on the calling goroutine (at most splitTasks chunks and the
+	// sequences' heads: little work): every head's output is
+	// Σ_c f_c·o_c / Σ_c f_c·sum_c with f_c = 2^(max_c − max over the chunks).
+	for i, si := range seqs {
 		if first[i+1]-first[i] == 1 {
-			return
+			continue
 		}
-		s := b.seqs[seqs[i]]
 		chunks := part[first[i]*per : first[i+1]*per]
-		orow := att.row(s.r0)
+		orow := att.row(b.seqs[si].r0)
 		for h := range nh {
 			top := float32(math.Inf(-1))
 			for c := 0; c < len(chunks); c += per {
@@ -171,7 +182,7 @@ func (m *Model) attnSplit(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat
 				simd.Axpy(float32(f), chunks[c+h*hd:c+(h+1)*hd], o)
 			}
 		}
-	})
+	}
 }
 
 // attnDirect is the attention of sequences with few query rows (decode):

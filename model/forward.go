@@ -151,6 +151,7 @@ const (
 	intLim
 	intLimStack // intLim repeated per query head of a group, tile by tile (attnGathered)
 	intChunks   // attnSplit's first task of every sequence
+	intChunkSeq // attnSplit's sequence of every task
 	numInts
 )
 
