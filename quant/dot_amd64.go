@@ -661,30 +661,110 @@ func dotQ5_0Q80Rows4ManyEVEXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows in
 //go:noescape
 func dotQ4_0Q80Rows4ManyEVEXVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32)
 
-// q80AVX2 runs the AVX2 level's kernel (avxVNNI's form) of type t's rows against Q8_0 activations: DotQ80Many's at the AVX2 level,
-// and DotQ80's there with one row. (Direct calls: through a func value the
-// arguments would escape.)
-func q80AVX2(t Type, ws *[]byte, x *Q80, nb, rows int, out *float32) {
-	q, d, ds := &x.q[0], &x.d[0], &x.ds[0]
-	switch {
-	case avxVNNI == vnniVEX && t == Q5_0:
-		dotQ5_0Q80ManyAVXVNNI(ws, q, d, ds, nb, rows, out)
-	case avxVNNI == vnniVEX && t == Q4_0:
-		dotQ4_0Q80ManyAVXVNNI(ws, q, d, ds, nb, rows, out)
-	case avxVNNI == vnniVEX && t == Q8_0:
-		dotQ8_0Q80ManyAVXVNNI(ws, q, d, ds, nb, rows, out)
-	case avxVNNI == vnniEVEX && t == Q5_0:
-		dotQ5_0Q80ManyEVEXVNNI(ws, q, d, ds, nb, rows, out)
-	case avxVNNI == vnniEVEX && t == Q4_0:
-		dotQ4_0Q80ManyEVEXVNNI(ws, q, d, ds, nb, rows, out)
-	case avxVNNI == vnniEVEX && t == Q8_0:
-		dotQ8_0Q80ManyEVEXVNNI(ws, q, d, ds, nb, rows, out)
-	case t == Q5_0:
-		dotQ5_0Q80ManyAVX2(ws, q, d, ds, nb, rows, out)
-	case t == Q4_0:
-		dotQ4_0Q80ManyAVX2(ws, q, d, ds, nb, rows, out)
+// q80Kernel runs the AVX2 level's kernel, in avxVNNI's form, of type t's
+// rows (Q8_0, Q5_0 or Q4_0) against r (1 to 4) activation rows laid out as
+// the kernels take them. It reports false (nothing done) for another type
+// or count. (One switch of direct calls, a jump table: through a func value
+// the arguments would escape.)
+func q80Kernel(t Type, r int, ws *[]byte, q *int8, d, ds *float32, nb, rows int, out *float32) bool {
+	ti := 0
+	switch t {
+	case Q8_0:
+	case Q5_0:
+		ti = 1
+	case Q4_0:
+		ti = 2
 	default:
+		return false
+	}
+	if r < 1 || r > 4 {
+		return false
+	}
+	switch (avxVNNI*3+ti)*4 + r - 1 {
+	case 0:
 		dotQ8_0Q80ManyAVX2(ws, q, d, ds, nb, rows, out)
+	case 1:
+		dotQ8_0Q80Rows2ManyAVX2(ws, q, d, ds, nb, rows, out)
+	case 2:
+		dotQ8_0Q80Rows3ManyAVX2(ws, q, d, ds, nb, rows, out)
+	case 3:
+		dotQ8_0Q80Rows4ManyAVX2(ws, q, d, ds, nb, rows, out)
+	case 4:
+		dotQ5_0Q80ManyAVX2(ws, q, d, ds, nb, rows, out)
+	case 5:
+		dotQ5_0Q80Rows2ManyAVX2(ws, q, d, ds, nb, rows, out)
+	case 6:
+		dotQ5_0Q80Rows3ManyAVX2(ws, q, d, ds, nb, rows, out)
+	case 7:
+		dotQ5_0Q80Rows4ManyAVX2(ws, q, d, ds, nb, rows, out)
+	case 8:
+		dotQ4_0Q80ManyAVX2(ws, q, d, ds, nb, rows, out)
+	case 9:
+		dotQ4_0Q80Rows2ManyAVX2(ws, q, d, ds, nb, rows, out)
+	case 10:
+		dotQ4_0Q80Rows3ManyAVX2(ws, q, d, ds, nb, rows, out)
+	case 11:
+		dotQ4_0Q80Rows4ManyAVX2(ws, q, d, ds, nb, rows, out)
+	case 12:
+		dotQ8_0Q80ManyAVXVNNI(ws, q, d, ds, nb, rows, out)
+	case 13:
+		dotQ8_0Q80Rows2ManyAVXVNNI(ws, q, d, ds, nb, rows, out)
+	case 14:
+		dotQ8_0Q80Rows3ManyAVXVNNI(ws, q, d, ds, nb, rows, out)
+	case 15:
+		dotQ8_0Q80Rows4ManyAVXVNNI(ws, q, d, ds, nb, rows, out)
+	case 16:
+		dotQ5_0Q80ManyAVXVNNI(ws, q, d, ds, nb, rows, out)
+	case 17:
+		dotQ5_0Q80Rows2ManyAVXVNNI(ws, q, d, ds, nb, rows, out)
+	case 18:
+		dotQ5_0Q80Rows3ManyAVXVNNI(ws, q, d, ds, nb, rows, out)
+	case 19:
+		dotQ5_0Q80Rows4ManyAVXVNNI(ws, q, d, ds, nb, rows, out)
+	case 20:
+		dotQ4_0Q80ManyAVXVNNI(ws, q, d, ds, nb, rows, out)
+	case 21:
+		dotQ4_0Q80Rows2ManyAVXVNNI(ws, q, d, ds, nb, rows, out)
+	case 22:
+		dotQ4_0Q80Rows3ManyAVXVNNI(ws, q, d, ds, nb, rows, out)
+	case 23:
+		dotQ4_0Q80Rows4ManyAVXVNNI(ws, q, d, ds, nb, rows, out)
+	case 24:
+		dotQ8_0Q80ManyEVEXVNNI(ws, q, d, ds, nb, rows, out)
+	case 25:
+		dotQ8_0Q80Rows2ManyEVEXVNNI(ws, q, d, ds, nb, rows, out)
+	case 26:
+		dotQ8_0Q80Rows3ManyEVEXVNNI(ws, q, d, ds, nb, rows, out)
+	case 27:
+		dotQ8_0Q80Rows4ManyEVEXVNNI(ws, q, d, ds, nb, rows, out)
+	case 28:
+		dotQ5_0Q80ManyEVEXVNNI(ws, q, d, ds, nb, rows, out)
+	case 29:
+		dotQ5_0Q80Rows2ManyEVEXVNNI(ws, q, d, ds, nb, rows, out)
+	case 30:
+		dotQ5_0Q80Rows3ManyEVEXVNNI(ws, q, d, ds, nb, rows, out)
+	case 31:
+		dotQ5_0Q80Rows4ManyEVEXVNNI(ws, q, d, ds, nb, rows, out)
+	case 32:
+		dotQ4_0Q80ManyEVEXVNNI(ws, q, d, ds, nb, rows, out)
+	case 33:
+		dotQ4_0Q80Rows2ManyEVEXVNNI(ws, q, d, ds, nb, rows, out)
+	case 34:
+		dotQ4_0Q80Rows3ManyEVEXVNNI(ws, q, d, ds, nb, rows, out)
+	case 35:
+		dotQ4_0Q80Rows4ManyEVEXVNNI(ws, q, d, ds, nb, rows, out)
+	default:
+		return false
+	}
+	return true
+}
+
+// q80AVX2 runs the AVX2 level's kernel of type t's rows against Q8_0
+// activations: DotQ80Many's at the AVX2 level, and DotQ80's there with one
+// row. t is Q8_0, Q5_0 or Q4_0 (SupportsQ80).
+func q80AVX2(t Type, ws *[]byte, x *Q80, nb, rows int, out *float32) {
+	if !q80Kernel(t, 1, ws, &x.q[0], &x.d[0], &x.ds[0], nb, rows, out) {
+		panic("quant: no Q8_0-activation kernel for " + t.String())
 	}
 }
 
@@ -702,67 +782,7 @@ func q80RowsAVX2(t Type, ws [][]byte, x *Q80Rows, out []float32) bool {
 		q80AVX2(t, &ws[0], &x.rows[0], nb, len(ws), &out[0])
 		return true
 	}
-	w, q, d, ds, rows, o := &ws[0], &x.q[0], &x.d[0], &x.ds[0], len(ws), &out[0]
-	// Direct calls: through a func value the arguments would escape.
-	switch {
-	case avxVNNI == vnniVEX && t == Q8_0 && x.r == 2:
-		dotQ8_0Q80Rows2ManyAVXVNNI(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniVEX && t == Q8_0 && x.r == 3:
-		dotQ8_0Q80Rows3ManyAVXVNNI(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniVEX && t == Q8_0 && x.r == 4:
-		dotQ8_0Q80Rows4ManyAVXVNNI(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniVEX && t == Q5_0 && x.r == 2:
-		dotQ5_0Q80Rows2ManyAVXVNNI(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniVEX && t == Q5_0 && x.r == 3:
-		dotQ5_0Q80Rows3ManyAVXVNNI(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniVEX && t == Q5_0 && x.r == 4:
-		dotQ5_0Q80Rows4ManyAVXVNNI(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniVEX && t == Q4_0 && x.r == 2:
-		dotQ4_0Q80Rows2ManyAVXVNNI(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniVEX && t == Q4_0 && x.r == 3:
-		dotQ4_0Q80Rows3ManyAVXVNNI(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniVEX && t == Q4_0 && x.r == 4:
-		dotQ4_0Q80Rows4ManyAVXVNNI(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniEVEX && t == Q8_0 && x.r == 2:
-		dotQ8_0Q80Rows2ManyEVEXVNNI(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniEVEX && t == Q8_0 && x.r == 3:
-		dotQ8_0Q80Rows3ManyEVEXVNNI(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniEVEX && t == Q8_0 && x.r == 4:
-		dotQ8_0Q80Rows4ManyEVEXVNNI(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniEVEX && t == Q5_0 && x.r == 2:
-		dotQ5_0Q80Rows2ManyEVEXVNNI(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniEVEX && t == Q5_0 && x.r == 3:
-		dotQ5_0Q80Rows3ManyEVEXVNNI(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniEVEX && t == Q5_0 && x.r == 4:
-		dotQ5_0Q80Rows4ManyEVEXVNNI(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniEVEX && t == Q4_0 && x.r == 2:
-		dotQ4_0Q80Rows2ManyEVEXVNNI(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniEVEX && t == Q4_0 && x.r == 3:
-		dotQ4_0Q80Rows3ManyEVEXVNNI(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniEVEX && t == Q4_0 && x.r == 4:
-		dotQ4_0Q80Rows4ManyEVEXVNNI(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniNone && t == Q8_0 && x.r == 2:
-		dotQ8_0Q80Rows2ManyAVX2(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniNone && t == Q8_0 && x.r == 3:
-		dotQ8_0Q80Rows3ManyAVX2(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniNone && t == Q8_0 && x.r == 4:
-		dotQ8_0Q80Rows4ManyAVX2(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniNone && t == Q5_0 && x.r == 2:
-		dotQ5_0Q80Rows2ManyAVX2(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniNone && t == Q5_0 && x.r == 3:
-		dotQ5_0Q80Rows3ManyAVX2(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniNone && t == Q5_0 && x.r == 4:
-		dotQ5_0Q80Rows4ManyAVX2(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniNone && t == Q4_0 && x.r == 2:
-		dotQ4_0Q80Rows2ManyAVX2(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniNone && t == Q4_0 && x.r == 3:
-		dotQ4_0Q80Rows3ManyAVX2(w, q, d, ds, nb, rows, o)
-	case avxVNNI == vnniNone && t == Q4_0 && x.r == 4:
-		dotQ4_0Q80Rows4ManyAVX2(w, q, d, ds, nb, rows, o)
-	default:
-		return false
-	}
-	return true
+	return q80Kernel(t, x.r, &ws[0], &x.q[0], &x.d[0], &x.ds[0], nb, len(ws), &out[0])
 }
 
 // q8kRowsAVX2 is DotQ8KRowsMany at the AVX2 level: one kernel call for

@@ -378,6 +378,13 @@ func TestQuantizeEdgeCases(t *testing.T) {
 	}
 }
 
+// vnniTestForm is a form of the AVX2 level's Q8_0/Q5_0/Q4_0 kernels
+// (avxVNNI's values) and the name of its subtests.
+type vnniTestForm struct {
+	name string
+	form int
+}
+
 // atEachLevel runs f once per kernel level this machine has (pure Go, and
 // the AVX2 and AVX-512 assembly where the build and CPU have them),
 // switching package simd's level, which the kernels follow.

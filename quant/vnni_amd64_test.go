@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,14 +19,8 @@ import (
 // kernels that this CPU runs besides avxVNNI's own: the plain AVX2 kernels
 // where AVX-VNNI is used, and where it is absent the …EVEXVNNI twins of
 // the AVX-VNNI kernels when the CPU has AVX-512 VNNI.
-func otherVNNIForms() []struct {
-	name string
-	form int
-} {
-	type f = struct {
-		name string
-		form int
-	}
+func otherVNNIForms() []vnniTestForm {
+	type f = vnniTestForm
 	switch {
 	case avxVNNI == vnniVEX:
 		return []f{{"novnni", vnniNone}}
@@ -183,17 +178,9 @@ func BenchmarkAVX2Forms(b *testing.B) {
 	if _, err := simd.SetLevel(simd.AVX2); err != nil {
 		b.Fatal(err)
 	}
-	forms := []struct {
-		name string
-		form int
-	}{{"avx2", vnniNone}}
-	if avxVNNI == vnniVEX {
-		forms = append(forms, struct {
-			name string
-			form int
-		}{"avxvnni", vnniVEX})
-	}
-	forms = append(forms, otherVNNIForms()...)
+	// The CPU's own form and the others it runs, plain AVX2 first.
+	forms := append([]vnniTestForm{{"own", avxVNNI}}, otherVNNIForms()...)
+	slices.SortFunc(forms, func(a, b vnniTestForm) int { return a.form - b.form })
 	r := rand.New(rand.NewPCG(3, 4))
 	const k, rows = 2048, 2048
 	for _, typ := range []Type{Q8_0, Q5_0, Q4_0} {
@@ -214,10 +201,8 @@ func BenchmarkAVX2Forms(b *testing.B) {
 			}
 			out := make([]float32, rows*R)
 			for _, f := range forms {
-				if f.form == vnniNone && f.name != "avx2" {
-					continue // listed first already
-				}
-				b.Run(fmt.Sprintf("%s/rows%d/%s", typ, R, f.name), func(b *testing.B) {
+				name := [...]string{vnniNone: "avx2", vnniVEX: "avxvnni", vnniEVEX: "evexvnni"}[f.form]
+				b.Run(fmt.Sprintf("%s/rows%d/%s", typ, R, name), func(b *testing.B) {
 					defer func(prev int) { avxVNNI = prev }(avxVNNI)
 					avxVNNI = f.form
 					b.ReportAllocs()

@@ -3,9 +3,6 @@
 package quant
 
 // otherVNNIForms: no assembly here.
-func otherVNNIForms() []struct {
-	name string
-	form int
-} {
+func otherVNNIForms() []vnniTestForm {
 	return nil
 }
