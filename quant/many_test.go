@@ -376,14 +376,15 @@ func TestDotRowsMany(t *testing.T) {
 	})
 }
 
-// BenchmarkDotManyStream: DotQ80Many over 65,536 contiguous weight rows of
-// 576 columns (SmolLM2's width; 24–40 MB, streamed from memory as a decode
-// step streams its weights) on one core, with the VBMI kernels where the
-// CPU has them and with the VNNI ones.
+// BenchmarkDotManyStream: DotQ80Many (Q8_0, Q5_0, Q4_0) and DotMany (F16,
+// BF16) over 65,536 contiguous weight rows of 576 columns (SmolLM2's
+// width; 24–75 MB, streamed from memory as a decode step streams its
+// weights) on one core, with the VBMI kernels where the CPU has them and
+// with the VNNI ones.
 func BenchmarkDotManyStream(b *testing.B) {
 	r := rand.New(rand.NewPCG(31, 32))
 	const rows, k = 65536, 576
-	for _, typ := range []Type{Q8_0, Q5_0, Q4_0} {
+	for _, typ := range []Type{Q8_0, Q5_0, Q4_0, F16, BF16} {
 		rb, _ := typ.RowBytes(k)
 		all := make([]byte, 0, rows*rb)
 		for range rows {
@@ -393,11 +394,26 @@ func BenchmarkDotManyStream(b *testing.B) {
 		for i := range ws {
 			ws[i] = all[i*rb : (i+1)*rb]
 		}
+		out := make([]float32, rows)
+		report := func(b *testing.B) {
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(rows*k), "ns/weight")
+			b.ReportMetric(float64(b.N)*float64(rows*rb)/b.Elapsed().Seconds()/1e9, "GB/s")
+		}
+		if !SupportsQ80(typ) {
+			xf := gauss(r, k, 1)
+			b.Run(typ.String(), func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					DotMany(typ, ws, xf, out)
+				}
+				report(b)
+			})
+			continue
+		}
 		var x Q80
 		if err := x.Quantize(gauss(r, k, 1)); err != nil {
 			b.Fatal(err)
 		}
-		out := make([]float32, rows)
 		for _, vb := range []bool{true, false} {
 			if vb && !hasVBMI {
 				continue
@@ -409,8 +425,7 @@ func BenchmarkDotManyStream(b *testing.B) {
 				for b.Loop() {
 					DotQ80Many(typ, ws, &x, out)
 				}
-				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(rows*k), "ns/weight")
-				b.ReportMetric(float64(b.N)*float64(rows*rb)/b.Elapsed().Seconds()/1e9, "GB/s")
+				report(b)
 			})
 		}
 	}
