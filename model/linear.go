@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"unsafe"
 
 	"github.com/cacheblend/cacheblend/quant"
 	"github.com/cacheblend/cacheblend/simd"
@@ -52,6 +53,11 @@ type qmat struct {
 	n     int // rows
 	spans []rowSpan
 	mixed bool // the spans' types differ
+	// pairRows > 0: some consecutive spans are the two halves of a group
+	// of pairRows rows stored interleaved (the first span's rows at even
+	// positions, the second's at odd: unpermute's heads), which
+	// storageRowsInto hands over in memory order.
+	pairRows int
 }
 
 // rowSpan is rows [first, first+n) of a qmat, all of type t: row first+i
@@ -136,8 +142,64 @@ func withSpans(in int, spans []rowSpan) *qmat {
 	if len(spans) > 0 {
 		q.t = spans[0].t
 	}
+	for i := 0; i+1 < len(spans); i++ {
+		if interleaved(&spans[i], &spans[i+1]) {
+			q.pairRows = 2 * spans[i].n
+			break
+		}
+	}
 	return q
 }
+
+// interleaved reports whether spans a and b are the even and odd rows of
+// one run of 2·a.n rows stored back to back.
+func interleaved(a, b *rowSpan) bool {
+	return a.n > 0 && a.n == b.n && a.t == b.t && a.rb == b.rb && a.stride == 2*a.rb && b.stride == a.stride &&
+		len(a.data) > a.rb && unsafe.SliceData(b.data) == &a.data[a.rb]
+}
+
+// storageRowsInto writes the slice headers of rows [r0, r1) into buf as
+// rowsInto does, except that the rows of two interleaved spans (see
+// pairRows) lying wholly inside [r0, r1) come in memory order; idx[i] is
+// the row (− r0) of header i. inOrder reports that no row moved (idx then
+// is the identity).
+func (q *qmat) storageRowsInto(buf [][]byte, idx []int32, r0, r1 int) (_ [][]byte, _ []int32, inOrder bool) {
+	buf, idx = slices.Grow(buf[:0], r1-r0), slices.Grow(idx[:0], r1-r0)
+	inOrder = true
+	for s, r := q.spanAt(r0), r0; r < r1; s++ {
+		sp := &q.spans[s]
+		if r == sp.first && s+1 < len(q.spans) && sp.first+2*sp.n <= r1 && interleaved(sp, &q.spans[s+1]) {
+			b := &q.spans[s+1]
+			for i := range sp.n {
+				buf = append(buf, sp.row(i), b.row(i))
+				idx = append(idx, int32(sp.first+i-r0), int32(b.first+i-r0))
+			}
+			inOrder = false
+			r = b.first + b.n
+			s++
+			continue
+		}
+		e := min(r1, sp.first+sp.n)
+		o := (r - sp.first) * sp.stride
+		for ; r < e; r++ {
+			buf = append(buf, sp.data[o:o+sp.rb:o+sp.rb])
+			idx = append(idx, int32(r-r0))
+			o += sp.stride
+		}
+	}
+	return buf, idx, inOrder
+}
+
+// tileRowsMinK is the narrowest F16/BF16 weight whose one-row products
+// (decode at batch 1) go through quant.DotTile's tiles of four weight rows
+// instead of quant.DotMany's one row at a time: from 4,096 columns the
+// activations (16 KiB and more) and a row's stream no longer share the L1
+// cache, and four rows per pass over them read memory faster (F16 rows in
+// huge pages on one core, an AMD EPYC: 8,192 columns 17 against 10 GB/s,
+// 4,864 14 against 11; 2,560 13 against 19, 2,048 15 against 17). Only a
+// down projection is this wide in the files users run (Llama-3.2-1B's
+// 8,192, Qwen2.5-0.5B's 4,864).
+const tileRowsMinK = 4096
 
 const (
 	qDotRows = 2
@@ -379,12 +441,13 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		})
 		a = ra
 	}
-	if m == 1 {
+	tiles := quant.TileKernels(q.t, k)
+	if m == 1 && (k < tileRowsMinK || !tiles) {
 		x := a.row(0)[:k]
 		manyRows(tm, c, q, off, acc, func(ws [][]byte, out []float32) { quant.DotMany(q.t, ws, x, out) })
 		return
 	}
-	if m <= qRowDots && quant.TileKernels(q.t, k) {
+	if m <= qRowDots && tiles {
 		// A decode batch of F16 or BF16 weights: each task's rows in
 		// tiles of four against up to four activation rows, every weight
 		// vector converted once for them (no dequantized copy).
@@ -587,29 +650,65 @@ func gemmPanels(tm *team, c mat, x *quant.GemmTiles, q *qmat, acc bool) {
 // them to dots in runs of at most manyRun, whose results go straight into
 // c (or through a pooled buffer when acc: one on the stack escaped to the
 // heap, as dots is a function value, and made a decode step's garbage).
+// Rows are handed over in the order they lie in memory (storageRowsInto):
+// a llama file's Q and K heads, read in their logical order, jump every
+// other row, which the hardware prefetchers do not follow (F16 rows of
+// 2,048 columns on one core: 23 GB/s in order, 10 every other row); their
+// results are then scattered to their columns through the buffer. The
+// products are the same, row for row: only their order changes.
 func manyRows(tm *team, c mat, q *qmat, off int, acc bool, dots func(ws [][]byte, out []float32)) {
 	n := c.cols
-	chunk := dotChunk(n, tm.threads)
+	chunk, run := dotChunk(n, tm.threads), manyRun
+	if g := q.pairRows; g > 0 && g <= manyRun {
+		// Tasks and runs cut between heads, so that each interleaves.
+		chunk, run = (chunk+g-1)/g*g, manyRun/g*g
+	}
 	tm.run((n+chunk-1)/chunk, func(_, t int) {
 		var buf *[manyRun]float32
-		if acc {
-			buf = manyBufs.Get().(*[manyRun]float32)
-			defer manyBufs.Put(buf)
-		}
+		defer func() {
+			if buf != nil {
+				manyBufs.Put(buf)
+			}
+		}()
 		hdr := rowHeaders.Get().(*[][]byte)
 		defer rowHeaders.Put(hdr)
-		for j0 := t * chunk; j0 < min(n, (t+1)*chunk); j0 += manyRun {
-			j1 := min(n, (t+1)*chunk, j0+manyRun)
-			ws := q.rowsInto(*hdr, off+j0, off+j1)
+		var idx *[]int32
+		if q.pairRows > 0 {
+			idx = rowIndices.Get().(*[]int32)
+			defer rowIndices.Put(idx)
+		}
+		for j0 := t * chunk; j0 < min(n, (t+1)*chunk); j0 += run {
+			j1 := min(n, (t+1)*chunk, j0+run)
+			var ws [][]byte
+			inOrder := true
+			if idx == nil {
+				ws = q.rowsInto(*hdr, off+j0, off+j1)
+			} else {
+				ws, *idx, inOrder = q.storageRowsInto(*hdr, *idx, off+j0, off+j1)
+			}
 			*hdr = ws
 			dst := c.data[j0:j1]
-			if !acc {
+			if !acc && inOrder {
 				dots(ws, dst)
 				continue
 			}
+			if buf == nil {
+				buf = manyBufs.Get().(*[manyRun]float32)
+			}
 			dots(ws, buf[:])
-			for j, v := range buf[:j1-j0] {
-				dst[j] += v
+			switch {
+			case inOrder:
+				for j, v := range buf[:j1-j0] {
+					dst[j] += v
+				}
+			case acc:
+				for i, v := range buf[:j1-j0] {
+					dst[(*idx)[i]] += v
+				}
+			default:
+				for i, v := range buf[:j1-j0] {
+					dst[(*idx)[i]] = v
+				}
 			}
 		}
 	})
@@ -624,6 +723,10 @@ var manyBufs = sync.Pool{New: func() any { return new([manyRun]float32) }}
 // rowHeaders recycles the slice headers of a task's run of weight rows
 // (qmat.rowsInto), manyRun of them.
 var rowHeaders = sync.Pool{New: func() any { b := make([][]byte, 0, manyRun); return &b }}
+
+// rowIndices recycles the columns of a run of rows handed over in storage
+// order (qmat.storageRowsInto), manyRun of them.
+var rowIndices = sync.Pool{New: func() any { b := make([]int32, 0, manyRun); return &b }}
 
 // rowsBufs recycles the results of a decode batch's runs of weight rows
 // (manyRun rows × up to four activation rows).

@@ -2,7 +2,9 @@ package model
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"testing"
+	"unsafe"
 
 	"github.com/cacheblend/cacheblend/quant"
 )
@@ -65,6 +67,15 @@ func TestRowSpans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, pr := range []struct {
+		name string
+		q    *qmat
+		want int
+	}{{"tensor", a, 0}, {"unpermuted", perm, 4}, {"unpermuted, stacked", permAB, 4}, {"columns", cols, 0}} {
+		if pr.q.pairRows != pr.want {
+			t.Errorf("%s: pairRows %d, want %d", pr.name, pr.q.pairRows, pr.want)
+		}
+	}
 	tests := []struct {
 		name string
 		q    *qmat
@@ -101,6 +112,9 @@ func TestRowSpans(t *testing.T) {
 						}
 					}
 				}
+				for r1 := r0; r1 <= tt.q.n; r1++ {
+					checkStorageOrder(t, tt.q, q.rows, r0, r1)
+				}
 				if got := tt.q.typeAt(r0); got != q.types[r0] {
 					t.Errorf("typeAt(%d) = %s, want %s", r0, got, q.types[r0])
 				}
@@ -112,5 +126,105 @@ func TestRowSpans(t *testing.T) {
 	}
 	if _, err := abc.unpermute(3, 4); err == nil {
 		t.Error("unpermute of a stack: no error")
+	}
+}
+
+// checkStorageOrder checks q.storageRowsInto(r0, r1) against the rows in
+// logical order: every row once, at its index; the headers in ascending
+// memory order within each wholly covered interleaved pair of spans (so
+// ascending over a whole unpermuted tensor); inOrder exactly when no row
+// moved.
+func checkStorageOrder(t *testing.T, q *qmat, rows [][]byte, r0, r1 int) {
+	t.Helper()
+	ws, idx, inOrder := q.storageRowsInto(nil, nil, r0, r1)
+	if len(ws) != r1-r0 || len(idx) != r1-r0 {
+		t.Fatalf("storageRowsInto(%d, %d): %d headers, %d indices", r0, r1, len(ws), len(idx))
+	}
+	seen := make([]bool, r1-r0)
+	moved := false
+	for i, row := range ws {
+		j := int(idx[i])
+		if j < 0 || j >= r1-r0 || seen[j] {
+			t.Fatalf("storageRowsInto(%d, %d): index %d = %d repeated or out of range", r0, r1, i, j)
+		}
+		seen[j] = true
+		moved = moved || j != i
+		if !bytes.Equal(row, rows[r0+j]) || len(row) != cap(row) {
+			t.Fatalf("storageRowsInto(%d, %d) header %d (row %d) = %v, want %v", r0, r1, i, r0+j, row, rows[r0+j])
+		}
+	}
+	if inOrder == moved {
+		t.Fatalf("storageRowsInto(%d, %d): inOrder %v, rows moved %v", r0, r1, inOrder, moved)
+	}
+	for s := range q.spans {
+		sp := &q.spans[s]
+		if s+1 == len(q.spans) || !interleaved(sp, &q.spans[s+1]) || sp.first < r0 || sp.first+2*sp.n > r1 {
+			continue
+		}
+		i0 := sp.first - r0
+		for i := i0 + 1; i < i0+2*sp.n; i++ {
+			if uintptr(unsafe.Pointer(unsafe.SliceData(ws[i]))) <= uintptr(unsafe.Pointer(unsafe.SliceData(ws[i-1]))) {
+				t.Fatalf("storageRowsInto(%d, %d): header %d not after header %d in memory", r0, r1, i, i-1)
+			}
+		}
+	}
+}
+
+// TestManyRowsStorageOrder: a one-row product over unpermuted F16 heads
+// stacked with a plain tensor (a llama file's Q|K|V), over every column
+// range a view takes and with and without accumulation, equals each
+// row's own one-row kernel call, bit for bit, at one and two threads.
+func TestManyRowsStorageOrder(t *testing.T) {
+	const in, heads, hd = 64, 5, 24
+	r := rand.New(rand.NewPCG(3, 4))
+	f16 := func(out int) *qmat {
+		rb, _ := quant.F16.RowBytes(in)
+		data := make([]byte, rb*out)
+		for i := 0; i < len(data); i += 2 {
+			h := quant.F32ToF16(float32(r.NormFloat64()))
+			data[i], data[i+1] = byte(h), byte(h>>8)
+		}
+		q, err := newQmat(quant.F16, in, out, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q
+	}
+	perm, err := f16(heads*hd).unpermute(heads, hd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := stack(perm, f16(40))
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := make([]float32, in)
+	for i := range x {
+		x[i] = quant.F16ToF32(quant.F32ToF16(float32(r.NormFloat64())))
+	}
+	want := make([]float32, q.n)
+	for j := range want {
+		quant.DotMany(quant.F16, [][]byte{q.rowAt(j)}, x, want[j:j+1])
+	}
+	for _, threads := range []int{1, 2} {
+		tm := newTeam(threads)
+		for _, rg := range []struct{ off, n int }{{0, q.n}, {0, heads * hd}, {hd, 2 * hd}, {7, 100}, {heads * hd, 40}} {
+			for _, acc := range []bool{false, true} {
+				c := make([]float32, rg.n)
+				for j := range c {
+					c[j] = float32(j)
+				}
+				manyRows(tm, dense(c, 1, rg.n), q, rg.off, acc, func(ws [][]byte, out []float32) { quant.DotMany(quant.F16, ws, x, out) })
+				for j, v := range c {
+					w := want[rg.off+j]
+					if acc {
+						w += float32(j)
+					}
+					if v != w {
+						t.Fatalf("%d threads, rows [%d, %d), acc %v: column %d = %g, want %g", threads, rg.off, rg.off+rg.n, acc, j, v, w)
+					}
+				}
+			}
+		}
 	}
 }

@@ -378,21 +378,19 @@ func TestDotRowsMany(t *testing.T) {
 
 // BenchmarkDotManyStream: DotQ80Many (Q8_0, Q5_0, Q4_0) and DotMany (F16,
 // BF16) over 65,536 contiguous weight rows of 576 columns (SmolLM2's
-// width; 24–75 MB, streamed from memory as a decode step streams its
-// weights) on one core, with the VBMI kernels where the CPU has them and
+// width; 24–75 MB in huge pages, streamed from memory as a decode step
+// streams a resident model's weights) on one core, with the VBMI kernels where the CPU has them and
 // with the VNNI ones.
 func BenchmarkDotManyStream(b *testing.B) {
 	r := rand.New(rand.NewPCG(31, 32))
 	const rows, k = 65536, 576
 	for _, typ := range []Type{Q8_0, Q5_0, Q4_0, F16, BF16} {
 		rb, _ := typ.RowBytes(k)
-		all := make([]byte, 0, rows*rb)
-		for range rows {
-			all = append(all, randomRow(r, typ, k)...)
-		}
+		all := weightMemory(b, rows*rb)
 		ws := make([][]byte, rows)
 		for i := range ws {
 			ws[i] = all[i*rb : (i+1)*rb]
+			copy(ws[i], randomRow(r, typ, k))
 		}
 		out := make([]float32, rows)
 		report := func(b *testing.B) {
