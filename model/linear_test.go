@@ -15,14 +15,17 @@ import (
 // without accumulation, at a column offset.
 func TestQgemmPaths(t *testing.T) {
 	for _, n := range []int{70, 1100} {
-		t.Run(fmt.Sprintf("n%d", n), func(t *testing.T) { testQgemmPaths(t, n) })
+		t.Run(fmt.Sprintf("n%d", n), func(t *testing.T) { testQgemmPaths(t, n, 512) })
 	}
+	// Half-precision rows of tileRowsMinK columns: one activation row
+	// takes the tiles instead of the one-row kernel.
+	t.Run(fmt.Sprintf("n70/k%d", tileRowsMinK), func(t *testing.T) { testQgemmPaths(t, 70, tileRowsMinK) })
 }
 
-// testQgemmPaths is TestQgemmPaths on n weight rows (1,100: tasks of
-// several panels and spans of rows, see dotChunk).
-func testQgemmPaths(t *testing.T, n int) {
-	const k = 512
+// testQgemmPaths is TestQgemmPaths on n weight rows of k columns (1,100
+// rows: tasks of several panels and spans of rows, see dotChunk); from
+// tileRowsMinK columns on F16 and BF16 weights only.
+func testQgemmPaths(t *testing.T, n, k int) {
 	w := randMat(7, n*k)
 	build := func(t *testing.T, types ...quant.Type) *qmat {
 		var parts []*qmat
@@ -62,9 +65,15 @@ func testQgemmPaths(t *testing.T, n int) {
 		{"Q4_0", []quant.Type{quant.Q4_0}},
 		{"Q5_0|Q8_0|Q6_K mixed", []quant.Type{quant.Q5_0, quant.Q8_0, quant.Q6_K}},
 	}
+	if k >= tileRowsMinK {
+		weights = []struct {
+			name  string
+			types []quant.Type
+		}{{"F16", []quant.Type{quant.F16}}, {"BF16", []quant.Type{quant.BF16}}}
+	}
 	for _, wc := range weights {
 		ms := []int{1, qDotRows, qDotRows + 1, 8, qRowDots, qRowDots + 1, 100}
-		if n > 100 {
+		if n > 100 || k >= tileRowsMinK {
 			ms = []int{1, 3, qRowDots}
 		}
 		for _, m := range ms {
