@@ -33,8 +33,9 @@ import (
 // manyRows — also where quant.IntegerGEMV says only these run in
 // assembly: at the AVX2 level).
 // F16 and BF16 weights (where quant.TileKernels holds) take quant.DotTile
-// for up to qRowDots rows of x: tiles of four weight rows by four rows of
-// x, each weight vector converted once in registers for all of them.
+// for 2 to qRowDots rows of x, and for one row from tileRowsMinK columns:
+// tiles of four weight rows by four rows of x, each weight vector
+// converted once in registers for all of them.
 // Otherwise at most qDotRows rows of x take the fused float kernels
 // (quant.Dot per weight row, quant.DotMany per task for one row of x); up
 // to qRowDots rows dequantize a panel of
