@@ -381,16 +381,20 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		}
 		// Each task's weight rows go to one kernel call per group and run
 		// of at most manyRun rows (quant.DotQ8KRowsMany, DotQ80RowsMany).
-		chunk := dotChunk(n, tm.threads)
+		// The rows come in memory order (storageRowsInto, as manyRows):
+		// idx[i] is the column of header i.
+		chunk, run := runLengths(q, n, tm.threads)
 		tm.run((n+chunk-1)/chunk, func(_, t int) {
 			buf := rowsBufs.Get().(*[manyRun * g4]float32)
 			defer rowsBufs.Put(buf)
 			hdr := rowHeaders.Get().(*[][]byte)
 			defer rowHeaders.Put(hdr)
-			for j0 := t * chunk; j0 < min(n, (t+1)*chunk); j0 += manyRun {
-				j1 := min(n, (t+1)*chunk, j0+manyRun)
-				ws := q.rowsInto(*hdr, off+j0, off+j1)
-				*hdr = ws
+			idx := rowIndices.Get().(*[]int32)
+			defer rowIndices.Put(idx)
+			for j0 := t * chunk; j0 < min(n, (t+1)*chunk); j0 += run {
+				j1 := min(n, (t+1)*chunk, j0+run)
+				ws, ix, _ := q.storageRowsInto(*hdr, *idx, off+j0, off+j1)
+				*hdr, *idx = ws, ix
 				for g := range groups {
 					R := min(g4, m-g*g4)
 					if kq {
@@ -401,12 +405,12 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 					for r := range R {
 						dst := c.data[(g*g4+r)*c.stride+j0 : (g*g4+r)*c.stride+j1]
 						if acc {
-							for j := range dst {
-								dst[j] += buf[j*R+r]
+							for i, j := range ix {
+								dst[j] += buf[i*R+r]
 							}
 						} else {
-							for j := range dst {
-								dst[j] = buf[j*R+r]
+							for i, j := range ix {
+								dst[j] = buf[i*R+r]
 							}
 						}
 					}
@@ -452,14 +456,45 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		// A decode batch of F16 or BF16 weights: each task's rows in
 		// tiles of four against up to four activation rows, every weight
 		// vector converted once for them (no dequantized copy).
-		chunk := dotChunk(n, tm.threads)
+		// Rows in memory order (storageRowsInto, as manyRows); a run
+		// whose rows moved goes through a buffer and is scattered.
+		chunk, run := runLengths(q, n, tm.threads)
 		tm.run((n+chunk-1)/chunk, func(_, t int) {
 			hdr := rowHeaders.Get().(*[][]byte)
 			defer rowHeaders.Put(hdr)
-			for j0 := t * chunk; j0 < min(n, (t+1)*chunk); j0 += manyRun {
-				j1 := min(n, (t+1)*chunk, j0+manyRun)
-				*hdr = q.rowsInto(*hdr, off+j0, off+j1)
-				quant.DotTile(q.t, *hdr, a.data, a.stride, m, k, c.data[j0:], c.stride, acc)
+			idx := rowIndices.Get().(*[]int32)
+			defer rowIndices.Put(idx)
+			var buf *[manyRun * qRowDots]float32
+			defer func() {
+				if buf != nil {
+					tileBufs.Put(buf)
+				}
+			}()
+			for j0 := t * chunk; j0 < min(n, (t+1)*chunk); j0 += run {
+				j1 := min(n, (t+1)*chunk, j0+run)
+				ws, ix, inOrder := q.storageRowsInto(*hdr, *idx, off+j0, off+j1)
+				*hdr, *idx = ws, ix
+				if inOrder {
+					quant.DotTile(q.t, ws, a.data, a.stride, m, k, c.data[j0:], c.stride, acc)
+					continue
+				}
+				if buf == nil {
+					buf = tileBufs.Get().(*[manyRun * qRowDots]float32)
+				}
+				nr := j1 - j0
+				quant.DotTile(q.t, ws, a.data, a.stride, m, k, buf[:], nr, false)
+				for i := range m {
+					dst, src := c.data[i*c.stride+j0:i*c.stride+j1], buf[i*nr:(i+1)*nr]
+					if acc {
+						for h, j := range ix {
+							dst[j] += src[h]
+						}
+					} else {
+						for h, j := range ix {
+							dst[j] = src[h]
+						}
+					}
+				}
 			}
 		})
 		return
@@ -656,14 +691,12 @@ func gemmPanels(tm *team, c mat, x *quant.GemmTiles, q *qmat, acc bool) {
 // other row, which the hardware prefetchers do not follow (F16 rows of
 // 2,048 columns on one core: 23 GB/s in order, 10 every other row); their
 // results are then scattered to their columns through the buffer. The
-// products are the same, row for row: only their order changes.
+// products are the same, row for row: only their order changes. The decode
+// batch paths (quant.DotQ8KRowsMany/DotQ80RowsMany, quant.DotTile) take
+// their rows the same way.
 func manyRows(tm *team, c mat, q *qmat, off int, acc bool, dots func(ws [][]byte, out []float32)) {
 	n := c.cols
-	chunk, run := dotChunk(n, tm.threads), manyRun
-	if g := q.pairRows; g > 0 && g <= manyRun {
-		// Tasks and runs cut between heads, so that each interleaves.
-		chunk, run = (chunk+g-1)/g*g, manyRun/g*g
-	}
+	chunk, run := runLengths(q, n, tm.threads)
 	tm.run((n+chunk-1)/chunk, func(_, t int) {
 		var buf *[manyRun]float32
 		defer func() {
@@ -715,6 +748,18 @@ func manyRows(tm *team, c mat, q *qmat, off int, acc bool, dots func(ws [][]byte
 	})
 }
 
+// runLengths is how many of n weight rows of q one task of a decode-sized
+// product takes (dotChunk) and how many it hands to one kernel call (at
+// most manyRun): where q has interleaved heads (pairRows), both cut
+// between heads, so that storageRowsInto hands each head in memory order.
+func runLengths(q *qmat, n, threads int) (chunk, run int) {
+	chunk, run = dotChunk(n, threads), manyRun
+	if g := q.pairRows; g > 0 && g <= manyRun {
+		chunk, run = (chunk+g-1)/g*g, manyRun/g*g
+	}
+	return chunk, run
+}
+
 // manyRun is the most weight rows manyRows hands to one dots call;
 // manyBufs recycles its accumulation buffers.
 const manyRun = 256
@@ -728,6 +773,11 @@ var rowHeaders = sync.Pool{New: func() any { b := make([][]byte, 0, manyRun); re
 // rowIndices recycles the columns of a run of rows handed over in storage
 // order (qmat.storageRowsInto), manyRun of them.
 var rowIndices = sync.Pool{New: func() any { b := make([]int32, 0, manyRun); return &b }}
+
+// tileBufs recycles the results of a decode batch's run of half-precision
+// weight rows handed over out of column order (manyRun rows × up to
+// qRowDots activation rows).
+var tileBufs = sync.Pool{New: func() any { return new([manyRun * qRowDots]float32) }}
 
 // rowsBufs recycles the results of a decode batch's runs of weight rows
 // (manyRun rows × up to four activation rows).

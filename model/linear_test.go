@@ -27,7 +27,7 @@ func TestQgemmPaths(t *testing.T) {
 // tileRowsMinK columns on F16 and BF16 weights only.
 func testQgemmPaths(t *testing.T, n, k int) {
 	w := randMat(7, n*k)
-	build := func(t *testing.T, types ...quant.Type) *qmat {
+	build := func(t *testing.T, perm bool, types ...quant.Type) *qmat {
 		var parts []*qmat
 		per := n / len(types)
 		for i, typ := range types {
@@ -45,31 +45,46 @@ func testQgemmPaths(t *testing.T, n, k int) {
 			}
 			parts = append(parts, q)
 		}
+		if perm { // a llama file's Q or K: five heads of n/5 rows
+			p, err := parts[0].unpermute(5, n/5)
+			if err != nil {
+				t.Fatal(err)
+			}
+			parts[0] = p
+		}
 		q, err := stack(parts...)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if perm && q.pairRows != n/5 {
+			t.Fatalf("unpermuted weight: pairRows %d, want %d", q.pairRows, n/5)
 		}
 		return q
 	}
 	weights := []struct {
 		name  string
 		types []quant.Type
+		perm  bool // one type's rows as unpermuted heads
 	}{
-		{"F16", []quant.Type{quant.F16}},
-		{"Q8_0", []quant.Type{quant.Q8_0}},
-		{"Q4_K", []quant.Type{quant.Q4_K}},
-		{"Q6_K", []quant.Type{quant.Q6_K}},
-		{"Q4_K|Q6_K|Q4_K mixed", []quant.Type{quant.Q4_K, quant.Q6_K, quant.Q4_K}},
-		{"Q8_0|F16 mixed", []quant.Type{quant.Q8_0, quant.F16}},
-		{"Q5_0", []quant.Type{quant.Q5_0}},
-		{"Q4_0", []quant.Type{quant.Q4_0}},
-		{"Q5_0|Q8_0|Q6_K mixed", []quant.Type{quant.Q5_0, quant.Q8_0, quant.Q6_K}},
+		{"F16", []quant.Type{quant.F16}, false},
+		{"F16 unpermuted", []quant.Type{quant.F16}, true},
+		{"Q8_0 unpermuted", []quant.Type{quant.Q8_0}, true},
+		{"Q4_K unpermuted", []quant.Type{quant.Q4_K}, true},
+		{"Q8_0", []quant.Type{quant.Q8_0}, false},
+		{"Q4_K", []quant.Type{quant.Q4_K}, false},
+		{"Q6_K", []quant.Type{quant.Q6_K}, false},
+		{"Q4_K|Q6_K|Q4_K mixed", []quant.Type{quant.Q4_K, quant.Q6_K, quant.Q4_K}, false},
+		{"Q8_0|F16 mixed", []quant.Type{quant.Q8_0, quant.F16}, false},
+		{"Q5_0", []quant.Type{quant.Q5_0}, false},
+		{"Q4_0", []quant.Type{quant.Q4_0}, false},
+		{"Q5_0|Q8_0|Q6_K mixed", []quant.Type{quant.Q5_0, quant.Q8_0, quant.Q6_K}, false},
 	}
 	if k >= tileRowsMinK {
 		weights = []struct {
 			name  string
 			types []quant.Type
-		}{{"F16", []quant.Type{quant.F16}}, {"BF16", []quant.Type{quant.BF16}}}
+			perm  bool
+		}{{"F16", []quant.Type{quant.F16}, false}, {"BF16", []quant.Type{quant.BF16}, false}, {"F16 unpermuted", []quant.Type{quant.F16}, true}}
 	}
 	for _, wc := range weights {
 		ms := []int{1, qDotRows, qDotRows + 1, 8, qRowDots, qRowDots + 1, 100}
@@ -79,7 +94,7 @@ func testQgemmPaths(t *testing.T, n, k int) {
 		for _, m := range ms {
 			for _, acc := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%s/m%d/acc=%v", wc.name, m, acc), func(t *testing.T) {
-					q := build(t, wc.types...)
+					q := build(t, wc.perm, wc.types...)
 					if len(wc.types) > 1 && !q.mixed {
 						t.Fatal("mixed weight lost its row types")
 					}
