@@ -34,7 +34,8 @@ import (
 // assembly: at the AVX2 level).
 // F16 and BF16 weights (where quant.TileKernels holds) take quant.DotTile
 // for 2 to qRowDots rows of x, and for one row from tileRowsMinK columns:
-// tiles of four weight rows by four rows of x, each weight vector
+// tiles of four weight rows by four rows of x (two by eight for rows
+// shorter than 2 KiB, prefetching the next tile), each weight vector
 // converted once in registers for all of them.
 // Otherwise at most qDotRows rows of x take the fused float kernels
 // (quant.Dot per weight row, quant.DotMany per task for one row of x); up
@@ -454,8 +455,9 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 	}
 	if m <= qRowDots && tiles {
 		// A decode batch of F16 or BF16 weights: each task's rows in
-		// tiles of four against up to four activation rows, every weight
-		// vector converted once for them (no dequantized copy).
+		// quant.DotTile's tiles (four rows against up to four activation
+		// rows, or two against eight), every weight vector converted once
+		// for them (no dequantized copy).
 		// Rows in memory order (storageRowsInto, as manyRows); a run
 		// whose rows moved goes through a buffer and is scattered.
 		chunk, run := runLengths(q, n, tm.threads)

@@ -427,28 +427,22 @@ func dotHalfManyAsm(t Type, ws [][]byte, x, out []float32) bool {
 }
 
 //go:noescape
-func dotF16Tile1AVX512(ws *[]byte, a *float32, lda, k int, out *float32)
+func dotF16Tile4AVX512(ws *[]byte, a *float32, lda, k int, out *float32, next *byte, r int)
 
 //go:noescape
-func dotF16Tile2AVX512(ws *[]byte, a *float32, lda, k int, out *float32)
+func dotF16Tile4PAVX512(ws *[]byte, a *float32, lda, k int, out *float32, next *byte, r int)
 
 //go:noescape
-func dotF16Tile3AVX512(ws *[]byte, a *float32, lda, k int, out *float32)
+func dotF16Tile2PAVX512(ws *[]byte, a *float32, lda, k int, out *float32, next *byte, r int)
 
 //go:noescape
-func dotF16Tile4AVX512(ws *[]byte, a *float32, lda, k int, out *float32)
+func dotBF16Tile4AVX512(ws *[]byte, a *float32, lda, k int, out *float32, next *byte, r int)
 
 //go:noescape
-func dotBF16Tile1AVX512(ws *[]byte, a *float32, lda, k int, out *float32)
+func dotBF16Tile4PAVX512(ws *[]byte, a *float32, lda, k int, out *float32, next *byte, r int)
 
 //go:noescape
-func dotBF16Tile2AVX512(ws *[]byte, a *float32, lda, k int, out *float32)
-
-//go:noescape
-func dotBF16Tile3AVX512(ws *[]byte, a *float32, lda, k int, out *float32)
-
-//go:noescape
-func dotBF16Tile4AVX512(ws *[]byte, a *float32, lda, k int, out *float32)
+func dotBF16Tile2PAVX512(ws *[]byte, a *float32, lda, k int, out *float32, next *byte, r int)
 
 // halfTileAsm reports whether DotTile's kernels run for t and k: F16 or
 // BF16 rows at the AVX-512 level, k a positive multiple of 16.
@@ -456,26 +450,24 @@ func halfTileAsm(t Type, k int) bool {
 	return level() == lvlAVX512 && k > 0 && k%16 == 0 && (t == F16 || t == BF16)
 }
 
-// halfTile runs the kernel of r (1…4) activation rows for t (see
-// halfTileAsm): out[i*4+j] = ws[j] · a[i*lda:][:k].
-func halfTile(t Type, r int, ws *[]byte, a *float32, lda, k int, out *float32) {
+// halfTile runs the tile kernel of w (4 or 2) weight rows against r
+// activation rows for t (see halfTileAsm; r ≤ 4 when w is 4, ≤ 8 when 2):
+// out[i*4+j] = ws[j] · a[i*lda:][:k]. With prefetch (always when w is 2)
+// the kernel prefetches w rows' bytes from next.
+func halfTile(t Type, w int, prefetch bool, ws *[]byte, a *float32, lda, k int, out *float32, next *byte, r int) {
 	switch {
-	case t == F16 && r == 4:
-		dotF16Tile4AVX512(ws, a, lda, k, out)
-	case t == F16 && r == 3:
-		dotF16Tile3AVX512(ws, a, lda, k, out)
-	case t == F16 && r == 2:
-		dotF16Tile2AVX512(ws, a, lda, k, out)
+	case t == F16 && w == 2:
+		dotF16Tile2PAVX512(ws, a, lda, k, out, next, r)
+	case t == F16 && prefetch:
+		dotF16Tile4PAVX512(ws, a, lda, k, out, next, r)
 	case t == F16:
-		dotF16Tile1AVX512(ws, a, lda, k, out)
-	case r == 4:
-		dotBF16Tile4AVX512(ws, a, lda, k, out)
-	case r == 3:
-		dotBF16Tile3AVX512(ws, a, lda, k, out)
-	case r == 2:
-		dotBF16Tile2AVX512(ws, a, lda, k, out)
+		dotF16Tile4AVX512(ws, a, lda, k, out, next, r)
+	case w == 2:
+		dotBF16Tile2PAVX512(ws, a, lda, k, out, next, r)
+	case prefetch:
+		dotBF16Tile4PAVX512(ws, a, lda, k, out, next, r)
 	default:
-		dotBF16Tile1AVX512(ws, a, lda, k, out)
+		dotBF16Tile4AVX512(ws, a, lda, k, out, next, r)
 	}
 }
 

@@ -816,63 +816,96 @@ func zHalf(name string, f16, many bool) {
 	zHsumRet(24)
 }
 
-// zHalfTile: a tile of four F16 or BF16 weight rows (read from four
-// consecutive slice headers at ws) against R activation rows (a, rows
-// lda floats apart), k a multiple of 16 and positive: out[i*4+j] =
-// row j · activation row i. Per 16 columns each weight vector is converted
-// once and feeds R FMAs, so a decode batch needs no dequantized copy of
-// the weights (sixteen accumulators at R = 4).
-func zHalfTile(name string, f16 bool, R int) {
+// zHalfTile: a tile of W (4 or 2) F16 or BF16 weight rows (read from W
+// consecutive slice headers at ws) against r activation rows (a, rows lda
+// floats apart; r from 1 to maxR, the argument r picking the loop), k a
+// multiple of 16 and positive: out[i*4+j] = row j · activation row i.
+// Per 16 columns each weight vector is converted once and feeds r FMAs,
+// so a decode batch needs no dequantized copy of the weights (W·r ≤ 16
+// accumulators). With prefetch, each iteration also prefetches the W·32
+// bytes at next + W·(its offset): W·(row bytes) from next, the next tile's
+// rows when they lie back to back, are in the cache when its call starts.
+// Rows shorter than 2 KiB need it (at 576–960 columns the hardware
+// prefetcher leaves a tile waiting on memory, see DotTile).
+func zHalfTile(name string, f16 bool, W, maxR int, prefetch bool) {
 	p("")
-	p("// func %s(ws *[]byte, a *float32, lda, k int, out *float32): %d activation rows, k a positive multiple of 16.", name, R)
-	p("TEXT ·%s(SB), NOSPLIT, $0-40", name)
+	p("// func %s(ws *[]byte, a *float32, lda, k int, out *float32, next *byte, r int): %d weight rows, 1 to %d activation rows, k a positive multiple of 16.", name, W, maxR)
+	p("TEXT ·%s(SB), NOSPLIT, $0-56", name)
 	p("\tMOVQ ws+0(FP), AX")
-	wreg := []string{"R10", "R11", "R12", "R13"}
+	wreg := []string{"R10", "R11", "R12", "R13"}[:W]
 	for j, r := range wreg {
 		p("\tMOVQ %d(AX), %s", 24*j, r)
 	}
+	p("\tMOVQ next+40(FP), AX")
 	p("\tMOVQ a+8(FP), SI")
 	p("\tMOVQ lda+16(FP), R8")
 	p("\tSHLQ $2, R8")
 	p("\tLEAQ (R8)(R8*2), R9")
-	p("\tMOVQ k+24(FP), CX")
-	p("\tSHRQ $4, CX")
+	if maxR > 4 {
+		p("\tLEAQ (SI)(R8*4), BX")
+	}
 	p("\tMOVQ out+32(FP), DI")
-	p("\tXORQ DX, DX")
-	for i := range 4 * R {
-		p("\tVPXORD Z%d, Z%d, Z%d", i, i, i)
+	p("\tMOVQ r+48(FP), CX")
+	for R := 1; R < maxR; R++ {
+		p("\tCMPQ CX, $%d", R)
+		p("\tJEQ %s_r%d", name, R)
 	}
-	p("%s_loop:", name)
-	for j, r := range wreg {
-		if f16 {
-			p("\tVCVTPH2PS (%s)(DX*1), Z%d", r, 16+j)
-		} else {
-			p("\tVPMOVZXWD (%s)(DX*1), Z%d", r, 16+j)
-			p("\tVPSLLD $16, Z%d, Z%d", 16+j, 16+j)
+	p("\tJMP %s_r%d", name, maxR)
+	arow := []string{"(SI)", "(SI)(R8*1)", "(SI)(R8*2)", "(SI)(R9*1)", "(BX)", "(BX)(R8*1)", "(BX)(R8*2)", "(BX)(R9*1)"}
+	for R := 1; R <= maxR; R++ {
+		p("%s_r%d:", name, R)
+		p("\tMOVQ k+24(FP), CX")
+		p("\tSHRQ $4, CX")
+		p("\tXORQ DX, DX")
+		for i := range W * R {
+			p("\tVPXORD Z%d, Z%d, Z%d", i, i, i)
 		}
-	}
-	arow := []string{"", "(R8*1)", "(R8*2)", "(R9*1)"}
-	for i := range R {
-		p("\tVMOVUPS (SI)%s, Z%d", arow[i], 20+i)
-		for j := range 4 {
-			p("\tVFMADD231PS Z%d, Z%d, Z%d", 16+j, 20+i, i*4+j)
+		p("%s_r%dloop:", name, R)
+		if prefetch {
+			switch W {
+			case 2:
+				p("\tPREFETCHT0 (AX)(DX*2)")
+			case 4:
+				p("\tPREFETCHT0 (AX)(DX*4)")
+				p("\tPREFETCHT0 64(AX)(DX*4)")
+			}
 		}
+		for j, r := range wreg {
+			if f16 {
+				p("\tVCVTPH2PS (%s)(DX*1), Z%d", r, 16+j)
+			} else {
+				p("\tVPMOVZXWD (%s)(DX*1), Z%d", r, 16+j)
+				p("\tVPSLLD $16, Z%d, Z%d", 16+j, 16+j)
+			}
+		}
+		for i := range R {
+			p("\tVMOVUPS %s, Z%d", arow[i], 20+i%4)
+			for j := range W {
+				p("\tVFMADD231PS Z%d, Z%d, Z%d", 16+j, 20+i%4, i*W+j)
+			}
+		}
+		p("\tADDQ $32, DX")
+		p("\tADDQ $64, SI")
+		if R > 4 {
+			p("\tADDQ $64, BX")
+		}
+		p("\tDECQ CX")
+		p("\tJNZ %s_r%dloop", name, R)
+		for i := range R {
+			for j := range W {
+				r := i*W + j
+				p("\tVEXTRACTF64X4 $1, Z%d, Y24", r)
+				p("\tVADDPS Y24, Y%d, Y%d", r, r)
+				p("\tVEXTRACTF32X4 $1, Y%d, X24", r)
+				p("\tVADDPS X24, X%d, X%d", r, r)
+				p("\tVHADDPS X%d, X%d, X%d", r, r, r)
+				p("\tVHADDPS X%d, X%d, X%d", r, r, r)
+				p("\tVMOVSS X%d, %d(DI)", r, 4*(i*4+j))
+			}
+		}
+		p("\tVZEROUPPER")
+		p("\tRET")
 	}
-	p("\tADDQ $32, DX")
-	p("\tADDQ $64, SI")
-	p("\tDECQ CX")
-	p("\tJNZ %s_loop", name)
-	for r := range 4 * R {
-		p("\tVEXTRACTF64X4 $1, Z%d, Y24", r)
-		p("\tVADDPS Y24, Y%d, Y%d", r, r)
-		p("\tVEXTRACTF32X4 $1, Y%d, X24", r)
-		p("\tVADDPS X24, X%d, X%d", r, r)
-		p("\tVHADDPS X%d, X%d, X%d", r, r, r)
-		p("\tVHADDPS X%d, X%d, X%d", r, r, r)
-		p("\tVMOVSS X%d, %d(DI)", r, 4*r)
-	}
-	p("\tVZEROUPPER")
-	p("\tRET")
 }
 
 // zHalfScale broadcasts the f16 at off(SI) into Z(reg).
@@ -2375,9 +2408,14 @@ func main() {
 	// The Many forms: a task's weight rows in one call.
 	zHalf("dotF16ManyAVX512", true, true)
 	zHalf("dotBF16ManyAVX512", false, true)
-	for r := 1; r <= 4; r++ {
-		zHalfTile(fmt.Sprintf("dotF16Tile%dAVX512", r), true, r)
-		zHalfTile(fmt.Sprintf("dotBF16Tile%dAVX512", r), false, r)
+	for _, f16 := range []bool{true, false} {
+		t := "BF16"
+		if f16 {
+			t = "F16"
+		}
+		zHalfTile("dot"+t+"Tile4AVX512", f16, 4, 4, false)
+		zHalfTile("dot"+t+"Tile4PAVX512", f16, 4, 4, true)
+		zHalfTile("dot"+t+"Tile2PAVX512", f16, 2, 8, true)
 	}
 	zQ4KQ8K(true)
 	zQ6KQ8K(true)

@@ -206,21 +206,23 @@ func BenchmarkDotMany(b *testing.B) {
 }
 
 // TestDotTile checks DotTile against float64 dots of the dequantized rows
-// for every count of activation rows (the kernels take one to four) and
-// of weight rows (a partial last tile), with and without accumulation,
-// and that nothing between the rows or past them is written. F16 and BF16
-// run the tile kernels at the AVX-512 level (k = 40 does not: Dot per
-// pair); Q8_0 is always Dot per pair.
+// for every count of activation rows the kernels take (one to four, one
+// to eight in the two-row tiles of short rows) and more (several groups),
+// and of weight rows (a partial last tile), with and without
+// accumulation, and that nothing between the rows or past them is
+// written. F16 and BF16 run the tile kernels at the AVX-512 level (k = 40
+// does not: Dot per pair), rows of 32 and 896 columns the prefetching
+// ones, 1,024 the others; Q8_0 is always Dot per pair.
 func TestDotTile(t *testing.T) {
 	r := rand.New(rand.NewPCG(25, 26))
 	atEachLevel(t, func(t *testing.T) {
 		for _, typ := range []Type{F16, BF16, Q8_0} {
-			for _, k := range []int{32, 40, 896} {
+			for _, k := range []int{32, 40, 896, 1024} {
 				if k%typ.BlockSize() != 0 {
 					continue
 				}
-				for _, m := range []int{1, 2, 3, 4, 5, 8} {
-					for _, n := range []int{1, 3, 4, 9} {
+				for _, m := range []int{1, 2, 3, 4, 5, 6, 7, 8, 11, 17} {
+					for _, n := range []int{1, 2, 3, 4, 9} {
 						for _, acc := range []bool{false, true} {
 							t.Run(fmt.Sprintf("%s/k%d/m%d/n%d/acc%v", typ, k, m, n, acc), func(t *testing.T) {
 								ws := manyRows(r, typ, k, n)
@@ -425,6 +427,52 @@ func BenchmarkDotManyStream(b *testing.B) {
 				}
 				report(b)
 			})
+		}
+	}
+}
+
+// BenchmarkDotTileStream: DotTile's decode-batch product on one core with
+// its weight rows streaming from memory (256 MiB of F16 or BF16 rows in
+// huge pages, as a resident model's) against m activation rows, in runs of
+// 64 rows as package model hands them over, with the prefetching kernels
+// (prefetch=true) and without: the measurement behind tilePrefetchBytes.
+func BenchmarkDotTileStream(b *testing.B) {
+	r := rand.New(rand.NewPCG(33, 34))
+	defer func(prev int) { tilePrefetchBytes = prev }(tilePrefetchBytes)
+	for _, typ := range []Type{F16, BF16} {
+		for _, k := range []int{576, 896, 2048} {
+			rb, _ := typ.RowBytes(k)
+			rows := (256 << 20) / rb / 64 * 64
+			all := weightMemory(b, rows*rb)
+			ws := make([][]byte, rows)
+			for i := range ws {
+				ws[i] = all[i*rb : (i+1)*rb]
+				if i < 64 {
+					copy(ws[i], randomRow(r, typ, k))
+				} else {
+					copy(ws[i], ws[i%64])
+				}
+			}
+			for _, m := range []int{4, 8} {
+				a := gauss(r, m*k, 1)
+				dst := make([]float32, m*rows)
+				for _, pf := range []bool{false, true} {
+					b.Run(fmt.Sprintf("%s/k%d/m%d/prefetch=%v", typ, k, m, pf), func(b *testing.B) {
+						tilePrefetchBytes = 0
+						if pf {
+							tilePrefetchBytes = 1 << 30
+						}
+						b.ReportAllocs()
+						for b.Loop() {
+							for j := 0; j < rows; j += 64 {
+								DotTile(typ, ws[j:j+64], a, k, m, k, dst[j:], rows, false)
+							}
+						}
+						b.ReportMetric(float64(b.N)*float64(rows*rb)/b.Elapsed().Seconds()/1e9, "GB/s")
+						b.ReportMetric(float64(b.N)*2*float64(m*k*rows)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+					})
+				}
+			}
 		}
 	}
 }
