@@ -708,21 +708,12 @@ func manyRows(tm *team, c mat, q *qmat, off int, acc bool, dots func(ws [][]byte
 		}()
 		hdr := rowHeaders.Get().(*[][]byte)
 		defer rowHeaders.Put(hdr)
-		var idx *[]int32
-		if q.pairRows > 0 {
-			idx = rowIndices.Get().(*[]int32)
-			defer rowIndices.Put(idx)
-		}
+		idx := rowIndices.Get().(*[]int32)
+		defer rowIndices.Put(idx)
 		for j0 := t * chunk; j0 < min(n, (t+1)*chunk); j0 += run {
 			j1 := min(n, (t+1)*chunk, j0+run)
-			var ws [][]byte
-			inOrder := true
-			if idx == nil {
-				ws = q.rowsInto(*hdr, off+j0, off+j1)
-			} else {
-				ws, *idx, inOrder = q.storageRowsInto(*hdr, *idx, off+j0, off+j1)
-			}
-			*hdr = ws
+			ws, ix, inOrder := q.storageRowsInto(*hdr, *idx, off+j0, off+j1)
+			*hdr, *idx = ws, ix
 			dst := c.data[j0:j1]
 			if !acc && inOrder {
 				dots(ws, dst)
@@ -739,11 +730,11 @@ func manyRows(tm *team, c mat, q *qmat, off int, acc bool, dots func(ws [][]byte
 				}
 			case acc:
 				for i, v := range buf[:j1-j0] {
-					dst[(*idx)[i]] += v
+					dst[ix[i]] += v
 				}
 			default:
 				for i, v := range buf[:j1-j0] {
-					dst[(*idx)[i]] = v
+					dst[ix[i]] = v
 				}
 			}
 		}
