@@ -162,21 +162,28 @@ func interleaved(a, b *rowSpan) bool {
 
 // storageRowsInto writes the slice headers of rows [r0, r1) into buf as
 // rowsInto does, except that the rows of two interleaved spans (see
-// pairRows) lying wholly inside [r0, r1) come in memory order; idx[i] is
-// the row (− r0) of header i. inOrder reports that no row moved (idx then
-// is the identity).
+// pairRows) lying wholly inside [r0, r1) come in memory order. inOrder
+// reports that no row moved; idx (reused from its backing array) is
+// written only when one did: idx[i] is then the row (− r0) of header i.
+// A range with no interleaved pair costs what rowsInto does.
 func (q *qmat) storageRowsInto(buf [][]byte, idx []int32, r0, r1 int) (_ [][]byte, _ []int32, inOrder bool) {
-	buf, idx = slices.Grow(buf[:0], r1-r0), slices.Grow(idx[:0], r1-r0)
+	buf, idx = slices.Grow(buf[:0], r1-r0), idx[:0]
 	inOrder = true
 	for s, r := q.spanAt(r0), r0; r < r1; s++ {
 		sp := &q.spans[s]
 		if r == sp.first && s+1 < len(q.spans) && sp.first+2*sp.n <= r1 && interleaved(sp, &q.spans[s+1]) {
+			if inOrder { // the rows before did not move
+				idx = slices.Grow(idx, r1-r0)
+				for i := range len(buf) {
+					idx = append(idx, int32(i))
+				}
+				inOrder = false
+			}
 			b := &q.spans[s+1]
 			for i := range sp.n {
 				buf = append(buf, sp.row(i), b.row(i))
 				idx = append(idx, int32(sp.first+i-r0), int32(b.first+i-r0))
 			}
-			inOrder = false
 			r = b.first + b.n
 			s++
 			continue
@@ -185,7 +192,9 @@ func (q *qmat) storageRowsInto(buf [][]byte, idx []int32, r0, r1 int) (_ [][]byt
 		o := (r - sp.first) * sp.stride
 		for ; r < e; r++ {
 			buf = append(buf, sp.data[o:o+sp.rb:o+sp.rb])
-			idx = append(idx, int32(r-r0))
+			if !inOrder {
+				idx = append(idx, int32(r-r0))
+			}
 			o += sp.stride
 		}
 	}
@@ -383,7 +392,7 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		// Each task's weight rows go to one kernel call per group and run
 		// of at most manyRun rows (quant.DotQ8KRowsMany, DotQ80RowsMany).
 		// The rows come in memory order (storageRowsInto, as manyRows):
-		// idx[i] is the column of header i.
+		// when they moved, idx[i] is the column of header i.
 		chunk, run := runLengths(q, n, tm.threads)
 		tm.run((n+chunk-1)/chunk, func(_, t int) {
 			buf := rowsBufs.Get().(*[manyRun * g4]float32)
@@ -394,8 +403,11 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 			defer rowIndices.Put(idx)
 			for j0 := t * chunk; j0 < min(n, (t+1)*chunk); j0 += run {
 				j1 := min(n, (t+1)*chunk, j0+run)
-				ws, ix, _ := q.storageRowsInto(*hdr, *idx, off+j0, off+j1)
+				ws, ix, inOrder := q.storageRowsInto(*hdr, *idx, off+j0, off+j1)
 				*hdr, *idx = ws, ix
+				if inOrder {
+					ix = nil
+				}
 				for g := range groups {
 					R := min(g4, m-g*g4)
 					if kq {
@@ -404,16 +416,7 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 						quant.DotQ80RowsMany(q.t, ws, &ia.zr[g], buf[:])
 					}
 					for r := range R {
-						dst := c.data[(g*g4+r)*c.stride+j0 : (g*g4+r)*c.stride+j1]
-						if acc {
-							for i, j := range ix {
-								dst[j] += buf[i*R+r]
-							}
-						} else {
-							for i, j := range ix {
-								dst[j] = buf[i*R+r]
-							}
-						}
+						scatterColumn(c.data[(g*g4+r)*c.stride+j0:(g*g4+r)*c.stride+j1], buf[r:], R, ix, acc)
 					}
 				}
 			}
@@ -486,16 +489,7 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 				nr := j1 - j0
 				quant.DotTile(q.t, ws, a.data, a.stride, m, k, buf[:], nr, false)
 				for i := range m {
-					dst, src := c.data[i*c.stride+j0:i*c.stride+j1], buf[i*nr:(i+1)*nr]
-					if acc {
-						for h, j := range ix {
-							dst[j] += src[h]
-						}
-					} else {
-						for h, j := range ix {
-							dst[j] = src[h]
-						}
-					}
+					scatterColumn(c.data[i*c.stride+j0:i*c.stride+j1], buf[i*nr:(i+1)*nr], 1, ix, acc)
 				}
 			}
 		})
@@ -723,22 +717,35 @@ func manyRows(tm *team, c mat, q *qmat, off int, acc bool, dots func(ws [][]byte
 				buf = manyBufs.Get().(*[manyRun]float32)
 			}
 			dots(ws, buf[:])
-			switch {
-			case inOrder:
-				for j, v := range buf[:j1-j0] {
-					dst[j] += v
-				}
-			case acc:
-				for i, v := range buf[:j1-j0] {
-					dst[ix[i]] += v
-				}
-			default:
-				for i, v := range buf[:j1-j0] {
-					dst[ix[i]] = v
-				}
+			if inOrder {
+				ix = nil
 			}
+			scatterColumn(dst, buf[:], 1, ix, acc)
 		}
 	})
+}
+
+// scatterColumn writes (acc: adds) src[i·stride] to dst[ix[i]] for every
+// column i of dst, or to dst[i] when ix is nil (the rows did not move).
+func scatterColumn(dst, src []float32, stride int, ix []int32, acc bool) {
+	switch {
+	case ix == nil && acc:
+		for i := range dst {
+			dst[i] += src[i*stride]
+		}
+	case ix == nil:
+		for i := range dst {
+			dst[i] = src[i*stride]
+		}
+	case acc:
+		for i, j := range ix {
+			dst[j] += src[i*stride]
+		}
+	default:
+		for i, j := range ix {
+			dst[j] = src[i*stride]
+		}
+	}
 }
 
 // runLengths is how many of n weight rows of q one task of a decode-sized
