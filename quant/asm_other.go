@@ -53,7 +53,7 @@ func q80BlocksAsm([]float32, []int8, []float32) bool { return false }
 func halfTileAsm(Type, int) bool { return false }
 
 // halfTile is never called (halfTileAsm is false).
-func halfTile(Type, int, bool, *[]byte, *float32, int, int, *float32, *byte, int) {}
+func halfTile(Type, tileForm, *[]byte, *float32, int, int, *float32, *byte, int) {}
 
 // dotQ80RowsManyAsm has no assembly to run.
 func dotQ80RowsManyAsm(Type, [][]byte, *Q80Rows, []float32) bool { return false }

@@ -450,21 +450,21 @@ func halfTileAsm(t Type, k int) bool {
 	return level() == lvlAVX512 && k > 0 && k%16 == 0 && (t == F16 || t == BF16)
 }
 
-// halfTile runs the tile kernel of w (4 or 2) weight rows against r
-// activation rows for t (see halfTileAsm; r ≤ 4 when w is 4, ≤ 8 when 2):
-// out[i*4+j] = ws[j] · a[i*lda:][:k]. With prefetch (always when w is 2)
-// the kernel prefetches w rows' bytes from next.
-func halfTile(t Type, w int, prefetch bool, ws *[]byte, a *float32, lda, k int, out *float32, next *byte, r int) {
+// halfTile runs DotTile's kernel of form f for t (see halfTileAsm) against
+// r activation rows (r ≤ f.maxRows()): out[i*4+j] = ws[j] · a[i*lda:][:k]
+// for the f.rows() weight rows; the prefetching forms prefetch as many
+// rows' bytes from next.
+func halfTile(t Type, f tileForm, ws *[]byte, a *float32, lda, k int, out *float32, next *byte, r int) {
 	switch {
-	case t == F16 && w == 2:
+	case t == F16 && f == tile2P:
 		dotF16Tile2PAVX512(ws, a, lda, k, out, next, r)
-	case t == F16 && prefetch:
+	case t == F16 && f == tile4P:
 		dotF16Tile4PAVX512(ws, a, lda, k, out, next, r)
 	case t == F16:
 		dotF16Tile4AVX512(ws, a, lda, k, out, next, r)
-	case w == 2:
+	case f == tile2P:
 		dotBF16Tile2PAVX512(ws, a, lda, k, out, next, r)
-	case prefetch:
+	case f == tile4P:
 		dotBF16Tile4PAVX512(ws, a, lda, k, out, next, r)
 	default:
 		dotBF16Tile4AVX512(ws, a, lda, k, out, next, r)

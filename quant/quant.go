@@ -259,11 +259,14 @@ func DotTile(t Type, ws [][]byte, a []float32, lda, m, k int, dst []float32, ldd
 	// Rows shorter than tilePrefetchBytes go through the prefetching
 	// kernels (the next tile's rows are fetched while this one computes),
 	// in tiles of two rows by up to eight activation rows when m > 4.
-	short := rb < tilePrefetchBytes
-	w, maxR := 4, 4
-	if short && m > 4 {
-		w, maxR = 2, 8
+	f := tile4
+	switch {
+	case rb < tilePrefetchBytes && m > 4:
+		f = tile2P
+	case rb < tilePrefetchBytes:
+		f = tile4P
 	}
+	w, maxR := f.rows(), f.maxRows()
 	var out [32]float32
 	var hdr [4][]byte
 	for j0 := 0; j0 < n; j0 += w {
@@ -279,12 +282,37 @@ func DotTile(t Type, ws [][]byte, a []float32, lda, m, k int, dst []float32, ldd
 		next := &ws[min(j0+w, n-1)][0] // k > 0: rows are not empty
 		for i0 := 0; i0 < m; i0 += maxR {
 			r := min(maxR, m-i0)
-			halfTile(t, w, short, hp, &a[i0*lda], lda, k, &out[0], next, r)
+			halfTile(t, f, hp, &a[i0*lda], lda, k, &out[0], next, r)
 			for i := range r {
 				put(dst[(i0+i)*ldd+j0:(i0+i)*ldd+j0+nj], out[i*4:i*4+nj])
 			}
 		}
 	}
+}
+
+// tileForm is one of DotTile's kernel forms.
+type tileForm uint8
+
+const (
+	tile4  tileForm = iota // four weight rows by up to four activation rows
+	tile4P                 // tile4, prefetching the next tile's rows
+	tile2P                 // two weight rows by up to eight activation rows, prefetching
+)
+
+// rows is how many weight rows a tile of f holds.
+func (f tileForm) rows() int {
+	if f == tile2P {
+		return 2
+	}
+	return 4
+}
+
+// maxRows is how many activation rows one call of f's kernel takes.
+func (f tileForm) maxRows() int {
+	if f == tile2P {
+		return 8
+	}
+	return 4
 }
 
 // tilePrefetchBytes: DotTile's rows shorter than this many bytes take
