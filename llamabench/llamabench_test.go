@@ -111,7 +111,7 @@ func TestRunSideBySide(t *testing.T) {
 				t.Fatalf("%s: figure %d = %+v", name, i, s)
 			}
 		}
-		if len(side.Prefill) != 2 || side.RSS <= 0 || side.KVBytes <= 0 {
+		if len(side.Prefill) != 2 || side.RSS <= 0 || side.KVBytes <= 0 || side.Decode1BandwidthGBs <= 0 {
 			t.Fatalf("%s: %+v", name, side)
 		}
 	}
@@ -134,10 +134,37 @@ func TestRunSideBySide(t *testing.T) {
 			t.Fatalf("tables lack %q:\n%s", want, md.String())
 		}
 	}
-	if !strings.Contains(js.String(), `"Median"`) || strings.Contains(md.String(), "| – | – |") {
+	if !strings.Contains(js.String(), `"Median"`) || strings.Contains(md.String(), "| – | – |") || strings.Contains(md.String(), "/ –") {
 		t.Fatalf("report incomplete:\n%s\n%s", md.String(), js.String())
 	}
 	if filepath.Dir(path) != dir {
 		t.Fatalf("file written to %s, not %s", path, dir)
+	}
+}
+
+// TestRunBandwidth: the run's highest and lowest bandwidth and the count
+// take every reading (machine, each file's start, each engine's batch-1
+// decode) and skip the unmeasured.
+func TestRunBandwidth(t *testing.T) {
+	mc := Machine{BandwidthGBs: 30}
+	cases := []struct {
+		name      string
+		rs        []Result
+		high, low float64
+		n         int
+	}{
+		{"machine only", nil, 30, 30, 1},
+		{"file start lower", []Result{{BandwidthGBs: 20}}, 30, 20, 2},
+		{"our decode highest", []Result{{BandwidthGBs: 25, Ours: Side{Decode1BandwidthGBs: 50}}}, 50, 25, 3},
+		{"llama.cpp's lowest", []Result{{BandwidthGBs: 25, Ours: Side{Decode1BandwidthGBs: 28}, Llama: &Side{Decode1BandwidthGBs: 12}}}, 30, 12, 4},
+		{"unmeasured skipped", []Result{{Llama: &Side{}}}, 30, 30, 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			high, low, n := RunBandwidth(mc, tc.rs)
+			if high != tc.high || low != tc.low || n != tc.n {
+				t.Fatalf("RunBandwidth = %v, %v, %d; want %v, %v, %d", high, low, n, tc.high, tc.low, tc.n)
+			}
+		})
 	}
 }

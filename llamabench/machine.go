@@ -8,7 +8,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/cacheblend/cacheblend/simd"
 )
@@ -73,17 +75,25 @@ func DetectMachine(threads int) Machine {
 }
 
 // RunBandwidth is the highest memory read bandwidth measured in a run (at
-// its start, mc, and before each file's runs) and the lowest: decode as a
+// its start, mc; before each file's runs; before each engine's batch-1
+// decode), the lowest and how many readings there were: decode as a
 // fraction of the bandwidth divides by the highest, so a minute in which
 // the shared machine's memory was slow does not inflate it.
-func RunBandwidth(mc Machine, rs []Result) (high, low float64) {
-	high, low = mc.BandwidthGBs, mc.BandwidthGBs
-	for _, r := range rs {
-		if r.BandwidthGBs > 0 {
-			high, low = max(high, r.BandwidthGBs), min(low, r.BandwidthGBs)
+func RunBandwidth(mc Machine, rs []Result) (high, low float64, n int) {
+	high, low, n = mc.BandwidthGBs, mc.BandwidthGBs, 1
+	add := func(v float64) {
+		if v > 0 {
+			high, low, n = max(high, v), min(low, v), n+1
 		}
 	}
-	return high, low
+	for _, r := range rs {
+		add(r.BandwidthGBs)
+		add(r.Ours.Decode1BandwidthGBs)
+		if r.Llama != nil {
+			add(r.Llama.Decode1BandwidthGBs)
+		}
+	}
+	return high, low, n
 }
 
 // measurePeak runs simd's peak loop on one locked thread for ~200 ms and
@@ -101,11 +111,18 @@ func measurePeak() float64 {
 }
 
 // measureBandwidth reads a buffer of size bytes with threads goroutines,
-// ten passes, and returns the best pass's GB/s; the buffer is garbage when
-// it returns.
+// ten passes, and returns the best pass's GB/s. The buffer is an anonymous
+// mapping, unmapped when it returns, so that a measurement between an
+// engine's runs adds nothing to the resident memory they report (0 when
+// it cannot be mapped).
 func measureBandwidth(threads int, size int) float64 {
 	threads = max(threads, 1)
-	buf := make([]float32, size/4)
+	mem, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
+		return 0
+	}
+	defer syscall.Munmap(mem)
+	buf := unsafe.Slice((*float32)(unsafe.Pointer(&mem[0])), size/4)
 	for i := range buf { // touch every page (and make them distinct)
 		buf[i] = float32(i & 1023)
 	}

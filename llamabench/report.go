@@ -35,9 +35,9 @@ func WriteMarkdown(w io.Writer, mc Machine, cfg Config, rs []Result) error {
 	if mc.LlamaCPU != "" {
 		llamaCPU = "; llama.cpp CPU backend " + mc.LlamaCPU
 	}
-	bwHigh, bwLow := RunBandwidth(mc, rs)
-	fmt.Fprintf(&b, "Machine: %s, %d cores, flags %s; %d threads each; package simd level %s%s; FP32 peak %.0f GFLOP/s per core; memory read bandwidth %.1f GB/s (%d threads; the highest of %d measurements in the run, at its start and before each file's runs: %.1f–%.1f).\n\n",
-		mc.CPU, mc.Cores, strings.Join(mc.Flags, " "), cfg.Threads, mc.SIMD, llamaCPU, mc.PeakGFLOPs, bwHigh, mc.Threads, len(rs)+1, bwLow, bwHigh)
+	bwHigh, bwLow, bwN := RunBandwidth(mc, rs)
+	fmt.Fprintf(&b, "Machine: %s, %d cores, flags %s; %d threads each; package simd level %s%s; FP32 peak %.0f GFLOP/s per core; memory read bandwidth %.1f GB/s (%d threads; the highest of %d measurements in the run, at its start, before each file's runs and before each engine's batch-1 decode: %.1f–%.1f).\n\n",
+		mc.CPU, mc.Cores, strings.Join(mc.Flags, " "), cfg.Threads, mc.SIMD, llamaCPU, mc.PeakGFLOPs, bwHigh, mc.Threads, bwN, bwLow, bwHigh)
 
 	b.WriteString("Prefill, tokens/s (median of the runs):\n\n| model | format | file |")
 	for _, p := range cfg.Prompts {
@@ -61,8 +61,8 @@ func WriteMarkdown(w io.Writer, mc Machine, cfg Config, rs []Result) error {
 		b.WriteString("\n")
 	}
 
-	fmt.Fprintf(&b, "\nDecode, tokens/s (median step; batch 1 after a %d-token context, batch %d aggregate, each sequence after %d tokens); \"of bw\" is the weight bytes a step reads ÷ step time ÷ the run's highest measured bandwidth:\n\n", cfg.DecodeContext, cfg.BatchSeqs, cfg.BatchContext)
-	fmt.Fprintf(&b, "| model | format | batch 1: ours | llama.cpp | × | ours of bw | llama.cpp of bw | batch %d: ours | llama.cpp | × |\n|---|---|---|---|---|---|---|---|---|---|\n", cfg.BatchSeqs)
+	fmt.Fprintf(&b, "\nDecode, tokens/s (median step; batch 1 after a %d-token context, batch %d aggregate, each sequence after %d tokens); \"of bw\" is the weight bytes a step reads ÷ step time ÷ the run's highest measured bandwidth, then ÷ the bandwidth measured just before that engine's batch-1 steps (same minute):\n\n", cfg.DecodeContext, cfg.BatchSeqs, cfg.BatchContext)
+	fmt.Fprintf(&b, "| model | format | batch 1: ours | llama.cpp | × | ours of bw: highest / same minute | llama.cpp of bw: highest / same minute | batch %d: ours | llama.cpp | × |\n|---|---|---|---|---|---|---|---|---|---|\n", cfg.BatchSeqs)
 	for _, r := range rs {
 		o1 := perSec(1, r.Ours.Decode1.Median)
 		on := perSec(cfg.BatchSeqs, r.Ours.DecodeN.Median)
@@ -71,13 +71,19 @@ func WriteMarkdown(w io.Writer, mc Machine, cfg Config, rs []Result) error {
 			l1 = perSec(1, r.Llama.Decode1.Median)
 			ln = perSec(cfg.BatchSeqs, r.Llama.DecodeN.Median)
 		}
-		bw := func(tps float64) string {
-			if tps <= 0 || bwHigh <= 0 {
+		// of is the step's read rate as a fraction of bw ("–" unmeasured).
+		of := func(tps, bw float64) string {
+			if tps <= 0 || bw <= 0 {
 				return "–"
 			}
-			return fmt.Sprintf("%.2f", float64(r.StepBytes)*tps/1e9/bwHigh)
+			return fmt.Sprintf("%.2f", float64(r.StepBytes)*tps/1e9/bw)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %.1f | %s | %s | %s | %s | %.1f | %s | %s |\n", r.Shape.Name, r.Format, o1, num(l1, "%.1f"), ratio(o1, l1), bw(o1), bw(l1), on, num(ln, "%.1f"), ratio(on, ln))
+		lbw := 0.0
+		if r.Llama != nil {
+			lbw = r.Llama.Decode1BandwidthGBs
+		}
+		fmt.Fprintf(&b, "| %s | %s | %.1f | %s | %s | %s / %s | %s / %s | %.1f | %s | %s |\n", r.Shape.Name, r.Format, o1, num(l1, "%.1f"), ratio(o1, l1),
+			of(o1, bwHigh), of(o1, r.Ours.Decode1BandwidthGBs), of(l1, bwHigh), of(l1, lbw), on, num(ln, "%.1f"), ratio(on, ln))
 	}
 
 	fmt.Fprintf(&b, "\nRAG first token (%d documents of %d tokens seen before + %d question tokens; ours blends the stored KV with CacheBlend at the default recompute ratio, llama.cpp prefills the prompt) and resident memory (RSS after the runs − before loading; ours against file + our KV cache):\n\n", cfg.RAGDocs, cfg.RAGDocLen, cfg.RAGQuestion)

@@ -122,6 +122,11 @@ func statOf(d []time.Duration) Stat {
 type Side struct {
 	Prefill []Stat // per Config.Prompts
 	Decode1 Stat   // a decode step at batch 1
+	// Decode1BandwidthGBs is the memory read bandwidth measured just
+	// before this engine's batch-1 decode (its context filled; the same
+	// threads, as Machine.BandwidthGBs): the bandwidth of the minute the
+	// steps ran in, where Result.BandwidthGBs is that of the file's start.
+	Decode1BandwidthGBs float64
 	DecodeN Stat   // a decode step of Config.BatchSeqs sequences
 	RAG     Stat   // first-token latency of the RAG prompt
 	RSS     int64  // resident memory after the runs minus before the model was loaded, bytes
@@ -367,6 +372,7 @@ func runOurs(cfg Config, path string, in inputs) (side Side, reused int, err err
 	if err := prefill(in.decodeCtx, prompt); err != nil {
 		return side, 0, err
 	}
+	side.Decode1BandwidthGBs = measureBandwidth(cfg.Threads, 1<<30)
 	// The logits go into one reused buffer, as cb worker's decode steps do.
 	logits := make([]float32, cfg.BatchSeqs*m.Config().Vocab)
 	var steps []time.Duration
@@ -457,6 +463,9 @@ func runLlama(cfg Config, ref *llamaref.Ref, path string, in inputs, s Shape) (S
 		}
 		side.Prefill = append(side.Prefill, drop(d))
 	}
+	// llama.cpp fills the context in the same call (a second or two before
+	// its steps).
+	side.Decode1BandwidthGBs = measureBandwidth(cfg.Threads, 1<<30)
 	d, err := ref.BenchDecode(path, [][]int32{in.decodeCtx}, in.decode1, cfg.Llama)
 	if err != nil {
 		return side, err
