@@ -122,15 +122,15 @@ func statOf(d []time.Duration) Stat {
 type Side struct {
 	Prefill []Stat // per Config.Prompts
 	Decode1 Stat   // a decode step at batch 1
+	DecodeN Stat   // a decode step of Config.BatchSeqs sequences
+	RAG     Stat   // first-token latency of the RAG prompt
+	RSS     int64  // resident memory after the runs minus before the model was loaded, bytes
+	KVBytes int64  // the KV cache the engine held, bytes
 	// Decode1BandwidthGBs is the memory read bandwidth measured just
 	// before this engine's batch-1 decode (its context filled; the same
 	// threads, as Machine.BandwidthGBs): the bandwidth of the minute the
 	// steps ran in, where Result.BandwidthGBs is that of the file's start.
 	Decode1BandwidthGBs float64
-	DecodeN             Stat  // a decode step of Config.BatchSeqs sequences
-	RAG                 Stat  // first-token latency of the RAG prompt
-	RSS                 int64 // resident memory after the runs minus before the model was loaded, bytes
-	KVBytes             int64 // the KV cache the engine held, bytes
 	// GoHeap is, for package model, the Go heap's share of RSS after the
 	// runs: bytes in use (runtime.MemStats.HeapInuse) plus freed bytes
 	// not yet returned to the OS (HeapIdle − HeapReleased); the rest of
