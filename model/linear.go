@@ -403,11 +403,8 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 			defer rowIndices.Put(idx)
 			for j0 := t * chunk; j0 < min(n, (t+1)*chunk); j0 += run {
 				j1 := min(n, (t+1)*chunk, j0+run)
-				ws, ix, inOrder := q.storageRowsInto(*hdr, *idx, off+j0, off+j1)
+				ws, ix, _ := q.storageRowsInto(*hdr, *idx, off+j0, off+j1)
 				*hdr, *idx = ws, ix
-				if inOrder {
-					ix = nil
-				}
 				for g := range groups {
 					R := min(g4, m-g*g4)
 					if kq {
@@ -715,9 +712,6 @@ func manyRows(tm *team, c mat, q *qmat, off int, acc bool, dots func(ws [][]byte
 				buf = manyBufs.Get().(*[manyRun]float32)
 			}
 			dots(ws, buf[:])
-			if inOrder {
-				ix = nil
-			}
 			scatterColumn(dst, buf[:], 1, ix, acc)
 		}
 	})
@@ -725,8 +719,8 @@ func manyRows(tm *team, c mat, q *qmat, off int, acc bool, dots func(ws [][]byte
 
 // scatterRows writes (acc: adds) a Rows kernel's results for R (1–4)
 // activation rows, src[i·R+r] for weight row i and activation row r, to
-// row row0+r of c at column j0+ix[i], or j0+i when ix is nil (the rows did
-// not move), for i < n. Four rows (every full group of a decode batch) go
+// row row0+r of c at column j0+ix[i], or j0+i when ix is empty (the rows
+// did not move: storageRowsInto writes no indices then), for i < n. Four rows (every full group of a decode batch) go
 // column by column to all four destinations at once, one bounds check per
 // column: row by row (scatterColumn) the strided reads took 5.2 % of the
 // CPU of `cb bench --shapes smollm2-135m --formats q4_k_m --prompts 16
@@ -743,7 +737,7 @@ func scatterRows(c mat, row0, R, j0, n int, src []float32, ix []int32, acc bool)
 	d1, d2, d3 = d1[:len(d0)], d2[:len(d0)], d3[:len(d0)] // one bounds check per column, not five
 	src = src[:4*n]
 	switch {
-	case ix == nil && acc:
+	case len(ix) == 0 && acc:
 		for i := range d0 {
 			s := src[4*i : 4*i+4 : 4*i+4]
 			d0[i] += s[0]
@@ -751,7 +745,7 @@ func scatterRows(c mat, row0, R, j0, n int, src []float32, ix []int32, acc bool)
 			d2[i] += s[2]
 			d3[i] += s[3]
 		}
-	case ix == nil:
+	case len(ix) == 0:
 		for i := range d0 {
 			s := src[4*i : 4*i+4 : 4*i+4]
 			d0[i], d1[i], d2[i], d3[i] = s[0], s[1], s[2], s[3]
@@ -773,14 +767,14 @@ func scatterRows(c mat, row0, R, j0, n int, src []float32, ix []int32, acc bool)
 }
 
 // scatterColumn writes (acc: adds) src[i·stride] to dst[ix[i]] for every
-// column i of dst, or to dst[i] when ix is nil (the rows did not move).
+// column i of dst, or to dst[i] when ix is empty (the rows did not move).
 func scatterColumn(dst, src []float32, stride int, ix []int32, acc bool) {
 	switch {
-	case ix == nil && acc:
+	case len(ix) == 0 && acc:
 		for i := range dst {
 			dst[i] += src[i*stride]
 		}
-	case ix == nil:
+	case len(ix) == 0:
 		for i := range dst {
 			dst[i] = src[i*stride]
 		}
