@@ -21,6 +21,7 @@ import (
 	"github.com/cacheblend/cacheblend/contract/spanname"
 	"github.com/cacheblend/cacheblend/demo"
 	"github.com/cacheblend/cacheblend/engine/api"
+	"github.com/cacheblend/cacheblend/internal/freeport"
 	"github.com/cacheblend/cacheblend/rpc/mtls"
 	"github.com/cacheblend/cacheblend/stack"
 	"github.com/cacheblend/cacheblend/tracecheck"
@@ -87,7 +88,7 @@ func startPD(t *testing.T, kvSendRate int64) *pdNodes {
 	}
 	small := []string{"--layers", "4"} // both workers: one KV layout
 	// Fixed API ports: a restarted engine keeps its address.
-	ports, err := stack.FreePorts(2)
+	ports, err := freeport.Ports(2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/component"
 	"github.com/cacheblend/cacheblend/contract/spanname"
-	"github.com/cacheblend/cacheblend/stack"
+	"github.com/cacheblend/cacheblend/internal/freeport"
 	"github.com/cacheblend/cacheblend/tracestore"
 )
 
@@ -212,7 +212,7 @@ func p99(ds []time.Duration) time.Duration {
 // test), failed exports are counted on /metrics, and export resumes when a
 // working collector comes back on the same address.
 func TestCollectorHangingDoesNotSlowRequests(t *testing.T) {
-	ports, err := stack.FreePorts(2)
+	ports, err := freeport.Ports(2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,7 +471,7 @@ func TestSIGTERMUnderLoad(t *testing.T) {
 // TestCollectorDownRequestsServed exports to a port nobody listens on:
 // every request is served and the failed exports are counted.
 func TestCollectorDownRequestsServed(t *testing.T) {
-	ports, err := stack.FreePorts(1)
+	ports, err := freeport.Ports(1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/cacheblend/cacheblend/demo"
 	"github.com/cacheblend/cacheblend/engine/api"
 	"github.com/cacheblend/cacheblend/gguf"
+	"github.com/cacheblend/cacheblend/internal/freeport"
 	"github.com/cacheblend/cacheblend/internal/llamaref"
 	"github.com/cacheblend/cacheblend/internal/testmodel"
 	"github.com/cacheblend/cacheblend/modelfile"
@@ -742,7 +743,7 @@ func TestGGUFModelMismatch(t *testing.T) {
 	engineFile := ggufModel(t)
 	workerFile := filepath.Join(t.TempDir(), "other.gguf")
 	renamedCopy(t, engineFile, workerFile, "e2e-llama3-other")
-	ports, err := stack.FreePorts(1)
+	ports, err := freeport.Ports(1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/contract"
 	"github.com/cacheblend/cacheblend/contract/spanname"
-	"github.com/cacheblend/cacheblend/stack"
+	"github.com/cacheblend/cacheblend/internal/freeport"
 	"github.com/cacheblend/cacheblend/tracecheck"
 	"github.com/cacheblend/cacheblend/tracestore/jaeger"
 )
@@ -134,7 +134,7 @@ type jaegerServer struct {
 // receivers and query API answer; it is stopped when the test ends.
 func startJaeger(t *testing.T, bin string) *jaegerServer {
 	t.Helper()
-	ports, err := stack.FreePorts(4)
+	ports, err := freeport.Ports(4)
 	if err != nil {
 		t.Fatal(err)
 	}

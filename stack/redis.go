@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/cacheblend/cacheblend/internal/freeport"
 	"github.com/cacheblend/cacheblend/internal/redisproc"
 )
 
@@ -37,7 +38,7 @@ func redisSpec(dir string) (Spec, string, error) {
 		return Spec{}, "", fmt.Errorf("stack: redis password: %w", err)
 	}
 	password := hex.EncodeToString(b[:])
-	ports, err := FreePorts(1)
+	ports, err := freeport.Ports(1)
 	if err != nil {
 		return Spec{}, "", err
 	}

@@ -108,34 +108,3 @@ func TestSupervisorNotReady(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
-
-// TestFreePortsDistinct: the ports of one call differ, and so do those of
-// many calls, concurrent or not, in one process (two stacks started at once
-// never get the same port between its pick and its bind).
-func TestFreePortsDistinct(t *testing.T) {
-	var mu sync.Mutex
-	seen := map[int]bool{}
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range 20 {
-				ps, err := FreePorts(5)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				mu.Lock()
-				for _, p := range ps {
-					if p <= 0 || seen[p] {
-						t.Errorf("port %d handed out twice (this call: %v)", p, ps)
-					}
-					seen[p] = true
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-}

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -21,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cacheblend/cacheblend/internal/freeport"
 	"github.com/cacheblend/cacheblend/rpc/mtls"
 )
 
@@ -242,7 +242,7 @@ func Up(ctx context.Context, cfg UpConfig) (*Stack, error) {
 		}
 		cfg.ModelPath = abs
 	}
-	ports, err := FreePorts(4)
+	ports, err := freeport.Ports(4)
 	if err != nil {
 		return nil, err
 	}
@@ -515,42 +515,6 @@ func makeCerts(runDir string, validity time.Duration) (string, error) {
 	return dir, nil
 }
 
-// FreePorts returns n distinct free TCP ports on 127.0.0.1, none of them
-// returned before by FreePorts in this process: two stacks started at once
-// in one process never get the same port between its pick and its bind
-// (the kernel may hand a just-closed port to the next bind of :0). A port
-// could still be taken by another process between this call and its use;
-// the process then fails to start and says so. Safe for concurrent use.
-func FreePorts(n int) ([]int, error) {
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	ports := make([]int, 0, n)
-	for tries := 0; len(ports) < n; tries++ {
-		if tries >= 64+4*n {
-			return nil, fmt.Errorf("stack: free port: %d picks gave only ports handed out before", tries)
-		}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("stack: free port: %w", err)
-		}
-		defer l.Close() // every listener held until return: the n ports differ
-		p := l.Addr().(*net.TCPAddr).Port
-		if handedOut[p] {
-			continue
-		}
-		handedOut[p] = true
-		ports = append(ports, p)
-	}
-	return ports, nil
-}
-
-// portsMu guards handedOut, the ports FreePorts returned in this process
-// (at most the 65,535 TCP ports).
-var (
-	portsMu   sync.Mutex
-	handedOut = map[int]bool{}
-)
-
 // upNodes starts cfg.Nodes single-node stacks sharing one fleet tier (the
 // Redis server at cfg.RedisURL, or one it starts) and, unless NoGateway, a
 // gateway on cfg.APIAddr in front of their engines; it returns node 0
@@ -662,7 +626,7 @@ func upNodes(ctx context.Context, cfg UpConfig) (*Stack, error) {
 		} else if i > 0 || !cfg.NoGateway {
 			// A port of its own, kept when the engine is restarted (the gateway
 			// has its URL).
-			ports, err := FreePorts(1)
+			ports, err := freeport.Ports(1)
 			if err != nil {
 				return fail(err)
 			}
@@ -718,7 +682,7 @@ func pdSetup(cfg *UpConfig, roles []string) ([]string, error) {
 		}
 		cfg.Env = append(slices.Clip(cfg.Env), "CB_STACK_KEY="+hex.EncodeToString(key))
 	}
-	ports, err := FreePorts(len(roles))
+	ports, err := freeport.Ports(len(roles))
 	if err != nil {
 		return nil, err
 	}

@@ -20,6 +20,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cacheblend/cacheblend/internal/freeport"
 )
 
 // ErrNotInstalled is returned when redis-server is not on PATH.
@@ -79,12 +81,11 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		}
 		s.ownDir = true
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := freeport.Ports(1)
 	if err != nil {
-		return nil, fmt.Errorf("redisproc: free port: %w", err)
+		return nil, fmt.Errorf("redisproc: %w", err)
 	}
-	s.Port = l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	s.Port = ports[0]
 	s.Addr = "127.0.0.1:" + strconv.Itoa(s.Port)
 	// The settings go in a configuration file of mode 0600 in the server's directory, not on
 	// its command line: an argument (the password) is readable by every user in
