@@ -114,6 +114,14 @@ func TestRunSideBySide(t *testing.T) {
 		if len(side.Prefill) != 2 || side.RSS <= 0 || side.KVBytes <= 0 || side.Decode1BandwidthGBs <= 0 {
 			t.Fatalf("%s: %+v", name, side)
 		}
+		// Batch 1 in cfg.DecodeRounds rounds (3 here, of one timed step after a warm-up).
+		if side.Decode1.N != cfg.DecodeRounds*cfg.decode1PerRound() || side.DecodeN.N != cfg.DecodeSteps {
+			t.Fatalf("%s: %d batch-1 steps in %d rounds, %d batch-%d steps", name, side.Decode1.N, cfg.DecodeRounds, side.DecodeN.N, cfg.BatchSeqs)
+		}
+	}
+	// The rounds alternate after one bandwidth reading: both sides hold it.
+	if r.Llama.Decode1BandwidthGBs != r.Ours.Decode1BandwidthGBs {
+		t.Fatalf("batch-1 bandwidth ours %v, llama.cpp %v: not the one reading", r.Ours.Decode1BandwidthGBs, r.Llama.Decode1BandwidthGBs)
 	}
 	if r.RAGTokens != 2*64+16 || r.RAGReused != 2*64 {
 		t.Fatalf("RAG prompt %d tokens, %d reused", r.RAGTokens, r.RAGReused)
@@ -157,6 +165,7 @@ func TestRunBandwidth(t *testing.T) {
 		{"file start lower", []Result{{BandwidthGBs: 20}}, 30, 20, 2},
 		{"our decode highest", []Result{{BandwidthGBs: 25, Ours: Side{Decode1BandwidthGBs: 50}}}, 50, 25, 3},
 		{"llama.cpp's lowest", []Result{{BandwidthGBs: 25, Ours: Side{Decode1BandwidthGBs: 28}, Llama: &Side{Decode1BandwidthGBs: 12}}}, 30, 12, 4},
+		{"one reading for both engines", []Result{{BandwidthGBs: 25, Ours: Side{Decode1BandwidthGBs: 40}, Llama: &Side{Decode1BandwidthGBs: 40}}}, 40, 25, 3},
 		{"unmeasured skipped", []Result{{Llama: &Side{}}}, 30, 30, 1},
 	}
 	for _, tc := range cases {

@@ -75,8 +75,8 @@ func DetectMachine(threads int) Machine {
 }
 
 // RunBandwidth is the highest memory read bandwidth measured in a run (at
-// its start, mc; before each file's runs; before each engine's batch-1
-// decode), the lowest and how many readings there were: decode as a
+// its start, mc; before each file's runs; before the batch-1 decode, one
+// reading for both engines when they alternated), the lowest and how many readings there were: decode as a
 // fraction of the bandwidth divides by the highest, so a minute in which
 // the shared machine's memory was slow does not inflate it.
 func RunBandwidth(mc Machine, rs []Result) (high, low float64, n int) {
@@ -89,8 +89,8 @@ func RunBandwidth(mc Machine, rs []Result) (high, low float64, n int) {
 	for _, r := range rs {
 		add(r.BandwidthGBs)
 		add(r.Ours.Decode1BandwidthGBs)
-		if r.Llama != nil {
-			add(r.Llama.Decode1BandwidthGBs)
+		if r.Llama != nil && r.Llama.Decode1BandwidthGBs != r.Ours.Decode1BandwidthGBs {
+			add(r.Llama.Decode1BandwidthGBs) // its own reading (a run before the engines alternated)
 		}
 	}
 	return high, low, n

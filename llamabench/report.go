@@ -61,7 +61,7 @@ func WriteMarkdown(w io.Writer, mc Machine, cfg Config, rs []Result) error {
 		b.WriteString("\n")
 	}
 
-	fmt.Fprintf(&b, "\nDecode, tokens/s (median step; batch 1 after a %d-token context, batch %d aggregate, each sequence after %d tokens); \"of bw\" is the weight bytes a step reads ÷ step time ÷ the run's highest measured bandwidth, then ÷ the bandwidth measured just before that engine's batch-1 steps (same minute):\n\n", cfg.DecodeContext, cfg.BatchSeqs, cfg.BatchContext)
+	fmt.Fprintf(&b, "\nDecode, tokens/s (median step; batch 1 after a %d-token context, batch %d aggregate, each sequence after %d tokens); \"of bw\" is the weight bytes a step reads ÷ step time ÷ the run's highest measured bandwidth, then ÷ the bandwidth measured just before the batch-1 steps, which alternate between the engines in %d rounds (same minutes):\n\n", cfg.DecodeContext, cfg.BatchSeqs, cfg.BatchContext, cfg.DecodeRounds)
 	fmt.Fprintf(&b, "| model | format | batch 1: ours | llama.cpp | × | ours of bw: highest / same minute | llama.cpp of bw: highest / same minute | batch %d: ours | llama.cpp | × |\n|---|---|---|---|---|---|---|---|---|---|\n", cfg.BatchSeqs)
 	for _, r := range rs {
 		o1 := perSec(1, r.Ours.Decode1.Median)

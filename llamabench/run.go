@@ -43,7 +43,13 @@ type Config struct {
 	MapWeights bool
 
 	DecodeContext int // context of the batch-1 decode; default 512
-	DecodeSteps   int // timed decode steps (after one warm-up step); default 16
+	DecodeSteps   int // timed decode steps (batch 1: at least; batch N: after one warm-up step); default 16
+	// DecodeRounds is the rounds the batch-1 steps run in (at most
+	// DecodeSteps; each round a warm-up step and DecodeSteps/DecodeRounds
+	// timed steps, rounded up); with llama.cpp the engines alternate round
+	// by round on the one context each, so that both engines' steps share
+	// the minutes of a shared machine. Default 4.
+	DecodeRounds int
 	BatchSeqs     int // sequences of the batched decode; default 8
 	BatchContext  int // context of each of them; default 128
 
@@ -91,6 +97,8 @@ func (c Config) withDefaults() Config {
 	def(&c.Chunk, 512)
 	def(&c.DecodeContext, 512)
 	def(&c.DecodeSteps, 16)
+	def(&c.DecodeRounds, 4)
+	c.DecodeRounds = min(c.DecodeRounds, c.DecodeSteps)
 	def(&c.BatchSeqs, 8)
 	def(&c.BatchContext, 128)
 	def(&c.RAGDocs, 3)
@@ -127,9 +135,11 @@ type Side struct {
 	RSS     int64  // resident memory after the runs minus before the model was loaded, bytes
 	KVBytes int64  // the KV cache the engine held, bytes
 	// Decode1BandwidthGBs is the memory read bandwidth measured just
-	// before this engine's batch-1 decode (its context filled; the same
-	// threads, as Machine.BandwidthGBs): the bandwidth of the minute the
-	// steps ran in, where Result.BandwidthGBs is that of the file's start.
+	// before the batch-1 decode (the contexts filled; the same threads,
+	// as Machine.BandwidthGBs): the bandwidth of the minutes the steps ran
+	// in, where Result.BandwidthGBs is that of the file's start. With
+	// llama.cpp both engines' steps alternate after the one reading, and
+	// both sides hold it.
 	Decode1BandwidthGBs float64
 	// GoHeap is, for package model, the Go heap's share of RSS after the
 	// runs: bytes in use (runtime.MemStats.HeapInuse) plus freed bytes
@@ -163,7 +173,7 @@ type Result struct {
 type inputs struct {
 	prompts   [][]int32
 	decodeCtx []int32
-	decode1   [][]int32 // [step][1]
+	decode1   [][]int32 // [step][1]: Config.DecodeRounds rounds of a warm-up and the timed steps
 	batchCtx  [][]int32 // [seq]
 	decodeN   [][]int32 // [step][seq]
 	docs      [][]int32
@@ -185,8 +195,10 @@ func newInputs(cfg Config, vocab int, seed uint64) inputs {
 	}
 	in.decodeCtx = toks(cfg.DecodeContext)
 	for range cfg.DecodeSteps + 1 {
-		in.decode1 = append(in.decode1, toks(1))
 		in.decodeN = append(in.decodeN, toks(cfg.BatchSeqs))
+	}
+	for range cfg.DecodeRounds * (cfg.decode1PerRound() + 1) {
+		in.decode1 = append(in.decode1, toks(1))
 	}
 	for range cfg.BatchSeqs {
 		in.batchCtx = append(in.batchCtx, toks(cfg.BatchContext))
@@ -199,6 +211,10 @@ func newInputs(cfg Config, vocab int, seed uint64) inputs {
 	in.rag = append(in.rag, toks(cfg.RAGQuestion)...)
 	return in
 }
+
+// decode1PerRound is the timed batch-1 steps of a round (after its
+// warm-up step): DecodeSteps ÷ DecodeRounds, rounded up.
+func (c Config) decode1PerRound() int { return (c.DecodeSteps + c.DecodeRounds - 1) / c.DecodeRounds }
 
 // Run generates (or reuses) every test file of cfg and measures package
 // model on each, and llama.cpp on each when ref is not nil, one engine at a
@@ -256,12 +272,20 @@ func runFile(cfg Config, s Shape, format, path string, ref *llamaref.Ref) (Resul
 	r.BandwidthGBs = measureBandwidth(cfg.Threads, 1<<30)
 	in := newInputs(cfg, len(toks), uint64(s.Dim)*31+uint64(len(format)))
 	r.RAGTokens = len(in.rag)
-	if r.Ours, r.RAGReused, err = runOurs(cfg, path, in); err != nil {
+	var peer *llamaDecode1
+	if ref != nil {
+		// llama.cpp's batch-1 context, filled before our side starts: its
+		// steps run in rounds between ours.
+		if peer, err = startLlamaDecode1(cfg, ref, path, in); err != nil {
+			return r, fmt.Errorf("llama.cpp: %w", err)
+		}
+	}
+	if r.Ours, r.RAGReused, err = runOurs(cfg, path, in, peer); err != nil {
 		return r, fmt.Errorf("ours: %w", err)
 	}
 	cfg.Log("%s %s: ours done", s.Name, format)
 	if ref != nil {
-		side, err := runLlama(cfg, ref, path, in, s)
+		side, err := runLlama(cfg, ref, path, in, s, peer, r.Ours.Decode1BandwidthGBs)
 		if err != nil {
 			return r, fmt.Errorf("llama.cpp: %w", err)
 		}
@@ -317,7 +341,41 @@ func timeReps(reps int, fn func() error) (Stat, error) {
 	return statOf(d), nil
 }
 
-func runOurs(cfg Config, path string, in inputs) (side Side, reused int, err error) {
+// llamaDecode1 is llama.cpp's batch-1 decode, run in rounds between ours
+// (runOurs calls round after each of its own).
+type llamaDecode1 struct {
+	ref   *llamaref.Ref
+	path  string
+	rss0  int64           // the driver's resident memory before the model was loaded
+	steps []time.Duration // the timed steps (every round's first dropped)
+}
+
+// startLlamaDecode1 loads the model into llama.cpp and fills its batch-1
+// context, for all of in.decode1's steps.
+func startLlamaDecode1(cfg Config, ref *llamaref.Ref, path string, in inputs) (*llamaDecode1, error) {
+	rss0, err := ref.RSS()
+	if err != nil {
+		return nil, err
+	}
+	if err := ref.BenchDecodeStart(path, [][]int32{in.decodeCtx}, len(in.decode1), cfg.Llama); err != nil {
+		return nil, err
+	}
+	return &llamaDecode1{ref: ref, path: path, rss0: rss0}, nil
+}
+
+// round runs next's steps (the first a warm-up).
+func (l *llamaDecode1) round(next [][]int32) error {
+	d, err := l.ref.BenchDecodeMore(l.path, next)
+	if err != nil {
+		return err
+	}
+	l.steps = append(l.steps, d[1:]...)
+	return nil
+}
+
+// runOurs measures package model on the file at path; peer, when not nil,
+// runs its batch-1 rounds between ours.
+func runOurs(cfg Config, path string, in inputs, peer *llamaDecode1) (side Side, reused int, err error) {
 	debug.FreeOSMemory()
 	rss0 := rss()
 	var opts []gguf.OpenOption
@@ -376,13 +434,21 @@ func runOurs(cfg Config, path string, in inputs) (side Side, reused int, err err
 	// The logits go into one reused buffer, as cb worker's decode steps do.
 	logits := make([]float32, cfg.BatchSeqs*m.Config().Vocab)
 	var steps []time.Duration
-	for i, t := range in.decode1 {
-		t0 := time.Now()
-		if err := m.DecodeInto(kv, []model.DecodeInput{{Token: t[0], Pos: len(in.decodeCtx) + i, BlockTable: prompt}}, logits); err != nil {
-			return side, 0, err
+	per := cfg.decode1PerRound() + 1
+	for r := range cfg.DecodeRounds {
+		for i, t := range in.decode1[r*per : (r+1)*per] {
+			t0 := time.Now()
+			if err := m.DecodeInto(kv, []model.DecodeInput{{Token: t[0], Pos: len(in.decodeCtx) + r*per + i, BlockTable: prompt}}, logits); err != nil {
+				return side, 0, err
+			}
+			if i > 0 {
+				steps = append(steps, time.Since(t0))
+			}
 		}
-		if i > 0 {
-			steps = append(steps, time.Since(t0))
+		if peer != nil {
+			if err := peer.round(in.decode1[r*per : (r+1)*per]); err != nil {
+				return side, 0, fmt.Errorf("llama.cpp's round %d: %w", r, err)
+			}
 		}
 	}
 	side.Decode1 = statOf(steps)
@@ -449,12 +515,11 @@ func runOurs(cfg Config, path string, in inputs) (side Side, reused int, err err
 	return side, reused, nil
 }
 
-func runLlama(cfg Config, ref *llamaref.Ref, path string, in inputs, s Shape) (Side, error) {
-	var side Side
-	rss0, err := ref.RSS()
-	if err != nil {
-		return side, err
-	}
+// runLlama measures llama.cpp on the file at path after its batch-1
+// rounds ran (peer) between ours, after the bandwidth reading bw.
+func runLlama(cfg Config, ref *llamaref.Ref, path string, in inputs, s Shape, peer *llamaDecode1, bw float64) (Side, error) {
+	side := Side{Decode1: statOf(peer.steps), Decode1BandwidthGBs: bw}
+	rss0 := peer.rss0
 	drop := func(d []time.Duration) Stat { return statOf(d[1:]) }
 	for _, p := range in.prompts {
 		d, err := ref.BenchPrefill(path, p, cfg.Reps+1, cfg.Llama)
@@ -463,15 +528,8 @@ func runLlama(cfg Config, ref *llamaref.Ref, path string, in inputs, s Shape) (S
 		}
 		side.Prefill = append(side.Prefill, drop(d))
 	}
-	// llama.cpp fills the context in the same call (a second or two before
-	// its steps).
-	side.Decode1BandwidthGBs = measureBandwidth(cfg.Threads, 1<<30)
-	d, err := ref.BenchDecode(path, [][]int32{in.decodeCtx}, in.decode1, cfg.Llama)
+	d, err := ref.BenchDecode(path, in.batchCtx, in.decodeN, cfg.Llama)
 	if err != nil {
-		return side, err
-	}
-	side.Decode1 = drop(d)
-	if d, err = ref.BenchDecode(path, in.batchCtx, in.decodeN, cfg.Llama); err != nil {
 		return side, err
 	}
 	side.DecodeN = drop(d)

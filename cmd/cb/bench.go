@@ -35,9 +35,10 @@ func newBenchCmd() *cobra.Command {
 smollm2-360m, qwen2.5-0.5b, llama-3.2-1b; random weights with the real vocabularies) in the formats
 they download (--formats: f16, q8_0, q4_k_m, the last with llama-quantize's tensor mixture). The
 files are generated once into --dir and reused. Per file: prefill time at each --prompts length,
-decode step time at batch 1 and batch 8 (one step feeds eight sequences), the first-token latency
-of a RAG prompt (three documents seen before + a question; ours with CacheBlend reuse) and the
-resident memory. With --vs-llamacpp the same file, the same tokens and the same --threads run in
+decode step time at batch 1 (in --decode-rounds rounds; with --vs-llamacpp the engines alternate
+round by round, each on its own context, so that both see the same minutes of a shared machine) and
+batch 8 (one step feeds eight sequences), the first-token latency of a RAG prompt (three documents
+seen before + a question; ours with CacheBlend reuse) and the resident memory. With --vs-llamacpp the same file, the same tokens and the same --threads run in
 llama.cpp too (node-llama-cpp 3.21.1's prebuilt CPU libraries, installed by scripts/deps.sh into
 CB_REF_DIR; llama.cpp prefills the RAG prompt whole). Every time is the median of --reps runs after
 a warm-up. Prints Markdown tables (--markdown writes them to a file too) headed by the machine: CPU,
@@ -68,7 +69,7 @@ llama.cpp without.`,
 			for _, f := range []struct {
 				name  string
 				v, hi int
-			}{{"--reps", cfg.Reps, 100}, {"--decode-steps", cfg.DecodeSteps, 1024}, {"--decode-context", cfg.DecodeContext, 8192}, {"--batch-context", cfg.BatchContext, 8192}} {
+			}{{"--reps", cfg.Reps, 100}, {"--decode-steps", cfg.DecodeSteps, 1024}, {"--decode-rounds", cfg.DecodeRounds, 64}, {"--decode-context", cfg.DecodeContext, 8192}, {"--batch-context", cfg.BatchContext, 8192}} {
 				if f.v <= 0 || f.v > f.hi {
 					return fmt.Errorf("%s: %d is not in [1, %d]", f.name, f.v, f.hi)
 				}
@@ -142,6 +143,7 @@ llama.cpp without.`,
 	fl.IntVar(&cfg.Threads, "threads", 0, "threads of both engines (default: the number of CPUs)")
 	fl.IntVar(&cfg.Reps, "reps", 3, "timed repetitions of each measurement, after one warm-up")
 	fl.IntVar(&cfg.DecodeSteps, "decode-steps", 16, "timed decode steps")
+	fl.IntVar(&cfg.DecodeRounds, "decode-rounds", 4, "rounds of the batch-1 steps, each after a warm-up step; with --vs-llamacpp the engines alternate round by round")
 	fl.IntVar(&cfg.DecodeContext, "decode-context", 512, "context of the batch-1 decode (tokens before the timed steps)")
 	fl.IntVar(&cfg.BatchContext, "batch-context", 128, "context of each sequence of the batch-8 decode")
 	fl.StringVar(&cfg.Dir, "dir", "", "where the test files are generated and kept (default $XDG_CACHE_HOME/cacheblend/bench)")

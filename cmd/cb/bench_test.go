@@ -16,6 +16,7 @@ func TestBenchFlagBounds(t *testing.T) {
 		{"prompt too long", []string{"--prompts", "512,9000"}, "--prompts"},
 		{"no reps", []string{"--reps", "0"}, "--reps: 0"},
 		{"too many steps", []string{"--decode-steps", "5000"}, "--decode-steps: 5000"},
+		{"no rounds", []string{"--decode-rounds", "0"}, "--decode-rounds: 0"},
 		{"negative decode context", []string{"--decode-context", "-1"}, "--decode-context: -1"},
 		{"decode context too long", []string{"--decode-context", "9000"}, "--decode-context: 9000"},
 		{"no batch context", []string{"--batch-context", "0"}, "--batch-context: 0"},

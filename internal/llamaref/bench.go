@@ -64,19 +64,48 @@ func (r *Ref) BenchPrefill(model string, tokens []int32, reps int, o BenchOption
 
 // BenchDecode prefills one context per sequence (untimed), then runs len(next) decode steps, each
 // feeding sequence s the token next[step][s], all sequences in one llama_decode (so they share the
-// pass over the weights). It returns each step's wall time.
+// pass over the weights). It returns each step's wall time. It is BenchDecodeStart with room for
+// len(next) steps, then BenchDecodeMore.
 func (r *Ref) BenchDecode(model string, contexts [][]int32, next [][]int32, o BenchOptions) ([]time.Duration, error) {
+	if len(next) == 0 {
+		return nil, errors.New("llamaref: bench_decode: no steps")
+	}
+	if err := r.BenchDecodeStart(model, contexts, len(next), o); err != nil {
+		return nil, err
+	}
+	return r.BenchDecodeMore(model, next)
+}
+
+// BenchDecodeStart is BenchDecode's untimed part: a context for len(contexts) sequences with room
+// for steps more tokens each, every sequence's context prefilled. The context stays for
+// [Ref.BenchDecodeMore] until the model's next benchmark or Unload, so that a caller can run the
+// steps in rounds between other work (cb bench alternates them with package model's).
+func (r *Ref) BenchDecodeStart(model string, contexts [][]int32, steps int, o BenchOptions) error {
+	m, err := absModel(model)
+	if err != nil {
+		return err
+	}
+	if len(contexts) == 0 || steps < 1 {
+		return errors.New("llamaref: bench_decode: no sequences or no steps")
+	}
+	return r.call("bench_decode_start", o.req(map[string]any{"model": m, "contexts": contexts, "total": steps}), nil)
+}
+
+// BenchDecodeMore runs len(next) more decode steps of the sequences [Ref.BenchDecodeStart] set up,
+// at the positions after the steps before, and returns each step's wall time. Together the calls
+// after one start may run at most its steps.
+func (r *Ref) BenchDecodeMore(model string, next [][]int32) ([]time.Duration, error) {
 	m, err := absModel(model)
 	if err != nil {
 		return nil, err
 	}
-	if len(contexts) == 0 || len(next) == 0 {
-		return nil, errors.New("llamaref: bench_decode: no sequences or no steps")
+	if len(next) == 0 {
+		return nil, errors.New("llamaref: bench_decode: no steps")
 	}
 	var res struct {
 		Ms []float64 `json:"ms"`
 	}
-	if err := r.call("bench_decode", o.req(map[string]any{"model": m, "contexts": contexts, "next": next}), &res); err != nil {
+	if err := r.call("bench_decode_more", map[string]any{"model": m, "next": next}, &res); err != nil {
 		return nil, err
 	}
 	return durations(res.Ms), nil

@@ -11,7 +11,8 @@
 // positions, mode: "logprobs"|"logits", k, ids, threads, kvType, flashAttention, batch}; greedy
 // {model, prompt, n, threads, kvType, flashAttention, batch}; bench_prefill {model, tokens, threads,
 // batch, reps, kvType, flashAttention}; bench_decode {model, contexts, next, threads, batch, kvType,
-// flashAttention}; rss; unload {model}. See internal/llamaref for semantics.
+// flashAttention}; bench_decode_start {model, contexts, total, threads, batch, kvType,
+// flashAttention}; bench_decode_more {model, next}; rss; unload {model}. See internal/llamaref for semantics.
 //
 // node-llama-cpp is found in $CB_REF_DIR/node_modules (default ~/.cache/cacheblend/ref), imported
 // through an absolute file URL because ES modules ignore NODE_PATH.
@@ -536,6 +537,7 @@ async function benchContext(e, m, ctxSize, batchSize, seqs, opts) {
         e.bench = {key: `${ctxSize}/${batchSize}/${seqs}/${opts.threads}/${opts.kvType}/${opts.flashAttention}`, ctx};
     }
     for (let s = 0; s < seqs; s++) e.bench.ctx.disposeSequence(s);
+    e.bench.decode = null; // bench_decode_more's sequences are gone
     return e.bench.ctx;
 }
 
@@ -646,37 +648,62 @@ const ops = {
         return {ms};
     },
 
-    // bench_decode: prefill one context per sequence (req.contexts, untimed), then req.steps decode
-    // steps, each feeding every sequence its next token (req.next[step][seq]) in one batch — the
-    // sequences share each step's pass over the weights. Returns milliseconds per step.
+    // bench_decode: prefill one context per sequence (req.contexts, untimed), then req.next.length
+    // decode steps, each feeding every sequence its next token (req.next[step][seq]) in one batch —
+    // the sequences share each step's pass over the weights. Returns milliseconds per step.
     async bench_decode(req) {
+        await ops.bench_decode_start({...req, total: req.next?.length});
+        return ops.bench_decode_more(req);
+    },
+
+    // bench_decode_start: bench_decode's untimed part: a context for the sequences req.contexts
+    // with room for req.total more steps, each sequence's context prefilled. The context stays,
+    // for bench_decode_more, until the next bench or eval context of the model.
+    async bench_decode_start(req) {
         const e = entry(req.model);
         const m = await e.full();
         const v = await e.vocab();
         const seqs = req.contexts.length;
         if (seqs < 1 || seqs > 64) throw new Error(`bench_decode: ${seqs} sequences`);
-        const steps = req.next.length;
+        const total = req.total | 0;
+        if (total < 1 || total > 1 << 20) throw new Error(`bench_decode: ${req.total} steps`);
         let need = 0;
         for (const c of req.contexts) {
             checkTokens(c, v.nVocab, "bench_decode context");
-            need = Math.max(need, c.length + steps);
-        }
-        for (const n of req.next) {
-            if (n.length !== seqs) throw new Error("bench_decode: a step needs one token per sequence");
-            checkIds(n, v.nVocab, "bench_decode next");
+            need = Math.max(need, c.length + total);
         }
         const batch = req.batch > 0 ? req.batch | 0 : 512;
         const ctxSize = Math.ceil((need * seqs) / 256) * 256;
         const ctx = await benchContext(e, m, ctxSize, Math.max(batch, seqs), seqs, benchOpts(req));
         for (let s = 0; s < seqs; s++) await benchFill(ctx, s, 0, req.contexts[s], batch);
+        e.bench.decode = {pos: req.contexts.map((c) => c.length), left: total, nVocab: v.nVocab};
+        return {};
+    },
+
+    // bench_decode_more: req.next.length more steps of the sequences bench_decode_start set up,
+    // at the positions after the steps before. Returns milliseconds per step.
+    async bench_decode_more(req) {
+        const e = entry(req.model);
+        const d = e.bench?.decode;
+        if (!d) throw new Error("bench_decode_more: no context of bench_decode_start for this model");
+        const seqs = d.pos.length;
+        const steps = req.next.length;
+        if (steps < 1 || steps > d.left) throw new Error(`bench_decode_more: ${steps} steps with room for ${d.left}`);
+        for (const n of req.next) {
+            if (n.length !== seqs) throw new Error("bench_decode: a step needs one token per sequence");
+            checkIds(n, d.nVocab, "bench_decode next");
+        }
+        const ctx = e.bench.ctx;
         const ms = [];
         for (let i = 0; i < steps; i++) {
             const t0 = nowMs();
             ctx.initBatch(seqs);
-            for (let s = 0; s < seqs; s++) ctx.addToBatch(s, req.contexts[s].length + i, Uint32Array.of(req.next[i][s]), Uint32Array.of(0));
+            for (let s = 0; s < seqs; s++) ctx.addToBatch(s, d.pos[s] + i, Uint32Array.of(req.next[i][s]), Uint32Array.of(0));
             await ctx.decodeBatch();
             ms.push(nowMs() - t0);
         }
+        for (let s = 0; s < seqs; s++) d.pos[s] += steps;
+        d.left -= steps;
         return {ms};
     },
 
