@@ -50,8 +50,8 @@ type Config struct {
 	// by round on the one context each, so that both engines' steps share
 	// the minutes of a shared machine. Default 4.
 	DecodeRounds int
-	BatchSeqs     int // sequences of the batched decode; default 8
-	BatchContext  int // context of each of them; default 128
+	BatchSeqs    int // sequences of the batched decode; default 8
+	BatchContext int // context of each of them; default 128
 
 	RAGDocs     int // documents of the RAG prompt; default 3
 	RAGDocLen   int // tokens per document; default 600
