@@ -36,7 +36,7 @@ func WriteMarkdown(w io.Writer, mc Machine, cfg Config, rs []Result) error {
 		llamaCPU = "; llama.cpp CPU backend " + mc.LlamaCPU
 	}
 	bwHigh, bwLow, bwN := RunBandwidth(mc, rs)
-	fmt.Fprintf(&b, "Machine: %s, %d cores, flags %s; %d threads each; package simd level %s%s; FP32 peak %.0f GFLOP/s per core; memory read bandwidth %.1f GB/s (%d threads; the highest of %d measurements in the run, at its start, before each file's runs and before each engine's batch-1 decode: %.1f–%.1f).\n\n",
+	fmt.Fprintf(&b, "Machine: %s, %d cores, flags %s; %d threads each; package simd level %s%s; FP32 peak %.0f GFLOP/s per core; memory read bandwidth %.1f GB/s (%d threads; the highest of %d measurements in the run, at its start, before each file's runs and before its batch-1 decode: %.1f–%.1f).\n\n",
 		mc.CPU, mc.Cores, strings.Join(mc.Flags, " "), cfg.Threads, mc.SIMD, llamaCPU, mc.PeakGFLOPs, bwHigh, mc.Threads, bwN, bwLow, bwHigh)
 
 	b.WriteString("Prefill, tokens/s (median of the runs):\n\n| model | format | file |")
