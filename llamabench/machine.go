@@ -76,9 +76,10 @@ func DetectMachine(threads int) Machine {
 
 // RunBandwidth is the highest memory read bandwidth measured in a run (at
 // its start, mc; before each file's runs; before the batch-1 decode, one
-// reading for both engines when they alternated), the lowest and how many readings there were: decode as a
-// fraction of the bandwidth divides by the highest, so a minute in which
-// the shared machine's memory was slow does not inflate it.
+// reading for both engines when they alternated), the lowest and how many
+// readings there were: decode as a fraction of the bandwidth divides by
+// the highest, so a minute in which the shared machine's memory was slow
+// does not inflate it.
 func RunBandwidth(mc Machine, rs []Result) (high, low float64, n int) {
 	high, low, n = mc.BandwidthGBs, mc.BandwidthGBs, 1
 	add := func(v float64) {

@@ -436,7 +436,8 @@ func runOurs(cfg Config, path string, in inputs, peer *llamaDecode1) (side Side,
 	var steps []time.Duration
 	per := cfg.decode1PerRound() + 1
 	for r := range cfg.DecodeRounds {
-		for i, t := range in.decode1[r*per : (r+1)*per] {
+		round := in.decode1[r*per : (r+1)*per]
+		for i, t := range round {
 			t0 := time.Now()
 			if err := m.DecodeInto(kv, []model.DecodeInput{{Token: t[0], Pos: len(in.decodeCtx) + r*per + i, BlockTable: prompt}}, logits); err != nil {
 				return side, 0, err
@@ -446,7 +447,7 @@ func runOurs(cfg Config, path string, in inputs, peer *llamaDecode1) (side Side,
 			}
 		}
 		if peer != nil {
-			if err := peer.round(in.decode1[r*per : (r+1)*per]); err != nil {
+			if err := peer.round(round); err != nil {
 				return side, 0, fmt.Errorf("llama.cpp's round %d: %w", r, err)
 			}
 		}

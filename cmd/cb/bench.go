@@ -38,10 +38,10 @@ files are generated once into --dir and reused. Per file: prefill time at each -
 decode step time at batch 1 (in --decode-rounds rounds; with --vs-llamacpp the engines alternate
 round by round, each on its own context, so that both see the same minutes of a shared machine) and
 batch 8 (one step feeds eight sequences), the first-token latency of a RAG prompt (three documents
-seen before + a question; ours with CacheBlend reuse) and the resident memory. With --vs-llamacpp the same file, the same tokens and the same --threads run in
-llama.cpp too (node-llama-cpp 3.21.1's prebuilt CPU libraries, installed by scripts/deps.sh into
-CB_REF_DIR; llama.cpp prefills the RAG prompt whole). Every time is the median of --reps runs after
-a warm-up. Prints Markdown tables (--markdown writes them to a file too) headed by the machine: CPU,
+seen before + a question; ours with CacheBlend reuse) and the resident memory. With --vs-llamacpp
+the same file, the same tokens and the same --threads run in llama.cpp too (node-llama-cpp 3.21.1's
+prebuilt CPU libraries, installed by scripts/deps.sh into CB_REF_DIR; llama.cpp prefills the RAG
+prompt whole). Every time is the median of --reps runs after a warm-up. Prints Markdown tables (--markdown writes them to a file too) headed by the machine: CPU,
 flags, our kernel level, llama.cpp's CPU backend, FP32 peak per core and memory read bandwidth;
 --json writes every figure with min and max.
 

@@ -39,7 +39,11 @@ func Ports(n int) ([]int, error) {
 	ports := make([]int, 0, n)
 	for tries := 0; len(ports) < n; tries++ {
 		if tries >= 64+4*n+(hi-lo) {
-			return nil, fmt.Errorf("freeport: %d picks in %d–%d gave only %d of %d ports", tries, lo, hi-1, len(ports), n)
+			pool := "ephemeral ports"
+			if hi > 0 {
+				pool = fmt.Sprintf("%d–%d", lo, hi-1)
+			}
+			return nil, fmt.Errorf("freeport: %d picks in %s gave only %d of %d ports", tries, pool, len(ports), n)
 		}
 		p, l, err := pickPort(lo, hi)
 		if err != nil {

@@ -12,7 +12,8 @@
 // {model, prompt, n, threads, kvType, flashAttention, batch}; bench_prefill {model, tokens, threads,
 // batch, reps, kvType, flashAttention}; bench_decode {model, contexts, next, threads, batch, kvType,
 // flashAttention}; bench_decode_start {model, contexts, total, threads, batch, kvType,
-// flashAttention}; bench_decode_more {model, next}; rss; unload {model}. See internal/llamaref for semantics.
+// flashAttention}; bench_decode_more {model, next}; rss; unload {model}. See internal/llamaref for
+// semantics.
 //
 // node-llama-cpp is found in $CB_REF_DIR/node_modules (default ~/.cache/cacheblend/ref), imported
 // through an absolute file URL because ES modules ignore NODE_PATH.
@@ -552,6 +553,15 @@ async function benchFill(ctx, seq, start, tokens, batchSize) {
     }
 }
 
+// checkSteps validates decode steps: one in-vocabulary token per sequence each.
+function checkSteps(next, seqs, nVocab) {
+    if (!Array.isArray(next)) throw new Error("bench_decode: next is not a list of steps");
+    for (const n of next) {
+        if (!Array.isArray(n) || n.length !== seqs) throw new Error("bench_decode: a step needs one token per sequence");
+        checkIds(n, nVocab, "bench_decode next");
+    }
+}
+
 const nowMs = () => Number(process.hrtime.bigint()) / 1e6;
 
 function benchOpts(req) {
@@ -652,13 +662,15 @@ const ops = {
     // decode steps, each feeding every sequence its next token (req.next[step][seq]) in one batch —
     // the sequences share each step's pass over the weights. Returns milliseconds per step.
     async bench_decode(req) {
-        await ops.bench_decode_start({...req, total: req.next?.length});
+        const v = await entry(req.model).vocab();
+        checkSteps(req.next, req.contexts.length, v.nVocab); // before the prefill
+        await ops.bench_decode_start({...req, total: req.next.length});
         return ops.bench_decode_more(req);
     },
 
     // bench_decode_start: bench_decode's untimed part: a context for the sequences req.contexts
     // with room for req.total more steps, each sequence's context prefilled. The context stays,
-    // for bench_decode_more, until the next bench or eval context of the model.
+    // for bench_decode_more, until the model's next benchmark op or unload.
     async bench_decode_start(req) {
         const e = entry(req.model);
         const m = await e.full();
@@ -689,10 +701,7 @@ const ops = {
         const seqs = d.pos.length;
         const steps = req.next.length;
         if (steps < 1 || steps > d.left) throw new Error(`bench_decode_more: ${steps} steps with room for ${d.left}`);
-        for (const n of req.next) {
-            if (n.length !== seqs) throw new Error("bench_decode: a step needs one token per sequence");
-            checkIds(n, d.nVocab, "bench_decode next");
-        }
+        checkSteps(req.next, seqs, d.nVocab);
         const ctx = e.bench.ctx;
         const ms = [];
         for (let i = 0; i < steps; i++) {
