@@ -1,6 +1,7 @@
 package blend
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -76,9 +77,13 @@ func layoutOf(l *cbv1.KVLayout) (kvcache.Layout, float64, error) {
 	if l == nil {
 		return kvcache.Layout{}, 0, errors.New("missing layout")
 	}
+	dt, err := kvcache.ParseDType(cmp.Or(l.GetDtype(), "f32"))
+	if err != nil {
+		return kvcache.Layout{}, 0, err
+	}
 	kl := kvcache.Layout{
 		NumLayers: int(l.GetNumLayers()), NumBlocks: int(l.GetNumBlocks()), BlockSize: int(l.GetBlockSize()),
-		KVHeads: int(l.GetKvHeads()), HeadDim: int(l.GetHeadDim()),
+		KVHeads: int(l.GetKvHeads()), HeadDim: int(l.GetHeadDim()), DType: dt,
 	}
 	if err := kl.Validate(); err != nil {
 		return kl, 0, err

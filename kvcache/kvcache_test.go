@@ -1,11 +1,14 @@
 package kvcache
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -61,10 +64,13 @@ func TestLayoutValidate(t *testing.T) {
 		l    Layout
 		ok   bool
 	}{
-		{"good", Layout{2, 4, 16, 2, 8}, true},
-		{"zero layers", Layout{0, 4, 16, 2, 8}, false},
-		{"negative blocks", Layout{2, -4, 16, 2, 8}, false},
-		{"absurd size", Layout{1 << 10, 1 << 20, 16, 8, 128}, false},
+		{"good", Layout{2, 4, 16, 2, 8, F32}, true},
+		{"good f16", Layout{2, 4, 16, 2, 8, F16}, true},
+		{"unknown type", Layout{2, 4, 16, 2, 8, DType(9)}, false},
+		{"zero layers", Layout{0, 4, 16, 2, 8, F32}, false},
+		{"negative blocks", Layout{2, -4, 16, 2, 8, F32}, false},
+		{"absurd size", Layout{1 << 10, 1 << 20, 16, 8, 128, F32}, false},
+		{"absurd size f16", Layout{1 << 10, 1 << 20, 16, 8, 128, F16}, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -279,5 +285,89 @@ func TestRemoveStale(t *testing.T) {
 		if _, err := os.Stat(p); err != nil {
 			t.Fatalf("%s removed: %v", p, err)
 		}
+	}
+}
+
+func TestDTypeSizes(t *testing.T) {
+	tests := []struct {
+		name            string
+		in              string
+		want            DType
+		bytes, rowBytes int64
+	}{
+		{"f32", "f32", F32, 2 * 3 * 4 * 16 * 2 * 8 * 4, 2 * 8 * 4},
+		{"f16", "F16", F16, 2 * 3 * 4 * 16 * 2 * 8 * 2, 2 * 8 * 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := ParseDType(tc.in)
+			if err != nil || d != tc.want || d.String() != tc.name {
+				t.Fatalf("ParseDType(%q) = %v, %v", tc.in, d, err)
+			}
+			l := Layout{NumLayers: 3, NumBlocks: 4, BlockSize: 16, KVHeads: 2, HeadDim: 8, DType: d}
+			if l.Bytes() != tc.bytes || int64(l.RowBytes()) != tc.rowBytes || l.TokenBytes() != 2*3*tc.rowBytes {
+				t.Fatalf("Bytes %d RowBytes %d TokenBytes %d", l.Bytes(), l.RowBytes(), l.TokenBytes())
+			}
+		})
+	}
+	if _, err := ParseDType("q8_0"); !errors.Is(err, ErrBadLayout) {
+		t.Fatalf("ParseDType(q8_0) = %v", err)
+	}
+}
+
+// TestReadWrite writes rows through Write and reads them back through Read
+// and the raw planes: exact for F32, the nearest half for F16 (ties to
+// even, overflow to Inf), and each plane, layer and slot in its own bytes.
+func TestReadWrite(t *testing.T) {
+	for _, d := range []DType{F32, F16} {
+		t.Run(d.String(), func(t *testing.T) {
+			l := Layout{NumLayers: 2, NumBlocks: 2, BlockSize: 4, KVHeads: 1, HeadDim: 4, DType: d}
+			m, err := Create(t.TempDir(), l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			src := []float32{1, -2.5, 1 + 1.0/2048, 1 + 3.0/2048, 70000, float32(math.Inf(-1)), 1e-8, 0.1}
+			m.Write(Values, 1, 5, src) // slots 5 and 6 of layer 1's V
+			want := slices.Clone(src)
+			if d == F16 {
+				// 1+2⁻¹¹ ties to 1 (even), 1+3·2⁻¹¹ to 1+2⁻⁹; 70000 overflows;
+				// 1e-8 underflows to 0; 0.1 is 0x2E66.
+				want = []float32{1, -2.5, 1, 1 + 1.0/512, float32(math.Inf(1)), float32(math.Inf(-1)), 0, 0.0999755859375}
+			}
+			got := make([]float32, len(src))
+			m.Read(Values, 1, 5, got)
+			if !slices.Equal(got, want) {
+				t.Fatalf("read %v, want %v", got, want)
+			}
+			p := m.Plane(1, Values)
+			if len(p) != l.PlaneFloats()*d.Size() {
+				t.Fatalf("plane of %d bytes", len(p))
+			}
+			for i, b := range p {
+				inRows := i >= 5*l.RowBytes() && i < 7*l.RowBytes()
+				if !inRows && b != 0 {
+					t.Fatalf("byte %d outside the written slots is %d", i, b)
+				}
+			}
+			for _, other := range [][]byte{m.Plane(1, Keys), m.Plane(0, Values), m.Plane(0, Keys)} {
+				if slices.ContainsFunc(other, func(b byte) bool { return b != 0 }) {
+					t.Fatal("a write reached another plane")
+				}
+			}
+			if d == F16 {
+				if h := binary.LittleEndian.Uint16(p[5*l.RowBytes()+2*7:]); h != 0x2E66 {
+					t.Fatalf("0.1 stored as %#04x, want 0x2e66", h)
+				}
+				func() {
+					defer func() {
+						if recover() == nil {
+							t.Fatal("K of an F16 memory did not panic")
+						}
+					}()
+					m.K(0)
+				}()
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@ package kvcache
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // ErrBadLayout reports a layout with a non-positive dimension or one too large
@@ -17,21 +18,70 @@ var ErrSlotOutOfRange = errors.New("kvcache: position beyond the allocated block
 // for an absurd mapping.
 const maxBytes = 64 << 30
 
+// DType is the element type of a KV memory's K and V values.
+type DType uint8
+
+// The element types. F32 is the zero value; F16 halves the memory and the
+// bytes every decode step reads from it (llama.cpp's default cache type),
+// at a rounding error of 2⁻¹¹ relative per value.
+const (
+	F32 DType = iota // IEEE 754 binary32, 4 bytes per value
+	F16              // IEEE 754 binary16, 2 bytes per value (round to nearest even)
+)
+
+// Size is the number of bytes of one value (0 for an unknown type).
+func (d DType) Size() int {
+	switch d {
+	case F32:
+		return 4
+	case F16:
+		return 2
+	}
+	return 0
+}
+
+// String names the type as ParseDType and the --kv-type flag spell it.
+func (d DType) String() string {
+	switch d {
+	case F32:
+		return "f32"
+	case F16:
+		return "f16"
+	}
+	return fmt.Sprintf("DType(%d)", uint8(d))
+}
+
+// ParseDType parses "f32" or "f16" (any case); anything else is an error
+// wrapping ErrBadLayout.
+func ParseDType(s string) (DType, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "f32":
+		return F32, nil
+	case "f16":
+		return F16, nil
+	}
+	return 0, fmt.Errorf("%w: KV type %q (want f32 or f16)", ErrBadLayout, s)
+}
+
 // Layout describes the paged KV memory of one worker (one rank). It is a plain
 // value, safe to copy and to use concurrently.
 type Layout struct {
-	NumLayers int // transformer layers
-	NumBlocks int // blocks in the pool
-	BlockSize int // tokens per block (default 16 in the stack)
-	KVHeads   int // key/value heads (grouped-query attention)
-	HeadDim   int // dimension of one head
+	NumLayers int   // transformer layers
+	NumBlocks int   // blocks in the pool
+	BlockSize int   // tokens per block (default 16 in the stack)
+	KVHeads   int   // key/value heads (grouped-query attention)
+	HeadDim   int   // dimension of one head
+	DType     DType // element type of K and V (zero value F32)
 }
 
-// Validate reports whether every dimension is positive and the mapping is
-// within bounds.
+// Validate reports whether every dimension is positive, the element type
+// known and the mapping within bounds.
 func (l Layout) Validate() error {
 	if l.NumLayers <= 0 || l.NumBlocks <= 0 || l.BlockSize <= 0 || l.KVHeads <= 0 || l.HeadDim <= 0 {
 		return fmt.Errorf("%w: %+v", ErrBadLayout, l)
+	}
+	if l.DType.Size() == 0 {
+		return fmt.Errorf("%w: unknown element type %v", ErrBadLayout, l.DType)
 	}
 	if l.Bytes() > maxBytes || l.Bytes() <= 0 {
 		return fmt.Errorf("%w: %d bytes exceeds the %d byte limit", ErrBadLayout, l.Bytes(), int64(maxBytes))
@@ -39,24 +89,30 @@ func (l Layout) Validate() error {
 	return nil
 }
 
-// TokenFloats is the number of float32 values one token occupies in one plane
-// (KVHeads*HeadDim).
+// TokenFloats is the number of values one token occupies in one plane
+// (KVHeads*HeadDim), whatever their element type.
 func (l Layout) TokenFloats() int { return l.KVHeads * l.HeadDim }
 
 // Slots is the number of token slots in the pool (NumBlocks*BlockSize).
 func (l Layout) Slots() int { return l.NumBlocks * l.BlockSize }
 
-// PlaneFloats is the number of float32 values in one K or V plane of one layer.
+// PlaneFloats is the number of values in one K or V plane of one layer.
 func (l Layout) PlaneFloats() int { return l.Slots() * l.TokenFloats() }
 
 // Bytes is the size of the whole mapping: K and V planes of every layer.
 func (l Layout) Bytes() int64 {
-	return int64(2) * int64(l.NumLayers) * int64(l.NumBlocks) * int64(l.BlockSize) * int64(l.KVHeads) * int64(l.HeadDim) * 4
+	return int64(2) * int64(l.NumLayers) * int64(l.NumBlocks) * int64(l.BlockSize) * int64(l.KVHeads) * int64(l.HeadDim) * int64(l.DType.Size())
 }
 
 // TokenBytes is the number of bytes one token occupies across all layers, K and
 // V (the unit of KV transfer accounting).
-func (l Layout) TokenBytes() int64 { return int64(2*l.NumLayers*l.TokenFloats()) * 4 }
+func (l Layout) TokenBytes() int64 {
+	return int64(2*l.NumLayers*l.TokenFloats()) * int64(l.DType.Size())
+}
+
+// RowBytes is the number of bytes one token occupies in one plane of one
+// layer (TokenFloats values).
+func (l Layout) RowBytes() int { return l.TokenFloats() * l.DType.Size() }
 
 // Slot maps a token position to its slot in the pool:
 // blockTable[pos/blockSize]*blockSize + pos%blockSize. It returns

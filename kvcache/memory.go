@@ -13,6 +13,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cacheblend/cacheblend/quant"
 )
 
 // DefaultDir is where the fallback file is created (see Create) when no
@@ -47,8 +49,9 @@ var ErrBadDescriptor = errors.New("kvcache: bad KV memory descriptor")
 // fallback.
 var memfdCreate = unix.MemfdCreate
 
-// Memory is a mapped KV memory: K and V planes of every layer as float32
-// slices over one shared mapping. The memory has no path: the worker
+// Memory is a mapped KV memory: K and V planes of every layer over one
+// shared mapping, of the layout's element type (float32 slices through K
+// and V for an F32 layout; any type through Plane, Read and Write). The memory has no path: the worker
 // creates it (Create) and hands its descriptor (File) to the blend server,
 // which maps it (Map). The slices may be read and written concurrently by
 // different goroutines and processes; coordinating writers of the same slots
@@ -196,8 +199,11 @@ func mapFile(f *os.File, layout Layout) (*Memory, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kvcache: mmap: %w", err)
 	}
-	floats := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(data))), len(data)/4)
-	return &Memory{layout: layout, data: data, floats: floats}, nil
+	m := &Memory{layout: layout, data: data}
+	if layout.DType == F32 {
+		m.floats = unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(data))), len(data)/4)
+	}
+	return m, nil
 }
 
 // Name describes the memory for logs ("memfd:cb-kv", "unlinked file in
@@ -216,30 +222,92 @@ func (m *Memory) Sealed() bool { return m.sealed }
 // Layout is the layout the memory was mapped with.
 func (m *Memory) Layout() Layout { return m.layout }
 
-// K is the key plane of layer, shape [NumBlocks, BlockSize, KVHeads, HeadDim].
-func (m *Memory) K(layer int) []float32 {
+// Plane names one of a layer's two planes.
+type Plane uint8
+
+// The two planes of a layer.
+const (
+	Keys   Plane = iota // K
+	Values              // V
+)
+
+// K is the key plane of layer, shape [NumBlocks, BlockSize, KVHeads, HeadDim],
+// of an F32 memory; it panics for another element type (use Plane, Read and
+// Write).
+func (m *Memory) K(layer int) []float32 { return m.f32(layer, Keys) }
+
+// V is the value plane of layer, shape [NumBlocks, BlockSize, KVHeads, HeadDim],
+// of an F32 memory; it panics for another element type.
+func (m *Memory) V(layer int) []float32 { return m.f32(layer, Values) }
+
+func (m *Memory) f32(layer int, p Plane) []float32 {
+	if m.floats == nil && m.data != nil {
+		panic(fmt.Sprintf("kvcache: float32 plane of a %v KV memory", m.layout.DType))
+	}
 	n := m.layout.PlaneFloats()
-	off := 2 * layer * n
+	off := (2*layer + int(p)) * n
 	return m.floats[off : off+n : off+n]
 }
 
-// V is the value plane of layer, shape [NumBlocks, BlockSize, KVHeads, HeadDim].
-func (m *Memory) V(layer int) []float32 {
-	n := m.layout.PlaneFloats()
-	off := (2*layer + 1) * n
-	return m.floats[off : off+n : off+n]
-}
-
-// TokenK is the K vector (KVHeads*HeadDim floats) of one slot of one layer.
+// TokenK is the K vector (KVHeads*HeadDim floats) of one slot of one layer
+// of an F32 memory.
 func (m *Memory) TokenK(layer, slot int) []float32 {
 	t := m.layout.TokenFloats()
 	return m.K(layer)[slot*t : (slot+1)*t : (slot+1)*t]
 }
 
-// TokenV is the V vector (KVHeads*HeadDim floats) of one slot of one layer.
+// TokenV is the V vector (KVHeads*HeadDim floats) of one slot of one layer
+// of an F32 memory.
 func (m *Memory) TokenV(layer, slot int) []float32 {
 	t := m.layout.TokenFloats()
 	return m.V(layer)[slot*t : (slot+1)*t : (slot+1)*t]
+}
+
+// Plane is plane p of layer as bytes, whatever the element type: slot s's
+// values are bytes [s·RowBytes, (s+1)·RowBytes), little-endian.
+func (m *Memory) Plane(layer int, p Plane) []byte {
+	n := m.layout.PlaneFloats() * m.layout.DType.Size()
+	off := (2*layer + int(p)) * n
+	return m.data[off : off+n : off+n]
+}
+
+// Row is slot's row of plane p of layer as bytes (RowBytes long): a copy
+// between memories of one element type needs no conversion.
+func (m *Memory) Row(p Plane, layer, slot int) []byte {
+	rb := m.layout.RowBytes()
+	return m.Plane(layer, p)[slot*rb : (slot+1)*rb : (slot+1)*rb]
+}
+
+// Read decodes the values of consecutive slots from slot on, plane p of
+// layer, into dst (len(dst)/TokenFloats slots, len(dst) a multiple of
+// TokenFloats): a copy for F32, exact conversion to float32 for F16.
+func (m *Memory) Read(p Plane, layer, slot int, dst []float32) {
+	if m.layout.DType == F32 {
+		t := m.layout.TokenFloats()
+		copy(dst, m.f32(layer, p)[slot*t:slot*t+len(dst)])
+		return
+	}
+	rb := m.layout.DType.Size()
+	src := m.Plane(layer, p)[slot*m.layout.TokenFloats()*rb:][:len(dst)*rb]
+	if err := quant.DequantizeRow(quant.F16, src, dst); err != nil {
+		panic(err) // sizes are this function's own
+	}
+}
+
+// Write encodes src into consecutive slots from slot on, plane p of layer
+// (len(src)/TokenFloats slots): a copy for F32, rounding to the nearest
+// half (ties to even; beyond ±65504 to ±Inf) for F16.
+func (m *Memory) Write(p Plane, layer, slot int, src []float32) {
+	if m.layout.DType == F32 {
+		t := m.layout.TokenFloats()
+		copy(m.f32(layer, p)[slot*t:slot*t+len(src)], src)
+		return
+	}
+	rb := m.layout.DType.Size()
+	dst := m.Plane(layer, p)[slot*m.layout.TokenFloats()*rb:][:len(src)*rb]
+	if err := quant.Quantize(quant.F16, src, dst); err != nil {
+		panic(err)
+	}
 }
 
 // Close unmaps the memory and closes the creator's descriptor; the memory

@@ -2,6 +2,7 @@ package llamabench
 
 import (
 	"bufio"
+	"cmp"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -41,6 +42,9 @@ type Config struct {
 	// instead of reading them into huge-page memory as cb worker does
 	// (cb worker --map-weights); default false.
 	MapWeights bool
+	// KVType is the element type of package model's KV cache: "f16" (the
+	// default, as cb worker's and llama.cpp's) or "f32".
+	KVType string
 
 	DecodeContext int // context of the batch-1 decode; default 512
 	DecodeSteps   int // timed decode steps (batch 1: at least; batch N: after one warm-up step); default 16
@@ -95,6 +99,7 @@ func (c Config) withDefaults() Config {
 		c.Prompts = []int{512, 2048}
 	}
 	def(&c.Chunk, 512)
+	c.KVType = cmp.Or(c.KVType, "f16")
 	def(&c.DecodeContext, 512)
 	def(&c.DecodeSteps, 16)
 	def(&c.DecodeRounds, 4)
@@ -400,7 +405,11 @@ func runOurs(cfg Config, path string, in inputs, peer *llamaDecode1) (side Side,
 	seqBlocks := blocksFor(cfg.BatchContext + cfg.DecodeSteps + 1)
 	docBlocks := blocksFor(cfg.RAGDocLen)
 	total := promptBlocks + cfg.BatchSeqs*seqBlocks + cfg.RAGDocs*docBlocks
-	kv, err := kvcache.Create("", m.Config().KVLayout(total, blockSize))
+	dt, err := kvcache.ParseDType(cfg.KVType)
+	if err != nil {
+		return side, 0, err
+	}
+	kv, err := kvcache.Create("", m.Config().KVLayout(total, blockSize, dt))
 	if err != nil {
 		return side, 0, err
 	}

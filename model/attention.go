@@ -22,6 +22,49 @@ const (
 // (Heads); larger models fall back to the gathered path.
 const maxGroupHeads = 64
 
+// halfRun is the most slots of an F16 cache that the decode paths
+// convert to float32 at once (one block of the stack's default size): the
+// converted rows stay in L1 while every query head of the run reads them.
+const halfRun = 16
+
+// kvPlanes is the K and V planes of one layer as attention reads them.
+type kvPlanes struct {
+	kv   *kvcache.Memory
+	l    int
+	k, v []float32 // the planes of an F32 memory; nil for another type
+}
+
+func planes(kv *kvcache.Memory, l int) kvPlanes {
+	p := kvPlanes{kv: kv, l: l}
+	if kv.Layout().DType == kvcache.F32 {
+		p.k, p.v = kv.K(l), kv.V(l)
+	}
+	return p
+}
+
+// run caps a run of consecutive slots at what rows converts at once.
+func (p kvPlanes) run(r int) int {
+	if p.k == nil {
+		return min(r, halfRun)
+	}
+	return r
+}
+
+// rows is the rows of n consecutive slots from slot on, of plane pl, at
+// stride kvd: the cache itself for an F32 memory, converted into buf (at
+// least n·kvd long) for an F16 one.
+func (p kvPlanes) rows(pl kvcache.Plane, slot, n, kvd int, buf []float32) []float32 {
+	if p.k != nil {
+		if pl == kvcache.Keys {
+			return p.k[slot*kvd:]
+		}
+		return p.v[slot*kvd:]
+	}
+	b := buf[:n*kvd]
+	p.kv.Read(pl, p.l, slot, b)
+	return b
+}
+
 // attention computes softmax(QKᵀ/√d)·V for every row and query head,
 // causally: a row at position p attends over positions [0, p] of its
 // sequence, read from the cache slots (its own K/V included).
@@ -90,7 +133,7 @@ func splitChunks(end, rows int) (n, size int) {
 // attnDirect's operations in attnDirect's order (the same bits).
 func (m *Model) attnSplit(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat, b *batch, seqs []int) {
 	hd, kvd, grp, nh := m.headDim, m.kvDim, m.group, m.cfg.Heads
-	kPlane, vPlane := kv.K(l), kv.V(l)
+	kp := planes(kv, l)
 	k2 := float32(1/math.Sqrt(float64(hd))) * log2e
 	first := ws.int(intChunks, len(seqs)+1) // the first task of seqs[i]
 	tasks := 0
@@ -118,14 +161,15 @@ func (m *Model) attnSplit(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat
 		t0, t1 := c*size, min(end, (c+1)*size)
 		row := qkv.row(s.r0)
 		// sc[h*size+t-t0]: the score, then the weight, of head h at
-		// position t; then every head's sum of weights.
-		sc := ws.worker(w, nh*(size+1))
-		sums := sc[nh*size:]
+		// position t; then every head's sum of weights; then the rows of
+		// an F16 run converted.
+		sc := ws.worker(w, nh*(size+1)+halfRun*kvd)
+		sums, conv := sc[nh*size:nh*(size+1)], sc[nh*(size+1):]
 		for t := t0; t < t1; {
-			run := slotRun(s.slots, t, t1)
-			base := s.slots[t] * kvd
+			run := kp.run(slotRun(s.slots, t, t1))
+			ks := kp.rows(kvcache.Keys, s.slots[t], run, kvd, conv)
 			for h := range nh {
-				simd.DotRows(sc[h*size+t-t0:h*size+t-t0+run], row[h*hd:(h+1)*hd], kPlane[base+(h/grp)*hd:], kvd)
+				simd.DotRows(sc[h*size+t-t0:h*size+t-t0+run], row[h*hd:(h+1)*hd], ks[(h/grp)*hd:], kvd)
 			}
 			t += run
 		}
@@ -144,10 +188,10 @@ func (m *Model) attnSplit(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat
 		}
 		clear(out)
 		for t := t0; t < t1; {
-			run := slotRun(s.slots, t, t1)
-			base := s.slots[t] * kvd
+			run := kp.run(slotRun(s.slots, t, t1))
+			vs := kp.rows(kvcache.Values, s.slots[t], run, kvd, conv)
 			for h := range nh {
-				simd.AxpyRows(out[h*hd:(h+1)*hd], sc[h*size+t-t0:h*size+t-t0+run], vPlane[base+(h/grp)*hd:], kvd)
+				simd.AxpyRows(out[h*hd:(h+1)*hd], sc[h*size+t-t0:h*size+t-t0+run], vs[(h/grp)*hd:], kvd)
 			}
 			t += run
 		}
@@ -194,7 +238,7 @@ func (m *Model) attnSplit(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat
 // one sequence and one KV head, to use every core.
 func (m *Model) attnDirect(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat, b *batch, seqs []int) {
 	hd, kvd, grp, kvh := m.headDim, m.kvDim, m.group, m.cfg.KVHeads
-	kPlane, vPlane := kv.K(l), kv.V(l)
+	kp := planes(kv, l)
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	split := 1 // tasks per sequence
 	if len(seqs) < m.cfg.Threads {
@@ -207,11 +251,13 @@ func (m *Model) attnDirect(ws *workspace, kv *kvcache.Memory, l int, att, qkv ma
 		nh := gPer * grp
 		pos := b.pos[s.r0:s.r1]
 		ctx := s.ctx
-		// sc[(r*nh+h-h0)*ctx+t]: score of row r, head h, position t.
-		sc := ws.worker(w, len(pos)*nh*ctx)
+		// sc[(r*nh+h-h0)*ctx+t]: score of row r, head h, position t;
+		// then the rows of an F16 run converted.
+		sc := ws.worker(w, len(pos)*nh*ctx+halfRun*kvd)
+		conv := sc[len(pos)*nh*ctx:]
 		for t := 0; t < ctx; {
-			run := slotRun(s.slots, t, ctx)
-			base := s.slots[t] * kvd
+			run := kp.run(slotRun(s.slots, t, ctx))
+			ks := kp.rows(kvcache.Keys, s.slots[t], run, kvd, conv)
 			for r, p := range pos {
 				n := min(run, p+1-t)
 				if n <= 0 {
@@ -220,7 +266,7 @@ func (m *Model) attnDirect(ws *workspace, kv *kvcache.Memory, l int, att, qkv ma
 				row := qkv.row(s.r0 + r)
 				for h := h0; h < h0+nh; h++ {
 					i := (r*nh + h - h0) * ctx
-					simd.DotRows(sc[i+t:i+t+n], row[h*hd:(h+1)*hd], kPlane[base+(h/grp)*hd:], kvd)
+					simd.DotRows(sc[i+t:i+t+n], row[h*hd:(h+1)*hd], ks[(h/grp)*hd:], kvd)
 				}
 			}
 			t += run
@@ -235,8 +281,8 @@ func (m *Model) attnDirect(ws *workspace, kv *kvcache.Memory, l int, att, qkv ma
 			}
 		}
 		for t := 0; t < ctx; {
-			run := slotRun(s.slots, t, ctx)
-			base := s.slots[t] * kvd
+			run := kp.run(slotRun(s.slots, t, ctx))
+			vs := kp.rows(kvcache.Values, s.slots[t], run, kvd, conv)
 			for r, p := range pos {
 				n := min(run, p+1-t)
 				if n <= 0 {
@@ -245,7 +291,7 @@ func (m *Model) attnDirect(ws *workspace, kv *kvcache.Memory, l int, att, qkv ma
 				orow := att.row(s.r0 + r)
 				for h := h0; h < h0+nh; h++ {
 					i := (r*nh + h - h0) * ctx
-					simd.AxpyRows(orow[h*hd:(h+1)*hd], sc[i+t:i+t+n], vPlane[base+(h/grp)*hd:], kvd)
+					simd.AxpyRows(orow[h*hd:(h+1)*hd], sc[i+t:i+t+n], vs[(h/grp)*hd:], kvd)
 				}
 			}
 			t += run
@@ -276,7 +322,7 @@ func slotRun(slots []int, t, n int) int {
 // weighted values block by block, matrix multiplies on the SIMD kernels).
 func (m *Model) attnGathered(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat, b *batch, seqs []int) {
 	hd, kvh, kvd := m.headDim, m.cfg.KVHeads, m.kvDim
-	kPlane, vPlane := kv.K(l), kv.V(l)
+	kp := planes(kv, l)
 
 	// Gather every sequence's K transposed to [kvh][hd][ctx] (scores are
 	// q·Kᵀ with K as the right operand) and V as [kvh][ctx][hd] (the right
@@ -304,7 +350,8 @@ func (m *Model) attnGathered(ws *workspace, kv *kvcache.Memory, l int, att, qkv 
 			gts = append(gts, gtask{j, t0})
 		}
 	}
-	m.team.run(len(gts), func(_, ti int) {
+	m.team.run(len(gts), func(w, ti int) {
+		conv := ws.worker(w, 2*kvd) // an F16 slot's K and V converted
 		g := gts[ti]
 		s := b.seqs[seqs[g.seq]]
 		ctx := s.ctx
@@ -313,14 +360,14 @@ func (m *Model) attnGathered(ws *workspace, kv *kvcache.Memory, l int, att, qkv 
 		t1 := min(ctx, g.t0+gatherChunk)
 		for t := g.t0; t < t1; t++ {
 			slot := s.slots[t]
-			src := kPlane[slot*kvd : (slot+1)*kvd]
+			src := kp.rows(kvcache.Keys, slot, 1, kvd, conv)[:kvd]
 			for h := range kvh {
 				base := h*hd*ctx + t
 				for dd, v := range src[h*hd : (h+1)*hd] {
 					kt[base+dd*ctx] = v
 				}
 			}
-			vsrc := vPlane[slot*kvd : (slot+1)*kvd]
+			vsrc := kp.rows(kvcache.Values, slot, 1, kvd, conv[kvd:])[:kvd]
 			for h := range kvh {
 				copy(vv[(h*ctx+t)*hd:(h*ctx+t+1)*hd], vsrc[h*hd:(h+1)*hd])
 			}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"testing"
+
+	"github.com/cacheblend/cacheblend/kvcache"
 )
 
 // TestAttnSplit decodes one token after contexts of many lengths, in a
@@ -12,13 +14,21 @@ import (
 // sequence: where the row's positions fit one chunk the logits are the
 // same bits; beyond, the chunks' merge agrees within float rounding; and
 // a sequence's logits do not depend on the other sequence of the step.
+// Both for an F32 and an F16 cache (whose runs are converted a block at a
+// time).
 func TestAttnSplit(t *testing.T) {
+	for _, dt := range []kvcache.DType{kvcache.F32, kvcache.F16} {
+		t.Run(dt.String(), func(t *testing.T) { testAttnSplit(t, dt) })
+	}
+}
+
+func testAttnSplit(t *testing.T, dt kvcache.DType) {
 	m := newModel(t, Config{})
 	vocab := m.Config().Vocab
 	for _, ctx := range []int{1, 15, 16, 63, 64, 65, 130, 700} {
 		t.Run(fmt.Sprintf("ctx%d", ctx), func(t *testing.T) {
 			per := blocksFor(ctx + 1)
-			kv := newKV(t, m, 2*per)
+			kv := newKVOf(t, m, 2*per, dt)
 			// Sequence A on the odd blocks downwards, B on the even ones.
 			a, b := make([]int32, per), make([]int32, per)
 			for i := range per {

@@ -265,7 +265,6 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 	lw := &m.layers[cl]
 	kvd := m.kvDim
 	dev := ws.f32(bufDev, n)
-	kPlane := kv.K(cl)
 	m.angles(all)
 	// mlpRows rows at a time, so the normed rows and their keys stay the
 	// size of a prefill chunk's buffers (a 2,000-token prompt's would be
@@ -277,6 +276,7 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 		kf := dense(ws.f32(bufQKV, (c1-c0)*kvd), c1-c0, kvd)
 		m.projectQKV(lw, kf, h, m.qDim, m.qDim+kvd)
 		m.rowChunks(c1-c0, func(r0, r1 int) {
+			old := make([]float32, kvd) // the cached K, as stored (F16 rounding included)
 			for i := c0 + r0; i < c0+r1; i++ {
 				if !reused[i] {
 					dev[i] = 0
@@ -284,8 +284,7 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 				}
 				k := kf.row(i - c0)
 				m.rotate(k, all, i)
-				s := all.slot[i]
-				old := kPlane[s*kvd : (s+1)*kvd]
+				kv.Read(kvcache.Keys, cl, all.slot[i], old)
 				var acc float32
 				for j, v := range k {
 					e := v - old[j]

@@ -147,8 +147,8 @@ func (c Config) Validate() error {
 }
 
 // KVLayout is the paged KV-cache layout this configuration needs for a pool
-// of numBlocks blocks of blockSize tokens.
-func (c Config) KVLayout(numBlocks, blockSize int) kvcache.Layout {
+// of numBlocks blocks of blockSize tokens of element type dt.
+func (c Config) KVLayout(numBlocks, blockSize int, dt kvcache.DType) kvcache.Layout {
 	c = c.withDefaults()
 	return kvcache.Layout{
 		NumLayers: c.Layers,
@@ -156,6 +156,7 @@ func (c Config) KVLayout(numBlocks, blockSize int) kvcache.Layout {
 		BlockSize: blockSize,
 		KVHeads:   c.KVHeads,
 		HeadDim:   c.Dim / c.Heads,
+		DType:     dt,
 	}
 }
 

@@ -535,7 +535,6 @@ func (m *Model) forwardLayers(ws *workspace, kv *kvcache.Memory, from int, x mat
 // ropeAndStore rotates the Q (when withQ) and K columns of every row of qkv
 // to the row's position and writes K and V into the row's cache slot.
 func (m *Model) ropeAndStore(kv *kvcache.Memory, l int, qkv mat, b *batch, withQ bool) {
-	kPlane, vPlane := kv.K(l), kv.V(l)
 	kvd := m.kvDim
 	m.angles(b)
 	m.rowChunks(qkv.rows, func(r0, r1 int) {
@@ -547,8 +546,8 @@ func (m *Model) ropeAndStore(kv *kvcache.Memory, l int, qkv mat, b *batch, withQ
 			k := row[m.qDim : m.qDim+kvd]
 			m.rotate(k, b, i)
 			s := b.slot[i]
-			copy(kPlane[s*kvd:(s+1)*kvd], k)
-			copy(vPlane[s*kvd:(s+1)*kvd], row[m.qDim+kvd:m.qDim+2*kvd])
+			kv.Write(kvcache.Keys, l, s, k)
+			kv.Write(kvcache.Values, l, s, row[m.qDim+kvd:m.qDim+2*kvd])
 		}
 	})
 }

@@ -41,10 +41,17 @@ func newModel(tb testing.TB, cfg Config) *Model {
 
 const testBlock = 16
 
-// newKV maps a KV memory of numBlocks blocks for m (removed at cleanup).
+// newKV maps an F32 KV memory of numBlocks blocks for m (removed at
+// cleanup).
 func newKV(tb testing.TB, m *Model, numBlocks int) *kvcache.Memory {
 	tb.Helper()
-	kv, err := kvcache.Create("", m.Config().KVLayout(numBlocks, testBlock)) // /dev/shm, like the worker
+	return newKVOf(tb, m, numBlocks, kvcache.F32)
+}
+
+// newKVOf is newKV of element type dt.
+func newKVOf(tb testing.TB, m *Model, numBlocks int, dt kvcache.DType) *kvcache.Memory {
+	tb.Helper()
+	kv, err := kvcache.Create("", m.Config().KVLayout(numBlocks, testBlock, dt)) // /dev/shm, like the worker
 	if err != nil {
 		tb.Fatalf("kvcache.Create: %v", err)
 	}

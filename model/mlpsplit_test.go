@@ -143,7 +143,7 @@ func TestMLPHalves(t *testing.T) {
 					t.Fatal(err)
 				}
 				checkShardGU(t, m, s, rank)
-				kv, err := kvcache.Create("", s.KVLayout(blocksFor(n), testBlock))
+				kv, err := kvcache.Create("", s.KVLayout(blocksFor(n), testBlock, kvcache.F32))
 				if err != nil {
 					t.Fatal(err)
 				}

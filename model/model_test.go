@@ -26,7 +26,7 @@ func TestConfigDefaults(t *testing.T) {
 	if ceil := c.SpeedupCeiling(); ceil < 3 {
 		t.Fatalf("default speed-up ceiling %.2f, want comfortably above 2.5", ceil)
 	}
-	l := c.KVLayout(10, 16)
+	l := c.KVLayout(10, 16, kvcache.F32)
 	want := kvcache.Layout{NumLayers: c.Layers, NumBlocks: 10, BlockSize: 16, KVHeads: c.KVHeads, HeadDim: c.Dim / c.Heads}
 	if l != want {
 		t.Fatalf("KVLayout = %+v, want %+v", l, want)

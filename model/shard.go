@@ -176,14 +176,17 @@ func (m *Model) WorldSize() int {
 }
 
 // KVLayout is the layout of this model's (this rank's) KV memory for a pool
-// of numBlocks blocks of blockSize tokens: the rank's KV heads only.
-func (m *Model) KVLayout(numBlocks, blockSize int) kvcache.Layout {
+// of numBlocks blocks of blockSize tokens of element type dt: the rank's KV
+// heads only. The model runs on memory of any element type (F16 halves
+// the cache and the bytes a decode step reads from it).
+func (m *Model) KVLayout(numBlocks, blockSize int, dt kvcache.DType) kvcache.Layout {
 	return kvcache.Layout{
 		NumLayers: m.cfg.Layers,
 		NumBlocks: numBlocks,
 		BlockSize: blockSize,
 		KVHeads:   m.cfg.KVHeads,
 		HeadDim:   m.headDim,
+		DType:     dt,
 	}
 }
 

@@ -138,7 +138,7 @@ func TestShardMatchesWholeModel(t *testing.T) {
 				if m.Config() != whole.Config() || m.WorldSize() != c.world || m.Rank() != rank {
 					t.Fatalf("shard %d: config %+v world %d", rank, m.Config(), m.WorldSize())
 				}
-				kv, err := kvcache.Create("", m.KVLayout(blocksFor(n), testBlock))
+				kv, err := kvcache.Create("", m.KVLayout(blocksFor(n), testBlock, kvcache.F32))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -210,7 +210,7 @@ func TestShardPeerGone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv, err := kvcache.Create("", m.KVLayout(4, testBlock))
+	kv, err := kvcache.Create("", m.KVLayout(4, testBlock, kvcache.F32))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,7 +63,7 @@ func benchRank() int {
 		return 2
 	}
 	nb := (benchPrefillTokens + testBlock - 1) / testBlock
-	kv, err := kvcache.Create("", m.KVLayout(nb, testBlock))
+	kv, err := kvcache.Create("", m.KVLayout(nb, testBlock, kvcache.F32))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2

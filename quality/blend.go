@@ -44,6 +44,9 @@ type Options struct {
 	// forcing (both forwards fed the full prefill's greedy continuation);
 	// 0 means 1.
 	Positions int
+	// KVType is the element type of the KV memory both forwards run on
+	// (the zero value F32; the worker serves F16 by default).
+	KVType kvcache.DType
 }
 
 // blockSize is the block size of the comparison's private KV memory.
@@ -71,7 +74,7 @@ func Blend(m *model.Model, c Case, opt Options) (Report, error) {
 	for _, d := range c.Docs {
 		total += blocksFor(len(d))
 	}
-	kv, err := kvcache.Create("", m.KVLayout(total, blockSize))
+	kv, err := kvcache.Create("", m.KVLayout(total, blockSize, opt.KVType))
 	if err != nil {
 		return Report{}, fmt.Errorf("quality: KV memory: %w", err)
 	}
@@ -105,7 +108,7 @@ func Blend(m *model.Model, c Case, opt Options) (Report, error) {
 // first k-1 greedy tokens are fed to both (teacher forcing) and the
 // distributions at each position compared. It is a Checker used once.
 func Served(m *model.Model, kv *kvcache.Memory, bt []int32, prompt []int32, logits []float32, k int) (Report, error) {
-	c := NewChecker(m)
+	c := NewChecker(m, kv.Layout().DType)
 	defer c.Close()
 	if err := c.Snapshot(kv, bt, prompt, logits, k); err != nil {
 		return Report{}, err
@@ -120,15 +123,17 @@ func Served(m *model.Model, kv *kvcache.Memory, bt []int32, prompt []int32, logi
 // concurrent use; Snapshot and Compare alternate.
 type Checker struct {
 	m      *model.Model
+	dt     kvcache.DType
 	own    *kvcache.Memory
 	prompt []int32
 	logits []float32
 	k      int
 }
 
-// NewChecker returns a Checker for m (a whole model); its memory is
-// allocated by the first Snapshot.
-func NewChecker(m *model.Model) *Checker { return &Checker{m: m} }
+// NewChecker returns a Checker for m (a whole model) whose copies of the
+// served KV are of element type dt (the served memory's); its memory is
+// allocated by Reserve or the first Snapshot.
+func NewChecker(m *model.Model, dt kvcache.DType) *Checker { return &Checker{m: m, dt: dt} }
 
 // Close releases the Checker's KV memory.
 func (c *Checker) Close() error {
@@ -147,11 +152,11 @@ func (c *Checker) Snapshot(kv *kvcache.Memory, bt []int32, prompt []int32, logit
 	k = max(k, 1)
 	n, l := len(prompt), kv.Layout()
 	per := blocksFor(n + k)
-	ol := c.m.KVLayout(2*per, blockSize)
+	ol := c.m.KVLayout(2*per, blockSize, c.dt)
 	switch {
 	case n == 0 || kvcache.Capacity(bt, l.BlockSize) < n:
 		return fmt.Errorf("quality: %d prompt tokens, block table holds %d", n, kvcache.Capacity(bt, l.BlockSize))
-	case l.NumLayers != ol.NumLayers || l.KVHeads != ol.KVHeads || l.HeadDim != ol.HeadDim:
+	case l.NumLayers != ol.NumLayers || l.KVHeads != ol.KVHeads || l.HeadDim != ol.HeadDim || l.DType != ol.DType:
 		return fmt.Errorf("quality: KV memory of layout %+v for a model of %+v", l, ol)
 	case len(logits) != c.m.Config().Vocab:
 		return fmt.Errorf("%w: %d logits over a vocabulary of %d", ErrShape, len(logits), c.m.Config().Vocab)
@@ -176,12 +181,12 @@ func (c *Checker) Snapshot(kv *kvcache.Memory, bt []int32, prompt []int32, logit
 // the request whose KV Snapshot copies.
 func (c *Checker) Reserve(tokens, k int) error {
 	per := blocksFor(max(tokens, 1) + max(k, 1))
-	if err := c.grow(c.m.KVLayout(2*per, blockSize)); err != nil {
+	if err := c.grow(c.m.KVLayout(2*per, blockSize, c.dt)); err != nil {
 		return err
 	}
 	for l := range c.own.Layout().NumLayers {
-		clear(c.own.K(l))
-		clear(c.own.V(l))
+		clear(c.own.Plane(l, kvcache.Keys))
+		clear(c.own.Plane(l, kvcache.Values))
 	}
 	return nil
 }
@@ -238,15 +243,15 @@ func blocksFor(n int) int { return blocksFor2(n, blockSize) }
 func blocksFor2(n, bs int) int { return (n + bs - 1) / bs }
 
 // copyServed copies positions [0, n) of every layer from kv under bt to own
-// under dst (same positions: no rotation).
+// under dst (same positions: no rotation; both of one element type).
 func copyServed(m *model.Model, kv *kvcache.Memory, bt []int32, own *kvcache.Memory, dst []int32, n int) {
 	bs := kv.Layout().BlockSize
 	for l := range m.Config().Layers {
 		for p := range n {
 			s := int(bt[p/bs])*bs + p%bs
 			d := int(dst[p/blockSize])*blockSize + p%blockSize
-			copy(own.TokenK(l, d), kv.TokenK(l, s))
-			copy(own.TokenV(l, d), kv.TokenV(l, s))
+			copy(own.Row(kvcache.Keys, l, d), kv.Row(kvcache.Keys, l, s))
+			copy(own.Row(kvcache.Values, l, d), kv.Row(kvcache.Values, l, s))
 		}
 	}
 }
@@ -268,6 +273,7 @@ func blocks(first, n int) []int32 {
 func MoveKV(m *model.Model, kv *kvcache.Memory, src, dst []int32, to, n int) {
 	bs := kv.Layout().BlockSize
 	rp := m.RoPE()
+	k := make([]float32, kv.Layout().TokenFloats())
 	for l := range m.Config().Layers {
 		for i := range n {
 			s, err := kvcache.Slot(src, i, bs)
@@ -278,10 +284,10 @@ func MoveKV(m *model.Model, kv *kvcache.Memory, src, dst []int32, to, n int) {
 			if err != nil {
 				panic(fmt.Sprintf("quality: MoveKV destination: %v", err))
 			}
-			k := kv.TokenK(l, d)
-			copy(k, kv.TokenK(l, s))
+			kv.Read(kvcache.Keys, l, s, k)
 			rp.Shift(k, i, to+i)
-			copy(kv.TokenV(l, d), kv.TokenV(l, s))
+			kv.Write(kvcache.Keys, l, d, k)
+			copy(kv.Row(kvcache.Values, l, d), kv.Row(kvcache.Values, l, s))
 		}
 	}
 }

@@ -82,14 +82,14 @@ func TestBlend(t *testing.T) {
 // prompt and is reused.
 func TestChecker(t *testing.T) {
 	m := smallModel(t)
-	c := NewChecker(m)
+	c := NewChecker(m, kvcache.F32)
 	defer c.Close()
 	if _, err := c.Compare(); err == nil {
 		t.Fatal("compare without a snapshot")
 	}
 	for _, n := range []int{40, 120} {
 		prompt := randDoc(rand.New(rand.NewPCG(uint64(n), 9)), n)
-		kv, err := kvcache.Create("", m.KVLayout(16, 16))
+		kv, err := kvcache.Create("", m.KVLayout(16, 16, kvcache.F32))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,7 +114,7 @@ func TestChecker(t *testing.T) {
 			t.Fatalf("%d tokens: a full prefill served compares as %+v", n, r)
 		}
 	}
-	kv, _ := kvcache.Create("", m.KVLayout(4, 16))
+	kv, _ := kvcache.Create("", m.KVLayout(4, 16, kvcache.F32))
 	defer kv.Close()
 	if err := c.Snapshot(kv, []int32{9}, []int32{1, 2}, make([]float32, m.Config().Vocab), 1); err == nil {
 		t.Fatal("a block outside the memory accepted")
@@ -125,13 +125,13 @@ func TestChecker(t *testing.T) {
 // within it keeps the memory (only copies), a longer one grows it.
 func TestCheckerReserve(t *testing.T) {
 	m := smallModel(t)
-	c := NewChecker(m)
+	c := NewChecker(m, kvcache.F32)
 	defer c.Close()
 	if err := c.Reserve(200, 4); err != nil {
 		t.Fatal(err)
 	}
 	reserved := c.own
-	kv, err := kvcache.Create("", m.KVLayout(40, 16))
+	kv, err := kvcache.Create("", m.KVLayout(40, 16, kvcache.F32))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -82,6 +82,16 @@ func dequantF16AVX512(w *byte, y *float32, n int)
 //go:noescape
 func dequantBF16AVX512(w *byte, y *float32, n int)
 
+// quantF16AVX2 and quantF16AVX512 encode n floats (a multiple of 8 or 16)
+// as F16 with VCVTPS2PH, rounding to nearest even: F32ToF16's values (a
+// NaN keeps the top bits of its payload where F32ToF16 gives 0x7E00).
+//
+//go:noescape
+func quantF16AVX2(w *byte, y *float32, n int)
+
+//go:noescape
+func quantF16AVX512(w *byte, y *float32, n int)
+
 //go:noescape
 func dequantBF16AVX2(w *byte, y *float32, n int)
 
@@ -909,6 +919,9 @@ func useAsm() {
 		if kn.bs == 1 {
 			kn.dot = halfDot(k.avx2, k.avx512, kn.dotGo)
 			kn.dequant = halfDequant(k.dequant, k.dequant512, kn.dequantGo)
+			if k.t == F16 {
+				kn.quant = halfQuant(quantF16AVX2, quantF16AVX512, kn.quant)
+			}
 		} else {
 			kn.dot = blockDot(kn.bs, k.avx2, k.avx512, kn.dotGo)
 			kn.dequant = blockDequant(kn.bs, k.dequant, kn.dequantGo)
@@ -960,6 +973,27 @@ func blockDequant(bs int, asm asmDequant, pure func([]byte, []float32)) func([]b
 			return
 		}
 		asm(&src[0], &dst[0], len(dst)/bs)
+	}
+}
+
+// halfQuant wraps the F16 encoder: multiples of 16 (AVX-512) or 8 (AVX2
+// with F16C, as hasAVX2 requires) in assembly, the tail in Go.
+func halfQuant(asm, asm512 asmDequant, pure func([]float32, []byte)) func([]float32, []byte) {
+	return func(src []float32, dst []byte) {
+		n := 0
+		switch level() {
+		case lvlAVX512:
+			if n = len(src) &^ 15; n > 0 {
+				asm512(&dst[0], &src[0], n)
+			}
+		case lvlAVX2:
+			if n = len(src) &^ 7; n > 0 {
+				asm(&dst[0], &src[0], n)
+			}
+		}
+		if n < len(src) {
+			pure(src[n:], dst[2*n:])
+		}
 	}
 }
 

@@ -2694,6 +2694,42 @@ dequantF16AVX512_done:
 	VZEROUPPER
 	RET
 
+// func quantF16AVX2(w *byte, y *float32, n int): n a multiple of 8.
+TEXT ·quantF16AVX2(SB), NOSPLIT, $0-24
+	MOVQ w+0(FP), SI
+	MOVQ y+8(FP), DI
+	MOVQ n+16(FP), CX
+quantF16AVX2_loop:
+	TESTQ CX, CX
+	JZ quantF16AVX2_done
+	VMOVUPS (DI), Y0
+	VCVTPS2PH $0, Y0, (SI)
+	ADDQ $16, SI
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JMP quantF16AVX2_loop
+quantF16AVX2_done:
+	VZEROUPPER
+	RET
+
+// func quantF16AVX512(w *byte, y *float32, n int): n a multiple of 16.
+TEXT ·quantF16AVX512(SB), NOSPLIT, $0-24
+	MOVQ w+0(FP), SI
+	MOVQ y+8(FP), DI
+	MOVQ n+16(FP), CX
+quantF16AVX512_loop:
+	TESTQ CX, CX
+	JZ quantF16AVX512_done
+	VMOVUPS (DI), Z0
+	VCVTPS2PH $0, Z0, (SI)
+	ADDQ $32, SI
+	ADDQ $64, DI
+	SUBQ $16, CX
+	JMP quantF16AVX512_loop
+quantF16AVX512_done:
+	VZEROUPPER
+	RET
+
 // func dequantBF16AVX512(w *byte, y *float32, n int): n a multiple of 16.
 TEXT ·dequantBF16AVX512(SB), NOSPLIT, $0-24
 	MOVQ w+0(FP), SI

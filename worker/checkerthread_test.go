@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/model"
 )
 
@@ -93,17 +94,21 @@ func TestReserveFor(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		m    *model.Model
-	}{{"small", small}, {"wide", big}} {
+		dt   kvcache.DType
+	}{{"small", small, kvcache.F32}, {"wide", big, kvcache.F32}, {"wide f16", big, kvcache.F16}} {
 		t.Run(tc.name, func(t *testing.T) {
-			n := reserveFor(tc.m)
-			l := tc.m.KVLayout(1, 1)
-			bytes := n * 16 * l.NumLayers * l.KVHeads * l.HeadDim
+			n := reserveFor(tc.m, tc.dt)
+			l := tc.m.KVLayout(1, 1, tc.dt)
+			bytes := n * 4 * l.NumLayers * l.KVHeads * l.HeadDim * tc.dt.Size() // two copies, K and V
 			if n < 1 || n > reserveTokens || n > tc.m.Config().MaxPositions || bytes > reserveBytes {
 				t.Fatalf("reserve %d tokens (%d bytes)", n, bytes)
 			}
 		})
 	}
-	if reserveFor(big) >= reserveFor(small) {
-		t.Fatalf("a wider model reserves %d tokens, the small one %d", reserveFor(big), reserveFor(small))
+	if reserveFor(big, kvcache.F32) >= reserveFor(small, kvcache.F32) {
+		t.Fatalf("a wider model reserves %d tokens, the small one %d", reserveFor(big, kvcache.F32), reserveFor(small, kvcache.F32))
+	}
+	if reserveFor(big, kvcache.F16) != min(reserveTokens, 2*reserveFor(big, kvcache.F32)) {
+		t.Fatalf("an F16 pool reserves %d tokens, an F32 one %d", reserveFor(big, kvcache.F16), reserveFor(big, kvcache.F32))
 	}
 }

@@ -1,13 +1,14 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
-	"encoding/binary"
+
 	"errors"
 	"fmt"
 	"io"
-	"math"
+
 	"net"
 	"slices"
 	"strconv"
@@ -238,6 +239,10 @@ func (w *Worker) checkLayout(l *cbv1.KVLayout, model string) error {
 		return fmt.Errorf("KV layout %d layers × %d-token blocks × %d heads × %d, this worker's is %d × %d × %d × %d",
 			l.GetNumLayers(), l.GetBlockSize(), l.GetKvHeads(), l.GetHeadDim(), mine.NumLayers, mine.BlockSize, mine.KVHeads, mine.HeadDim)
 	}
+	// The blocks travel as stored: both pools must hold one element type.
+	if dt, err := kvcache.ParseDType(cmp.Or(l.GetDtype(), "f32")); err != nil || dt != mine.DType {
+		return fmt.Errorf("KV element type %q, this worker's is %v", l.GetDtype(), mine.DType)
+	}
 	return nil
 }
 
@@ -245,7 +250,7 @@ func (w *Worker) checkLayout(l *cbv1.KVLayout, model string) error {
 func (w *Worker) layoutProto() *cbv1.KVLayout {
 	l := w.kv.Layout()
 	return &cbv1.KVLayout{NumLayers: int32(l.NumLayers), NumBlocks: int32(l.NumBlocks), BlockSize: int32(l.BlockSize),
-		KvHeads: int32(l.KVHeads), HeadDim: int32(l.HeadDim)}
+		KvHeads: int32(l.KVHeads), HeadDim: int32(l.HeadDim), Dtype: l.DType.String()}
 }
 
 // ReadKV streams a kept request's blocks to another worker (prefill side).
@@ -369,24 +374,26 @@ func chunkBytes(l kvcache.Layout, first, n, nTokens int) int {
 	return tokens * int(l.TokenBytes())
 }
 
-// littleEndian reports whether the machine's float32 bytes are the wire's.
+// littleEndian reports whether the machine's byte order is the wire's.
 var littleEndian = func() bool {
 	x := uint16(1)
 	return *(*byte)(unsafe.Pointer(&x)) == 1
 }()
 
 // packBlocks copies blocks [first, first+n) of bt out of m: for each layer,
-// K then V, for each block its tokens' vectors (float32 little-endian).
+// K then V, for each block its tokens' vectors (values of m's element type,
+// little-endian).
 func packBlocks(m *kvcache.Memory, bt []int32, first, n, nTokens int) []byte {
 	l := m.Layout()
 	out := make([]byte, 0, chunkBytes(l, first, n, nTokens))
-	tf := l.TokenFloats()
+	rb, es := l.RowBytes(), l.DType.Size()
 	for layer := range l.NumLayers {
-		for _, plane := range [][]float32{m.K(layer), m.V(layer)} {
+		for _, p := range []kvcache.Plane{kvcache.Keys, kvcache.Values} {
+			plane := m.Plane(layer, p)
 			for b := first; b < first+n; b++ {
 				slot := int(bt[b]) * l.BlockSize
 				cnt := blockTokens(b, l.BlockSize, nTokens)
-				out = appendFloats(out, plane[slot*tf:(slot+cnt)*tf])
+				out = appendLE(out, plane[slot*rb:(slot+cnt)*rb], es)
 			}
 		}
 	}
@@ -397,44 +404,45 @@ func packBlocks(m *kvcache.Memory, bt []int32, first, n, nTokens int) []byte {
 // chunkBytes long) into blocks [first, first+n) of bt in m.
 func unpackBlocks(m *kvcache.Memory, bt []int32, first, n, nTokens int, data []byte) {
 	l := m.Layout()
-	tf := l.TokenFloats()
+	rb, es := l.RowBytes(), l.DType.Size()
 	off := 0
 	for layer := range l.NumLayers {
-		for _, plane := range [][]float32{m.K(layer), m.V(layer)} {
+		for _, p := range []kvcache.Plane{kvcache.Keys, kvcache.Values} {
+			plane := m.Plane(layer, p)
 			for b := first; b < first+n; b++ {
 				slot := int(bt[b]) * l.BlockSize
-				cnt := blockTokens(b, l.BlockSize, nTokens)
-				nb := cnt * tf * 4
-				readFloats(plane[slot*tf:(slot+cnt)*tf], data[off:off+nb])
+				nb := blockTokens(b, l.BlockSize, nTokens) * rb
+				copyLE(plane[slot*rb:slot*rb+nb], data[off:off+nb], es)
 				off += nb
 			}
 		}
 	}
 }
 
-func appendFloats(dst []byte, src []float32) []byte {
-	if len(src) == 0 {
-		return dst
-	}
-	if littleEndian {
-		return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(src))), 4*len(src))...)
-	}
-	for _, f := range src {
-		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(f))
+// appendLE appends src, values of es bytes in the machine's order, to dst
+// in little-endian order.
+func appendLE(dst, src []byte, es int) []byte {
+	n := len(dst)
+	dst = append(dst, src...)
+	if !littleEndian {
+		swapBytes(dst[n:], es)
 	}
 	return dst
 }
 
-func readFloats(dst []float32, src []byte) {
-	if len(dst) == 0 {
-		return
+// copyLE copies src, little-endian values of es bytes, into dst in the
+// machine's order.
+func copyLE(dst, src []byte, es int) {
+	copy(dst, src)
+	if !littleEndian {
+		swapBytes(dst[:len(src)], es)
 	}
-	if littleEndian {
-		copy(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(dst))), 4*len(dst)), src)
-		return
-	}
-	for i := range dst {
-		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
+}
+
+// swapBytes reverses the bytes of every es-byte value of b.
+func swapBytes(b []byte, es int) {
+	for i := 0; i+es <= len(b); i += es {
+		slices.Reverse(b[i : i+es])
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cacheblend/cacheblend/contract/spanname"
+	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/quality"
@@ -39,9 +40,8 @@ const (
 
 // reserveFor returns the prompt tokens the checker's memory of m is made
 // ready for at start (reserveTokens, reserveBytes).
-func reserveFor(m *model.Model) int {
-	l := m.KVLayout(1, 1)
-	perToken := 2 * 2 * 4 * l.NumLayers * l.KVHeads * l.HeadDim // two copies, K and V, float32
+func reserveFor(m *model.Model, dt kvcache.DType) int {
+	perToken := 2 * int(m.KVLayout(1, 1, dt).TokenBytes()) // two copies
 	return max(1, min(m.Config().MaxPositions, reserveTokens, reserveBytes/max(perToken, 1)))
 }
 
@@ -74,15 +74,15 @@ type qualityJob struct {
 // newQualitySampler returns the sampler of cfg for m, or nil when the
 // check is off (rate 0) or m is a tensor-parallel shard (a full prefill
 // needs every rank).
-func newQualitySampler(cfg Config, m *model.Model) *qualitySampler {
+func newQualitySampler(cfg Config, m *model.Model, dt kvcache.DType) *qualitySampler {
 	if cfg.Quality.SampleRate <= 0 || m.WorldSize() > 1 {
 		return nil
 	}
 	return &qualitySampler{
 		rate: min(cfg.Quality.SampleRate, 1), budget: cfg.Quality.Budget, k: cfg.Quality.Positions,
-		reserve: reserveFor(m),
+		reserve: reserveFor(m, dt),
 		rng:     rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x51)),
-		checker: quality.NewChecker(m.WithThreads(1)), // on the checker's own thread
+		checker: quality.NewChecker(m.WithThreads(1), dt), // on the checker's own thread
 		jobs:    make(chan qualityJob, 1),
 		ready:   make(chan struct{}),
 	}

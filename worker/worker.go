@@ -38,6 +38,7 @@ const (
 	DefaultAddr             = "127.0.0.1:0"
 	DefaultNumBlocks        = 2048
 	DefaultBlockSize        = 16
+	DefaultKVType           = "f16"
 	DefaultRegisterInterval = time.Second
 	DefaultRPCTimeout       = 5 * time.Second
 	DefaultMaxPendingStores = 64
@@ -74,6 +75,11 @@ type Config struct {
 	Model model.Config
 	// NumBlocks and BlockSize size the paged KV pool; default 2048 × 16.
 	NumBlocks, BlockSize int
+	// KVType is the element type of the KV pool's values: "f16" (the
+	// default, as llama.cpp's cache: half the memory and half the bytes a
+	// decode step reads from it, each value rounded to 11 significant
+	// bits) or "f32" (kvcache.ParseDType).
+	KVType string
 	// ShmDir is where the KV memory's fallback file is created (and
 	// unlinked at once) when the kernel has no memfd_create; default
 	// /dev/shm (kvcache.Create).
@@ -168,6 +174,7 @@ func (c Config) withDefaults() Config {
 	if c.BlockSize <= 0 {
 		c.BlockSize = DefaultBlockSize
 	}
+	c.KVType = cmp.Or(c.KVType, DefaultKVType)
 	if c.BlendKVSocket == "" {
 		c.BlendKVSocket = kvsock.DefaultPath()
 	}
@@ -244,6 +251,7 @@ var _ component.Lifecycle = (*Worker)(nil)
 // use; Execute calls are serialized internally.
 type Worker struct {
 	cfg     Config
+	kvType  kvcache.DType // cfg.KVType parsed
 	logger  *slog.Logger
 	spans   *telemetry.Spans
 	metrics *metrics.WorkerMetrics
@@ -344,6 +352,10 @@ func New(cfg Config, deps Deps) (*Worker, error) {
 	if g := cfg.Quality.Gate; g != GateAuto && g != GateOn && g != GateOff {
 		return nil, fmt.Errorf("worker: blend gate %q (want %s, %s or %s)", g, GateAuto, GateOn, GateOff)
 	}
+	kvType, err := kvcache.ParseDType(cfg.KVType)
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
 	d := deps.Deps.WithDefaults()
 	wm, err := metrics.NewWorkerMetrics(d.Registerer, metrics.WithOnRefused(func(err error) {
 		d.Logger.Warn("metrics record refused", "err", err)
@@ -359,6 +371,7 @@ func New(cfg Config, deps Deps) (*Worker, error) {
 	}
 	return &Worker{
 		cfg:     cfg,
+		kvType:  kvType,
 		logger:  d.Logger,
 		spans:   d.Spans("github.com/cacheblend/cacheblend/worker"),
 		metrics: wm,
@@ -392,7 +405,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: model: %w", err)
 	}
 	w.model = m
-	kv, err := kvcache.Create(w.cfg.ShmDir, m.KVLayout(w.cfg.NumBlocks, w.cfg.BlockSize))
+	kv, err := kvcache.Create(w.cfg.ShmDir, m.KVLayout(w.cfg.NumBlocks, w.cfg.BlockSize, w.kvType))
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
@@ -415,7 +428,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.life.bg.Add(1)
 		go w.registerLoop(firstTry)
 	}
-	if w.quality = newQualitySampler(w.cfg, m); w.quality != nil {
+	if w.quality = newQualitySampler(w.cfg, m, w.kvType); w.quality != nil {
 		w.life.bg.Add(1)
 		go w.checkQuality(w.quality)
 	}
@@ -685,7 +698,7 @@ func (w *Worker) register() (*session, error) {
 		WorkerId: w.cfg.WorkerID, Rank: int32(w.cfg.Rank), Model: w.kvModel, WorldSize: int32(w.group.world),
 		Layout: &cbv1.KVLayout{NumLayers: int32(l.NumLayers), NumBlocks: int32(l.NumBlocks), BlockSize: int32(l.BlockSize),
 			KvHeads: int32(l.KVHeads), HeadDim: int32(l.HeadDim), RopeTheta: w.model.Config().RoPETheta,
-			RopeInvFreq: w.model.RoPE().InvFreq()},
+			RopeInvFreq: w.model.RoPE().InvFreq(), Dtype: l.DType.String()},
 	}, w.kv.File())
 	if err != nil {
 		return nil, err

@@ -102,7 +102,6 @@ func ScatterParallel(c Copy, workers int) (Stats, error) {
 			defer scratchPool.Put(scratch)
 		}
 		for layer := lo; layer < hi; layer++ {
-			dk, dv := dst.K(layer), dst.V(layer)
 			for _, g := range groups {
 				if layer < fromLayer[g.seg] {
 					continue
@@ -114,15 +113,15 @@ func ScatterParallel(c Copy, workers int) (Stats, error) {
 					c.RoPE.Shift(buf, 0, g.delta)
 					for _, r := range runs[g.lo:g.hi] {
 						o := r.off - g.off
-						copy(dk[r.slot*tf:(r.slot+r.n)*tf], buf[o*tf:(o+r.n)*tf])
+						dst.Write(kvcache.Keys, layer, r.slot, buf[o*tf:(o+r.n)*tf])
 					}
 				} else {
 					for _, r := range runs[g.lo:g.hi] {
-						copy(dk[r.slot*tf:(r.slot+r.n)*tf], ck[r.off*tf:(r.off+r.n)*tf])
+						dst.Write(kvcache.Keys, layer, r.slot, ck[r.off*tf:(r.off+r.n)*tf])
 					}
 				}
 				for _, r := range runs[g.lo:g.hi] {
-					copy(dv[r.slot*tf:(r.slot+r.n)*tf], cv[r.off*tf:(r.off+r.n)*tf])
+					dst.Write(kvcache.Values, layer, r.slot, cv[r.off*tf:(r.off+r.n)*tf])
 				}
 			}
 		}
@@ -319,11 +318,10 @@ func Gather(c *chunkstore.Chunk, src *kvcache.Memory, blockTable []int32) error 
 		i += n
 	}
 	for layer := range l.NumLayers {
-		sk, sv := src.K(layer), src.V(layer)
 		ck, cv := c.K(layer), c.V(layer)
 		for _, s := range spans {
-			copy(ck[s.off*tf:(s.off+s.n)*tf], sk[s.slot*tf:(s.slot+s.n)*tf])
-			copy(cv[s.off*tf:(s.off+s.n)*tf], sv[s.slot*tf:(s.slot+s.n)*tf])
+			src.Read(kvcache.Keys, layer, s.slot, ck[s.off*tf:(s.off+s.n)*tf])
+			src.Read(kvcache.Values, layer, s.slot, cv[s.off*tf:(s.off+s.n)*tf])
 		}
 	}
 	return nil

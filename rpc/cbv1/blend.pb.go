@@ -310,7 +310,10 @@ type KVLayout struct {
 	// The model's exact RoPE frequencies (head_dim/2 values) when they are not
 	// plain rope_theta ones (a model file's linear scaling or Llama 3.1+
 	// frequency factors: rope.RoPE.InvFreq); empty means plain.
-	RopeInvFreq   []float64 `protobuf:"fixed64,7,rep,packed,name=rope_inv_freq,json=ropeInvFreq,proto3" json:"rope_inv_freq,omitempty"`
+	RopeInvFreq []float64 `protobuf:"fixed64,7,rep,packed,name=rope_inv_freq,json=ropeInvFreq,proto3" json:"rope_inv_freq,omitempty"`
+	// Element type of the K and V values (kvcache.DType): "f32" (or empty)
+	// or "f16".
+	Dtype         string `protobuf:"bytes,8,opt,name=dtype,proto3" json:"dtype,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -392,6 +395,13 @@ func (x *KVLayout) GetRopeInvFreq() []float64 {
 		return x.RopeInvFreq
 	}
 	return nil
+}
+
+func (x *KVLayout) GetDtype() string {
+	if x != nil {
+		return x.Dtype
+	}
+	return ""
 }
 
 // KVRegistration is the one message a worker sends on the blend server's KV
@@ -1521,7 +1531,7 @@ const file_blend_proto_rawDesc = "" +
 	"requestIds\"C\n" +
 	"\x13FleetStatusResponse\x12\x14\n" +
 	"\x05fleet\x18\x01 \x01(\bR\x05fleet\x12\x16\n" +
-	"\x06states\x18\x02 \x03(\tR\x06states\"\xe0\x01\n" +
+	"\x06states\x18\x02 \x03(\tR\x06states\"\xf6\x01\n" +
 	"\bKVLayout\x12\x1d\n" +
 	"\n" +
 	"num_layers\x18\x01 \x01(\x05R\tnumLayers\x12\x1d\n" +
@@ -1533,7 +1543,8 @@ const file_blend_proto_rawDesc = "" +
 	"\bhead_dim\x18\x05 \x01(\x05R\aheadDim\x12\x1d\n" +
 	"\n" +
 	"rope_theta\x18\x06 \x01(\x01R\tropeTheta\x12\"\n" +
-	"\rrope_inv_freq\x18\a \x03(\x01R\vropeInvFreq\"\xa7\x01\n" +
+	"\rrope_inv_freq\x18\a \x03(\x01R\vropeInvFreq\x12\x14\n" +
+	"\x05dtype\x18\b \x01(\tR\x05dtype\"\xa7\x01\n" +
 	"\x0eKVRegistration\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12/\n" +

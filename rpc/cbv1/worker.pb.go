@@ -350,8 +350,9 @@ func (x *ReadKVRequest) GetTraceState() string {
 
 // KVBlocks carries n_blocks consecutive blocks of the request's block table
 // from first_block on: for each layer, K then V, for each block the vectors
-// of its tokens (block_size, fewer in the prompt's last block), float32
-// little-endian, kv_heads * head_dim per token.
+// of its tokens (block_size, fewer in the prompt's last block), values of
+// the layouts' element type (float32 or IEEE half) little-endian,
+// kv_heads * head_dim per token.
 type KVBlocks struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	FirstBlock int32                  `protobuf:"varint,1,opt,name=first_block,json=firstBlock,proto3" json:"first_block,omitempty"`
