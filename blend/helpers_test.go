@@ -190,7 +190,7 @@ func registration(id string, rank int, l kvcache.Layout) *cbv1.KVRegistration {
 	return &cbv1.KVRegistration{
 		WorkerId: id, Rank: int32(rank), Model: testModel,
 		Layout: &cbv1.KVLayout{NumLayers: int32(l.NumLayers), NumBlocks: int32(l.NumBlocks), BlockSize: int32(l.BlockSize),
-			KvHeads: int32(l.KVHeads), HeadDim: int32(l.HeadDim), RopeTheta: theta},
+			KvHeads: int32(l.KVHeads), HeadDim: int32(l.HeadDim), RopeTheta: theta, Dtype: l.DType.String()},
 	}
 }
 

@@ -177,6 +177,12 @@ func TestKVSocketRefusesBadRegistrations(t *testing.T) {
 	badLayoutB, _ := proto.Marshal(badLayout)
 	oddHead := registration("atk", 0, kvcache.Layout{NumLayers: 2, NumBlocks: 160, BlockSize: bs, KVHeads: 16, HeadDim: 1})
 	oddHeadB, _ := proto.Marshal(oddHead)
+	badType := registration("atk", 0, testLayout)
+	badType.Layout.Dtype = "q8_0"
+	badTypeB, _ := proto.Marshal(badType)
+	half := testLayout
+	half.DType = kvcache.F16
+	halfB, _ := proto.Marshal(registration("atk", 0, half))
 	noID, _ := proto.Marshal(registration("", 0, testLayout))
 	longID, _ := proto.Marshal(registration(strings.Repeat("x", MaxWorkerIDLen+1), 0, testLayout))
 	badRank, _ := proto.Marshal(registration("atk", MaxWorldSize, testLayout))
@@ -195,6 +201,8 @@ func TestKVSocketRefusesBadRegistrations(t *testing.T) {
 		{"two descriptors", reg, []*os.File{good, good}},
 		{"bad layout", badLayoutB, []*os.File{good}},
 		{"odd head dim", oddHeadB, []*os.File{good}},
+		{"unknown element type", badTypeB, []*os.File{good}},
+		{"f16 layout, descriptor sized for f32", halfB, []*os.File{good}},
 		{"no worker id", noID, []*os.File{good}},
 		{"worker id too long", longID, []*os.File{good}},
 		{"rank out of range", badRank, []*os.File{good}},
@@ -227,7 +235,7 @@ func TestKVSocketRefusesBadRegistrations(t *testing.T) {
 	}
 	c.Close()
 	waitFor(t, "every refused connection closed", func() bool { return e.s.Stats().KVConnections == 0 })
-	if st := e.s.Stats(); st.Workers != 0 || st.KVRegistrationsRefused != 15 {
+	if st := e.s.Stats(); st.Workers != 0 || st.KVRegistrationsRefused != 17 {
 		t.Fatalf("stats %+v", st)
 	}
 	// Every descriptor the server received was closed, nothing stayed mapped.

@@ -1,6 +1,7 @@
 package eval
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"github.com/cacheblend/cacheblend/chat"
 	"github.com/cacheblend/cacheblend/corpus"
 	"github.com/cacheblend/cacheblend/defaults"
+	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/modelfile"
 	"github.com/cacheblend/cacheblend/quality"
@@ -59,6 +61,9 @@ type Config struct {
 	Questions []string
 	// Seed seeds random selection; default 1.
 	Seed uint64
+	// KVType is the element type of the KV cache both forwards run on:
+	// "f16" (the default, as cb worker serves) or "f32".
+	KVType string
 	// Stack, when set, is a running stack on which every configuration's
 	// time to first token is also measured against a full prefill (the
 	// report's TTFT speedup); nil: model-only speedups.
@@ -217,6 +222,7 @@ func (c Config) withDefaults() Config {
 	if len(c.Ratios) == 0 {
 		c.Ratios = DefaultRatios
 	}
+	c.KVType = cmp.Or(c.KVType, "f16")
 	defaults.Positive(&c.Prompts, DefaultPrompts)
 	defaults.Positive(&c.Docs, DefaultDocs)
 	defaults.Positive(&c.Positions, DefaultPositions)
@@ -281,6 +287,10 @@ func Run(ctx context.Context, m *model.Model, name string, p Prompts, cfg Config
 			return Report{}, fmt.Errorf("eval: recompute ratio %v outside [0, 1]", r)
 		}
 	}
+	kvType, err := kvcache.ParseDType(cfg.KVType)
+	if err != nil {
+		return Report{}, fmt.Errorf("eval: %w", err)
+	}
 	cs, err := cases(cfg, p)
 	if err != nil {
 		return Report{}, err
@@ -305,7 +315,7 @@ func Run(ctx context.Context, m *model.Model, name string, p Prompts, cfg Config
 		rep.Stack, sps = &info, pts
 	}
 	for i, c := range configs {
-		pt, err := measure(m, cs, c.ratio, c.rule, cfg)
+		pt, err := measure(m, cs, c.ratio, c.rule, cfg, kvType)
 		if err != nil {
 			return Report{}, err
 		}
@@ -340,14 +350,14 @@ func configurations(ratios []float64) []configuration {
 }
 
 // measure runs every case at ratio r with rule.
-func measure(m *model.Model, cs []quality.Case, r float64, rule model.Selection, cfg Config) (Point, error) {
+func measure(m *model.Model, cs []quality.Case, r float64, rule model.Selection, cfg Config, kvType kvcache.DType) (Point, error) {
 	pt := Point{Rule: rule.String(), Ratio: r}
 	if r == 0 {
 		pt.Rule = "full_reuse"
 	}
 	var full, blend time.Duration
 	for i, c := range cs {
-		q, err := quality.Blend(m, c, quality.Options{Ratio: r, Select: rule, Seed: cfg.Seed + uint64(i), Positions: cfg.Positions})
+		q, err := quality.Blend(m, c, quality.Options{Ratio: r, Select: rule, Seed: cfg.Seed + uint64(i), Positions: cfg.Positions, KVType: kvType})
 		if err != nil {
 			return pt, fmt.Errorf("eval: prompt %d at ratio %v (%v): %w", i, r, rule, err)
 		}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/cacheblend/cacheblend/corpus"
+	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/quality"
 )
@@ -59,7 +60,11 @@ func runGate(m *model.Model, cfg Config, encode func(string) []int32, bos int32)
 	case GateOff:
 		return gateResult{Outcome: gateForcedOff, Off: "blending forced off (--blend-gate off)"}, nil
 	}
-	return CheckBlendGate(m, encode, bos, cfg.Quality.GateKL)
+	kvType, err := kvcache.ParseDType(cfg.KVType)
+	if err != nil {
+		return gateResult{}, err
+	}
+	return CheckBlendGate(m, encode, bos, cfg.Quality.GateKL, kvType)
 }
 
 // GateResult is the outcome of the blend gate's check (CheckBlendGate).
@@ -69,10 +74,11 @@ type GateResult = gateResult
 // start with --blend-gate auto (and cb eval --gate): it blends the sample
 // documents into two prompts, compares them with full prefills over four
 // teacher-forced positions (quality.Blend, at m's own check layer and
-// ratio) and fails when the mean KL is above maxKL. m must be a whole
+// ratio) on a KV cache of kvType (the worker's) and fails when the mean
+// KL is above maxKL. m must be a whole
 // model; encode tokenizes text as the engine would, bos is prepended when
 // >= 0. It only reads m and may run concurrently with its other calls.
-func CheckBlendGate(m *model.Model, encode func(string) []int32, bos int32, maxKL float64) (GateResult, error) {
+func CheckBlendGate(m *model.Model, encode func(string) []int32, bos int32, maxKL float64, kvType kvcache.DType) (GateResult, error) {
 	t0 := time.Now()
 	prefix := encode("Answer the question from the documents.\n")
 	if bos >= 0 {
@@ -87,7 +93,7 @@ func CheckBlendGate(m *model.Model, encode func(string) []int32, bos int32, maxK
 			d := encode(docs[i%len(docs)].Text)
 			c.Docs = append(c.Docs, d[:min(len(d), gateTokens)])
 		}
-		rep, err := quality.Blend(m, c, quality.Options{Ratio: model.UseConfig, Positions: 4})
+		rep, err := quality.Blend(m, c, quality.Options{Ratio: model.UseConfig, Positions: 4, KVType: kvType})
 		if err != nil {
 			return r, fmt.Errorf("blend gate: %w", err)
 		}

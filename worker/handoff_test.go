@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -182,6 +183,12 @@ func TestReadKVRefusals(t *testing.T) {
 	if _, err := c.client.PullKV(context.Background(), &cbv1.PullKVRequest{RequestId: "k", Source: a.w.Addr(), Secret: secret,
 		BlockTable: blocks(0, 3), NTokens: 40, Tokens: p}); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("other layout: %v", err)
+	}
+	// So is another element type (the blocks travel as stored).
+	d := start(t, Config{KVType: "f32"})
+	if _, err := d.client.PullKV(context.Background(), &cbv1.PullKVRequest{RequestId: "k", Source: a.w.Addr(), Secret: secret,
+		BlockTable: blocks(0, 3), NTokens: 40, Tokens: p}); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "element type") {
+		t.Errorf("other element type: %v", err)
 	}
 	// Failed attempts did not consume the keep; a good read does, once.
 	if err := pull(func(*cbv1.PullKVRequest) {}); err != nil {

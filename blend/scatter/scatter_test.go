@@ -9,6 +9,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/blend/chunkstore"
 	"github.com/cacheblend/cacheblend/kvcache"
+	"github.com/cacheblend/cacheblend/quant"
 	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rope"
 
@@ -23,6 +24,9 @@ var kvLayout = kvcache.Layout{NumLayers: 2, NumBlocks: 16, BlockSize: 4, KVHeads
 
 var sentinel = float32(math.Inf(-1))
 
+// dtypes are the memories' element types the tests run on.
+var dtypes = []kvcache.DType{kvcache.F32, kvcache.F16}
+
 // newMem maps a fresh memory filled with a sentinel value.
 func newMem(t testing.TB, l kvcache.Layout) *kvcache.Memory {
 	t.Helper()
@@ -31,10 +35,14 @@ func newMem(t testing.TB, l kvcache.Layout) *kvcache.Memory {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
+	row := make([]float32, l.TokenFloats())
+	for i := range row {
+		row[i] = sentinel
+	}
 	for layer := range l.NumLayers {
-		for _, p := range [][]float32{m.K(layer), m.V(layer)} {
-			for i := range p {
-				p[i] = sentinel
+		for _, p := range []kvcache.Plane{kvcache.Keys, kvcache.Values} {
+			for s := range l.Slots() {
+				m.Write(p, layer, s, row)
 			}
 		}
 	}
@@ -107,12 +115,12 @@ func reference(dst *kvcache.Memory, c Copy) {
 				continue
 			}
 			for layer := from; layer < l.NumLayers; layer++ {
-				k := dst.TokenK(layer, slot)
-				copy(k, ch.TokenK(layer, sg.ChunkOff+i))
+				k := slices.Clone(ch.TokenK(layer, sg.ChunkOff+i))
 				if sg.Shift {
 					c.RoPE.Shift(k, int(ch.Positions[sg.ChunkOff+i]), pos)
 				}
-				copy(dst.TokenV(layer, slot), ch.TokenV(layer, sg.ChunkOff+i))
+				dst.Write(kvcache.Keys, layer, slot, k)
+				dst.Write(kvcache.Values, layer, slot, ch.TokenV(layer, sg.ChunkOff+i))
 			}
 		}
 	}
@@ -122,10 +130,11 @@ func memEqual(t *testing.T, a, b *kvcache.Memory) {
 	t.Helper()
 	l := a.Layout()
 	for layer := range l.NumLayers {
-		for pi, pair := range [][2][]float32{{a.K(layer), b.K(layer)}, {a.V(layer), b.V(layer)}} {
-			for i := range pair[0] {
-				if math.Float32bits(pair[0][i]) != math.Float32bits(pair[1][i]) {
-					t.Fatalf("layer %d plane %d float %d (slot %d): %v != %v", layer, pi, i, i/l.TokenFloats(), pair[0][i], pair[1][i])
+		for _, p := range []kvcache.Plane{kvcache.Keys, kvcache.Values} {
+			pa, pb := a.Plane(layer, p), b.Plane(layer, p)
+			for i := range pa {
+				if pa[i] != pb[i] {
+					t.Fatalf("layer %d plane %d byte %d (slot %d): %d != %d", layer, p, i, i/l.RowBytes(), pa[i], pb[i])
 				}
 			}
 		}
@@ -137,7 +146,9 @@ func writtenSlots(m *kvcache.Memory) []int {
 	l := m.Layout()
 	var out []int
 	for s := range l.Slots() {
-		if !math.IsInf(float64(m.TokenK(0, s)[0]), -1) {
+		k := make([]float32, l.TokenFloats())
+		m.Read(kvcache.Keys, 0, s, k)
+		if !math.IsInf(float64(k[0]), -1) {
 			out = append(out, s)
 		}
 	}
@@ -157,16 +168,7 @@ func TestScatterWritesExactSlots(t *testing.T) {
 		}
 		return s
 	}
-	tests := []struct {
-		name      string
-		segs      []seg
-		from      int
-		fromLayer int
-		want      Stats
-		dropped   int   // left by the window to a later pass
-		wantSlots []int // slots written in layer 0
-		layers    int   // layers written per token when not all
-	}{
+	tests := []scatterTest{
 		{"prefix, block aligned",
 			[]seg{{c, 0, 8, 0, false}}, 0, 0,
 			Stats{ScatteredTokens: 8, NPrefix: 8}, 0, slotsOf(0, 8), 0},
@@ -190,38 +192,58 @@ func TestScatterWritesExactSlots(t *testing.T) {
 			[]seg{{c, 0, 4, 4, true}}, 0, 2,
 			Stats{ScatteredTokens: 4, NShifted: 4}, 0, nil, -1},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got, want := newMem(t, kvLayout), newMem(t, kvLayout)
-			cp, dropped := copyOf(got, bt, tc.from, rope, tc.fromLayer, tc.segs...)
-			st, err := Scatter(cp)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if dropped != tc.dropped {
-				t.Fatalf("window dropped %d, want %d", dropped, tc.dropped)
-			}
-			layers := kvLayout.NumLayers
-			switch {
-			case tc.layers > 0:
-				layers = tc.layers
-			case tc.layers < 0:
-				layers = 0
-			}
-			tc.want.SlotWrites = tc.want.ScatteredTokens * 2 * layers
-			tc.want.Bytes = int64(tc.want.ScatteredTokens) * kvLayout.TokenBytes() / int64(kvLayout.NumLayers) * int64(layers)
-			if st != tc.want {
-				t.Fatalf("stats %+v, want %+v", st, tc.want)
-			}
-			cp.Dst = want
-			reference(want, cp)
-			memEqual(t, got, want)
-			gotSlots := writtenSlots(got)
-			slices.Sort(tc.wantSlots)
-			if !slices.Equal(gotSlots, tc.wantSlots) {
-				t.Fatalf("wrote slots %v, want %v", gotSlots, tc.wantSlots)
-			}
-		})
+	for _, dt := range dtypes {
+		l := kvLayout
+		l.DType = dt
+		for _, tc := range tests {
+			t.Run(dt.String()+"/"+tc.name, func(t *testing.T) { tc.run(t, l, bt, rope) })
+		}
+	}
+}
+
+// scatterTest is a case of TestScatterWritesExactSlots.
+type scatterTest struct {
+	name      string
+	segs      []seg
+	from      int
+	fromLayer int
+	want      Stats
+	dropped   int   // left by the window to a later pass
+	wantSlots []int // slots written in layer 0
+	layers    int   // layers written per token when not all
+}
+
+// run scatters tc's segments into a memory of layout l through bt and
+// compares it with the reference's.
+func (tc scatterTest) run(t *testing.T, l kvcache.Layout, bt []int32, rope *rope.RoPE) {
+	got, want := newMem(t, l), newMem(t, l)
+	cp, dropped := copyOf(got, bt, tc.from, rope, tc.fromLayer, tc.segs...)
+	st, err := Scatter(cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dropped != tc.dropped {
+		t.Fatalf("window dropped %d, want %d", dropped, tc.dropped)
+	}
+	layers := l.NumLayers
+	switch {
+	case tc.layers > 0:
+		layers = tc.layers
+	case tc.layers < 0:
+		layers = 0
+	}
+	tc.want.SlotWrites = tc.want.ScatteredTokens * 2 * layers
+	tc.want.Bytes = int64(tc.want.ScatteredTokens) * l.TokenBytes() / int64(l.NumLayers) * int64(layers)
+	if st != tc.want {
+		t.Fatalf("stats %+v, want %+v", st, tc.want)
+	}
+	cp.Dst = want
+	reference(want, cp)
+	memEqual(t, got, want)
+	gotSlots := writtenSlots(got)
+	slices.Sort(tc.wantSlots)
+	if !slices.Equal(gotSlots, tc.wantSlots) {
+		t.Fatalf("wrote slots %v, want %v", gotSlots, tc.wantSlots)
 	}
 }
 
@@ -390,23 +412,51 @@ func TestBadSegments(t *testing.T) {
 	}
 }
 
+// TestGatherRoundTrip scatters a chunk into a memory and gathers it back:
+// the same values from an F32 memory, each rounded to the nearest half
+// from an F16 one (and the same again when that is scattered and gathered).
 func TestGatherRoundTrip(t *testing.T) {
+	for _, dt := range dtypes {
+		t.Run(dt.String(), func(t *testing.T) { gatherRoundTrip(t, dt) })
+	}
+}
+
+func gatherRoundTrip(t *testing.T, dt kvcache.DType) {
 	r := rand.New(rand.NewPCG(6, 6))
-	src := newChunk(t, r, kvLayout, 13, 6)
+	l := kvLayout
+	l.DType = dt
+	src := newChunk(t, r, l, 13, 6)
 	bt := []int32{5, 9, 1, 14, 3}
-	m := newMem(t, kvLayout)
-	if _, err := Scatter(rawCopy(m, bt, nil, 0, seg{src, 0, 13, 6, false})); err != nil {
-		t.Fatal(err)
+	m := newMem(t, l)
+	roundTrip := func(c *chunkstore.Chunk) *chunkstore.Chunk {
+		if _, err := Scatter(rawCopy(m, bt, nil, 0, seg{c, 0, 13, 6, false})); err != nil {
+			t.Fatal(err)
+		}
+		back, err := chunkstore.NewChunk(c.Key, "m", 0, c.Layout, c.Tokens, 6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := Gather(back, m, bt); err != nil {
+			t.Fatal(err)
+		}
+		return back
 	}
-	back, err := chunkstore.NewChunk(src.Key, "m", 0, src.Layout, src.Tokens, 6)
-	if err != nil {
-		t.Fatal(err)
+	back := roundTrip(src)
+	want := src.KV
+	if dt == kvcache.F16 {
+		want = make([]float32, len(src.KV))
+		for i, v := range src.KV {
+			want[i] = quant.F16ToF32(quant.F32ToF16(v))
+		}
+		if slices.Equal(want, src.KV) {
+			t.Fatal("no value needed rounding: the test cannot tell F16 from F32")
+		}
 	}
-	if err := Gather(back, m, bt); err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(back.KV, src.KV) {
+	if !slices.Equal(back.KV, want) {
 		t.Fatal("gathered KV differs")
+	}
+	if again := roundTrip(back); !slices.Equal(again.KV, want) {
+		t.Fatal("a second round trip changed the KV")
 	}
 	short, _ := chunkstore.NewChunk(src.Key, "m", 0, src.Layout, src.Tokens, 10)
 	if err := Gather(short, m, bt); !errors.Is(err, ErrBadGather) {

@@ -147,6 +147,7 @@ llama.cpp without.`,
 	fl.IntVar(&cfg.DecodeContext, "decode-context", 512, "context of the batch-1 decode (tokens before the timed steps)")
 	fl.IntVar(&cfg.BatchContext, "batch-context", 128, "context of each sequence of the batch-8 decode")
 	fl.StringVar(&cfg.Dir, "dir", "", "where the test files are generated and kept (default $XDG_CACHE_HOME/cacheblend/bench)")
+	fl.StringVar(&cfg.KVType, "kv-type", "f16", "element type of our side's KV cache: f16 (as cb worker's and llama.cpp's default) or f32")
 	fl.BoolVar(&cfg.MapWeights, "map-weights", false, "open the files for our side as a memory mapping (cb worker --map-weights) instead of reading them into huge-page memory as cb worker does")
 	fl.BoolVar(&vsLlama, "vs-llamacpp", false, "run llama.cpp on the same files beside ours")
 	fl.StringVar(&flashAttn, "llama-flash-attn", "auto", "llama.cpp's flash attention: auto, on or off")

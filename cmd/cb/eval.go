@@ -13,6 +13,7 @@ import (
 
 	"github.com/cacheblend/cacheblend/defaults"
 	"github.com/cacheblend/cacheblend/eval"
+	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/stack"
 	"github.com/cacheblend/cacheblend/tokenizer"
@@ -75,7 +76,11 @@ speedup.`,
 			}
 			defer closeFile()
 			if gate {
-				return evalGate(c, m, name, modelPath, gateKL)
+				kvType, err := kvcache.ParseDType(cfg.KVType)
+				if err != nil {
+					return err
+				}
+				return evalGate(c, m, name, modelPath, gateKL, kvType)
 			}
 			ctx, stop := untilSignal(c.Context())
 			defer stop()
@@ -145,6 +150,7 @@ speedup.`,
 	f.IntVar(&cfg.Prompts, "prompts", eval.DefaultPrompts, "prompts in the workload")
 	f.IntVar(&cfg.Docs, "docs", eval.DefaultDocs, "documents per prompt")
 	f.IntVar(&cfg.Positions, "positions", eval.DefaultPositions, "K: output tokens compared under teacher forcing")
+	f.StringVar(&cfg.KVType, "kv-type", worker.DefaultKVType, "element type of the KV cache the forwards run on: f16 (as cb worker serves by default) or f32")
 	f.StringVar(&docsDir, "documents", "", "directory of *.txt documents (default: the sample corpus)")
 	f.StringVar(&qs, "questions", "", "file of questions, one per line")
 	f.StringVar(&jsonPath, "json", "", "write the report as JSON to this file")
@@ -183,7 +189,7 @@ func evalModel(path string, cfg model.Config) (*model.Model, string, eval.Prompt
 // evalGate runs the blend gate's self-check on m (the model of path, the
 // built-in one when empty) and prints its outcome; a failed gate is an
 // error (exit status 1).
-func evalGate(c *cobra.Command, m *model.Model, name, path string, maxKL float64) error {
+func evalGate(c *cobra.Command, m *model.Model, name, path string, maxKL float64, kvType kvcache.DType) error {
 	var tok tokenizer.Tokenizer
 	encode, bos := tok.Encode, tok.BOS()
 	if path != "" {
@@ -197,7 +203,7 @@ func evalGate(c *cobra.Command, m *model.Model, name, path string, maxKL float64
 			bos = mf.BOS
 		}
 	}
-	r, err := worker.CheckBlendGate(m, encode, bos, maxKL)
+	r, err := worker.CheckBlendGate(m, encode, bos, maxKL, kvType)
 	if err != nil {
 		return err
 	}

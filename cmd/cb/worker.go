@@ -46,6 +46,7 @@ func newWorkerCmd() *cobra.Command {
 	f.StringVar(&cfg.ModelName, "model-name", "", "served model name (default: the file's general.name, or "+defaults.Model+" for the built-in model)")
 	f.IntVar(&cfg.NumBlocks, "num-blocks", worker.DefaultNumBlocks, "KV blocks in the pool")
 	f.IntVar(&cfg.BlockSize, "block-size", worker.DefaultBlockSize, "tokens per KV block")
+	f.StringVar(&cfg.KVType, "kv-type", worker.DefaultKVType, "element type of the KV cache: f16 (half the memory and the bytes a decode step reads, as llama.cpp's default) or f32")
 	f.DurationVar(&cfg.KeepTimeout, "kv-keep-timeout", worker.DefaultKeepTimeout, "prefill role: how long a handed-over prompt's KV is kept for the decode worker's read")
 	f.Int64Var(&cfg.KVSendRate, "kv-send-rate", 0, "prefill role: pace each hand-over read served to this many bytes/s (0: unpaced)")
 	f.StringVar(&cfg.ShmDir, "shm-dir", "", "directory of the KV memory's unlinked fallback file when memfd_create is unavailable (default /dev/shm)")
