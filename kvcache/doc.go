@@ -8,7 +8,10 @@
 // descriptor travels over a Unix socket (package rpc/kvsock).
 //
 // Memory layout: for every layer l, the K plane then the V plane, each of
-// shape [NumBlocks, BlockSize, KVHeads, HeadDim] float32 (little endian). The
-// slot of token position pos of a request with block table bt is
-// bt[pos/BlockSize]*BlockSize + pos%BlockSize.
+// shape [NumBlocks, BlockSize, KVHeads, HeadDim] of the layout's element
+// type ([DType]: F16, as llama.cpp's cache, or F32; little endian on the
+// machines this runs on). [Memory.Read] and [Memory.Write] convert rows
+// from and to float32 whatever the type. The slot of token position pos of
+// a request with block table bt is bt[pos/BlockSize]*BlockSize +
+// pos%BlockSize.
 package kvcache

@@ -264,7 +264,8 @@ func (m *Memory) TokenV(layer, slot int) []float32 {
 }
 
 // Plane is plane p of layer as bytes, whatever the element type: slot s's
-// values are bytes [s·RowBytes, (s+1)·RowBytes), little-endian.
+// values are bytes [s·RowBytes, (s+1)·RowBytes), in the machine's byte
+// order (little-endian on amd64 and arm64).
 func (m *Memory) Plane(layer int, p Plane) []byte {
 	n := m.layout.PlaneFloats() * m.layout.DType.Size()
 	off := (2*layer + int(p)) * n
