@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 )
 
@@ -42,6 +43,28 @@ func (f *File) Get(key string) (any, bool) {
 		return nil, false
 	}
 	return f.KV[i].Value, true
+}
+
+// Release removes the metadata entries of keys (absent ones are ignored)
+// once a caller has copied what it needs out of them — the tokenizer's
+// arrays, megabytes of strings, once the vocabulary is built — so that
+// their memory can be collected; Get then reports them missing. Identity
+// is unchanged. Not safe for concurrent use with readers of f's metadata.
+func (f *File) Release(keys ...string) {
+	drop := false
+	for _, k := range keys {
+		if _, ok := f.kvIndex[k]; ok {
+			drop = true
+		}
+	}
+	if !drop {
+		return
+	}
+	f.KV = slices.DeleteFunc(f.KV, func(kv KV) bool { return slices.Contains(keys, kv.Key) })
+	clear(f.kvIndex)
+	for i, kv := range f.KV {
+		f.kvIndex[kv.Key] = i
+	}
 }
 
 func (f *File) lookup(key string) (any, error) {

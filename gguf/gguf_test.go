@@ -509,3 +509,30 @@ func TestInt32sRange(t *testing.T) {
 		})
 	}
 }
+
+// TestRelease drops metadata entries: they are missing afterwards, the
+// others (before and after them in file order) still found, the identity
+// unchanged, and absent keys ignored.
+func TestRelease(t *testing.T) {
+	f, err := Parse(mustEncode(t, []KV{{"a", uint32(1)}, {"big", []string{"x", "y"}}, {"b", "kept"}, {"c", []int32{3}}}, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := f.Identity()
+	f.Release("big", "c", "absent")
+	if _, ok := f.Get("big"); ok {
+		t.Fatal("released key still found")
+	}
+	if _, err := f.Strings("big"); !errors.Is(err, ErrMissingKey) {
+		t.Fatalf("Strings of a released key: %v", err)
+	}
+	if v, err := f.Uint("a"); err != nil || v != 1 {
+		t.Fatalf("a = %v, %v", v, err)
+	}
+	if s, err := f.String("b"); err != nil || s != "kept" {
+		t.Fatalf("b = %q, %v", s, err)
+	}
+	if len(f.KV) != 2 || f.KV[0].Key != "a" || f.KV[1].Key != "b" || f.Identity() != id {
+		t.Fatalf("metadata %v, identity %s (was %s)", f.KV, f.Identity(), id)
+	}
+}

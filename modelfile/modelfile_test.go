@@ -10,6 +10,7 @@ import (
 	"github.com/cacheblend/cacheblend/chat"
 	"github.com/cacheblend/cacheblend/internal/llamaref"
 	"github.com/cacheblend/cacheblend/internal/testmodel"
+	"github.com/cacheblend/cacheblend/vocab"
 )
 
 func refPath(t *testing.T, parts ...string) string {
@@ -58,6 +59,13 @@ func TestOpenChatTokens(t *testing.T) {
 			defer f.Close()
 			if f.Name != "tiny" || !strings.HasPrefix(f.Identity, "gguf-") || f.Template == nil {
 				t.Fatalf("name %q identity %q template %v", f.Name, f.Identity, f.Template != nil)
+			}
+			// The tokenizer's arrays were released once the vocabulary
+			// was built; the chat tokens below come from its copies.
+			for _, k := range vocab.GGUFArrays {
+				if _, ok := f.GGUF.Get(k); ok {
+					t.Fatalf("metadata %s still held", k)
+				}
 			}
 			toks, text, err := f.ChatTokens(msgs)
 			if err != nil {

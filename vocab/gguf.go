@@ -22,6 +22,11 @@ const (
 	keyArchitecture = "general.architecture"
 )
 
+// GGUFArrays are the tokenizer's array keys (token texts, scores, types,
+// merges): a Vocab built from a file holds copies of what it needs of
+// them, so a caller may release them (gguf.File.Release) once it is built.
+var GGUFArrays = []string{keyTokens, keyScores, keyTypes, keyMerges}
+
 // SpecFromGGUF reads a tokenizer from f's tokenizer.ggml.* keys as
 // llama.cpp's llama_vocab::impl::load does: defaults per model type
 // (llama: BOS 1, EOS 2, UNK 0, add_bos, add_space_prefix; gpt2: BOS = EOS =
