@@ -7,8 +7,9 @@ import (
 )
 
 // TestKVTypeF16 runs the same requests on an F32 and an F16 cache: a
-// prompt prefilled in two chunks (the second attends over the first
-// through the cache: attnGathered), then decode steps alone (attnSplit)
+// prompt prefilled in three chunks (the second of three rows, attnDirect;
+// the third long, attnGathered; both attend over the cache), then decode
+// steps alone (attnSplit)
 // and beside a second sequence of a few rows' prefill. The F16 logits
 // differ from the F32 ones (the cache is rounded), by far less than
 // another prompt's logits differ, and pick the same tokens.
@@ -22,7 +23,10 @@ func TestKVTypeF16(t *testing.T) {
 		if _, err := m.Prefill(kv, PrefillInput{Tokens: tok[:n0], BlockTable: bt}); err != nil {
 			t.Fatal(err)
 		}
-		last, err := m.Prefill(kv, PrefillInput{Tokens: tok[n0:], Start: n0, BlockTable: bt})
+		if _, err := m.Prefill(kv, PrefillInput{Tokens: tok[n0 : n0+3], Start: n0, BlockTable: bt}); err != nil {
+			t.Fatal(err)
+		}
+		last, err := m.Prefill(kv, PrefillInput{Tokens: tok[n0+3:], Start: n0 + 3, BlockTable: bt})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,7 @@
 package quality
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -48,6 +49,22 @@ func TestBlend(t *testing.T) {
 		{"full reuse drifts", Options{Ratio: 0}, func(t *testing.T, r Report) {
 			if r.Positions != 1 || r.FirstKL <= 1e-6 {
 				t.Fatalf("%+v", r)
+			}
+		}},
+		// On an F16 cache both forwards read rounded KV: a full recompute
+		// still matches, and a blend drifts as on float32.
+		{"f16: ratio 1 is the full prefill", Options{Ratio: 1, Positions: 4, KVType: kvcache.F16}, func(t *testing.T, r Report) {
+			if r.Positions != 4 || r.MaxKL > 1e-6 || r.Top1 != 1 || r.GreedyMatch != 4 {
+				t.Fatalf("%+v", r)
+			}
+		}},
+		{"f16: full reuse drifts as on float32", Options{Ratio: 0, KVType: kvcache.F16}, func(t *testing.T, r Report) {
+			f32, err := Blend(m, c, Options{Ratio: 0})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.FirstKL <= 1e-6 || math.Abs(r.FirstKL-f32.FirstKL) > 0.05*f32.FirstKL {
+				t.Fatalf("first-token KL %g on F16, %g on float32", r.FirstKL, f32.FirstKL)
 			}
 		}},
 	}
