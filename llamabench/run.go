@@ -416,11 +416,14 @@ func runOurs(cfg Config, path string, in inputs, peer *llamaDecode1) (side Side,
 	defer kv.Close()
 	side.KVBytes = kv.Layout().Bytes()
 	prompt := blockRange(0, promptBlocks)
+	// The logits go into one reused buffer, as cb worker's prefill chunks
+	// and decode steps do.
+	logits := make([]float32, cfg.BatchSeqs*m.Config().Vocab)
 	// prefill computes toks in chunks of cfg.Chunk, as the engine does.
 	prefill := func(toks, bt []int32) error {
 		for s := 0; s < len(toks); s += cfg.Chunk {
 			e := min(len(toks), s+cfg.Chunk)
-			if _, err := m.Prefill(kv, model.PrefillInput{Tokens: toks[s:e], Start: s, BlockTable: bt}); err != nil {
+			if _, err := m.Prefill(kv, model.PrefillInput{Tokens: toks[s:e], Start: s, BlockTable: bt, Into: logits}); err != nil {
 				return err
 			}
 		}
@@ -440,8 +443,6 @@ func runOurs(cfg Config, path string, in inputs, peer *llamaDecode1) (side Side,
 		return side, 0, err
 	}
 	side.Decode1BandwidthGBs = measureBandwidth(cfg.Threads, 1<<30)
-	// The logits go into one reused buffer, as cb worker's decode steps do.
-	logits := make([]float32, cfg.BatchSeqs*m.Config().Vocab)
 	var steps []time.Duration
 	per := cfg.decode1PerRound() + 1
 	for r := range cfg.DecodeRounds {

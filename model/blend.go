@@ -214,6 +214,7 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 	st.ReusedTokens = nReused
 	st.NewTokens = n - nReused
 	all := &batch{pos: pos, slot: slots[prefix:total], seqs: []seqInfo{{r0: 0, r1: n, ctx: total, slots: slots}}}
+	m.angles(all, ws, anglesRows)
 	d := m.cfg.Dim
 	x := dense(ws.f32(bufXAll, n*d), n, d)
 	m.embedRows(x, in.Tokens[prefix:])
@@ -265,7 +266,6 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 	lw := &m.layers[cl]
 	kvd := m.kvDim
 	dev := ws.f32(bufDev, n)
-	m.angles(all)
 	// mlpRows rows at a time, so the normed rows and their keys stay the
 	// size of a prefill chunk's buffers (a 2,000-token prompt's would be
 	// 20 MiB at Llama-3.2-1B's width).
@@ -350,6 +350,7 @@ func (m *Model) BlendForward(kv *kvcache.Memory, in BlendInput) ([]float32, Blen
 	}
 	m.normRows(hi, xi, lw.attnNorm) // as the check layer's chunks normed them
 	ib := &batch{pos: posImp, slot: slotImp, seqs: []seqInfo{{r0: 0, r1: ni, ctx: total, slots: slots}}}
+	m.angles(ib, ws, anglesImp)
 	qkv := dense(ws.f32(bufQKV, ni*m.qkvDim), ni, m.qkvDim)
 	m.projectQKV(lw, qkv, hi, 0, m.qkvDim)
 	m.ropeAndStore(kv, cl, qkv, ib, true)

@@ -25,6 +25,11 @@ type PrefillInput struct {
 	// continuation, cb eval); 0 means 1 (the last token's). At most
 	// len(Tokens).
 	Logits int
+	// Into, when its length holds those logits (max(Logits, 1) × Vocab
+	// floats), receives them and Prefill returns its first ones instead of
+	// a new slice: a caller's reused buffer, as DecodeInto's (nil: a new
+	// slice per call).
+	Into []float32
 }
 
 // DecodeInput is one sequence's next token in a decode batch (a plain
@@ -62,8 +67,17 @@ type seqInfo struct {
 type workspace struct {
 	f       *wsFloats
 	ints    [numInts][]int
-	scratch [][]float32 // per worker
+	angles  [numAngles][]float64 // RoPE angles of a call's batches (Model.angles)
+	scratch [][]float32          // per worker
 }
+
+// The batches of one call whose RoPE angles a workspace holds: every
+// forward's rows, and a BlendForward's recomputed rows.
+const (
+	anglesRows = iota
+	anglesImp
+	numAngles
+)
 
 // wsFloats is a workspace's float buffers, apart from the workspace so that
 // the cleanup of a workspace dropped without release can free them.
@@ -172,6 +186,14 @@ func (ws *workspace) f32Exact(id, n int) []float32 {
 	return ws.f.bufs[id][:n]
 }
 
+// anglesBuf returns n float64s for the RoPE angles of batch id.
+func (ws *workspace) anglesBuf(id, n int) []float64 {
+	if cap(ws.angles[id]) < n {
+		ws.angles[id] = make([]float64, n, n+n/4)
+	}
+	return ws.angles[id][:n]
+}
+
 func (ws *workspace) int(id, n int) []int {
 	if cap(ws.ints[id]) < n {
 		ws.ints[id] = make([]int, n, n+n/4)
@@ -254,8 +276,9 @@ func mapSlots(dst []int, bt []int32, layout kvcache.Layout) error {
 
 // Prefill computes in.Tokens at positions [in.Start, in.Start+len(in.Tokens))
 // — positions [0, in.Start) must already be in kv — writes their K/V into
-// kv's slots, and returns the logits (len Vocab) of the last token. Calling
-// it chunk after chunk is a chunked prefill.
+// kv's slots, and returns the logits (len Vocab) of the last token (in
+// in.Into when it holds them). Calling it chunk after chunk is a chunked
+// prefill.
 func (m *Model) Prefill(kv *kvcache.Memory, in PrefillInput) ([]float32, error) {
 	if err := m.checkKV(kv); err != nil {
 		return nil, err
@@ -286,12 +309,17 @@ func (m *Model) Prefill(kv *kvcache.Memory, in PrefillInput) ([]float32, error) 
 		pos[i] = in.Start + i
 	}
 	b := &batch{pos: pos, slot: slots[in.Start:ctx], seqs: []seqInfo{{r0: 0, r1: n, ctx: ctx, slots: slots}}}
+	m.angles(b, ws, anglesRows)
 	x := dense(ws.f32(bufX, n*m.cfg.Dim), n, m.cfg.Dim)
 	m.embedRows(x, in.Tokens)
 	if err := m.forwardLayers(ws, kv, 0, x, b, nl); err != nil {
 		return nil, err
 	}
-	out := make([]float32, nl*m.cfg.Vocab)
+	out := in.Into
+	if len(out) < nl*m.cfg.Vocab {
+		out = make([]float32, nl*m.cfg.Vocab)
+	}
+	out = out[:nl*m.cfg.Vocab]
 	m.logits(ws, dense(out, nl, m.cfg.Vocab), x.view(n-nl, 0, nl, m.cfg.Dim))
 	return out, nil
 }
@@ -378,6 +406,7 @@ func (m *Model) DecodeInto(kv *kvcache.Memory, in []DecodeInput, logits []float3
 		b.slot[i] = s
 		b.seqs[i] = seqInfo{r0: i, r1: i + 1, ctx: d.Pos + 1, slots: slots}
 	}
+	m.angles(b, ws, anglesRows)
 	x := dense(ws.f32(bufX, n*m.cfg.Dim), n, m.cfg.Dim)
 	m.embedRows(x, toks)
 	for l := range m.cfg.Layers {
@@ -461,15 +490,24 @@ func (b *batch) sub(r0, r1 int) *batch {
 	return out
 }
 
-// angles computes b's RoPE angles (b.cos, b.sin) unless it has them: once
-// per forward instead of once per layer, the same bits as rope.RotateHeads.
-// Not safe for concurrent use on one batch (a forward owns its batch).
-func (m *Model) angles(b *batch) {
+// angles computes b's RoPE angles (b.cos, b.sin) unless it has them, into
+// the workspace's buffer id: once per forward instead of once per layer,
+// the same bits as rope.RotateHeads. Every forward computes its batches'
+// when it makes them; with a nil ws (a batch made without them: none is)
+// they come from the heap. Not safe for concurrent use on one batch (a
+// forward owns its batch).
+func (m *Model) angles(b *batch, ws *workspace, id int) {
 	if b.cos != nil {
 		return
 	}
 	half, n := m.headDim/2, len(b.pos)
-	b.cos, b.sin = make([]float64, n*half), make([]float64, n*half)
+	var buf []float64
+	if ws != nil {
+		buf = ws.anglesBuf(id, 2*n*half)
+	} else {
+		buf = make([]float64, 2*n*half)
+	}
+	b.cos, b.sin = buf[:n*half:n*half], buf[n*half:]
 	fill := func(r0, r1 int) {
 		for i := r0; i < r1; i++ {
 			m.rope.Angles(b.pos[i], b.cos[i*half:(i+1)*half], b.sin[i*half:(i+1)*half])
@@ -536,7 +574,7 @@ func (m *Model) forwardLayers(ws *workspace, kv *kvcache.Memory, from int, x mat
 // to the row's position and writes K and V into the row's cache slot.
 func (m *Model) ropeAndStore(kv *kvcache.Memory, l int, qkv mat, b *batch, withQ bool) {
 	kvd := m.kvDim
-	m.angles(b)
+	m.angles(b, nil, 0)
 	m.rowChunks(qkv.rows, func(r0, r1 int) {
 		for i := r0; i < r1; i++ {
 			row := qkv.row(i)
@@ -617,7 +655,7 @@ func (m *Model) mlpHalves(ws *workspace, lw *layerWeights, x, h mat, buf []float
 	rows, d, f := h.rows, m.cfg.Dim, m.cfg.FFNDim
 	xq := sharedTiles(m.team, h, lw.gu)
 	if xq != nil {
-		defer gemmTilesPool.Put(xq)
+		defer gemmTilesPool.put(xq)
 	}
 	for hf, c := range [2][2]int{{0, lw.split}, {lw.split, f}} {
 		fh := c[1] - c[0]

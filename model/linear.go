@@ -6,6 +6,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/cacheblend/cacheblend/offheap"
 	"github.com/cacheblend/cacheblend/quant"
 	"github.com/cacheblend/cacheblend/simd"
 )
@@ -221,10 +222,14 @@ const (
 
 // qScratch recycles the dequantized panels (qPanel × in floats);
 // roundScratch the rounded copies of the activations (m × in floats: a
-// prefill chunk's are 10 MiB at Qwen2.5's 4,864-wide down projection).
-// Apart, because a panel-sized buffer drawn for a copy was dropped and a
-// new one allocated on nearly every F16/BF16 prefill product.
-var qScratch, roundScratch sync.Pool
+// prefill chunk's are 10 MiB at Qwen2.5's 4,864-wide down projection);
+// qPacked the packed activations of qgemm's prefill path (as many). Apart,
+// because a panel-sized buffer drawn for a copy was dropped and a new one
+// allocated on nearly every F16/BF16 prefill product. Outside the Go heap
+// (package offheap): on the heap, in sync.Pools, the collector counted
+// them as live — twice their size of resident memory with GOGC=100 — and
+// dropped them at every collection, to be allocated again.
+var qScratch, roundScratch, qPacked offheap.Pool
 
 // newQmat builds the qmat of a tensor of out rows × in elements of type t
 // stored back to back in data.
@@ -323,7 +328,7 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		var x *quant.GemmTiles
 		if t0 := q.typeAt(off); m > qIntRows && intGemm(t0, k) {
 			x = quantizeTiles(tm, a, t0, k)
-			defer gemmTilesPool.Put(x)
+			defer gemmTilesPool.put(x)
 		}
 		for j0 := 0; j0 < n; {
 			j1 := q.typeRunEnd(off+j0, off+n) - off
@@ -343,8 +348,8 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		// rows dotted with it by one kernel call (quant.DotQ8KMany,
 		// DotQ80Many: at SmolLM2's 576 columns a call per row cost as
 		// much as its dot).
-		ia := intActPool.Get().(*intActs)
-		defer intActPool.Put(ia)
+		ia := intActPool.get()
+		defer intActPool.put(ia)
 		var err error
 		if kq {
 			err = ia.k1.Quantize(a.row(0)[:k])
@@ -371,8 +376,8 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		// (AVX-512 VNNI, or AVX2's VPMADDUBSW), as llama.cpp computes it.
 		const g4 = quant.Q8KRowsMax // = quant.Q80RowsMax
 		groups := (m + g4 - 1) / g4
-		ia := intActPool.Get().(*intActs)
-		defer intActPool.Put(ia)
+		ia := intActPool.get()
+		defer intActPool.put(ia)
 		var rowBuf [g4][]float32
 		for g := range groups {
 			rows := rowBuf[:0]
@@ -422,19 +427,15 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		// A prefill (or a decode batch of more than qIntRows rows) with
 		// Q4_K, Q6_K, Q8_0, Q5_0 or Q4_0 weights: the integer GEMM.
 		x := quantizeTiles(tm, a, q.t, k)
-		defer gemmTilesPool.Put(x)
+		defer gemmTilesPool.put(x)
 		gemmPanels(tm, c, x, q.sliceRows(off, off+n), acc)
 		return
 	}
 	if r := activationRounding(q.t); r != roundNone {
 		// The activations llama.cpp multiplies (see actround.go), in a copy.
-		bp, _ := roundScratch.Get().(*[]float32)
-		if bp == nil || cap(*bp) < m*k {
-			s := make([]float32, m*k)
-			bp = &s
-		}
-		defer roundScratch.Put(bp)
-		ra := dense((*bp)[:m*k], m, k)
+		rb := roundScratch.Get(m * k)
+		defer roundScratch.Put(rb)
+		ra := dense(rb, m, k)
 		const chunk = 16
 		tm.run((m+chunk-1)/chunk, func(_, t int) {
 			for i := t * chunk; i < min(m, (t+1)*chunk); i++ {
@@ -520,15 +521,11 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		span := (dotChunk(n, tm.threads) + pr - 1) / pr * pr
 		tm.run((n+span-1)/span, func(_, t int) {
 			need := pr*ld + m*pr
-			bp, _ := qScratch.Get().(*[]float32)
-			if bp == nil || cap(*bp) < need {
-				s := make([]float32, max(need, qPanel*k))
-				bp = &s
-			}
-			defer qScratch.Put(bp)
+			sb := qScratch.Get(max(need, qPanel*k))
+			defer qScratch.Put(sb)
 			for j0 := t * span; j0 < min(n, (t+1)*span); j0 += pr {
 				j1 := min(n, j0+pr, (t+1)*span)
-				buf := (*bp)[:(j1-j0)*ld]
+				buf := sb[:(j1-j0)*ld]
 				for j := j0; j < j1; j++ {
 					q.row(off+j, buf[(j-j0)*ld:(j-j0)*ld+k])
 				}
@@ -536,7 +533,7 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 					simd.DotTile(c.data[j0:], c.stride, a.data, a.stride, m, buf, ld, j1-j0, k)
 					continue
 				}
-				tmp := (*bp)[(j1-j0)*ld : (j1-j0)*ld+m*(j1-j0)]
+				tmp := sb[(j1-j0)*ld : (j1-j0)*ld+m*(j1-j0)]
 				simd.DotTile(tmp, j1-j0, a.data, a.stride, m, buf, ld, j1-j0, k)
 				for i := range m {
 					dst := c.data[i*c.stride+j0 : i*c.stride+j1]
@@ -553,8 +550,8 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 	// micro-kernel, and only a — packed once per call — and each panel's
 	// m×qPanel result are transposed (packing every weight panel instead
 	// cost 15% of a prefill: n·k scalar moves against m·k + m·n).
-	pk := qPacked.Get().(*[]float32)
-	pa := simd.NewPackedB(*pk, k, m)
+	pk := qPacked.Get(simd.PackedBLen(k, m))
+	pa := simd.NewPackedB(pk, k, m)
 	tm.run(pa.Panels(), func(_, p int) { pa.PackPanel(p, a.data, a.stride, true) })
 	ld := k + 16   // weight rows 4 KiB apart would share L1 sets
 	const mc = 256 // columns of aᵀ per product: ≤ 8 panels, A read in place
@@ -562,13 +559,9 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		j0, j1 := t*qPanel, min(n, (t+1)*qPanel)
 		nr := j1 - j0
 		need := nr*ld + qPanel*mc
-		bp, _ := qScratch.Get().(*[]float32)
-		if bp == nil || cap(*bp) < need {
-			s := make([]float32, max(need, qPanel*k))
-			bp = &s
-		}
-		buf := (*bp)[:nr*ld]
-		ct := (*bp)[nr*ld : nr*ld+qPanel*mc]
+		sb := qScratch.Get(max(need, qPanel*k))
+		buf := sb[:nr*ld]
+		ct := sb[nr*ld : nr*ld+qPanel*mc]
 		for j := j0; j < j1; j++ {
 			q.row(off+j, buf[(j-j0)*ld:(j-j0)*ld+k])
 		}
@@ -589,9 +582,8 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 				}
 			}
 		}
-		qScratch.Put(bp)
+		qScratch.Put(sb)
 	})
-	*pk = pa.Data()
 	qPacked.Put(pk)
 }
 
@@ -632,7 +624,7 @@ func gemmTiles(tm *team, c, a, w mat, x *quant.GemmTiles, acc bool) {
 // gemmTilesPool.
 func quantizeTiles(tm *team, a mat, t quant.Type, k int) *quant.GemmTiles {
 	m := a.rows
-	x := gemmTilesPool.Get().(*quant.GemmTiles)
+	x := gemmTilesPool.get()
 	if err := x.Reset(t, m, k); err != nil {
 		panic(fmt.Sprintf("model: %v", err)) // k checked by intGemm
 	}
@@ -659,8 +651,8 @@ func gemmPanels(tm *team, c mat, x *quant.GemmTiles, q *qmat, acc bool) {
 	m, n := c.rows, c.cols
 	tm.run((n+pr-1)/pr, func(_, t int) {
 		j0, j1 := t*pr, min(n, (t+1)*pr)
-		p := gemmPanelPool.Get().(*quant.GemmPanel)
-		defer gemmPanelPool.Put(p)
+		p := gemmPanelPool.get()
+		defer gemmPanelPool.put(p)
 		var hdr [pr][]byte
 		if err := p.Pack(q.t, q.rowsInto(hdr[:0], j0, j1), q.in); err != nil {
 			panic(fmt.Sprintf("model: %v", err)) // sizes checked at load
@@ -833,17 +825,52 @@ type intActs struct {
 	zr [(qIntRows + quant.Q80RowsMax - 1) / quant.Q80RowsMax]quant.Q80Rows
 }
 
-var intActPool = sync.Pool{New: func() any { return new(intActs) }}
+var intActPool freeList[intActs]
 
 // gemmTilesPool and gemmPanelPool recycle the integer GEMM's quantized
 // activations and unpacked weight panels.
 var (
-	gemmTilesPool = sync.Pool{New: func() any { return new(quant.GemmTiles) }}
-	gemmPanelPool = sync.Pool{New: func() any { return new(quant.GemmPanel) }}
+	gemmTilesPool freeList[quant.GemmTiles]
+	gemmPanelPool freeList[quant.GemmPanel]
 )
 
-// qPacked recycles the packed activations of qgemm's prefill path.
-var qPacked = sync.Pool{New: func() any { return new([]float32) }}
+// freeList recycles values of T between calls, as a sync.Pool does, but
+// keeps at most freeListMax of them for the life of the process: a
+// sync.Pool drops its values at every collection, and the buffers they
+// grew (a prefill chunk's quantized activations) were allocated again
+// after it — garbage that made the heap grow. The zero value is ready;
+// safe for concurrent use.
+type freeList[T any] struct {
+	mu   sync.Mutex
+	free []*T
+}
+
+// freeListMax bounds a freeList: calls running at once (a Model's
+// maxFreeWS forwards, each on its team's threads) rarely hold more.
+const freeListMax = 8
+
+// get returns a free value, or a new zero one.
+func (f *freeList[T]) get() *T {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if n := len(f.free); n > 0 {
+		x := f.free[n-1]
+		f.free[n-1] = nil
+		f.free = f.free[:n-1]
+		return x
+	}
+	return new(T)
+}
+
+// put gives x back; beyond freeListMax free values it is left to the
+// collector.
+func (f *freeList[T]) put(x *T) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.free) < freeListMax {
+		f.free = append(f.free, x)
+	}
+}
 
 // dotChunk is how many weight rows one task of a matrix-vector product
 // (one to qIntRows activation rows) takes: the rows cut into four spans

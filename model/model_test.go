@@ -99,6 +99,34 @@ func TestPrefillDeterministicAndFinite(t *testing.T) {
 	if d := maxAbsDiff(l1, l2); d != 0 {
 		t.Fatalf("same prompt in other blocks differs by %g", d)
 	}
+	// Into: the same logits in the caller's buffer; one too short for them
+	// is left alone and a new slice returned.
+	vocab := m.Config().Vocab
+	for _, tc := range []struct {
+		name   string
+		into   int
+		shared bool
+	}{
+		{"exact", vocab, true},
+		{"larger", 2*vocab + 3, true},
+		{"too short", vocab - 1, false},
+	} {
+		into := make([]float32, tc.into)
+		into[len(into)-1] = -7
+		got, err := m.Prefill(kv, PrefillInput{Tokens: toks, BlockTable: table(blocksFor(50), blocksFor(50)), Into: into})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != vocab || maxAbsDiff(got, l1) != 0 {
+			t.Errorf("Into %s: %d logits, differ by %g", tc.name, len(got), maxAbsDiff(got, l1))
+		}
+		if shared := &got[0] == &into[0]; shared != tc.shared {
+			t.Errorf("Into %s: logits in the caller's buffer %v, want %v", tc.name, shared, tc.shared)
+		}
+		if tc.into != vocab && into[len(into)-1] != -7 {
+			t.Errorf("Into %s: wrote past the logits", tc.name)
+		}
+	}
 	// The logits must depend on context, not only on the last token.
 	toks2 := append(randTokens(2, 49), toks[49])
 	l3, err := m.Prefill(kv, PrefillInput{Tokens: toks2, BlockTable: table(0, blocksFor(50))})

@@ -13,4 +13,9 @@
 // operating system at once. Nothing here is tracked by the garbage
 // collector, so a buffer must never hold a pointer into the Go heap (float32
 // slices cannot). Both functions are safe for concurrent use.
+//
+// A [Pool] recycles such buffers between calls, as a sync.Pool would but
+// without the heap: it keeps a bounded number of free buffers for the life
+// of the process (a collection does not drop them, so they are not mapped
+// again, and the collector never counts them).
 package offheap

@@ -253,9 +253,12 @@ func PackB(k, n int, b []float32, ldb int, transB bool) *PackedB {
 // the caller recycles) and by a new slice otherwise. It is safe to fill
 // different panels concurrently; use it only after all are filled.
 func NewPackedB(buf []float32, k, n int) *PackedB {
-	np := (n + panelW - 1) / panelW
-	return &PackedB{k: k, n: n, data: grow(buf, np*k*panelW)}
+	return &PackedB{k: k, n: n, data: grow(buf, PackedBLen(k, n))}
 }
+
+// PackedBLen is how many floats [NewPackedB] packs a k×n matrix into: a
+// buf of at least this capacity is used without allocating.
+func PackedBLen(k, n int) int { return (n + panelW - 1) / panelW * k * panelW }
 
 // Panels is the number of 32-column panels of the matrix.
 func (pb *PackedB) Panels() int { return (pb.n + panelW - 1) / panelW }

@@ -232,7 +232,12 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 				attribute.Int("prefix_tokens", stats.PrefixTokens), attribute.Int("new_tokens", stats.NewTokens))
 		}
 	} else {
-		logits, err = w.model.Prefill(w.kv, model.PrefillInput{Tokens: sq.GetTokens(), Start: start, BlockTable: bt})
+		// Into the decode step's buffer (execMu held): the logits are
+		// sampled below, before anything else runs.
+		if vocab := w.model.Config().Vocab; cap(w.logits) < vocab {
+			w.logits = make([]float32, vocab)
+		}
+		logits, err = w.model.Prefill(w.kv, model.PrefillInput{Tokens: sq.GetTokens(), Start: start, BlockTable: bt, Into: w.logits[:cap(w.logits)]})
 		if err == nil {
 			w.metrics.ObserveForward(fctx, metrics.PhasePrefill, time.Since(t0))
 		}

@@ -270,7 +270,7 @@ type Worker struct {
 	blend cbv1.BlendServiceClient // nil: no reuse
 
 	execMu sync.Mutex // serializes Execute
-	logits []float32  // the decode step's logits, reused; guarded by execMu
+	logits []float32  // a step's logits (decode batch, prefill chunk), reused; guarded by execMu
 	seqs   map[string]*seqState
 
 	reg    registration
