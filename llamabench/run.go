@@ -20,6 +20,7 @@ import (
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/modelfile"
+	"github.com/cacheblend/cacheblend/offheap"
 	"github.com/cacheblend/cacheblend/quality"
 	"github.com/cacheblend/cacheblend/reuseplan"
 )
@@ -416,9 +417,12 @@ func runOurs(cfg Config, path string, in inputs, peer *llamaDecode1) (side Side,
 	defer kv.Close()
 	side.KVBytes = kv.Layout().Bytes()
 	prompt := blockRange(0, promptBlocks)
-	// The logits go into one reused buffer, as cb worker's prefill chunks
-	// and decode steps do.
-	logits := make([]float32, cfg.BatchSeqs*m.Config().Vocab)
+	// The logits go into one reused buffer outside the Go heap, as cb
+	// worker's prefill chunks and decode steps do.
+	var bufs offheap.Pool
+	logits := bufs.Get(cfg.BatchSeqs * m.Config().Vocab)
+	defer bufs.Drain()
+	defer bufs.Put(logits)
 	// prefill computes toks in chunks of cfg.Chunk, as the engine does.
 	prefill := func(toks, bt []int32) error {
 		for s := 0; s < len(toks); s += cfg.Chunk {

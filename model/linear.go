@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/cacheblend/cacheblend/offheap"
@@ -61,6 +62,10 @@ type qmat struct {
 	// positions, the second's at odd: unpermute's heads), which
 	// storageRowsInto hands over in memory order.
 	pairRows int
+	// runs caches a mixed qmat's rows [0, n) cut into runs of one type
+	// (typeRuns), made at the first product over all of them: a product
+	// sliced them anew at every call, garbage the heap grew by.
+	runs atomic.Pointer[[]*qmat]
 }
 
 // rowSpan is rows [first, first+n) of a qmat, all of type t: row first+i
@@ -115,6 +120,23 @@ func (q *qmat) typeRunEnd(r, limit int) int {
 		s++
 	}
 	return min(limit, q.spans[s-1].first+q.spans[s-1].n)
+}
+
+// typeRuns returns q's rows cut into runs of one type (sliceRows), made
+// once. Safe for concurrent use (two first calls may both make them; one
+// is kept).
+func (q *qmat) typeRuns() []*qmat {
+	if p := q.runs.Load(); p != nil {
+		return *p
+	}
+	var runs []*qmat
+	for r := 0; r < q.n; {
+		e := q.typeRunEnd(r, q.n)
+		runs = append(runs, q.sliceRows(r, e))
+		r = e
+	}
+	q.runs.CompareAndSwap(nil, &runs)
+	return *q.runs.Load()
 }
 
 // rowsInto writes the slice headers of rows [r0, r1) into buf (reused from
@@ -330,9 +352,19 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 			x = quantizeTiles(tm, a, t0, k)
 			defer gemmTilesPool.put(x)
 		}
-		for j0 := 0; j0 < n; {
-			j1 := q.typeRunEnd(off+j0, off+n) - off
-			if run := q.sliceRows(off+j0, off+j1); x != nil && x.Fits(run.t) {
+		var runs []*qmat
+		if off == 0 && n == q.n {
+			runs = q.typeRuns()
+		}
+		for j0, r := 0, 0; j0 < n; r++ {
+			var run *qmat
+			if runs != nil {
+				run = runs[r]
+			} else {
+				run = q.sliceRows(off+j0, q.typeRunEnd(off+j0, off+n))
+			}
+			j1 := j0 + run.n
+			if x != nil && x.Fits(run.t) {
 				gemmPanels(tm, c.view(0, j0, m, j1-j0), x, run, acc)
 			} else {
 				qgemm(tm, c.view(0, j0, m, j1-j0), a, run, 0, acc)

@@ -99,30 +99,34 @@ func testQgemmPaths(t *testing.T, n, k int) {
 						t.Fatal("mixed weight lost its row types")
 					}
 					a := randMat(uint64(m), m*k)
-					off, cols := 3, n-5
-					c := make([]float32, m*cols)
-					for i := range c {
-						c[i] = float32(i%7) - 3
-					}
-					before := append([]float32(nil), c...)
-					qgemm(newTeam(2), dense(c, m, cols), dense(a, m, k), q, off, acc)
-					row := make([]float32, k)
-					x := make([]float32, k)
-					for j := range cols {
-						q.row(off+j, row)
-						for i := range m {
-							copy(x, a[i*k:(i+1)*k])
-							roundRow(activationRounding(q.typeAt(off+j)), x)
-							var want float64
-							for p := range k {
-								want += float64(row[p]) * float64(x[p])
-							}
-							if acc {
-								want += float64(before[i*cols+j])
-							}
-							got := float64(c[i*cols+j])
-							if math.Abs(got-want) > 1e-4*(1+math.Abs(want)) {
-								t.Fatalf("c[%d][%d] = %g, want %g", i, j, got, want)
+					// Some of the rows, and all of them (a mixed weight's
+					// cached runs of one type, typeRuns).
+					for _, span := range [][2]int{{3, n - 5}, {0, n}} {
+						off, cols := span[0], span[1]
+						c := make([]float32, m*cols)
+						for i := range c {
+							c[i] = float32(i%7) - 3
+						}
+						before := append([]float32(nil), c...)
+						qgemm(newTeam(2), dense(c, m, cols), dense(a, m, k), q, off, acc)
+						row := make([]float32, k)
+						x := make([]float32, k)
+						for j := range cols {
+							q.row(off+j, row)
+							for i := range m {
+								copy(x, a[i*k:(i+1)*k])
+								roundRow(activationRounding(q.typeAt(off+j)), x)
+								var want float64
+								for p := range k {
+									want += float64(row[p]) * float64(x[p])
+								}
+								if acc {
+									want += float64(before[i*cols+j])
+								}
+								got := float64(c[i*cols+j])
+								if math.Abs(got-want) > 1e-4*(1+math.Abs(want)) {
+									t.Fatalf("c[%d][%d] = %g, want %g", i, j, got, want)
+								}
 							}
 						}
 					}

@@ -232,12 +232,11 @@ func (w *Worker) prefill(ctx context.Context, sq *cbv1.SeqStep) *cbv1.SeqOutput 
 				attribute.Int("prefix_tokens", stats.PrefixTokens), attribute.Int("new_tokens", stats.NewTokens))
 		}
 	} else {
-		// Into the decode step's buffer (execMu held): the logits are
-		// sampled below, before anything else runs.
-		if vocab := w.model.Config().Vocab; cap(w.logits) < vocab {
-			w.logits = make([]float32, vocab)
-		}
-		logits, err = w.model.Prefill(w.kv, model.PrefillInput{Tokens: sq.GetTokens(), Start: start, BlockTable: bt, Into: w.logits[:cap(w.logits)]})
+		// Into a reused buffer: the logits are sampled below, before it
+		// goes back.
+		buf := w.logitBufs.Get(w.model.Config().Vocab)
+		defer w.logitBufs.Put(buf)
+		logits, err = w.model.Prefill(w.kv, model.PrefillInput{Tokens: sq.GetTokens(), Start: start, BlockTable: bt, Into: buf})
 		if err == nil {
 			w.metrics.ObserveForward(fctx, metrics.PhasePrefill, time.Since(t0))
 		}
@@ -464,10 +463,9 @@ func (w *Worker) decode(seqs []*cbv1.SeqStep) []*cbv1.SeqOutput {
 	}
 	t0 := time.Now()
 	vocab := w.model.Config().Vocab
-	if need := len(in) * vocab; cap(w.logits) < need {
-		w.logits = make([]float32, need)
-	}
-	err := w.model.DecodeInto(w.kv, in, w.logits[:len(in)*vocab])
+	logits := w.logitBufs.Get(len(in) * vocab)
+	defer w.logitBufs.Put(logits)
+	err := w.model.DecodeInto(w.kv, in, logits)
 	if err != nil {
 		for _, i := range idx {
 			outs[i].Error = err.Error()
@@ -479,7 +477,7 @@ func (w *Worker) decode(seqs []*cbv1.SeqStep) []*cbv1.SeqOutput {
 		sq := seqs[i]
 		st := w.seqs[sq.GetRequestId()]
 		outs[i].HasToken = true
-		outs[i].Token = model.Sample(w.logits[j*vocab:(j+1)*vocab], sampling(sq.GetSampling()), st.rng)
+		outs[i].Token = model.Sample(logits[j*vocab:(j+1)*vocab], sampling(sq.GetSampling()), st.rng)
 	}
 	return outs
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/cacheblend/cacheblend/metrics"
 	"github.com/cacheblend/cacheblend/model"
 	"github.com/cacheblend/cacheblend/modelfile"
+	"github.com/cacheblend/cacheblend/offheap"
 	"github.com/cacheblend/cacheblend/rankgroup"
 	"github.com/cacheblend/cacheblend/reuseplan"
 	"github.com/cacheblend/cacheblend/rpc"
@@ -270,8 +271,12 @@ type Worker struct {
 	blend cbv1.BlendServiceClient // nil: no reuse
 
 	execMu sync.Mutex // serializes Execute
-	logits []float32  // a step's logits (decode batch, prefill chunk), reused; guarded by execMu
-	seqs   map[string]*seqState
+	// logitBufs recycles a step's logits (a decode batch's, a prefill
+	// chunk's) outside the Go heap: a batch's are MaxBatch × Vocab floats
+	// (39 MiB for Qwen2.5's vocabulary at 64 sequences), which on the heap
+	// the collector would count as live, letting it grow by as much again.
+	logitBufs offheap.Pool
+	seqs      map[string]*seqState
 
 	reg    registration
 	stores storeQueue
@@ -590,6 +595,7 @@ func (w *Worker) closeResources() error {
 	if w.quality != nil {
 		errs = append(errs, w.quality.checker.Close())
 	}
+	w.logitBufs.Drain()
 	return errors.Join(errs...)
 }
 
