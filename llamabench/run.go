@@ -419,10 +419,11 @@ func runOurs(cfg Config, path string, in inputs, peer *llamaDecode1) (side Side,
 	prompt := blockRange(0, promptBlocks)
 	// The logits go into one reused buffer outside the Go heap, as cb
 	// worker's prefill chunks and decode steps do.
-	var bufs offheap.Pool
-	logits := bufs.Get(cfg.BatchSeqs * m.Config().Vocab)
-	defer bufs.Drain()
-	defer bufs.Put(logits)
+	logits, err := offheap.Floats(cfg.BatchSeqs * m.Config().Vocab)
+	if err != nil {
+		return side, 0, err
+	}
+	defer offheap.Free(logits)
 	// prefill computes toks in chunks of cfg.Chunk, as the engine does.
 	prefill := func(toks, bt []int32) error {
 		for s := 0; s < len(toks); s += cfg.Chunk {

@@ -493,9 +493,9 @@ func (b *batch) sub(r0, r1 int) *batch {
 // angles computes b's RoPE angles (b.cos, b.sin) unless it has them, into
 // the workspace's buffer id: once per forward instead of once per layer,
 // the same bits as rope.RotateHeads. Every forward computes its batches'
-// when it makes them; with a nil ws (a batch made without them: none is)
-// they come from the heap. Not safe for concurrent use on one batch (a
-// forward owns its batch).
+// when it makes them; a batch made without them (the one-layer benchmark's)
+// gets them from the heap at its first rotation (nil ws). Not safe for
+// concurrent use on one batch (a forward owns its batch).
 func (m *Model) angles(b *batch, ws *workspace, id int) {
 	if b.cos != nil {
 		return

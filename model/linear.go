@@ -857,50 +857,42 @@ type intActs struct {
 	zr [(qIntRows + quant.Q80RowsMax - 1) / quant.Q80RowsMax]quant.Q80Rows
 }
 
-var intActPool freeList[intActs]
+var intActPool = make(freeList[intActs], freeListMax)
 
 // gemmTilesPool and gemmPanelPool recycle the integer GEMM's quantized
 // activations and unpacked weight panels.
 var (
-	gemmTilesPool freeList[quant.GemmTiles]
-	gemmPanelPool freeList[quant.GemmPanel]
+	gemmTilesPool = make(freeList[quant.GemmTiles], freeListMax)
+	gemmPanelPool = make(freeList[quant.GemmPanel], freeListMax)
 )
 
 // freeList recycles values of T between calls, as a sync.Pool does, but
-// keeps at most freeListMax of them for the life of the process: a
-// sync.Pool drops its values at every collection, and the buffers they
-// grew (a prefill chunk's quantized activations) were allocated again
-// after it — garbage that made the heap grow. The zero value is ready;
-// safe for concurrent use.
-type freeList[T any] struct {
-	mu   sync.Mutex
-	free []*T
-}
+// keeps at most its capacity of them for the life of the process (a
+// buffered channel, as Model.free keeps workspaces): a sync.Pool drops its
+// values at every collection, and the buffers they grew (a prefill chunk's
+// quantized activations) were allocated again after it — garbage that
+// made the heap grow. Safe for concurrent use.
+type freeList[T any] chan *T
 
 // freeListMax bounds a freeList: calls running at once (a Model's
 // maxFreeWS forwards, each on its team's threads) rarely hold more.
 const freeListMax = 8
 
 // get returns a free value, or a new zero one.
-func (f *freeList[T]) get() *T {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if n := len(f.free); n > 0 {
-		x := f.free[n-1]
-		f.free[n-1] = nil
-		f.free = f.free[:n-1]
+func (f freeList[T]) get() *T {
+	select {
+	case x := <-f:
 		return x
+	default:
+		return new(T)
 	}
-	return new(T)
 }
 
-// put gives x back; beyond freeListMax free values it is left to the
-// collector.
-func (f *freeList[T]) put(x *T) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if len(f.free) < freeListMax {
-		f.free = append(f.free, x)
+// put gives x back; when the list is full it is left to the collector.
+func (f freeList[T]) put(x *T) {
+	select {
+	case f <- x:
+	default:
 	}
 }
 

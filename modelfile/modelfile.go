@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 
 	"github.com/cacheblend/cacheblend/chat"
@@ -40,12 +39,7 @@ type File struct {
 
 // Open maps the GGUF file at path (or, with gguf.Resident, reads it into
 // memory) and checks that it can be served: a supported tokenizer, and a
-// chat template that renders (when it has one). It then returns the heap
-// the opening let go of to the operating system (debug.FreeOSMemory: a
-// collection and a scavenge): the metadata's strings and the tokenizer's
-// building garbage (15 MiB for SmolLM2's 49,152 tokens, of which 4 stay)
-// would otherwise stay resident for the life of the process, the heap
-// never growing back to the size its opening reached.
+// chat template that renders (when it has one).
 func Open(path string, opts ...gguf.OpenOption) (*File, error) {
 	g, err := gguf.Open(path, opts...)
 	if err != nil {
@@ -56,7 +50,6 @@ func Open(path string, opts ...gguf.OpenOption) (*File, error) {
 		g.Close()
 		return nil, err
 	}
-	debug.FreeOSMemory()
 	return f, nil
 }
 
