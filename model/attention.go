@@ -331,8 +331,8 @@ func (m *Model) attnGathered(ws *workspace, kv *kvcache.Memory, l int, att, qkv 
 	for _, si := range seqs {
 		total += b.seqs[si].ctx * kvd
 	}
-	ktAll := ws.f32(bufKT, total)
-	vAll := ws.f32(bufV, total)
+	kvAll := ws.f32(bufMix, 2*total) // the MLP's buffer too (bufMix)
+	ktAll, vAll := kvAll[:total:total], kvAll[total:]
 	offs := ws.int(intRows, len(seqs)+1) // offs[j]: start of seqs[j]
 	offs[0] = 0
 	for j, si := range seqs {

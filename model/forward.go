@@ -67,8 +67,7 @@ type seqInfo struct {
 type workspace struct {
 	f       *wsFloats
 	ints    [numInts][]int
-	angles  [numAngles][]float64 // RoPE angles of a call's batches (Model.angles)
-	scratch [][]float32          // per worker
+	scratch [][]float32 // per worker
 }
 
 // The batches of one call whose RoPE angles a workspace holds: every
@@ -87,6 +86,10 @@ type wsFloats struct {
 	// retired holds mapped buffers replaced by bigger ones during the
 	// current call: slices of them may still be in use until it returns.
 	retired [][]float32
+	// angles holds the RoPE angles of a call's batches (Model.angles),
+	// each computed once per call, so a buffer that grows holds nothing
+	// still read.
+	angles [numAngles]offheap.Buf[float64]
 }
 
 // offheapMin is the smallest buffer (bytes) a workspace maps off the heap;
@@ -128,6 +131,9 @@ func (f *wsFloats) endCall() {
 // free unmaps every mapped buffer; the workspace must not be used again.
 func (f *wsFloats) free() {
 	f.endCall()
+	for i := range f.angles {
+		f.angles[i].Free()
+	}
 	for id, b := range f.bufs {
 		if f.mapped[id] {
 			_ = offheap.Free(b)
@@ -141,9 +147,11 @@ const (
 	bufH
 	bufQKV
 	bufAtt
-	bufGU
-	bufKT
-	bufV
+	// bufMix is attnGathered's K and V of the context, then the MLP's
+	// gate|up intermediate: a layer's attention has ended before its MLP
+	// starts, so one buffer serves both (the larger of the two resident,
+	// not their sum: 3.1 MiB at SmolLM2-135M for a 2,048-token context).
+	bufMix
 	bufOut
 	bufXAll
 	bufDev
@@ -188,10 +196,7 @@ func (ws *workspace) f32Exact(id, n int) []float32 {
 
 // anglesBuf returns n float64s for the RoPE angles of batch id.
 func (ws *workspace) anglesBuf(id, n int) []float64 {
-	if cap(ws.angles[id]) < n {
-		ws.angles[id] = make([]float64, n, n+n/4)
-	}
-	return ws.angles[id][:n]
+	return ws.f.angles[id].Grow(n)
 }
 
 func (ws *workspace) int(id, n int) []int {
@@ -628,7 +633,7 @@ func (m *Model) mlp(ws *workspace, lw *layerWeights, x, h mat) error {
 	if halves {
 		w = 2 * lw.split
 	}
-	gu := dense(ws.f32Exact(bufGU, cn*w), cn, w)
+	gu := dense(ws.f32Exact(bufMix, cn*w), cn, w)
 	for r0 := 0; r0 < n; r0 += mlpRows {
 		rows := min(n, r0+mlpRows) - r0
 		hc, xc := h.view(r0, 0, rows, d), x.view(r0, 0, rows, d)

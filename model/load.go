@@ -413,13 +413,15 @@ func mlpSplit(gate, up *qmat, down mat) int {
 	return s
 }
 
-// splitMinFFN is the narrowest MLP cut in halves: from there a 512-row
-// chunk's gate|up intermediate is 16 MiB or more (19 MiB at Qwen2.5-0.5B,
-// 32 at Llama-3.2-1B), and halving it is worth the halves' cost, 2–4% of
-// a prefill (a second pass over the down projection's tiles; measured on
-// Qwen2.5-0.5B and SmolLM2-135M Q4_K_M). Narrower MLPs (SmolLM2's 1,536
-// and 2,560) keep one product.
-const splitMinFFN = 4096
+// splitMinFFN is the narrowest MLP cut in halves. The halves cost a
+// second pass over the down projection's tiles (2–4% of a prefill,
+// measured on Qwen2.5-0.5B and SmolLM2-135M Q4_K_M when only MLPs of 4,096
+// columns or more were cut; SmolLM2-135M Q4_K_M's 512-token prefill
+// 2,239/2,386 tokens/s whole against 2,449/2,336 in halves, alternated)
+// and halve a 512-row chunk's gate|up intermediate: 19–32 MiB at
+// Qwen2.5-0.5B and Llama-3.2-1B, 6.0 MiB at SmolLM2-135M's 1,536 columns —
+// 3% of that file's resident memory.
+const splitMinFFN = 1536
 
 // unpermuteRows undoes, for each of heads heads of hd rows, the llama
 // converter's permutation: file row h·hd + 2i (+1) is Hugging Face row

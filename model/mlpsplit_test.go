@@ -51,8 +51,10 @@ func TestMLPHalves(t *testing.T) {
 		{"F16", testmodel.Spec{Type: quant.F16, FFNDim: 4100}, 2050, 1e-4, 1e-3, true, false},
 		// A mixture whose down rows are Q6_K in some layers, sharded.
 		{"Q4_K_M mixture", testmodel.Spec{Layers: 4, Dim: 512, Heads: 4, KVHeads: 2, Type: quant.Q4_K, OutType: quant.Q6_K, FFNDim: 4608, TensorType: q4KMMixture}, 2304, 1e-5, 3e-2, true, true},
+		// SmolLM2-135M's width, splitMinFFN: 48 blocks cut at 24.
+		{"Q8_0 1536", testmodel.Spec{Type: quant.Q8_0, FFNDim: 1536}, 768, 1e-5, 1e-5, false, false},
 		// Below splitMinFFN: one product.
-		{"Q8_0 narrow", testmodel.Spec{Type: quant.Q8_0, FFNDim: 2048}, 0, 0, 0, false, false},
+		{"Q8_0 narrow", testmodel.Spec{Type: quant.Q8_0, FFNDim: 1024}, 0, 0, 0, false, false},
 	} {
 		if tc.heavy && raceEnabled {
 			continue

@@ -11,33 +11,47 @@ import (
 // pageSize is the granularity of a mapping.
 var pageSize = os.Getpagesize()
 
-// Floats returns n zeroed float32s in a new private anonymous mapping, the
-// slice's capacity covering the whole mapping (n rounded up to a page). It
-// returns an error when n is not positive or the kernel refuses the
-// mapping (the caller may fall back to make). Release it with [Free].
-func Floats(n int) ([]float32, error) {
-	if n <= 0 || n > (1<<62)/4 {
-		return nil, fmt.Errorf("offheap: %d floats", n)
-	}
-	size := (n*4 + pageSize - 1) / pageSize * pageSize
-	b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		return nil, fmt.Errorf("offheap: map %d bytes: %w", size, err)
-	}
-	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), size/4)[:n], nil
+// Elem is the element types a buffer outside the Go heap may hold: numbers,
+// which hold no pointer the collector would have to see.
+type Elem interface {
+	~int8 | ~uint8 | ~int16 | ~uint16 | ~int32 | ~uint32 | ~int64 | ~uint64 | ~float32 | ~float64
 }
 
-// Free unmaps a buffer Floats returned. s must start where Floats' slice
+// Make returns n zeroed Ts in a new private anonymous mapping, the slice's
+// capacity covering the whole mapping (n·size rounded up to a page). It
+// returns an error when n is not positive or the kernel refuses the
+// mapping (the caller may fall back to make). Release it with [Release].
+func Make[T Elem](n int) ([]T, error) {
+	size := int(unsafe.Sizeof(*new(T)))
+	if n <= 0 || n > (1<<62)/size {
+		return nil, fmt.Errorf("offheap: %d elements of %d bytes", n, size)
+	}
+	bytes := (n*size + pageSize - 1) / pageSize * pageSize
+	b, err := unix.Mmap(-1, 0, bytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("offheap: map %d bytes: %w", bytes, err)
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), bytes/size)[:n], nil
+}
+
+// Release unmaps a buffer Make returned. s must start where Make's slice
 // started and keep its capacity (any length); neither s nor any slice of
 // the buffer may be used afterwards.
-func Free(s []float32) error {
+func Release[T Elem](s []T) error {
+	size := int(unsafe.Sizeof(*new(T)))
 	c := cap(s)
-	if c == 0 || c*4%pageSize != 0 {
-		return fmt.Errorf("offheap: free of a slice of capacity %d: not a buffer of Floats", c)
+	if c == 0 || c*size%pageSize != 0 {
+		return fmt.Errorf("offheap: release of a slice of capacity %d: not a buffer of Make", c)
 	}
-	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s[:c]))), c*4)
+	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s[:c]))), c*size)
 	if err := unix.Munmap(b); err != nil {
 		return fmt.Errorf("offheap: unmap %d bytes: %w", len(b), err)
 	}
 	return nil
 }
+
+// Floats is Make[float32].
+func Floats(n int) ([]float32, error) { return Make[float32](n) }
+
+// Free is Release[float32].
+func Free(s []float32) error { return Release(s) }

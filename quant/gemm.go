@@ -4,6 +4,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"runtime"
+
+	"github.com/cacheblend/cacheblend/offheap"
 )
 
 // The integer GEMM (prefill with quantized weights): the activations are
@@ -257,11 +260,16 @@ var fifthBits = func() (t [16]uint32) {
 // panels of every type that Fits (a Q4_K|Q6_K or Q5_0|Q8_0 stack of
 // weights is multiplied with one). Reset sizes it; each tile is then
 // quantized by QuantizeTile, concurrently for distinct tiles. Safe to
-// read concurrently once quantized.
+// read concurrently once quantized. Its tiles of 64 KiB or more live
+// outside the Go heap (package offheap), unmapped when it is collected: a
+// prefill chunk's are a megabyte, kept between calls, which the collector
+// would otherwise count as live and double. A GemmTiles must not be copied
+// after its first Reset.
 type GemmTiles struct {
 	t    Type
 	m, k int
 	w    []uint32
+	mem  *offheap.Buf[uint32] // behind w; released by a cleanup on x
 }
 
 // Reset sizes x for m rows of k elements (k a multiple of the type's
@@ -276,7 +284,11 @@ func (x *GemmTiles) Reset(t Type, m, k int) error {
 		return fmt.Errorf("%w: tiles of %d×%d for %s, k not a positive multiple of %d", ErrSize, m, k, t, be)
 	}
 	x.t, x.m, x.k = t, m, k
-	x.w = grow(x.w, x.Tiles()*k/be*tb)
+	if x.mem == nil {
+		x.mem = new(offheap.Buf[uint32])
+		runtime.AddCleanup(x, (*offheap.Buf[uint32]).Free, x.mem)
+	}
+	x.w = x.mem.Grow(x.Tiles() * k / be * tb)
 	return nil
 }
 
