@@ -17,18 +17,18 @@ type tokenIndex struct {
 	seed   maphash.Seed
 	slots  []int32
 	mask   uint64
-	tokens []string
+	tokens texts
 }
 
 // newTokenIndex indexes tokens (distinct texts; a repeated text is
 // reported as the id of its first occurrence through dup).
-func newTokenIndex(tokens []string) (ix tokenIndex, dupOf, dup int32) {
-	size := uint64(1) << max(4, bits.Len(uint(2*len(tokens))))
+func newTokenIndex(tokens texts) (ix tokenIndex, dupOf, dup int32) {
+	size := uint64(1) << max(4, bits.Len(uint(2*tokens.len())))
 	ix = tokenIndex{seed: maphash.MakeSeed(), slots: make([]int32, size), mask: size - 1, tokens: tokens}
-	for i, t := range tokens {
+	for i, t := range tokens.all() {
 		h := maphash.String(ix.seed, t) & ix.mask
 		for ; ix.slots[h] != 0; h = (h + 1) & ix.mask {
-			if j := ix.slots[h] - 1; tokens[j] == t {
+			if j := ix.slots[h] - 1; tokens.at(int(j)) == t {
 				return ix, j, int32(i)
 			}
 		}
@@ -43,7 +43,7 @@ func (ix *tokenIndex) id(t string) (int32, bool) {
 		return 0, false
 	}
 	for h := maphash.String(ix.seed, t) & ix.mask; ix.slots[h] != 0; h = (h + 1) & ix.mask {
-		if j := ix.slots[h] - 1; ix.tokens[j] == t {
+		if j := ix.slots[h] - 1; ix.tokens.at(int(j)) == t {
 			return j, true
 		}
 	}

@@ -135,7 +135,7 @@ func seedOf(name string) uint64 {
 func specialTexts(v *Vocab, r *rand.Rand, n int) []string {
 	out := slices.Clone(genSpecial)
 	for i := 0; i < n && len(v.specials) > 0; i++ {
-		out = append(out, v.tokens[v.specials[r.IntN(len(v.specials))]])
+		out = append(out, v.tokens.at(int(v.specials[r.IntN(len(v.specials))])))
 	}
 	return out
 }

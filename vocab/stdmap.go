@@ -47,8 +47,8 @@ var stdBuckets = []uint64{13, 29, 59, 127, 257, 541, 1109, 2357, 5087, 10273, 20
 // std::unordered_map<std::string, int> iterates them after tokens[0],
 // tokens[1], … were inserted in turn (texts distinct); nil past the
 // largest bucket count known.
-func stdMapOrder(tokens []string) []int32 {
-	n := len(tokens)
+func stdMapOrder(tokens texts) []int32 {
+	n := tokens.len()
 	if n == 0 || uint64(n) > stdBuckets[len(stdBuckets)-1] {
 		return nil
 	}
@@ -83,7 +83,7 @@ func stdMapOrder(tokens []string) []int32 {
 	}
 	k := 0
 	for i := range n {
-		hash[i] = stdHash(tokens[i])
+		hash[i] = stdHash(tokens.at(i))
 		if uint64(i)+1 > nb {
 			p := head
 			buckets, nb, head = make([]int32, stdBuckets[k]), stdBuckets[k], -1

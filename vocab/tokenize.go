@@ -34,7 +34,7 @@ func (v *Vocab) partition(text string, parseSpecial bool, frags, spare []fragmen
 		if !parseSpecial && attr&attrSpecial != 0 {
 			continue
 		}
-		tt := v.tokens[id]
+		tt := v.tokens.at(int(id))
 		out := spare[:0]
 		for _, f := range frags {
 			if f.tok >= 0 {
@@ -89,7 +89,7 @@ type specialTrie struct {
 func newSpecialTrie(v *Vocab) *specialTrie {
 	t := &specialTrie{edges: map[uint32]int32{}, ends: [][]int32{nil}}
 	for rank, id := range v.specials {
-		tt := v.tokens[id]
+		tt := v.tokens.at(int(id))
 		t.first[tt[0]] = true
 		node := int32(0)
 		for i := 0; i < len(tt); i++ {
@@ -279,9 +279,9 @@ func (p pairSet) has(a, b uint32) bool {
 
 // spmPairSet collects the adjacent character pairs of every token, the
 // characters cut as spm cuts text (by lead byte, clipped at the end).
-func spmPairSet(tokens []string) pairSet {
+func spmPairSet(tokens texts) pairSet {
 	p := pairSet{}
-	for _, t := range tokens {
+	for _, t := range tokens.all() {
 		prev := uint32(0)
 		for off, n := range chars(t) {
 			k := charKey(t[off : off+n])

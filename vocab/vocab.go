@@ -160,7 +160,7 @@ type Vocab struct {
 
 	// The tokens by id: text, score, attributes and
 	// llama_token_to_piece(special = true).
-	tokens []string
+	tokens texts
 	scores []float32
 	attrs  []uint32
 	// pieces holds every token's piece back to back, piece i ending at
@@ -214,7 +214,7 @@ func New(s Spec) (*Vocab, error) {
 			return nil, err
 		}
 	}
-	n := int32(len(v.tokens))
+	n := int32(v.tokens.len())
 	for _, sp := range v.ids.ids() {
 		if *sp.id < -1 || *sp.id >= n {
 			return nil, fmt.Errorf("vocab: %s token id %d out of range [0, %d): %w", sp.name, *sp.id, n, ErrInvalidSpec)
@@ -233,7 +233,7 @@ func New(s Spec) (*Vocab, error) {
 			v.specials = append(v.specials, i)
 		}
 	}
-	slices.SortStableFunc(v.specials, func(a, b int32) int { return len(v.tokens[b]) - len(v.tokens[a]) })
+	slices.SortStableFunc(v.specials, func(a, b int32) int { return len(v.tokens.at(int(b))) - len(v.tokens.at(int(a))) })
 	if err := v.setPieces(); err != nil {
 		return nil, err
 	}
@@ -269,17 +269,21 @@ func (v *Vocab) setTokens(s Spec) error {
 	case s.Types != nil && len(s.Types) != n:
 		return fmt.Errorf("vocab: %d token types for %d tokens: %w", len(s.Types), n, ErrInvalidSpec)
 	}
-	// The tokens are kept as given (for a model file, the strings gguf
-	// decoded), unless one is empty and takes llama.cpp's name for it.
-	v.tokens = s.Tokens
+	// The tokens are copied into one buffer (texts), an empty one under
+	// llama.cpp's name for it.
+	tokens := s.Tokens
 	if slices.Contains(s.Tokens, "") {
-		v.tokens = slices.Clone(s.Tokens)
+		tokens = slices.Clone(s.Tokens)
 	}
 	v.scores = make([]float32, n)
 	v.attrs = make([]uint32, n)
-	for i, t := range v.tokens {
+	total := 0
+	for i, t := range tokens {
 		if t == "" {
-			v.tokens[i] = fmt.Sprintf("[EMPTY_%d]", i)
+			tokens[i] = fmt.Sprintf("[EMPTY_%d]", i)
+		}
+		if total += len(tokens[i]); total > math.MaxUint32 {
+			return fmt.Errorf("vocab: token texts over 4 GiB: %w", ErrInvalidSpec)
 		}
 		if s.Scores != nil {
 			v.scores[i] = s.Scores[i]
@@ -289,9 +293,10 @@ func (v *Vocab) setTokens(s Spec) error {
 			v.attrs[i] = typeAttr(s.Types[i])
 		}
 	}
+	v.tokens = newTexts(tokens)
 	var j, i int32
 	if v.toID, j, i = newTokenIndex(v.tokens); i >= 0 {
-		return fmt.Errorf("vocab: token %d %q repeats token %d: %w", i, v.tokens[i], j, ErrInvalidSpec)
+		return fmt.Errorf("vocab: token %d %q repeats token %d: %w", i, tokens[i], j, ErrInvalidSpec)
 	}
 	return nil
 }
@@ -323,7 +328,7 @@ func (v *Vocab) setMerges(merges []string) error {
 			v.ranks.other[pair{left, right}] = int32(i)
 		}
 	}
-	v.ranks.setByID(len(v.tokens), byID)
+	v.ranks.setByID(v.tokens.len(), byID)
 	return nil
 }
 
@@ -387,7 +392,7 @@ func (v *Vocab) findByText() {
 	find(&p.FIMSep, "<|file_sep|>")
 
 	for i := range v.attrs {
-		if v.attrs[i]&attrControl != 0 && strings.Contains(v.tokens[i], "unused") {
+		if v.attrs[i]&attrControl != 0 && strings.Contains(v.tokens.at(i), "unused") {
 			v.attrs[i] |= attrUnused
 		}
 	}
@@ -399,7 +404,7 @@ func (v *Vocab) findByText() {
 // gpt-oss and Gemma 4.
 func (v *Vocab) setEOG() {
 	eog := map[int32]bool{}
-	for i, t := range v.tokens {
+	for i, t := range v.tokens.all() {
 		switch t {
 		case "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
 			"<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
@@ -409,7 +414,7 @@ func (v *Vocab) setEOG() {
 			v.attrs[i] |= attrControl
 		}
 	}
-	for i, t := range v.tokens {
+	for i, t := range v.tokens.all() {
 		switch t {
 		case "<|channel|>", "<|message|>", "<|start|>", "<|constrain|>":
 			v.attrs[i] = attrUserDefined
@@ -475,7 +480,7 @@ func (v *Vocab) setStrip(s Spec) {
 
 // computePiece is llama_token_to_piece(special = true) without the cache.
 func (v *Vocab) computePiece(id int32) string {
-	attr, text := v.attrs[id], v.tokens[id]
+	attr, text := v.attrs[id], v.tokens.at(int(id))
 	switch {
 	case attr&(attrSpecial|attrUserDefined) != 0:
 		return text
@@ -492,7 +497,7 @@ func (v *Vocab) computePiece(id int32) string {
 
 // setPieces computes every token's piece into v.pieces.
 func (v *Vocab) setPieces() error {
-	n := int32(len(v.tokens))
+	n := int32(v.tokens.len())
 	v.pieceEnd = make([]uint32, n)
 	var buf []byte
 	for i := range n {
@@ -563,7 +568,7 @@ func tokenByte(text string) byte {
 }
 
 // Size is the number of tokens.
-func (v *Vocab) Size() int { return len(v.tokens) }
+func (v *Vocab) Size() int { return v.tokens.len() }
 
 // BOS is the beginning-of-sequence id (-1: none).
 func (v *Vocab) BOS() int32 { return v.ids.BOS }
@@ -605,7 +610,7 @@ func (v *Vocab) TokenText(id int32) string {
 	if !v.valid(id) {
 		return ""
 	}
-	return v.tokens[id]
+	return v.tokens.at(int(id))
 }
 
 // ID returns the id whose text is text.
@@ -614,4 +619,4 @@ func (v *Vocab) ID(text string) (int32, bool) {
 	return id, ok
 }
 
-func (v *Vocab) valid(id int32) bool { return id >= 0 && int(id) < len(v.tokens) }
+func (v *Vocab) valid(id int32) bool { return id >= 0 && int(id) < v.tokens.len() }
