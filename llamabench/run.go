@@ -399,6 +399,7 @@ func runOurs(cfg Config, path string, in inputs, peer *llamaDecode1) (side Side,
 	if err != nil {
 		return side, 0, err
 	}
+	debug.FreeOSMemory() // the loading's garbage, as cb worker returns it after loading
 	// The cache: a prompt area (the longest prompt, the RAG prompt or the
 	// decode context), BatchSeqs sequence areas and one area per document.
 	promptLen := max(slices.Max(cfg.Prompts), len(in.rag), cfg.DecodeContext+cfg.DecodeSteps+1)
