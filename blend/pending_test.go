@@ -192,17 +192,22 @@ func TestLookupWaitsForNamedStores(t *testing.T) {
 		deadline  time.Duration
 		wantHit   int
 		unarrived int64
-		minWait   time.Duration
-		maxWait   time.Duration
+		// minWait, maxWait bound the lookup's time and its pending_wait_ms.
+		// A lookup that waits for a store sent later (named, storeAt > 0)
+		// is checked by order instead of a minimum: it must end after the
+		// store was sent (how long it waited depends on when the server
+		// began the wait, which a loaded machine delays by milliseconds).
+		minWait time.Duration
+		maxWait time.Duration
 	}{
 		{name: "store arrives while the lookup waits", named: true, storeAt: 150 * time.Millisecond, deadline: 5 * time.Second,
-			wantHit: docLen, minWait: 140 * time.Millisecond, maxWait: time.Second},
+			wantHit: docLen, maxWait: time.Second},
 		{name: "store arrived before: no wait", named: true, storeAt: -1, deadline: 5 * time.Second,
 			wantHit: docLen, maxWait: 50 * time.Millisecond},
 		{name: "store never arrives: the deadline bounds the wait", named: true, deadline: 600 * time.Millisecond,
 			unarrived: 1, minWait: 400 * time.Millisecond, maxWait: 500 * time.Millisecond},
 		{name: "store refused: the wait ends", named: true, storeAt: 100 * time.Millisecond, refused: true, deadline: 5 * time.Second,
-			minWait: 90 * time.Millisecond, maxWait: 400 * time.Millisecond},
+			maxWait: 400 * time.Millisecond},
 		{name: "store not named: missed", storeAt: 150 * time.Millisecond, deadline: 5 * time.Second, maxWait: 50 * time.Millisecond},
 	}
 	for i, tc := range cases {
@@ -218,7 +223,9 @@ func TestLookupWaitsForNamedStores(t *testing.T) {
 			if tc.refused {
 				worker = "ghost"
 			}
+			var storeSent time.Time // written before sent.Done, read after sent.Wait
 			store := func() {
+				storeSent = time.Now()
 				_, err := e.c.Store(ctxT(t), &cbv1.StoreRequest{RequestId: "first", WorkerId: worker, Tokens: seqToks, BlockTable: sbt, Model: testModel})
 				if (err != nil) != tc.refused {
 					t.Errorf("store: %v (refused %v)", err, tc.refused)
@@ -241,11 +248,16 @@ func TestLookupWaitsForNamedStores(t *testing.T) {
 			defer cancel()
 			t0 := time.Now()
 			res, err := e.c.Lookup(ctx, req)
-			took := time.Since(t0)
+			end := time.Now()
+			took := end.Sub(t0)
 			if err != nil {
 				t.Fatalf("lookup: %v", err)
 			}
 			sent.Wait()
+			waits := tc.named && tc.storeAt > 0
+			if waits && end.Before(storeSent) {
+				t.Errorf("lookup returned %v before the store it waits for was sent", storeSent.Sub(end))
+			}
 			e.s.waitRegistrations(t)
 			if got := int(res.GetNonPrefixHitTokens()); got != tc.wantHit {
 				t.Errorf("non-prefix hit tokens %d, want %d", got, tc.wantHit)
@@ -259,8 +271,11 @@ func TestLookupWaitsForNamedStores(t *testing.T) {
 				t.Errorf("cb.lookup unarrived_stores %d, want %d", got, tc.unarrived)
 			}
 			v, _ := attr(lk, attribute.Key("pending_wait_ms"))
-			if w := time.Duration(v.AsFloat64() * float64(time.Millisecond)); w < tc.minWait || w > tc.maxWait {
+			if w := time.Duration(v.AsFloat64() * float64(time.Millisecond)); w < tc.minWait || w > tc.maxWait || waits && w <= 0 {
 				t.Errorf("pending_wait_ms %v, want %v..%v", w, tc.minWait, tc.maxWait)
+			}
+			if waits && lk.EndTime.Before(storeSent) {
+				t.Errorf("cb.lookup span ended %v before the store it waits for was sent", storeSent.Sub(lk.EndTime))
 			}
 			t.Logf("non-prefix hit %d tokens, lookup %v", res.GetNonPrefixHitTokens(), took.Round(time.Millisecond))
 		})
