@@ -1,7 +1,5 @@
 package offheap
 
-import "unsafe"
-
 // BufMin is the smallest buffer (bytes) a [Buf] maps outside the heap;
 // smaller ones are not worth a system call and stay on the heap.
 const BufMin = 64 << 10
@@ -36,8 +34,7 @@ func (b *Buf[T]) Grow(n int) []T {
 	}
 	b.Free()
 	c := n + n/4
-	var zero T
-	if c*sizeOf(zero) >= BufMin {
+	if c*sizeOf[T]() >= BufMin {
 		if s, err := Make[T](c); err == nil {
 			b.s, b.mapped = s, true
 			return s[:n]
@@ -59,5 +56,3 @@ func (b *Buf[T]) Free() {
 
 // Mapped reports whether the buffer lives outside the heap.
 func (b *Buf[T]) Mapped() bool { return b.mapped }
-
-func sizeOf[T Elem](T) int { return int(unsafe.Sizeof(*new(T))) }

@@ -22,7 +22,7 @@ type Elem interface {
 // returns an error when n is not positive or the kernel refuses the
 // mapping (the caller may fall back to make). Release it with [Release].
 func Make[T Elem](n int) ([]T, error) {
-	size := int(unsafe.Sizeof(*new(T)))
+	size := sizeOf[T]()
 	if n <= 0 || n > (1<<62)/size {
 		return nil, fmt.Errorf("offheap: %d elements of %d bytes", n, size)
 	}
@@ -38,7 +38,7 @@ func Make[T Elem](n int) ([]T, error) {
 // started and keep its capacity (any length); neither s nor any slice of
 // the buffer may be used afterwards.
 func Release[T Elem](s []T) error {
-	size := int(unsafe.Sizeof(*new(T)))
+	size := sizeOf[T]()
 	c := cap(s)
 	if c == 0 || c*size%pageSize != 0 {
 		return fmt.Errorf("offheap: release of a slice of capacity %d: not a buffer of Make", c)
@@ -55,3 +55,6 @@ func Floats(n int) ([]float32, error) { return Make[float32](n) }
 
 // Free is Release[float32].
 func Free(s []float32) error { return Release(s) }
+
+// sizeOf is the size in bytes of a T.
+func sizeOf[T Elem]() int { return int(unsafe.Sizeof(*new(T))) }

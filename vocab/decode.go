@@ -14,7 +14,7 @@ func (v *Vocab) piece(id int32, special bool) string {
 	if !special && v.attrs[id]&attrSpecial != 0 {
 		return ""
 	}
-	return v.pieceOf(id)
+	return v.pieces.at(int(id))
 }
 
 // Piece is llama_token_to_piece(id, lstrip 0, special): the bytes id stands

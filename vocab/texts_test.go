@@ -16,7 +16,10 @@ func TestTexts(t *testing.T) {
 		{"repeated texts", []string{"ab", "ab", "b"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			x := newTexts(tc.tokens)
+			x, ok := newTexts(tc.tokens)
+			if !ok {
+				t.Fatal("newTexts refused")
+			}
 			if x.len() != len(tc.tokens) {
 				t.Fatalf("len %d, want %d", x.len(), len(tc.tokens))
 			}

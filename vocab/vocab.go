@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"unsafe"
 )
 
 // Errors New and SpecFromGGUF wrap.
@@ -163,12 +162,9 @@ type Vocab struct {
 	tokens texts
 	scores []float32
 	attrs  []uint32
-	// pieces holds every token's piece back to back, piece i ending at
-	// pieceEnd[i] (4 bytes a token where a string header took 16).
-	pieces   []byte
-	pieceEnd []uint32
-	toID     tokenIndex
-	ranks    mergeRanks // gpt2 merges
+	pieces texts // every token's piece
+	toID   tokenIndex
+	ranks  mergeRanks // gpt2 merges
 
 	// ids are the given special ids and those found by text.
 	ids                            Specials
@@ -277,13 +273,9 @@ func (v *Vocab) setTokens(s Spec) error {
 	}
 	v.scores = make([]float32, n)
 	v.attrs = make([]uint32, n)
-	total := 0
 	for i, t := range tokens {
 		if t == "" {
 			tokens[i] = fmt.Sprintf("[EMPTY_%d]", i)
-		}
-		if total += len(tokens[i]); total > math.MaxUint32 {
-			return fmt.Errorf("vocab: token texts over 4 GiB: %w", ErrInvalidSpec)
 		}
 		if s.Scores != nil {
 			v.scores[i] = s.Scores[i]
@@ -293,7 +285,10 @@ func (v *Vocab) setTokens(s Spec) error {
 			v.attrs[i] = typeAttr(s.Types[i])
 		}
 	}
-	v.tokens = newTexts(tokens)
+	var ok bool
+	if v.tokens, ok = newTexts(tokens); !ok {
+		return fmt.Errorf("vocab: token texts of 4 GiB or more: %w", ErrInvalidSpec)
+	}
 	var j, i int32
 	if v.toID, j, i = newTokenIndex(v.tokens); i >= 0 {
 		return fmt.Errorf("vocab: token %d %q repeats token %d: %w", i, tokens[i], j, ErrInvalidSpec)
@@ -498,30 +493,14 @@ func (v *Vocab) computePiece(id int32) string {
 // setPieces computes every token's piece into v.pieces.
 func (v *Vocab) setPieces() error {
 	n := int32(v.tokens.len())
-	v.pieceEnd = make([]uint32, n)
-	var buf []byte
+	v.pieces = texts{end: make([]uint32, 0, n)}
 	for i := range n {
-		buf = append(buf, v.computePiece(i)...)
-		if len(buf) > math.MaxUint32 {
-			return fmt.Errorf("vocab: the tokens' pieces exceed %d bytes: %w", uint32(math.MaxUint32), ErrInvalidSpec)
+		if !v.pieces.add(v.computePiece(i)) {
+			return fmt.Errorf("vocab: the tokens' pieces reach 4 GiB: %w", ErrInvalidSpec)
 		}
-		v.pieceEnd[i] = uint32(len(buf))
 	}
-	v.pieces = slices.Clip(buf)
+	v.pieces.data = slices.Clip(v.pieces.data)
 	return nil
-}
-
-// pieceOf is token id's piece (id valid), a string over v.pieces, which
-// is never written after setPieces.
-func (v *Vocab) pieceOf(id int32) string {
-	start := uint32(0)
-	if id > 0 {
-		start = v.pieceEnd[id-1]
-	}
-	if start == v.pieceEnd[id] {
-		return ""
-	}
-	return unsafe.String(&v.pieces[start], v.pieceEnd[id]-start)
 }
 
 // decodeByteLevel is llama_decode_text: GPT-2's codepoint→byte map undone,

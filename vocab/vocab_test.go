@@ -278,7 +278,11 @@ func TestStdHash(t *testing.T) {
 		toks = append(toks, strconv.Itoa(i))
 	}
 	want := []int32{29, 12, 11, 18, 9, 1, 22, 8, 0, 17, 28, 19, 4, 5, 6, 3, 16, 7, 10, 27, 13, 15, 14, 26, 20, 21, 23, 24, 2, 25}
-	if got := stdMapOrder(newTexts(toks)); !slices.Equal(got, want) {
+	tt, ok := newTexts(toks)
+	if !ok {
+		t.Fatal("newTexts refused")
+	}
+	if got := stdMapOrder(tt); !slices.Equal(got, want) {
 		t.Errorf("stdMapOrder = %v, libstdc++ %v", got, want)
 	}
 }
