@@ -24,6 +24,19 @@ import (
 	"github.com/cacheblend/cacheblend/internal/freeport"
 )
 
+// ErrExited is wrapped by Start's and Restart's error when redis-server
+// exited before it answered (a port taken between the pick and the bind,
+// a bad setting); the error carries the end of the server's log.
+var ErrExited = errors.New("redisproc: redis-server exited before answering")
+
+// startAttempts is how many times Start launches redis-server, each time on
+// newly picked ports, when it exits before answering.
+const startAttempts = 3
+
+// pickPorts picks the ports Start launches a server on (freeport.Ports; a
+// test replaces it to hand out a port that is taken).
+var pickPorts = freeport.Ports
+
 // ErrNotInstalled is returned when redis-server is not on PATH.
 var ErrNotInstalled = errors.New("redisproc: redis-server not found on PATH (install the Debian package redis-server)")
 
@@ -51,14 +64,29 @@ type Server struct {
 	Addr     string
 	Port     int
 	Password string
-	dir      string
-	ownDir   bool
-	args     []string
-	timeout  time.Duration
-	cmd      *exec.Cmd
+	// BusPort is the cluster bus port of a server started with
+	// Options.Cluster (0 otherwise): picked like Port, not redis's default
+	// of Port+10000, which lies in the kernel's ephemeral range where any
+	// outgoing connection may hold it.
+	BusPort int
+	dir     string
+	ownDir  bool
+	args    []string
+	timeout time.Duration
+	cmd     *exec.Cmd
+	// exited is closed when the process started by start has been waited
+	// for (by the goroutine start runs); waitErr is then its exit status.
+	exited  chan struct{}
+	waitErr error
 }
 
-// Start starts a redis-server listening on 127.0.0.1 on a free port.
+// logName is the file in the server's directory that receives its output.
+const logName = "redis.log"
+
+// Start starts a redis-server listening on 127.0.0.1 on a free port. When
+// the server exits before answering (its port taken between the pick and
+// the bind), Start tries again on other ports, three launches in all; the
+// last error wraps ErrExited and quotes the server's log.
 func Start(ctx context.Context, o Options) (*Server, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -74,16 +102,35 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	if o.StartTimeout <= 0 {
 		o.StartTimeout = 10 * time.Second
 	}
-	s := &Server{Password: o.Password, dir: o.Dir, timeout: o.StartTimeout}
+	s := &Server{Password: o.Password, dir: o.Dir, timeout: o.StartTimeout, args: []string{bin}}
 	if s.dir == "" {
 		if s.dir, err = os.MkdirTemp("", "cb-redis-"); err != nil {
 			return nil, fmt.Errorf("redisproc: %w", err)
 		}
 		s.ownDir = true
 	}
-	ports, err := freeport.Ports(1)
+	for attempt := 1; ; attempt++ {
+		err = s.launch(ctx, o)
+		if err == nil {
+			return s, nil
+		}
+		if !errors.Is(err, ErrExited) || attempt == startAttempts {
+			s.Stop()
+			return nil, err
+		}
+	}
+}
+
+// launch picks ports, writes the configuration for them and starts the
+// server, waiting for its first answer.
+func (s *Server) launch(ctx context.Context, o Options) error {
+	n := 1
+	if o.Cluster {
+		n = 2
+	}
+	ports, err := pickPorts(n)
 	if err != nil {
-		return nil, fmt.Errorf("redisproc: %w", err)
+		return fmt.Errorf("redisproc: %w", err)
 	}
 	s.Port = ports[0]
 	s.Addr = "127.0.0.1:" + strconv.Itoa(s.Port)
@@ -96,19 +143,16 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		conf = append(conf, "maxmemory "+confQuote(o.MaxMemory), "maxmemory-policy allkeys-lru")
 	}
 	if o.Cluster {
-		conf = append(conf, "cluster-enabled yes", "cluster-config-file nodes.conf", "cluster-node-timeout 2000")
+		s.BusPort = ports[1]
+		conf = append(conf, "cluster-enabled yes", "cluster-config-file nodes.conf", "cluster-node-timeout 2000",
+			"cluster-port "+strconv.Itoa(s.BusPort))
 	}
 	confPath := filepath.Join(s.dir, "redis.conf")
 	if err := WriteConf(confPath, conf); err != nil {
-		s.Stop()
-		return nil, err
+		return err
 	}
-	s.args = []string{bin, confPath}
-	if err := s.start(ctx); err != nil {
-		s.Stop()
-		return nil, err
-	}
-	return s, nil
+	s.args = []string{s.args[0], confPath}
+	return s.start(ctx)
 }
 
 // ConfLines are the settings of a redis-server on 127.0.0.1:port with password and working
@@ -164,38 +208,72 @@ func confQuote(v string) string {
 func (s *Server) URL() string { return fmt.Sprintf("redis://:%s@%s", s.Password, s.Addr) }
 
 func (s *Server) start(ctx context.Context) error {
+	log, err := os.OpenFile(filepath.Join(s.dir, logName), os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("redisproc: log file: %w", err)
+	}
+	defer log.Close() // the child holds its own descriptor
 	s.cmd = exec.Command(s.args[0], s.args[1:]...)
 	s.cmd.Dir = s.dir
+	s.cmd.Stdout, s.cmd.Stderr = log, log
 	setProcAttr(s.cmd)
 	if err := s.cmd.Start(); err != nil {
+		s.cmd = nil
 		return fmt.Errorf("redisproc: start redis-server: %w", err)
 	}
+	cmd, exited := s.cmd, make(chan struct{})
+	s.exited = exited
+	go func() { s.waitErr = cmd.Wait(); close(exited) }() // ends when the process does
 	deadline := time.Now().Add(s.timeout)
 	for {
-		line, err := s.Command("PING")
+		select {
+		case <-exited:
+			s.cmd = nil
+			return fmt.Errorf("%w on %s (%v); its log ends:\n%s", ErrExited, s.Addr, s.waitErr, s.logTail())
+		default:
+		}
+		// A short deadline per PING: a port held by another process may accept the
+		// connection and never answer, while this server has already exited.
+		line, err := s.command(pingTimeout, "PING")
 		if err == nil && line == "+PONG" {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("redisproc: redis-server on %s did not answer within %s", s.Addr, s.timeout)
+			return fmt.Errorf("redisproc: redis-server on %s did not answer within %s; its log ends:\n%s", s.Addr, s.timeout, s.logTail())
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-exited: // reported at the top of the loop
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }
 
+// pingTimeout bounds each PING of a starting server.
+const pingTimeout = 500 * time.Millisecond
+
+// logTail is the last 2 KiB of the server's log, for an error.
+func (s *Server) logTail() string {
+	b, err := os.ReadFile(filepath.Join(s.dir, logName))
+	if err != nil {
+		return "(" + err.Error() + ")"
+	}
+	return strings.TrimSpace(string(b[max(0, len(b)-2048):]))
+}
+
 // Command runs one command (authenticated) and returns its first reply
 // line.
-func (s *Server) Command(args ...string) (string, error) {
-	c, err := net.DialTimeout("tcp", s.Addr, time.Second)
+func (s *Server) Command(args ...string) (string, error) { return s.command(5*time.Second, args...) }
+
+// command is Command with its time limit.
+func (s *Server) command(timeout time.Duration, args ...string) (string, error) {
+	c, err := net.DialTimeout("tcp", s.Addr, min(timeout, time.Second))
 	if err != nil {
 		return "", err
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(timeout))
 	w := bufio.NewWriter(c)
 	writeCmd(w, "AUTH", s.Password)
 	writeCmd(w, args...)
@@ -220,9 +298,9 @@ func writeCmd(w *bufio.Writer, args ...string) {
 
 // Kill stops the server with SIGKILL (it loses every key).
 func (s *Server) Kill() {
-	if s.cmd != nil && s.cmd.Process != nil {
+	if s.cmd != nil {
 		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
+		<-s.exited
 		s.cmd = nil
 	}
 }
@@ -256,16 +334,14 @@ func (s *Server) PID() int {
 // Stop ends the server (SIGTERM, then SIGKILL after 5 s) and removes the
 // directory Start made.
 func (s *Server) Stop() {
-	if s.cmd != nil && s.cmd.Process != nil {
+	if s.cmd != nil {
 		_ = s.cmd.Process.Signal(syscall.SIGCONT)
 		_ = s.cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = s.cmd.Wait(); close(done) }()
 		select {
-		case <-done:
+		case <-s.exited:
 		case <-time.After(5 * time.Second):
 			_ = s.cmd.Process.Kill()
-			<-done
+			<-s.exited
 		}
 		s.cmd = nil
 	}

@@ -3,7 +3,9 @@ package redisproc
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cacheblend/cacheblend/internal/freeport"
 )
 
 // When the process that started redis-server is killed outright (no
@@ -93,4 +97,82 @@ func TestPasswordNotOnTheCommandLine(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A server that exits before answering (here: its port is taken) is
+// reported at once with its log, not after the start timeout, and Start
+// launches it again on other ports.
+func TestExitBeforeAnswering(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	busy := taken.Addr().(*net.TCPAddr).Port
+	defer func(p func(int) ([]int, error)) { pickPorts = p }(pickPorts)
+
+	for _, tc := range []struct {
+		name     string
+		busyPick int // how many picks hand out the taken port
+		wantErr  bool
+	}{
+		{"taken once, started on the next ports", 1, false},
+		{"taken every time", startAttempts, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			picks := 0
+			pickPorts = func(n int) ([]int, error) {
+				picks++
+				if picks <= tc.busyPick {
+					return []int{busy}, nil
+				}
+				return freeport.Ports(n)
+			}
+			// A minute: an exit reported only at the timeout would fail the test's deadline
+			// long before, and the error would not wrap ErrExited.
+			s, err := Start(context.Background(), Options{StartTimeout: time.Minute})
+			if tc.wantErr {
+				if err == nil {
+					s.Stop()
+					t.Fatal("Start succeeded on a taken port")
+				}
+				if !errors.Is(err, ErrExited) || !strings.Contains(err.Error(), strconv.Itoa(busy)) ||
+					!strings.Contains(err.Error(), "in use") {
+					t.Fatalf("error %q: want ErrExited with the log's address-in-use line", err)
+				}
+				if picks != startAttempts {
+					t.Fatalf("%d launches, want %d", picks, startAttempts)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Stop()
+			if s.Port == busy || picks != 2 {
+				t.Fatalf("port %d after %d picks; want a port other than %d, on the second pick", s.Port, picks, busy)
+			}
+			if line, err := s.Command("PING"); err != nil || line != "+PONG" {
+				t.Fatalf("PING: %q %v", line, err)
+			}
+		})
+	}
+}
+
+// A cluster node's bus port is picked like its port (below the kernel's
+// ephemeral range), not redis's Port+10000, and the node listens on it.
+func TestClusterBusPort(t *testing.T) {
+	s, err := Start(context.Background(), Options{Cluster: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	if s.BusPort == 0 || s.BusPort == s.Port+10000 {
+		t.Fatalf("bus port %d for port %d", s.BusPort, s.Port)
+	}
+	c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(s.BusPort), time.Second)
+	if err != nil {
+		t.Fatalf("cluster bus not listening on %d: %v", s.BusPort, err)
+	}
+	c.Close()
 }
