@@ -86,3 +86,38 @@ func TestSplitChunks(t *testing.T) {
 		}
 	}
 }
+
+// TestSlotRunEnd: a run of consecutive slots stops at the first break, at
+// n, and for an F16 memory at halfRun positions (kvPlanes.end), which is
+// also as far as slotRun looks.
+func TestSlotRunEnd(t *testing.T) {
+	slots := make([]int, 40)
+	for i := range slots {
+		slots[i] = 100 + i
+		if i >= 30 {
+			slots[i] = 500 + i // a break: 30 does not follow 29
+		}
+	}
+	f32 := kvPlanes{k: []float32{0}, v: []float32{0}}
+	f16 := kvPlanes{}
+	for _, tc := range []struct {
+		name    string
+		p       kvPlanes
+		t, n    int
+		wantRun int
+	}{
+		{"f32 to the break", f32, 0, 40, 30},
+		{"f32 to n", f32, 5, 20, 15},
+		{"f32 after the break", f32, 30, 40, 10},
+		{"f16 capped at halfRun", f16, 0, 40, halfRun},
+		{"f16 to the break", f16, 20, 40, 10},
+		{"f16 to n", f16, 3, 10, 7},
+		{"last position", f16, 39, 40, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := slotRun(slots, tc.t, tc.p.end(tc.t, tc.n)); got != tc.wantRun {
+				t.Fatalf("run from %d below %d: %d, want %d", tc.t, tc.n, got, tc.wantRun)
+			}
+		})
+	}
+}
