@@ -212,16 +212,37 @@ func (q *qmat) storageRowsInto(buf [][]byte, idx []int32, r0, r1 int) (_ [][]byt
 			continue
 		}
 		e := min(r1, sp.first+sp.n)
-		o := (r - sp.first) * sp.stride
-		for ; r < e; r++ {
-			buf = append(buf, sp.data[o:o+sp.rb:o+sp.rb])
-			if !inOrder {
+		buf = appendRows(buf, sp, r-sp.first, e-r)
+		if !inOrder {
+			for ; r < e; r++ {
 				idx = append(idx, int32(r-r0))
 			}
-			o += sp.stride
 		}
+		r = e
 	}
 	return buf, idx, inOrder
+}
+
+// appendRows appends the headers of n rows of sp from row i on: one bounds
+// check for the run, then headers made from the span's base pointer (a
+// three-index slice per row, each checked, took 3 % of a SmolLM2-135M
+// decode step's CPU).
+func appendRows(buf [][]byte, sp *rowSpan, i, n int) [][]byte {
+	if n <= 0 {
+		return buf
+	}
+	o := i * sp.stride
+	if i < 0 || o+(n-1)*sp.stride+sp.rb > len(sp.data) {
+		panic(fmt.Sprintf("model: rows %d..%d of a span of %d bytes", i, i+n, len(sp.data)))
+	}
+	base := unsafe.Pointer(unsafe.SliceData(sp.data))
+	at := len(buf)
+	buf = slices.Grow(buf, n)[:at+n]
+	for k := range buf[at:] {
+		buf[at+k] = unsafe.Slice((*byte)(unsafe.Add(base, o)), sp.rb)
+		o += sp.stride
+	}
+	return buf
 }
 
 // tileRowsMinK is the narrowest F16/BF16 weight whose one-row products
