@@ -194,9 +194,11 @@ func TestLookupWaitsForNamedStores(t *testing.T) {
 		unarrived int64
 		// minWait, maxWait bound the lookup's time and its pending_wait_ms.
 		// A lookup that waits for a store sent later (named, storeAt > 0)
-		// is checked by order instead of a minimum: it must end after the
-		// store was sent (how long it waited depends on when the server
-		// began the wait, which a loaded machine delays by milliseconds).
+		// is bounded below by when the store was sent instead of a fixed
+		// minimum: it must end after it, and its pending_wait_ms (timed from
+		// the lookup's start on the server) must cover the time from
+		// cb.lookup's start to it (a fixed minimum from the test's own clock
+		// failed when a loaded machine delayed the lookup's arrival).
 		minWait time.Duration
 		maxWait time.Duration
 	}{
@@ -271,8 +273,14 @@ func TestLookupWaitsForNamedStores(t *testing.T) {
 				t.Errorf("cb.lookup unarrived_stores %d, want %d", got, tc.unarrived)
 			}
 			v, _ := attr(lk, attribute.Key("pending_wait_ms"))
-			if w := time.Duration(v.AsFloat64() * float64(time.Millisecond)); w < tc.minWait || w > tc.maxWait || waits && w <= 0 {
-				t.Errorf("pending_wait_ms %v, want %v..%v", w, tc.minWait, tc.maxWait)
+			minWait := tc.minWait
+			if waits {
+				// The wait is timed from the lookup's start, which is cb.lookup's
+				// start; it cannot end before the store it waits for was sent.
+				minWait = storeSent.Sub(lk.StartTime)
+			}
+			if w := time.Duration(v.AsFloat64() * float64(time.Millisecond)); w < minWait || w > tc.maxWait {
+				t.Errorf("pending_wait_ms %v, want %v..%v", w, minWait, tc.maxWait)
 			}
 			if waits && lk.EndTime.Before(storeSent) {
 				t.Errorf("cb.lookup span ended %v before the store it waits for was sent", storeSent.Sub(lk.EndTime))
