@@ -33,10 +33,6 @@ var ErrExited = errors.New("redisproc: redis-server exited before answering")
 // newly picked ports, when it exits before answering.
 const startAttempts = 3
 
-// pickPorts picks the ports Start launches a server on (freeport.Ports; a
-// test replaces it to hand out a port that is taken).
-var pickPorts = freeport.Ports
-
 // ErrNotInstalled is returned when redis-server is not on PATH.
 var ErrNotInstalled = errors.New("redisproc: redis-server not found on PATH (install the Debian package redis-server)")
 
@@ -55,6 +51,9 @@ type Options struct {
 	Dir string
 	// StartTimeout bounds the wait for the first PING; default 10 s.
 	StartTimeout time.Duration
+	// pickPorts picks the ports of each launch; nil is freeport.Ports (a
+	// test hands out a taken port).
+	pickPorts func(n int) ([]int, error)
 }
 
 // Server is one running redis-server. Its methods are not safe for
@@ -128,7 +127,11 @@ func (s *Server) launch(ctx context.Context, o Options) error {
 	if o.Cluster {
 		n = 2
 	}
-	ports, err := pickPorts(n)
+	pick := o.pickPorts
+	if pick == nil {
+		pick = freeport.Ports
+	}
+	ports, err := pick(n)
 	if err != nil {
 		return fmt.Errorf("redisproc: %w", err)
 	}

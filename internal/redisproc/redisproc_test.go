@@ -109,7 +109,6 @@ func TestExitBeforeAnswering(t *testing.T) {
 	}
 	defer taken.Close()
 	busy := taken.Addr().(*net.TCPAddr).Port
-	defer func(p func(int) ([]int, error)) { pickPorts = p }(pickPorts)
 
 	for _, tc := range []struct {
 		name     string
@@ -121,7 +120,7 @@ func TestExitBeforeAnswering(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			picks := 0
-			pickPorts = func(n int) ([]int, error) {
+			pick := func(n int) ([]int, error) {
 				picks++
 				if picks <= tc.busyPick {
 					return []int{busy}, nil
@@ -130,7 +129,7 @@ func TestExitBeforeAnswering(t *testing.T) {
 			}
 			// A minute: an exit reported only at the timeout would fail the test's deadline
 			// long before, and the error would not wrap ErrExited.
-			s, err := Start(context.Background(), Options{StartTimeout: time.Minute})
+			s, err := Start(context.Background(), Options{StartTimeout: time.Minute, pickPorts: pick})
 			if tc.wantErr {
 				if err == nil {
 					s.Stop()
