@@ -378,15 +378,20 @@ func TestDotRowsMany(t *testing.T) {
 	})
 }
 
-// BenchmarkDotManyStream: DotQ80Many (Q8_0, Q5_0, Q4_0) and DotMany (F16,
-// BF16) over 65,536 contiguous weight rows of 576 columns (SmolLM2's
-// width; 24–75 MB in huge pages, streamed from memory as a decode step
-// streams a resident model's weights) on one core, with the VBMI kernels where the CPU has them and
-// with the VNNI ones.
+// BenchmarkDotManyStream: DotQ80Many (Q8_0, Q5_0, Q4_0), DotQ8KMany (Q4_K,
+// Q6_K) and DotMany (F16, BF16) over 65,536 contiguous weight rows of 576
+// columns (SmolLM2's width; for the K-quants 2,048, Llama-3.2-1B's, as 576
+// is not a whole number of their blocks: 24–110 MB in huge pages, streamed
+// from memory as a decode step streams a resident model's weights) on one
+// core, with the VBMI kernels where the CPU has them and with the VNNI ones.
 func BenchmarkDotManyStream(b *testing.B) {
 	r := rand.New(rand.NewPCG(31, 32))
-	const rows, k = 65536, 576
-	for _, typ := range []Type{Q8_0, Q5_0, Q4_0, F16, BF16} {
+	const rows = 65536
+	for _, typ := range []Type{Q8_0, Q5_0, Q4_0, F16, BF16, Q4_K, Q6_K} {
+		k := 576
+		if typ.BlockSize() == QK_K {
+			k = 2048 // Llama-3.2-1B's width: 576 is not a whole number of K-quant blocks
+		}
 		rb, _ := typ.RowBytes(k)
 		all := weightMemory(b, rows*rb)
 		ws := make([][]byte, rows)
@@ -398,6 +403,20 @@ func BenchmarkDotManyStream(b *testing.B) {
 		report := func(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(rows*k), "ns/weight")
 			b.ReportMetric(float64(b.N)*float64(rows*rb)/b.Elapsed().Seconds()/1e9, "GB/s")
+		}
+		if SupportsQ8K(typ) {
+			var x Q8K
+			if err := x.Quantize(gauss(r, k, 1)); err != nil {
+				b.Fatal(err)
+			}
+			b.Run(typ.String(), func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					DotQ8KMany(typ, ws, &x, out)
+				}
+				report(b)
+			})
+			continue
 		}
 		if !SupportsQ80(typ) {
 			xf := gauss(r, k, 1)
