@@ -150,6 +150,37 @@ func TestRMSNorm(t *testing.T) {
 	}
 }
 
+// TestTeamHelperOutlivesLongTask: a loop whose caller runs a long task
+// (5 ms, as a task of a large product) while the helper has none left,
+// then the next loop at once: the helper waits for the first loop's end
+// before its idle time counts, so the second loop finds it and starts no
+// other (a helper counting from its own last task exited during the long
+// one, and every loop of a decode step paid for a new goroutine). Three
+// attempts, so that the caller descheduled for a whole teamSpin between the
+// loops on a loaded machine does not fail it; a helper that exits during
+// the long task fails all three.
+func TestTeamHelperOutlivesLongTask(t *testing.T) {
+	var starts []int64
+	for range 3 {
+		tm := newTeam(2)
+		for range 2 {
+			tm.run(8, func(w, _ int) {
+				if w == 0 {
+					time.Sleep(5 * time.Millisecond)
+				}
+			})
+		}
+		starts = append(starts, tm.started.Load())
+		for tm.alive[1].Load() {
+			time.Sleep(time.Millisecond)
+		}
+		if starts[len(starts)-1] == 1 {
+			return
+		}
+	}
+	t.Fatalf("helpers started per two loops: %v, want 1", starts)
+}
+
 // TestTeamRunsEveryTaskOnce: loops back to back (helpers reused), loops
 // from several goroutines at once (one on the team, the others on their own
 // goroutines) and helpers gone once the team is idle.
