@@ -47,9 +47,7 @@ func activationRounding(t quant.Type) actRound {
 func roundRow(r actRound, x []float32) {
 	switch r {
 	case roundF16:
-		for i, v := range x {
-			x[i] = quant.F16ToF32(quant.F32ToF16(v))
-		}
+		quant.RoundF16(x)
 	case roundBF16:
 		for i, v := range x {
 			x[i] = quant.BF16ToF32(quant.F32ToBF16(v))

@@ -997,6 +997,32 @@ func halfQuant(asm, asm512 asmDequant, pure func([]float32, []byte)) func([]floa
 	}
 }
 
+// roundF16Asm rounds x's longest prefix of whole vectors (16 floats at
+// the AVX-512 level, 8 at AVX2) through F16, roundF16Chunk floats per
+// VCVTPS2PH and VCVTPH2PS pass over a stack buffer, and returns its length
+// (0 at the generic level).
+func roundF16Asm(x []float32) int {
+	var buf [2 * roundF16Chunk]byte
+	var n int
+	switch level() {
+	case lvlAVX512:
+		n = len(x) &^ 15
+		for i := 0; i < n; i += roundF16Chunk {
+			c := min(roundF16Chunk, n-i)
+			quantF16AVX512(&buf[0], &x[i], c)
+			dequantF16AVX512(&buf[0], &x[i], c)
+		}
+	case lvlAVX2:
+		n = len(x) &^ 7
+		for i := 0; i < n; i += roundF16Chunk {
+			c := min(roundF16Chunk, n-i)
+			quantF16AVX2(&buf[0], &x[i], c)
+			dequantF16AVX2(&buf[0], &x[i], c)
+		}
+	}
+	return n
+}
+
 // halfDequant wraps an F16/BF16 dequantizer: multiples of 16 (AVX-512)
 // or 8 (AVX2) in assembly, the tail in Go.
 func halfDequant(asm, asm512 asmDequant, pure func([]byte, []float32)) func([]byte, []float32) {

@@ -91,3 +91,21 @@ func le16(b []byte) uint16 { return uint16(b[0]) | uint16(b[1])<<8 }
 
 // half reads the little-endian IEEE half at b[0:2] as float32.
 func half(b []byte) float32 { return f16Table[uint16(b[0])|uint16(b[1])<<8] }
+
+// roundF16Chunk is how many floats the assembly of RoundF16 converts per
+// kernel call (their halves in a stack buffer of twice as many bytes).
+const roundF16Chunk = 512
+
+// RoundF16 replaces every x[i] by F16ToF32(F32ToF16(x[i])) — its nearest
+// half (ties to even, beyond ±65504 ±Inf), as a float32: what llama.cpp's
+// CPU kernels multiply F16 weights with (a NaN stays a NaN, its payload
+// as the CPU converts it). Where the CPU has F16C (package simd's AVX2 and
+// AVX-512 levels) the elements go through VCVTPS2PH and VCVTPH2PS a chunk
+// at a time (0.06 ns an element on an AMD EPYC at AVX-512, against 2.6 for
+// the two conversions in Go: BenchmarkRoundF16), the tail in Go. Safe for
+// concurrent use on distinct x; does not allocate.
+func RoundF16(x []float32) {
+	for i := roundF16Asm(x); i < len(x); i++ {
+		x[i] = F16ToF32(F32ToF16(x[i]))
+	}
+}

@@ -1,9 +1,12 @@
 package quant
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/cacheblend/cacheblend/simd"
 )
 
 // refF32ToF16 rounds f to binary16 in float64 arithmetic (ties to even),
@@ -162,4 +165,69 @@ func TestBF16(t *testing.T) {
 			t.Fatalf("BF16 %#04x does not round-trip", i)
 		}
 	}
+}
+
+// TestRoundF16 compares RoundF16 with F16ToF32(F32ToF16(v)) element by
+// element, at every SIMD level the CPU has, over lengths around the
+// kernels' widths and RoundF16's chunk, with ties, subnormals, values
+// beyond the half range, infinities and signed zeros among them.
+func TestRoundF16(t *testing.T) {
+	levels := []simd.Level{simd.Generic}
+	for _, l := range []simd.Level{simd.AVX2, simd.AVX512} {
+		if simd.Supported(l) {
+			levels = append(levels, l)
+		}
+	}
+	special := []float32{0, float32(math.Copysign(0, -1)), 1, -1, 65504, 65520, -65520, 1e6,
+		float32(math.Inf(1)), float32(math.Inf(-1)), 5.96e-8, 2.98e-8, -3e-8, 1e-10,
+		1 + 1.0/2048, 1 + 3.0/2048, 6.1035e-05, -6.1e-05}
+	r := rand.New(rand.NewPCG(41, 42))
+	for _, l := range levels {
+		for _, n := range []int{0, 1, 7, 8, 15, 16, 17, 255, 256, 257, 600, 8192} {
+			t.Run(fmt.Sprintf("%v/n%d", l, n), func(t *testing.T) {
+				prev, err := simd.SetLevel(l)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer simd.SetLevel(prev)
+				x := make([]float32, n)
+				for i := range x {
+					switch {
+					case i%5 == 0:
+						x[i] = special[(i/5)%len(special)]
+					default:
+						x[i] = float32(r.NormFloat64() * math.Pow(10, float64(r.IntN(12)-6)))
+					}
+				}
+				want := make([]float32, n)
+				for i, v := range x {
+					want[i] = F16ToF32(F32ToF16(v))
+				}
+				RoundF16(x)
+				for i := range x {
+					if math.Float32bits(x[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("element %d: %v (%#08x), want %v (%#08x)", i, x[i], math.Float32bits(x[i]), want[i], math.Float32bits(want[i]))
+					}
+				}
+			})
+		}
+	}
+}
+
+func BenchmarkRoundF16(b *testing.B) {
+	x := gauss(rand.New(rand.NewPCG(43, 44)), 8192, 1)
+	b.Run("RoundF16", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			RoundF16(x)
+		}
+	})
+	b.Run("scalar", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			for i, v := range x {
+				x[i] = F16ToF32(F32ToF16(v))
+			}
+		}
+	})
 }
