@@ -155,13 +155,13 @@ func TestRMSNorm(t *testing.T) {
 // then the next loop at once: the helper waits for the first loop's end
 // before its idle time counts, so the second loop finds it and starts no
 // other (a helper counting from its own last task exited during the long
-// one, and every loop of a decode step paid for a new goroutine). Three
+// one, and every loop of a decode step paid for a new goroutine). Five
 // attempts, so that the caller descheduled for a whole teamSpin between the
 // loops on a loaded machine does not fail it; a helper that exits during
-// the long task fails all three.
+// the long task fails all five.
 func TestTeamHelperOutlivesLongTask(t *testing.T) {
 	var starts []int64
-	for range 3 {
+	for range 5 {
 		tm := newTeam(2)
 		for range 2 {
 			tm.run(8, func(w, _ int) {

@@ -24,6 +24,9 @@
 // binary16 ([F16ToF32], [F32ToF16]: round to nearest even, as ggml's
 // conversion and x86's F16C); BF16 decodes by ggml's plain 16-bit shift
 // and encodes with round to nearest even ([BF16ToF32], [F32ToBF16]).
+// [RoundF16] rounds a vector of floats to their nearest halves in place
+// (F16C where the CPU has it): the activations llama.cpp multiplies F16
+// weights with.
 // [Quantize] ports ggml's reference quantizers (quantize_row_*_ref, what
 // llama-quantize runs without an importance matrix) and produces the same
 // bytes. The tests check all of this against ggml's own C code, compiled
