@@ -1003,19 +1003,22 @@ func halfQuant(asm, asm512 asmDequant, pure func([]float32, []byte)) func([]floa
 // (0 at the generic level).
 func roundF16Asm(x []float32) int {
 	var buf [2 * roundF16Chunk]byte
-	var n int
+	var width int
 	switch level() {
 	case lvlAVX512:
-		n = len(x) &^ 15
-		for i := 0; i < n; i += roundF16Chunk {
-			c := min(roundF16Chunk, n-i)
+		width = 16
+	case lvlAVX2:
+		width = 8
+	default:
+		return 0
+	}
+	n := len(x) &^ (width - 1)
+	for i := 0; i < n; i += roundF16Chunk {
+		c := min(roundF16Chunk, n-i)
+		if width == 16 {
 			quantF16AVX512(&buf[0], &x[i], c)
 			dequantF16AVX512(&buf[0], &x[i], c)
-		}
-	case lvlAVX2:
-		n = len(x) &^ 7
-		for i := 0; i < n; i += roundF16Chunk {
-			c := min(roundF16Chunk, n-i)
+		} else {
 			quantF16AVX2(&buf[0], &x[i], c)
 			dequantF16AVX2(&buf[0], &x[i], c)
 		}
