@@ -80,8 +80,8 @@ func (t *team) run(n int, fn func(worker, task int)) {
 	j.work(0)
 	// The helpers finish the tasks they took; a helper that exits or is
 	// late takes none, and this thread has done the rest.
-	for j.done.Load() < int64(n) {
-		runtime.Gosched()
+	for k := 0; j.done.Load() < int64(n); k++ {
+		spinYield(k)
 	}
 }
 
@@ -110,19 +110,36 @@ func (t *team) helper(i int, j *teamJob) {
 		// ends, its task having panicked on a caller that recovered, keeps
 		// the helper for teamDoneWait at most).
 		end := time.Now().Add(teamDoneWait)
-		for j.done.Load() < int64(j.n) && time.Now().Before(end) {
-			runtime.Gosched()
+		for k := 0; j.done.Load() < int64(j.n) && (k%teamPolls != 0 || time.Now().Before(end)); k++ {
+			spinYield(k)
 		}
 		idle := time.Now()
-		for {
+		for k := 0; ; k++ {
 			if nj := t.job.Load(); nj != j {
 				j = nj
 				break
 			}
-			if time.Since(idle) > teamSpin {
+			if k%teamPolls == 0 && time.Since(idle) > teamSpin {
 				return
 			}
-			runtime.Gosched()
+			spinYield(k)
 		}
+	}
+}
+
+// teamPolls is how many times a waiting thread of a team checks what it
+// waits for between two yields of its processor.
+const teamPolls = 128
+
+// spinYield is the pause of a waiting thread of a team after its k-th
+// check: every teamPolls checks it yields its processor (runtime.Gosched),
+// so other goroutines still run; between, it returns at once. Yielding on
+// every check put each wait through the scheduler, which also woke idle
+// OS threads (runtime.wakep): 8 % of the CPU time of a SmolLM2-135M
+// Q4_K_M decode step, 2 % with a yield every 128 checks, and the fastest
+// of 500 steps 5.3–5.9 → 4.7–5.5 ms (4 alternations).
+func spinYield(k int) {
+	if k%teamPolls == teamPolls-1 {
+		runtime.Gosched()
 	}
 }
