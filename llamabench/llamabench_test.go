@@ -129,6 +129,13 @@ func TestRunSideBySide(t *testing.T) {
 	if r.StepBytes <= 0 || r.StepBytes > r.FileBytes {
 		t.Fatalf("step bytes %d of a %d-byte file", r.StepBytes, r.FileBytes)
 	}
+	// The timed batch-1 steps, at positions 33, 35 and 37 (one after each
+	// round's warm-up), attend to 34, 36 and 38 positions: 36 on average,
+	// K and V of every layer, F16 on both sides.
+	wantKV := int64(36) * int64(r.Shape.Layers) * 2 * int64(r.Shape.KVHeads*(r.Shape.Dim/r.Shape.Heads)) * 2
+	if r.Ours.Decode1KVBytes != wantKV || r.Llama.Decode1KVBytes != wantKV {
+		t.Fatalf("batch-1 K/V bytes ours %d, llama.cpp %d, want %d", r.Ours.Decode1KVBytes, r.Llama.Decode1KVBytes, wantKV)
+	}
 	var md, js bytes.Buffer
 	mc := Machine{CPU: "test", Cores: 2, Threads: 2, PeakGFLOPs: 100, BandwidthGBs: 10}
 	if err := WriteMarkdown(&md, mc, cfg, []Result{r}); err != nil {

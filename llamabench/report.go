@@ -61,7 +61,7 @@ func WriteMarkdown(w io.Writer, mc Machine, cfg Config, rs []Result) error {
 		b.WriteString("\n")
 	}
 
-	fmt.Fprintf(&b, "\nDecode, tokens/s (median step; batch 1 after a %d-token context, batch %d aggregate, each sequence after %d tokens); \"of bw\" is the weight bytes a step reads ÷ step time ÷ the run's highest measured bandwidth, then ÷ the bandwidth measured just before the batch-1 steps, which alternate between the engines in %d rounds (same minutes):\n\n", cfg.DecodeContext, cfg.BatchSeqs, cfg.BatchContext, cfg.DecodeRounds)
+	fmt.Fprintf(&b, "\nDecode, tokens/s (median step; batch 1 after a %d-token context, batch %d aggregate, each sequence after %d tokens); \"of bw\" is the bytes a step reads (the weights, and the K and V of the positions it attends to) ÷ step time ÷ the run's highest measured bandwidth, then ÷ the bandwidth measured just before the batch-1 steps, which alternate between the engines in %d rounds (same minutes):\n\n", cfg.DecodeContext, cfg.BatchSeqs, cfg.BatchContext, cfg.DecodeRounds)
 	fmt.Fprintf(&b, "| model | format | batch 1: ours | llama.cpp | × | ours of bw: highest / same minute | llama.cpp of bw: highest / same minute | batch %d: ours | llama.cpp | × |\n|---|---|---|---|---|---|---|---|---|---|\n", cfg.BatchSeqs)
 	for _, r := range rs {
 		o1 := perSec(1, r.Ours.Decode1.Median)
@@ -72,18 +72,19 @@ func WriteMarkdown(w io.Writer, mc Machine, cfg Config, rs []Result) error {
 			ln = perSec(cfg.BatchSeqs, r.Llama.DecodeN.Median)
 		}
 		// of is the step's read rate as a fraction of bw ("–" unmeasured).
-		of := func(tps, bw float64) string {
+		of := func(kv int64, tps, bw float64) string {
 			if tps <= 0 || bw <= 0 {
 				return "–"
 			}
-			return fmt.Sprintf("%.2f", float64(r.StepBytes)*tps/1e9/bw)
+			return fmt.Sprintf("%.2f", float64(r.StepBytes+kv)*tps/1e9/bw)
 		}
-		lbw := 0.0
+		lbw, lkv := 0.0, int64(0)
 		if r.Llama != nil {
-			lbw = r.Llama.Decode1BandwidthGBs
+			lbw, lkv = r.Llama.Decode1BandwidthGBs, r.Llama.Decode1KVBytes
 		}
+		okv := r.Ours.Decode1KVBytes
 		fmt.Fprintf(&b, "| %s | %s | %.1f | %s | %s | %s / %s | %s / %s | %.1f | %s | %s |\n", r.Shape.Name, r.Format, o1, num(l1, "%.1f"), ratio(o1, l1),
-			of(o1, bwHigh), of(o1, r.Ours.Decode1BandwidthGBs), of(l1, bwHigh), of(l1, lbw), on, num(ln, "%.1f"), ratio(on, ln))
+			of(okv, o1, bwHigh), of(okv, o1, r.Ours.Decode1BandwidthGBs), of(lkv, l1, bwHigh), of(lkv, l1, lbw), on, num(ln, "%.1f"), ratio(on, ln))
 	}
 
 	fmt.Fprintf(&b, "\nRAG first token (%d documents of %d tokens seen before + %d question tokens; ours blends the stored KV with CacheBlend at the default recompute ratio, llama.cpp prefills the prompt) and resident memory (RSS after the runs − before loading; ours against file + our KV cache):\n\n", cfg.RAGDocs, cfg.RAGDocLen, cfg.RAGQuestion)

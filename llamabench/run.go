@@ -147,6 +147,12 @@ type Side struct {
 	// llama.cpp both engines' steps alternate after the one reading, and
 	// both sides hold it.
 	Decode1BandwidthGBs float64
+	// Decode1KVBytes is the bytes of K and V the engine's mean batch-1
+	// step reads: every layer's keys and values of the positions it
+	// attends to (the timed steps' mean context), at the engine's KV
+	// element size. It counts the positions attended alone, though
+	// llama.cpp reads its cells in multiples of 256 (masked).
+	Decode1KVBytes int64
 	// GoHeap is, for package model, the Go heap's share of RSS after the
 	// runs: bytes in use (runtime.MemStats.HeapInuse) plus freed bytes
 	// not yet returned to the OS (HeapIdle − HeapReleased); the rest of
@@ -162,7 +168,8 @@ type Result struct {
 	FileBytes int64
 	// StepBytes is the bytes of weights one decode step reads: every
 	// tensor but the embedding table (of which it reads one row per
-	// token), which counts when it is also the LM head.
+	// token), which counts when it is also the LM head. A step also reads
+	// its context's K and V (Side.Decode1KVBytes).
 	StepBytes int64
 	RAGTokens int // tokens of the RAG prompt
 	RAGReused int // of which reused from the documents' stored KV (ours)
@@ -469,6 +476,8 @@ func runOurs(cfg Config, path string, in inputs, peer *llamaDecode1) (side Side,
 		}
 	}
 	side.Decode1 = statOf(steps)
+	mc := m.Config()
+	side.Decode1KVBytes = decode1KVBytes(cfg, mc.Layers, mc.KVHeads*(mc.Dim/mc.Heads), int64(dt.Size()))
 
 	// Decode, BatchSeqs sequences in one step.
 	seqs := make([][]int32, cfg.BatchSeqs)
@@ -535,7 +544,11 @@ func runOurs(cfg Config, path string, in inputs, peer *llamaDecode1) (side Side,
 // runLlama measures llama.cpp on the file at path after its batch-1
 // rounds ran (peer) between ours, after the bandwidth reading bw.
 func runLlama(cfg Config, ref *llamaref.Ref, path string, in inputs, s Shape, peer *llamaDecode1, bw float64) (Side, error) {
-	side := Side{Decode1: statOf(peer.steps), Decode1BandwidthGBs: bw}
+	el := int64(2) // F16 unless set
+	if cfg.Llama.KVType == "f32" {
+		el = 4
+	}
+	side := Side{Decode1: statOf(peer.steps), Decode1BandwidthGBs: bw, Decode1KVBytes: decode1KVBytes(cfg, s.Layers, s.KVHeads*(s.Dim/s.Heads), el)}
 	rss0 := peer.rss0
 	drop := func(d []time.Duration) Stat { return statOf(d[1:]) }
 	for _, p := range in.prompts {
@@ -559,15 +572,31 @@ func runLlama(cfg Config, ref *llamaref.Ref, path string, in inputs, s Shape, pe
 		return side, err
 	}
 	side.RSS = rss1 - rss0
-	// The last context: the RAG prompt's cells, K and V, F16 unless set.
+	// The last context: the RAG prompt's cells, K and V.
 	cells := (len(in.rag) + 255) / 256 * 256
-	el := int64(2)
-	if cfg.Llama.KVType == "f32" {
-		el = 4
-	}
 	side.KVBytes = int64(cells) * int64(s.Layers) * 2 * int64(s.KVHeads*(s.Dim/s.Heads)) * el
 	return side, ref.Unload(path)
 }
 
 // DefaultThreads is the thread count Run uses when Config.Threads is 0.
 func DefaultThreads() int { return runtime.NumCPU() }
+
+// decode1KVBytes is the K and V bytes, el bytes an element, that the mean
+// timed batch-1 step of cfg reads from layers of kvDim keys and values a
+// position: a step at position p attends
+// to p+1 positions, and the timed steps are every round's after its
+// warm-up, at positions DecodeContext + r·per + i (i ≥ 1).
+func decode1KVBytes(cfg Config, layers, kvDim int, el int64) int64 {
+	per := cfg.decode1PerRound() + 1
+	var sum, n int64
+	for r := range cfg.DecodeRounds {
+		for i := 1; i < per; i++ {
+			sum += int64(cfg.DecodeContext + r*per + i + 1)
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / n * int64(layers) * 2 * int64(kvDim) * el
+}
