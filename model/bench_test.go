@@ -269,18 +269,10 @@ func BenchmarkAttention2048(b *testing.B) {
 	m := newModel(b, Config{})
 	const n = 2048
 	kv := newKV(b, m, blocksFor(n))
-	bt := table(0, blocksFor(n))
 	ws := m.getWS()
 	defer m.putWS(ws)
-	slots := make([]int, n)
-	if err := mapSlots(slots, bt, kv.Layout()); err != nil {
-		b.Fatal(err)
-	}
-	pos := make([]int, n)
-	for i := range pos {
-		pos[i] = i
-	}
-	bat := &batch{pos: pos, slot: slots, seqs: []seqInfo{{r0: 0, r1: n, ctx: n, slots: slots}}}
+	bat := prefixBatch(b, kv, n)
+	pos := bat.pos
 	qkv := dense(randMat(5, n*m.qkvDim), n, m.qkvDim)
 	m.ropeAndStore(kv, 0, qkv, bat, true)
 	att := dense(make([]float32, n*m.qDim), n, m.qDim)
@@ -308,15 +300,8 @@ func BenchmarkDecodeAttention(b *testing.B) {
 			m := newModel(b, Config{Layers: 30, Dim: 576, Heads: 9, KVHeads: 3, FFNDim: 64, MaxPositions: 8192})
 			n := ctx + 1
 			kv := newKVOf(b, m, blocksFor(n), kvcache.F16)
-			slots := make([]int, n)
-			if err := mapSlots(slots, table(0, blocksFor(n)), kv.Layout()); err != nil {
-				b.Fatal(err)
-			}
-			pos := make([]int, n)
-			for i := range pos {
-				pos[i] = i
-			}
-			all := &batch{pos: pos, slot: slots, seqs: []seqInfo{{r0: 0, r1: n, ctx: n, slots: slots}}}
+			all := prefixBatch(b, kv, n)
+			pos, slots := all.pos, all.slot
 			qkv := dense(randMat(5, n*m.qkvDim), n, m.qkvDim)
 			for l := range m.cfg.Layers {
 				m.ropeAndStore(kv, l, qkv, all, false)
@@ -337,4 +322,19 @@ func BenchmarkDecodeAttention(b *testing.B) {
 			b.ReportMetric(bytes*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 		})
 	}
+}
+
+// prefixBatch is a batch of one sequence of n rows at positions [0, n),
+// in the slots of blocks [0, blocksFor(n)) of kv.
+func prefixBatch(tb testing.TB, kv *kvcache.Memory, n int) *batch {
+	tb.Helper()
+	slots := make([]int, n)
+	if err := mapSlots(slots, table(0, blocksFor(n)), kv.Layout()); err != nil {
+		tb.Fatal(err)
+	}
+	pos := make([]int, n)
+	for i := range pos {
+		pos[i] = i
+	}
+	return &batch{pos: pos, slot: slots, seqs: []seqInfo{{r0: 0, r1: n, ctx: n, slots: slots}}}
 }
