@@ -583,9 +583,9 @@ func DefaultThreads() int { return runtime.NumCPU() }
 
 // decode1KVBytes is the K and V bytes, el bytes an element, that the mean
 // timed batch-1 step of cfg reads from layers of kvDim keys and values a
-// position: a step at position p attends
-// to p+1 positions, and the timed steps are every round's after its
-// warm-up, at positions DecodeContext + r·per + i (i ≥ 1).
+// position: a step at position p attends to p+1 positions, and the timed
+// steps are every round's after its warm-up, at positions DecodeContext +
+// r·per + i (i ≥ 1).
 func decode1KVBytes(cfg Config, layers, kvDim int, el int64) int64 {
 	per := cfg.decode1PerRound() + 1
 	var sum, n int64
