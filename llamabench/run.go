@@ -476,8 +476,7 @@ func runOurs(cfg Config, path string, in inputs, peer *llamaDecode1) (side Side,
 		}
 	}
 	side.Decode1 = statOf(steps)
-	mc := m.Config()
-	side.Decode1KVBytes = decode1KVBytes(cfg, mc.Layers, mc.KVHeads*(mc.Dim/mc.Heads), int64(dt.Size()))
+	side.Decode1KVBytes = decode1Positions(cfg) * kv.Layout().TokenBytes()
 
 	// Decode, BatchSeqs sequences in one step.
 	seqs := make([][]int32, cfg.BatchSeqs)
@@ -544,11 +543,8 @@ func runOurs(cfg Config, path string, in inputs, peer *llamaDecode1) (side Side,
 // runLlama measures llama.cpp on the file at path after its batch-1
 // rounds ran (peer) between ours, after the bandwidth reading bw.
 func runLlama(cfg Config, ref *llamaref.Ref, path string, in inputs, s Shape, peer *llamaDecode1, bw float64) (Side, error) {
-	el := int64(2) // F16 unless set
-	if cfg.Llama.KVType == "f32" {
-		el = 4
-	}
-	side := Side{Decode1: statOf(peer.steps), Decode1BandwidthGBs: bw, Decode1KVBytes: decode1KVBytes(cfg, s.Layers, s.KVHeads*(s.Dim/s.Heads), el)}
+	perPos := llamaTokenBytes(s, cfg.Llama.KVType)
+	side := Side{Decode1: statOf(peer.steps), Decode1BandwidthGBs: bw, Decode1KVBytes: decode1Positions(cfg) * perPos}
 	rss0 := peer.rss0
 	drop := func(d []time.Duration) Stat { return statOf(d[1:]) }
 	for _, p := range in.prompts {
@@ -574,19 +570,18 @@ func runLlama(cfg Config, ref *llamaref.Ref, path string, in inputs, s Shape, pe
 	side.RSS = rss1 - rss0
 	// The last context: the RAG prompt's cells, K and V.
 	cells := (len(in.rag) + 255) / 256 * 256
-	side.KVBytes = int64(cells) * int64(s.Layers) * 2 * int64(s.KVHeads*(s.Dim/s.Heads)) * el
+	side.KVBytes = int64(cells) * perPos
 	return side, ref.Unload(path)
 }
 
 // DefaultThreads is the thread count Run uses when Config.Threads is 0.
 func DefaultThreads() int { return runtime.NumCPU() }
 
-// decode1KVBytes is the K and V bytes, el bytes an element, that the mean
-// timed batch-1 step of cfg reads from layers of kvDim keys and values a
-// position: a step at position p attends to p+1 positions, and the timed
-// steps are every round's after its warm-up, at positions DecodeContext +
-// r·per + i (i ≥ 1).
-func decode1KVBytes(cfg Config, layers, kvDim int, el int64) int64 {
+// decode1Positions is the positions the mean timed batch-1 step of cfg
+// attends to: a step at position p attends to p+1, and the timed steps
+// are every round's after its warm-up, at positions DecodeContext + r·per
+// + i (i ≥ 1).
+func decode1Positions(cfg Config) int64 {
 	per := cfg.decode1PerRound() + 1
 	var sum, n int64
 	for r := range cfg.DecodeRounds {
@@ -598,5 +593,19 @@ func decode1KVBytes(cfg Config, layers, kvDim int, el int64) int64 {
 	if n == 0 {
 		return 0
 	}
-	return sum / n * int64(layers) * 2 * int64(kvDim) * el
+	return sum / n
+}
+
+// llamaTokenBytes is the bytes one position of llama.cpp's KV cache
+// occupies on shape s, K and V of every layer, for its cache type kvType
+// ("f16" when empty; "q8_0" stores 34 bytes per 32 values).
+func llamaTokenBytes(s Shape, kvType string) int64 {
+	vals := int64(2 * s.Layers * s.KVHeads * (s.Dim / s.Heads))
+	switch kvType {
+	case "f32":
+		return vals * 4
+	case "q8_0":
+		return vals / 32 * 34
+	}
+	return vals * 2 // f16, bf16
 }
