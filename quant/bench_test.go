@@ -114,3 +114,45 @@ func BenchmarkQuantize(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDotQuantMany is the decode path's product of a quantized weight
+// with one activation row quantized once (DotQ80Many for Q8_0 and Q5_0,
+// DotQ8KMany for Q4_K and Q6_K), one goroutine, rows of 1,792 elements:
+// 384 of them ("cache": in L2 after the first pass) and a 64 MiB-plus
+// stack of them read once per pass ("stream"). It reports weight bytes
+// per second.
+func BenchmarkDotQuantMany(b *testing.B) {
+	const n = 1792 // a multiple of 256 for the K-quants
+	for _, typ := range []Type{Q8_0, Q5_0, Q4_K, Q6_K} {
+		for _, place := range []struct {
+			name string
+			rows int
+		}{{"cache", 384}, {"stream", 64 << 20 / n}} {
+			b.Run(typ.String()+"/"+place.name, func(b *testing.B) {
+				w, x := benchMatrix(b, typ, place.rows, n)
+				rb := mustRowBytes(b, typ, n)
+				ws := make([][]byte, place.rows)
+				for i := range ws {
+					ws[i] = w[i*rb : (i+1)*rb : (i+1)*rb]
+				}
+				out := make([]float32, place.rows)
+				var q80 Q80
+				var q8k Q8K
+				dot := func() { DotQ80Many(typ, ws, &q80, out) }
+				if typ == Q4_K || typ == Q6_K {
+					if err := q8k.Quantize(x); err != nil {
+						b.Fatal(err)
+					}
+					dot = func() { DotQ8KMany(typ, ws, &q8k, out) }
+				} else if err := q80.Quantize(x); err != nil {
+					b.Fatal(err)
+				}
+				m := startMeter(b)
+				for range b.N {
+					dot()
+				}
+				m.report(b, len(w), place.rows*n)
+			})
+		}
+	}
+}
