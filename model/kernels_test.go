@@ -2,6 +2,7 @@ package model
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -235,5 +236,89 @@ func TestTeamRunsEveryTaskOnce(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestTeamJobRanges: a loop's tasks are cut into one contiguous range per
+// thread, and a range hands its tasks from the front in order and from the
+// back in reverse, each once.
+func TestTeamJobRanges(t *testing.T) {
+	tests := []struct {
+		name     string
+		n, parts int
+		want     [][2]int
+	}{
+		{"even", 8, 2, [][2]int{{0, 4}, {4, 8}}},
+		{"uneven", 10, 3, [][2]int{{0, 4}, {4, 7}, {7, 10}}},
+		{"one each", 3, 3, [][2]int{{0, 1}, {1, 2}, {2, 3}}},
+		{"beyond inline", 20, 10, [][2]int{{0, 2}, {2, 4}, {4, 6}, {6, 8}, {8, 10}, {10, 12}, {12, 14}, {14, 16}, {16, 18}, {18, 20}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			j := newTeamJob(tc.n, tc.parts, nil)
+			if len(j.ranges) != len(tc.want) {
+				t.Fatalf("%d ranges, want %d", len(j.ranges), len(tc.want))
+			}
+			for i, w := range tc.want {
+				v := j.ranges[i].lohi.Load()
+				if lo, hi := int(uint32(v)), int(v>>32); lo != w[0] || hi != w[1] {
+					t.Errorf("range %d = [%d, %d), want [%d, %d)", i, lo, hi, w[0], w[1])
+				}
+			}
+		})
+	}
+	j := newTeamJob(6, 1, nil)
+	var got []int
+	for _, front := range []bool{true, false, true, false, true, false, true} {
+		if i, ok := j.ranges[0].take(front); ok {
+			got = append(got, i)
+		}
+	}
+	if want := []int{0, 5, 1, 4, 2, 3}; !slices.Equal(got, want) {
+		t.Errorf("takes front/back alternately = %v, want %v", got, want)
+	}
+}
+
+// TestTeamThreadsTakeNeighbours: in a loop on two threads, each thread's
+// tasks from its own range come in order from the range's start, and the
+// tasks it takes from the other's come in reverse from that range's end —
+// the order that keeps each thread's reads in one stream — whoever runs
+// first (the helper of a fresh team starts late; a reused one does not).
+func TestTeamThreadsTakeNeighbours(t *testing.T) {
+	const n = 64
+	tm := newTeam(2)
+	for loop := range 50 {
+		var mu sync.Mutex
+		seq := make([][]int, 2)
+		tm.run(n, func(w, i int) {
+			mu.Lock()
+			seq[w] = append(seq[w], i)
+			mu.Unlock()
+		})
+		if len(seq[0])+len(seq[1]) != n {
+			t.Fatalf("loop %d: %d+%d tasks, want %d", loop, len(seq[0]), len(seq[1]), n)
+		}
+		for w, s := range seq {
+			lo, hi := w*n/2, (w+1)*n/2
+			var own, stolen []int
+			for _, i := range s {
+				if i >= lo && i < hi {
+					own = append(own, i)
+				} else {
+					stolen = append(stolen, i)
+				}
+			}
+			for k, i := range own {
+				if i != lo+k {
+					t.Fatalf("loop %d: worker %d's own tasks %v, want %d, %d, … in order", loop, w, own, lo, lo+1)
+				}
+			}
+			olo, ohi := (1-w)*n/2, (2-w)*n/2
+			for k, i := range stolen {
+				if i != ohi-1-k || i < olo {
+					t.Fatalf("loop %d: worker %d took %v from the other range, want %d, %d, … in reverse", loop, w, stolen, ohi-1, ohi-2)
+				}
+			}
+		}
 	}
 }

@@ -40,12 +40,82 @@ type team struct {
 	started atomic.Int64  // helpers started (the tests count them)
 }
 
-// teamJob is one loop: tasks [0, n) of fn, taken from next by any thread.
+// teamJob is one loop: tasks [0, n) of fn, cut into one contiguous range
+// per thread. A thread takes its own range's tasks from the front, in
+// order, then steals the other ranges' from their backs, one at a time.
+// A thread's tasks are thus neighbours, and so are the weight rows or the
+// cached positions they read, which the hardware prefetchers follow from
+// one task into the next; taken in turns from one shared counter (as they
+// were), each thread's next task lay a task or more ahead of its last, and
+// every task began a new stream from memory. In SmolLM2-135M Q4_K_M
+// decode steps (2 threads, 400 steps, 3 alternations) the 576×576 Q5_0
+// products (eight tasks of 28 KiB) went from 13.4–14.1 to 14.9–16.4 GB/s
+// and the Q6_K down projections from 26.0–28.3 to 28.1–32.3; the step's
+// mean from 6.78/6.22/5.77/5.97 to 5.96/5.85/5.45/5.50 ms and its fastest
+// from 5.21/4.93/4.47/4.82 to 5.10/4.48/4.21/4.70 (4 alternations of 400).
 type teamJob struct {
-	n    int
-	fn   func(worker, task int)
-	next atomic.Int64
-	done atomic.Int64
+	n      int
+	fn     func(worker, task int)
+	ranges []teamRange
+	inline [teamInline]teamRange // ranges' storage for small teams
+	done   atomic.Int64
+}
+
+// teamInline is the most threads whose ranges a teamJob holds inline.
+const teamInline = 8
+
+// teamRange is a thread's range of tasks [lo, hi), lo in the low 32 bits
+// of lohi and hi in the high: the owner takes lo, thieves take hi−1, each
+// by compare-and-swap, so a task is taken once. Not padded to a cache
+// line of its own: a loop's tasks take microseconds or more, so the line
+// the ranges share moves between cores a few times a task, as the one
+// shared counter did; padded, every loop's job was 512 bytes of garbage
+// (a SmolLM2-135M step runs about 250 loops).
+type teamRange struct {
+	lohi atomic.Uint64
+}
+
+// newTeamJob cuts [0, n) into parts contiguous ranges of equal size (the
+// first n%parts one task longer).
+func newTeamJob(n, parts int, fn func(worker, task int)) *teamJob {
+	j := &teamJob{n: n, fn: fn}
+	if parts <= teamInline {
+		j.ranges = j.inline[:parts]
+	} else {
+		j.ranges = make([]teamRange, parts)
+	}
+	lo := 0
+	for i := range j.ranges {
+		hi := lo + n/parts
+		if i < n%parts {
+			hi++
+		}
+		j.ranges[i].lohi.Store(uint64(lo) | uint64(hi)<<32)
+		lo = hi
+	}
+	return j
+}
+
+// take removes a task from the range, from the front (front) or the back,
+// and reports false when the range is empty.
+func (r *teamRange) take(front bool) (int, bool) {
+	for {
+		v := r.lohi.Load()
+		lo, hi := uint32(v), uint32(v>>32)
+		if lo >= hi {
+			return 0, false
+		}
+		var nv uint64
+		var i uint32
+		if front {
+			i, nv = lo, uint64(lo+1)|uint64(hi)<<32
+		} else {
+			i, nv = hi-1, uint64(lo)|uint64(hi-1)<<32
+		}
+		if r.lohi.CompareAndSwap(v, nv) {
+			return int(i), true
+		}
+	}
 }
 
 func newTeam(threads int) *team {
@@ -69,7 +139,7 @@ func (t *team) run(n int, fn func(worker, task int)) {
 		return
 	}
 	defer t.busy.Unlock()
-	j := &teamJob{n: n, fn: fn}
+	j := newTeamJob(n, min(t.threads, n), fn)
 	t.job.Store(j)
 	for i := 1; i < min(t.threads, n); i++ {
 		if t.alive[i].CompareAndSwap(false, true) {
@@ -85,15 +155,19 @@ func (t *team) run(n int, fn func(worker, task int)) {
 	}
 }
 
-// work runs tasks of j until none is left.
+// work runs tasks of j until none is left: worker w's own range first,
+// from its front, then the others' from their backs.
 func (j *teamJob) work(w int) {
-	for {
-		i := int(j.next.Add(1)) - 1
-		if i >= j.n {
-			return
+	for k := range len(j.ranges) {
+		r := &j.ranges[(w+k)%len(j.ranges)]
+		for {
+			i, ok := r.take(k == 0)
+			if !ok {
+				break
+			}
+			j.fn(w, i)
+			j.done.Add(1)
 		}
-		j.fn(w, i)
-		j.done.Add(1)
 	}
 }
 
