@@ -64,13 +64,17 @@ type teamJob struct {
 // teamInline is the most threads whose ranges a teamJob holds inline.
 const teamInline = 8
 
+// maxTeamTasks is the most tasks a teamRange's 32-bit bounds hold; a loop
+// of more (none the model runs) goes to parallel's shared counter.
+const maxTeamTasks = 1<<32 - 1
+
 // teamRange is a thread's range of tasks [lo, hi), lo in the low 32 bits
 // of lohi and hi in the high: the owner takes lo, thieves take hi−1, each
 // by compare-and-swap, so a task is taken once. Not padded to a cache
 // line of its own: a loop's tasks take microseconds or more, so the line
 // the ranges share moves between cores a few times a task, as the one
 // shared counter did; padded, every loop's job was 512 bytes of garbage
-// (a SmolLM2-135M step runs about 250 loops).
+// (a SmolLM2-135M decode step runs about 165 loops).
 type teamRange struct {
 	lohi atomic.Uint64
 }
@@ -134,7 +138,7 @@ func (t *team) run(n int, fn func(worker, task int)) {
 		}
 		return
 	}
-	if !t.busy.TryLock() {
+	if uint64(n) > maxTeamTasks || !t.busy.TryLock() {
 		parallel(t.threads, n, fn)
 		return
 	}
