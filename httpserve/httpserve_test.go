@@ -293,11 +293,7 @@ func TestShutdownWithHeldConnections(t *testing.T) {
 	// Accepted counts a connection when the listener hands it to net/http,
 	// before net/http tracks it: a Shutdown in between found no connection
 	// to wait for and returned nil. Requests inside the handler are tracked.
-	for deadline := time.Now().Add(5 * time.Second); inside.Load() < 4; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of 4 requests in their handler", inside.Load())
-		}
-	}
+	waitStats(t, s, "four requests in their handler", func(Stats) bool { return inside.Load() >= 4 })
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	if err := s.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {

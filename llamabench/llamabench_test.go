@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -182,5 +183,30 @@ func TestRunBandwidth(t *testing.T) {
 				t.Fatalf("RunBandwidth = %v, %v, %d; want %v, %v, %d", high, low, n, tc.high, tc.low, tc.n)
 			}
 		})
+	}
+}
+
+// TestRunRefusesUnknownLlamaKVType: a llama.cpp KV cache type whose size
+// the bandwidth figure does not know is refused before any file is made
+// (it was counted as F16 bytes).
+func TestRunRefusesUnknownLlamaKVType(t *testing.T) {
+	for _, kv := range []string{"q4_0", "F16", "q8"} {
+		cfg := Config{Dir: t.TempDir(), VocabDir: t.TempDir()}
+		cfg.Llama.KVType = kv
+		if _, err := Run(cfg, nil); err == nil || !strings.Contains(err.Error(), strconv.Quote(kv)) {
+			t.Errorf("Run with llama.cpp KV type %q: %v, want an error naming it", kv, err)
+		}
+	}
+	for _, tc := range []struct {
+		kv   string
+		want int64
+	}{{"", 2}, {"f16", 2}, {"bf16", 2}, {"f32", 4}} {
+		s := Shape{Layers: 1, KVHeads: 1, Dim: 64, Heads: 1}
+		if got := llamaTokenBytes(s, tc.kv); got != 2*64*tc.want {
+			t.Errorf("llamaTokenBytes(%q) = %d, want %d", tc.kv, got, 2*64*tc.want)
+		}
+	}
+	if got := llamaTokenBytes(Shape{Layers: 1, KVHeads: 1, Dim: 64, Heads: 1}, "q8_0"); got != 2*2*34 {
+		t.Errorf("llamaTokenBytes(q8_0) = %d, want %d", got, 2*2*34)
 	}
 }

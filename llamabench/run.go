@@ -234,6 +234,9 @@ func (c Config) decode1PerRound() int { return (c.DecodeSteps + c.DecodeRounds -
 // time. It stops at the first error.
 func Run(cfg Config, ref *llamaref.Ref) ([]Result, error) {
 	cfg = cfg.withDefaults()
+	if _, ok := llamaKVBytes[cfg.Llama.KVType]; !ok {
+		return nil, fmt.Errorf("llamabench: llama.cpp KV cache type %q: want f16, f32, bf16 or q8_0", cfg.Llama.KVType)
+	}
 	if cfg.VocabDir == "" {
 		return nil, errors.New("llamabench: no vocabulary directory: install the reference (bash scripts/deps.sh) or set Config.VocabDir")
 	}
@@ -596,16 +599,13 @@ func decode1Positions(cfg Config) int64 {
 	return sum / n
 }
 
+// llamaKVBytes is, per llama.cpp KV cache type Run accepts ("" is its
+// default, f16), the bytes 32 values occupy: q8_0 stores 34.
+var llamaKVBytes = map[string]int64{"": 64, "f16": 64, "bf16": 64, "f32": 128, "q8_0": 34}
+
 // llamaTokenBytes is the bytes one position of llama.cpp's KV cache
 // occupies on shape s, K and V of every layer, for its cache type kvType
-// ("f16" when empty; "q8_0" stores 34 bytes per 32 values).
+// (one of llamaKVBytes's; Run checks it).
 func llamaTokenBytes(s Shape, kvType string) int64 {
-	vals := int64(2 * s.Layers * s.KVHeads * (s.Dim / s.Heads))
-	switch kvType {
-	case "f32":
-		return vals * 4
-	case "q8_0":
-		return vals / 32 * 34
-	}
-	return vals * 2 // f16, bf16
+	return int64(2*s.Layers*s.KVHeads*(s.Dim/s.Heads)) * llamaKVBytes[kvType] / 32
 }

@@ -387,7 +387,7 @@ func TestDotRowsMany(t *testing.T) {
 // "cache" runs take the first 384 rows alone, which stay in L2. The rows
 // are 1,024 random ones repeated: with 65,536 rows (24–110 MB) part of
 // them stayed in this host's last-level cache from pass to pass (Q8_0 at
-// 2,048 columns: 36–38 GB/s over 64 MiB, 23–26 over 512).
+// 1,792 columns: 36–38 GB/s over 64 MiB, 23–26 over 512).
 func BenchmarkDotManyStream(b *testing.B) {
 	r := rand.New(rand.NewPCG(31, 32))
 	const distinct, inCache = 1024, 384
@@ -413,13 +413,16 @@ func BenchmarkDotManyStream(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n*k), "ns/weight")
 			b.ReportMetric(float64(b.N)*float64(n*rb)/b.Elapsed().Seconds()/1e9, "GB/s")
 		}
-		// run runs dot over the stream and over the rows that stay in cache.
-		run := func(name string, dot func(ws [][]byte)) {
+		// run runs dot over the stream and over the rows that stay in cache,
+		// with the VBMI kernels chosen by vbmi (where the CPU has them).
+		run := func(name string, vbmi bool, dot func(ws [][]byte)) {
 			for _, place := range []struct {
 				name string
 				ws   [][]byte
 			}{{"", ws}, {"/cache", ws[:inCache]}} {
 				b.Run(name+place.name, func(b *testing.B) {
+					defer func(prev bool) { hasVBMI = prev }(hasVBMI)
+					hasVBMI = vbmi
 					b.ReportAllocs()
 					for b.Loop() {
 						dot(place.ws)
@@ -433,12 +436,12 @@ func BenchmarkDotManyStream(b *testing.B) {
 			if err := x.Quantize(gauss(r, k, 1)); err != nil {
 				b.Fatal(err)
 			}
-			run(typ.String(), func(ws [][]byte) { DotQ8KMany(typ, ws, &x, out) })
+			run(typ.String(), hasVBMI, func(ws [][]byte) { DotQ8KMany(typ, ws, &x, out) })
 			continue
 		}
 		if !SupportsQ80(typ) {
 			xf := gauss(r, k, 1)
-			run(typ.String(), func(ws [][]byte) { DotMany(typ, ws, xf, out) })
+			run(typ.String(), hasVBMI, func(ws [][]byte) { DotMany(typ, ws, xf, out) })
 			continue
 		}
 		var x Q80
@@ -449,11 +452,7 @@ func BenchmarkDotManyStream(b *testing.B) {
 			if vb && !hasVBMI {
 				continue
 			}
-			run(fmt.Sprintf("%s/vbmi=%v", typ, vb), func(ws [][]byte) {
-				defer func(prev bool) { hasVBMI = prev }(hasVBMI)
-				hasVBMI = vb
-				DotQ80Many(typ, ws, &x, out)
-			})
+			run(fmt.Sprintf("%s/vbmi=%v", typ, vb), vb, func(ws [][]byte) { DotQ80Many(typ, ws, &x, out) })
 		}
 	}
 }
