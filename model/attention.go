@@ -2,6 +2,7 @@ package model
 
 import (
 	"math"
+	"unsafe"
 
 	"github.com/cacheblend/cacheblend/kvcache"
 	"github.com/cacheblend/cacheblend/simd"
@@ -29,17 +30,93 @@ const halfRun = 16
 
 // kvPlanes is the K and V planes of one layer as attention reads them.
 type kvPlanes struct {
-	kv   *kvcache.Memory
-	l    int
-	k, v []float32 // the planes of an F32 memory; nil for another type
+	kv     *kvcache.Memory
+	l      int
+	k, v   []float32 // the planes of an F32 memory; nil for another type
+	kh, vh []uint16  // the planes of an F16 memory, as halves; nil for another type
 }
 
 func planes(kv *kvcache.Memory, l int) kvPlanes {
 	p := kvPlanes{kv: kv, l: l}
-	if kv.Layout().DType == kvcache.F32 {
+	switch kv.Layout().DType {
+	case kvcache.F32:
 		p.k, p.v = kv.K(l), kv.V(l)
+	case kvcache.F16:
+		p.kh, p.vh = halves(kv.Plane(l, kvcache.Keys)), halves(kv.Plane(l, kvcache.Values))
 	}
 	return p
+}
+
+// halves views an F16 plane's bytes as its binary16 values (the plane is
+// page-aligned in the memory's mapping, so the view is aligned).
+func halves(b []byte) []uint16 {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/2)
+}
+
+// kvRun is a run of n consecutive slots from slot on, of one plane, as the
+// decode paths read it: an F32 memory's rows in place; an F16 memory's
+// through simd's F16 kernels (DotRowsF16, AxpyRowsF16: converted in
+// registers, no pass over a buffer), or, for a shape those kernels refuse,
+// converted into conv once, on first need. Both F16 ways give the same
+// bits.
+type kvRun struct {
+	p          kvPlanes
+	pl         kvcache.Plane
+	slot, n    int
+	kvd        int
+	conv, rows []float32 // rows: the run as float32, once there
+}
+
+// run is the run of n slots from slot on, of plane pl, at stride kvd, with
+// conv (at least n·kvd) for a conversion.
+func (p kvPlanes) run(pl kvcache.Plane, slot, n, kvd int, conv []float32) kvRun {
+	r := kvRun{p: p, pl: pl, slot: slot, n: n, kvd: kvd, conv: conv}
+	if p.k != nil {
+		r.rows = p.rows(pl, slot, n, kvd, nil)
+	}
+	return r
+}
+
+// floats is the run's rows as float32.
+func (r *kvRun) floats() []float32 {
+	if r.rows == nil {
+		r.rows = r.p.rows(r.pl, r.slot, r.n, r.kvd, r.conv)
+	}
+	return r.rows
+}
+
+// half is the run's rows as halves from element off of the first (nil for
+// an F32 memory).
+func (r *kvRun) half(off int) []uint16 {
+	h := r.p.kh
+	if r.pl == kvcache.Values {
+		h = r.p.vh
+	}
+	if h == nil {
+		return nil
+	}
+	return h[r.slot*r.kvd+off : (r.slot+r.n)*r.kvd]
+}
+
+// dot writes q·(row t's elements [off, off+len(q))) into dst[t] for t <
+// len(dst) (at most n), as simd.DotRows does.
+func (r *kvRun) dot(dst, q []float32, off int) {
+	if r.rows == nil && simd.DotRowsF16(dst, q, r.half(off), r.kvd) {
+		return
+	}
+	simd.DotRows(dst, q, r.floats()[off:], r.kvd)
+}
+
+// axpy adds Σ_t w[t]·(row t's elements [off, off+len(out))) to out for t <
+// len(w) (at most n), as simd.AxpyRows does.
+func (r *kvRun) axpy(out, w []float32, off int) {
+	if r.rows == nil && simd.AxpyRowsF16(out, w, r.half(off), r.kvd) {
+		return
+	}
+	simd.AxpyRows(out, w, r.floats()[off:], r.kvd)
 }
 
 // end is where a run of consecutive slots from position t (below n) must
@@ -171,9 +248,9 @@ func (m *Model) attnSplit(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat
 		sums, conv := sc[nh*size:nh*(size+1)], sc[nh*(size+1):]
 		for t := t0; t < t1; {
 			run := slotRun(s.slots, t, kp.end(t, t1))
-			ks := kp.rows(kvcache.Keys, s.slots[t], run, kvd, conv)
+			ks := kp.run(kvcache.Keys, s.slots[t], run, kvd, conv)
 			for h := range nh {
-				simd.DotRows(sc[h*size+t-t0:h*size+t-t0+run], row[h*hd:(h+1)*hd], ks[(h/grp)*hd:], kvd)
+				ks.dot(sc[h*size+t-t0:h*size+t-t0+run], row[h*hd:(h+1)*hd], (h/grp)*hd)
 			}
 			t += run
 		}
@@ -193,9 +270,9 @@ func (m *Model) attnSplit(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat
 		clear(out)
 		for t := t0; t < t1; {
 			run := slotRun(s.slots, t, kp.end(t, t1))
-			vs := kp.rows(kvcache.Values, s.slots[t], run, kvd, conv)
+			vs := kp.run(kvcache.Values, s.slots[t], run, kvd, conv)
 			for h := range nh {
-				simd.AxpyRows(out[h*hd:(h+1)*hd], sc[h*size+t-t0:h*size+t-t0+run], vs[(h/grp)*hd:], kvd)
+				vs.axpy(out[h*hd:(h+1)*hd], sc[h*size+t-t0:h*size+t-t0+run], (h/grp)*hd)
 			}
 			t += run
 		}
@@ -214,20 +291,21 @@ func (m *Model) attnSplit(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat
 		}
 		chunks := part[first[i]*per : first[i+1]*per]
 		orow := att.row(b.seqs[si].r0)
+		var e [splitTasks]float64 // 2^(max_c − top) of every chunk
 		for h := range nh {
 			top := float32(math.Inf(-1))
 			for c := 0; c < len(chunks); c += per {
 				top = max(top, chunks[c+nh*hd+2*h])
 			}
 			var den float64
-			for c := 0; c < len(chunks); c += per {
-				den += math.Exp2(float64(chunks[c+nh*hd+2*h]-top)) * float64(chunks[c+nh*hd+2*h+1])
+			for c, j := 0, 0; c < len(chunks); c, j = c+per, j+1 {
+				e[j] = math.Exp2(float64(chunks[c+nh*hd+2*h] - top))
+				den += e[j] * float64(chunks[c+nh*hd+2*h+1])
 			}
 			o := orow[h*hd : (h+1)*hd]
 			clear(o)
-			for c := 0; c < len(chunks); c += per {
-				f := math.Exp2(float64(chunks[c+nh*hd+2*h]-top)) / den
-				simd.Axpy(float32(f), chunks[c+h*hd:c+(h+1)*hd], o)
+			for c, j := 0, 0; c < len(chunks); c, j = c+per, j+1 {
+				simd.Axpy(float32(e[j]/den), chunks[c+h*hd:c+(h+1)*hd], o)
 			}
 		}
 	}
@@ -261,7 +339,7 @@ func (m *Model) attnDirect(ws *workspace, kv *kvcache.Memory, l int, att, qkv ma
 		conv := sc[len(pos)*nh*ctx:]
 		for t := 0; t < ctx; {
 			run := slotRun(s.slots, t, kp.end(t, ctx))
-			ks := kp.rows(kvcache.Keys, s.slots[t], run, kvd, conv)
+			ks := kp.run(kvcache.Keys, s.slots[t], run, kvd, conv)
 			for r, p := range pos {
 				n := min(run, p+1-t)
 				if n <= 0 {
@@ -270,7 +348,7 @@ func (m *Model) attnDirect(ws *workspace, kv *kvcache.Memory, l int, att, qkv ma
 				row := qkv.row(s.r0 + r)
 				for h := h0; h < h0+nh; h++ {
 					i := (r*nh + h - h0) * ctx
-					simd.DotRows(sc[i+t:i+t+n], row[h*hd:(h+1)*hd], ks[(h/grp)*hd:], kvd)
+					ks.dot(sc[i+t:i+t+n], row[h*hd:(h+1)*hd], (h/grp)*hd)
 				}
 			}
 			t += run
@@ -286,7 +364,7 @@ func (m *Model) attnDirect(ws *workspace, kv *kvcache.Memory, l int, att, qkv ma
 		}
 		for t := 0; t < ctx; {
 			run := slotRun(s.slots, t, kp.end(t, ctx))
-			vs := kp.rows(kvcache.Values, s.slots[t], run, kvd, conv)
+			vs := kp.run(kvcache.Values, s.slots[t], run, kvd, conv)
 			for r, p := range pos {
 				n := min(run, p+1-t)
 				if n <= 0 {
@@ -295,7 +373,7 @@ func (m *Model) attnDirect(ws *workspace, kv *kvcache.Memory, l int, att, qkv ma
 				orow := att.row(s.r0 + r)
 				for h := h0; h < h0+nh; h++ {
 					i := (r*nh + h - h0) * ctx
-					simd.AxpyRows(orow[h*hd:(h+1)*hd], sc[i+t:i+t+n], vs[(h/grp)*hd:], kvd)
+					vs.axpy(orow[h*hd:(h+1)*hd], sc[i+t:i+t+n], (h/grp)*hd)
 				}
 			}
 			t += run

@@ -27,6 +27,21 @@ func dotRows512(dst, q, k *float32, ldk, n, hd int)
 func dotRows16_512(dst, q, k *float32, ldk, blocks, hd int)
 
 //go:noescape
+func dotRows16h_512(dst, q *float32, k *uint16, ldk, blocks, hd int)
+
+//go:noescape
+func axpyRows1h_512(out, w *float32, v *uint16, ldv, n int)
+
+//go:noescape
+func axpyRows2h_512(out, w *float32, v *uint16, ldv, n int)
+
+//go:noescape
+func axpyRows3h_512(out, w *float32, v *uint16, ldv, n int)
+
+//go:noescape
+func axpyRows4h_512(out, w *float32, v *uint16, ldv, n int)
+
+//go:noescape
 func dotTile4x4_512(dst *float32, ldd int, a *float32, lda int, b *float32, ldb int, k int)
 
 //go:noescape
@@ -130,6 +145,8 @@ func registerAsm() {
 		impls[AVX512] = asmImpl(AVX512, 32, kerns512, kernsU512, peakFMA512, 24*16*2,
 			dot512, dotRows512x, axpyRows512x, axpy512, scale512, sumsq512, mulScale512, maxf512, expSum512, swiglu512)
 		impls[AVX512].dotTile4 = dotTile4x4_512
+		impls[AVX512].dotRowsH = dotRowsH512
+		impls[AVX512].axpyRowsH = axpyRowsH512
 	}
 }
 
@@ -299,5 +316,26 @@ func axpyRows512x(out, w, v *float32, ldv, n, hd int) {
 		axpyRows4_512(out, w, v, ldv, n)
 	default:
 		axpyRows512(out, w, v, ldv, n, hd)
+	}
+}
+
+// dotRowsH512 is DotRowsF16's kernel: whole blocks of 16 rows, hd a
+// multiple of 16 (the caller checked both).
+func dotRowsH512(dst, q []float32, k []uint16, ldk int) {
+	dotRows16h_512(&dst[0], &q[0], &k[0], ldk, len(dst)/16, len(q))
+}
+
+// axpyRowsH512 is AxpyRowsF16's kernel: a head of 1 to 4 whole vectors
+// (the caller checked).
+func axpyRowsH512(out, w []float32, v []uint16, ldv int) {
+	switch len(out) {
+	case 16:
+		axpyRows1h_512(&out[0], &w[0], &v[0], ldv, len(w))
+	case 32:
+		axpyRows2h_512(&out[0], &w[0], &v[0], ldv, len(w))
+	case 48:
+		axpyRows3h_512(&out[0], &w[0], &v[0], ldv, len(w))
+	case 64:
+		axpyRows4h_512(&out[0], &w[0], &v[0], ldv, len(w))
 	}
 }

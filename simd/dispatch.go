@@ -61,6 +61,10 @@ type impl struct {
 	// dotTile4 is a 4×4 tile of DotTile (k a multiple of 16), nil where
 	// the level has none.
 	dotTile4 func(dst *float32, ldd int, a *float32, lda int, b *float32, ldb int, k int)
+	// dotRowsH and axpyRowsH are DotRowsF16's and AxpyRowsF16's kernels,
+	// nil where the level has none.
+	dotRowsH  func(dst, q []float32, k []uint16, ldk int)
+	axpyRowsH func(out, w []float32, v []uint16, ldv int)
 }
 
 // impls holds the tables this build and CPU support, by level; cur is the

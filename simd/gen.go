@@ -370,22 +370,33 @@ func (s isa) dotRows() {
 // multiple of 16. Sixteen rows at a time: register j accumulates row
 // (j%4)·4 + j/4 (so that the reduction below leaves the rows in order),
 // then four shuffle-and-add stages reduce the 16 vectors to one vector of
-// 16 row sums, stored at once.
-func dotRows16() {
-	p("// func dotRows16_512(dst, q, k *float32, ldk, blocks, hd int)")
-	p("TEXT ·dotRows16_512(SB), NOSPLIT, $0-48")
+// 16 row sums, stored at once. With f16 (dotRows16h_512) k's rows are
+// IEEE halves, each chunk converted (VCVTPH2PS) into a register before its
+// FMA: the same operations on the same values as converting the rows to
+// float32 first, so the same bits.
+func dotRows16(f16 bool) {
+	name, kt, elt := "dotRows16_512", "*float32", 4
+	if f16 {
+		name, kt, elt = "dotRows16h_512", "*uint16", 2
+	}
+	p("// func %s(dst, q *float32, k %s, ldk, blocks, hd int)", name, kt)
+	p("TEXT ·%s(SB), NOSPLIT, $0-48", name)
 	p("\tMOVQ dst+0(FP), DI")
 	p("\tMOVQ q+8(FP), SI")
 	p("\tMOVQ k+16(FP), DX")
 	p("\tMOVQ ldk+24(FP), R8")
-	p("\tSHLQ $2, R8")
+	p("\tSHLQ $%d, R8", elt/2)
 	p("\tLEAQ (R8)(R8*2), R9") // 3·ldk
 	p("\tMOVQ blocks+32(FP), BX")
 	p("\tMOVQ hd+40(FP), R10")
 	p("\tSHLQ $2, R10") // hd in bytes
+	lbl := "dr16"
+	if f16 {
+		lbl = "dr16h"
+	}
 	p("\tTESTQ BX, BX")
-	p("\tJZ dr16done")
-	p("dr16block:")
+	p("\tJZ %sdone", lbl)
+	p("%sblock:", lbl)
 	bases := []string{"R11", "R12", "R13", "AX"}
 	p("\tMOVQ DX, R11")
 	p("\tLEAQ (R11)(R8*4), R12")
@@ -396,7 +407,7 @@ func dotRows16() {
 	}
 	p("\tMOVQ R10, CX")
 	p("\tSHRQ $6, CX") // chunks of 16 floats
-	p("dr16chunk:")
+	p("%schunk:", lbl)
 	p("\tVMOVUPS (SI), Z16")
 	for j := range 16 {
 		a, b := j%4, j/4
@@ -409,14 +420,19 @@ func dotRows16() {
 		case 3:
 			addr += "(R9*1)"
 		}
+		if f16 {
+			p("\tVCVTPH2PS %s, Z%d", addr, 17+j%4)
+			p("\tVFMADD231PS Z%d, Z16, Z%d", 17+j%4, j)
+			continue
+		}
 		p("\tVFMADD231PS %s, Z16, Z%d", addr, j)
 	}
 	p("\tADDQ $64, SI")
 	for _, r := range bases {
-		p("\tADDQ $64, %s", r)
+		p("\tADDQ $%d, %s", 16*elt, r)
 	}
 	p("\tDECQ CX")
-	p("\tJNZ dr16chunk")
+	p("\tJNZ %schunk", lbl)
 	p("\tSUBQ R10, SI")
 	// Reduction: 16 → 8 → 4 → 2 → 1 vectors.
 	for i := range 8 {
@@ -442,8 +458,8 @@ func dotRows16() {
 	p("\tLEAQ (DX)(R8*8), DX")
 	p("\tLEAQ (DX)(R8*8), DX")
 	p("\tDECQ BX")
-	p("\tJNZ dr16block")
-	p("dr16done:")
+	p("\tJNZ %sblock", lbl)
+	p("%sdone:", lbl)
 	p("\tVZEROUPPER")
 	p("\tRET")
 	p("")
@@ -452,15 +468,33 @@ func dotRows16() {
 // axpyRowsC (AVX-512): out[:16·nc] += Σ_t w[t]·v[t*ldv:][:16·nc] for a
 // head of nc vectors (nc <= 4) held in registers: four rows per iteration,
 // each row into its own accumulator set, so 4·nc FMA chains run at once.
-func axpyRowsC(nc int) {
-	name := fmt.Sprintf("axpyRows%d_512", nc)
-	p("// func %s(out, w, v *float32, ldv, n int)", name)
+// With f16 (axpyRows<nc>h_512) v's rows are IEEE halves, each chunk
+// converted into a register (Z24–Z31) before its FMA: the same bits as
+// converting the rows first.
+func axpyRowsC(nc int, f16 bool) {
+	name, vt, elt := fmt.Sprintf("axpyRows%d_512", nc), "*float32", 4
+	if f16 {
+		name, vt, elt = fmt.Sprintf("axpyRows%dh_512", nc), "*uint16", 2
+	}
+	// fma adds row addr's chunk c (an address) times the broadcast weight
+	// in register wr into accumulator acc.
+	tmp := 0
+	fma := func(addr string, wr, acc int) {
+		if !f16 {
+			p("\tVFMADD231PS %s, Z%d, Z%d", addr, wr, acc)
+			return
+		}
+		p("\tVCVTPH2PS %s, Z%d", addr, 24+tmp%8)
+		p("\tVFMADD231PS Z%d, Z%d, Z%d", 24+tmp%8, wr, acc)
+		tmp++
+	}
+	p("// func %s(out, w *float32, v %s, ldv, n int)", name, vt)
 	p("TEXT ·%s(SB), NOSPLIT, $0-40", name)
 	p("\tMOVQ out+0(FP), DI")
 	p("\tMOVQ w+8(FP), SI")
 	p("\tMOVQ v+16(FP), R11")
 	p("\tMOVQ ldv+24(FP), R8")
-	p("\tSHLQ $2, R8")
+	p("\tSHLQ $%d, R8", elt/2)
 	p("\tLEAQ (R8)(R8*2), R9")
 	p("\tMOVQ n+32(FP), CX")
 	for i := range 4 * nc {
@@ -478,9 +512,9 @@ func axpyRowsC(nc int) {
 		for c := range nc {
 			addr := rows[u]
 			if c > 0 {
-				addr = fmt.Sprintf("%d%s", 64*c, rows[u])
+				addr = fmt.Sprintf("%d%s", 16*elt*c, rows[u])
 			}
-			p("\tVFMADD231PS %s, Z%d, Z%d", addr, 20+u, u*nc+c)
+			fma(addr, 20+u, u*nc+c)
 		}
 	}
 	p("\tADDQ $16, SI")
@@ -493,7 +527,7 @@ func axpyRowsC(nc int) {
 	p("%sone:", name)
 	p("\tVBROADCASTSS (SI), Z20")
 	for c := range nc {
-		p("\tVFMADD231PS %d(R11), Z20, Z%d", 64*c, c)
+		fma(fmt.Sprintf("%d(R11)", 16*elt*c), 20, c)
 	}
 	p("\tADDQ $4, SI")
 	p("\tADDQ R8, R11")
@@ -1036,11 +1070,13 @@ func main() {
 		s.rotate(false)
 		s.rotate(true)
 		if s.reg == "Z" {
-			dotRows16()
-			dotTile4x4()
-			for nc := 1; nc <= 4; nc++ {
-				axpyRowsC(nc)
+			for _, f16 := range []bool{false, true} {
+				dotRows16(f16)
+				for nc := 1; nc <= 4; nc++ {
+					axpyRowsC(nc, f16)
+				}
 			}
+			dotTile4x4()
 		}
 	}
 	var decl bytes.Buffer

@@ -10,6 +10,49 @@ func Dot(a, b []float32) float32 { return cur.Load().dot(a, b[:len(a)]) }
 // run of cache slots).
 func DotRows(dst, q, k []float32, ldk int) { cur.Load().dotRows(dst, q, k, ldk) }
 
+// DotRowsF16 is DotRows over rows of IEEE binary16 values (k holds their
+// bit patterns; ldk counts them): dst[t] = q·k[t*ldk:][:len(q)] for t <
+// len(dst), each half converted to float32 inside the kernel. When it
+// reports true the results are bit for bit those of converting the rows
+// to float32 and calling DotRows on them. It reports false and writes
+// nothing where the level in use has no kernel for the shape (below
+// AVX-512, or len(dst) or len(q) not a whole number of 16), and the
+// caller converts the rows itself. It panics when k is too short.
+func DotRowsF16(dst, q []float32, k []uint16, ldk int) bool {
+	im := cur.Load()
+	if im.dotRowsH == nil || len(dst) == 0 || len(dst)%16 != 0 || len(q) == 0 || len(q)%16 != 0 {
+		return false
+	}
+	if len(k) < (len(dst)-1)*ldk+len(q) || ldk < len(q) {
+		panic("simd: DotRowsF16 operand too short")
+	}
+	im.dotRowsH(dst, q, k, ldk)
+	return true
+}
+
+// AxpyRowsF16 is AxpyRows over rows of IEEE binary16 values (v holds their
+// bit patterns; ldv counts them): out += Σ_t w[t]·v[t*ldv:][:len(out)],
+// each half converted to float32 inside the kernel. When it reports true
+// the result is bit for bit that of converting the rows to float32 and
+// calling AxpyRows on them. It reports false and changes nothing where the
+// level in use has no kernel for the shape (below AVX-512, or len(out) not
+// 16, 32, 48 or 64), and the caller converts the rows itself. It panics
+// when v is too short.
+func AxpyRowsF16(out, w []float32, v []uint16, ldv int) bool {
+	im := cur.Load()
+	if im.axpyRowsH == nil || len(out)%16 != 0 || len(out) == 0 || len(out) > 64 {
+		return false
+	}
+	if len(w) == 0 {
+		return true
+	}
+	if len(v) < (len(w)-1)*ldv+len(out) || ldv < len(out) {
+		panic("simd: AxpyRowsF16 operand too short")
+	}
+	im.axpyRowsH(out, w, v, ldv)
+	return true
+}
+
 // DotTile writes a[i*lda:][:k]·b[j*ldb:][:k] into dst[i*ldd+j] for every
 // i < m and j < n: the product a·bᵀ of m rows and n rows that both run
 // along k, as a GEMV of a few activation rows against weight rows needs it
