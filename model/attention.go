@@ -23,9 +23,11 @@ const (
 // (Heads); larger models fall back to the gathered path.
 const maxGroupHeads = 64
 
-// halfRun is the most slots of an F16 cache that the decode paths
-// convert to float32 at once (one block of the stack's default size): the
-// converted rows stay in L1 while every query head of the run reads them.
+// halfRun is the most slots of an F16 cache that the decode paths read
+// as one run (one block of the stack's default size): simd.DotRowsF16
+// takes whole runs of 16, and a run converted for a shape it refuses stays
+// in L1 while every query head reads it. The runs fix the bits: a score
+// depends on its row's place among the 16 that the kernel reduces at once.
 const halfRun = 16
 
 // kvPlanes is the K and V planes of one layer as attention reads them.
