@@ -165,3 +165,32 @@ func TestRowsF16ShortPanics(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefetch checks that Prefetch takes any slice — empty, unaligned, a
+// length that is not a whole number of lines — without faulting or
+// changing it.
+func TestPrefetch(t *testing.T) {
+	buf := make([]byte, 4096+3)
+	for i := range buf {
+		buf[i] = byte(i)
+	}
+	for _, tc := range []struct {
+		name   string
+		lo, hi int
+	}{
+		{"empty", 0, 0},
+		{"one byte", 5, 6},
+		{"unaligned", 3, 3 + 200},
+		{"whole", 0, len(buf)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			simd.Prefetch(buf[tc.lo:tc.hi])
+			for i, b := range buf {
+				if b != byte(i) {
+					t.Fatalf("buf[%d] changed to %d", i, b)
+				}
+			}
+		})
+	}
+	simd.Prefetch(nil)
+}
