@@ -133,23 +133,53 @@ func (p kvPlanes) end(t, n int) int {
 	return n
 }
 
-// prefetch asks for the rows of plane pl of the run of consecutive slots
-// from position t (below lim) on, at most halfRun of them (simd.Prefetch).
-// attnSplit asks, over an F16 memory, for the run it reads next while its
-// kernels read the current one: they read a run head by head, each head
-// two 64-byte lines of every row (a strided part), which the hardware
-// prefetchers do not follow from one run into the next. Measured
+// ahead is what attnSplit asks the CPU to bring closer (simd.Prefetch)
+// while its kernels read the run before: over an F16 memory, the bytes of
+// plane pl's rows of the run of consecutive slots from position t (below
+// lim) on, at most halfRun of them; nil over an F32 memory. The kernels
+// read a run head by head, each head two 64-byte lines of every row (a
+// strided part), which the hardware prefetchers do not follow from one run
+// into the next. The request is cut into one part per head, each asked for
+// just before that head's kernel, so that the requests do not all wait at
+// once for the core's few outstanding misses. Measured
 // (BenchmarkDecodeAttention's shape, 30 layers of 9 query heads over 3 KV
-// heads of 64, alternated in one process, medians of 7): two threads
-// 10.6 → 12.7 GB/s with the cache evicted before each pass (as a decode
-// step's weights evict it), 18.0 → 22.8 at a 4,096-token context, 18.3 →
-// 17.9 warm; one thread 7.3 → 10.0 evicted, 9.7 → 12.3 at 4,096. Over an
-// F32 memory (each head four lines of a row) it gained nothing (25.3 →
-// 24.5 evicted, 31.1 → 32.5 at 4,096), and it is not asked.
-func (p kvPlanes) prefetch(pl kvcache.Plane, slots []int, t, lim int) {
+// heads of 64, alternated in one process, medians of 7), no request → the
+// whole next run at once: two threads 10.6 → 12.7 GB/s with the cache
+// evicted before each pass (as a decode step's weights evict it), 18.0 →
+// 22.8 at a 4,096-token context, 18.3 → 17.9 warm; one thread 7.3 → 10.0
+// evicted, 9.7 → 12.3 at 4,096. The whole run at once → a part per head
+// (two runs, a slower hour): two threads at 4,096 18.3/18.2 → 21.0/20.3,
+// evicted 13.4/13.4 → 14.5/13.7, warm 17.9/18.0 → 16.9/17.7; one thread at
+// 4,096 8.9/11.7 → 11.7/13.6, evicted 10.7/9.3 → 12.0/10.5. Over an F32
+// memory (each head four lines of a row) requests gained nothing (25.3 →
+// 24.5 evicted, 31.1 → 32.5 at 4,096), and none are made.
+func (p kvPlanes) ahead(pl kvcache.Plane, slots []int, t, lim int) []byte {
+	if p.kh == nil {
+		return nil
+	}
 	n := slotRun(slots, t, min(lim, t+halfRun))
 	rb := p.kv.Layout().RowBytes()
-	simd.Prefetch(p.kv.Plane(p.l, pl)[slots[t]*rb : (slots[t]+n)*rb])
+	return p.kv.Plane(p.l, pl)[slots[t]*rb : (slots[t]+n)*rb]
+}
+
+// prefetchPart asks for part i of n of b (partBounds).
+func prefetchPart(b []byte, i, n int) {
+	if len(b) == 0 {
+		return
+	}
+	lo, hi := partBounds(len(b), i, n)
+	simd.Prefetch(b[lo:hi])
+}
+
+// partBounds is part i of n of [0, size): parts of equal size within a
+// 64-byte line, each starting on a line (the first at 0), the last ending
+// at size; together they cover [0, size) once.
+func partBounds(size, i, n int) (lo, hi int) {
+	lo, hi = size*i/n&^63, size*(i+1)/n&^63
+	if i == n-1 {
+		hi = size
+	}
+	return lo, hi
 }
 
 // rows is the rows of n consecutive slots from slot on, of plane pl, at
@@ -269,16 +299,15 @@ func (m *Model) attnSplit(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat
 		sums, conv := sc[nh*size:nh*(size+1)], sc[nh*(size+1):]
 		for t := t0; t < t1; {
 			run := slotRun(s.slots, t, kp.end(t, t1))
-			if kp.kh != nil { // (prefetch's comment says why)
-				// The next run's keys, or after the last the first values.
-				if nx := t + run; nx < t1 {
-					kp.prefetch(kvcache.Keys, s.slots, nx, t1)
-				} else {
-					kp.prefetch(kvcache.Values, s.slots, t0, t1)
-				}
+			// The next run's keys, or after the last the first values,
+			// asked for a part before each head (ahead's comment says why).
+			next := kp.ahead(kvcache.Values, s.slots, t0, t1)
+			if nx := t + run; nx < t1 {
+				next = kp.ahead(kvcache.Keys, s.slots, nx, t1)
 			}
 			ks := kp.run(kvcache.Keys, s.slots[t], run, kvd, conv)
 			for h := range nh {
+				prefetchPart(next, h, nh)
 				ks.dot(sc[h*size+t-t0:h*size+t-t0+run], row[h*hd:(h+1)*hd], (h/grp)*hd)
 			}
 			t += run
@@ -299,17 +328,17 @@ func (m *Model) attnSplit(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat
 		clear(out)
 		for t := t0; t < t1; {
 			run := slotRun(s.slots, t, kp.end(t, t1))
-			if kp.kh != nil {
-				// The next run's values, or after the last the next chunk's
-				// first keys (this thread's next task, as a rule).
-				if nx := t + run; nx < t1 {
-					kp.prefetch(kvcache.Values, s.slots, nx, t1)
-				} else if t1 < end {
-					kp.prefetch(kvcache.Keys, s.slots, t1, end)
-				}
+			// The next run's values, or after the last the next chunk's
+			// first keys (this thread's next task, as a rule).
+			var next []byte
+			if nx := t + run; nx < t1 {
+				next = kp.ahead(kvcache.Values, s.slots, nx, t1)
+			} else if t1 < end {
+				next = kp.ahead(kvcache.Keys, s.slots, t1, end)
 			}
 			vs := kp.run(kvcache.Values, s.slots[t], run, kvd, conv)
 			for h := range nh {
+				prefetchPart(next, h, nh)
 				vs.axpy(out[h*hd:(h+1)*hd], sc[h*size+t-t0:h*size+t-t0+run], (h/grp)*hd)
 			}
 			t += run

@@ -121,3 +121,25 @@ func TestSlotRunEnd(t *testing.T) {
 		})
 	}
 }
+
+// TestPartBounds checks that the parts attnSplit's prefetch requests are
+// cut into cover the run once, in order, each starting on a cache line.
+func TestPartBounds(t *testing.T) {
+	for _, tc := range []struct{ size, n int }{
+		{16 * 384, 9}, {16 * 384, 1}, {16 * 640, 15}, {3 * 384, 9}, {100, 9}, {64, 3},
+	} {
+		t.Run(fmt.Sprintf("%d_in_%d", tc.size, tc.n), func(t *testing.T) {
+			end := 0
+			for i := range tc.n {
+				lo, hi := partBounds(tc.size, i, tc.n)
+				if lo != end || hi < lo || lo%64 != 0 {
+					t.Fatalf("part %d = [%d, %d), after a part ending at %d", i, lo, hi, end)
+				}
+				end = hi
+			}
+			if end != tc.size {
+				t.Fatalf("parts end at %d, want %d", end, tc.size)
+			}
+		})
+	}
+}
