@@ -134,8 +134,8 @@ func (p kvPlanes) end(t, n int) int {
 }
 
 // ahead is what attnSplit asks the CPU to bring closer (simd.Prefetch)
-// while its kernels read the run before: over an F16 memory, the bytes of
-// plane pl's rows of the run of consecutive slots from position t (below
+// while its kernels read the run before: over an F16 memory, plane pl's
+// rows (at stride kvd) of the run of consecutive slots from position t (below
 // lim) on, at most halfRun of them; nil over an F32 memory. The kernels
 // read a run head by head, each head two 64-byte lines of every row (a
 // strided part), which the hardware prefetchers do not follow from one run
@@ -153,20 +153,24 @@ func (p kvPlanes) end(t, n int) int {
 // 4,096 8.9/11.7 → 11.7/13.6, evicted 10.7/9.3 → 12.0/10.5. Over an F32
 // memory (each head four lines of a row) requests gained nothing (25.3 →
 // 24.5 evicted, 31.1 → 32.5 at 4,096), and none are made.
-func (p kvPlanes) ahead(pl kvcache.Plane, slots []int, t, lim int) []byte {
-	if p.kh == nil {
+func (p kvPlanes) ahead(pl kvcache.Plane, slots []int, t, lim, kvd int) []uint16 {
+	h := p.kh
+	if pl == kvcache.Values {
+		h = p.vh
+	}
+	if h == nil {
 		return nil
 	}
 	n := slotRun(slots, t, min(lim, t+halfRun))
-	rb := p.kv.Layout().RowBytes()
-	return p.kv.Plane(p.l, pl)[slots[t]*rb : (slots[t]+n)*rb]
+	return h[slots[t]*kvd : (slots[t]+n)*kvd]
 }
 
-// prefetchPart asks for part i of n of b (partBounds).
-func prefetchPart(b []byte, i, n int) {
-	if len(b) == 0 {
+// prefetchPart asks for part i of n of h's bytes (partBounds).
+func prefetchPart(h []uint16, i, n int) {
+	if len(h) == 0 {
 		return
 	}
+	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(h))), 2*len(h))
 	lo, hi := partBounds(len(b), i, n)
 	simd.Prefetch(b[lo:hi])
 }
@@ -301,9 +305,11 @@ func (m *Model) attnSplit(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat
 			run := slotRun(s.slots, t, kp.end(t, t1))
 			// The next run's keys, or after the last the first values,
 			// asked for a part before each head (ahead's comment says why).
-			next := kp.ahead(kvcache.Values, s.slots, t0, t1)
+			var next []uint16
 			if nx := t + run; nx < t1 {
-				next = kp.ahead(kvcache.Keys, s.slots, nx, t1)
+				next = kp.ahead(kvcache.Keys, s.slots, nx, t1, kvd)
+			} else {
+				next = kp.ahead(kvcache.Values, s.slots, t0, t1, kvd)
 			}
 			ks := kp.run(kvcache.Keys, s.slots[t], run, kvd, conv)
 			for h := range nh {
@@ -330,11 +336,11 @@ func (m *Model) attnSplit(ws *workspace, kv *kvcache.Memory, l int, att, qkv mat
 			run := slotRun(s.slots, t, kp.end(t, t1))
 			// The next run's values, or after the last the next chunk's
 			// first keys (this thread's next task, as a rule).
-			var next []byte
+			var next []uint16
 			if nx := t + run; nx < t1 {
-				next = kp.ahead(kvcache.Values, s.slots, nx, t1)
+				next = kp.ahead(kvcache.Values, s.slots, nx, t1, kvd)
 			} else if t1 < end {
-				next = kp.ahead(kvcache.Keys, s.slots, t1, end)
+				next = kp.ahead(kvcache.Keys, s.slots, t1, end, kvd)
 			}
 			vs := kp.run(kvcache.Values, s.slots[t], run, kvd, conv)
 			for h := range nh {
