@@ -49,8 +49,8 @@ func planes(kv *kvcache.Memory, l int) kvPlanes {
 	return p
 }
 
-// halves views an F16 plane's bytes as its binary16 values (the plane is
-// page-aligned in the memory's mapping, so the view is aligned).
+// halves views an F16 plane's bytes as its binary16 values (a plane starts
+// at an even offset of the page-aligned mapping, so the view is aligned).
 func halves(b []byte) []uint16 {
 	if len(b) == 0 {
 		return nil
@@ -122,8 +122,8 @@ func (r *kvRun) axpy(out, w []float32, off int) {
 }
 
 // end is where a run of consecutive slots from position t (below n) must
-// stop: n, or for an F16 memory at most halfRun positions on, what rows
-// converts at once. slotRun is given it, so that it looks no further than
+// stop: n, or for an F16 memory at most halfRun positions on (halfRun's
+// comment says why). slotRun is given it, so that it looks no further than
 // the run it returns (a scan to n for every run of halfRun made a decode
 // step's attention quadratic in its context: 2.6 % of a 135M decode's CPU).
 func (p kvPlanes) end(t, n int) int {
