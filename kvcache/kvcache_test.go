@@ -371,3 +371,40 @@ func TestReadWrite(t *testing.T) {
 		})
 	}
 }
+
+// TestHalves checks that an F16 memory's Halves view holds, at each slot's
+// offset, the bit patterns Row returns (little-endian), and that an F32
+// memory refuses it.
+func TestHalves(t *testing.T) {
+	m, err := Create(t.TempDir(), Layout{2, 4, 16, 2, 8, F16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	tf := m.Layout().TokenFloats()
+	src := make([]float32, tf)
+	for i := range src {
+		src[i] = float32(i) - 7.25
+	}
+	for _, p := range []Plane{Keys, Values} {
+		m.Write(p, 1, 5, src)
+		h := m.Halves(1, p)
+		row := m.Row(p, 1, 5)
+		for i := range tf {
+			if want := binary.LittleEndian.Uint16(row[2*i:]); h[5*tf+i] != want {
+				t.Fatalf("plane %v value %d: %#04x, want %#04x", p, i, h[5*tf+i], want)
+			}
+		}
+	}
+	f, err := Create(t.TempDir(), Layout{2, 4, 16, 2, 8, F32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	defer func() {
+		if recover() == nil {
+			t.Fatal("Halves of an F32 memory did not panic")
+		}
+	}()
+	f.Halves(0, Keys)
+}

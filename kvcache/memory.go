@@ -249,6 +249,20 @@ func (m *Memory) f32(layer int, p Plane) []float32 {
 	return m.floats[off : off+n : off+n]
 }
 
+// Halves is plane p of layer of an F16 memory as its binary16 bit
+// patterns (a plane starts at an even offset of the page-aligned mapping);
+// it panics for another element type.
+func (m *Memory) Halves(layer int, p Plane) []uint16 {
+	if m.layout.DType != F16 {
+		panic(fmt.Sprintf("kvcache: binary16 plane of a %v KV memory", m.layout.DType))
+	}
+	b := m.Plane(layer, p)
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/2)
+}
+
 // TokenK is the K vector (KVHeads*HeadDim floats) of one slot of one layer
 // of an F32 memory.
 func (m *Memory) TokenK(layer, slot int) []float32 {

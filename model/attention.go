@@ -44,18 +44,9 @@ func planes(kv *kvcache.Memory, l int) kvPlanes {
 	case kvcache.F32:
 		p.k, p.v = kv.K(l), kv.V(l)
 	case kvcache.F16:
-		p.kh, p.vh = halves(kv.Plane(l, kvcache.Keys)), halves(kv.Plane(l, kvcache.Values))
+		p.kh, p.vh = kv.Halves(l, kvcache.Keys), kv.Halves(l, kvcache.Values)
 	}
 	return p
-}
-
-// halves views an F16 plane's bytes as its binary16 values (a plane starts
-// at an even offset of the page-aligned mapping, so the view is aligned).
-func halves(b []byte) []uint16 {
-	if len(b) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/2)
 }
 
 // kvRun is a run of n consecutive slots from slot on, of one plane, as the
