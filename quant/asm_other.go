@@ -64,6 +64,9 @@ func dotQ8KRowsManyAsm(Type, [][]byte, *Q8KRows, []float32) bool { return false 
 // hasVBMI: no assembly here.
 var hasVBMI bool
 
+// streamAhead: no assembly here, nothing asks ahead.
+var streamAhead int64
+
 // avxVNNI: no assembly here.
 var avxVNNI int
 

@@ -4484,6 +4484,7 @@ GLOBL ·q80Idx(SB), RODATA|NOPTR, $128
 
 // func dotF16ManyAVX512(ws *[]byte, x *float32, n, rows int, out *float32): rows > 0, n a multiple of 16.
 TEXT ·dotF16ManyAVX512(SB), NOSPLIT, $24-40
+	MOVQ ·streamAhead(SB), R15
 	MOVQ ws+0(FP), AX
 	MOVQ AX, 0(SP)
 	MOVQ rows+24(FP), AX
@@ -4502,6 +4503,8 @@ dotF16ManyAVX512_row:
 dotF16ManyAVX512_64:
 	CMPQ CX, $64
 	JLT dotF16ManyAVX512_16
+	PREFETCHNTA (SI)(R15*1)
+	PREFETCHNTA 64(SI)(R15*1)
 	VCVTPH2PS 0(SI), Z4
 	VCVTPH2PS 32(SI), Z5
 	VCVTPH2PS 64(SI), Z6
@@ -4544,6 +4547,7 @@ dotF16ManyAVX512_done:
 
 // func dotBF16ManyAVX512(ws *[]byte, x *float32, n, rows int, out *float32): rows > 0, n a multiple of 16.
 TEXT ·dotBF16ManyAVX512(SB), NOSPLIT, $24-40
+	MOVQ ·streamAhead(SB), R15
 	MOVQ ws+0(FP), AX
 	MOVQ AX, 0(SP)
 	MOVQ rows+24(FP), AX
@@ -4562,6 +4566,8 @@ dotBF16ManyAVX512_row:
 dotBF16ManyAVX512_64:
 	CMPQ CX, $64
 	JLT dotBF16ManyAVX512_16
+	PREFETCHNTA (SI)(R15*1)
+	PREFETCHNTA 64(SI)(R15*1)
 	VPMOVZXWD 0(SI), Z4
 	VPSLLD $16, Z4, Z4
 	VPMOVZXWD 32(SI), Z5
@@ -8139,6 +8145,7 @@ dotBF16Tile2PAVX512_r8loop:
 
 // func dotQ4KQ8KManyVNNI(ws *[]byte, q *int8, d *float32, sums *int32, n, rows int, out *float32): rows > 0, n Q4_K blocks each.
 TEXT ·dotQ4KQ8KManyVNNI(SB), NOSPLIT, $24-56
+	MOVQ ·streamAhead(SB), R15
 	MOVL $0x0f0f0f0f, AX
 	VMOVD AX, X6
 	VPBROADCASTD X6, Z6
@@ -8164,6 +8171,9 @@ dotQ4KQ8KManyVNNI_row:
 	TESTQ CX, CX
 	JZ dotQ4KQ8KManyVNNI_done
 dotQ4KQ8KManyVNNI_block:
+	PREFETCHNTA (SI)(R15*1)
+	PREFETCHNTA 64(SI)(R15*1)
+	PREFETCHNTA 128(SI)(R15*1)
 	MOVL 4(SI), R8
 	MOVL 8(SI), R9
 	MOVL 12(SI), R10
@@ -8255,6 +8265,7 @@ dotQ4KQ8KManyVNNI_done:
 
 // func dotQ6KQ8KManyVNNI(ws *[]byte, q *int8, d *float32, sums16 *int32, n, rows int, out *float32): rows > 0, n Q6_K blocks each.
 TEXT ·dotQ6KQ8KManyVNNI(SB), NOSPLIT, $24-56
+	MOVQ ·streamAhead(SB), R15
 	MOVL $0x0f0f0f0f, AX
 	VMOVD AX, X6
 	VPBROADCASTD X6, Z6
@@ -8284,6 +8295,10 @@ dotQ6KQ8KManyVNNI_row:
 	TESTQ CX, CX
 	JZ dotQ6KQ8KManyVNNI_done
 dotQ6KQ8KManyVNNI_block:
+	PREFETCHNTA (SI)(R15*1)
+	PREFETCHNTA 64(SI)(R15*1)
+	PREFETCHNTA 128(SI)(R15*1)
+	PREFETCHNTA 192(SI)(R15*1)
 	VPMOVSXBD 192(SI), Z3
 	VPMULLD (DX), Z3, Z15
 	VPSLLD $5, Z15, Z15
@@ -8366,6 +8381,7 @@ dotQ6KQ8KManyVNNI_done:
 
 // func dotQ8_0Q80ManyVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32): rows > 0, n blocks each, n even.
 TEXT ·dotQ8_0Q80ManyVNNI(SB), NOSPLIT, $24-56
+	MOVQ ·streamAhead(SB), R15
 	VMOVDQU32 ·q80Idx(SB), Z16
 	VMOVDQU32 ·q80Idx+64(SB), Z17
 	MOVL $0x80808080, AX
@@ -8390,6 +8406,9 @@ dotQ8_0Q80ManyVNNI_row:
 dotQ8_0Q80ManyVNNI_quad:
 	CMPQ CX, $4
 	JLT dotQ8_0Q80ManyVNNI_pair
+	PREFETCHNTA (SI)(R15*1)
+	PREFETCHNTA 64(SI)(R15*1)
+	PREFETCHNTA 128(SI)(R15*1)
 	MOVWLZX 0(SI), AX
 	MOVWLZX 34(SI), DX
 	SHLQ $16, DX
@@ -8471,6 +8490,7 @@ dotQ8_0Q80ManyVNNI_done:
 
 // func dotQ5_0Q80ManyVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32): rows > 0, n blocks each, n even.
 TEXT ·dotQ5_0Q80ManyVNNI(SB), NOSPLIT, $24-56
+	MOVQ ·streamAhead(SB), R15
 	VMOVDQU32 ·q80Idx(SB), Z16
 	VMOVDQU32 ·q80Idx+64(SB), Z17
 	MOVL $0x0f0f0f0f, AX
@@ -8500,6 +8520,8 @@ dotQ5_0Q80ManyVNNI_row:
 dotQ5_0Q80ManyVNNI_quad:
 	CMPQ CX, $4
 	JLT dotQ5_0Q80ManyVNNI_pair
+	PREFETCHNTA (SI)(R15*1)
+	PREFETCHNTA 64(SI)(R15*1)
 	MOVWLZX 0(SI), AX
 	MOVWLZX 22(SI), DX
 	SHLQ $16, DX
@@ -8608,6 +8630,7 @@ dotQ5_0Q80ManyVNNI_done:
 
 // func dotQ4_0Q80ManyVNNI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32): rows > 0, n blocks each, n even.
 TEXT ·dotQ4_0Q80ManyVNNI(SB), NOSPLIT, $24-56
+	MOVQ ·streamAhead(SB), R15
 	VMOVDQU32 ·q80Idx(SB), Z16
 	VMOVDQU32 ·q80Idx+64(SB), Z17
 	MOVL $0x0f0f0f0f, AX
@@ -8637,6 +8660,8 @@ dotQ4_0Q80ManyVNNI_row:
 dotQ4_0Q80ManyVNNI_quad:
 	CMPQ CX, $4
 	JLT dotQ4_0Q80ManyVNNI_pair
+	PREFETCHNTA (SI)(R15*1)
+	PREFETCHNTA 64(SI)(R15*1)
 	MOVWLZX 0(SI), AX
 	MOVWLZX 18(SI), DX
 	SHLQ $16, DX
@@ -14001,6 +14026,7 @@ dotQ4_0Q80Rows4ManyVNNI_done:
 
 // func dotQ5_0Q80ManyVBMI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32): rows > 0, n blocks each, n even.
 TEXT ·dotQ5_0Q80ManyVBMI(SB), NOSPLIT, $24-56
+	MOVQ ·streamAhead(SB), R15
 	VMOVDQU32 ·q80Idx(SB), Z16
 	VMOVDQU32 ·q80Idx+64(SB), Z17
 	MOVL $0x0f0f0f0f, AX
@@ -14036,6 +14062,8 @@ dotQ5_0Q80ManyVBMI_row:
 dotQ5_0Q80ManyVBMI_quad:
 	CMPQ CX, $4
 	JLT dotQ5_0Q80ManyVBMI_pair
+	PREFETCHNTA (SI)(R15*1)
+	PREFETCHNTA 64(SI)(R15*1)
 	MOVWLZX 0(SI), AX
 	MOVWLZX 22(SI), DX
 	SHLQ $16, DX
@@ -14129,6 +14157,7 @@ dotQ5_0Q80ManyVBMI_done:
 
 // func dotQ4_0Q80ManyVBMI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32): rows > 0, n blocks each, n even.
 TEXT ·dotQ4_0Q80ManyVBMI(SB), NOSPLIT, $24-56
+	MOVQ ·streamAhead(SB), R15
 	VMOVDQU32 ·q80Idx(SB), Z16
 	VMOVDQU32 ·q80Idx+64(SB), Z17
 	MOVL $0x0f0f0f0f, AX
@@ -14162,6 +14191,8 @@ dotQ4_0Q80ManyVBMI_row:
 dotQ4_0Q80ManyVBMI_quad:
 	CMPQ CX, $4
 	JLT dotQ4_0Q80ManyVBMI_pair
+	PREFETCHNTA (SI)(R15*1)
+	PREFETCHNTA 64(SI)(R15*1)
 	MOVWLZX 0(SI), AX
 	MOVWLZX 18(SI), DX
 	SHLQ $16, DX

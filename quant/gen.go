@@ -85,6 +85,23 @@ func hsumNext(name string) {
 	p("\tRET")
 }
 
+// aheadStart loads the Many kernels' prefetch distance (streamAhead, in
+// bytes) into R15.
+func aheadStart() { p("\tMOVQ ·streamAhead(SB), R15") }
+
+// ahead asks for the step bytes at SI+R15 (the weights a Many kernel's
+// loop reads streamAhead bytes on), one PREFETCHNTA per 64 bytes: every
+// line of them, wherever they start.
+func ahead(step int) {
+	for o := 0; o < step; o += 64 {
+		if o == 0 {
+			p("\tPREFETCHNTA (SI)(R15*1)")
+		} else {
+			p("\tPREFETCHNTA %d(SI)(R15*1)", o)
+		}
+	}
+}
+
 // intArgs loads the arguments of an integer dot kernel (w or ws, q, d, a
 // fourth pointer named arg into reg, n) for the row at SI, opening the
 // row loop of a Many kernel.
@@ -753,10 +770,10 @@ func zHsumRet(ret int) {
 	hsumRet(ret)
 }
 
-// zHalf: F16 or BF16 rows, n a multiple of 16, 64 per iteration. No
-// software prefetch: the rows are read in address order, which the
-// hardware prefetchers follow, and on an AMD EPYC (Zen 4 class) two
-// PREFETCHT0 per 128 bytes, 1 KiB ahead, halved the rows' rate from memory
+// zHalf: F16 or BF16 rows, n a multiple of 16, 64 per iteration. The Many
+// form asks for its rows streamAhead bytes on (PREFETCHNTA, see
+// streamAhead); on an earlier AMD EPYC (Zen 4 class) two PREFETCHT0 per
+// 128 bytes, 1 KiB ahead, had halved the rows' rate from memory
 // (BenchmarkDotManyStream F16: 11 against 23 GB/s on one core).
 
 func zHalf(name string, f16, many bool) {
@@ -764,6 +781,7 @@ func zHalf(name string, f16, many bool) {
 		p("")
 		p("// func %s(ws *[]byte, x *float32, n, rows int, out *float32): rows > 0, n a multiple of 16.", name)
 		p("TEXT ·%s(SB), NOSPLIT, $24-40", name)
+		aheadStart()
 		manyStart(name, 24, 32)
 		p("\tMOVQ x+8(FP), DI")
 		p("\tMOVQ n+16(FP), CX")
@@ -784,6 +802,9 @@ func zHalf(name string, f16, many bool) {
 	p("%s_64:", name)
 	p("\tCMPQ CX, $64")
 	p("\tJLT %s_16", name)
+	if many {
+		ahead(128)
+	}
 	for i := 0; i < 4; i++ {
 		load(32*i, 4+i)
 	}
@@ -1186,6 +1207,7 @@ func zQ4KQ8K(many bool) {
 		name = "dotQ4KQ8KManyVNNI"
 		p("// func %s(ws *[]byte, q *int8, d *float32, sums *int32, n, rows int, out *float32): rows > 0, n Q4_K blocks each.", name)
 		p("TEXT ·%s(SB), NOSPLIT, $24-56", name)
+		aheadStart()
 	} else {
 		p("// func %s(w *byte, q *int8, d *float32, sums *int32, n int) float32: n Q4_K blocks.", name)
 		p("TEXT ·%s(SB), NOSPLIT, $0-44", name)
@@ -1200,6 +1222,9 @@ func zQ4KQ8K(many bool) {
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_done", name)
 	p("%s_block:", name)
+	if many {
+		ahead(144)
+	}
 	kScalesInt()
 	// d·dx and dmin·dx.
 	p("\tMOVL 0(SI), AX")
@@ -1283,6 +1308,7 @@ func zQ6KQ8K(many bool) {
 		name = "dotQ6KQ8KManyVNNI"
 		p("// func %s(ws *[]byte, q *int8, d *float32, sums16 *int32, n, rows int, out *float32): rows > 0, n Q6_K blocks each.", name)
 		p("TEXT ·%s(SB), NOSPLIT, $24-56", name)
+		aheadStart()
 	} else {
 		p("// func %s(w *byte, q *int8, d *float32, sums16 *int32, n int) float32: n Q6_K blocks.", name)
 		p("TEXT ·%s(SB), NOSPLIT, $0-44", name)
@@ -1299,6 +1325,9 @@ func zQ6KQ8K(many bool) {
 	p("\tTESTQ CX, CX")
 	p("\tJZ %s_done", name)
 	p("%s_block:", name)
+	if many {
+		ahead(210)
+	}
 	p("\tVPMOVSXBD 192(SI), Z3")
 	p("\tVPMULLD (DX), Z3, Z15")
 	p("\tVPSLLD $5, Z15, Z15")
@@ -1498,6 +1527,7 @@ func zQ80(name string, size, qs, qh int, off uint32, many bool) {
 	if many {
 		p("// func %s(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *float32): rows > 0, n blocks each, n even.", name)
 		p("TEXT ·%s(SB), NOSPLIT, $24-56", name)
+		aheadStart()
 	} else {
 		p("// func %s(w *byte, q *int8, d, ds *float32, n int) float32: n blocks, n even.", name)
 		p("TEXT ·%s(SB), NOSPLIT, $0-44", name)
@@ -1533,6 +1563,9 @@ func zQ80(name string, size, qs, qh int, off uint32, many bool) {
 	p("%s_quad:", name)
 	p("\tCMPQ CX, $4")
 	p("\tJLT %s_pair", name)
+	if many {
+		ahead(4 * size)
+	}
 	p("\tMOVWLZX 0(SI), AX")
 	for i := 1; i < 4; i++ {
 		p("\tMOVWLZX %d(SI), DX", i*size)

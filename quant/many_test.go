@@ -387,7 +387,8 @@ func TestDotRowsMany(t *testing.T) {
 // "cache" runs take the first 384 rows alone, which stay in L2. The rows
 // are 1,024 random ones repeated: with 65,536 rows (24–110 MB) part of
 // them stayed in this host's last-level cache from pass to pass (Q8_0 at
-// 1,792 columns: 36–38 GB/s over 64 MiB, 23–26 over 512).
+// 1,792 columns: 36–38 GB/s over 64 MiB, 23–26 over 512). The
+// "ahead=0" runs make no prefetch requests (streamAhead).
 func BenchmarkDotManyStream(b *testing.B) {
 	r := rand.New(rand.NewPCG(31, 32))
 	const distinct, inCache = 1024, 384
@@ -417,12 +418,13 @@ func BenchmarkDotManyStream(b *testing.B) {
 		// with the VBMI kernels chosen by vbmi (where the CPU has them).
 		run := func(name string, vbmi bool, dot func(ws [][]byte)) {
 			for _, place := range []struct {
-				name string
-				ws   [][]byte
-			}{{"", ws}, {"/cache", ws[:inCache]}} {
+				name  string
+				ws    [][]byte
+				ahead int64
+			}{{"", ws, streamAhead}, {"/ahead=0", ws, 0}, {"/cache", ws[:inCache], streamAhead}} {
 				b.Run(name+place.name, func(b *testing.B) {
-					defer func(prev bool) { hasVBMI = prev }(hasVBMI)
-					hasVBMI = vbmi
+					defer func(prev bool, ahead int64) { hasVBMI, streamAhead = prev, ahead }(hasVBMI, streamAhead)
+					hasVBMI, streamAhead = vbmi, place.ahead
 					b.ReportAllocs()
 					for b.Loop() {
 						dot(place.ws)
