@@ -35,10 +35,10 @@ import (
 // manyRows — also where quant.IntegerGEMV says only these run in
 // assembly: at the AVX2 level).
 // F16 and BF16 weights (where quant.TileKernels holds) take quant.DotTile
-// for 2 to qRowDots rows of x, and for one row from tileRowsMinK columns:
-// tiles of four weight rows by four rows of x (two by eight for rows
-// shorter than 2 KiB, prefetching the next tile), each weight vector
-// converted once in registers for all of them.
+// for 2 to qRowDots rows of x: tiles of four weight rows by four rows of x
+// (two by eight for rows shorter than 2 KiB, prefetching the next tile),
+// each weight vector converted once in registers for all of them; one row
+// of x takes quant.DotMany at every width (see manyRows).
 // Otherwise at most qDotRows rows of x take the fused float kernels
 // (quant.Dot per weight row, quant.DotMany per task for one row of x); up
 // to qRowDots rows dequantize a panel of
@@ -244,17 +244,6 @@ func appendRows(buf [][]byte, sp *rowSpan, i, n int) [][]byte {
 	}
 	return buf
 }
-
-// tileRowsMinK is the narrowest F16/BF16 weight whose one-row products
-// (decode at batch 1) go through quant.DotTile's tiles of four weight rows
-// instead of quant.DotMany's one row at a time: from 4,096 columns the
-// activations (16 KiB and more) and a row's stream no longer share the L1
-// cache, and four rows per pass over them read memory faster (F16 rows in
-// huge pages on one core, an AMD EPYC: 8,192 columns 17 against 10 GB/s,
-// 4,864 14 against 11; 2,560 13 against 19, 2,048 15 against 17). Only a
-// down projection is this wide in the files users run (Llama-3.2-1B's
-// 8,192, Qwen2.5-0.5B's 4,864).
-const tileRowsMinK = 4096
 
 const (
 	qDotRows = 2
@@ -500,7 +489,14 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		a = ra
 	}
 	tiles := quant.TileKernels(q.t, k)
-	if m == 1 && (k < tileRowsMinK || !tiles) {
+	// One row: quant.DotMany at every width. Wide F16 rows (Qwen2.5-0.5B's
+	// 4,864-column and Llama-3.2-1B's 8,192-column down projections) went
+	// through the four-row tiles until the Many kernels asked for their rows
+	// ahead (quant's streamAhead); since, switched in one process (2 threads,
+	// 8 alternated rounds of 40 decode steps after 512 tokens), the one-row
+	// kernel made the Qwen2.5-0.5B F16 step 10–11 % faster (8 of 8 rounds)
+	// and Llama-3.2-1B F16's 1–3 % (8 of 8).
+	if m == 1 {
 		x := a.row(0)[:k]
 		manyRows(tm, c, q, off, acc, func(ws [][]byte, out []float32) { quant.DotMany(q.t, ws, x, out) })
 		return

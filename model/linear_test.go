@@ -17,14 +17,17 @@ func TestQgemmPaths(t *testing.T) {
 	for _, n := range []int{70, 1100} {
 		t.Run(fmt.Sprintf("n%d", n), func(t *testing.T) { testQgemmPaths(t, n, 512) })
 	}
-	// Half-precision rows of tileRowsMinK columns: one activation row
-	// takes the tiles instead of the one-row kernel.
-	t.Run(fmt.Sprintf("n70/k%d", tileRowsMinK), func(t *testing.T) { testQgemmPaths(t, 70, tileRowsMinK) })
+	// Wide half-precision rows (a down projection's): the tiles for a
+	// few activation rows, the one-row kernel for one.
+	t.Run(fmt.Sprintf("n70/k%d", wideK), func(t *testing.T) { testQgemmPaths(t, 70, wideK) })
 }
+
+// wideK is the width of TestQgemmPaths's wide half-precision rows.
+const wideK = 4096
 
 // testQgemmPaths is TestQgemmPaths on n weight rows of k columns (1,100
 // rows: tasks of several panels and spans of rows, see dotChunk); from
-// tileRowsMinK columns on F16 and BF16 weights only.
+// wideK columns on F16 and BF16 weights only.
 func testQgemmPaths(t *testing.T, n, k int) {
 	w := randMat(7, n*k)
 	build := func(t *testing.T, perm bool, types ...quant.Type) *qmat {
@@ -79,7 +82,7 @@ func testQgemmPaths(t *testing.T, n, k int) {
 		{"Q4_0", []quant.Type{quant.Q4_0}, false},
 		{"Q5_0|Q8_0|Q6_K mixed", []quant.Type{quant.Q5_0, quant.Q8_0, quant.Q6_K}, false},
 	}
-	if k >= tileRowsMinK {
+	if k >= wideK {
 		weights = []struct {
 			name  string
 			types []quant.Type
@@ -88,7 +91,7 @@ func testQgemmPaths(t *testing.T, n, k int) {
 	}
 	for _, wc := range weights {
 		ms := []int{1, qDotRows, qDotRows + 1, 8, qRowDots, qRowDots + 1, 100}
-		if n > 100 || k >= tileRowsMinK {
+		if n > 100 || k >= wideK {
 			ms = []int{1, 3, qRowDots}
 		}
 		for _, m := range ms {
