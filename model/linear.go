@@ -488,7 +488,6 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		})
 		a = ra
 	}
-	tiles := quant.TileKernels(q.t, k)
 	// One row: quant.DotMany at every width. Wide F16 rows (Qwen2.5-0.5B's
 	// 4,864-column and Llama-3.2-1B's 8,192-column down projections) went
 	// through the four-row tiles until the Many kernels asked for their rows
@@ -501,6 +500,7 @@ func qgemm(tm *team, c, a mat, q *qmat, off int, acc bool) {
 		manyRows(tm, c, q, off, acc, func(ws [][]byte, out []float32) { quant.DotMany(q.t, ws, x, out) })
 		return
 	}
+	tiles := quant.TileKernels(q.t, k)
 	if m <= qRowDots && tiles {
 		// A decode batch of F16 or BF16 weights: each task's rows in
 		// quant.DotTile's tiles (four rows against up to four activation

@@ -106,8 +106,8 @@
 // also ask for the weight rows 6 KiB past their reads (PREFETCHNTA per 64
 // bytes): the hardware prefetchers alone left a core reading F16 rows a
 // quarter slower than a plain sum reads the same memory, and decode steps
-// ran 2–12 % faster with the requests (see streamAhead). Where the CPU also has AVX-512 VBMI and BITALG
-// (Ice Lake, Zen 4 and later), DotQ80Many's Q5_0 and Q4_0 kernels unpack a
+// ran 2–12 % faster with the requests (see streamAhead). Where the CPU
+// also has AVX-512 VBMI and BITALG (Ice Lake, Zen 4 and later), DotQ80Many's Q5_0 and Q4_0 kernels unpack a
 // pair of blocks with one masked load, VPERMB and VPSRLVW, and Q5_0's fifth
 // bits with VPERMB and VPSHUFBITQMB (BenchmarkDotManyStream, three runs:
 // Q5_0 0.033–0.034 → 0.031 ns a weight, Q4_0 0.028 → 0.027; a small gain,

@@ -1173,10 +1173,10 @@ func dotQ4_0Q80ManyVBMI(ws *[]byte, q *int8, d, ds *float32, n, rows int, out *f
 // read 31–34 (two cores 42–48 against 55–65); asked 2,560–3,072 bytes
 // ahead, one core read 25–29 and two 55–67. In decode steps (2 threads,
 // 512-token context, alternated in one process, medians of rounds of
-// 40–50 steps), 3,072 against none: SmolLM2-135M Q4_K_M −4.9 % (faster in
+// 40–50 steps), 3,072 against 0 (requests for the lines being read): SmolLM2-135M Q4_K_M −4.9 % (faster in
 // 5 of 6 rounds), Q8_0 −4.6 % (6 of 6), Qwen2.5-0.5B Q4_K_M −5.5 % (6 of
 // 6), Llama-3.2-1B F16 −7.8 % (6 of 6), Llama-3.2-1B Q8_0 +1.3 % (1 of
-// 6); 6,144 against none: −12.4 %, Qwen −7.6 %, Llama F16 −6.4 %, Llama
+// 6); 6,144 against 0: −12.4 %, Qwen −7.6 %, Llama F16 −6.4 %, Llama
 // Q8_0 −2.2 % (4, 4, 4 and 3 of 4); 12,288: 135M −13 %, Llama F16 −1 %,
 // Llama Q8_0 0 %. A variable so that BenchmarkDotManyStream can compare.
 var streamAhead int64 = 6144

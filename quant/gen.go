@@ -91,14 +91,11 @@ func aheadStart() { p("\tMOVQ ·streamAhead(SB), R15") }
 
 // ahead asks for the step bytes at SI+R15 (the weights a Many kernel's
 // loop reads streamAhead bytes on), one PREFETCHNTA per 64 bytes: every
-// line of them, wherever they start.
+// line of them, wherever they start. With streamAhead 0 the requests are
+// for the lines being read: the instructions without the prefetch.
 func ahead(step int) {
 	for o := 0; o < step; o += 64 {
-		if o == 0 {
-			p("\tPREFETCHNTA (SI)(R15*1)")
-		} else {
-			p("\tPREFETCHNTA %d(SI)(R15*1)", o)
-		}
+		p("\tPREFETCHNTA %d(SI)(R15*1)", o)
 	}
 }
 

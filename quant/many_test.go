@@ -388,7 +388,8 @@ func TestDotRowsMany(t *testing.T) {
 // are 1,024 random ones repeated: with 65,536 rows (24–110 MB) part of
 // them stayed in this host's last-level cache from pass to pass (Q8_0 at
 // 1,792 columns: 36–38 GB/s over 64 MiB, 23–26 over 512). The
-// "ahead=0" runs make no prefetch requests (streamAhead).
+// "ahead=0" runs ask for the lines they read (streamAhead 0: the
+// requests' instructions without their prefetch).
 func BenchmarkDotManyStream(b *testing.B) {
 	r := rand.New(rand.NewPCG(31, 32))
 	const distinct, inCache = 1024, 384
